@@ -1,0 +1,8 @@
+//! plugdb: a Kubernetes operator that runs databases of many engines through one
+//! `Database` resource. Engine-specific decisions come from sandboxed WebAssembly
+//! plugins loaded at run time; this crate is the host that owns everything else.
+
+#![forbid(unsafe_code)]
+
+pub mod crd;
+pub mod plugin;

@@ -1,0 +1,11 @@
+//! Engine plugins: the contract's host-side types, the sandboxed runtime that runs
+//! plugin components, the policy every plugin output passes, and the registry that
+//! loads plugins from ConfigMaps.
+
+mod convert;
+pub mod policy;
+mod runtime;
+pub mod types;
+
+pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime};
+pub use types::*;

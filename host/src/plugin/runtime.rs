@@ -1,0 +1,461 @@
+//! The sandbox: compile once per digest, a fresh `Store` per call from an
+//! `InstancePre`, a wall-clock deadline by epoch interruption, a memory cap, a
+//! bounded wasm stack and a bounded output. Failures are values, never panics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+
+use super::convert::{self, EngineWorld, EngineWorldPre, HostImports, LogLevel, TypesImports};
+use super::types::*;
+
+/// The contract version this host implements (`wit/engine.wit`).
+pub const CONTRACT_VERSION: &str = "0.1.0";
+const CONTRACT_EXPORT: &str = "plugdb:engine/plugin@";
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+const MAX_LOG_LINES: u32 = 64;
+const MAX_LOG_BYTES: usize = 2048;
+
+/// Bounds applied to every plugin call.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Wall-clock deadline of one call, including instantiation.
+    pub call_timeout: Duration,
+    /// Linear memory a plugin instance may grow to.
+    pub memory_bytes: usize,
+    /// Wasm stack a call may use.
+    pub stack_bytes: usize,
+    /// Size of a call's result, measured as JSON.
+    pub output_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { call_timeout: Duration::from_millis(500), memory_bytes: 64 << 20, stack_bytes: 512 << 10, output_bytes: 512 << 10 }
+    }
+}
+
+/// Why a plugin could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The bytes are not a WebAssembly component.
+    #[error("not a WebAssembly component: {0}")]
+    NotAComponent(String),
+    /// The component targets a contract this host does not speak.
+    #[error("incompatible contract: {0}")]
+    Contract(String),
+    /// The component needs imports the host does not provide (no WASI).
+    #[error("unsatisfiable imports: {0}")]
+    Imports(String),
+    /// `info()` failed or returned something unusable.
+    #[error("self-test failed: {0}")]
+    SelfTest(String),
+}
+
+/// Why a plugin call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The plugin answered with an error of its own (a refusal with a reason).
+    #[error("{engine} plugin refused: {reason}")]
+    Refused {
+        /// Engine name.
+        engine: String,
+        /// The plugin's reason.
+        reason: String,
+    },
+    /// The call ran past its deadline and was interrupted.
+    #[error("{engine} plugin: {function} ran past its {timeout:?} deadline and was stopped")]
+    Timeout {
+        /// Engine name.
+        engine: String,
+        /// Exported function.
+        function: &'static str,
+        /// The deadline.
+        timeout: Duration,
+    },
+    /// The call trapped (panic, out of memory, stack overflow, ...).
+    #[error("{engine} plugin: {function} trapped: {message}")]
+    Trap {
+        /// Engine name.
+        engine: String,
+        /// Exported function.
+        function: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// The result was larger than the host accepts.
+    #[error("{engine} plugin: {function} returned {bytes} bytes, over the {limit}-byte limit")]
+    OutputTooLarge {
+        /// Engine name.
+        engine: String,
+        /// Exported function.
+        function: &'static str,
+        /// Size of the result.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The result breaks host policy.
+    #[error("{engine} plugin: {function} output breaks host policy: {}", join(.violations))]
+    Policy {
+        /// Engine name.
+        engine: String,
+        /// Exported function.
+        function: &'static str,
+        /// What is wrong.
+        violations: Vec<Violation>,
+    },
+}
+
+fn join(violations: &[Violation]) -> String {
+    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// The shared wasmtime engine, linker and epoch ticker. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    linker: Arc<Linker<CallState>>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// A runtime whose calls obey `limits`. Starts a ticker thread that lives as long
+    /// as the runtime does.
+    pub fn new(limits: Limits) -> anyhow::Result<Self> {
+        let mut config = Config::new();
+        config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(limits.stack_bytes);
+        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e:#}"))?;
+        let mut linker = Linker::new(&engine);
+        EngineWorld::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
+            .map_err(|e| anyhow::anyhow!("linking host imports: {e:#}"))?;
+        let weak = engine.weak();
+        std::thread::Builder::new().name("plugdb-epoch".into()).spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })?;
+        Ok(Self { engine, linker: Arc::new(linker), limits })
+    }
+
+    /// The limits every call obeys.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Compiles `bytes`, checks the contract, links it and runs `info()` as a self-test.
+    /// CPU-heavy: call it off the async executor.
+    pub fn load(&self, bytes: &[u8]) -> Result<Plugin, LoadError> {
+        if bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0] {
+            return Err(LoadError::NotAComponent(
+                "this is a core wasm module; wrap it into a component (`wasm-tools component new`)".into(),
+            ));
+        }
+        let component = Component::from_binary(&self.engine, bytes).map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
+        check_contract(&self.engine, &component)?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Imports(format!("{e:#}")))?;
+        let pre = EngineWorldPre::new(pre).map_err(|e| LoadError::Contract(format!("{e:#}")))?;
+        let mut plugin =
+            Plugin { info: Arc::new(placeholder_info()), digest: hex_digest(bytes), size: bytes.len(), pre, runtime: self.clone() };
+        let info: PluginInfo = plugin
+            .call("info", |store, world| world.plugdb_engine_plugin().call_info(store).map(Into::into))
+            .map_err(|e| LoadError::SelfTest(e.to_string()))?;
+        check_info(&info)?;
+        plugin.info = Arc::new(info);
+        Ok(plugin)
+    }
+}
+
+fn placeholder_info() -> PluginInfo {
+    PluginInfo {
+        engine: "(loading)".into(),
+        plugin_version: String::new(),
+        contract_version: String::new(),
+        supported_versions: Vec::new(),
+        default_version: String::new(),
+        default_port: 0,
+        capabilities: Capabilities::default(),
+    }
+}
+
+/// Hex SHA-256 of `bytes`, the identity of a plugin build.
+pub fn hex_digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `version` (semver) can be served by a host at `CONTRACT_VERSION`:
+/// same major, and for 0.x the same minor.
+fn compatible(version: &str) -> bool {
+    let parts = |v: &str| -> Option<(u64, u64)> {
+        let mut it = v.split(['.', '-', '+']);
+        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    };
+    match (parts(version), parts(CONTRACT_VERSION)) {
+        (Some((0, minor)), Some((0, ours))) => minor == ours,
+        (Some((major, _)), Some((ours, _))) => major == ours,
+        _ => false,
+    }
+}
+
+fn check_contract(engine: &Engine, component: &Component) -> Result<(), LoadError> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
+    let Some(export) = exports.iter().find(|n| n.starts_with(CONTRACT_EXPORT)) else {
+        return Err(LoadError::Contract(format!(
+            "the component exports no `{CONTRACT_EXPORT}{CONTRACT_VERSION}` interface (it exports: {})",
+            if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
+        )));
+    };
+    let version = &export[CONTRACT_EXPORT.len()..];
+    if !compatible(version) {
+        return Err(LoadError::Contract(format!(
+            "the plugin implements plugdb:engine@{version}; this host speaks plugdb:engine@{CONTRACT_VERSION}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_info(info: &PluginInfo) -> Result<(), LoadError> {
+    let name_ok = !info.engine.is_empty()
+        && info.engine.len() <= 40
+        && info.engine.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !info.engine.starts_with('-')
+        && !info.engine.ends_with('-');
+    if !name_ok {
+        return Err(LoadError::SelfTest(format!("engine name {:?} must be 1-40 characters of [a-z0-9-]", info.engine)));
+    }
+    if !compatible(&info.contract_version) {
+        return Err(LoadError::Contract(format!("info() reports contract {}; this host speaks {CONTRACT_VERSION}", info.contract_version)));
+    }
+    if info.supported_versions.is_empty() || !info.supported_versions.contains(&info.default_version) {
+        return Err(LoadError::SelfTest(format!(
+            "default version {:?} is not among the supported versions {:?}",
+            info.default_version, info.supported_versions
+        )));
+    }
+    if info.default_port == 0 {
+        return Err(LoadError::SelfTest("default port is 0".into()));
+    }
+    Ok(())
+}
+
+/// A loaded plugin: compiled, linked and self-tested. Cheap to clone; each call
+/// instantiates afresh, so nothing leaks from one call into the next.
+#[derive(Clone)]
+pub struct Plugin {
+    info: Arc<PluginInfo>,
+    digest: String,
+    size: usize,
+    pre: EngineWorldPre<CallState>,
+    runtime: Runtime,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("engine", &self.info.engine)
+            .field("version", &self.info.plugin_version)
+            .field("digest", &self.digest)
+            .finish()
+    }
+}
+
+/// Per-call state: the memory limiter and log accounting.
+pub(crate) struct CallState {
+    limits: StoreLimits,
+    engine: String,
+    log_lines: u32,
+}
+
+impl TypesImports for CallState {}
+
+impl HostImports for CallState {
+    fn log(&mut self, level: LogLevel, message: String) {
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES {
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LOG_BYTES {
+            let mut cut = MAX_LOG_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let engine = self.engine.as_str();
+        match convert::tracing_level(level) {
+            tracing::Level::ERROR => tracing::error!(engine, "{message}"),
+            tracing::Level::WARN => tracing::warn!(engine, "{message}"),
+            tracing::Level::INFO => tracing::info!(engine, "{message}"),
+            tracing::Level::DEBUG => tracing::debug!(engine, "{message}"),
+            _ => tracing::trace!(engine, "{message}"),
+        }
+    }
+}
+
+impl Plugin {
+    /// What the plugin said about itself at load.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    /// Hex SHA-256 of the component bytes.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Size of the component in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// `name@version`, as shown in status and logs.
+    pub fn id(&self) -> String {
+        format!("{}@{}", self.info.engine, self.info.plugin_version)
+    }
+
+    /// Engine-specific checks of `spec`.
+    pub fn validate(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
+        let arg = spec.into();
+        self.call("validate", |s, w| w.plugdb_engine_plugin().call_validate(s, &arg).map(|v| v.into_iter().map(Into::into).collect()))
+    }
+
+    /// The workload for `spec`, checked against host policy.
+    pub fn render(&self, spec: &EngineSpec, cluster: &ClusterContext) -> Result<Workload, CallError> {
+        let (arg, ctx) = (spec.into(), cluster.into());
+        let workload: Workload = self
+            .call("render", |s, w| w.plugdb_engine_plugin().call_render(s, &arg, &ctx).map(|r| r.map(Workload::from)))?
+            .map_err(|r| self.refused(r))?;
+        self.checked("render", super::policy::check_workload(&workload, cluster), workload)
+    }
+
+    /// How to move from `from` to `spec.version`.
+    pub fn plan_upgrade(&self, spec: &EngineSpec, from: &str) -> Result<UpgradePlan, CallError> {
+        let arg = spec.into();
+        let plan: UpgradePlan = self
+            .call("plan-upgrade", |s, w| w.plugdb_engine_plugin().call_plan_upgrade(s, &arg, from).map(|r| r.map(UpgradePlan::from)))?
+            .map_err(|r| self.refused(r))?;
+        let violations = plan
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                UpgradeStep::Job(job) => Some(super::policy::check_job(job, &spec.credentials_secret())),
+                UpgradeStep::RollingRestart => None,
+            })
+            .flatten()
+            .collect();
+        self.checked("plan-upgrade", violations, plan)
+    }
+
+    /// Which member to promote.
+    pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
+        let (arg, list): (_, Vec<_>) = (spec.into(), members.iter().map(Into::into).collect());
+        let decision: FailoverDecision =
+            self.call("choose-primary", |s, w| w.plugdb_engine_plugin().call_choose_primary(s, &arg, &list).map(FailoverDecision::from))?;
+        let violations = match &decision {
+            FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
+                vec![Violation { field: "promote.pod".into(), message: format!("{pod:?} is not a replica of this Database") }]
+            }
+            _ => Vec::new(),
+        };
+        self.checked("choose-primary", violations, decision)
+    }
+
+    /// A Job that backs the Database up to `location`.
+    pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
+        let (arg, loc) = (spec.into(), location.into());
+        let job: JobPlan = self
+            .call("backup", |s, w| w.plugdb_engine_plugin().call_backup(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
+            .map_err(|r| self.refused(r))?;
+        self.checked("backup", super::policy::check_job(&job, &location.credentials_secret), job)
+    }
+
+    /// A Job that restores the backup at `location`.
+    pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
+        let (arg, loc) = (spec.into(), location.into());
+        let job: JobPlan = self
+            .call("restore", |s, w| w.plugdb_engine_plugin().call_restore(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
+            .map_err(|r| self.refused(r))?;
+        self.checked("restore", super::policy::check_job(&job, &location.credentials_secret), job)
+    }
+
+    fn refused(&self, reason: String) -> CallError {
+        CallError::Refused { engine: self.info.engine.clone(), reason }
+    }
+
+    fn checked<T>(&self, function: &'static str, violations: Vec<Violation>, value: T) -> Result<T, CallError> {
+        if violations.is_empty() { Ok(value) } else { Err(CallError::Policy { engine: self.info.engine.clone(), function, violations }) }
+    }
+
+    /// Runs `f` against a fresh instance under the call limits, and bounds the size of its result.
+    fn call<R: serde::Serialize>(
+        &self,
+        function: &'static str,
+        f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let limits = self.runtime.limits;
+        let state = CallState {
+            limits: StoreLimitsBuilder::new()
+                .memory_size(limits.memory_bytes)
+                .instances(4)
+                .tables(8)
+                .memories(2)
+                .trap_on_grow_failure(true)
+                .build(),
+            engine: self.info.engine.clone(),
+            log_lines: 0,
+        };
+        let mut store = Store::new(&self.runtime.engine, state);
+        store.limiter(|s| &mut s.limits);
+        let ticks = limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
+        store.set_epoch_deadline(ticks);
+        store.epoch_deadline_trap();
+        let result = self.pre.instantiate(&mut store).and_then(|world| f(&mut store, &world));
+        let value = result.map_err(|e| self.classify(function, e))?;
+        let bytes = serde_json::to_vec(&value).map(|v| v.len()).unwrap_or(usize::MAX);
+        if bytes > limits.output_bytes {
+            return Err(CallError::OutputTooLarge { engine: self.info.engine.clone(), function, bytes, limit: limits.output_bytes });
+        }
+        Ok(value)
+    }
+
+    fn classify(&self, function: &'static str, error: wasmtime::Error) -> CallError {
+        let engine = self.info.engine.clone();
+        match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => CallError::Timeout { engine, function, timeout: self.runtime.limits.call_timeout },
+            Some(Trap::StackOverflow) => CallError::Trap { engine, function, message: "wasm stack overflow (unbounded recursion?)".into() },
+            Some(Trap::UnreachableCodeReached) => {
+                CallError::Trap { engine, function, message: "the plugin panicked or aborted (unreachable executed)".into() }
+            }
+            _ => {
+                let message = format!("{error:#}");
+                let message =
+                    if message.contains("forcing a memory growth failure") || message.contains("memory") && message.contains("limit") {
+                        format!("memory limit of {} bytes reached: {message}", self.runtime.limits.memory_bytes)
+                    } else {
+                        message
+                    };
+                CallError::Trap { engine, function, message }
+            }
+        }
+    }
+}
+
+impl EngineSpec {
+    /// Name of the credentials Secret of this Database.
+    pub fn credentials_secret(&self) -> String {
+        format!("{}-credentials", self.name)
+    }
+}

@@ -1,0 +1,304 @@
+//! Host-side view of the plugin contract (`wit/engine.wit`). The rest of the host
+//! speaks these types; only `convert` knows the generated bindings.
+
+use serde::Serialize;
+
+/// What a plugin says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginInfo {
+    /// Engine name users write in `spec.engine`.
+    pub engine: String,
+    /// The plugin's own version.
+    pub plugin_version: String,
+    /// The contract version the plugin was built against.
+    pub contract_version: String,
+    /// Engine versions the plugin can run.
+    pub supported_versions: Vec<String>,
+    /// Version used when `spec.version` is empty.
+    pub default_version: String,
+    /// Port clients connect to.
+    pub default_port: u16,
+    /// Optional behaviour the plugin implements.
+    pub capabilities: Capabilities,
+}
+
+/// Optional behaviour of a plugin.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// `backup` returns a plan.
+    pub backup: bool,
+    /// `restore` returns a plan.
+    pub restore: bool,
+    /// `choose-primary` can promote a replica.
+    pub failover: bool,
+    /// Minor versions upgrade by rolling restart.
+    pub online_upgrade: bool,
+    /// Major versions upgrade through Jobs.
+    pub major_upgrade: bool,
+}
+
+/// A scalar engine parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ParameterValue {
+    /// Written as a string.
+    Text(String),
+    /// Written as an integer.
+    Integer(i64),
+}
+
+/// CPU and memory as plain numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceAmounts {
+    /// Thousandths of a CPU.
+    pub cpu_millis: Option<u64>,
+    /// Bytes of memory.
+    pub memory_bytes: Option<u64>,
+}
+
+/// The part of a Database spec a plugin sees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineSpec {
+    /// Database name.
+    pub name: String,
+    /// Database namespace.
+    pub namespace: String,
+    /// Engine version (defaulted).
+    pub version: String,
+    /// Number of members.
+    pub replicas: u32,
+    /// Volume size in bytes.
+    pub storage_bytes: u64,
+    /// Resource requests.
+    pub requests: ResourceAmounts,
+    /// Resource limits.
+    pub limits: ResourceAmounts,
+    /// Engine parameters, sorted by name.
+    pub parameters: Vec<(String, ParameterValue)>,
+}
+
+/// One problem with a spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// Field path, e.g. `spec.parameters.max_connections`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// A key of a Secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SecretRef {
+    /// Secret name.
+    pub name: String,
+    /// Key in the Secret.
+    pub key: String,
+}
+
+/// Where an environment variable's value comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum EnvSource {
+    /// A literal.
+    Value(String),
+    /// A Secret key.
+    Secret(SecretRef),
+    /// A Downward API field path.
+    Field(String),
+}
+
+/// An environment variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EnvVar {
+    /// Variable name.
+    pub name: String,
+    /// Its value's source.
+    pub source: EnvSource,
+}
+
+/// A named TCP port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Port {
+    /// Port name.
+    pub name: String,
+    /// Port number.
+    pub port: u16,
+}
+
+/// How a probe checks a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProbeAction {
+    /// Run a command.
+    Exec(Vec<String>),
+    /// Connect to a TCP port.
+    TcpSocket(u16),
+}
+
+/// A readiness or liveness probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Probe {
+    /// What the probe does.
+    pub action: ProbeAction,
+    /// Seconds before the first probe.
+    pub initial_delay_seconds: u32,
+    /// Seconds between probes.
+    pub period_seconds: u32,
+    /// Seconds before a probe times out.
+    pub timeout_seconds: u32,
+    /// Failures before the probe fails.
+    pub failure_threshold: u32,
+}
+
+/// A configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConfigFile {
+    /// File name, no slashes.
+    pub name: String,
+    /// File content.
+    pub content: String,
+}
+
+/// A credential the host generates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Credential {
+    /// Secret key.
+    pub key: String,
+    /// Generated length in characters.
+    pub length: u32,
+}
+
+/// Facts about the cluster the host builds around the workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterContext {
+    /// DNS name of the read-write Service.
+    pub primary_host: String,
+    /// DNS name of the headless Service.
+    pub headless_host: String,
+    /// Pod name of the current primary.
+    pub primary_pod: String,
+    /// Name of the credentials Secret.
+    pub credentials_secret: String,
+    /// Where config files are mounted.
+    pub config_mount_path: String,
+}
+
+/// The engine container and what surrounds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Workload {
+    /// Container image.
+    pub image: String,
+    /// Entrypoint override.
+    pub command: Vec<String>,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Environment.
+    pub env: Vec<EnvVar>,
+    /// Ports.
+    pub ports: Vec<Port>,
+    /// Readiness probe.
+    pub readiness: Option<Probe>,
+    /// Liveness probe.
+    pub liveness: Option<Probe>,
+    /// Files for the config ConfigMap.
+    pub config_files: Vec<ConfigFile>,
+    /// Where the data volume is mounted.
+    pub data_mount_path: String,
+    /// Keys of the credentials Secret.
+    pub credentials: Vec<Credential>,
+    /// Recommended resources.
+    pub recommended: ResourceAmounts,
+    /// User and group the engine runs as.
+    pub run_as_user: u32,
+}
+
+/// A command run to completion in a Job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobPlan {
+    /// Container image.
+    pub image: String,
+    /// Full argv.
+    pub command: Vec<String>,
+    /// Environment.
+    pub env: Vec<EnvVar>,
+    /// Whether the data volume is mounted.
+    pub mounts_data: bool,
+}
+
+/// Where a backup is written or read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupLocation {
+    /// Directory inside the Job's container.
+    pub directory: String,
+    /// Artefact name inside it.
+    pub artifact: String,
+    /// Host to connect to.
+    pub host: String,
+    /// Credentials Secret.
+    pub credentials_secret: String,
+}
+
+/// One step of an upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UpgradeStep {
+    /// Restart members on the new image, replicas first.
+    RollingRestart,
+    /// Run a Job to completion.
+    Job(JobPlan),
+}
+
+/// An accepted upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePlan {
+    /// Steps in order.
+    pub steps: Vec<UpgradeStep>,
+    /// Take a backup before the first step.
+    pub backup_first: bool,
+}
+
+/// A member as the host observes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Member {
+    /// Pod name.
+    pub pod: String,
+    /// StatefulSet ordinal.
+    pub ordinal: u32,
+    /// Ready condition.
+    pub ready: bool,
+    /// Current primary.
+    pub primary: bool,
+    /// Replication position, engine-specific.
+    pub position: Option<String>,
+}
+
+/// The answer to a failover question.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FailoverDecision {
+    /// Promote this pod with this command.
+    Promote {
+        /// Pod to promote.
+        pod: String,
+        /// Command to run in it.
+        command: Vec<String>,
+    },
+    /// No member is safe; the reason.
+    NoSafeMember(String),
+}

@@ -1,0 +1,45 @@
+//! Helpers for the chores every engine repeats.
+
+use crate::{LogLevel, Parameter, ParameterValue, Violation};
+
+/// Logs a line through the host at `level`.
+pub fn log(level: LogLevel, message: &str) {
+    crate::host_log(level, message);
+}
+
+/// A violation of `field` with `message`.
+pub fn violation(field: impl Into<String>, message: impl Into<String>) -> Violation {
+    Violation { field: field.into(), message: message.into() }
+}
+
+/// The field path of a parameter, as users see it.
+pub fn parameter_field(name: &str) -> String {
+    format!("spec.parameters.{name}")
+}
+
+/// The parameter's value as text, whichever way the user wrote it.
+pub fn parameter_text(parameter: &Parameter) -> String {
+    match &parameter.value {
+        ParameterValue::Text(text) => text.clone(),
+        ParameterValue::Integer(n) => n.to_string(),
+    }
+}
+
+/// The parameter's value as an integer, if it is one (or a string of digits).
+pub fn parameter_integer(parameter: &Parameter) -> Option<i64> {
+    match &parameter.value {
+        ParameterValue::Integer(n) => Some(*n),
+        ParameterValue::Text(text) => text.trim().parse().ok(),
+    }
+}
+
+/// The leading major component of a version: `"16.4"` → `16`, `"10.11"` → `10`.
+pub fn major_version(version: &str) -> Option<u32> {
+    version.split('.').next()?.parse().ok()
+}
+
+/// A version as numeric components for ordering: `"10.11.9"` → `[10, 11, 9]`.
+/// `None` when any component is not a number.
+pub fn version_parts(version: &str) -> Option<Vec<u32>> {
+    version.split('.').map(|p| p.parse().ok()).collect()
+}

@@ -1,0 +1,36 @@
+//! Guest-side SDK for plugdb engine plugins.
+//!
+//! An engine plugin implements [`Engine`] and exports it with [`export_engine!`]:
+//!
+//! ```text
+//! struct Redis;
+//! impl plugdb_sdk::Engine for Redis { /* info, validate, render, ... */ }
+//! plugdb_sdk::export_engine!(Redis);
+//! ```
+//!
+//! Everything a plugin exchanges with the host is a typed record from the
+//! `plugdb:engine` WIT package (re-exported here), plus a few helpers for the
+//! chores every engine repeats (parameters, sizes, versions).
+
+#![allow(missing_docs)] // the generated bindings carry the WIT documentation
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "engine",
+        path: "../../wit",
+        pub_export_macro: true,
+        export_macro_name: "export_engine",
+        default_bindings_module: "plugdb_sdk::bindings",
+    });
+}
+
+pub use bindings::exports::plugdb::engine::plugin::Guest as Engine;
+pub use bindings::plugdb::engine::host::log as host_log;
+pub use bindings::plugdb::engine::types::*;
+
+/// Exports a type that implements [`Engine`] as the plugin of this component.
+pub use bindings::export_engine;
+
+mod helpers;
+pub use helpers::*;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds the real kube-apiserver, kube-controller-manager and kubectl from the
+# k8s.io/kubernetes Go module, once, into a cache outside the work tree keyed by
+# version. Prints the directory holding the binaries (the KUBEBUILDER_ASSETS layout).
+#
+# Honours KUBEBUILDER_ASSETS: when it already holds kube-apiserver, it is used as is.
+set -euo pipefail
+
+K8S_VERSION="${PLUGDB_K8S_VERSION:-1.36.3}"
+STAGING_VERSION="0.${K8S_VERSION#1.}"
+K8S_MINOR="${K8S_VERSION#1.}"; K8S_MINOR="${K8S_MINOR%%.*}"
+CACHE="${PLUGDB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plugdb}"
+OUT="$CACHE/kubernetes-v$K8S_VERSION"
+BINARIES=(kube-apiserver kube-controller-manager kubectl)
+
+if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" ]]; then
+  echo "$KUBEBUILDER_ASSETS"
+  exit 0
+fi
+
+have_all() { for b in "${BINARIES[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
+if have_all; then
+  echo "$OUT"
+  exit 0
+fi
+
+command -v go >/dev/null || { echo "control-plane: 'go' is not on PATH; it is needed to build kube-apiserver $K8S_VERSION" >&2; exit 1; }
+
+work="$CACHE/build-v$K8S_VERSION"
+mkdir -p "$work" "$OUT"
+cd "$work"
+echo "control-plane: building Kubernetes v$K8S_VERSION into $OUT (once; takes several minutes)" >&2
+
+# k8s.io/kubernetes points its staging modules at ./staging; a consumer pins them instead.
+mods=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
+  cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
+  cri-client cri-streaming csi-translation-lib dynamic-resource-allocation endpointslice externaljwt
+  kms kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
+  mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming)
+{
+  echo "module plugdb.io/controlplane"
+  echo
+  echo "go 1.26.0"
+  echo
+  echo "require k8s.io/kubernetes v$K8S_VERSION"
+  echo
+  echo "replace ("
+  for m in "${mods[@]}"; do echo "	k8s.io/$m => k8s.io/$m v$STAGING_VERSION"; done
+  echo ")"
+} > go.mod
+cat > tools.go <<'GO'
+//go:build tools
+
+package controlplane
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+export GOFLAGS="-mod=mod -buildvcs=false"
+go mod tidy -e >&2 || true
+go mod download >&2
+for b in "${BINARIES[@]}"; do
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$K8S_MINOR" \
+    -o "$OUT/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
+  mv "$OUT/$b.tmp" "$OUT/$b"
+done
+have_all || { echo "control-plane: build finished but binaries are missing in $OUT" >&2; exit 1; }
+echo "$OUT"

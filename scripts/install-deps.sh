@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what plugdb's tests need on a Debian machine, idempotently:
+# a wasm-capable Rust (unless rustup already has the target), PostgreSQL, MariaDB,
+# openssl, and the real Kubernetes control-plane binaries (built once, cached).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=(openssl postgresql mariadb-server)
+if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+  need+=(rustc-web cargo-web rust-web-src lld-19)
+fi
+missing=()
+for pkg in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+for tool in cargo rustfmt cargo-clippy go; do
+  command -v "$tool" >/dev/null || { echo "install-deps: '$tool' is missing (rustup component add rustfmt clippy; Go >= 1.26 for the control plane)" >&2; exit 1; }
+done
+scripts/control-plane.sh >/dev/null

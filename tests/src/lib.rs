@@ -1,0 +1,31 @@
+//! Support for plugdb's integration tests: a real control plane (etcd,
+//! kube-apiserver, kube-controller-manager) on loopback with a kubelet stand-in, and
+//! the plugin components that `build.rs` built from source.
+
+pub mod control_plane;
+pub mod kubelet;
+
+use std::path::{Path, PathBuf};
+
+pub use control_plane::ControlPlane;
+
+/// Directory holding every built component (`<name>.wasm`).
+pub fn components_dir() -> &'static Path {
+    Path::new(env!("PLUGDB_COMPONENTS_DIR"))
+}
+
+/// Path of the component built from `plugins/<name>` or `tests/fixtures/<name>`.
+pub fn component_path(name: &str) -> PathBuf {
+    components_dir().join(format!("{name}.wasm"))
+}
+
+/// Bytes of the component built from `plugins/<name>` or `tests/fixtures/<name>`.
+pub fn component(name: &str) -> Vec<u8> {
+    let path = component_path(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("reading component {}: {e} (built by tests/build.rs)", path.display()))
+}
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits below the workspace root").to_path_buf()
+}

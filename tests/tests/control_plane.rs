@@ -1,0 +1,109 @@
+//! Tier 4 smoke tests: the real control plane the other scenarios stand on.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use plugdb::crd::Database;
+use plugdb_tests::ControlPlane;
+use serde_json::json;
+
+async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Database::crd()).await.expect("CRD created");
+    let established = kube::runtime::wait::conditions::is_crd_established();
+    tokio::time::timeout(Duration::from_secs(30), kube::runtime::wait::await_condition(crds, "databases.plugdb.io", established))
+        .await
+        .expect("CRD established in time")
+        .expect("CRD watch");
+}
+
+fn database(name: &str, spec: serde_json::Value) -> Database {
+    serde_json::from_value(json!({
+        "apiVersion": "plugdb.io/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("a Database")
+}
+
+#[tokio::test]
+async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
+    let cp = ControlPlane::start().await.expect("control plane starts");
+    install_crd(&cp.client).await;
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+
+    let created = dbs
+        .create(
+            &PostParams::default(),
+            &database("orders", json!({"engine": "postgres", "version": "17", "replicas": 3, "storage": {"size": "10Gi"}})),
+        )
+        .await
+        .expect("valid Database accepted");
+    let read = dbs.get("orders").await.expect("read back");
+    assert_eq!(read.uid(), created.uid());
+    assert_eq!(read.spec.engine, "postgres");
+    assert_eq!(read.spec.replicas, 3);
+
+    // The API server's own validation refuses what the schema forbids.
+    let too_many = database("too-many", json!({"engine": "postgres", "replicas": 50, "storage": {"size": "1Gi"}}));
+    let err = dbs.create(&PostParams::default(), &too_many).await.expect_err("replicas over the maximum refused");
+    assert!(err.to_string().contains("spec.replicas"), "{err}");
+
+    let bad_engine = database("bad-engine", json!({"engine": "Post Gres!", "storage": {"size": "1Gi"}}));
+    let err = dbs.create(&PostParams::default(), &bad_engine).await.expect_err("bad engine name refused");
+    assert!(err.to_string().contains("spec.engine"), "{err}");
+
+    // CEL rules: engine is immutable, storage never shrinks.
+    let mut changed = read.clone();
+    changed.spec.engine = "mysql".into();
+    let err = dbs.replace("orders", &PostParams::default(), &changed).await.expect_err("engine change refused");
+    assert!(err.to_string().contains("engine cannot be changed"), "{err}");
+    let mut shrunk = dbs.get("orders").await.expect("read");
+    shrunk.spec.storage.size = k8s_openapi::apimachinery::pkg::api::resource::Quantity("5Gi".into());
+    let err = dbs.replace("orders", &PostParams::default(), &shrunk).await.expect_err("shrink refused");
+    assert!(err.to_string().contains("never shrink"), "{err}");
+}
+
+#[tokio::test]
+async fn controller_manager_and_kubelet_stand_in_run_a_statefulset() {
+    let cp = ControlPlane::start().await.expect("control plane starts");
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "web",
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "registry.example/web:1"}]}
+            }
+        }
+    }))
+    .expect("a StatefulSet");
+    let api: Api<StatefulSet> = Api::namespaced(cp.client.clone(), "default");
+    api.create(&PostParams::default(), &sts).await.expect("StatefulSet created");
+    let ready = |s: Option<&StatefulSet>| s.and_then(|s| s.status.as_ref()).and_then(|s| s.ready_replicas) == Some(2);
+    tokio::time::timeout(Duration::from_secs(60), kube::runtime::wait::await_condition(api, "web", ready))
+        .await
+        .unwrap_or_else(|_| panic!("StatefulSet not ready in time; controller-manager log:\n{}", cp.log_tail("kube-controller-manager")))
+        .expect("watch");
+}
+
+#[tokio::test]
+async fn dropping_the_control_plane_stops_its_processes_and_removes_its_directory() {
+    let cp = ControlPlane::start().await.expect("control plane starts");
+    let (dir, pids) = (cp.dir().to_path_buf(), cp.pids());
+    assert_eq!(pids.len(), 3, "etcd, kube-apiserver, kube-controller-manager");
+    drop(cp);
+    assert!(!dir.exists(), "{} removed", dir.display());
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(stat.is_empty(), "process {pid} still exists: {stat}");
+    }
+}
