@@ -5,4 +5,5 @@
 #![forbid(unsafe_code)]
 
 pub mod crd;
+pub mod metrics;
 pub mod plugin;

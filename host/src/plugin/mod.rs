@@ -4,8 +4,10 @@
 
 mod convert;
 pub mod policy;
+pub mod registry;
 mod runtime;
 pub mod types;
 
-pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime};
+pub use registry::{Outcome, Registry};
+pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, hex_digest};
 pub use types::*;

@@ -11,6 +11,7 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 use super::convert::{self, EngineWorld, EngineWorldPre, HostImports, LogLevel, TypesImports};
 use super::types::*;
+use crate::metrics::{CallLabels, Metrics};
 
 /// The contract version this host implements (`wit/engine.wit`).
 pub const CONTRACT_VERSION: &str = "0.1.0";
@@ -120,6 +121,7 @@ pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<CallState>>,
     limits: Limits,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -146,7 +148,13 @@ impl Runtime {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Self { engine, linker: Arc::new(linker), limits })
+        Ok(Self { engine, linker: Arc::new(linker), limits, metrics: None })
+    }
+
+    /// The same runtime, counting every plugin call in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The limits every call obeys.
@@ -399,8 +407,30 @@ impl Plugin {
         if violations.is_empty() { Ok(value) } else { Err(CallError::Policy { engine: self.info.engine.clone(), function, violations }) }
     }
 
-    /// Runs `f` against a fresh instance under the call limits, and bounds the size of its result.
+    /// Runs `f` against a fresh instance under the call limits and counts the outcome.
     fn call<R: serde::Serialize>(
+        &self,
+        function: &'static str,
+        f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let result = self.sandboxed(function, f);
+        if let Some(metrics) = &self.runtime.metrics {
+            let outcome = match &result {
+                Ok(_) => "ok",
+                Err(CallError::Refused { .. }) => "refused",
+                Err(CallError::Timeout { .. }) => "timeout",
+                Err(CallError::Trap { .. }) => "trap",
+                Err(CallError::OutputTooLarge { .. }) => "too-large",
+                Err(CallError::Policy { .. }) => "policy",
+            };
+            let labels = CallLabels { engine: self.info.engine.clone(), function: function.into(), outcome: outcome.into() };
+            metrics.plugin_calls.get_or_create(&labels).inc();
+        }
+        result
+    }
+
+    /// Runs `f` against a fresh instance under the call limits, and bounds the size of its result.
+    fn sandboxed<R: serde::Serialize>(
         &self,
         function: &'static str,
         f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,
@@ -433,7 +463,8 @@ impl Plugin {
 
     fn classify(&self, function: &'static str, error: wasmtime::Error) -> CallError {
         let engine = self.info.engine.clone();
-        match error.downcast_ref::<Trap>() {
+        let trap = error.downcast_ref::<Trap>().or_else(|| error.chain().find_map(|e| e.downcast_ref::<Trap>()));
+        match trap {
             Some(Trap::Interrupt) => CallError::Timeout { engine, function, timeout: self.runtime.limits.call_timeout },
             Some(Trap::StackOverflow) => CallError::Trap { engine, function, message: "wasm stack overflow (unbounded recursion?)".into() },
             Some(Trap::UnreachableCodeReached) => {
@@ -441,12 +472,11 @@ impl Plugin {
             }
             _ => {
                 let message = format!("{error:#}");
-                let message =
-                    if message.contains("forcing a memory growth failure") || message.contains("memory") && message.contains("limit") {
-                        format!("memory limit of {} bytes reached: {message}", self.runtime.limits.memory_bytes)
-                    } else {
-                        message
-                    };
+                let message = if message.contains("growing memory") || message.contains("memory") && message.contains("limit") {
+                    format!("memory limit of {} bytes reached: {message}", self.runtime.limits.memory_bytes)
+                } else {
+                    message
+                };
                 CallError::Trap { engine, function, message }
             }
         }

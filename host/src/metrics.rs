@@ -1,0 +1,93 @@
+//! Prometheus metrics of the operator, served at `/metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of plugin load outcomes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoadLabels {
+    /// Engine the ConfigMap is labelled for (or the ConfigMap name when unknown).
+    pub engine: String,
+    /// `loaded`, `unchanged`, `rejected` or `unloaded`.
+    pub outcome: String,
+}
+
+/// Labels of plugin calls.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// Engine of the plugin.
+    pub engine: String,
+    /// Exported function.
+    pub function: String,
+    /// `ok`, `refused`, `timeout`, `trap`, `too-large` or `policy`.
+    pub outcome: String,
+}
+
+/// Labels of reconciles.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// Engine of the Database.
+    pub engine: String,
+}
+
+/// All metrics of the operator.
+pub struct Metrics {
+    registry: Registry,
+    /// Plugin loads by outcome.
+    pub plugin_loads: Family<LoadLabels, Counter>,
+    /// Engines currently loaded.
+    pub plugins_loaded: Gauge,
+    /// Plugin calls by outcome.
+    pub plugin_calls: Family<CallLabels, Counter>,
+    /// Reconciles by engine.
+    pub reconciles: Family<ReconcileLabels, Counter>,
+    /// Failed reconciles by engine.
+    pub reconcile_errors: Family<ReconcileLabels, Counter>,
+    /// Reconcile durations in seconds by engine.
+    pub reconcile_seconds: Family<ReconcileLabels, Histogram>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("plugdb");
+        let plugin_loads = Family::<LoadLabels, Counter>::default();
+        let plugins_loaded = Gauge::default();
+        let plugin_calls = Family::<CallLabels, Counter>::default();
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
+        let reconcile_errors = Family::<ReconcileLabels, Counter>::default();
+        let reconcile_seconds =
+            Family::<ReconcileLabels, Histogram>::new_with_constructor(|| Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]));
+        registry.register("plugin_loads", "Plugin loads from ConfigMaps by outcome", plugin_loads.clone());
+        registry.register("plugins_loaded", "Engine plugins currently loaded", plugins_loaded.clone());
+        registry.register("plugin_calls", "Plugin calls by function and outcome", plugin_calls.clone());
+        registry.register("reconciles", "Reconciles by engine", reconciles.clone());
+        registry.register("reconcile_errors", "Failed reconciles by engine", reconcile_errors.clone());
+        registry.register("reconcile_duration_seconds", "Reconcile durations by engine", reconcile_seconds.clone());
+        Self { registry, plugin_loads, plugins_loaded, plugin_calls, reconciles, reconcile_errors, reconcile_seconds }
+    }
+}
+
+impl Metrics {
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Counts one plugin load outcome.
+    pub fn plugin_load(&self, engine: &str, outcome: &str) {
+        self.plugin_loads.get_or_create(&LoadLabels { engine: engine.into(), outcome: outcome.into() }).inc();
+    }
+}

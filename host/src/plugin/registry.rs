@@ -1,0 +1,367 @@
+//! The plugin registry: engine plugins loaded from ConfigMaps while the operator runs.
+//!
+//! Only ConfigMaps in the operator's namespace labelled `plugdb.io/engine-plugin`
+//! count; the label's value, when not empty, names the engine the ConfigMap is meant
+//! to provide. The component sits in `binaryData` under a key ending in `.wasm`, or
+//! `.wasm.gz` when gzip-compressed; an optional `plugdb.io/sha256` annotation pins the
+//! digest of the (decompressed) component. A load decodes, verifies, compiles (off
+//! the async executor, cached by digest), self-tests and only then swaps the plugin
+//! in: a bad new version never replaces a good running one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::broadcast;
+
+use super::runtime::{LoadError, Plugin, Runtime, hex_digest};
+use crate::metrics::Metrics;
+
+/// Label that marks a ConfigMap as an engine plugin; its value names the engine.
+pub const PLUGIN_LABEL: &str = "plugdb.io/engine-plugin";
+/// Annotation pinning the SHA-256 of the component.
+pub const DIGEST_ANNOTATION: &str = "plugdb.io/sha256";
+/// A ConfigMap holds at most 1 MiB; a decompressed component may be larger, up to this.
+const MAX_COMPONENT_BYTES: u64 = 16 << 20;
+
+/// Why a ConfigMap could not be turned into component bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// No `binaryData` key ending in `.wasm` or `.wasm.gz`.
+    #[error("binaryData holds no key ending in .wasm or .wasm.gz (keys: {0})")]
+    NoComponent(String),
+    /// More than one candidate key.
+    #[error("binaryData holds more than one component ({0}); keep exactly one")]
+    Ambiguous(String),
+    /// gzip data is corrupt or too large.
+    #[error("binaryData.{key}: {reason}")]
+    Gzip {
+        /// The key.
+        key: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The pinned digest does not match.
+    #[error("annotation {DIGEST_ANNOTATION} pins {expected} but the component's SHA-256 is {actual}")]
+    Digest {
+        /// The pinned digest.
+        expected: String,
+        /// The actual digest.
+        actual: String,
+    },
+}
+
+/// The component bytes of a plugin ConfigMap: decompressed and digest-checked.
+pub fn decode(cm: &ConfigMap) -> Result<Vec<u8>, DecodeError> {
+    let data = cm.binary_data.clone().unwrap_or_default();
+    let candidates: Vec<&String> = data.keys().filter(|k| k.ends_with(".wasm") || k.ends_with(".wasm.gz")).collect();
+    let key = match candidates.as_slice() {
+        [key] => (*key).clone(),
+        [] => return Err(DecodeError::NoComponent(data.keys().cloned().collect::<Vec<_>>().join(", "))),
+        many => return Err(DecodeError::Ambiguous(many.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", "))),
+    };
+    let raw = &data[&key].0;
+    let bytes = if key.ends_with(".gz") {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(raw.as_slice())
+            .take(MAX_COMPONENT_BYTES + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| DecodeError::Gzip { key: key.clone(), reason: e.to_string() })?;
+        if out.len() as u64 > MAX_COMPONENT_BYTES {
+            return Err(DecodeError::Gzip { key, reason: format!("decompresses to more than {MAX_COMPONENT_BYTES} bytes") });
+        }
+        out
+    } else {
+        raw.clone()
+    };
+    if let Some(expected) = cm.annotations().get(DIGEST_ANNOTATION) {
+        let actual = hex_digest(&bytes);
+        if !expected.trim().eq_ignore_ascii_case(&actual) {
+            return Err(DecodeError::Digest { expected: expected.clone(), actual });
+        }
+    }
+    Ok(bytes)
+}
+
+/// A plugin serving an engine, and where it came from.
+#[derive(Debug, Clone)]
+struct Loaded {
+    plugin: Plugin,
+    config_map: String,
+}
+
+/// The last load problem of a ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadProblem {
+    /// The ConfigMap.
+    pub config_map: String,
+    /// Engine it is labelled for, when it says.
+    pub engine: Option<String>,
+    /// What went wrong.
+    pub reason: String,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    engines: BTreeMap<String, Loaded>,
+    /// Last problem per ConfigMap; cleared by a successful load or a delete.
+    problems: BTreeMap<String, LoadProblem>,
+}
+
+/// The engines the operator can serve right now. Cheap to clone.
+#[derive(Clone)]
+pub struct Registry {
+    runtime: Runtime,
+    state: Arc<RwLock<State>>,
+    compiled: Arc<RwLock<HashMap<String, Plugin>>>,
+    changes: broadcast::Sender<String>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("engines", &self.engines()).finish()
+    }
+}
+
+/// What happened to one ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The plugin now serves `engine`.
+    Loaded {
+        /// Engine name.
+        engine: String,
+        /// `name@version` of the plugin.
+        id: String,
+        /// Whether it replaced another version.
+        replaced: Option<String>,
+    },
+    /// The same bytes already serve; nothing changed.
+    Unchanged,
+    /// The ConfigMap was refused; any running version keeps serving.
+    Rejected(LoadProblem),
+    /// The engine was unloaded because its ConfigMap is gone.
+    Unloaded {
+        /// Engine name.
+        engine: String,
+    },
+}
+
+fn lock_poisoned<T>(e: std::sync::PoisonError<T>) -> T {
+    // A panic while holding the lock cannot leave the maps half-written: every
+    // write is a single insert or remove. Keep serving.
+    e.into_inner()
+}
+
+impl Registry {
+    /// An empty registry running plugins in `runtime`.
+    pub fn new(runtime: Runtime, metrics: Arc<Metrics>) -> Self {
+        let (changes, _) = broadcast::channel(64);
+        Self { runtime, state: Arc::default(), compiled: Arc::default(), changes, metrics }
+    }
+
+    /// The plugin serving `engine`, if one is loaded.
+    pub fn get(&self, engine: &str) -> Option<Plugin> {
+        self.state.read().unwrap_or_else(lock_poisoned).engines.get(engine).map(|l| l.plugin.clone())
+    }
+
+    /// Names of the loaded engines with their plugin ids, sorted.
+    pub fn engines(&self) -> Vec<(String, String)> {
+        self.state.read().unwrap_or_else(lock_poisoned).engines.iter().map(|(e, l)| (e.clone(), l.plugin.id())).collect()
+    }
+
+    /// The last load problem that concerns `engine` (a ConfigMap labelled for it that failed).
+    pub fn problem(&self, engine: &str) -> Option<LoadProblem> {
+        self.state.read().unwrap_or_else(lock_poisoned).problems.values().find(|p| p.engine.as_deref() == Some(engine)).cloned()
+    }
+
+    /// Engine names whose plugin changed (loaded, replaced, unloaded), as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<String> {
+        self.changes.subscribe()
+    }
+
+    /// Loads a plugin from component bytes under a source name (no ConfigMap involved;
+    /// for tools and tests). Replaces any plugin of the same engine.
+    pub async fn load_bytes(&self, source: &str, bytes: Vec<u8>) -> Outcome {
+        self.apply_bytes(source, None, Ok(bytes)).await
+    }
+
+    /// Applies one ConfigMap: load or keep, and report.
+    pub async fn apply(&self, cm: &ConfigMap) -> Outcome {
+        let name = cm.name_any();
+        let labelled = cm.labels().get(PLUGIN_LABEL).filter(|v| !v.is_empty() && v.as_str() != "true").cloned();
+        self.apply_bytes(&name, labelled, decode(cm).map_err(|e| e.to_string())).await
+    }
+
+    async fn apply_bytes(&self, source: &str, labelled: Option<String>, bytes: Result<Vec<u8>, String>) -> Outcome {
+        let plugin = match bytes {
+            Ok(bytes) => self.compile(bytes).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let mut state = self.state.write().unwrap_or_else(lock_poisoned);
+        let reject = |state: &mut State, reason: String| {
+            let problem = LoadProblem { config_map: source.to_string(), engine: labelled.clone(), reason };
+            state.problems.insert(source.to_string(), problem.clone());
+            Outcome::Rejected(problem)
+        };
+        let plugin = match plugin {
+            Ok(p) => p,
+            Err(reason) => return reject(&mut state, reason),
+        };
+        let engine = plugin.info().engine.clone();
+        if let Some(expected) = &labelled
+            && *expected != engine
+        {
+            return reject(&mut state, format!("labelled {PLUGIN_LABEL}={expected} but the plugin serves engine {engine:?}"));
+        }
+        if let Some(other) = state.engines.get(&engine)
+            && other.config_map != source
+        {
+            let reason = format!("engine {engine:?} is already served by ConfigMap {:?}", other.config_map);
+            return reject(&mut state, reason);
+        }
+        // This source may have served another engine before (its plugin changed engine).
+        state.engines.retain(|e, l| l.config_map != source || *e == engine);
+        state.problems.remove(source);
+        let previous = state.engines.get(&engine).map(|l| (l.plugin.digest().to_string(), l.plugin.id()));
+        if previous.as_ref().is_some_and(|(digest, _)| digest == plugin.digest()) {
+            return Outcome::Unchanged;
+        }
+        let id = plugin.id();
+        state.engines.insert(engine.clone(), Loaded { plugin, config_map: source.to_string() });
+        self.metrics.plugins_loaded.set(state.engines.len() as i64);
+        drop(state);
+        let _ = self.changes.send(engine.clone());
+        Outcome::Loaded { engine, id, replaced: previous.map(|(_, id)| id) }
+    }
+
+    /// Compiles and self-tests `bytes` on a blocking thread, reusing an earlier compile of the same digest.
+    async fn compile(&self, bytes: Vec<u8>) -> Result<Plugin, LoadError> {
+        let digest = hex_digest(&bytes);
+        if let Some(plugin) = self.compiled.read().unwrap_or_else(lock_poisoned).get(&digest) {
+            return Ok(plugin.clone());
+        }
+        let runtime = self.runtime.clone();
+        let plugin = tokio::task::spawn_blocking(move || runtime.load(&bytes))
+            .await
+            .map_err(|e| LoadError::SelfTest(format!("the load task failed: {e}")))??;
+        let mut compiled = self.compiled.write().unwrap_or_else(lock_poisoned);
+        // Keep the cache to plugins still in use plus this one.
+        let in_use: Vec<String> =
+            self.state.read().unwrap_or_else(lock_poisoned).engines.values().map(|l| l.plugin.digest().to_string()).collect();
+        compiled.retain(|d, _| in_use.contains(d));
+        compiled.insert(digest, plugin.clone());
+        Ok(plugin)
+    }
+
+    /// Forgets a ConfigMap: unloads the engine it served, clears its problems.
+    pub fn remove(&self, config_map: &str) -> Option<Outcome> {
+        let mut state = self.state.write().unwrap_or_else(lock_poisoned);
+        state.problems.remove(config_map);
+        let engine = state.engines.iter().find(|(_, l)| l.config_map == config_map).map(|(e, _)| e.clone())?;
+        state.engines.remove(&engine);
+        self.metrics.plugins_loaded.set(state.engines.len() as i64);
+        drop(state);
+        let _ = self.changes.send(engine.clone());
+        Some(Outcome::Unloaded { engine })
+    }
+
+    fn sources(&self) -> Vec<String> {
+        let state = self.state.read().unwrap_or_else(lock_poisoned);
+        state.engines.values().map(|l| l.config_map.clone()).chain(state.problems.keys().cloned()).collect()
+    }
+
+    /// Watches plugin ConfigMaps in `namespace` and keeps the registry in step, until the
+    /// stream ends. Every outcome is logged, counted and recorded as an Event on the ConfigMap.
+    pub async fn watch(self, client: Client, namespace: String) {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        let recorder = Recorder::new(client, Reporter { controller: "plugdb".into(), instance: std::env::var("POD_NAME").ok() });
+        let config = watcher::Config::default().labels(PLUGIN_LABEL);
+        let mut events = watcher(api, config).default_backoff().boxed();
+        let mut seen_in_relist: Vec<String> = Vec::new();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Init) => seen_in_relist.clear(),
+                Ok(watcher::Event::InitApply(cm)) => {
+                    seen_in_relist.push(cm.name_any());
+                    self.handle(&recorder, &cm).await;
+                }
+                Ok(watcher::Event::Apply(cm)) => self.handle(&recorder, &cm).await,
+                Ok(watcher::Event::InitDone) => {
+                    for gone in self.sources().into_iter().filter(|s| !seen_in_relist.contains(s)) {
+                        if let Some(outcome) = self.remove(&gone) {
+                            self.report(&gone, &outcome);
+                        }
+                    }
+                }
+                Ok(watcher::Event::Delete(cm)) => {
+                    let name = cm.name_any();
+                    if let Some(outcome) = self.remove(&name) {
+                        self.report(&name, &outcome);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "plugin ConfigMap watch failed; retrying"),
+            }
+        }
+    }
+
+    async fn handle(&self, recorder: &Recorder, cm: &ConfigMap) {
+        let outcome = self.apply(cm).await;
+        self.report(&cm.name_any(), &outcome);
+        let event = match &outcome {
+            Outcome::Loaded { engine, id, replaced } => Event {
+                type_: EventType::Normal,
+                reason: "PluginLoaded".into(),
+                note: Some(match replaced {
+                    Some(old) => format!("{id} now serves engine {engine}, replacing {old}"),
+                    None => format!("{id} now serves engine {engine}"),
+                }),
+                action: "Load".into(),
+                secondary: None,
+            },
+            Outcome::Rejected(problem) => Event {
+                type_: EventType::Warning,
+                reason: "PluginRejected".into(),
+                note: Some(truncate(&problem.reason, 1000)),
+                action: "Load".into(),
+                secondary: None,
+            },
+            Outcome::Unchanged | Outcome::Unloaded { .. } => return,
+        };
+        if let Err(e) = recorder.publish(&event, &cm.object_ref(&())).await {
+            tracing::warn!(config_map = %cm.name_any(), error = %e, "could not record plugin event");
+        }
+    }
+
+    fn report(&self, source: &str, outcome: &Outcome) {
+        match outcome {
+            Outcome::Loaded { engine, id, replaced } => {
+                tracing::info!(config_map = source, engine, plugin = id, replaced = replaced.as_deref(), "plugin loaded");
+                self.metrics.plugin_load(engine, "loaded");
+            }
+            Outcome::Unchanged => {}
+            Outcome::Rejected(p) => {
+                tracing::error!(config_map = source, engine = p.engine.as_deref(), reason = %p.reason, "plugin rejected; any running version keeps serving");
+                self.metrics.plugin_load(p.engine.as_deref().unwrap_or(source), "rejected");
+            }
+            Outcome::Unloaded { engine } => {
+                tracing::info!(config_map = source, engine, "plugin unloaded");
+                self.metrics.plugin_load(engine, "unloaded");
+            }
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}

@@ -1,0 +1,144 @@
+//! Tier 2: hostile plugins in the real wasmtime runtime. Every attack ends as an
+//! error value for that call, within its deadline; the process stays healthy and a
+//! good plugin loaded beside it keeps answering.
+
+use std::time::{Duration, Instant};
+
+use plugdb::plugin::{CallError, ClusterContext, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime};
+
+const DEADLINE: Duration = Duration::from_millis(200);
+
+fn runtime() -> Runtime {
+    Runtime::new(Limits { call_timeout: DEADLINE, memory_bytes: 32 << 20, stack_bytes: 256 << 10, output_bytes: 256 << 10 })
+        .expect("runtime")
+}
+
+fn spec(attack: &str) -> EngineSpec {
+    EngineSpec {
+        name: "victim".into(),
+        namespace: "default".into(),
+        version: "1".into(),
+        replicas: 1,
+        storage_bytes: 1 << 30,
+        requests: ResourceAmounts::default(),
+        limits: ResourceAmounts::default(),
+        parameters: vec![("attack".into(), ParameterValue::Text(attack.into()))],
+    }
+}
+
+fn cluster() -> ClusterContext {
+    ClusterContext {
+        primary_host: "victim.default.svc".into(),
+        headless_host: "victim-headless.default.svc".into(),
+        primary_pod: "victim-0".into(),
+        credentials_secret: "victim-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+    }
+}
+
+/// Runs one attack and checks the good plugin beside it still answers.
+fn attack(runtime: &Runtime, hostile: &Plugin, good: &Plugin, name: &str) -> CallError {
+    let started = Instant::now();
+    let err = hostile.render(&spec(name), &cluster()).expect_err("the attack fails");
+    // Far above the deadline to stay robust on a loaded machine, far below "stuck".
+    assert!(started.elapsed() < DEADLINE * 25, "{name}: took {:?}", started.elapsed());
+    let mut good_spec = spec("");
+    good_spec.parameters.clear();
+    good.render(&good_spec, &cluster()).expect("the good plugin keeps answering");
+    // The hostile plugin itself recovers too: the next call gets a fresh instance.
+    hostile.render(&spec("none"), &cluster()).expect("a fresh instance after the attack");
+    let _ = runtime;
+    err
+}
+
+fn plugins() -> (Runtime, Plugin, Plugin) {
+    let rt = runtime();
+    let hostile = rt.load(&plugdb_tests::component("hostile")).expect("hostile loads: it is well-formed");
+    let good = rt.load(&plugdb_tests::component("minimal")).expect("minimal loads");
+    (rt, hostile, good)
+}
+
+#[test]
+fn endless_loop_is_stopped_at_the_deadline() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "loop");
+    assert!(matches!(err, CallError::Timeout { function: "render", .. }), "{err}");
+    assert!(err.to_string().contains("deadline"), "{err}");
+}
+
+#[test]
+fn memory_bomb_hits_the_memory_cap() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "memory");
+    assert!(matches!(err, CallError::Trap { .. }), "{err}");
+    assert!(err.to_string().contains("memory limit"), "{err}");
+}
+
+#[test]
+fn unbounded_recursion_overflows_the_bounded_stack() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "recursion");
+    assert!(err.to_string().contains("stack overflow"), "{err}");
+}
+
+#[test]
+fn panic_becomes_a_trap_error() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "panic");
+    assert!(matches!(err, CallError::Trap { .. }), "{err}");
+    assert!(err.to_string().contains("panicked"), "{err}");
+}
+
+#[test]
+fn oversized_output_is_refused() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "huge");
+    assert!(matches!(err, CallError::OutputTooLarge { limit, .. } if limit == 256 << 10), "{err}");
+}
+
+#[test]
+fn output_that_breaks_host_policy_is_refused_with_every_reason() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "policy");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
+    assert!(fields.contains(&"runAsUser"), "{err}");
+    assert!(fields.contains(&"dataMountPath"), "{err}");
+    assert!(fields.contains(&"env[0]"), "{err}");
+    assert!(err.to_string().contains("cluster-admin-token"), "{err}");
+}
+
+#[test]
+fn log_flood_is_bounded_and_the_call_succeeds() {
+    let (rt, hostile, good) = plugins();
+    let started = Instant::now();
+    let result = hostile.render(&spec("log-flood"), &cluster());
+    // Either it finished (lines past the cap are dropped) or it ran out of time; never stuck.
+    assert!(result.is_ok() || matches!(result, Err(CallError::Timeout { .. })), "{result:?}");
+    assert!(started.elapsed() < DEADLINE * 25);
+    good.render(&EngineSpec { parameters: vec![], ..spec("") }, &cluster()).expect("the good plugin keeps answering");
+    let _ = rt;
+}
+
+#[test]
+fn a_plugin_for_another_contract_version_is_refused_at_load() {
+    let err = runtime().load(&plugdb_tests::component("future-contract")).expect_err("refused");
+    assert!(matches!(err, LoadError::Contract(_)), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("plugdb:engine@1.0.0") && text.contains("plugdb:engine@0.1.0"), "{text}");
+}
+
+#[test]
+fn bytes_that_are_not_a_component_are_refused_at_load() {
+    let rt = runtime();
+    let err = rt.load(b"definitely not wasm").expect_err("garbage refused");
+    assert!(matches!(err, LoadError::NotAComponent(_)), "{err}");
+    let core_module = b"\0asm\x01\0\0\0";
+    let err = rt.load(core_module).expect_err("core module refused");
+    assert!(err.to_string().contains("core wasm module"), "{err}");
+    let mut truncated = plugdb_tests::component("minimal");
+    truncated.truncate(truncated.len() / 2);
+    assert!(matches!(rt.load(&truncated), Err(LoadError::NotAComponent(_))));
+    // The runtime still loads good plugins afterwards.
+    rt.load(&plugdb_tests::component("minimal")).expect("minimal still loads");
+}

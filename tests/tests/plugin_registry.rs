@@ -1,0 +1,125 @@
+//! Tier 4: the plugin registry against a real API server. Engines come and go with
+//! ConfigMaps while the registry runs; a bad new version never replaces a good one.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use plugdb::metrics::Metrics;
+use plugdb::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
+use plugdb::plugin::{Limits, Registry, Runtime, hex_digest};
+use plugdb_tests::control_plane::{ControlPlane, Options};
+
+const NS: &str = "plugdb-system";
+
+fn plugin_config_map(name: &str, engine: &str, component: &[u8], gzip: bool, pin: Option<String>) -> ConfigMap {
+    let (key, data) = if gzip {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(component).expect("gzip");
+        ("plugin.wasm.gz", enc.finish().expect("gzip"))
+    } else {
+        ("plugin.wasm", component.to_vec())
+    };
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            labels: Some(BTreeMap::from([(PLUGIN_LABEL.into(), engine.into())])),
+            annotations: pin.map(|d| BTreeMap::from([(DIGEST_ANNOTATION.into(), d)])),
+            ..Default::default()
+        },
+        binary_data: Some(BTreeMap::from([(key.into(), ByteString(data))])),
+        ..Default::default()
+    }
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..300 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test]
+async fn engines_follow_their_config_maps_while_the_registry_runs() {
+    let cp = ControlPlane::start_with(Options { controller_manager: false, kubelet: false }).await.expect("control plane");
+    let namespaces: Api<Namespace> = Api::all(cp.client.clone());
+    let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
+    namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
+
+    let metrics = Arc::new(Metrics::default());
+    let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
+    let watch = tokio::spawn(registry.clone().watch(cp.client.clone(), NS.into()));
+    let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
+    let events: Api<Event> = Api::namespaced(cp.client.clone(), NS);
+
+    // A ConfigMap elsewhere, even labelled, is not an engine.
+    let other: Api<ConfigMap> = Api::namespaced(cp.client.clone(), "default");
+    let mut stray = plugin_config_map("stray", "minimal", &plugdb_tests::component("minimal"), false, None);
+    stray.metadata.namespace = Some("default".into());
+    other.create(&PostParams::default(), &stray).await.expect("stray ConfigMap");
+
+    // Create: gzip-compressed with a pinned digest → the engine serves.
+    let v1 = plugdb_tests::component("minimal");
+    cms.create(&PostParams::default(), &plugin_config_map("engine-minimal", "minimal", &v1, true, Some(hex_digest(&v1))))
+        .await
+        .expect("plugin ConfigMap");
+    eventually("minimal@1.0.0 serves", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@1.0.0")).await;
+
+    // Update with a new version → it serves, without restarting anything.
+    let v2 = plugdb_tests::component("minimal-v2");
+    let patch = plugin_config_map("engine-minimal", "minimal", &v2, false, None);
+    cms.replace(
+        "engine-minimal",
+        &PostParams::default(),
+        &ConfigMap { metadata: ObjectMeta { resource_version: None, ..patch.metadata.clone() }, ..patch },
+    )
+    .await
+    .expect("update to v2");
+    eventually("minimal@2.0.0 serves", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@2.0.0")).await;
+
+    // Update with garbage → v2 keeps serving; the error is visible as a problem, an Event and a metric.
+    let garbage = plugin_config_map("engine-minimal", "minimal", b"this is not a component", false, None);
+    cms.patch("engine-minimal", &PatchParams::apply("test").force(), &Patch::Apply(&garbage)).await.expect("garbage update");
+    eventually("the garbage is reported", || registry.problem("minimal").is_some()).await;
+    assert_eq!(registry.get("minimal").map(|p| p.id()).as_deref(), Some("minimal@2.0.0"), "the good version keeps serving");
+    let problem = registry.problem("minimal").expect("problem");
+    assert!(problem.reason.contains("not a WebAssembly component"), "{problem:?}");
+    let mut rejected_event = None;
+    for _ in 0..100 {
+        let list = events.list(&ListParams::default()).await.expect("events");
+        rejected_event = list.items.into_iter().find(|e| e.reason.as_deref() == Some("PluginRejected"));
+        if rejected_event.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let event = rejected_event.expect("a PluginRejected Event");
+    assert_eq!(event.regarding.and_then(|r| r.name).as_deref(), Some("engine-minimal"));
+    assert!(event.note.unwrap_or_default().contains("not a WebAssembly component"));
+    let text = metrics.encode();
+    assert!(text.contains(r#"plugdb_plugin_loads_total{engine="minimal",outcome="rejected"} 1"#), "{text}");
+    assert!(text.contains(r#"plugdb_plugin_loads_total{engine="minimal",outcome="loaded"} 2"#), "{text}");
+
+    // A wrong pinned digest is refused the same way.
+    let mut pinned = plugin_config_map("engine-minimal", "minimal", &v1, false, Some("00".repeat(32)));
+    pinned.metadata.resource_version = None;
+    cms.patch("engine-minimal", &PatchParams::apply("test").force(), &Patch::Apply(&pinned)).await.expect("mis-pinned update");
+    eventually("the digest mismatch is reported", || registry.problem("minimal").is_some_and(|p| p.reason.contains("pins"))).await;
+    assert_eq!(registry.get("minimal").map(|p| p.id()).as_deref(), Some("minimal@2.0.0"));
+
+    // Delete → the engine is gone.
+    cms.delete("engine-minimal", &DeleteParams::default()).await.expect("delete");
+    eventually("minimal is unloaded", || registry.get("minimal").is_none()).await;
+    assert!(registry.problem("minimal").is_none(), "problems of a deleted ConfigMap are forgotten");
+    assert_eq!(registry.engines(), Vec::<(String, String)>::new(), "the stray ConfigMap in another namespace was never loaded");
+    watch.abort();
+}
