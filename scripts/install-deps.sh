@@ -20,6 +20,11 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Database servers in the tests run as this unprivileged user when the tests run as root.
+if [[ $(id -u) == 0 ]] && ! id plugdb-test >/dev/null 2>&1; then
+  useradd --system --user-group --no-create-home --shell /usr/sbin/nologin plugdb-test
+fi
+
 for tool in cargo rustfmt cargo-clippy go; do
   command -v "$tool" >/dev/null || { echo "install-deps: '$tool' is missing (rustup component add rustfmt clippy; Go >= 1.26 for the control plane)" >&2; exit 1; }
 done

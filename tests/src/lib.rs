@@ -4,6 +4,7 @@
 
 pub mod control_plane;
 pub mod kubelet;
+pub mod local_pod;
 
 use std::path::{Path, PathBuf};
 

@@ -22,6 +22,7 @@ pub mod bindings {
         pub_export_macro: true,
         export_macro_name: "export_engine",
         default_bindings_module: "plugdb_sdk::bindings",
+        additional_derives: [PartialEq],
     });
 }
 

@@ -1,0 +1,273 @@
+//! The `postgres` engine plugin: PostgreSQL 15, 16 and 17 with streaming replication.
+//!
+//! - Members run the official `postgres` image with a bootstrap script (a config file)
+//!   that initialises the primary or clones a replica from the primary Service.
+//! - Configuration: memory-derived settings, user parameters checked by name and
+//!   type, pg_hba allowing only password (SCRAM) logins and replication.
+//! - Backups are physical (`pg_basebackup`, compressed tar); restore unpacks one into
+//!   an empty data volume.
+//! - Failover promotes the ready replica with the most advanced replay position.
+//! - Minor upgrades roll members, replicas first; majors and downgrades are refused.
+
+mod parameters;
+
+use plugdb_sdk::*;
+
+const VERSIONS: &[&str] = &["15", "16", "17"];
+const DEFAULT_VERSION: &str = "17";
+const PORT: u16 = 5432;
+const UID: u32 = 999;
+const SUPERUSER_KEY: &str = "superuser-password";
+const REPLICATION_KEY: &str = "replication-password";
+const BOOTSTRAP: &str = include_str!("bootstrap.sh");
+
+struct Postgres;
+
+fn image(version: &str) -> String {
+    format!("docker.io/library/postgres:{version}")
+}
+
+fn pgdata(data_mount: &str) -> String {
+    format!("{data_mount}/pgdata")
+}
+
+const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+
+fn secret(cluster_secret: &str, name: &str, key: &str) -> EnvVar {
+    EnvVar { name: name.into(), source: EnvSource::Secret(SecretRef { name: cluster_secret.into(), key: key.into() }) }
+}
+
+fn value(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), source: EnvSource::Value(value.into()) }
+}
+
+/// Whether `version` names a supported major, alone (`16`) or with a minor (`16.4`).
+fn supported(version: &str) -> bool {
+    let mut parts = version.split('.');
+    let major_ok = parts.next().is_some_and(|m| VERSIONS.contains(&m));
+    let rest: Vec<&str> = parts.collect();
+    major_ok && rest.len() <= 1 && rest.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn max_connections(spec: &DatabaseSpec) -> i64 {
+    spec.parameters.iter().find(|p| p.name == "max_connections").and_then(parameter_integer).unwrap_or(100)
+}
+
+fn postgresql_conf(spec: &DatabaseSpec) -> String {
+    let memory = spec.limits.memory_bytes.or(spec.requests.memory_bytes);
+    let mut lines = vec![
+        "# Rendered by the plugdb postgres plugin; edit spec.parameters instead.".to_string(),
+        "listen_addresses = '*'".into(),
+        format!("port = {PORT}"),
+        "password_encryption = 'scram-sha-256'".into(),
+        "wal_level = replica".into(),
+        "wal_log_hints = on".into(),
+        "hot_standby = on".into(),
+        format!("max_wal_senders = {}", spec.replicas + 4),
+        format!("max_replication_slots = {}", spec.replicas + 4),
+        "wal_keep_size = '512MB'".into(),
+        format!("max_connections = {}", max_connections(spec)),
+    ];
+    let user: Vec<&str> = spec.parameters.iter().map(|p| p.name.as_str()).collect();
+    for (name, setting) in parameters::derived(memory, max_connections(spec)) {
+        if !user.contains(&name) {
+            lines.push(format!("{name} = '{setting}'"));
+        }
+    }
+    for p in spec.parameters.iter().filter(|p| p.name != "max_connections") {
+        lines.push(format!("{} = {}", p.name, parameters::conf_value(p)));
+    }
+    lines.join("\n") + "\n"
+}
+
+const PG_HBA: &str = "\
+# Rendered by the plugdb postgres plugin: password (SCRAM) logins and replication only.
+# TYPE  DATABASE     USER        ADDRESS     METHOD
+local   all          all                     scram-sha-256
+host    replication  replicator  0.0.0.0/0   scram-sha-256
+host    replication  replicator  ::/0        scram-sha-256
+host    all          all         0.0.0.0/0   scram-sha-256
+host    all          all         ::/0        scram-sha-256
+";
+
+/// A PostgreSQL LSN (`16/B374D848`) as a number, for comparing replay positions.
+fn parse_lsn(lsn: &str) -> Option<u64> {
+    let (hi, lo) = lsn.trim().split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
+    vec![
+        value("BACKUP_DIR", location.directory.clone()),
+        value("BACKUP_NAME", location.artifact.clone()),
+        value("PGHOST", location.host.clone()),
+        value("PGPORT", PORT.to_string()),
+        value("PGDATA", pgdata(DATA_MOUNT)),
+        secret(&location.credentials_secret, "PGPASSWORD", REPLICATION_KEY),
+        value("PLUGDB_DATABASE", format!("{}/{}", spec.namespace, spec.name)),
+    ]
+}
+
+impl Engine for Postgres {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            engine: "postgres".into(),
+            plugin_version: env!("CARGO_PKG_VERSION").into(),
+            contract_version: "0.1.0".into(),
+            supported_versions: VERSIONS.iter().map(|v| v.to_string()).collect(),
+            default_version: DEFAULT_VERSION.into(),
+            default_port: PORT,
+            capabilities: Capabilities::BACKUP | Capabilities::RESTORE | Capabilities::FAILOVER | Capabilities::ONLINE_UPGRADE,
+        }
+    }
+
+    fn validate(spec: DatabaseSpec) -> Vec<Violation> {
+        let mut out = Vec::new();
+        if !supported(&spec.version) {
+            out.push(violation(
+                "spec.version",
+                format!(
+                    "PostgreSQL {:?} is not supported; use one of {} (optionally with a minor, e.g. 17.2)",
+                    spec.version,
+                    VERSIONS.join(", ")
+                ),
+            ));
+        }
+        if let Some(memory) = spec.limits.memory_bytes.or(spec.requests.memory_bytes)
+            && memory < 256 << 20
+        {
+            out.push(violation("spec.resources", "PostgreSQL needs at least 256Mi of memory"));
+        }
+        out.extend(parameters::check(&spec.parameters));
+        out
+    }
+
+    fn render(spec: DatabaseSpec, cluster: ClusterContext) -> Result<Workload, String> {
+        let violations = Self::validate(spec.clone());
+        if let Some(v) = violations.first() {
+            return Err(format!("{}: {}", v.field, v.message));
+        }
+        let s = &cluster.credentials_secret;
+        Ok(Workload {
+            image: image(&spec.version),
+            command: vec!["sh".into(), format!("{}/bootstrap.sh", cluster.config_mount_path)],
+            args: vec![],
+            env: vec![
+                value("PGDATA", pgdata(DATA_MOUNT)),
+                value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
+                EnvVar { name: "POD_NAME".into(), source: EnvSource::Field("metadata.name".into()) },
+                value("PRIMARY_POD", cluster.primary_pod.clone()),
+                value("PRIMARY_HOST", cluster.primary_host.clone()),
+                value("PRIMARY_PORT", PORT.to_string()),
+                secret(s, "POSTGRES_PASSWORD", SUPERUSER_KEY),
+                secret(s, "REPLICATION_PASSWORD", REPLICATION_KEY),
+            ],
+            ports: vec![Port { name: "postgres".into(), port: PORT }],
+            readiness: Some(Probe {
+                action: ProbeAction::Exec(vec!["pg_isready".into(), "-U".into(), "postgres".into()]),
+                initial_delay_seconds: 5,
+                period_seconds: 5,
+                timeout_seconds: 3,
+                failure_threshold: 3,
+            }),
+            liveness: Some(Probe {
+                action: ProbeAction::TcpSocket(PORT),
+                initial_delay_seconds: 30,
+                period_seconds: 10,
+                timeout_seconds: 5,
+                failure_threshold: 6,
+            }),
+            config_files: vec![
+                ConfigFile { name: "postgresql.conf".into(), content: postgresql_conf(&spec) },
+                ConfigFile { name: "pg_hba.conf".into(), content: PG_HBA.into() },
+                ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
+            ],
+            data_mount_path: DATA_MOUNT.into(),
+            credentials: vec![Credential { key: SUPERUSER_KEY.into(), length: 32 }, Credential { key: REPLICATION_KEY.into(), length: 32 }],
+            recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
+            run_as_user: UID,
+        })
+    }
+
+    fn plan_upgrade(spec: DatabaseSpec, from: String) -> Result<UpgradePlan, String> {
+        if !supported(&spec.version) {
+            return Err(format!("PostgreSQL {} is not supported by this plugin", spec.version));
+        }
+        let (Some(old), Some(new)) = (version_parts(&from), version_parts(&spec.version)) else {
+            return Err(format!("cannot compare versions {from:?} and {:?}", spec.version));
+        };
+        if old == new {
+            return Ok(UpgradePlan { steps: vec![], backup_first: false });
+        }
+        if new < old {
+            return Err(format!(
+                "downgrading PostgreSQL from {from} to {} is not possible: data files are not backward compatible",
+                spec.version
+            ));
+        }
+        if new[0] != old[0] {
+            return Err(format!(
+                "a major upgrade from PostgreSQL {} to {} needs pg_upgrade with both versions' binaries, which the official images do not ship; \
+                 create a new Database with version {} and restoreFrom a backup of this one, or keep {}",
+                old[0], new[0], new[0], from
+            ));
+        }
+        Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart], backup_first: true })
+    }
+
+    fn choose_primary(_spec: DatabaseSpec, members: Vec<Member>) -> FailoverDecision {
+        if let Some(primary) = members.iter().find(|m| m.primary && m.ready) {
+            return FailoverDecision::NoSafeMember(format!("{} is primary and ready; nothing to fail over", primary.pod));
+        }
+        let best = members
+            .iter()
+            .filter(|m| m.ready && !m.primary)
+            .filter_map(|m| Some((parse_lsn(m.position.as_deref()?)?, m)))
+            .max_by(|(a, ma), (b, mb)| a.cmp(b).then(mb.ordinal.cmp(&ma.ordinal)));
+        match best {
+            Some((_, m)) => FailoverDecision::Promote(Promotion {
+                pod: m.pod.clone(),
+                command: vec!["sh".into(), "-c".into(), "pg_ctl promote -w -D \"$PGDATA\"".into()],
+            }),
+            None => FailoverDecision::NoSafeMember("no ready replica reports a replay position; promoting one could lose data".into()),
+        }
+    }
+
+    fn backup(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
+        Ok(JobPlan {
+            image: image(&spec.version),
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; \
+                 pg_basebackup -U replicator -D \"$out.partial\" -Ft -z -X fetch --checkpoint=fast; mv \"$out.partial\" \"$out\""
+                    .into(),
+            ],
+            env: job_env(&spec, &location),
+            mounts_data: false,
+        })
+    }
+
+    fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
+        Ok(JobPlan {
+            image: image(&spec.version),
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "set -eu; src=\"$BACKUP_DIR/$BACKUP_NAME/base.tar.gz\"; \
+                 test -f \"$src\" || { echo \"backup $src not found\" >&2; exit 1; }; \
+                 if [ -s \"$PGDATA/PG_VERSION\" ]; then echo \"refusing to restore over the existing data directory $PGDATA\" >&2; exit 1; fi; \
+                 mkdir -p \"$PGDATA\"; chmod 700 \"$PGDATA\"; tar -xzf \"$src\" -C \"$PGDATA\"; \
+                 rm -f \"$PGDATA/standby.signal\" \"$PGDATA/postmaster.pid\"; touch \"$PGDATA/plugdb-restored\""
+                    .into(),
+            ],
+            env: job_env(&spec, &location),
+            mounts_data: true,
+        })
+    }
+}
+
+export_engine!(Postgres);
+
+#[cfg(test)]
+mod tests;

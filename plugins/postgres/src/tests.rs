@@ -1,0 +1,123 @@
+use super::*;
+
+fn spec(version: &str) -> DatabaseSpec {
+    DatabaseSpec {
+        name: "orders".into(),
+        namespace: "shop".into(),
+        version: version.into(),
+        replicas: 3,
+        storage_bytes: 10 << 30,
+        requests: ResourceAmounts { cpu_millis: None, memory_bytes: None },
+        limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(2 << 30) },
+        parameters: vec![],
+    }
+}
+
+#[test]
+fn plan_upgrade_cases() {
+    type Case = (&'static str, &'static str, Result<(usize, bool), &'static str>);
+    let cases: &[Case] = &[
+        ("16.2", "16.2", Ok((0, false))),
+        ("16.2", "16.4", Ok((1, true))),
+        ("16", "16.4", Ok((1, true))),
+        ("16.4", "16.2", Err("downgrading")),
+        ("17", "16", Err("downgrading")),
+        ("16.4", "17.0", Err("major upgrade from PostgreSQL 16 to 17")),
+        ("15", "17", Err("major upgrade from PostgreSQL 15 to 17")),
+        ("16", "18", Err("not supported")),
+        ("banana", "16", Err("cannot compare")),
+    ];
+    for (from, to, expected) in cases {
+        let got = Postgres::plan_upgrade(spec(to), from.to_string());
+        match (expected, &got) {
+            (Ok((steps, backup)), Ok(plan)) => {
+                assert_eq!(plan.steps.len(), *steps, "{from} → {to}");
+                assert_eq!(plan.backup_first, *backup, "{from} → {to}");
+                assert!(plan.steps.iter().all(|s| matches!(s, UpgradeStep::RollingRestart)), "{from} → {to}");
+            }
+            (Err(reason), Err(text)) => assert!(text.contains(reason), "{from} → {to}: {text}"),
+            _ => panic!("{from} → {to}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}
+
+fn member(ordinal: u32, ready: bool, primary: bool, position: Option<&str>) -> Member {
+    Member { pod: format!("orders-{ordinal}"), ordinal, ready, primary, position: position.map(Into::into) }
+}
+
+#[test]
+fn choose_primary_cases() {
+    let cases: Vec<(&str, Vec<Member>, Option<&str>)> = vec![
+        (
+            "most advanced ready replica wins",
+            vec![member(0, false, true, None), member(1, true, false, Some("0/3000060")), member(2, true, false, Some("0/3000148"))],
+            Some("orders-2"),
+        ),
+        (
+            "LSNs compare numerically, not as text",
+            vec![member(0, false, true, None), member(1, true, false, Some("A/0")), member(2, true, false, Some("9/FFFFFFFF"))],
+            Some("orders-1"),
+        ),
+        (
+            "a tie goes to the lowest ordinal",
+            vec![member(0, false, true, None), member(2, true, false, Some("0/5")), member(1, true, false, Some("0/5"))],
+            Some("orders-1"),
+        ),
+        (
+            "an unready replica is never chosen, however advanced",
+            vec![member(0, false, true, None), member(1, false, false, Some("9/0")), member(2, true, false, Some("0/1"))],
+            Some("orders-2"),
+        ),
+        ("no ready replica: no choice", vec![member(0, false, true, None), member(1, false, false, Some("0/1"))], None),
+        ("no positions known: no choice", vec![member(0, false, true, None), member(1, true, false, None)], None),
+        ("unparseable position: no choice", vec![member(0, false, true, None), member(1, true, false, Some("garbage"))], None),
+        ("the primary is ready: no failover", vec![member(0, true, true, None), member(1, true, false, Some("0/1"))], None),
+    ];
+    for (name, members, expected) in cases {
+        match (Postgres::choose_primary(spec("16"), members), expected) {
+            (FailoverDecision::Promote(p), Some(pod)) => {
+                assert_eq!(p.pod, pod, "{name}");
+                assert!(p.command.join(" ").contains("pg_ctl promote"), "{name}");
+            }
+            (FailoverDecision::NoSafeMember(reason), None) => assert!(!reason.is_empty(), "{name}"),
+            (got, _) => panic!("{name}: got {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn validate_reports_version_and_parameters_by_field() {
+    let mut s = spec("14");
+    s.parameters = vec![Parameter { name: "max_connections".into(), value: ParameterValue::Text("many".into()) }];
+    let fields: Vec<String> = Postgres::validate(s).into_iter().map(|v| v.field).collect();
+    assert_eq!(fields, ["spec.version", "spec.parameters.max_connections"]);
+    for ok in ["15", "16", "17", "17.2"] {
+        assert!(Postgres::validate(spec(ok)).is_empty(), "{ok}");
+    }
+    for bad in ["", "17.", "17.2.1", "17.x", "18"] {
+        assert!(!Postgres::validate(spec(bad)).is_empty(), "{bad}");
+    }
+}
+
+#[test]
+fn rendered_configuration_carries_derived_and_user_settings() {
+    let mut s = spec("16");
+    s.parameters = vec![
+        Parameter { name: "max_connections".into(), value: ParameterValue::Integer(50) },
+        Parameter { name: "work_mem".into(), value: ParameterValue::Text("8MB".into()) },
+    ];
+    let cluster = ClusterContext {
+        primary_host: "orders.shop.svc".into(),
+        headless_host: "orders-headless.shop.svc".into(),
+        primary_pod: "orders-0".into(),
+        credentials_secret: "orders-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+    };
+    let w = Postgres::render(s, cluster).expect("renders");
+    let conf = &w.config_files.iter().find(|f| f.name == "postgresql.conf").expect("postgresql.conf").content;
+    assert!(conf.contains("max_connections = 50\n"), "{conf}");
+    assert!(conf.contains("shared_buffers = '512MB'\n"), "{conf}");
+    let work_mem: Vec<&str> = conf.lines().filter(|l| l.starts_with("work_mem")).collect();
+    assert_eq!(work_mem, ["work_mem = '8MB'"], "the user's setting replaces the derived one");
+    assert_eq!(w.image, "docker.io/library/postgres:16");
+}

@@ -1,0 +1,245 @@
+//! Tier 3: what the postgres plugin emits, run by a real PostgreSQL server
+//! (Debian's, started on loopback as an unprivileged user).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use plugdb::plugin::{
+    BackupLocation, ClusterContext, EngineSpec, FailoverDecision, Limits, Member, ParameterValue, Plugin, ResourceAmounts, Runtime,
+};
+use plugdb_tests::local_pod::LocalPod;
+
+const CONFIG_MOUNT: &str = "/etc/plugdb";
+
+/// The newest PostgreSQL installed by Debian on this machine (bookworm: 15).
+fn server_version() -> String {
+    let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (scripts/install-deps.sh)")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    versions.sort();
+    versions.last().expect("a PostgreSQL version").to_string()
+}
+
+fn plugin() -> Plugin {
+    Runtime::new(Limits::default()).expect("runtime").load(&plugdb_tests::component("postgres")).expect("postgres plugin loads")
+}
+
+fn spec(name: &str, parameters: Vec<(&str, ParameterValue)>) -> EngineSpec {
+    EngineSpec {
+        name: name.into(),
+        namespace: "default".into(),
+        version: server_version(),
+        replicas: 2,
+        storage_bytes: 1 << 30,
+        requests: ResourceAmounts::default(),
+        limits: ResourceAmounts { cpu_millis: Some(1000), memory_bytes: Some(1 << 30) },
+        parameters: parameters.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+    }
+}
+
+fn secrets(tag: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("superuser-password".to_string(), format!("super-{tag}-Zq81xk3J")),
+        ("replication-password".to_string(), format!("repl-{tag}-P0o9i8u7")),
+    ])
+}
+
+/// Starts member `ordinal` of `name` with `primary` as the primary pod and address.
+fn start_member(
+    plugin: &Plugin,
+    spec: &EngineSpec,
+    ordinal: u32,
+    primary: Option<(&str, &str)>,
+    secrets: &BTreeMap<String, String>,
+) -> LocalPod {
+    let pod_name = format!("{}-{ordinal}", spec.name);
+    let mut pod = LocalPod::new(&pod_name, CONFIG_MOUNT, "/var/lib/postgresql/data").expect("pod sandbox");
+    let (primary_pod, primary_host) =
+        primary.map(|(p, h)| (p.to_string(), h.to_string())).unwrap_or((pod_name.clone(), pod.address.clone()));
+    let cluster = ClusterContext {
+        primary_host,
+        headless_host: format!("{}-headless.default.svc", spec.name),
+        primary_pod,
+        credentials_secret: format!("{}-credentials", spec.name),
+        config_mount_path: CONFIG_MOUNT.into(),
+    };
+    let workload = plugin.render(spec, &cluster).expect("render");
+    let bin = format!("/usr/lib/postgresql/{}/bin", server_version());
+    let run = pod.run_dir().to_string_lossy().to_string();
+    pod.set_env(&workload.env, secrets, &[("PATH", format!("{bin}:/usr/bin:/bin")), ("PGHOST", run.clone())]).expect("env");
+    let args = ["-c".to_string(), format!("listen_addresses={}", pod.address), "-c".into(), format!("unix_socket_directories={run}")];
+    pod.start(&workload, &args).expect("start");
+    pod.wait_ready(&workload, Duration::from_secs(90)).expect("ready");
+    pod
+}
+
+/// Runs SQL as postgres over TCP (password from the pod's PGPASSWORD); returns trimmed output.
+fn sql(pod: &LocalPod, query: &str) -> Result<String, String> {
+    let out = pod
+        .exec(&[
+            "psql".into(),
+            "-h".into(),
+            pod.address.clone(),
+            "-U".into(),
+            "postgres".into(),
+            "-d".into(),
+            "postgres".into(),
+            "-v".into(),
+            "ON_ERROR_STOP=1".into(),
+            "-Atc".into(),
+            query.into(),
+        ])
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).to_string())
+    }
+}
+
+fn with_password(pod: &mut LocalPod, password: &str) {
+    pod.set_env(&[], &BTreeMap::new(), &[("PGPASSWORD", password.to_string())]).expect("env");
+}
+
+const SAMPLE: &str = "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int); \
+    INSERT INTO orders SELECT g, 'item-' || g, g % 7 FROM generate_series(1, 5000) g;";
+const FINGERPRINT: &str = "SELECT count(*) || ':' || md5(string_agg(o::text, ',' ORDER BY id)) FROM orders o";
+
+#[test]
+fn the_server_runs_with_the_rendered_configuration() {
+    let plugin = plugin();
+    let s = spec(
+        "settings",
+        vec![
+            ("max_connections", ParameterValue::Integer(50)),
+            ("work_mem", ParameterValue::Text("8MB".into())),
+            ("statement_timeout", ParameterValue::Text("30s".into())),
+            ("random_page_cost", ParameterValue::Text("1.1".into())),
+        ],
+    );
+    let secrets = secrets("settings");
+    let mut m = start_member(&plugin, &s, 0, None, &secrets);
+    with_password(&mut m, &secrets["superuser-password"]);
+    let show = |name: &str| sql(&m, &format!("SHOW {name}")).expect("SHOW");
+    // What the plugin meant: memory-derived settings from the 1Gi limit, and the user's.
+    assert_eq!(show("shared_buffers"), "256MB");
+    assert_eq!(show("effective_cache_size"), "768MB");
+    assert_eq!(show("maintenance_work_mem"), "64MB");
+    assert_eq!(show("max_connections"), "50");
+    assert_eq!(show("work_mem"), "8MB");
+    assert_eq!(show("statement_timeout"), "30s");
+    assert_eq!(show("random_page_cost"), "1.1");
+    assert_eq!(show("wal_level"), "replica");
+    assert_eq!(show("password_encryption"), "scram-sha-256");
+    assert!(show("hba_file").ends_with("/config/pg_hba.conf"));
+
+    // pg_hba: a wrong password is refused over TCP and on the socket.
+    with_password(&mut m, "wrong-password");
+    let err = sql(&m, "SELECT 1").expect_err("wrong password refused");
+    assert!(err.contains("password authentication failed"), "{err}");
+    let out = m
+        .exec(&["psql".into(), "-U".into(), "postgres".into(), "-d".into(), "postgres".into(), "-Atc".into(), "SELECT 1".into()])
+        .expect("psql");
+    assert!(!out.status.success(), "socket login without the right password refused");
+}
+
+#[test]
+fn backup_then_restore_gives_identical_data() {
+    let plugin = plugin();
+    let s = spec("source", vec![]);
+    let source_secrets = secrets("source");
+    let mut source = start_member(&plugin, &s, 0, None, &source_secrets);
+    with_password(&mut source, &source_secrets["superuser-password"]);
+    sql(&source, SAMPLE).expect("sample data");
+    let before = sql(&source, FINGERPRINT).expect("fingerprint");
+    assert!(before.starts_with("5000:"), "{before}");
+
+    let location = BackupLocation {
+        directory: source.backup_dir().to_string_lossy().into(),
+        artifact: "source-20260101-0000".into(),
+        host: source.address.clone(),
+        credentials_secret: "source-credentials".into(),
+    };
+    let backup = plugin.backup(&s, &location).expect("backup plan");
+    source
+        .run_job(&backup, &source_secrets, &[("PATH", format!("/usr/lib/postgresql/{}/bin:/usr/bin:/bin", server_version()))])
+        .expect("backup job");
+    assert!(source.backup_dir().join("source-20260101-0000/base.tar.gz").is_file());
+    source.stop();
+
+    // A new Database, new credentials, restored from the artefact.
+    let t = spec("target", vec![]);
+    let target_secrets = secrets("target");
+    let mut target = LocalPod::new("target-0", CONFIG_MOUNT, "/var/lib/postgresql/data").expect("pod");
+    let restore =
+        plugin.restore(&t, &BackupLocation { credentials_secret: "target-credentials".into(), ..location }).expect("restore plan");
+    target.run_job(&restore, &target_secrets, &[("PATH", "/usr/bin:/bin".into())]).expect("restore job");
+    // Restoring twice over the same volume is refused, not a silent overwrite.
+    let again = target.run_job(&restore, &target_secrets, &[("PATH", "/usr/bin:/bin".into())]).expect_err("second restore refused");
+    assert!(again.to_string().contains("refusing to restore"), "{again}");
+
+    let cluster = ClusterContext {
+        primary_host: target.address.clone(),
+        headless_host: "target-headless.default.svc".into(),
+        primary_pod: "target-0".into(),
+        credentials_secret: "target-credentials".into(),
+        config_mount_path: CONFIG_MOUNT.into(),
+    };
+    let workload = plugin.render(&t, &cluster).expect("render");
+    let run = target.run_dir().to_string_lossy().to_string();
+    let bin = format!("/usr/lib/postgresql/{}/bin", server_version());
+    target.set_env(&workload.env, &target_secrets, &[("PATH", format!("{bin}:/usr/bin:/bin")), ("PGHOST", run.clone())]).expect("env");
+    let args = ["-c".to_string(), format!("listen_addresses={}", target.address), "-c".into(), format!("unix_socket_directories={run}")];
+    target.start(&workload, &args).expect("start restored");
+    target.wait_ready(&workload, Duration::from_secs(90)).expect("restored server ready");
+    // The restored cluster answers to the new Database's password, with the same data.
+    with_password(&mut target, &target_secrets["superuser-password"]);
+    assert_eq!(sql(&target, FINGERPRINT).expect("fingerprint after restore"), before);
+}
+
+#[test]
+fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
+    let plugin = plugin();
+    let s = spec("ha", vec![]);
+    let secrets = secrets("ha");
+    let mut primary = start_member(&plugin, &s, 0, None, &secrets);
+    with_password(&mut primary, &secrets["superuser-password"]);
+    sql(&primary, SAMPLE).expect("sample data");
+    let address = primary.address.clone();
+    let mut replica = start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
+    with_password(&mut replica, &secrets["superuser-password"]);
+
+    assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "t", "member 1 is a standby");
+    sql(&primary, "INSERT INTO orders VALUES (5001, 'late', 1)").expect("write on primary");
+    let expected = sql(&primary, FINGERPRINT).expect("fingerprint");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sql(&replica, FINGERPRINT).ok().as_deref() != Some(expected.as_str()) {
+        assert!(Instant::now() < deadline, "the replica did not catch up:\n{}", replica.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let err = sql(&replica, "INSERT INTO orders VALUES (9999, 'x', 1)").expect_err("a standby refuses writes");
+    assert!(err.contains("read-only"), "{err}");
+    let position = sql(&replica, "SELECT pg_last_wal_replay_lsn()").expect("replay position");
+
+    primary.stop();
+    let members = [
+        Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None },
+        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position) },
+    ];
+    let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
+        panic!("the plugin should promote ha-1")
+    };
+    assert_eq!(pod, "ha-1");
+    let out = replica.exec(&command).expect("promotion command");
+    assert!(out.status.success(), "promotion failed: {}", String::from_utf8_lossy(&out.stderr));
+
+    assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "f", "promoted");
+    sql(&replica, "INSERT INTO orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
+    let after = sql(&replica, "SELECT count(*) FROM orders").expect("count");
+    assert_eq!(after, "5002", "no data lost");
+
+    // With no replica left, the plugin refuses to choose.
+    let lonely = [Member { pod: "ha-1".into(), ordinal: 1, ready: false, primary: true, position: None }];
+    assert!(matches!(plugin.choose_primary(&s, &lonely).expect("choose"), FailoverDecision::NoSafeMember(_)));
+}
