@@ -190,7 +190,8 @@ impl LocalPod {
         let ProbeAction::Exec(argv) = &probe.action else { bail!("only exec probes run locally") };
         let deadline = Instant::now() + timeout;
         loop {
-            if self.exec(argv)?.status.success() {
+            let probe = self.exec(argv)?;
+            if probe.status.success() {
                 return Ok(());
             }
             if let Some(server) = self.server.as_mut()
@@ -199,7 +200,8 @@ impl LocalPod {
                 bail!("{} exited ({status}) before it was ready:\n{}", self.name, self.log());
             }
             if Instant::now() > deadline {
-                bail!("{} not ready within {timeout:?}:\n{}", self.name, self.log());
+                let said = format!("{}{}", String::from_utf8_lossy(&probe.stdout), String::from_utf8_lossy(&probe.stderr));
+                bail!("{} not ready within {timeout:?}; the probe said: {said}\nlog:\n{}", self.name, self.log());
             }
             std::thread::sleep(Duration::from_millis(250));
         }

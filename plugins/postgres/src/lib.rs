@@ -138,7 +138,7 @@ impl Engine for Postgres {
         {
             out.push(violation("spec.resources", "PostgreSQL needs at least 256Mi of memory"));
         }
-        out.extend(parameters::check(&spec.parameters));
+        out.extend(parameters::CATALOG.check(&spec.parameters));
         out
     }
 

@@ -34,4 +34,5 @@ pub use bindings::plugdb::engine::types::*;
 pub use bindings::export_engine;
 
 mod helpers;
+pub mod parameters;
 pub use helpers::*;

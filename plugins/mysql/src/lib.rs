@@ -1,0 +1,291 @@
+//! The `mysql` engine plugin: MariaDB 10.6, 10.11 and 11.4 with GTID replication.
+//! (MySQL Community images are not supported by this plugin: their GTID and
+//! replication syntax differ.)
+//!
+//! - Members run the official `mariadb` image with a bootstrap script (a config file)
+//!   that initialises the data directory, keeps accounts in step with the credentials
+//!   Secret, and clones a fresh replica from the primary Service before starting
+//!   GTID replication (`MASTER_USE_GTID=slave_pos`).
+//! - Backups are logical (`mariadb-dump --all-databases`, gzip); a restore loads one
+//!   into the new primary and re-applies the new Database's passwords.
+//! - Failover promotes the ready replica whose GTID position covers all others.
+//! - Minor upgrades roll members; a major upgrade to the next LTS adds `mariadb-upgrade`;
+//!   skipping an LTS and downgrades are refused.
+
+mod parameters;
+
+use std::collections::BTreeMap;
+
+use plugdb_sdk::*;
+
+const VERSIONS: &[&str] = &["10.6", "10.11", "11.4"];
+const DEFAULT_VERSION: &str = "11.4";
+const PORT: u16 = 3306;
+const UID: u32 = 999;
+const ROOT_KEY: &str = "root-password";
+const REPLICATION_KEY: &str = "replication-password";
+const DATA_MOUNT: &str = "/var/lib/mysql";
+const BOOTSTRAP: &str = include_str!("bootstrap.sh");
+
+struct Mysql;
+
+fn image(version: &str) -> String {
+    format!("docker.io/library/mariadb:{version}")
+}
+
+fn secret(cluster_secret: &str, name: &str, key: &str) -> EnvVar {
+    EnvVar { name: name.into(), source: EnvSource::Secret(SecretRef { name: cluster_secret.into(), key: key.into() }) }
+}
+
+fn value(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), source: EnvSource::Value(value.into()) }
+}
+
+/// The LTS series of `version` (`10.11.9` → `10.11`), when supported.
+fn series(version: &str) -> Option<&'static str> {
+    let parts = version_parts(version)?;
+    let series = VERSIONS.iter().find(|s| version_parts(s).is_some_and(|p| parts.len() >= 2 && parts[..2] == p[..]))?;
+    (parts.len() <= 3).then_some(*series)
+}
+
+fn my_cnf(spec: &DatabaseSpec) -> String {
+    let memory = spec.limits.memory_bytes.or(spec.requests.memory_bytes).unwrap_or(1 << 30);
+    let mut settings: BTreeMap<String, String> = BTreeMap::new();
+    settings.insert("innodb_buffer_pool_size".into(), format!("{}M", (memory / (1 << 20) / 2).max(64)));
+    settings.insert("max_connections".into(), "151".into());
+    for p in &spec.parameters {
+        settings.insert(p.name.clone(), parameter_text(p));
+    }
+    let mut lines = vec![
+        "# Rendered by the plugdb mysql plugin; edit spec.parameters instead.".to_string(),
+        "[mysqld]".into(),
+        format!("port = {PORT}"),
+        "bind-address = 0.0.0.0".into(),
+        "skip-name-resolve".into(),
+        "log-bin = mysql-bin".into(),
+        "binlog_format = ROW".into(),
+        "log_slave_updates = ON".into(),
+        "gtid_strict_mode = ON".into(),
+        "character_set_server = utf8mb4".into(),
+    ];
+    lines.extend(settings.iter().map(|(k, v)| format!("{k} = {v}")));
+    lines.join("\n") + "\n"
+}
+
+/// A GTID position (`0-1-42,1-2-7`) as sequence numbers by replication domain.
+fn parse_gtid(position: &str) -> Option<BTreeMap<u32, u64>> {
+    let mut out = BTreeMap::new();
+    for gtid in position.split(',').map(str::trim).filter(|g| !g.is_empty()) {
+        let mut parts = gtid.split('-');
+        let (domain, _server, seq) = (parts.next()?.parse().ok()?, parts.next()?.parse::<u32>().ok()?, parts.next()?.parse().ok()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        out.insert(domain, seq);
+    }
+    Some(out)
+}
+
+/// Whether position `a` has applied everything `b` has, in every domain.
+fn covers(a: &BTreeMap<u32, u64>, b: &BTreeMap<u32, u64>) -> bool {
+    b.iter().all(|(domain, seq)| a.get(domain).is_some_and(|s| s >= seq))
+}
+
+fn job_env(location: &BackupLocation) -> Vec<EnvVar> {
+    vec![
+        value("BACKUP_DIR", location.directory.clone()),
+        value("BACKUP_NAME", location.artifact.clone()),
+        value("DB_HOST", location.host.clone()),
+        value("DB_PORT", PORT.to_string()),
+        secret(&location.credentials_secret, "MARIADB_ROOT_PASSWORD", ROOT_KEY),
+        secret(&location.credentials_secret, "REPLICATION_PASSWORD", REPLICATION_KEY),
+    ]
+}
+
+fn shell(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+impl Engine for Mysql {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            engine: "mysql".into(),
+            plugin_version: env!("CARGO_PKG_VERSION").into(),
+            contract_version: "0.1.0".into(),
+            supported_versions: VERSIONS.iter().map(|v| v.to_string()).collect(),
+            default_version: DEFAULT_VERSION.into(),
+            default_port: PORT,
+            capabilities: Capabilities::BACKUP
+                | Capabilities::RESTORE
+                | Capabilities::FAILOVER
+                | Capabilities::ONLINE_UPGRADE
+                | Capabilities::MAJOR_UPGRADE,
+        }
+    }
+
+    fn validate(spec: DatabaseSpec) -> Vec<Violation> {
+        let mut out = Vec::new();
+        if series(&spec.version).is_none() {
+            out.push(violation(
+                "spec.version",
+                format!(
+                    "MariaDB {:?} is not supported; use one of {} (optionally with a patch, e.g. 11.4.4)",
+                    spec.version,
+                    VERSIONS.join(", ")
+                ),
+            ));
+        }
+        if let Some(memory) = spec.limits.memory_bytes.or(spec.requests.memory_bytes)
+            && memory < 256 << 20
+        {
+            out.push(violation("spec.resources", "MariaDB needs at least 256Mi of memory"));
+        }
+        out.extend(parameters::CATALOG.check(&spec.parameters));
+        out
+    }
+
+    fn render(spec: DatabaseSpec, cluster: ClusterContext) -> Result<Workload, String> {
+        if let Some(v) = Self::validate(spec.clone()).first() {
+            return Err(format!("{}: {}", v.field, v.message));
+        }
+        let s = &cluster.credentials_secret;
+        Ok(Workload {
+            image: image(&spec.version),
+            command: vec!["sh".into(), format!("{}/bootstrap.sh", cluster.config_mount_path)],
+            args: vec![],
+            env: vec![
+                value("DATADIR", format!("{DATA_MOUNT}/data")),
+                value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
+                value("MARIADB_SOCKET", "/run/mysqld/mysqld.sock"),
+                EnvVar { name: "POD_NAME".into(), source: EnvSource::Field("metadata.name".into()) },
+                value("PRIMARY_POD", cluster.primary_pod.clone()),
+                value("PRIMARY_HOST", cluster.primary_host.clone()),
+                value("PRIMARY_PORT", PORT.to_string()),
+                secret(s, "MARIADB_ROOT_PASSWORD", ROOT_KEY),
+                secret(s, "REPLICATION_PASSWORD", REPLICATION_KEY),
+            ],
+            ports: vec![Port { name: "mysql".into(), port: PORT }],
+            readiness: Some(Probe {
+                action: ProbeAction::Exec(shell(
+                    "test -f \"$(dirname \"$DATADIR\")/plugdb-ready\" && mariadb --socket=\"$MARIADB_SOCKET\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'SELECT 1' >/dev/null",
+                )),
+                initial_delay_seconds: 5,
+                period_seconds: 5,
+                timeout_seconds: 3,
+                failure_threshold: 3,
+            }),
+            liveness: Some(Probe {
+                action: ProbeAction::TcpSocket(PORT),
+                initial_delay_seconds: 60,
+                period_seconds: 10,
+                timeout_seconds: 5,
+                failure_threshold: 6,
+            }),
+            config_files: vec![
+                ConfigFile { name: "my.cnf".into(), content: my_cnf(&spec) },
+                ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
+            ],
+            data_mount_path: DATA_MOUNT.into(),
+            credentials: vec![Credential { key: ROOT_KEY.into(), length: 32 }, Credential { key: REPLICATION_KEY.into(), length: 32 }],
+            recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
+            run_as_user: UID,
+        })
+    }
+
+    fn plan_upgrade(spec: DatabaseSpec, from: String) -> Result<UpgradePlan, String> {
+        let (Some(old_series), Some(new_series)) = (series(&from), series(&spec.version)) else {
+            return Err(format!(
+                "cannot plan an upgrade from {from:?} to {:?}: supported series are {}",
+                spec.version,
+                VERSIONS.join(", ")
+            ));
+        };
+        let (old, new) = (version_parts(&from).unwrap_or_default(), version_parts(&spec.version).unwrap_or_default());
+        if old == new {
+            return Ok(UpgradePlan { steps: vec![], backup_first: false });
+        }
+        if new < old {
+            return Err(format!(
+                "downgrading MariaDB from {from} to {} is not supported: system tables are not backward compatible",
+                spec.version
+            ));
+        }
+        if old_series == new_series {
+            return Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart], backup_first: true });
+        }
+        let (i, j) = (VERSIONS.iter().position(|v| *v == old_series), VERSIONS.iter().position(|v| *v == new_series));
+        if let (Some(i), Some(j)) = (i, j)
+            && j != i + 1
+        {
+            return Err(format!("MariaDB upgrades go one LTS series at a time: {old_series} → {} first", VERSIONS[i + 1]));
+        }
+        let upgrade = JobPlan {
+            image: image(&spec.version),
+            command: shell("set -eu; mariadb-upgrade -h \"$PRIMARY_HOST\" -P \"$PRIMARY_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\""),
+            env: vec![
+                value("PRIMARY_HOST", format!("{}.{}.svc", spec.name, spec.namespace)),
+                value("PRIMARY_PORT", PORT.to_string()),
+                secret(&format!("{}-credentials", spec.name), "MARIADB_ROOT_PASSWORD", ROOT_KEY),
+            ],
+            mounts_data: false,
+        };
+        Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart, UpgradeStep::Job(upgrade)], backup_first: true })
+    }
+
+    fn choose_primary(_spec: DatabaseSpec, members: Vec<Member>) -> FailoverDecision {
+        if let Some(primary) = members.iter().find(|m| m.primary && m.ready) {
+            return FailoverDecision::NoSafeMember(format!("{} is primary and ready; nothing to fail over", primary.pod));
+        }
+        let candidates: Vec<(&Member, BTreeMap<u32, u64>)> =
+            members.iter().filter(|m| m.ready && !m.primary).filter_map(|m| Some((m, parse_gtid(m.position.as_deref()?)?))).collect();
+        let best =
+            candidates.iter().filter(|(_, pos)| candidates.iter().all(|(_, other)| covers(pos, other))).min_by_key(|(m, _)| m.ordinal);
+        match best {
+            Some((m, _)) => FailoverDecision::Promote(Promotion {
+                pod: m.pod.clone(),
+                command: shell(
+                    "mariadb --socket=\"$MARIADB_SOCKET\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF;'",
+                ),
+            }),
+            None if candidates.is_empty() => {
+                FailoverDecision::NoSafeMember("no ready replica reports a GTID position; promoting one could lose data".into())
+            }
+            None => {
+                FailoverDecision::NoSafeMember("no ready replica has applied every transaction the others have; replicas diverged".into())
+            }
+        }
+    }
+
+    fn backup(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
+        Ok(JobPlan {
+            image: image(&spec.version),
+            command: shell(
+                "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; mkdir -p \"$out.partial\"; \
+                 mariadb-dump -h \"$DB_HOST\" -P \"$DB_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" --all-databases --single-transaction \
+                 --gtid --routines --events --triggers | gzip > \"$out.partial/dump.sql.gz\"; mv \"$out.partial\" \"$out\"",
+            ),
+            env: job_env(&location),
+            mounts_data: false,
+        })
+    }
+
+    fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
+        Ok(JobPlan {
+            image: image(&spec.version),
+            command: shell(
+                "set -eu; src=\"$BACKUP_DIR/$BACKUP_NAME/dump.sql.gz\"; test -f \"$src\" || { echo \"backup $src not found\" >&2; exit 1; }; \
+                 { gunzip -c \"$src\"; \
+                   echo \"ALTER USER 'root'@'%' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD'; ALTER USER 'root'@'localhost' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';\"; \
+                   echo \"ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD'; FLUSH PRIVILEGES;\"; } \
+                 | mariadb -h \"$DB_HOST\" -P \"$DB_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\"",
+            ),
+            env: job_env(&location),
+            mounts_data: false,
+        })
+    }
+}
+
+export_engine!(Mysql);
+
+#[cfg(test)]
+mod tests;

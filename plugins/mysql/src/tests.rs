@@ -1,0 +1,129 @@
+use super::*;
+
+fn spec(version: &str) -> DatabaseSpec {
+    DatabaseSpec {
+        name: "shop".into(),
+        namespace: "retail".into(),
+        version: version.into(),
+        replicas: 3,
+        storage_bytes: 10 << 30,
+        requests: ResourceAmounts { cpu_millis: None, memory_bytes: None },
+        limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(2 << 30) },
+        parameters: vec![],
+    }
+}
+
+#[test]
+fn plan_upgrade_cases() {
+    type Case = (&'static str, &'static str, Result<usize, &'static str>);
+    let cases: &[Case] = &[
+        ("10.11.8", "10.11.8", Ok(0)),
+        ("10.11.8", "10.11.9", Ok(1)),
+        ("10.11", "10.11.9", Ok(1)),
+        ("10.6.19", "10.11.9", Ok(2)),
+        ("10.11.9", "11.4.4", Ok(2)),
+        ("10.6", "11.4", Err("one LTS series at a time: 10.6 → 10.11 first")),
+        ("11.4", "10.11", Err("downgrading")),
+        ("10.11.9", "10.11.8", Err("downgrading")),
+        ("10.11", "12.0", Err("supported series")),
+        ("5.7", "10.11", Err("supported series")),
+    ];
+    for (from, to, expected) in cases {
+        let got = Mysql::plan_upgrade(spec(to), from.to_string());
+        match (expected, &got) {
+            (Ok(steps), Ok(plan)) => {
+                assert_eq!(plan.steps.len(), *steps, "{from} → {to}");
+                assert!(plan.steps.is_empty() || matches!(plan.steps[0], UpgradeStep::RollingRestart), "{from} → {to}");
+                if *steps == 2 {
+                    let UpgradeStep::Job(job) = &plan.steps[1] else { panic!("{from} → {to}: second step is a Job") };
+                    assert!(job.command.join(" ").contains("mariadb-upgrade"), "{from} → {to}");
+                }
+            }
+            (Err(reason), Err(text)) => assert!(text.contains(reason), "{from} → {to}: {text}"),
+            _ => panic!("{from} → {to}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}
+
+fn member(ordinal: u32, ready: bool, primary: bool, position: Option<&str>) -> Member {
+    Member { pod: format!("shop-{ordinal}"), ordinal, ready, primary, position: position.map(Into::into) }
+}
+
+#[test]
+fn choose_primary_cases() {
+    let down = member(0, false, true, None);
+    let cases: Vec<(&str, Vec<Member>, Option<&str>)> = vec![
+        (
+            "highest sequence wins",
+            vec![down.clone(), member(1, true, false, Some("0-1-41")), member(2, true, false, Some("0-1-42"))],
+            Some("shop-2"),
+        ),
+        (
+            "sequences compare as numbers",
+            vec![down.clone(), member(1, true, false, Some("0-1-100")), member(2, true, false, Some("0-1-99"))],
+            Some("shop-1"),
+        ),
+        (
+            "equal positions: lowest ordinal",
+            vec![down.clone(), member(2, true, false, Some("0-1-7")), member(1, true, false, Some("0-1-7"))],
+            Some("shop-1"),
+        ),
+        (
+            "must cover every domain",
+            vec![down.clone(), member(1, true, false, Some("0-1-50,1-2-3")), member(2, true, false, Some("0-1-50"))],
+            Some("shop-1"),
+        ),
+        (
+            "diverged replicas: no choice",
+            vec![down.clone(), member(1, true, false, Some("0-1-50,1-2-3")), member(2, true, false, Some("0-1-51"))],
+            None,
+        ),
+        (
+            "unready replicas are never chosen",
+            vec![down.clone(), member(1, false, false, Some("0-1-99")), member(2, true, false, Some("0-1-1"))],
+            Some("shop-2"),
+        ),
+        ("no ready replica", vec![down.clone(), member(1, false, false, Some("0-1-1"))], None),
+        ("no position", vec![down.clone(), member(1, true, false, None)], None),
+        ("garbage position", vec![down.clone(), member(1, true, false, Some("0/3000060"))], None),
+        ("ready primary", vec![member(0, true, true, None), member(1, true, false, Some("0-1-1"))], None),
+    ];
+    for (name, members, expected) in cases {
+        match (Mysql::choose_primary(spec("10.11"), members), expected) {
+            (FailoverDecision::Promote(p), Some(pod)) => {
+                assert_eq!(p.pod, pod, "{name}");
+                assert!(p.command.join(" ").contains("RESET SLAVE ALL"), "{name}");
+            }
+            (FailoverDecision::NoSafeMember(reason), None) => assert!(!reason.is_empty(), "{name}"),
+            (got, _) => panic!("{name}: got {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn validate_reports_version_and_parameters_by_field() {
+    let mut s = spec("8.0");
+    s.parameters = vec![
+        Parameter { name: "max_connections".into(), value: ParameterValue::Integer(5) },
+        Parameter { name: "server_id".into(), value: ParameterValue::Integer(7) },
+        Parameter { name: "innodb_buffer_pool_size".into(), value: ParameterValue::Text("2 gigs".into()) },
+    ];
+    let fields: Vec<String> = Mysql::validate(s).into_iter().map(|v| v.field).collect();
+    assert_eq!(
+        fields,
+        ["spec.version", "spec.parameters.max_connections", "spec.parameters.server_id", "spec.parameters.innodb_buffer_pool_size"]
+    );
+    for ok in ["10.6", "10.11", "11.4", "11.4.4"] {
+        assert!(Mysql::validate(spec(ok)).is_empty(), "{ok}");
+    }
+}
+
+#[test]
+fn configuration_derives_the_buffer_pool_and_takes_user_settings() {
+    let mut s = spec("10.11");
+    s.parameters = vec![Parameter { name: "max_connections".into(), value: ParameterValue::Integer(300) }];
+    let cnf = my_cnf(&s);
+    assert!(cnf.contains("innodb_buffer_pool_size = 1024M\n"), "{cnf}");
+    assert!(cnf.contains("max_connections = 300\n") && !cnf.contains("max_connections = 151"), "{cnf}");
+    assert!(cnf.contains("gtid_strict_mode = ON"), "{cnf}");
+}

@@ -1,0 +1,208 @@
+//! Tier 3: what the mysql plugin emits, run by a real MariaDB server (Debian's,
+//! started on loopback as an unprivileged user).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use plugdb::plugin::{
+    BackupLocation, ClusterContext, EngineSpec, FailoverDecision, Limits, Member, ParameterValue, Plugin, ResourceAmounts, Runtime,
+};
+use plugdb_tests::local_pod::LocalPod;
+
+const CONFIG_MOUNT: &str = "/etc/plugdb";
+const DATA_MOUNT: &str = "/var/lib/mysql";
+const PATH: &str = "/usr/sbin:/usr/bin:/bin";
+
+/// The MariaDB series installed by Debian on this machine (bookworm: 10.11).
+fn server_version() -> String {
+    let out =
+        std::process::Command::new("/usr/sbin/mariadbd").arg("--version").output().expect("MariaDB is installed (scripts/install-deps.sh)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let version =
+        text.split_whitespace().find(|w| w.contains("-MariaDB")).expect("a version").split('-').next().expect("version").to_string();
+    let parts: Vec<&str> = version.split('.').collect();
+    format!("{}.{}", parts[0], parts[1])
+}
+
+fn plugin() -> Plugin {
+    Runtime::new(Limits::default()).expect("runtime").load(&plugdb_tests::component("mysql")).expect("mysql plugin loads")
+}
+
+fn spec(name: &str, parameters: Vec<(&str, ParameterValue)>) -> EngineSpec {
+    EngineSpec {
+        name: name.into(),
+        namespace: "default".into(),
+        version: server_version(),
+        replicas: 2,
+        storage_bytes: 1 << 30,
+        requests: ResourceAmounts::default(),
+        limits: ResourceAmounts { cpu_millis: Some(1000), memory_bytes: Some(1 << 30) },
+        parameters: parameters.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+    }
+}
+
+fn secrets(tag: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("root-password".to_string(), format!("root-{tag}-Zq81xk3J")),
+        ("replication-password".to_string(), format!("repl-{tag}-P0o9i8u7")),
+    ])
+}
+
+/// Starts member `ordinal` of `spec`, following `primary` (pod, address) when given.
+fn start_member(
+    plugin: &Plugin,
+    spec: &EngineSpec,
+    ordinal: u32,
+    primary: Option<(&str, &str)>,
+    secrets: &BTreeMap<String, String>,
+) -> LocalPod {
+    let pod_name = format!("{}-{ordinal}", spec.name);
+    let mut pod = LocalPod::new(&pod_name, CONFIG_MOUNT, DATA_MOUNT).expect("pod sandbox");
+    let (primary_pod, primary_host) =
+        primary.map(|(p, h)| (p.to_string(), h.to_string())).unwrap_or((pod_name.clone(), pod.address.clone()));
+    let cluster = ClusterContext {
+        primary_host,
+        headless_host: format!("{}-headless.default.svc", spec.name),
+        primary_pod,
+        credentials_secret: format!("{}-credentials", spec.name),
+        config_mount_path: CONFIG_MOUNT.into(),
+    };
+    let workload = plugin.render(spec, &cluster).expect("render");
+    let socket = pod.run_dir().join("mysqld.sock").to_string_lossy().to_string();
+    // Each container has a /tmp of its own; the local stand-in for it is the run directory.
+    let tmp = pod.run_dir().to_string_lossy().to_string();
+    pod.set_env(&workload.env, secrets, &[("PATH", PATH.into()), ("MARIADB_SOCKET", socket.clone()), ("TMPDIR", tmp)]).expect("env");
+    let args = [format!("--bind-address={}", pod.address), format!("--pid-file={}/mysqld.pid", pod.run_dir().display())];
+    pod.start(&workload, &args).expect("start");
+    pod.wait_ready(&workload, Duration::from_secs(120)).expect("ready");
+    pod
+}
+
+/// Runs SQL as root over TCP with `password`; returns trimmed output.
+fn sql(pod: &LocalPod, password: &str, query: &str) -> Result<String, String> {
+    let out = pod
+        .exec(&[
+            "mariadb".into(),
+            "-h".into(),
+            pod.address.clone(),
+            "-uroot".into(),
+            format!("-p{password}"),
+            "-N".into(),
+            "-B".into(),
+            "-e".into(),
+            query.into(),
+        ])
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).to_string())
+    }
+}
+
+const SAMPLE: &str = "CREATE DATABASE shop; USE shop; CREATE TABLE shop.orders (id INT PRIMARY KEY, item VARCHAR(40), qty INT) ENGINE=InnoDB; \
+    INSERT INTO shop.orders SELECT seq, CONCAT('item-', seq), seq % 7 FROM seq_1_to_5000;";
+const FINGERPRINT: &str =
+    "SELECT CONCAT(COUNT(*), ':', MD5(GROUP_CONCAT(CONCAT_WS('|', id, item, qty) ORDER BY id SEPARATOR ','))) FROM shop.orders";
+
+#[test]
+fn the_server_runs_with_the_rendered_configuration() {
+    let plugin = plugin();
+    let s = spec(
+        "settings",
+        vec![
+            ("max_connections", ParameterValue::Integer(77)),
+            ("innodb_buffer_pool_size", ParameterValue::Text("256M".into())),
+            ("long_query_time", ParameterValue::Text("2.5".into())),
+            ("slow_query_log", ParameterValue::Text("ON".into())),
+        ],
+    );
+    let secrets = secrets("settings");
+    let pod = start_member(&plugin, &s, 0, None, &secrets);
+    let pw = &secrets["root-password"];
+    let var = |name: &str| sql(&pod, pw, &format!("SELECT @@{name}")).expect("variable");
+    assert_eq!(var("max_connections"), "77");
+    assert_eq!(var("innodb_buffer_pool_size"), (256u64 << 20).to_string());
+    assert_eq!(var("long_query_time"), "2.500000");
+    assert_eq!(var("slow_query_log"), "1");
+    assert_eq!(var("log_bin"), "1");
+    assert_eq!(var("binlog_format"), "ROW");
+    assert_eq!(var("gtid_strict_mode"), "1");
+    assert_eq!(var("server_id"), "1", "member 0 has server id 1");
+    assert_eq!(var("read_only"), "0", "the primary is writable");
+    let err = sql(&pod, "wrong-password", "SELECT 1").expect_err("wrong password refused");
+    assert!(err.contains("Access denied"), "{err}");
+}
+
+#[test]
+fn backup_then_restore_gives_identical_data() {
+    let plugin = plugin();
+    let s = spec("source", vec![]);
+    let source_secrets = secrets("source");
+    let mut source = start_member(&plugin, &s, 0, None, &source_secrets);
+    sql(&source, &source_secrets["root-password"], SAMPLE).expect("sample data");
+    let before = sql(&source, &source_secrets["root-password"], FINGERPRINT).expect("fingerprint");
+    assert!(before.starts_with("5000:"), "{before}");
+
+    let location = BackupLocation {
+        directory: source.backup_dir().to_string_lossy().into(),
+        artifact: "source-20260101-0000".into(),
+        host: source.address.clone(),
+        credentials_secret: "source-credentials".into(),
+    };
+    let backup = plugin.backup(&s, &location).expect("backup plan");
+    source.run_job(&backup, &source_secrets, &[("PATH", PATH.into())]).expect("backup job");
+    assert!(source.backup_dir().join("source-20260101-0000/dump.sql.gz").is_file());
+    source.stop();
+
+    // A new Database with its own credentials, restored from the artefact.
+    let t = spec("target", vec![]);
+    let target_secrets = secrets("target");
+    let target = start_member(&plugin, &t, 0, None, &target_secrets);
+    let restore = plugin
+        .restore(&t, &BackupLocation { host: target.address.clone(), credentials_secret: "target-credentials".into(), ..location })
+        .expect("restore plan");
+    target.run_job(&restore, &target_secrets, &[("PATH", PATH.into())]).expect("restore job");
+    assert_eq!(sql(&target, &target_secrets["root-password"], FINGERPRINT).expect("fingerprint after restore"), before);
+    assert!(sql(&target, &source_secrets["root-password"], "SELECT 1").is_err(), "the source's password does not open the target");
+}
+
+#[test]
+fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
+    let plugin = plugin();
+    let s = spec("ha", vec![]);
+    let secrets = secrets("ha");
+    let pw = secrets["root-password"].clone();
+    let mut primary = start_member(&plugin, &s, 0, None, &secrets);
+    sql(&primary, &pw, SAMPLE).expect("sample data");
+    let address = primary.address.clone();
+    let replica = start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
+
+    assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "1", "member 1 is read-only");
+    let status = sql(&replica, &pw, "SHOW SLAVE STATUS\\G").expect("slave status");
+    assert!(status.contains("Slave_Pos"), "replication uses GTIDs: {status}");
+    assert_eq!(status.lines().filter(|l| l.trim() == "Yes").count(), 2, "IO and SQL threads run: {status}");
+    sql(&primary, &pw, "INSERT INTO shop.orders VALUES (5001, 'late', 1)").expect("write on primary");
+    let expected = sql(&primary, &pw, FINGERPRINT).expect("fingerprint");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sql(&replica, &pw, FINGERPRINT).ok().as_deref() != Some(expected.as_str()) {
+        assert!(Instant::now() < deadline, "the replica did not catch up:\n{}", replica.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let position = sql(&replica, &pw, "SELECT @@gtid_slave_pos").expect("GTID position");
+
+    primary.stop();
+    let members = [
+        Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None },
+        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position) },
+    ];
+    let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
+        panic!("the plugin should promote ha-1")
+    };
+    assert_eq!(pod, "ha-1");
+    let out = replica.exec(&command).expect("promotion command");
+    assert!(out.status.success(), "promotion failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "0", "promoted");
+    sql(&replica, &pw, "INSERT INTO shop.orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
+    assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5002", "no data lost");
+}
