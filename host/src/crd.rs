@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
     category = "plugdb",
     doc = "A database cluster of one engine, run by plugdb. `spec.engine` names the engine plugin that decides everything engine-specific.",
     printcolumn = r#"{"name":"Engine","type":"string","jsonPath":".spec.engine"}"#,
-    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
@@ -56,6 +56,73 @@ pub struct DatabaseSpec {
     /// types are checked by the engine plugin.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, IntOrString>,
+
+    /// Scheduled backups. Unset means no scheduled backups (on-demand and final
+    /// backups still work when the engine supports them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+
+    /// What happens to data when the Database is deleted: `Snapshot` (default) takes a
+    /// final backup, then keeps the volumes; `Retain` keeps the volumes; `Delete` removes them.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+
+    /// Bootstrap this Database from a backup of another one (only read at creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("restoreFrom cannot be changed after creation"))]
+    pub restore_from: Option<RestoreSource>,
+}
+
+/// Scheduled backups.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// Whether scheduled backups run.
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// When to back up, as a cron expression with seconds (`0 0 2 * * *`: 02:00 daily)
+    /// or the classic five fields (`0 2 * * *`), in UTC.
+    #[schemars(length(min = 1, max = 128))]
+    pub schedule: String,
+    /// How many successful backups to keep; older ones are deleted.
+    #[serde(default = "default_retention")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub retention: i32,
+    /// Size of the volume that holds this Database's backups (created once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<Quantity>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+fn default_retention() -> i32 {
+    7
+}
+
+/// What happens to data when the Database is deleted.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+pub enum DeletionPolicy {
+    /// Take a final backup and wait for it, then delete; volumes are kept.
+    #[default]
+    Snapshot,
+    /// Delete without a final backup; volumes are kept.
+    Retain,
+    /// Delete everything, volumes included.
+    Delete,
+}
+
+/// A backup to bootstrap from.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreSource {
+    /// The Database (same namespace, same engine) whose backup volume holds the backup.
+    #[schemars(length(min = 1, max = 63))]
+    pub database: String,
+    /// Name of the backup (a backup Job's name, as in `status.lastBackup.name`).
+    #[schemars(length(min = 1, max = 63))]
+    pub backup: String,
 }
 
 fn default_replicas() -> i32 {
@@ -104,4 +171,46 @@ pub struct DatabaseStatus {
     /// Ready, Progressing, Degraded, PluginReady, BackupHealthy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Pod name of the current primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// Engine version the members run now (differs from spec.version during an upgrade,
+    /// or when an upgrade was refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// The plugin that rendered the cluster, `engine@version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// The most recent successful backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup: Option<BackupRecord>,
+    /// When the next scheduled backup runs (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_backup: Option<String>,
+    /// An upgrade in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeStatus>,
+}
+
+/// A backup that finished.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRecord {
+    /// Backup name (also its Job's name); use it in `restoreFrom.backup`.
+    pub name: String,
+    /// When it completed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed: Option<String>,
+}
+
+/// Progress of an accepted upgrade plan.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    /// Version the members ran before.
+    pub from: String,
+    /// Version being rolled out.
+    pub to: String,
+    /// Index of the plan step in progress.
+    pub step: i32,
 }

@@ -4,6 +4,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod build;
 pub mod crd;
+pub mod jobs;
 pub mod metrics;
 pub mod plugin;
+pub mod quantity;
+pub mod reconcile;
+pub mod schedule;
+pub mod serve;

@@ -5,6 +5,7 @@
 pub mod control_plane;
 pub mod kubelet;
 pub mod local_pod;
+pub mod operator;
 
 use std::path::{Path, PathBuf};
 

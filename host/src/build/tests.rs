@@ -1,0 +1,156 @@
+use super::*;
+use crate::crd::DatabaseSpec;
+use crate::plugin::{ConfigFile, EnvVar, Port, Probe, SecretRef};
+use k8s_openapi::api::apps::v1::StatefulSet;
+
+fn database(policy: DeletionPolicy) -> Database {
+    let spec: DatabaseSpec = serde_json::from_value(json!({
+        "engine": "postgres",
+        "version": "17",
+        "replicas": 3,
+        "storage": {"size": "10Gi", "className": "fast"},
+        "resources": {"limits": {"memory": "2Gi", "cpu": "1500m"}},
+        "parameters": {"max_connections": 200, "work_mem": "8MB"},
+        "deletionPolicy": match policy { DeletionPolicy::Snapshot => "Snapshot", DeletionPolicy::Retain => "Retain", DeletionPolicy::Delete => "Delete" },
+    }))
+    .expect("spec");
+    let mut db = Database::new("orders", spec);
+    db.metadata.namespace = Some("shop".into());
+    db.metadata.uid = Some("0000-1111".into());
+    db
+}
+
+fn workload(config: &str) -> Workload {
+    Workload {
+        image: "docker.io/library/postgres:17".into(),
+        command: vec!["sh".into(), "/etc/plugdb/bootstrap.sh".into()],
+        args: vec![],
+        env: vec![
+            EnvVar { name: "PGDATA".into(), source: EnvSource::Value("/var/lib/postgresql/data/pgdata".into()) },
+            EnvVar {
+                name: "POSTGRES_PASSWORD".into(),
+                source: EnvSource::Secret(SecretRef { name: "orders-credentials".into(), key: "superuser-password".into() }),
+            },
+            EnvVar { name: "POD_NAME".into(), source: EnvSource::Field("metadata.name".into()) },
+        ],
+        ports: vec![Port { name: "postgres".into(), port: 5432 }],
+        readiness: Some(Probe {
+            action: ProbeAction::Exec(vec!["pg_isready".into()]),
+            initial_delay_seconds: 5,
+            period_seconds: 5,
+            timeout_seconds: 3,
+            failure_threshold: 3,
+        }),
+        liveness: Some(Probe {
+            action: ProbeAction::TcpSocket(5432),
+            initial_delay_seconds: 30,
+            period_seconds: 10,
+            timeout_seconds: 5,
+            failure_threshold: 6,
+        }),
+        config_files: vec![ConfigFile { name: "postgresql.conf".into(), content: config.into() }],
+        data_mount_path: "/var/lib/postgresql/data".into(),
+        credentials: vec![],
+        recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
+        run_as_user: 999,
+    }
+}
+
+#[test]
+fn engine_spec_converts_quantities_and_parameters() {
+    let spec = engine_spec(&database(DeletionPolicy::Snapshot), "17").expect("valid");
+    assert_eq!(spec.storage_bytes, 10 << 30);
+    assert_eq!(spec.limits.memory_bytes, Some(2 << 30));
+    assert_eq!(spec.limits.cpu_millis, Some(1500));
+    assert_eq!(spec.replicas, 3);
+    assert_eq!(
+        spec.parameters,
+        vec![("max_connections".into(), ParameterValue::Integer(200)), ("work_mem".into(), ParameterValue::Text("8MB".into()))]
+    );
+}
+
+#[test]
+fn engine_spec_names_each_bad_field() {
+    let mut db = database(DeletionPolicy::Snapshot);
+    db.spec.storage.size.0 = "ten gigs".into();
+    db.spec
+        .resources
+        .as_mut()
+        .expect("resources")
+        .limits
+        .insert("gpu".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()));
+    db.metadata.name = Some("x".repeat(60));
+    let fields: Vec<String> = engine_spec(&db, "17").expect_err("invalid").into_iter().map(|v| v.field).collect();
+    assert_eq!(fields, ["metadata.name", "spec.storage.size", "spec.resources.limits.gpu"]);
+}
+
+#[test]
+fn statefulset_carries_the_workload_under_host_policy() {
+    let db = database(DeletionPolicy::Snapshot);
+    let child = statefulset(&db, &workload("a = 1\n"), "postgres");
+    let sts: StatefulSet = serde_json::from_value(child.object.clone()).expect("a valid StatefulSet");
+    let spec = sts.spec.expect("spec");
+    assert_eq!(spec.replicas, Some(3));
+    assert_eq!(spec.update_strategy.and_then(|s| s.type_).as_deref(), Some("OnDelete"));
+    let retention = spec.persistent_volume_claim_retention_policy.expect("retention");
+    assert_eq!(retention.when_deleted.as_deref(), Some("Retain"));
+    assert_eq!(retention.when_scaled.as_deref(), Some("Retain"));
+    let pod = spec.template.spec.expect("pod spec");
+    let security = pod.security_context.expect("pod security");
+    assert_eq!((security.run_as_user, security.run_as_non_root), (Some(999), Some(true)));
+    let container = &pod.containers[0];
+    let csc = container.security_context.clone().expect("container security");
+    assert_eq!(csc.privileged, Some(false));
+    assert_eq!(csc.allow_privilege_escalation, Some(false));
+    assert_eq!(csc.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_string()]));
+    assert!(pod.host_network.is_none() && pod.host_pid.is_none());
+    assert!(pod.volumes.iter().flatten().all(|v| v.host_path.is_none()));
+    let env = container.env.clone().expect("env");
+    assert_eq!(env[1].value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()).map(|s| s.name.as_str()), Some("orders-credentials"));
+    let resources = container.resources.clone().expect("resources");
+    assert_eq!(resources.limits.expect("limits")["memory"].0, "2Gi");
+    assert_eq!(resources.requests.unwrap_or_default().get("memory"), None, "the user set memory; no recommendation added");
+    let claim = &spec.volume_claim_templates.expect("claims")[0];
+    assert_eq!(claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), Some("fast"));
+    assert_eq!(sts.metadata.owner_references.expect("owner")[0].uid, "0000-1111");
+}
+
+#[test]
+fn deletion_policy_delete_lets_volumes_go() {
+    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres");
+    assert_eq!(child.object["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Delete", "whenScaled": "Delete"}));
+}
+
+#[test]
+fn a_config_change_changes_the_pod_template_and_the_hash() {
+    let db = database(DeletionPolicy::Snapshot);
+    let (a, b) = (statefulset(&db, &workload("a = 1\n"), "postgres"), statefulset(&db, &workload("a = 2\n"), "postgres"));
+    assert_ne!(
+        a.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH],
+        b.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
+    );
+    assert_ne!(a.hash(), b.hash());
+    assert_eq!(a.hash(), statefulset(&db, &workload("a = 1\n"), "postgres").hash(), "rendering is deterministic");
+}
+
+#[test]
+fn the_primary_service_follows_the_primary_pod() {
+    let db = database(DeletionPolicy::Snapshot);
+    let services = services(&db, &workload(""), "orders-2");
+    assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
+    assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
+    assert_eq!(services[2].object["spec"]["clusterIP"], "None");
+    let all = children(&db, &workload(""), "postgres", "orders-0");
+    let kinds: Vec<String> = all.iter().map(|c| format!("{}/{}", c.resource.kind, c.name)).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ConfigMap/orders-config",
+            "Service/orders",
+            "Service/orders-replicas",
+            "Service/orders-headless",
+            "StatefulSet/orders",
+            "PodDisruptionBudget/orders"
+        ]
+    );
+}

@@ -1,0 +1,119 @@
+//! Writing children: server-side apply with one field manager, skipped when the
+//! object already carries the hash of what would be applied.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::Error;
+use crate::build::{APPLIED_HASH, Child, MANAGER, Names, labels};
+use crate::crd::{Database, DeletionPolicy};
+use crate::plugin::Credential;
+
+/// Applies `child` unless the live object already has its hash. Returns the live
+/// object and whether a write was made.
+pub async fn apply(client: &Client, namespace: &str, child: &Child) -> Result<(DynamicObject, bool), Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &child.resource);
+    let live = api.get_opt(&child.name).await?;
+    if let Some(live) = &live
+        && live.annotations().get(APPLIED_HASH).map(String::as_str) == Some(child.hash())
+    {
+        return Ok((live.clone(), false));
+    }
+    let mut object = child.object.clone();
+    // A StatefulSet's claim templates are immutable: keep the live ones (volumes grow
+    // by expanding their claims instead).
+    if child.resource.kind == "StatefulSet"
+        && let Some(live) = &live
+        && let Some(templates) = live.data.pointer("/spec/volumeClaimTemplates")
+    {
+        object["spec"]["volumeClaimTemplates"] = templates.clone();
+    }
+    let applied = api.patch(&child.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await?;
+    Ok((applied, true))
+}
+
+/// Creates a child only when it does not exist (claims, Jobs): never updates it.
+pub async fn create_once(client: &Client, namespace: &str, child: &Child) -> Result<bool, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &child.resource);
+    let object: DynamicObject = serde_json::from_value(child.object.clone())?;
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/// A random alphanumeric string from the operating system's CSPRNG.
+fn generate(length: u32) -> Result<String, Error> {
+    let mut out = String::with_capacity(length as usize);
+    let mut buf = [0u8; 64];
+    while out.len() < length as usize {
+        getrandom::fill(&mut buf).map_err(|e| Error::Random(e.to_string()))?;
+        // 248 = 4 × 62: rejecting bytes at or above it keeps the choice uniform.
+        out.extend(buf.iter().filter(|b| **b < 248).map(|b| ALPHABET[(*b % 62) as usize] as char).take(length as usize - out.len()));
+    }
+    Ok(out)
+}
+
+/// Makes sure the credentials Secret holds every key the plugin asks for. Keys are
+/// generated once and never overwritten; the Secret outlives the Database unless the
+/// deletion policy is Delete.
+pub async fn ensure_credentials(client: &Client, db: &Database, wanted: &[Credential]) -> Result<bool, Error> {
+    let ns = db.namespace().unwrap_or_default();
+    let name = Names(&db.name_any()).credentials();
+    let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let live = api.get_opt(&name).await?;
+    let have = live.as_ref().and_then(|s| s.data.clone()).unwrap_or_default();
+    let mut missing = BTreeMap::new();
+    for c in wanted.iter().filter(|c| !have.contains_key(&c.key)) {
+        missing.insert(c.key.clone(), ByteString(generate(c.length)?.into_bytes()));
+    }
+    let owned = db.spec.deletion_policy == DeletionPolicy::Delete;
+    let owners: Vec<_> = if owned { db.controller_owner_ref(&()).into_iter().collect() } else { vec![] };
+    match live {
+        None => {
+            let secret = Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name),
+                    namespace: Some(ns),
+                    labels: Some(labels(db)),
+                    owner_references: Some(owners),
+                    ..Default::default()
+                },
+                data: Some(missing),
+                type_: Some("Opaque".into()),
+                ..Default::default()
+            };
+            match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &secret).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Some(_) if missing.is_empty() => Ok(false),
+        Some(_) => {
+            // Add only the missing keys; a merge patch leaves the others as they are.
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": missing}))).await?;
+            Ok(true)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generated_values_have_the_length_and_alphabet_asked_for() {
+        let a = super::generate(32).expect("random");
+        let b = super::generate(32).expect("random");
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,155 @@
+//! Backups: scheduled, on demand, before upgrades and before deletion; all Jobs under
+//! deterministic names, so a restarted operator never runs one twice.
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
+use kube::{Client, ResourceExt};
+
+use super::{Ctx, Error, apply};
+use crate::build::{BACKUP_MOUNT, Names};
+use crate::crd::{BackupRecord, Database};
+use crate::jobs::{self, BACKUP_OF, Purpose};
+use crate::plugin::{BackupLocation, EngineSpec, Plugin};
+use crate::schedule;
+
+/// Annotation that asks for a backup now; each new value makes one backup.
+pub const BACKUP_NOW: &str = "plugdb.io/backup-now";
+
+/// The state of a Job, as far as the host cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Not created yet.
+    Missing,
+    /// Created, not finished.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Failed for good.
+    Failed,
+}
+
+/// The state of `job`.
+pub fn state(job: Option<&Job>) -> JobState {
+    let Some(job) = job else { return JobState::Missing };
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let has = |t: &str| conditions.iter().any(|c| c.type_ == t && c.status == "True");
+    if has("Complete") {
+        JobState::Succeeded
+    } else if has("Failed") {
+        JobState::Failed
+    } else {
+        JobState::Running
+    }
+}
+
+/// Creates the backup Job `name` from the plugin's plan (once), and returns its state.
+pub async fn ensure_backup(
+    ctx: &Ctx,
+    db: &Database,
+    plugin: &Plugin,
+    spec: &EngineSpec,
+    name: &str,
+    run_as_user: u32,
+) -> Result<Result<JobState, String>, Error> {
+    let ns = db.namespace().unwrap_or_default();
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Some(job) = api.get_opt(name).await? {
+        return Ok(Ok(state(Some(&job))));
+    }
+    let location = BackupLocation {
+        directory: BACKUP_MOUNT.into(),
+        artifact: name.into(),
+        host: format!("{}.{ns}.svc", Names(&db.name_any()).primary()),
+        credentials_secret: Names(&db.name_any()).credentials(),
+    };
+    let plan = match plugin.backup(spec, &location) {
+        Ok(plan) => plan,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    apply::create_once(&ctx.client, &ns, &jobs::backup_claim(db)).await?;
+    apply::create_once(&ctx.client, &ns, &jobs::job(db, name, Purpose::Backup, &plan, &db.name_any(), None, run_as_user)).await?;
+    Ok(Ok(JobState::Running))
+}
+
+/// What the backup pass found.
+#[derive(Debug, Default)]
+pub struct BackupReport {
+    /// The most recent successful backup.
+    pub last: Option<BackupRecord>,
+    /// Next scheduled fire time.
+    pub next: Option<DateTime<Utc>>,
+    /// Why backups are unhealthy, if they are.
+    pub problem: Option<String>,
+    /// A backup Job is running.
+    pub running: bool,
+}
+
+fn completed(job: &Job) -> Option<String> {
+    job.status.as_ref()?.completion_time.as_ref().map(|t| t.0.to_string())
+}
+
+/// Runs scheduled and on-demand backups, applies retention and reports.
+pub async fn reconcile(ctx: &Ctx, db: &Database, plugin: &Plugin, spec: &EngineSpec, run_as_user: u32) -> Result<BackupReport, Error> {
+    let mut report = BackupReport::default();
+    let ns = db.namespace().unwrap_or_default();
+    let name = db.name_any();
+    let now = Utc::now();
+
+    let mut wanted: Vec<String> = Vec::new();
+    if let Some(b) = db.spec.backup.as_ref().filter(|b| b.enabled) {
+        match schedule::parse(&b.schedule) {
+            Ok(s) => {
+                let created =
+                    db.metadata.creation_timestamp.as_ref().and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0)).unwrap_or(now);
+                if let Some(at) = schedule::due(&s, created, now) {
+                    wanted.push(schedule::backup_name(&name, at));
+                }
+                report.next = schedule::next(&s, now);
+            }
+            Err(e) => report.problem = Some(format!("spec.backup.schedule: {e}")),
+        }
+    }
+    if let Some(token) = db.annotations().get(BACKUP_NOW) {
+        let digest = crate::plugin::hex_digest(token.as_bytes());
+        wanted.push(format!("{name}-manual-{}", &digest[..10]));
+    }
+
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut backups = api.list(&ListParams::default().labels(&format!("{BACKUP_OF}={name}"))).await?.items;
+    for job_name in wanted.iter().filter(|w| !backups.iter().any(|j| j.name_any() == **w)) {
+        match ensure_backup(ctx, db, plugin, spec, job_name, run_as_user).await? {
+            Ok(_) => report.running = true,
+            Err(reason) => report.problem = Some(format!("the {} plugin cannot back up: {reason}", spec.name)),
+        }
+    }
+
+    backups.sort_by_key(|j| std::cmp::Reverse(completed(j).unwrap_or_default()));
+    let succeeded: Vec<&Job> = backups.iter().filter(|j| state(Some(j)) == JobState::Succeeded).collect();
+    report.last = succeeded.first().map(|j| BackupRecord { name: j.name_any(), completed: completed(j) });
+    report.running |= backups.iter().any(|j| state(Some(j)) == JobState::Running);
+    if let Some(failed) =
+        backups.iter().filter(|j| state(Some(j)) == JobState::Failed).max_by_key(|j| j.metadata.creation_timestamp.clone())
+        && failed.metadata.creation_timestamp > succeeded.first().and_then(|j| j.metadata.creation_timestamp.clone())
+    {
+        report.problem.get_or_insert(format!("backup {} failed", failed.name_any()));
+    }
+
+    // Retention counts every successful backup Job; the artefacts stay on the backup volume.
+    let retention = db.spec.backup.as_ref().map(|b| b.retention.max(1) as usize).unwrap_or(usize::MAX);
+    for old in succeeded.iter().skip(retention) {
+        delete_job(&ctx.client, &ns, &old.name_any()).await?;
+    }
+    Ok(report)
+}
+
+/// Deletes a Job and its pods.
+pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<(), Error> {
+    let api: Api<Job> = Api::namespaced(client.clone(), ns);
+    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

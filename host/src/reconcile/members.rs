@@ -1,0 +1,152 @@
+//! The member pods: role labels, the host-driven rolling restart (replicas first,
+//! primary last), and failover decisions.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::build::ROLE_LABEL;
+use crate::plugin::Member;
+
+/// Annotation where a member reports its replication position.
+pub const POSITION_ANNOTATION: &str = "plugdb.io/replication-position";
+const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// What the host knows about one member pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Pod name.
+    pub name: String,
+    /// StatefulSet ordinal.
+    pub ordinal: u32,
+    /// Ready condition.
+    pub ready: bool,
+    /// Seconds since the Ready condition last changed.
+    pub since_seconds: i64,
+    /// StatefulSet revision the pod runs.
+    pub revision: Option<String>,
+    /// Its role label.
+    pub role: Option<String>,
+    /// Reported replication position.
+    pub position: Option<String>,
+    /// Being deleted.
+    pub terminating: bool,
+}
+
+/// The members of StatefulSet `sts` among `pods`, by ordinal.
+pub fn observe(sts: &str, pods: &[Pod], now: Timestamp) -> Vec<Observed> {
+    let mut out: Vec<Observed> = pods
+        .iter()
+        .filter_map(|p| {
+            let name = p.name_any();
+            let ordinal = name.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()?;
+            let ready_condition = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned();
+            let ready = ready_condition.as_ref().is_some_and(|c| c.status == "True");
+            let since_seconds =
+                ready_condition.and_then(|c| c.last_transition_time).map(|t| now.duration_since(t.0).as_secs()).unwrap_or(0);
+            Some(Observed {
+                ordinal,
+                ready,
+                since_seconds,
+                revision: p.labels().get(REVISION_LABEL).cloned(),
+                role: p.labels().get(ROLE_LABEL).cloned(),
+                position: p.annotations().get(POSITION_ANNOTATION).cloned(),
+                terminating: p.metadata.deletion_timestamp.is_some(),
+                name,
+            })
+        })
+        .collect();
+    out.sort_by_key(|m| m.ordinal);
+    out
+}
+
+/// The pod to delete next to roll members onto `update_revision`: only when every
+/// member is ready and none is terminating; replicas (highest ordinal first) before
+/// the primary.
+pub fn next_to_roll<'a>(members: &'a [Observed], update_revision: &str, primary: &str, desired: usize) -> Option<&'a Observed> {
+    if members.len() < desired || members.iter().any(|m| !m.ready || m.terminating) {
+        return None;
+    }
+    let outdated = |m: &&Observed| m.revision.as_deref() != Some(update_revision);
+    members
+        .iter()
+        .rev()
+        .filter(outdated)
+        .find(|m| m.name != primary)
+        .or_else(|| members.iter().filter(outdated).find(|m| m.name == primary))
+}
+
+/// Whether every member runs `update_revision` and is ready.
+pub fn rolled(members: &[Observed], update_revision: &str, desired: usize) -> bool {
+    members.len() == desired && members.iter().all(|m| m.ready && !m.terminating && m.revision.as_deref() == Some(update_revision))
+}
+
+/// The members as the plugin sees them for a failover question.
+pub fn for_plugin(members: &[Observed], primary: &str) -> Vec<Member> {
+    members
+        .iter()
+        .map(|m| Member {
+            pod: m.name.clone(),
+            ordinal: m.ordinal,
+            ready: m.ready,
+            primary: m.name == primary,
+            position: m.position.clone(),
+        })
+        .collect()
+}
+
+/// Whether the primary has been not ready (or missing) for at least `after_seconds`.
+pub fn primary_lost(members: &[Observed], primary: &str, after_seconds: i64) -> bool {
+    match members.iter().find(|m| m.name == primary) {
+        Some(m) => !m.ready && !m.terminating && m.since_seconds >= after_seconds,
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(ordinal: u32, ready: bool, revision: &str) -> Observed {
+        Observed {
+            name: format!("db-{ordinal}"),
+            ordinal,
+            ready,
+            since_seconds: 100,
+            revision: Some(revision.into()),
+            role: None,
+            position: None,
+            terminating: false,
+        }
+    }
+
+    #[test]
+    fn rolls_replicas_highest_first_then_the_primary() {
+        let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "old")];
+        assert_eq!(next_to_roll(&members, "new", "db-0", 3).map(|m| m.name.as_str()), Some("db-2"));
+        let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "new")];
+        assert_eq!(next_to_roll(&members, "new", "db-0", 3).map(|m| m.name.as_str()), Some("db-1"));
+        let members = vec![m(0, true, "old"), m(1, true, "new"), m(2, true, "new")];
+        assert_eq!(next_to_roll(&members, "new", "db-0", 3).map(|m| m.name.as_str()), Some("db-0"));
+        // After a failover the primary may be any member: it still goes last.
+        let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "new")];
+        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+    }
+
+    #[test]
+    fn never_rolls_while_a_member_is_down_or_missing() {
+        assert_eq!(next_to_roll(&[m(0, true, "old"), m(1, false, "new")], "new", "db-0", 2), None);
+        assert_eq!(next_to_roll(&[m(0, true, "old")], "new", "db-0", 2), None);
+        assert!(rolled(&[m(0, true, "new"), m(1, true, "new")], "new", 2));
+        assert!(!rolled(&[m(0, true, "new"), m(1, true, "old")], "new", 2));
+    }
+
+    #[test]
+    fn primary_is_lost_only_after_the_threshold() {
+        let mut members = vec![m(0, false, "r"), m(1, true, "r")];
+        assert!(primary_lost(&members, "db-0", 30));
+        members[0].since_seconds = 5;
+        assert!(!primary_lost(&members, "db-0", 30));
+        assert!(!primary_lost(&members, "db-1", 30));
+    }
+}

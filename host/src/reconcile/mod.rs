@@ -1,0 +1,602 @@
+//! The reconciler: one pass from the Database's state to its children, members,
+//! backups and status. Runs the same way whatever triggered it; a second pass over an
+//! unchanged cluster writes nothing.
+
+mod apply;
+pub mod backups;
+pub mod members;
+pub mod status;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::build::{self, MANAGER, Names, ROLE_LABEL};
+use crate::crd::{Database, DatabaseStatus, DeletionPolicy, UpgradeStatus};
+use crate::jobs::{self, Purpose};
+use crate::metrics::{Metrics, ReconcileLabels};
+use crate::plugin::{EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep, Workload};
+use backups::JobState;
+use status::kind;
+
+/// Finalizer that holds deletion until the final backup is taken.
+pub const FINALIZER: &str = "plugdb.io/final-backup";
+
+/// Timing of the reconciler.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// How long the primary may stay not ready before a failover.
+    pub failover_after: Duration,
+    /// Requeue while something is in progress.
+    pub progress_requeue: Duration,
+    /// Requeue when all is steady.
+    pub idle_requeue: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { failover_after: Duration::from_secs(30), progress_requeue: Duration::from_secs(5), idle_requeue: Duration::from_secs(300) }
+    }
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Loaded engine plugins.
+    pub registry: Registry,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Timing.
+    pub settings: Settings,
+    failures: Mutex<HashMap<ObjectRef<Database>, u32>>,
+}
+
+impl Context {
+    /// A context for `client` and `registry`.
+    pub fn new(client: Client, registry: Registry, metrics: Arc<Metrics>, settings: Settings) -> Self {
+        let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: std::env::var("POD_NAME").ok() });
+        Self { client, registry, metrics, recorder, settings, failures: Mutex::default() }
+    }
+}
+
+type Ctx = Context;
+
+/// Transient failures: retried with per-object backoff. Permanent problems (bad spec,
+/// plugin refusal, unknown engine) are conditions, not errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An object could not be (de)serialised.
+    #[error("serialisation: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The CSPRNG failed.
+    #[error("random source: {0}")]
+    Random(String),
+}
+
+/// Runs the controller until SIGTERM/SIGINT.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let client = ctx.client.clone();
+    let dbs: Api<Database> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (sts, jobs): (Api<StatefulSet>, Api<Job>) = match &namespace {
+        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    // Any plugin change re-renders every Database: a lagging receiver still means "changed".
+    let changes = futures::stream::unfold(ctx.registry.subscribe(), |mut rx| async move {
+        match rx.recv().await {
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(((), rx)),
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
+        }
+    });
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=plugdb");
+    Controller::new(dbs, watcher::Config::default())
+        .owns(sts, owned.clone())
+        .owns(jobs, owned)
+        .reconcile_all_on(changes)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile loop");
+            }
+        })
+        .await;
+}
+
+/// The per-object backoff for transient errors: 1 s doubling to 5 min.
+pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = ObjectRef::from_obj(db.as_ref());
+    let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+    let n = failures.entry(key).or_insert(0);
+    *n = (*n + 1).min(9);
+    let delay = Duration::from_secs((1u64 << *n).min(300));
+    tracing::warn!(database = %db.name_any(), namespace = db.namespace().unwrap_or_default(), error = %error, retry_in = ?delay, "reconcile failed");
+    ctx.metrics.reconcile_errors.get_or_create(&ReconcileLabels { engine: db.spec.engine.clone() }).inc();
+    Action::requeue(delay)
+}
+
+/// Reconciles one Database.
+#[tracing::instrument(skip_all, fields(database = %db.name_any(), namespace = db.namespace().unwrap_or_default(), engine = %db.spec.engine))]
+pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let labels = ReconcileLabels { engine: db.spec.engine.clone() };
+    ctx.metrics.reconciles.get_or_create(&labels).inc();
+    let result = if db.metadata.deletion_timestamp.is_some() { delete(&db, &ctx).await } else { converge(&db, &ctx).await };
+    ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&ObjectRef::from_obj(db.as_ref()));
+    }
+    result
+}
+
+async fn event(ctx: &Ctx, db: &Database, warning: bool, reason: &str, note: String) {
+    let ev = Event {
+        type_: if warning { EventType::Warning } else { EventType::Normal },
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &db.object_ref(&())).await {
+        tracing::warn!(error = %e, reason, "could not record event");
+    }
+}
+
+async fn write_status(ctx: &Ctx, db: &Database, status: DatabaseStatus) -> Result<(), Error> {
+    if db.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let patch = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "status": status});
+    api.patch_status(&db.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+async fn set_finalizer(ctx: &Ctx, db: &Database, present: bool) -> Result<(), Error> {
+    let has = db.finalizers().iter().any(|f| f == FINALIZER);
+    if has == present {
+        return Ok(());
+    }
+    let mut finalizers: Vec<String> = db.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+    if present {
+        finalizers.push(FINALIZER.into());
+    }
+    let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": db.resource_version()}});
+    api.patch(&db.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// A permanent problem: recorded as conditions and an Event; nothing else changes
+/// until the spec or the plugin does.
+async fn stop_with(
+    ctx: &Ctx,
+    db: &Database,
+    mut status: DatabaseStatus,
+    condition: &str,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    let generation = db.metadata.generation;
+    status::set(&mut status.conditions, condition, false, reason, message.clone(), generation);
+    if condition != kind::READY {
+        status::set(&mut status.conditions, kind::READY, false, reason, message.clone(), generation);
+    }
+    status.phase = Some(if status.current_version.is_some() { "Degraded" } else { "Failed" }.into());
+    status.observed_generation = generation;
+    let changed =
+        db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition).map(|c| &c.message)) != Some(Some(&message));
+    if changed {
+        event(ctx, db, true, reason, message).await;
+    }
+    write_status(ctx, db, status).await?;
+    Ok(Action::await_change())
+}
+
+async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
+    let mut status = db.status.clone().unwrap_or_default();
+    let generation = db.metadata.generation;
+    let name = db.name_any();
+    let ns = db.namespace().unwrap_or_default();
+    let names = Names(&name);
+    set_finalizer(ctx, db, db.spec.deletion_policy == DeletionPolicy::Snapshot).await?;
+
+    // 1. Dereference the plugin.
+    let Some(plugin) = ctx.registry.get(&db.spec.engine) else {
+        let mut message = format!("no plugin serves engine {:?}; loaded: {}", db.spec.engine, loaded(ctx));
+        if let Some(p) = ctx.registry.problem(&db.spec.engine) {
+            message.push_str(&format!("; ConfigMap {} was rejected: {}", p.config_map, p.reason));
+        }
+        return stop_with(ctx, db, status, kind::PLUGIN_READY, "EngineNotFound", message).await;
+    };
+    status.plugin = Some(plugin.id());
+    let info = plugin.info().clone();
+    let desired_version = if db.spec.version.is_empty() { info.default_version.clone() } else { db.spec.version.clone() };
+
+    // 2. Validate: host rules, then the plugin's.
+    let spec = match build::engine_spec(db, &desired_version) {
+        Ok(spec) => spec,
+        Err(v) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "InvalidSpec", join(&v)).await,
+    };
+    match plugin.validate(&spec) {
+        Ok(v) if v.is_empty() => {}
+        Ok(v) => {
+            return stop_with(
+                ctx,
+                db,
+                status,
+                kind::PLUGIN_READY,
+                "InvalidSpec",
+                format!("{} rejects the spec: {}", plugin.id(), join(&v)),
+            )
+            .await;
+        }
+        Err(e) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "PluginFailed", e.to_string()).await,
+    }
+
+    // 3. Upgrades: which version to render.
+    let running = status.current_version.clone();
+    let mut plan = None;
+    let version = match &running {
+        Some(current) if *current != desired_version => match status.upgrade.as_ref().filter(|u| u.to == desired_version) {
+            Some(_) => desired_version.clone(),
+            None => match plugin.plan_upgrade(&spec, current) {
+                Ok(p) => {
+                    event(
+                        ctx,
+                        db,
+                        false,
+                        "UpgradeStarted",
+                        format!("upgrading from {current} to {desired_version}: {} step(s)", p.steps.len()),
+                    )
+                    .await;
+                    status.upgrade = Some(UpgradeStatus { from: current.clone(), to: desired_version.clone(), step: 0 });
+                    plan = Some(p);
+                    desired_version.clone()
+                }
+                Err(e) => {
+                    let message = format!("upgrade from {current} to {desired_version} refused: {e}");
+                    if !db
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message == message))
+                    {
+                        event(ctx, db, true, "UpgradeRefused", message.clone()).await;
+                    }
+                    status::set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", message, generation);
+                    current.clone()
+                }
+            },
+        },
+        _ => desired_version.clone(),
+    };
+    let spec = EngineSpec { version: version.clone(), ..spec };
+
+    // 4. Render and apply.
+    let primary = status.primary.clone().unwrap_or_else(|| names.pod(0));
+    let cluster = build::cluster_context(db, &primary);
+    let workload = match plugin.render(&spec, &cluster) {
+        Ok(w) => w,
+        Err(e) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "RenderFailed", e.to_string()).await,
+    };
+    status::set(&mut status.conditions, kind::PLUGIN_READY, true, "Rendered", format!("rendered by {}", plugin.id()), generation);
+    apply::ensure_credentials(&ctx.client, db, &workload.credentials).await?;
+    let mut sts_live = None;
+    for child in build::children(db, &workload, &db.spec.engine, &primary) {
+        let (live, wrote) = apply::apply(&ctx.client, &ns, &child).await?;
+        if child.resource.kind == "StatefulSet" {
+            if wrote {
+                expand_volumes(ctx, db, &ns).await?;
+            }
+            sts_live = Some(live);
+        }
+    }
+    status.primary = Some(primary.clone());
+    if status.current_version.is_none() {
+        status.current_version = Some(version.clone());
+    }
+
+    // 5. Members: roles, rolling restarts, failover.
+    let sts_status =
+        sts_live.and_then(|o| serde_json::from_value::<StatefulSet>(serde_json::to_value(o).ok()?).ok()).and_then(|s| s.status);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pod_list = pods.list(&ListParams::default().labels(&selector_string(db))).await?.items;
+    let observed = members::observe(&names.primary(), &pod_list, k8s_openapi::jiff::Timestamp::now());
+    let desired = db.spec.replicas.max(1) as usize;
+    for m in &observed {
+        let role = if m.name == primary { "primary" } else { "replica" };
+        if m.role.as_deref() != Some(role) && !m.terminating {
+            pods.patch(&m.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
+        }
+    }
+    let update_revision = sts_status.as_ref().and_then(|s| s.update_revision.clone()).unwrap_or_default();
+    let mut progressing = false;
+    if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired) {
+        pods.delete(&next.name, &DeleteParams::default()).await?;
+        event(ctx, db, false, "MemberRestarted", format!("restarted {} onto the current revision", next.name)).await;
+        progressing = true;
+    }
+    let rolled = members::rolled(&observed, &update_revision, desired);
+    let ready = observed.iter().filter(|m| m.ready).count() as i32;
+
+    if members::primary_lost(&observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
+        match plugin.choose_primary(&spec, &members::for_plugin(&observed, &primary)) {
+            Ok(FailoverDecision::Promote { pod, command }) => {
+                let note = format!(
+                    "primary {primary} not ready for {:?}; promoting {pod} (promotion: {})",
+                    ctx.settings.failover_after,
+                    command.join(" ")
+                );
+                event(ctx, db, true, "FailoverPromoted", note).await;
+                status.primary = Some(pod);
+                progressing = true;
+            }
+            Ok(FailoverDecision::NoSafeMember(reason)) => {
+                let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
+                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover")) {
+                    event(ctx, db, true, "NoSafeFailover", message.clone()).await;
+                }
+                status::set(&mut status.conditions, kind::DEGRADED, true, "NoSafeFailover", message, generation);
+            }
+            Err(e) => status::set(&mut status.conditions, kind::DEGRADED, true, "FailoverFailed", e.to_string(), generation),
+        }
+    }
+
+    // 6. Upgrade steps after the roll.
+    if let Some(upgrade) = status.upgrade.clone() {
+        progressing = true;
+        let plan = match plan {
+            Some(p) => Ok(p),
+            None => plugin.plan_upgrade(&EngineSpec { version: upgrade.to.clone(), ..spec.clone() }, &upgrade.from),
+        };
+        match plan {
+            Err(e) => {
+                status::set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", e.to_string(), generation);
+                status.upgrade = None;
+            }
+            Ok(plan) => {
+                let mut step = upgrade.step as usize;
+                while let Some(s) = plan.steps.get(step) {
+                    let done = match s {
+                        UpgradeStep::RollingRestart => rolled,
+                        UpgradeStep::Job(job) => {
+                            let job_name = format!("{name}-upgrade-{}-{step}", &crate::plugin::hex_digest(upgrade.to.as_bytes())[..8]);
+                            let child = jobs::job(db, &job_name, Purpose::Upgrade, job, &name, None, workload.run_as_user);
+                            apply::create_once(&ctx.client, &ns, &child).await?;
+                            let live = Api::<Job>::namespaced(ctx.client.clone(), &ns).get_opt(&job_name).await?;
+                            backups::state(live.as_ref()) == JobState::Succeeded
+                        }
+                    };
+                    if !done {
+                        break;
+                    }
+                    step += 1;
+                }
+                if step >= plan.steps.len() && rolled {
+                    event(ctx, db, false, "UpgradeCompleted", format!("upgraded from {} to {}", upgrade.from, upgrade.to)).await;
+                    status.current_version = Some(upgrade.to.clone());
+                    status.upgrade = None;
+                } else {
+                    status.upgrade = Some(UpgradeStatus { step: step as i32, ..upgrade });
+                }
+            }
+        }
+    }
+
+    // 7. Backups.
+    let report = backups::reconcile(ctx, db, &plugin, &spec, workload.run_as_user).await?;
+    status.last_backup = report.last.clone();
+    status.next_backup = report.next.map(|t| t.to_rfc3339());
+    match &report.problem {
+        Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, "BackupProblem", p.clone(), generation),
+        None => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, "BackupsHealthy", backup_message(&report), generation),
+    }
+
+    // 8. Status.
+    let all_ready = ready as usize == desired && rolled;
+    progressing |= !all_ready;
+    status.ready_replicas = Some(ready);
+    status.observed_generation = generation;
+    status::set(
+        &mut status.conditions,
+        kind::READY,
+        all_ready,
+        if all_ready { "AllMembersReady" } else { "MembersNotReady" },
+        format!("{ready}/{desired} members ready"),
+        generation,
+    );
+    if !status.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.type_ == kind::PROGRESSING) || status.upgrade.is_some() {
+        let message = progress_message(&status, rolled);
+        status::set(
+            &mut status.conditions,
+            kind::PROGRESSING,
+            progressing,
+            if progressing { "Converging" } else { "Steady" },
+            message,
+            generation,
+        );
+    }
+    if !status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.reason == "NoSafeFailover" && c.status == "True")
+        || ready as usize == desired
+    {
+        let degraded = ready > 0 && (ready as usize) < desired && status.current_version.is_some() && observed.len() == desired;
+        status::set(
+            &mut status.conditions,
+            kind::DEGRADED,
+            degraded,
+            if degraded { "MembersDown" } else { "AllMembersUp" },
+            format!("{ready}/{desired} members ready"),
+            generation,
+        );
+    }
+    status.phase = Some(phase(&status, all_ready, ready).into());
+    write_status(ctx, db, status).await?;
+    let requeue = if progressing || report.running {
+        ctx.settings.progress_requeue
+    } else {
+        until_next_backup(&report).min(ctx.settings.idle_requeue)
+    };
+    Ok(Action::requeue(requeue))
+}
+
+fn phase(status: &DatabaseStatus, all_ready: bool, ready: i32) -> &'static str {
+    if status.upgrade.is_some() {
+        "Updating"
+    } else if all_ready {
+        "Running"
+    } else if status::is_true(&status.conditions, kind::DEGRADED)
+        || (ready > 0 && status.conditions.iter().any(|c| c.type_ == kind::READY && c.status == "True"))
+    {
+        "Degraded"
+    } else {
+        "Creating"
+    }
+}
+
+fn progress_message(status: &DatabaseStatus, rolled: bool) -> String {
+    match &status.upgrade {
+        Some(u) => format!("upgrading {} → {} (step {})", u.from, u.to, u.step),
+        None if !rolled => "members are being created or restarted".into(),
+        None => "steady".into(),
+    }
+}
+
+fn backup_message(report: &backups::BackupReport) -> String {
+    match (&report.last, &report.next) {
+        (Some(last), _) => format!("last backup {}", last.name),
+        (None, Some(_)) => "no backup yet".into(),
+        (None, None) => "no backups scheduled".into(),
+    }
+}
+
+fn until_next_backup(report: &backups::BackupReport) -> Duration {
+    report.next.map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(1)).unwrap_or(Duration::from_secs(3600))
+}
+
+fn loaded(ctx: &Ctx) -> String {
+    let engines: Vec<String> = ctx.registry.engines().into_iter().map(|(e, _)| e).collect();
+    if engines.is_empty() { "none".into() } else { engines.join(", ") }
+}
+
+fn join(v: &[crate::plugin::Violation]) -> String {
+    v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+fn selector_string(db: &Database) -> String {
+    build::selector(db).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// Grows member volumes to `spec.storage.size` (claims can grow, never shrink).
+async fn expand_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<(), Error> {
+    let Some(want) = crate::quantity::bytes(&db.spec.storage.size.0) else { return Ok(()) };
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let name = db.name_any();
+    for ordinal in 0..db.spec.replicas.max(1) as u32 {
+        let claim = Names(&name).data_claim(ordinal);
+        let Some(pvc) = api.get_opt(&claim).await? else { continue };
+        let have = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .and_then(|q| crate::quantity::bytes(&q.0));
+        if have.is_some_and(|h| h < want) {
+            api.patch(
+                &claim,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.size.0}}}})),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletion: under Snapshot, a final backup must succeed before the finalizer goes.
+async fn delete(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
+    if !db.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    if db.spec.deletion_policy != DeletionPolicy::Snapshot {
+        set_finalizer(ctx, db, false).await?;
+        return Ok(Action::await_change());
+    }
+    let mut status = db.status.clone().unwrap_or_default();
+    status.phase = Some("Deleting".into());
+    let name = db.name_any();
+    let final_name = format!("{name}-final");
+    let outcome = match ctx.registry.get(&db.spec.engine) {
+        None => Err(format!(
+            "no plugin serves engine {:?}, so no final backup can be taken; set deletionPolicy: Retain to delete without one",
+            db.spec.engine
+        )),
+        Some(plugin) => {
+            let version =
+                db.status.as_ref().and_then(|s| s.current_version.clone()).unwrap_or_else(|| plugin.info().default_version.clone());
+            match build::engine_spec(db, &version) {
+                Err(v) => Err(join(&v)),
+                Ok(spec) => {
+                    let uid = plugin_uid(&plugin, &spec, db);
+                    match backups::ensure_backup(ctx, db, &plugin, &spec, &final_name, uid).await? {
+                        Ok(state) => Ok(state),
+                        Err(reason) => Err(format!(
+                            "the plugin cannot take a final backup: {reason}; set deletionPolicy: Retain to delete without one"
+                        )),
+                    }
+                }
+            }
+        }
+    };
+    match outcome {
+        Ok(JobState::Succeeded) => {
+            event(ctx, db, false, "FinalBackupTaken", format!("final backup {final_name} succeeded; deleting")).await;
+            set_finalizer(ctx, db, false).await?;
+            Ok(Action::await_change())
+        }
+        Ok(JobState::Failed) => {
+            let message =
+                format!("final backup {final_name} failed; the Database is kept. Delete the Job to retry, or set deletionPolicy: Retain");
+            stop_with(ctx, db, status, kind::BACKUP_HEALTHY, "FinalBackupFailed", message).await
+        }
+        Ok(_) => {
+            status::set(
+                &mut status.conditions,
+                kind::BACKUP_HEALTHY,
+                true,
+                "FinalBackupRunning",
+                format!("waiting for final backup {final_name}"),
+                db.metadata.generation,
+            );
+            write_status(ctx, db, status).await?;
+            Ok(Action::requeue(ctx.settings.progress_requeue))
+        }
+        Err(message) => stop_with(ctx, db, status, kind::BACKUP_HEALTHY, "FinalBackupImpossible", message).await,
+    }
+}
+
+fn plugin_uid(plugin: &Plugin, spec: &EngineSpec, db: &Database) -> u32 {
+    let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0));
+    plugin.render(spec, &cluster).map(|w: Workload| w.run_as_user).unwrap_or(1000)
+}

@@ -1,0 +1,54 @@
+//! The operator's HTTP endpoints: `/healthz`, `/readyz` and `/metrics`.
+//! Deliberately tiny: three GET routes need no web framework.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::metrics::Metrics;
+
+/// Whether the operator is ready to serve (plugins watched, controller running).
+#[derive(Debug, Default, Clone)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Marks the operator ready.
+    pub fn set_ready(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Serves the endpoints on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Readiness) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let (metrics, readiness) = (metrics.clone(), readiness.clone());
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let n = match tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let (code, content_type, body) = match path {
+                "/healthz" => ("200 OK", "text/plain", "ok".to_string()),
+                "/readyz" if readiness.ready() => ("200 OK", "text/plain", "ok".to_string()),
+                "/readyz" => ("503 Service Unavailable", "text/plain", "starting".to_string()),
+                "/metrics" => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode()),
+                _ => ("404 Not Found", "text/plain", "not found".to_string()),
+            };
+            let response = format!(
+                "HTTP/1.1 {code}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}

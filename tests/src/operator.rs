@@ -1,0 +1,181 @@
+//! The operator, running in-process against a real control plane, with the bundled
+//! plugins loaded the way a cluster admin loads them: as ConfigMaps.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, CustomResourceExt};
+use plugdb::crd::Database;
+use plugdb::metrics::Metrics;
+use plugdb::plugin::registry::PLUGIN_LABEL;
+use plugdb::plugin::{Limits, Registry, Runtime};
+use plugdb::reconcile::{self, Settings};
+
+use crate::control_plane::ControlPlane;
+
+/// Namespace the operator loads plugins from.
+pub const OPERATOR_NAMESPACE: &str = "plugdb-system";
+
+/// Requests the operator's client made.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    /// Every request.
+    pub all: AtomicUsize,
+    /// Requests that may change state (anything but GET).
+    pub writes: AtomicUsize,
+}
+
+/// A control plane with the operator running against it.
+pub struct Cluster {
+    /// The control plane (dropped last).
+    pub cp: ControlPlane,
+    /// An admin client for the test's own reads and writes.
+    pub client: Client,
+    /// Requests made by the operator's client.
+    pub requests: Arc<RequestCounts>,
+    /// The operator's plugin registry.
+    pub registry: Registry,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The plugin ConfigMap for the component built from `component`.
+pub fn plugin_config_map(engine: &str, component: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(format!("engine-{engine}")),
+            namespace: Some(OPERATOR_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(PLUGIN_LABEL.to_string(), engine.to_string())])),
+            ..Default::default()
+        },
+        binary_data: Some(BTreeMap::from([("plugin.wasm".to_string(), ByteString(crate::component(component)))])),
+        ..Default::default()
+    }
+}
+
+impl Cluster {
+    /// Starts a control plane, installs the CRD, loads `plugins` (engine, component) and
+    /// runs the operator with fast test timings.
+    pub async fn start(plugins: &[(&str, &str)]) -> Result<Self> {
+        let cp = ControlPlane::start().await?;
+        let client = cp.client.clone();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &Database::crd()).await?;
+        let established = kube::runtime::wait::conditions::is_crd_established();
+        tokio::time::timeout(Duration::from_secs(30), kube::runtime::wait::await_condition(crds, "databases.plugdb.io", established))
+            .await??;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &Namespace { metadata: ObjectMeta { name: Some(OPERATOR_NAMESPACE.into()), ..Default::default() }, ..Default::default() },
+            )
+            .await?;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+        for (engine, component) in plugins {
+            cms.create(&PostParams::default(), &plugin_config_map(engine, component)).await?;
+        }
+
+        // The operator gets a client of its own whose requests are counted.
+        let requests = Arc::new(RequestCounts::default());
+        let counts = requests.clone();
+        let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&cp.kubeconfig)?, &KubeConfigOptions::default()).await?;
+        let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+            counts.all.fetch_add(1, Ordering::Relaxed);
+            if req.method() != http::Method::GET {
+                counts.writes.fetch_add(1, Ordering::Relaxed);
+            }
+            req
+        });
+        let operator_client = kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build();
+
+        let metrics = Arc::new(Metrics::default());
+        let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
+        let settings = Settings {
+            failover_after: Duration::from_secs(2),
+            progress_requeue: Duration::from_millis(300),
+            idle_requeue: Duration::from_secs(300),
+        };
+        let ctx = Arc::new(reconcile::Context::new(operator_client.clone(), registry.clone(), metrics, settings));
+        let tasks =
+            vec![tokio::spawn(registry.clone().watch(operator_client, OPERATOR_NAMESPACE.into())), tokio::spawn(reconcile::run(ctx, None))];
+        let cluster = Self { cp, client, requests, registry, tasks };
+        for (engine, _) in plugins {
+            cluster
+                .wait_until(&format!("engine {engine} loaded"), Duration::from_secs(60), || cluster.registry.get(engine).is_some())
+                .await?;
+        }
+        Ok(cluster)
+    }
+
+    /// Polls `check` every 100 ms until it holds or `timeout` ends.
+    pub async fn wait_until(&self, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !check() {
+            if tokio::time::Instant::now() > deadline {
+                bail!("timed out after {timeout:?} waiting until {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Applies a Database from JSON (`metadata` + `spec`) in `namespace`, creating the namespace.
+    pub async fn apply_database(&self, namespace: &str, db: serde_json::Value) -> Result<Database> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        if namespaces.get_opt(namespace).await?.is_none() {
+            namespaces
+                .create(
+                    &PostParams::default(),
+                    &Namespace { metadata: ObjectMeta { name: Some(namespace.into()), ..Default::default() }, ..Default::default() },
+                )
+                .await?;
+        }
+        let mut object = db;
+        object["apiVersion"] = "plugdb.io/v1alpha1".into();
+        object["kind"] = "Database".into();
+        let name = object["metadata"]["name"].as_str().context("metadata.name")?.to_string();
+        let api: Api<Database> = Api::namespaced(self.client.clone(), namespace);
+        Ok(api.patch(&name, &PatchParams::apply("test").force(), &Patch::Apply(&object)).await?)
+    }
+
+    /// Waits until the Database satisfies `check`, returning it; the error shows its last status.
+    pub async fn wait_database(
+        &self,
+        namespace: &str,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Database) -> bool,
+    ) -> Result<Database> {
+        let api: Api<Database> = Api::namespaced(self.client.clone(), namespace);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let db = api.get_opt(name).await?;
+            if let Some(db) = &db
+                && check(db)
+            {
+                return Ok(db.clone());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("timed out waiting until {what}; last seen: {}", serde_json::to_string_pretty(&db.map(|d| d.status))?);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
