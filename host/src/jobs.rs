@@ -63,7 +63,8 @@ pub fn job(
     Child::new::<Job>(
         name.to_string(),
         json!({
-            "metadata": crate::build::metadata_with(db, name, true, &labels),
+            // Backups outlive their Database (they are what restoreFrom reads); other Jobs do not.
+            "metadata": crate::build::metadata_with(db, name, purpose != Purpose::Backup, &labels),
             "spec": {
                 "backoffLimit": 2,
                 "template": {

@@ -28,8 +28,12 @@ pub fn next(schedule: &Schedule, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
 }
 
 /// The deterministic name of the backup for a fire time: the same after any restart.
+/// Minute precision (`orders-2611210200`), seconds when the schedule has them; the
+/// Database name is shortened when needed to keep within a Job name's 63 characters.
 pub fn backup_name(database: &str, at: DateTime<Utc>) -> String {
-    format!("{database}-{}", at.format("%y%m%d%H%M"))
+    let stamp = if at.timestamp() % 60 == 0 { at.format("%y%m%d%H%M").to_string() } else { at.format("%y%m%d%H%M%S").to_string() };
+    let keep = database.len().min(62 - stamp.len());
+    format!("{}-{stamp}", database[..keep].trim_end_matches('-'))
 }
 
 #[cfg(test)]
@@ -64,5 +68,9 @@ mod tests {
         let name = backup_name(&"d".repeat(52), at("2026-11-21T02:00:00Z"));
         assert_eq!(name.len(), 63);
         assert!(name.ends_with("-2611210200"));
+        let name = backup_name(&"d".repeat(52), at("2026-11-21T02:00:30Z"));
+        assert_eq!(name.len(), 63);
+        assert!(name.ends_with("-261121020030"));
+        assert_eq!(backup_name("orders", at("2026-11-21T02:00:30Z")), "orders-261121020030");
     }
 }

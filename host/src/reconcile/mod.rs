@@ -151,12 +151,24 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
 }
 
 async fn event(ctx: &Ctx, db: &Database, warning: bool, reason: &str, note: String) {
+    event_about(ctx, db, None, warning, reason, note).await;
+}
+
+/// An Event on the Database, optionally about a related object (a member pod).
+async fn event_about(
+    ctx: &Ctx,
+    db: &Database,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
     let ev = Event {
         type_: if warning { EventType::Warning } else { EventType::Normal },
         reason: reason.into(),
         note: Some(note.chars().take(1000).collect()),
         action: "Reconcile".into(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = ctx.recorder.publish(&ev, &db.object_ref(&())).await {
         tracing::warn!(error = %e, reason, "could not record event");
@@ -258,11 +270,11 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     // 3. Upgrades: which version to render.
     let running = status.current_version.clone();
     let mut plan = None;
-    let version = match &running {
-        Some(current) if *current != desired_version => match status.upgrade.as_ref().filter(|u| u.to == desired_version) {
-            Some(_) => desired_version.clone(),
-            None => match plugin.plan_upgrade(&spec, current) {
-                Ok(p) => {
+    let mut version = desired_version.clone();
+    if let Some(current) = running.as_ref().filter(|c| **c != desired_version) {
+        match plugin.plan_upgrade(&spec, current) {
+            Ok(p) => {
+                if status.upgrade.as_ref().is_none_or(|u| u.to != desired_version) {
                     event(
                         ctx,
                         db,
@@ -272,25 +284,33 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
                     )
                     .await;
                     status.upgrade = Some(UpgradeStatus { from: current.clone(), to: desired_version.clone(), step: 0 });
-                    plan = Some(p);
-                    desired_version.clone()
                 }
-                Err(e) => {
-                    let message = format!("upgrade from {current} to {desired_version} refused: {e}");
-                    if !db
-                        .status
-                        .as_ref()
-                        .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message == message))
-                    {
-                        event(ctx, db, true, "UpgradeRefused", message.clone()).await;
+                // A pre-upgrade backup first, when the plugin asks and backups are configured.
+                if p.backup_first && db.spec.backup.as_ref().is_some_and(|b| b.enabled) {
+                    let backup = format!("{name}-pre-{}", &crate::plugin::hex_digest(desired_version.as_bytes())[..10]);
+                    let uid = plugin_uid(&plugin, &EngineSpec { version: current.clone(), ..spec.clone() }, db);
+                    let current_spec = EngineSpec { version: current.clone(), ..spec.clone() };
+                    match backups::ensure_backup(ctx, db, &plugin, &current_spec, &backup, uid).await? {
+                        Ok(JobState::Succeeded) => {}
+                        Ok(_) => version = current.clone(),
+                        Err(reason) => return stop_with(ctx, db, status, kind::PROGRESSING, "PreUpgradeBackupImpossible", reason).await,
                     }
-                    status::set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", message, generation);
-                    current.clone()
                 }
-            },
-        },
-        _ => desired_version.clone(),
-    };
+                plan = Some(p);
+            }
+            Err(e) => {
+                let message = format!("upgrade from {current} to {desired_version} refused: {e}");
+                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message == message)) {
+                    event(ctx, db, true, "UpgradeRefused", message.clone()).await;
+                }
+                status::set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", message, generation);
+                status.upgrade = None;
+                version = current.clone();
+            }
+        }
+    } else {
+        status.upgrade = None;
+    }
     let spec = EngineSpec { version: version.clone(), ..spec };
 
     // 4. Render and apply.
@@ -318,8 +338,10 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     }
 
     // 5. Members: roles, rolling restarts, failover.
-    let sts_status =
-        sts_live.and_then(|o| serde_json::from_value::<StatefulSet>(serde_json::to_value(o).ok()?).ok()).and_then(|s| s.status);
+    let sts: Option<StatefulSet> = sts_live.and_then(|o| serde_json::from_value(serde_json::to_value(o).ok()?).ok());
+    // Revisions are only meaningful once the StatefulSet controller has seen the latest spec.
+    let sts_current = sts.as_ref().is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
+    let sts_status = sts.and_then(|s| s.status);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let pod_list = pods.list(&ListParams::default().labels(&selector_string(db))).await?.items;
     let observed = members::observe(&names.primary(), &pod_list, k8s_openapi::jiff::Timestamp::now());
@@ -332,12 +354,13 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     }
     let update_revision = sts_status.as_ref().and_then(|s| s.update_revision.clone()).unwrap_or_default();
     let mut progressing = false;
-    if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired) {
+    if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired).filter(|_| sts_current) {
         pods.delete(&next.name, &DeleteParams::default()).await?;
-        event(ctx, db, false, "MemberRestarted", format!("restarted {} onto the current revision", next.name)).await;
+        let pod = pod_list.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
+        event_about(ctx, db, pod, false, "MemberRestarted", format!("restarted {} onto the current revision", next.name)).await;
         progressing = true;
     }
-    let rolled = members::rolled(&observed, &update_revision, desired);
+    let rolled = sts_current && members::rolled(&observed, &update_revision, desired);
     let ready = observed.iter().filter(|m| m.ready).count() as i32;
 
     if members::primary_lost(&observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
@@ -363,44 +386,32 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
 
-    // 6. Upgrade steps after the roll.
-    if let Some(upgrade) = status.upgrade.clone() {
+    // 6. Upgrade steps, once the new version is rendered.
+    if let (Some(upgrade), Some(plan)) = (status.upgrade.clone().filter(|u| u.to == version), plan) {
         progressing = true;
-        let plan = match plan {
-            Some(p) => Ok(p),
-            None => plugin.plan_upgrade(&EngineSpec { version: upgrade.to.clone(), ..spec.clone() }, &upgrade.from),
-        };
-        match plan {
-            Err(e) => {
-                status::set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", e.to_string(), generation);
-                status.upgrade = None;
-            }
-            Ok(plan) => {
-                let mut step = upgrade.step as usize;
-                while let Some(s) = plan.steps.get(step) {
-                    let done = match s {
-                        UpgradeStep::RollingRestart => rolled,
-                        UpgradeStep::Job(job) => {
-                            let job_name = format!("{name}-upgrade-{}-{step}", &crate::plugin::hex_digest(upgrade.to.as_bytes())[..8]);
-                            let child = jobs::job(db, &job_name, Purpose::Upgrade, job, &name, None, workload.run_as_user);
-                            apply::create_once(&ctx.client, &ns, &child).await?;
-                            let live = Api::<Job>::namespaced(ctx.client.clone(), &ns).get_opt(&job_name).await?;
-                            backups::state(live.as_ref()) == JobState::Succeeded
-                        }
-                    };
-                    if !done {
-                        break;
-                    }
-                    step += 1;
+        let mut step = upgrade.step as usize;
+        while let Some(s) = plan.steps.get(step) {
+            let done = match s {
+                UpgradeStep::RollingRestart => rolled,
+                UpgradeStep::Job(job) => {
+                    let job_name = format!("{name}-upgrade-{}-{step}", &crate::plugin::hex_digest(upgrade.to.as_bytes())[..8]);
+                    let child = jobs::job(db, &job_name, Purpose::Upgrade, job, &name, None, workload.run_as_user);
+                    apply::create_once(&ctx.client, &ns, &child).await?;
+                    let live = Api::<Job>::namespaced(ctx.client.clone(), &ns).get_opt(&job_name).await?;
+                    backups::state(live.as_ref()) == JobState::Succeeded
                 }
-                if step >= plan.steps.len() && rolled {
-                    event(ctx, db, false, "UpgradeCompleted", format!("upgraded from {} to {}", upgrade.from, upgrade.to)).await;
-                    status.current_version = Some(upgrade.to.clone());
-                    status.upgrade = None;
-                } else {
-                    status.upgrade = Some(UpgradeStatus { step: step as i32, ..upgrade });
-                }
+            };
+            if !done {
+                break;
             }
+            step += 1;
+        }
+        if step >= plan.steps.len() && rolled {
+            event(ctx, db, false, "UpgradeCompleted", format!("upgraded from {} to {}", upgrade.from, upgrade.to)).await;
+            status.current_version = Some(upgrade.to.clone());
+            status.upgrade = None;
+        } else {
+            status.upgrade = Some(UpgradeStatus { step: step as i32, ..upgrade });
         }
     }
 
