@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod build;
+pub mod cli;
 pub mod crd;
 pub mod jobs;
 pub mod metrics;

@@ -1,9 +1,11 @@
 //! The `plugdb` command: the operator, and tools for people.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use kube::CustomResourceExt;
+use plugdb::cli;
 use plugdb::crd::Database;
 use plugdb::metrics::Metrics;
 use plugdb::plugin::{Limits, Registry, Runtime};
@@ -17,7 +19,13 @@ const USAGE: &str = "usage:
       Uses the in-cluster config or $KUBECONFIG. Serves /healthz, /readyz, /metrics on ADDR
       (default 0.0.0.0:8080).
   plugdb crd
-      Print the Database CustomResourceDefinition.";
+      Print the Database CustomResourceDefinition.
+  plugdb render -f DATABASE.yaml --plugin PLUGIN.wasm
+      Print the objects plugdb would apply for a Database, without a cluster.
+  plugdb plugin inspect PLUGIN.wasm
+      Show what a plugin says about itself, its contract version and digest.
+  plugdb plugin pack PLUGIN.wasm [--namespace NS]
+      Print a ConfigMap that loads the plugin (compressed when needed to fit).";
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
@@ -33,6 +41,23 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Some("run") => run(&args[1..]).await,
+        Some("render") => {
+            let (Some(db), Some(plugin)) = (flag(&args, "-f"), flag(&args, "--plugin")) else { bail!("{USAGE}") };
+            print!("{}", cli::render(Path::new(&db), Path::new(&plugin))?);
+            Ok(())
+        }
+        Some("plugin") => match (args.get(1).map(String::as_str), args.get(2)) {
+            (Some("inspect"), Some(file)) => {
+                print!("{}", cli::inspect(Path::new(file))?);
+                Ok(())
+            }
+            (Some("pack"), Some(file)) => {
+                let ns = flag(&args, "--namespace").unwrap_or_else(|| "plugdb-system".into());
+                print!("{}", cli::pack(Path::new(file), &ns)?);
+                Ok(())
+            }
+            _ => bail!("{USAGE}"),
+        },
         _ => bail!("{USAGE}"),
     }
 }

@@ -1,0 +1,122 @@
+//! Tools for people: render a Database without a cluster, inspect and pack plugins.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ObjectMeta;
+
+use crate::build;
+use crate::crd::Database;
+use crate::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
+use crate::plugin::{Limits, Plugin, Runtime};
+
+/// The most a ConfigMap can hold, less room for its metadata.
+const CONFIG_MAP_BUDGET: usize = 1_000_000;
+
+/// Loads and self-tests the plugin component at `path`.
+pub fn load_plugin(path: &Path) -> Result<Plugin> {
+    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let runtime = Runtime::new(Limits::default())?;
+    runtime.load(&bytes).with_context(|| format!("{}: not a usable plugin", path.display()))
+}
+
+/// `plugdb plugin inspect FILE`: what the plugin says about itself.
+pub fn inspect(path: &Path) -> Result<String> {
+    let plugin = load_plugin(path)?;
+    let i = plugin.info();
+    let c = i.capabilities;
+    let caps: Vec<&str> = [
+        ("backup", c.backup),
+        ("restore", c.restore),
+        ("failover", c.failover),
+        ("online-upgrade", c.online_upgrade),
+        ("major-upgrade", c.major_upgrade),
+    ]
+    .into_iter()
+    .filter_map(|(n, on)| on.then_some(n))
+    .collect();
+    Ok(format!(
+        "engine:            {}\nplugin version:    {}\ncontract:          plugdb:engine@{}\nengine versions:   {} (default {})\nport:              {}\ncapabilities:      {}\nsha256:            {}\nsize:              {} bytes\n",
+        i.engine,
+        i.plugin_version,
+        i.contract_version,
+        i.supported_versions.join(", "),
+        i.default_version,
+        i.default_port,
+        if caps.is_empty() { "none".into() } else { caps.join(", ") },
+        plugin.digest(),
+        plugin.size()
+    ))
+}
+
+/// `plugdb plugin pack FILE`: a ConfigMap that loads the plugin, gzip-compressed when
+/// that is what it takes to fit, with its digest pinned.
+pub fn pack(path: &Path, namespace: &str) -> Result<String> {
+    let plugin = load_plugin(path)?;
+    let bytes = std::fs::read(path)?;
+    let engine = plugin.info().engine.clone();
+    let (key, data) = if bytes.len() <= CONFIG_MAP_BUDGET * 3 / 4 {
+        ("plugin.wasm", bytes)
+    } else {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&bytes)?;
+        ("plugin.wasm.gz", gz.finish()?)
+    };
+    // binaryData is base64 in the object: 4 bytes per 3.
+    if data.len() * 4 / 3 > CONFIG_MAP_BUDGET {
+        bail!("{}: {} bytes even compressed; a ConfigMap holds at most 1 MiB", path.display(), data.len());
+    }
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(format!("engine-{engine}")),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(PLUGIN_LABEL.to_string(), engine.clone())])),
+            annotations: Some(BTreeMap::from([
+                (DIGEST_ANNOTATION.to_string(), plugin.digest().to_string()),
+                ("plugdb.io/plugin-version".to_string(), plugin.id()),
+            ])),
+            ..Default::default()
+        },
+        binary_data: Some(BTreeMap::from([(key.to_string(), ByteString(data))])),
+        ..Default::default()
+    };
+    let mut value = serde_json::to_value(&cm)?;
+    value["apiVersion"] = "v1".into();
+    value["kind"] = "ConfigMap".into();
+    Ok(serde_yaml::to_string(&value)?)
+}
+
+/// `plugdb render -f db.yaml --plugin FILE`: the objects plugdb would apply, offline.
+pub fn render(database: &Path, plugin: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(database).with_context(|| format!("{}: cannot read", database.display()))?;
+    let mut db: Database = serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", database.display()))?;
+    if db.metadata.namespace.is_none() {
+        db.metadata.namespace = Some("default".into());
+    }
+    let plugin = load_plugin(plugin)?;
+    let file = database.display();
+    if db.spec.engine != plugin.info().engine {
+        bail!("{file}: spec.engine is {:?} but the plugin serves {:?}", db.spec.engine, plugin.info().engine);
+    }
+    let version = if db.spec.version.is_empty() { plugin.info().default_version.clone() } else { db.spec.version.clone() };
+    let problems =
+        |v: Vec<crate::plugin::Violation>| anyhow::anyhow!("{file}: {}", v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "));
+    let spec = build::engine_spec(&db, &version).map_err(problems)?;
+    let violations = plugin.validate(&spec)?;
+    if !violations.is_empty() {
+        return Err(problems(violations));
+    }
+    let primary = build::Names(&db.metadata.name.clone().unwrap_or_default()).pod(0);
+    let workload =
+        plugin.render(&spec, &build::cluster_context(&db, &primary)).with_context(|| format!("{file}: the plugin could not render it"))?;
+    let mut out = String::new();
+    for child in build::children(&db, &workload, &db.spec.engine, &primary) {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&child.object)?);
+    }
+    Ok(out)
+}
