@@ -21,7 +21,8 @@ const SUPERUSER_KEY: &str = "superuser-password";
 const REPLICATION_KEY: &str = "replication-password";
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
 
-struct Postgres;
+/// The engine; public so benchmarks can call its render natively.
+pub struct Postgres;
 
 fn image(version: &str) -> String {
     format!("docker.io/library/postgres:{version}")

@@ -1,0 +1,111 @@
+//! Plugin call cost: a fresh instance + `render` of a typical spec per iteration, the
+//! same render natively for the ratio, and a cold compile of each bundled plugin.
+//!
+//! `cargo bench -p plugdb-tests --bench plugin_call`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use plugdb::plugin::{ClusterContext, EngineSpec, Limits, ParameterValue, ResourceAmounts, Runtime};
+use plugdb_sdk::Engine;
+
+fn spec() -> EngineSpec {
+    EngineSpec {
+        name: "orders".into(),
+        namespace: "shop".into(),
+        version: "17".into(),
+        replicas: 3,
+        storage_bytes: 10 << 30,
+        requests: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
+        limits: ResourceAmounts { cpu_millis: Some(2000), memory_bytes: Some(4 << 30) },
+        parameters: vec![
+            ("max_connections".into(), ParameterValue::Integer(200)),
+            ("work_mem".into(), ParameterValue::Text("8MB".into())),
+            ("statement_timeout".into(), ParameterValue::Text("30s".into())),
+        ],
+    }
+}
+
+fn cluster() -> ClusterContext {
+    ClusterContext {
+        primary_host: "orders.shop.svc".into(),
+        headless_host: "orders-headless.shop.svc".into(),
+        primary_pod: "orders-0".into(),
+        credentials_secret: "orders-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+    }
+}
+
+/// The same inputs in the guest SDK's types, for the native call.
+fn native_inputs() -> (plugdb_sdk::DatabaseSpec, plugdb_sdk::ClusterContext) {
+    let s = spec();
+    let c = cluster();
+    let amounts = |a: ResourceAmounts| plugdb_sdk::ResourceAmounts { cpu_millis: a.cpu_millis, memory_bytes: a.memory_bytes };
+    (
+        plugdb_sdk::DatabaseSpec {
+            name: s.name,
+            namespace: s.namespace,
+            version: s.version,
+            replicas: s.replicas,
+            storage_bytes: s.storage_bytes,
+            requests: amounts(s.requests),
+            limits: amounts(s.limits),
+            parameters: s
+                .parameters
+                .into_iter()
+                .map(|(name, v)| plugdb_sdk::Parameter {
+                    name,
+                    value: match v {
+                        ParameterValue::Integer(n) => plugdb_sdk::ParameterValue::Integer(n),
+                        ParameterValue::Text(t) => plugdb_sdk::ParameterValue::Text(t),
+                    },
+                })
+                .collect(),
+        },
+        plugdb_sdk::ClusterContext {
+            primary_host: c.primary_host,
+            headless_host: c.headless_host,
+            primary_pod: c.primary_pod,
+            credentials_secret: c.credentials_secret,
+            config_mount_path: c.config_mount_path,
+        },
+    )
+}
+
+fn render(c: &mut Criterion) {
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    let postgres = runtime.load(&plugdb_tests::component("postgres")).expect("postgres loads");
+    let mysql = runtime.load(&plugdb_tests::component("mysql")).expect("mysql loads");
+    let (s, cl) = (spec(), cluster());
+    let mut mysql_spec = spec();
+    mysql_spec.version = "11.4".into();
+    mysql_spec.parameters = vec![("max_connections".into(), ParameterValue::Integer(200))];
+    let mut group = c.benchmark_group("render");
+    group.bench_function("postgres plugin (fresh instance + render + policy)", |b| {
+        b.iter(|| postgres.render(black_box(&s), black_box(&cl)).expect("render"))
+    });
+    group.bench_function("mysql plugin (fresh instance + render + policy)", |b| {
+        b.iter(|| mysql.render(black_box(&mysql_spec), black_box(&cl)).expect("render"))
+    });
+    let (ns, nc) = native_inputs();
+    group.bench_function("postgres native (same render, no sandbox)", |b| {
+        b.iter(|| plugdb_plugin_postgres::Postgres::render(black_box(ns.clone()), black_box(nc.clone())).expect("render"))
+    });
+    group.finish();
+}
+
+fn compile(c: &mut Criterion) {
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    let mut group = c.benchmark_group("cold compile + self-test");
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    for name in ["postgres", "mysql", "minimal"] {
+        let bytes = plugdb_tests::component(name);
+        group
+            .bench_function(format!("{name} ({} KiB)", bytes.len() / 1024), |b| b.iter(|| runtime.load(black_box(&bytes)).expect("loads")));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, render, compile);
+criterion_main!(benches);

@@ -1,0 +1,116 @@
+//! Tier 4: what a cluster admin applies. Every manifest in deploy/ (and the CRD)
+//! passes a server-side dry run on the real API server, and the operator runs under
+//! its ServiceAccount's own identity: the RBAC is enough to bring a Database up,
+//! back it up and delete it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use plugdb::crd::Database;
+use plugdb::metrics::Metrics;
+use plugdb::plugin::{Limits, Registry, Runtime};
+use plugdb::reconcile::{self, Settings};
+use plugdb_tests::ControlPlane;
+use plugdb_tests::operator::plugin_config_map;
+use serde_json::json;
+
+fn documents(path: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(plugdb_tests::workspace_root().join(path)).expect("manifest");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| <serde_json::Value as serde::Deserialize>::deserialize(doc).expect("a YAML document"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+async fn apply(client: &Client, doc: &serde_json::Value, dry_run: bool) -> Result<DynamicObject, kube::Error> {
+    let api_version = doc["apiVersion"].as_str().expect("apiVersion");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, doc["kind"].as_str().expect("kind"));
+    let (resource, caps) = pinned_kind(client, &gvk).await?;
+    let name = doc["metadata"]["name"].as_str().expect("name");
+    let api: Api<DynamicObject> = match (caps.scope, doc["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
+        (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+    };
+    let params = if dry_run { PatchParams::apply("plugdb-admin").dry_run() } else { PatchParams::apply("plugdb-admin") };
+    api.patch(name, &params, &Patch::Apply(doc)).await
+}
+
+async fn service_account_client(cp: &ControlPlane) -> Client {
+    let sas: Api<ServiceAccount> = Api::namespaced(cp.client.clone(), "plugdb-system");
+    let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
+    let token: TokenRequest =
+        sas.create_subresource("token", "plugdb", &PostParams::default(), &request).await.expect("a token for the plugdb ServiceAccount");
+    let token = token.status.expect("status").token.expect("the token");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("config");
+    config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+    Client::try_from(config).expect("client")
+}
+
+#[tokio::test]
+async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_run() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client.clone();
+    for doc in documents("crds/plugdb.io_databases.yaml").iter().chain(&documents("deploy/namespace.yaml")) {
+        apply(&admin, doc, false).await.expect("CRD and namespace");
+    }
+    for file in ["deploy/rbac.yaml", "deploy/operator.yaml"] {
+        for doc in documents(file) {
+            let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+            apply(&admin, &doc, true).await.unwrap_or_else(|e| panic!("{file}: {kind} refused by the API server: {e}"));
+        }
+    }
+    for doc in documents("deploy/rbac.yaml") {
+        apply(&admin, &doc, false).await.expect("rbac");
+    }
+
+    // The operator with nothing but its ServiceAccount's token.
+    let operator = service_account_client(&cp).await;
+    let metrics = Arc::new(Metrics::default());
+    let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
+    let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));
+    let settings = Settings {
+        failover_after: Duration::from_secs(2),
+        progress_requeue: Duration::from_millis(300),
+        idle_requeue: Duration::from_secs(300),
+    };
+    let controller = tokio::spawn(reconcile::run(Arc::new(reconcile::Context::new(operator, registry.clone(), metrics, settings)), None));
+
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "plugdb-system");
+    cms.create(&PostParams::default(), &plugin_config_map("postgres", "postgres")).await.expect("plugin");
+    let dbs: Api<Database> = Api::namespaced(admin.clone(), "default");
+    let db = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "orders"},
+                    "spec": {"engine": "postgres", "replicas": 2, "storage": {"size": "1Gi"}, "backup": {"schedule": "*/2 * * * * *"}}});
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while dbs.patch("orders", &PatchParams::apply("admin"), &Patch::Apply(&db)).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "the CRD was not established");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let db = dbs.get("orders").await.expect("get");
+        let s = db.status.clone().unwrap_or_default();
+        if s.phase.as_deref() == Some("Running") && s.last_backup.is_some() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not Running with a backup under the operator's own identity: {:?}", db.status);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Deletion with its final backup works under the same identity.
+    dbs.delete("orders", &Default::default()).await.expect("delete");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while dbs.get_opt("orders").await.expect("get").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "deletion did not complete under the operator's identity");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    watch.abort();
+    controller.abort();
+}
