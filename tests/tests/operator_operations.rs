@@ -260,3 +260,46 @@ async fn deletion_follows_the_policy() {
         .expect("switch policy");
     gone(&cluster, "data", "nosnap").await;
 }
+
+#[tokio::test]
+async fn a_new_database_restores_from_another_ones_backup_before_its_members_start() {
+    let cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
+    let backup = json!({"backup": {"schedule": "*/2 * * * * *", "retention": 3}});
+    cluster.apply_database("shop", database("orders", "postgres", "16", 1, backup)).await.expect("apply");
+    let source = cluster
+        .wait_database("shop", "orders", "a backup exists", WAIT, |d| d.status.as_ref().is_some_and(|s| s.last_backup.is_some()))
+        .await
+        .expect("backup");
+    let backup_name = source.status.and_then(|s| s.last_backup).expect("last backup").name;
+
+    let restore = json!({"restoreFrom": {"database": "orders", "backup": backup_name}});
+    cluster.apply_database("shop", database("copy", "postgres", "16", 1, restore)).await.expect("apply copy");
+    let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), "shop");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let job = loop {
+        if let Some(job) = jobs.get_opt("copy-restore").await.expect("get") {
+            break job;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no restore Job");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The physical restore writes member 0's volume from the source's backup volume.
+    let pod = job.spec.expect("spec").template.spec.expect("pod");
+    let claims: Vec<String> =
+        pod.volumes.iter().flatten().filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone())).collect();
+    assert_eq!(claims, ["orders-backups", "data-copy-0"]);
+    let command = pod.containers[0].command.clone().unwrap_or_default().join(" ");
+    assert!(command.contains("tar -xzf"), "{command}");
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    assert!(env.iter().any(|e| e.name == "BACKUP_NAME" && e.value.as_deref() == Some(backup_name.as_str())));
+
+    let db = cluster.wait_database("shop", "copy", "Running after the restore", WAIT, |d| is_running(d, 1)).await.expect("running");
+    assert_eq!(condition(&db, "Restored").map(|c| c.status.as_str()), Some("True"));
+    let restored = jobs.get("copy-restore").await.expect("job");
+    let sts = Api::<StatefulSet>::namespaced(cluster.client.clone(), "shop").get("copy").await.expect("statefulset");
+    assert!(
+        sts.metadata.creation_timestamp >= restored.status.and_then(|s| s.completion_time),
+        "members start only after the restore completed"
+    );
+    assert!(!events(&cluster, "shop", "Restored").await.is_empty());
+}

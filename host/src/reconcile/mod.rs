@@ -5,6 +5,7 @@
 mod apply;
 pub mod backups;
 pub mod members;
+pub mod restore;
 pub mod status;
 
 use std::collections::HashMap;
@@ -322,6 +323,37 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     };
     status::set(&mut status.conditions, kind::PLUGIN_READY, true, "Rendered", format!("rendered by {}", plugin.id()), generation);
     apply::ensure_credentials(&ctx.client, db, &workload.credentials).await?;
+    let was_ready = status::is_true(&status.conditions, kind::READY);
+    // Restored once, never again: the condition remembers it.
+    let restoring = if db.spec.restore_from.is_some() && !status::is_true(&status.conditions, kind::RESTORED) {
+        let r = restore::reconcile(ctx, db, &plugin, &spec, &workload, was_ready).await?;
+        if r == restore::Restore::Done {
+            let source = db.spec.restore_from.as_ref().map(|s| format!("{}/{}", s.database, s.backup)).unwrap_or_default();
+            event(ctx, db, false, "Restored", format!("restored from backup {source}")).await;
+            status::set(&mut status.conditions, kind::RESTORED, true, "Restored", format!("restored from backup {source}"), generation);
+        }
+        r
+    } else {
+        restore::Restore::Done
+    };
+    match &restoring {
+        restore::Restore::Failed(reason) => return stop_with(ctx, db, status, kind::PROGRESSING, "RestoreFailed", reason.clone()).await,
+        restore::Restore::HoldMembers => {
+            status.phase = Some("Restoring".into());
+            status::set(
+                &mut status.conditions,
+                kind::PROGRESSING,
+                true,
+                "Restoring",
+                format!("restoring into the data volume ({})", restore::job_name(db)),
+                generation,
+            );
+            status.observed_generation = generation;
+            write_status(ctx, db, status).await?;
+            return Ok(Action::requeue(ctx.settings.progress_requeue));
+        }
+        restore::Restore::Done | restore::Restore::Running => {}
+    }
     let mut sts_live = None;
     for child in build::children(db, &workload, &db.spec.engine, &primary) {
         let (live, wrote) = apply::apply(&ctx.client, &ns, &child).await?;
@@ -353,7 +385,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
     let update_revision = sts_status.as_ref().and_then(|s| s.update_revision.clone()).unwrap_or_default();
-    let mut progressing = false;
+    let mut progressing = restoring == restore::Restore::Running;
     if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired).filter(|_| sts_current) {
         pods.delete(&next.name, &DeleteParams::default()).await?;
         let pod = pod_list.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));

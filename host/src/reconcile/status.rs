@@ -14,6 +14,8 @@ pub mod kind {
     pub const PLUGIN_READY: &str = "PluginReady";
     /// Backups are configured correctly and the latest one succeeded.
     pub const BACKUP_HEALTHY: &str = "BackupHealthy";
+    /// `restoreFrom` was carried out (only on Databases that ask for it).
+    pub const RESTORED: &str = "Restored";
 }
 
 /// Sets condition `type_`; `lastTransitionTime` moves only when the status changes.
