@@ -8,16 +8,15 @@ use kube::CustomResourceExt;
 use plugdb::cli;
 use plugdb::crd::Database;
 use plugdb::metrics::Metrics;
-use plugdb::plugin::{Limits, Registry, Runtime};
-use plugdb::reconcile::{self, Settings};
+use plugdb::operator;
 use plugdb::serve::{self, Readiness};
 
 const USAGE: &str = "usage:
-  plugdb run [--namespace NS] [--watch-namespace NS] [--listen ADDR]
+  plugdb run [--namespace NS] [--watch-namespace NS] [--listen ADDR] [--no-leader-election]
       Run the operator. Plugins are loaded from ConfigMaps in NS (default: $POD_NAMESPACE,
-      else plugdb-system); Databases are watched in --watch-namespace or cluster-wide.
-      Uses the in-cluster config or $KUBECONFIG. Serves /healthz, /readyz, /metrics on ADDR
-      (default 0.0.0.0:8080).
+      else plugdb-system), where the leader Lease also lives; Databases are watched in
+      --watch-namespace or cluster-wide. Uses the in-cluster config or $KUBECONFIG.
+      Serves /healthz, /readyz, /metrics on ADDR (default 0.0.0.0:8080).
   plugdb crd
       Print the Database CustomResourceDefinition.
   plugdb render -f DATABASE.yaml --plugin PLUGIN.wasm
@@ -70,22 +69,34 @@ async fn run(args: &[String]) -> Result<()> {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
-    let namespace = flag(args, "--namespace").or_else(|| std::env::var("POD_NAMESPACE").ok()).unwrap_or_else(|| "plugdb-system".into());
-    let watch = flag(args, "--watch-namespace");
+    let plugin_namespace =
+        flag(args, "--namespace").or_else(|| std::env::var("POD_NAMESPACE").ok()).unwrap_or_else(|| "plugdb-system".into());
     let listen = flag(args, "--listen").unwrap_or_else(|| "0.0.0.0:8080".into());
+    // Each replica contends for the lease under its pod name (or a unique local name).
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("plugdb-{}", std::process::id()));
+    let options = operator::Options {
+        plugin_namespace,
+        watch_namespace: flag(args, "--watch-namespace"),
+        identity: (!args.iter().any(|a| a == "--no-leader-election")).then_some(identity),
+        ..Default::default()
+    };
 
     let client = kube::Client::try_default().await.context("connecting to the cluster (in-cluster config or $KUBECONFIG)")?;
     let metrics = Arc::new(Metrics::default());
-    let runtime = Runtime::new(Limits::default())?.with_metrics(metrics.clone());
-    let registry = Registry::new(runtime, metrics.clone());
     let readiness = Readiness::default();
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("listening on {listen}"))?;
     tokio::spawn(serve::serve(listener, metrics.clone(), readiness.clone()));
-    tokio::spawn(registry.clone().watch(client.clone(), namespace.clone()));
-    tracing::info!(plugin_namespace = %namespace, watch_namespace = watch.as_deref().unwrap_or("(all)"), %listen, "plugdb starting");
-    let ctx = Arc::new(reconcile::Context::new(client, registry, metrics, Settings::default()));
-    readiness.set_ready();
-    reconcile::run(ctx, watch).await;
-    tracing::info!("plugdb stopped");
-    Ok(())
+    tracing::info!(plugin_namespace = %options.plugin_namespace, watch_namespace = options.watch_namespace.as_deref().unwrap_or("(all)"), %listen, "plugdb starting");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutting down");
+    };
+    match operator::run(client, metrics, options, || readiness.set_ready(), shutdown).await? {
+        operator::Stopped::Shutdown => Ok(()),
+        operator::Stopped::LostLeadership => bail!("lost the leader lease to another replica; exiting so this one restarts as a follower"),
+    }
 }

@@ -60,6 +60,50 @@ pub fn plugin_config_map(engine: &str, component: &str) -> ConfigMap {
     }
 }
 
+/// An admin client for `cp` whose requests are counted.
+pub async fn counting_client(cp: &ControlPlane) -> Result<(Client, Arc<RequestCounts>)> {
+    let requests = Arc::new(RequestCounts::default());
+    let counts = requests.clone();
+    let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&cp.kubeconfig)?, &KubeConfigOptions::default()).await?;
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        counts.all.fetch_add(1, Ordering::Relaxed);
+        if req.method() != http::Method::GET {
+            counts.writes.fetch_add(1, Ordering::Relaxed);
+        }
+        req
+    });
+    Ok((kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build(), requests))
+}
+
+/// Installs the CRD and the operator namespace, and loads `plugins` as ConfigMaps.
+pub async fn prepare(client: &Client, plugins: &[(&str, &str)]) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Database::crd()).await?;
+    let established = kube::runtime::wait::conditions::is_crd_established();
+    tokio::time::timeout(Duration::from_secs(30), kube::runtime::wait::await_condition(crds, "databases.plugdb.io", established)).await??;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &Namespace { metadata: ObjectMeta { name: Some(OPERATOR_NAMESPACE.into()), ..Default::default() }, ..Default::default() },
+        )
+        .await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    for (engine, component) in plugins {
+        cms.create(&PostParams::default(), &plugin_config_map(engine, component)).await?;
+    }
+    Ok(())
+}
+
+/// Reconciler timings for tests: fast requeues, failover after 2 s.
+pub fn test_settings() -> Settings {
+    Settings {
+        failover_after: Duration::from_secs(2),
+        progress_requeue: Duration::from_millis(300),
+        idle_requeue: Duration::from_secs(300),
+    }
+}
+
 impl Cluster {
     /// Starts a control plane, installs the CRD, loads `plugins` (engine, component) and
     /// runs the operator with fast test timings.
@@ -84,17 +128,7 @@ impl Cluster {
         }
 
         // The operator gets a client of its own whose requests are counted.
-        let requests = Arc::new(RequestCounts::default());
-        let counts = requests.clone();
-        let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&cp.kubeconfig)?, &KubeConfigOptions::default()).await?;
-        let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-            counts.all.fetch_add(1, Ordering::Relaxed);
-            if req.method() != http::Method::GET {
-                counts.writes.fetch_add(1, Ordering::Relaxed);
-            }
-            req
-        });
-        let operator_client = kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build();
+        let (operator_client, requests) = counting_client(&cp).await?;
 
         let metrics = Arc::new(Metrics::default());
         let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
@@ -104,8 +138,10 @@ impl Cluster {
             idle_requeue: Duration::from_secs(300),
         };
         let ctx = Arc::new(reconcile::Context::new(operator_client.clone(), registry.clone(), metrics, settings));
-        let tasks =
-            vec![tokio::spawn(registry.clone().watch(operator_client, OPERATOR_NAMESPACE.into())), tokio::spawn(reconcile::run(ctx, None))];
+        let tasks = vec![
+            tokio::spawn(registry.clone().watch(operator_client, OPERATOR_NAMESPACE.into())),
+            tokio::spawn(reconcile::run(ctx, None, std::future::pending())),
+        ];
         let cluster = Self { cp, client, requests, registry, tasks };
         for (engine, _) in plugins {
             cluster

@@ -15,9 +15,9 @@ use kube::discovery::{Scope, pinned_kind};
 use plugdb::crd::Database;
 use plugdb::metrics::Metrics;
 use plugdb::plugin::{Limits, Registry, Runtime};
-use plugdb::reconcile::{self, Settings};
+use plugdb::reconcile;
 use plugdb_tests::ControlPlane;
-use plugdb_tests::operator::plugin_config_map;
+use plugdb_tests::operator::{plugin_config_map, test_settings};
 use serde_json::json;
 
 fn documents(path: &str) -> Vec<serde_json::Value> {
@@ -77,12 +77,8 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
     let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));
-    let settings = Settings {
-        failover_after: Duration::from_secs(2),
-        progress_requeue: Duration::from_millis(300),
-        idle_requeue: Duration::from_secs(300),
-    };
-    let controller = tokio::spawn(reconcile::run(Arc::new(reconcile::Context::new(operator, registry.clone(), metrics, settings)), None));
+    let ctx = Arc::new(reconcile::Context::new(operator, registry.clone(), metrics, test_settings()));
+    let controller = tokio::spawn(reconcile::run(ctx, None, std::future::pending()));
 
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "plugdb-system");
     cms.create(&PostParams::default(), &plugin_config_map("postgres", "postgres")).await.expect("plugin");

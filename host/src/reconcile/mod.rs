@@ -92,8 +92,8 @@ pub enum Error {
     Random(String),
 }
 
-/// Runs the controller until SIGTERM/SIGINT.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+/// Runs the controller until `shutdown` completes; in-flight reconciles finish first.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let client = ctx.client.clone();
     let dbs: Api<Database> = match &namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -115,7 +115,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .owns(sts, owned.clone())
         .owns(jobs, owned)
         .reconcile_all_on(changes)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
