@@ -52,3 +52,33 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Read
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes()).await.expect("write");
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.expect("read");
+        out
+    }
+
+    #[tokio::test]
+    async fn health_readiness_and_metrics_are_served() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let metrics = Arc::new(Metrics::default());
+        metrics.plugin_load("postgres", "loaded");
+        let readiness = Readiness::default();
+        tokio::spawn(serve(listener, metrics, readiness.clone()));
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"), "not ready before the operator says so");
+        readiness.set_ready();
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let body = get(addr, "/metrics").await;
+        assert!(body.contains(r#"plugdb_plugin_loads_total{engine="postgres",outcome="loaded"} 1"#), "{body}");
+        assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+    }
+}

@@ -120,6 +120,22 @@ async fn an_unknown_engine_gets_a_condition_and_no_children_until_its_plugin_arr
         })
         .await
         .expect("hot swap");
+
+    // A broken version 3 is refused: version 2 keeps serving and the Database says so.
+    let mut broken = plugin_config_map("minimal", "minimal");
+    broken.binary_data =
+        Some(std::collections::BTreeMap::from([("plugin.wasm".to_string(), k8s_openapi::ByteString(b"not wasm".to_vec()))]));
+    broken.metadata.resource_version = cms.get("engine-minimal").await.expect("cm").metadata.resource_version;
+    cms.replace("engine-minimal", &PostParams::default(), &broken).await.expect("break");
+    let db = cluster
+        .wait_database("apps", "cache", "the rejection is reported", WAIT, |d| {
+            condition(d, "PluginReady").is_some_and(|c| c.reason == "NewerVersionRejected")
+        })
+        .await
+        .expect("reported");
+    assert_eq!(db.status.as_ref().and_then(|s| s.plugin.as_deref()), Some("minimal@2.0.0"));
+    assert!(condition(&db, "PluginReady").expect("c").message.contains("not a WebAssembly component"));
+    assert!(is_running(&db, 1), "the running version keeps serving");
 }
 
 #[tokio::test]

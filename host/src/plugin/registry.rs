@@ -208,6 +208,8 @@ impl Registry {
         let reject = |state: &mut State, reason: String| {
             let problem = LoadProblem { config_map: source.to_string(), engine: labelled.clone(), reason };
             state.problems.insert(source.to_string(), problem.clone());
+            // Databases of the engine report the rejection too.
+            let _ = self.changes.send(labelled.clone().unwrap_or_default());
             Outcome::Rejected(problem)
         };
         let plugin = match plugin {

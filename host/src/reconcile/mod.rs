@@ -321,7 +321,20 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         Ok(w) => w,
         Err(e) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "RenderFailed", e.to_string()).await,
     };
-    status::set(&mut status.conditions, kind::PLUGIN_READY, true, "Rendered", format!("rendered by {}", plugin.id()), generation);
+    match ctx.registry.problem(&db.spec.engine) {
+        // A bad new version never replaces the running one, but users of the engine should know.
+        Some(p) => status::set(
+            &mut status.conditions,
+            kind::PLUGIN_READY,
+            true,
+            "NewerVersionRejected",
+            format!("rendered by {}; ConfigMap {} was rejected and is not serving: {}", plugin.id(), p.config_map, p.reason),
+            generation,
+        ),
+        None => {
+            status::set(&mut status.conditions, kind::PLUGIN_READY, true, "Rendered", format!("rendered by {}", plugin.id()), generation)
+        }
+    }
     apply::ensure_credentials(&ctx.client, db, &workload.credentials).await?;
     let was_ready = status::is_true(&status.conditions, kind::READY);
     // Restored once, never again: the condition remembers it.
