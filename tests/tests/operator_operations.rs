@@ -125,6 +125,27 @@ async fn the_primary_fails_over_to_the_replica_the_plugin_chooses_and_never_to_a
     let promoted = events(&cluster, "shop", "FailoverPromoted").await;
     assert_eq!(promoted.len(), 1);
     assert!(promoted[0].note.as_deref().is_some_and(|n| n.contains("pg_ctl promote")), "{:?}", promoted[0].note);
+    // The promoted member restarts first to take its role; the old primary comes back as a replica.
+    let sts: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), "shop");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let revision = sts.get("orders").await.expect("sts").status.and_then(|s| s.update_revision).unwrap_or_default();
+        let mut current = 0;
+        for name in ["orders-0", "orders-1", "orders-2"] {
+            let pod = pods.get(name).await.expect("pod");
+            let env = pod.spec.as_ref().map(|s| s.containers[0].env.clone().unwrap_or_default()).unwrap_or_default();
+            let names_new_primary = env.iter().any(|e| e.name == "PRIMARY_POD" && e.value.as_deref() == Some("orders-1"));
+            current += usize::from(pod.labels().get("controller-revision-hash") == Some(&revision) && names_new_primary);
+        }
+        if current == 3 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "members restarted onto the new primary: {current}/3");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut restarts = events(&cluster, "shop", "MemberRestarted").await;
+    restarts.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
+    assert!(restarts.first().and_then(|e| e.note.as_deref()).is_some_and(|n| n.contains("orders-1")), "the new primary first");
     let role = |p: Pod| p.labels().get("plugdb.io/role").cloned();
     let deadline = tokio::time::Instant::now() + WAIT;
     while role(pods.get("orders-1").await.expect("pod")).as_deref() != Some("primary") {

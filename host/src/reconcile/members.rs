@@ -60,20 +60,29 @@ pub fn observe(sts: &str, pods: &[Pod], now: Timestamp) -> Vec<Observed> {
     out
 }
 
-/// The pod to delete next to roll members onto `update_revision`: only when every
-/// member is ready and none is terminating; replicas (highest ordinal first) before
-/// the primary.
+/// The pod to delete next to roll members onto `update_revision`, one at a time:
+/// 1. after a failover the old primary is down on the old revision: the new primary
+///    restarts first, so that it takes its role;
+/// 2. members down on the old revision serve nothing: they restart next;
+/// 3. otherwise only while every member is ready: replicas (highest ordinal first),
+///    then the primary.
 pub fn next_to_roll<'a>(members: &'a [Observed], update_revision: &str, primary: &str, desired: usize) -> Option<&'a Observed> {
-    if members.len() < desired || members.iter().any(|m| !m.ready || m.terminating) {
+    if members.iter().any(|m| m.terminating) {
         return None;
     }
     let outdated = |m: &&Observed| m.revision.as_deref() != Some(update_revision);
-    members
-        .iter()
-        .rev()
-        .filter(outdated)
-        .find(|m| m.name != primary)
-        .or_else(|| members.iter().filter(outdated).find(|m| m.name == primary))
+    let the_primary = members.iter().find(|m| m.name == primary);
+    let broken = members.iter().filter(outdated).find(|m| !m.ready && m.name != primary);
+    if let (Some(p), Some(_)) = (the_primary.filter(outdated).filter(|p| p.ready), broken) {
+        return Some(p);
+    }
+    if let Some(m) = broken {
+        return Some(m);
+    }
+    if members.len() < desired || members.iter().any(|m| !m.ready) {
+        return None;
+    }
+    members.iter().rev().filter(outdated).find(|m| m.name != primary).or_else(|| the_primary.filter(outdated))
 }
 
 /// Whether every member runs `update_revision` and is ready.
@@ -131,6 +140,17 @@ mod tests {
         // After a failover the primary may be any member: it still goes last.
         let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "new")];
         assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+    }
+
+    #[test]
+    fn after_a_failover_the_new_primary_restarts_first_then_the_old_one() {
+        // db-0 was primary and is down; db-1 was promoted; the template names db-1 now.
+        let members = vec![m(0, false, "old"), m(1, true, "old"), m(2, true, "old")];
+        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-1"));
+        let members = vec![m(0, false, "old"), m(1, true, "new"), m(2, true, "old")];
+        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+        let members = vec![m(0, true, "new"), m(1, true, "new"), m(2, true, "old")];
+        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
     }
 
     #[test]
