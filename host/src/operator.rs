@@ -9,7 +9,7 @@ use kube::Client;
 
 use crate::leader::LeaderElection;
 use crate::metrics::Metrics;
-use crate::plugin::{Limits, Registry, Runtime};
+use crate::plugin::{Limits, Registry, Runtime, Tier};
 use crate::reconcile::{self, Settings};
 
 /// How the operator runs.
@@ -74,8 +74,10 @@ pub async fn run(
         }
     }
     on_leading();
-    let runtime = Runtime::new(options.limits)?.with_metrics(metrics.clone());
-    let registry = Registry::new(runtime, metrics.clone());
+    // Plugins serve from a quick compile at once; an optimised build replaces it when ready.
+    let quick = Runtime::with_tier(options.limits, Tier::Quick)?.with_metrics(metrics.clone());
+    let optimized = Runtime::new(options.limits)?.with_metrics(metrics.clone());
+    let registry = Registry::new(quick, metrics.clone()).with_optimizer(optimized);
     let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
     let ctx = Arc::new(reconcile::Context::new(client, registry, metrics, options.settings));
     let lost = async {

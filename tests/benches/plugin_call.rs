@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use plugdb::plugin::{ClusterContext, EngineSpec, Limits, ParameterValue, ResourceAmounts, Runtime};
+use plugdb::plugin::{ClusterContext, EngineSpec, Limits, ParameterValue, ResourceAmounts, Runtime, Tier};
 use plugdb_sdk::Engine;
 
 fn spec() -> EngineSpec {
@@ -99,7 +99,7 @@ fn compile(c: &mut Criterion) {
     let runtime = Runtime::new(Limits::default()).expect("runtime");
     let mut group = c.benchmark_group("cold compile + self-test");
     group.sample_size(10).measurement_time(Duration::from_secs(10));
-    for name in ["postgres", "mysql", "minimal"] {
+    for name in ["postgres", "mysql", "minimal", "bulky"] {
         let bytes = plugdb_tests::component(name);
         group
             .bench_function(format!("{name} ({} KiB)", bytes.len() / 1024), |b| b.iter(|| runtime.load(black_box(&bytes)).expect("loads")));

@@ -12,7 +12,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use plugdb::metrics::Metrics;
 use plugdb::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
-use plugdb::plugin::{Limits, Registry, Runtime, hex_digest};
+use plugdb::plugin::{Limits, Registry, Runtime, Tier, hex_digest};
 use plugdb_tests::control_plane::{ControlPlane, Options};
 
 const NS: &str = "plugdb-system";
@@ -56,7 +56,8 @@ async fn engines_follow_their_config_maps_while_the_registry_runs() {
     namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
 
     let metrics = Arc::new(Metrics::default());
-    let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
+    let quick = Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime");
+    let registry = Registry::new(quick, metrics.clone()).with_optimizer(Runtime::new(Limits::default()).expect("runtime"));
     let watch = tokio::spawn(registry.clone().watch(cp.client.clone(), NS.into()));
     let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
     let events: Api<Event> = Api::namespaced(cp.client.clone(), NS);
@@ -73,6 +74,9 @@ async fn engines_follow_their_config_maps_while_the_registry_runs() {
         .await
         .expect("plugin ConfigMap");
     eventually("minimal@1.0.0 serves", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@1.0.0")).await;
+    // Tiered: it serves from the quick build at once, then the optimised build takes over.
+    tokio::time::timeout(Duration::from_secs(60), registry.wait_optimized()).await.expect("optimised in time");
+    assert!(registry.get("minimal").is_some_and(|p| p.optimized() && p.id() == "minimal@1.0.0"));
 
     // Update with a new version → it serves, without restarting anything.
     let v2 = plugdb_tests::component("minimal-v2");

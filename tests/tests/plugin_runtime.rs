@@ -52,3 +52,13 @@ fn minimal_plugin_loads_and_answers_every_function() {
     let refusal = plugin.plan_upgrade(&spec("1"), "2").expect_err("downgrade refused");
     assert!(refusal.to_string().contains("cannot move from version 2 to 1"), "{refusal}");
 }
+
+#[test]
+fn a_500_kib_component_loads_and_answers() {
+    let bytes = plugdb_tests::component("bulky");
+    assert!(bytes.len() >= 500 << 10, "the benchmark's large component is {} bytes", bytes.len());
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    let plugin = runtime.load(&bytes).expect("bulky loads");
+    let workload = plugin.render(&spec("1"), &cluster()).expect("render");
+    assert!(workload.config_files[0].content.starts_with("checksum = "));
+}

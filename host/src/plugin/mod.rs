@@ -9,5 +9,5 @@ mod runtime;
 pub mod types;
 
 pub use registry::{Outcome, Registry};
-pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, hex_digest};
+pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, hex_digest};
 pub use types::*;

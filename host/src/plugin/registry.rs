@@ -118,6 +118,7 @@ struct State {
 #[derive(Clone)]
 pub struct Registry {
     runtime: Runtime,
+    optimizer: Option<Runtime>,
     state: Arc<RwLock<State>>,
     compiled: Arc<RwLock<HashMap<String, Plugin>>>,
     changes: broadcast::Sender<String>,
@@ -163,7 +164,15 @@ impl Registry {
     /// An empty registry running plugins in `runtime`.
     pub fn new(runtime: Runtime, metrics: Arc<Metrics>) -> Self {
         let (changes, _) = broadcast::channel(64);
-        Self { runtime, state: Arc::default(), compiled: Arc::default(), changes, metrics }
+        Self { runtime, optimizer: None, state: Arc::default(), compiled: Arc::default(), changes, metrics }
+    }
+
+    /// Tiered loading: plugins load with the registry's (quick) runtime and serve at
+    /// once; `optimizer` recompiles each in the background and swaps the optimised
+    /// build in when it is ready, if the same bytes still serve.
+    pub fn with_optimizer(mut self, optimizer: Runtime) -> Self {
+        self.optimizer = Some(optimizer);
+        self
     }
 
     /// The plugin serving `engine`, if one is loaded.
@@ -236,11 +245,41 @@ impl Registry {
             return Outcome::Unchanged;
         }
         let id = plugin.id();
+        let digest = plugin.digest().to_string();
         state.engines.insert(engine.clone(), Loaded { plugin, config_map: source.to_string() });
         self.metrics.plugins_loaded.set(state.engines.len() as i64);
         drop(state);
+        self.optimize(&engine, source, &digest);
         let _ = self.changes.send(engine.clone());
         Outcome::Loaded { engine, id, replaced: previous.map(|(_, id)| id) }
+    }
+
+    /// Recompiles the plugin serving `engine` at the optimised tier in the background.
+    fn optimize(&self, engine: &str, source: &str, digest: &str) {
+        let Some(optimizer) = self.optimizer.clone() else { return };
+        let Some(bytes) = self.state.read().unwrap_or_else(lock_poisoned).engines.get(engine).map(|l| l.plugin.bytes()) else { return };
+        let (registry, engine, source, digest) = (self.clone(), engine.to_string(), source.to_string(), digest.to_string());
+        tokio::task::spawn_blocking(move || {
+            let optimized = match optimizer.load(&bytes) {
+                Ok(p) => p,
+                Err(e) => return tracing::warn!(engine, error = %e, "optimised compile failed; the quick build keeps serving"),
+            };
+            let mut state = registry.state.write().unwrap_or_else(lock_poisoned);
+            if let Some(loaded) = state.engines.get_mut(&engine)
+                && loaded.config_map == source
+                && loaded.plugin.digest() == digest
+            {
+                loaded.plugin = optimized;
+                tracing::debug!(engine, "optimised build now serves");
+            }
+        });
+    }
+
+    /// Waits until every loaded plugin runs its optimised build (for tests and benchmarks).
+    pub async fn wait_optimized(&self) {
+        while self.state.read().unwrap_or_else(lock_poisoned).engines.values().any(|l| !l.plugin.optimized()) && self.optimizer.is_some() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// Compiles and self-tests `bytes` on a blocking thread, reusing an earlier compile of the same digest.

@@ -121,6 +121,7 @@ pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<CallState>>,
     limits: Limits,
+    tier: Tier,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -130,12 +131,30 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// How much work the compiler puts into a plugin's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Compiles fast (single-pass register allocation, no optimisation): a plugin
+    /// serves sooner, its calls run a little slower.
+    Quick,
+    /// Compiles the best code: what serves once it is ready.
+    Optimized,
+}
+
 impl Runtime {
-    /// A runtime whose calls obey `limits`. Starts a ticker thread that lives as long
-    /// as the runtime does.
+    /// A runtime whose calls obey `limits`, compiling optimised code. Starts a ticker
+    /// thread that lives as long as the runtime does.
     pub fn new(limits: Limits) -> anyhow::Result<Self> {
+        Self::with_tier(limits, Tier::Optimized)
+    }
+
+    /// A runtime whose calls obey `limits`, compiling at `tier`.
+    pub fn with_tier(limits: Limits, tier: Tier) -> anyhow::Result<Self> {
         let mut config = Config::new();
-        config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(limits.stack_bytes);
+        config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(limits.stack_bytes).generate_address_map(false);
+        if tier == Tier::Quick {
+            config.cranelift_opt_level(wasmtime::OptLevel::None).cranelift_regalloc_algorithm(wasmtime::RegallocAlgorithm::SinglePass);
+        }
         let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e:#}"))?;
         let mut linker = Linker::new(&engine);
         EngineWorld::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
@@ -148,7 +167,7 @@ impl Runtime {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Self { engine, linker: Arc::new(linker), limits, metrics: None })
+        Ok(Self { engine, linker: Arc::new(linker), limits, tier, metrics: None })
     }
 
     /// The same runtime, counting every plugin call in `metrics`.
@@ -175,7 +194,7 @@ impl Runtime {
         let pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Imports(format!("{e:#}")))?;
         let pre = EngineWorldPre::new(pre).map_err(|e| LoadError::Contract(format!("{e:#}")))?;
         let mut plugin =
-            Plugin { info: Arc::new(placeholder_info()), digest: hex_digest(bytes), size: bytes.len(), pre, runtime: self.clone() };
+            Plugin { info: Arc::new(placeholder_info()), digest: hex_digest(bytes), bytes: bytes.into(), pre, runtime: self.clone() };
         let info: PluginInfo = plugin
             .call("info", |store, world| world.plugdb_engine_plugin().call_info(store).map(Into::into))
             .map_err(|e| LoadError::SelfTest(e.to_string()))?;
@@ -264,7 +283,7 @@ fn check_info(info: &PluginInfo) -> Result<(), LoadError> {
 pub struct Plugin {
     info: Arc<PluginInfo>,
     digest: String,
-    size: usize,
+    bytes: Arc<[u8]>,
     pre: EngineWorldPre<CallState>,
     runtime: Runtime,
 }
@@ -326,7 +345,17 @@ impl Plugin {
 
     /// Size of the component in bytes.
     pub fn size(&self) -> usize {
-        self.size
+        self.bytes.len()
+    }
+
+    /// The component's bytes (to recompile it at another tier).
+    pub fn bytes(&self) -> Arc<[u8]> {
+        self.bytes.clone()
+    }
+
+    /// Whether this build was compiled at the optimised tier.
+    pub fn optimized(&self) -> bool {
+        self.runtime.tier == Tier::Optimized
     }
 
     /// `name@version`, as shown in status and logs.
