@@ -29,3 +29,4 @@ for tool in cargo rustfmt cargo-clippy go; do
   command -v "$tool" >/dev/null || { echo "install-deps: '$tool' is missing (rustup component add rustfmt clippy; Go >= 1.26 for the control plane)" >&2; exit 1; }
 done
 scripts/control-plane.sh >/dev/null
+scripts/helm.sh >/dev/null

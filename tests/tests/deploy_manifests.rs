@@ -1,7 +1,8 @@
-//! Tier 4: what a cluster admin applies. Every manifest in deploy/ (and the CRD)
-//! passes a server-side dry run on the real API server, and the operator runs under
-//! its ServiceAccount's own identity: the RBAC is enough to bring a Database up,
-//! back it up and delete it.
+//! Tier 4: what a cluster admin applies. deploy/plugdb.yaml is the Helm chart
+//! rendered (and checked for drift); every manifest passes a server-side dry run on
+//! the real API server, the chart also with non-default values, and the operator
+//! runs under its ServiceAccount's own identity: the RBAC is enough to bring a
+//! Database up, back it up and delete it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +22,11 @@ use plugdb_tests::operator::{plugin_config_map, test_settings};
 use serde_json::json;
 
 fn documents(path: &str) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(plugdb_tests::workspace_root().join(path)).expect("manifest");
-    serde_yaml::Deserializer::from_str(&text)
+    parse(&std::fs::read_to_string(plugdb_tests::workspace_root().join(path)).expect("manifest"))
+}
+
+fn parse(text: &str) -> Vec<serde_json::Value> {
+    serde_yaml::Deserializer::from_str(text)
         .map(|doc| <serde_json::Value as serde::Deserialize>::deserialize(doc).expect("a YAML document"))
         .filter(|v| !v.is_null())
         .collect()
@@ -55,6 +59,30 @@ async fn service_account_client(cp: &ControlPlane) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// `helm template` of the chart with `args`.
+fn helm_template(args: &[&str]) -> String {
+    let root = plugdb_tests::workspace_root();
+    let helm = std::process::Command::new("bash").arg(root.join("scripts/helm.sh")).output().expect("scripts/helm.sh");
+    assert!(helm.status.success(), "helm is missing and could not be built: {}", String::from_utf8_lossy(&helm.stderr));
+    let helm = String::from_utf8_lossy(&helm.stdout).trim().to_string();
+    let out = std::process::Command::new(helm)
+        .args(["template", "plugdb", "deploy/chart/plugdb", "--namespace", "plugdb-system"])
+        .args(args)
+        .current_dir(&root)
+        .output()
+        .expect("helm template");
+    assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+#[test]
+fn deploy_plugdb_yaml_is_the_rendered_chart() {
+    let checked_in = std::fs::read_to_string(plugdb_tests::workspace_root().join("deploy/plugdb.yaml")).expect("deploy/plugdb.yaml");
+    let body: String =
+        checked_in.lines().filter(|l| !l.starts_with("# Generated") && !l.starts_with("# (a test")).map(|l| format!("{l}\n")).collect();
+    assert!(body == helm_template(&[]), "deploy/plugdb.yaml is stale: regenerate it with the command in its first line");
+}
+
 #[tokio::test]
 async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_run() {
     let cp = ControlPlane::start().await.expect("control plane");
@@ -62,14 +90,17 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     for doc in documents("crds/plugdb.io_databases.yaml").iter().chain(&documents("deploy/namespace.yaml")) {
         apply(&admin, doc, false).await.expect("CRD and namespace");
     }
-    for file in ["deploy/rbac.yaml", "deploy/operator.yaml"] {
-        for doc in documents(file) {
-            let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-            apply(&admin, &doc, true).await.unwrap_or_else(|e| panic!("{file}: {kind} refused by the API server: {e}"));
-        }
+    let customised = parse(&helm_template(&["--set", "watchNamespace=shop", "--set", "replicas=2", "--set", "logFormat=text"]));
+    for (source, doc) in documents("deploy/plugdb.yaml")
+        .into_iter()
+        .map(|d| ("deploy/plugdb.yaml", d))
+        .chain(customised.into_iter().map(|d| ("chart with values", d)))
+    {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        apply(&admin, &doc, true).await.unwrap_or_else(|e| panic!("{source}: {kind} refused by the API server: {e}"));
     }
-    for doc in documents("deploy/rbac.yaml") {
-        apply(&admin, &doc, false).await.expect("rbac");
+    for doc in documents("deploy/plugdb.yaml") {
+        apply(&admin, &doc, false).await.expect("deploy/plugdb.yaml");
     }
 
     // The operator with nothing but its ServiceAccount's token.
