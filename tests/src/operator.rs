@@ -110,22 +110,7 @@ impl Cluster {
     pub async fn start(plugins: &[(&str, &str)]) -> Result<Self> {
         let cp = ControlPlane::start().await?;
         let client = cp.client.clone();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        crds.create(&PostParams::default(), &Database::crd()).await?;
-        let established = kube::runtime::wait::conditions::is_crd_established();
-        tokio::time::timeout(Duration::from_secs(30), kube::runtime::wait::await_condition(crds, "databases.plugdb.io", established))
-            .await??;
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        namespaces
-            .create(
-                &PostParams::default(),
-                &Namespace { metadata: ObjectMeta { name: Some(OPERATOR_NAMESPACE.into()), ..Default::default() }, ..Default::default() },
-            )
-            .await?;
-        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
-        for (engine, component) in plugins {
-            cms.create(&PostParams::default(), &plugin_config_map(engine, component)).await?;
-        }
+        prepare(&client, plugins).await?;
 
         // The operator gets a client of its own whose requests are counted.
         let (operator_client, requests) = counting_client(&cp).await?;

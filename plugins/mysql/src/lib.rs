@@ -33,14 +33,6 @@ fn image(version: &str) -> String {
     format!("docker.io/library/mariadb:{version}")
 }
 
-fn secret(cluster_secret: &str, name: &str, key: &str) -> EnvVar {
-    EnvVar { name: name.into(), source: EnvSource::Secret(SecretRef { name: cluster_secret.into(), key: key.into() }) }
-}
-
-fn value(name: &str, value: impl Into<String>) -> EnvVar {
-    EnvVar { name: name.into(), source: EnvSource::Value(value.into()) }
-}
-
 /// The LTS series of `version` (`10.11.9` → `10.11`), when supported.
 fn series(version: &str) -> Option<&'static str> {
     let parts = version_parts(version)?;
@@ -93,17 +85,13 @@ fn covers(a: &BTreeMap<u32, u64>, b: &BTreeMap<u32, u64>) -> bool {
 
 fn job_env(location: &BackupLocation) -> Vec<EnvVar> {
     vec![
-        value("BACKUP_DIR", location.directory.clone()),
-        value("BACKUP_NAME", location.artifact.clone()),
-        value("DB_HOST", location.host.clone()),
-        value("DB_PORT", PORT.to_string()),
-        secret(&location.credentials_secret, "MARIADB_ROOT_PASSWORD", ROOT_KEY),
-        secret(&location.credentials_secret, "REPLICATION_PASSWORD", REPLICATION_KEY),
+        env_value("BACKUP_DIR", location.directory.clone()),
+        env_value("BACKUP_NAME", location.artifact.clone()),
+        env_value("DB_HOST", location.host.clone()),
+        env_value("DB_PORT", PORT.to_string()),
+        env_secret("MARIADB_ROOT_PASSWORD", &location.credentials_secret, ROOT_KEY),
+        env_secret("REPLICATION_PASSWORD", &location.credentials_secret, REPLICATION_KEY),
     ]
-}
-
-fn shell(script: &str) -> Vec<String> {
-    vec!["sh".into(), "-c".into(), script.into()]
 }
 
 impl Engine for Mysql {
@@ -154,15 +142,15 @@ impl Engine for Mysql {
             command: vec!["sh".into(), format!("{}/bootstrap.sh", cluster.config_mount_path)],
             args: vec![],
             env: vec![
-                value("DATADIR", format!("{DATA_MOUNT}/data")),
-                value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
-                value("MARIADB_SOCKET", "/run/mysqld/mysqld.sock"),
-                EnvVar { name: "POD_NAME".into(), source: EnvSource::Field("metadata.name".into()) },
-                value("PRIMARY_POD", cluster.primary_pod.clone()),
-                value("PRIMARY_HOST", cluster.primary_host.clone()),
-                value("PRIMARY_PORT", PORT.to_string()),
-                secret(s, "MARIADB_ROOT_PASSWORD", ROOT_KEY),
-                secret(s, "REPLICATION_PASSWORD", REPLICATION_KEY),
+                env_value("DATADIR", format!("{DATA_MOUNT}/data")),
+                env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
+                env_value("MARIADB_SOCKET", "/run/mysqld/mysqld.sock"),
+                env_field("POD_NAME", "metadata.name"),
+                env_value("PRIMARY_POD", cluster.primary_pod.clone()),
+                env_value("PRIMARY_HOST", cluster.primary_host.clone()),
+                env_value("PRIMARY_PORT", PORT.to_string()),
+                env_secret("MARIADB_ROOT_PASSWORD", s, ROOT_KEY),
+                env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
             ],
             ports: vec![Port { name: "mysql".into(), port: PORT }],
             readiness: Some(Probe {
@@ -223,9 +211,9 @@ impl Engine for Mysql {
             image: image(&spec.version),
             command: shell("set -eu; mariadb-upgrade -h \"$PRIMARY_HOST\" -P \"$PRIMARY_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\""),
             env: vec![
-                value("PRIMARY_HOST", format!("{}.{}.svc", spec.name, spec.namespace)),
-                value("PRIMARY_PORT", PORT.to_string()),
-                secret(&format!("{}-credentials", spec.name), "MARIADB_ROOT_PASSWORD", ROOT_KEY),
+                env_value("PRIMARY_HOST", format!("{}.{}.svc", spec.name, spec.namespace)),
+                env_value("PRIMARY_PORT", PORT.to_string()),
+                env_secret("MARIADB_ROOT_PASSWORD", &format!("{}-credentials", spec.name), ROOT_KEY),
             ],
             mounts_data: false,
         };

@@ -34,14 +34,6 @@ fn pgdata(data_mount: &str) -> String {
 
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 
-fn secret(cluster_secret: &str, name: &str, key: &str) -> EnvVar {
-    EnvVar { name: name.into(), source: EnvSource::Secret(SecretRef { name: cluster_secret.into(), key: key.into() }) }
-}
-
-fn value(name: &str, value: impl Into<String>) -> EnvVar {
-    EnvVar { name: name.into(), source: EnvSource::Value(value.into()) }
-}
-
 /// Whether `version` names a supported major, alone (`16`) or with a minor (`16.4`).
 fn supported(version: &str) -> bool {
     let mut parts = version.split('.');
@@ -99,13 +91,13 @@ fn parse_lsn(lsn: &str) -> Option<u64> {
 
 fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
     vec![
-        value("BACKUP_DIR", location.directory.clone()),
-        value("BACKUP_NAME", location.artifact.clone()),
-        value("PGHOST", location.host.clone()),
-        value("PGPORT", PORT.to_string()),
-        value("PGDATA", pgdata(DATA_MOUNT)),
-        secret(&location.credentials_secret, "PGPASSWORD", REPLICATION_KEY),
-        value("PLUGDB_DATABASE", format!("{}/{}", spec.namespace, spec.name)),
+        env_value("BACKUP_DIR", location.directory.clone()),
+        env_value("BACKUP_NAME", location.artifact.clone()),
+        env_value("PGHOST", location.host.clone()),
+        env_value("PGPORT", PORT.to_string()),
+        env_value("PGDATA", pgdata(DATA_MOUNT)),
+        env_secret("PGPASSWORD", &location.credentials_secret, REPLICATION_KEY),
+        env_value("PLUGDB_DATABASE", format!("{}/{}", spec.namespace, spec.name)),
     ]
 }
 
@@ -154,14 +146,14 @@ impl Engine for Postgres {
             command: vec!["sh".into(), format!("{}/bootstrap.sh", cluster.config_mount_path)],
             args: vec![],
             env: vec![
-                value("PGDATA", pgdata(DATA_MOUNT)),
-                value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
-                EnvVar { name: "POD_NAME".into(), source: EnvSource::Field("metadata.name".into()) },
-                value("PRIMARY_POD", cluster.primary_pod.clone()),
-                value("PRIMARY_HOST", cluster.primary_host.clone()),
-                value("PRIMARY_PORT", PORT.to_string()),
-                secret(s, "POSTGRES_PASSWORD", SUPERUSER_KEY),
-                secret(s, "REPLICATION_PASSWORD", REPLICATION_KEY),
+                env_value("PGDATA", pgdata(DATA_MOUNT)),
+                env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
+                env_field("POD_NAME", "metadata.name"),
+                env_value("PRIMARY_POD", cluster.primary_pod.clone()),
+                env_value("PRIMARY_HOST", cluster.primary_host.clone()),
+                env_value("PRIMARY_PORT", PORT.to_string()),
+                env_secret("POSTGRES_PASSWORD", s, SUPERUSER_KEY),
+                env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
             ],
             ports: vec![Port { name: "postgres".into(), port: PORT }],
             readiness: Some(Probe {
@@ -226,10 +218,7 @@ impl Engine for Postgres {
             .filter_map(|m| Some((parse_lsn(m.position.as_deref()?)?, m)))
             .max_by(|(a, ma), (b, mb)| a.cmp(b).then(mb.ordinal.cmp(&ma.ordinal)));
         match best {
-            Some((_, m)) => FailoverDecision::Promote(Promotion {
-                pod: m.pod.clone(),
-                command: vec!["sh".into(), "-c".into(), "pg_ctl promote -w -D \"$PGDATA\"".into()],
-            }),
+            Some((_, m)) => FailoverDecision::Promote(Promotion { pod: m.pod.clone(), command: shell("pg_ctl promote -w -D \"$PGDATA\"") }),
             None => FailoverDecision::NoSafeMember("no ready replica reports a replay position; promoting one could lose data".into()),
         }
     }
@@ -237,13 +226,10 @@ impl Engine for Postgres {
     fn backup(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
         Ok(JobPlan {
             image: image(&spec.version),
-            command: vec![
-                "sh".into(),
-                "-c".into(),
+            command: shell(
                 "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; \
-                 pg_basebackup -U replicator -D \"$out.partial\" -Ft -z -X fetch --checkpoint=fast; mv \"$out.partial\" \"$out\""
-                    .into(),
-            ],
+                 pg_basebackup -U replicator -D \"$out.partial\" -Ft -z -X fetch --checkpoint=fast; mv \"$out.partial\" \"$out\"",
+            ),
             env: job_env(&spec, &location),
             mounts_data: false,
         })
@@ -252,16 +238,13 @@ impl Engine for Postgres {
     fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
         Ok(JobPlan {
             image: image(&spec.version),
-            command: vec![
-                "sh".into(),
-                "-c".into(),
+            command: shell(
                 "set -eu; src=\"$BACKUP_DIR/$BACKUP_NAME/base.tar.gz\"; \
                  test -f \"$src\" || { echo \"backup $src not found\" >&2; exit 1; }; \
                  if [ -s \"$PGDATA/PG_VERSION\" ]; then echo \"refusing to restore over the existing data directory $PGDATA\" >&2; exit 1; fi; \
                  mkdir -p \"$PGDATA\"; chmod 700 \"$PGDATA\"; tar -xzf \"$src\" -C \"$PGDATA\"; \
-                 rm -f \"$PGDATA/standby.signal\" \"$PGDATA/postmaster.pid\"; touch \"$PGDATA/plugdb-restored\""
-                    .into(),
-            ],
+                 rm -f \"$PGDATA/standby.signal\" \"$PGDATA/postmaster.pid\"; touch \"$PGDATA/plugdb-restored\"",
+            ),
             env: job_env(&spec, &location),
             mounts_data: true,
         })

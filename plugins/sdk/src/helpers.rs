@@ -1,6 +1,6 @@
 //! Helpers for the chores every engine repeats.
 
-use crate::{LogLevel, Parameter, ParameterValue, Violation};
+use crate::{EnvSource, EnvVar, LogLevel, Parameter, ParameterValue, SecretRef, Violation};
 
 /// Logs a line through the host at `level`.
 pub fn log(level: LogLevel, message: &str) {
@@ -42,4 +42,24 @@ pub fn major_version(version: &str) -> Option<u32> {
 /// `None` when any component is not a number.
 pub fn version_parts(version: &str) -> Option<Vec<u32>> {
     version.split('.').map(|p| p.parse().ok()).collect()
+}
+
+/// An environment variable with a literal value (never a password).
+pub fn env_value(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), source: EnvSource::Value(value.into()) }
+}
+
+/// An environment variable read from `key` of the Database's credentials Secret `secret`.
+pub fn env_secret(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar { name: name.into(), source: EnvSource::Secret(SecretRef { name: secret.into(), key: key.into() }) }
+}
+
+/// An environment variable from a Downward API field of the pod (`metadata.name`, ...).
+pub fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar { name: name.into(), source: EnvSource::Field(path.into()) }
+}
+
+/// The argv that runs `script` with `sh -c`.
+pub fn shell(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
 }
