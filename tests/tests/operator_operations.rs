@@ -324,3 +324,40 @@ async fn a_new_database_restores_from_another_ones_backup_before_its_members_sta
     );
     assert!(!events(&cluster, "shop", "Restored").await.is_empty());
 }
+
+#[tokio::test]
+async fn a_major_upgrade_backs_up_first_rolls_then_runs_the_plugins_upgrade_job() {
+    let cluster = Cluster::start(&[("mysql", "mysql")]).await.expect("cluster");
+    let yearly = json!({"backup": {"schedule": "0 0 1 1 *"}});
+    cluster.apply_database("shop", database("shop", "mysql", "10.11", 2, yearly.clone())).await.expect("apply");
+    cluster.wait_database("shop", "shop", "Running", WAIT, |d| is_running(d, 2)).await.expect("running");
+
+    cluster.apply_database("shop", database("shop", "mysql", "11.4", 2, yearly)).await.expect("upgrade");
+    let db = cluster
+        .wait_database("shop", "shop", "upgraded to 11.4", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.current_version.as_deref()) == Some("11.4") && is_running(d, 2)
+        })
+        .await
+        .expect("upgraded");
+    assert!(db.status.expect("status").upgrade.is_none());
+    assert_eq!(image(&cluster, "shop", "shop").await, "docker.io/library/mariadb:11.4");
+
+    let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), "shop");
+    let all = jobs.list(&ListParams::default()).await.expect("jobs").items;
+    let named = |prefix: &str| all.iter().find(|j| j.name_any().starts_with(prefix)).cloned();
+    let backup = named("shop-pre-").expect("a pre-upgrade backup Job");
+    let upgrade = named("shop-upgrade-").expect("the plugin's upgrade Job");
+    assert_eq!(backup.status.as_ref().and_then(|s| s.succeeded), Some(1));
+    assert_eq!(upgrade.status.as_ref().and_then(|s| s.succeeded), Some(1));
+    let command = upgrade
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].command.clone().unwrap_or_default().join(" "))
+        .unwrap_or_default();
+    assert!(command.contains("mariadb-upgrade"), "{command}");
+    assert!(
+        backup.status.and_then(|s| s.completion_time) <= upgrade.metadata.creation_timestamp,
+        "the backup finished before the upgrade step started"
+    );
+    assert_eq!(events(&cluster, "shop", "UpgradeCompleted").await.len(), 1);
+}
