@@ -3,6 +3,7 @@
 //! the plugin components that `build.rs` built from source.
 
 pub mod control_plane;
+pub mod engine;
 pub mod kubelet;
 pub mod local_pod;
 pub mod operator;

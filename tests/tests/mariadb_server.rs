@@ -1,16 +1,12 @@
 //! Tier 3: what the mysql plugin emits, run by a real MariaDB server (Debian's,
 //! started on loopback as an unprivileged user).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use plugdb::plugin::{
-    BackupLocation, ClusterContext, EngineSpec, FailoverDecision, Limits, Member, ParameterValue, Plugin, ResourceAmounts, Runtime,
-};
+use plugdb::plugin::{BackupLocation, FailoverDecision, Member, ParameterValue};
+use plugdb_tests::engine::EngineUnderTest;
 use plugdb_tests::local_pod::LocalPod;
 
-const CONFIG_MOUNT: &str = "/etc/plugdb";
-const DATA_MOUNT: &str = "/var/lib/mysql";
 const PATH: &str = "/usr/sbin:/usr/bin:/bin";
 
 /// The MariaDB series installed by Debian on this machine (bookworm: 10.11).
@@ -24,58 +20,20 @@ fn server_version() -> String {
     format!("{}.{}", parts[0], parts[1])
 }
 
-fn plugin() -> Plugin {
-    Runtime::new(Limits::default()).expect("runtime").load(&plugdb_tests::component("mysql")).expect("mysql plugin loads")
-}
-
-fn spec(name: &str, parameters: Vec<(&str, ParameterValue)>) -> EngineSpec {
-    EngineSpec {
-        name: name.into(),
-        namespace: "default".into(),
+fn mariadb() -> EngineUnderTest {
+    EngineUnderTest {
+        component: "mysql",
         version: server_version(),
-        replicas: 2,
-        storage_bytes: 1 << 30,
-        requests: ResourceAmounts::default(),
-        limits: ResourceAmounts { cpu_millis: Some(1000), memory_bytes: Some(1 << 30) },
-        parameters: parameters.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        data_mount: "/var/lib/mysql",
+        credential_keys: &["root-password", "replication-password"],
+        plumbing: |pod| {
+            let socket = pod.run_dir().join("mysqld.sock").to_string_lossy().to_string();
+            // Each container has a /tmp of its own; the local stand-in for it is the run directory.
+            let tmp = pod.run_dir().to_string_lossy().to_string();
+            let args = vec![format!("--bind-address={}", pod.address), format!("--pid-file={}/mysqld.pid", pod.run_dir().display())];
+            (vec![("PATH", PATH.into()), ("MARIADB_SOCKET", socket), ("TMPDIR", tmp)], args)
+        },
     }
-}
-
-fn secrets(tag: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("root-password".to_string(), format!("root-{tag}-Zq81xk3J")),
-        ("replication-password".to_string(), format!("repl-{tag}-P0o9i8u7")),
-    ])
-}
-
-/// Starts member `ordinal` of `spec`, following `primary` (pod, address) when given.
-fn start_member(
-    plugin: &Plugin,
-    spec: &EngineSpec,
-    ordinal: u32,
-    primary: Option<(&str, &str)>,
-    secrets: &BTreeMap<String, String>,
-) -> LocalPod {
-    let pod_name = format!("{}-{ordinal}", spec.name);
-    let mut pod = LocalPod::new(&pod_name, CONFIG_MOUNT, DATA_MOUNT).expect("pod sandbox");
-    let (primary_pod, primary_host) =
-        primary.map(|(p, h)| (p.to_string(), h.to_string())).unwrap_or((pod_name.clone(), pod.address.clone()));
-    let cluster = ClusterContext {
-        primary_host,
-        headless_host: format!("{}-headless.default.svc", spec.name),
-        primary_pod,
-        credentials_secret: format!("{}-credentials", spec.name),
-        config_mount_path: CONFIG_MOUNT.into(),
-    };
-    let workload = plugin.render(spec, &cluster).expect("render");
-    let socket = pod.run_dir().join("mysqld.sock").to_string_lossy().to_string();
-    // Each container has a /tmp of its own; the local stand-in for it is the run directory.
-    let tmp = pod.run_dir().to_string_lossy().to_string();
-    pod.set_env(&workload.env, secrets, &[("PATH", PATH.into()), ("MARIADB_SOCKET", socket.clone()), ("TMPDIR", tmp)]).expect("env");
-    let args = [format!("--bind-address={}", pod.address), format!("--pid-file={}/mysqld.pid", pod.run_dir().display())];
-    pod.start(&workload, &args).expect("start");
-    pod.wait_ready(&workload, Duration::from_secs(120)).expect("ready");
-    pod
 }
 
 /// Runs SQL as root over TCP with `password`; returns trimmed output.
@@ -107,8 +65,9 @@ const FINGERPRINT: &str =
 
 #[test]
 fn the_server_runs_with_the_rendered_configuration() {
-    let plugin = plugin();
-    let s = spec(
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = db.spec(
         "settings",
         vec![
             ("max_connections", ParameterValue::Integer(77)),
@@ -117,8 +76,8 @@ fn the_server_runs_with_the_rendered_configuration() {
             ("slow_query_log", ParameterValue::Text("ON".into())),
         ],
     );
-    let secrets = secrets("settings");
-    let pod = start_member(&plugin, &s, 0, None, &secrets);
+    let secrets = db.secrets("settings");
+    let pod = db.start_member(&plugin, &s, 0, None, &secrets);
     let pw = &secrets["root-password"];
     let var = |name: &str| sql(&pod, pw, &format!("SELECT @@{name}")).expect("variable");
     assert_eq!(var("max_connections"), "77");
@@ -136,10 +95,11 @@ fn the_server_runs_with_the_rendered_configuration() {
 
 #[test]
 fn backup_then_restore_gives_identical_data() {
-    let plugin = plugin();
-    let s = spec("source", vec![]);
-    let source_secrets = secrets("source");
-    let mut source = start_member(&plugin, &s, 0, None, &source_secrets);
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = db.spec("source", vec![]);
+    let source_secrets = db.secrets("source");
+    let mut source = db.start_member(&plugin, &s, 0, None, &source_secrets);
     sql(&source, &source_secrets["root-password"], SAMPLE).expect("sample data");
     let before = sql(&source, &source_secrets["root-password"], FINGERPRINT).expect("fingerprint");
     assert!(before.starts_with("5000:"), "{before}");
@@ -156,9 +116,9 @@ fn backup_then_restore_gives_identical_data() {
     source.stop();
 
     // A new Database with its own credentials, restored from the artefact.
-    let t = spec("target", vec![]);
-    let target_secrets = secrets("target");
-    let target = start_member(&plugin, &t, 0, None, &target_secrets);
+    let t = db.spec("target", vec![]);
+    let target_secrets = db.secrets("target");
+    let target = db.start_member(&plugin, &t, 0, None, &target_secrets);
     let restore = plugin
         .restore(&t, &BackupLocation { host: target.address.clone(), credentials_secret: "target-credentials".into(), ..location })
         .expect("restore plan");
@@ -169,14 +129,15 @@ fn backup_then_restore_gives_identical_data() {
 
 #[test]
 fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
-    let plugin = plugin();
-    let s = spec("ha", vec![]);
-    let secrets = secrets("ha");
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = db.spec("ha", vec![]);
+    let secrets = db.secrets("ha");
     let pw = secrets["root-password"].clone();
-    let mut primary = start_member(&plugin, &s, 0, None, &secrets);
+    let mut primary = db.start_member(&plugin, &s, 0, None, &secrets);
     sql(&primary, &pw, SAMPLE).expect("sample data");
     let address = primary.address.clone();
-    let replica = start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
+    let replica = db.start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
 
     assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "1", "member 1 is read-only");
     let status = sql(&replica, &pw, "SHOW SLAVE STATUS\\G").expect("slave status");

@@ -4,12 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use plugdb::plugin::{
-    BackupLocation, ClusterContext, EngineSpec, FailoverDecision, Limits, Member, ParameterValue, Plugin, ResourceAmounts, Runtime,
-};
+use plugdb::plugin::{BackupLocation, FailoverDecision, Member, ParameterValue};
+use plugdb_tests::engine::{CONFIG_MOUNT, EngineUnderTest};
 use plugdb_tests::local_pod::LocalPod;
-
-const CONFIG_MOUNT: &str = "/etc/plugdb";
 
 /// The newest PostgreSQL installed by Debian on this machine (bookworm: 15).
 fn server_version() -> String {
@@ -21,57 +18,20 @@ fn server_version() -> String {
     versions.last().expect("a PostgreSQL version").to_string()
 }
 
-fn plugin() -> Plugin {
-    Runtime::new(Limits::default()).expect("runtime").load(&plugdb_tests::component("postgres")).expect("postgres plugin loads")
-}
-
-fn spec(name: &str, parameters: Vec<(&str, ParameterValue)>) -> EngineSpec {
-    EngineSpec {
-        name: name.into(),
-        namespace: "default".into(),
+fn postgres() -> EngineUnderTest {
+    EngineUnderTest {
+        component: "postgres",
         version: server_version(),
-        replicas: 2,
-        storage_bytes: 1 << 30,
-        requests: ResourceAmounts::default(),
-        limits: ResourceAmounts { cpu_millis: Some(1000), memory_bytes: Some(1 << 30) },
-        parameters: parameters.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        data_mount: "/var/lib/postgresql/data",
+        credential_keys: &["superuser-password", "replication-password"],
+        plumbing: |pod| {
+            let run = pod.run_dir().to_string_lossy().to_string();
+            let path = format!("/usr/lib/postgresql/{}/bin:/usr/bin:/bin", server_version());
+            let args =
+                vec!["-c".into(), format!("listen_addresses={}", pod.address), "-c".into(), format!("unix_socket_directories={run}")];
+            (vec![("PATH", path), ("PGHOST", run)], args)
+        },
     }
-}
-
-fn secrets(tag: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("superuser-password".to_string(), format!("super-{tag}-Zq81xk3J")),
-        ("replication-password".to_string(), format!("repl-{tag}-P0o9i8u7")),
-    ])
-}
-
-/// Starts member `ordinal` of `name` with `primary` as the primary pod and address.
-fn start_member(
-    plugin: &Plugin,
-    spec: &EngineSpec,
-    ordinal: u32,
-    primary: Option<(&str, &str)>,
-    secrets: &BTreeMap<String, String>,
-) -> LocalPod {
-    let pod_name = format!("{}-{ordinal}", spec.name);
-    let mut pod = LocalPod::new(&pod_name, CONFIG_MOUNT, "/var/lib/postgresql/data").expect("pod sandbox");
-    let (primary_pod, primary_host) =
-        primary.map(|(p, h)| (p.to_string(), h.to_string())).unwrap_or((pod_name.clone(), pod.address.clone()));
-    let cluster = ClusterContext {
-        primary_host,
-        headless_host: format!("{}-headless.default.svc", spec.name),
-        primary_pod,
-        credentials_secret: format!("{}-credentials", spec.name),
-        config_mount_path: CONFIG_MOUNT.into(),
-    };
-    let workload = plugin.render(spec, &cluster).expect("render");
-    let bin = format!("/usr/lib/postgresql/{}/bin", server_version());
-    let run = pod.run_dir().to_string_lossy().to_string();
-    pod.set_env(&workload.env, secrets, &[("PATH", format!("{bin}:/usr/bin:/bin")), ("PGHOST", run.clone())]).expect("env");
-    let args = ["-c".to_string(), format!("listen_addresses={}", pod.address), "-c".into(), format!("unix_socket_directories={run}")];
-    pod.start(&workload, &args).expect("start");
-    pod.wait_ready(&workload, Duration::from_secs(90)).expect("ready");
-    pod
 }
 
 /// Runs SQL as postgres over TCP (password from the pod's PGPASSWORD); returns trimmed output.
@@ -108,8 +68,9 @@ const FINGERPRINT: &str = "SELECT count(*) || ':' || md5(string_agg(o::text, ','
 
 #[test]
 fn the_server_runs_with_the_rendered_configuration() {
-    let plugin = plugin();
-    let s = spec(
+    let pg = postgres();
+    let plugin = pg.plugin();
+    let s = pg.spec(
         "settings",
         vec![
             ("max_connections", ParameterValue::Integer(50)),
@@ -118,8 +79,8 @@ fn the_server_runs_with_the_rendered_configuration() {
             ("random_page_cost", ParameterValue::Text("1.1".into())),
         ],
     );
-    let secrets = secrets("settings");
-    let mut m = start_member(&plugin, &s, 0, None, &secrets);
+    let secrets = pg.secrets("settings");
+    let mut m = pg.start_member(&plugin, &s, 0, None, &secrets);
     with_password(&mut m, &secrets["superuser-password"]);
     let show = |name: &str| sql(&m, &format!("SHOW {name}")).expect("SHOW");
     // What the plugin meant: memory-derived settings from the 1Gi limit, and the user's.
@@ -146,10 +107,11 @@ fn the_server_runs_with_the_rendered_configuration() {
 
 #[test]
 fn backup_then_restore_gives_identical_data() {
-    let plugin = plugin();
-    let s = spec("source", vec![]);
-    let source_secrets = secrets("source");
-    let mut source = start_member(&plugin, &s, 0, None, &source_secrets);
+    let pg = postgres();
+    let plugin = pg.plugin();
+    let s = pg.spec("source", vec![]);
+    let source_secrets = pg.secrets("source");
+    let mut source = pg.start_member(&plugin, &s, 0, None, &source_secrets);
     with_password(&mut source, &source_secrets["superuser-password"]);
     sql(&source, SAMPLE).expect("sample data");
     let before = sql(&source, FINGERPRINT).expect("fingerprint");
@@ -169,9 +131,9 @@ fn backup_then_restore_gives_identical_data() {
     source.stop();
 
     // A new Database, new credentials, restored from the artefact.
-    let t = spec("target", vec![]);
-    let target_secrets = secrets("target");
-    let mut target = LocalPod::new("target-0", CONFIG_MOUNT, "/var/lib/postgresql/data").expect("pod");
+    let t = pg.spec("target", vec![]);
+    let target_secrets = pg.secrets("target");
+    let target = LocalPod::new("target-0", CONFIG_MOUNT, pg.data_mount).expect("pod");
     let restore =
         plugin.restore(&t, &BackupLocation { credentials_secret: "target-credentials".into(), ..location }).expect("restore plan");
     target.run_job(&restore, &target_secrets, &[("PATH", "/usr/bin:/bin".into())]).expect("restore job");
@@ -179,20 +141,7 @@ fn backup_then_restore_gives_identical_data() {
     let again = target.run_job(&restore, &target_secrets, &[("PATH", "/usr/bin:/bin".into())]).expect_err("second restore refused");
     assert!(again.to_string().contains("refusing to restore"), "{again}");
 
-    let cluster = ClusterContext {
-        primary_host: target.address.clone(),
-        headless_host: "target-headless.default.svc".into(),
-        primary_pod: "target-0".into(),
-        credentials_secret: "target-credentials".into(),
-        config_mount_path: CONFIG_MOUNT.into(),
-    };
-    let workload = plugin.render(&t, &cluster).expect("render");
-    let run = target.run_dir().to_string_lossy().to_string();
-    let bin = format!("/usr/lib/postgresql/{}/bin", server_version());
-    target.set_env(&workload.env, &target_secrets, &[("PATH", format!("{bin}:/usr/bin:/bin")), ("PGHOST", run.clone())]).expect("env");
-    let args = ["-c".to_string(), format!("listen_addresses={}", target.address), "-c".into(), format!("unix_socket_directories={run}")];
-    target.start(&workload, &args).expect("start restored");
-    target.wait_ready(&workload, Duration::from_secs(90)).expect("restored server ready");
+    let mut target = pg.run(target, &plugin, &t, None, &target_secrets);
     // The restored cluster answers to the new Database's password, with the same data.
     with_password(&mut target, &target_secrets["superuser-password"]);
     assert_eq!(sql(&target, FINGERPRINT).expect("fingerprint after restore"), before);
@@ -200,14 +149,15 @@ fn backup_then_restore_gives_identical_data() {
 
 #[test]
 fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
-    let plugin = plugin();
-    let s = spec("ha", vec![]);
-    let secrets = secrets("ha");
-    let mut primary = start_member(&plugin, &s, 0, None, &secrets);
+    let pg = postgres();
+    let plugin = pg.plugin();
+    let s = pg.spec("ha", vec![]);
+    let secrets = pg.secrets("ha");
+    let mut primary = pg.start_member(&plugin, &s, 0, None, &secrets);
     with_password(&mut primary, &secrets["superuser-password"]);
     sql(&primary, SAMPLE).expect("sample data");
     let address = primary.address.clone();
-    let mut replica = start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
+    let mut replica = pg.start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
     with_password(&mut replica, &secrets["superuser-password"]);
 
     assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "t", "member 1 is a standby");
