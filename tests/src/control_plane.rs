@@ -150,7 +150,7 @@ impl ControlPlane {
             "--advertise-address",
             "127.0.0.1",
             "--service-cluster-ip-range",
-            "10.0.0.0/24",
+            "10.0.0.0/16",
             "--service-account-issuer",
             "https://kubernetes.default.svc",
             "--service-account-key-file",
