@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use plugdb::plugin::{ClusterContext, EngineSpec, Limits, ParameterValue, ResourceAmounts, Runtime, Tier};
+use plugdb::plugin::{EngineSpec, Limits, ParameterValue, ResourceAmounts, Runtime, Tier};
 use plugdb_sdk::Engine;
 
 fn spec() -> EngineSpec {
@@ -27,20 +27,10 @@ fn spec() -> EngineSpec {
     }
 }
 
-fn cluster() -> ClusterContext {
-    ClusterContext {
-        primary_host: "orders.shop.svc".into(),
-        headless_host: "orders-headless.shop.svc".into(),
-        primary_pod: "orders-0".into(),
-        credentials_secret: "orders-credentials".into(),
-        config_mount_path: "/etc/plugdb".into(),
-    }
-}
-
 /// The same inputs in the guest SDK's types, for the native call.
 fn native_inputs() -> (plugdb_sdk::DatabaseSpec, plugdb_sdk::ClusterContext) {
     let s = spec();
-    let c = cluster();
+    let c = plugdb_tests::cluster("orders", "shop");
     let amounts = |a: ResourceAmounts| plugdb_sdk::ResourceAmounts { cpu_millis: a.cpu_millis, memory_bytes: a.memory_bytes };
     (
         plugdb_sdk::DatabaseSpec {
@@ -77,7 +67,7 @@ fn render(c: &mut Criterion) {
     let runtime = Runtime::new(Limits::default()).expect("runtime");
     let postgres = runtime.load(&plugdb_tests::component("postgres")).expect("postgres loads");
     let mysql = runtime.load(&plugdb_tests::component("mysql")).expect("mysql loads");
-    let (s, cl) = (spec(), cluster());
+    let (s, cl) = (spec(), plugdb_tests::cluster("orders", "shop"));
     let mut mysql_spec = spec();
     mysql_spec.version = "11.4".into();
     mysql_spec.parameters = vec![("max_connections".into(), ParameterValue::Integer(200))];

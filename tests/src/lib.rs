@@ -32,3 +32,14 @@ pub fn component(name: &str) -> Vec<u8> {
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits below the workspace root").to_path_buf()
 }
+
+/// What the host would tell a plugin about Database `name` in `namespace` with member 0 primary.
+pub fn cluster(name: &str, namespace: &str) -> plugdb::plugin::ClusterContext {
+    plugdb::plugin::ClusterContext {
+        primary_host: format!("{name}.{namespace}.svc"),
+        headless_host: format!("{name}-headless.{namespace}.svc"),
+        primary_pod: format!("{name}-0"),
+        credentials_secret: format!("{name}-credentials"),
+        config_mount_path: "/etc/plugdb".into(),
+    }
+}

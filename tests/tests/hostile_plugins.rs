@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use plugdb::plugin::{CallError, ClusterContext, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime};
+use plugdb::plugin::{CallError, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime};
 
 const DEADLINE: Duration = Duration::from_millis(200);
 
@@ -26,27 +26,17 @@ fn spec(attack: &str) -> EngineSpec {
     }
 }
 
-fn cluster() -> ClusterContext {
-    ClusterContext {
-        primary_host: "victim.default.svc".into(),
-        headless_host: "victim-headless.default.svc".into(),
-        primary_pod: "victim-0".into(),
-        credentials_secret: "victim-credentials".into(),
-        config_mount_path: "/etc/plugdb".into(),
-    }
-}
-
 /// Runs one attack and checks the good plugin beside it still answers.
 fn attack(runtime: &Runtime, hostile: &Plugin, good: &Plugin, name: &str) -> CallError {
     let started = Instant::now();
-    let err = hostile.render(&spec(name), &cluster()).expect_err("the attack fails");
+    let err = hostile.render(&spec(name), &plugdb_tests::cluster("victim", "default")).expect_err("the attack fails");
     // Far above the deadline to stay robust on a loaded machine, far below "stuck".
     assert!(started.elapsed() < DEADLINE * 25, "{name}: took {:?}", started.elapsed());
     let mut good_spec = spec("");
     good_spec.parameters.clear();
-    good.render(&good_spec, &cluster()).expect("the good plugin keeps answering");
+    good.render(&good_spec, &plugdb_tests::cluster("victim", "default")).expect("the good plugin keeps answering");
     // The hostile plugin itself recovers too: the next call gets a fresh instance.
-    hostile.render(&spec("none"), &cluster()).expect("a fresh instance after the attack");
+    hostile.render(&spec("none"), &plugdb_tests::cluster("victim", "default")).expect("a fresh instance after the attack");
     let _ = runtime;
     err
 }
@@ -109,14 +99,47 @@ fn output_that_breaks_host_policy_is_refused_with_every_reason() {
 }
 
 #[test]
+fn every_call_outcome_is_counted_in_the_metrics() {
+    let metrics = std::sync::Arc::new(plugdb::metrics::Metrics::default());
+    let rt = runtime().with_metrics(metrics.clone());
+    let hostile = rt.load(&plugdb_tests::component("hostile")).expect("hostile loads");
+    for attack in ["none", "loop", "panic", "huge", "policy"] {
+        let _ = hostile.render(&spec(attack), &plugdb_tests::cluster("victim", "default"));
+    }
+    let _ = hostile.backup(
+        &spec("none"),
+        &plugdb::plugin::BackupLocation {
+            directory: "/backups".into(),
+            artifact: "a".into(),
+            host: "h".into(),
+            credentials_secret: "victim-credentials".into(),
+        },
+    );
+    let text = metrics.encode();
+    for (function, outcome) in [
+        ("info", "ok"),
+        ("render", "ok"),
+        ("render", "timeout"),
+        ("render", "trap"),
+        ("render", "too-large"),
+        ("render", "policy"),
+        ("backup", "refused"),
+    ] {
+        let line = format!("plugdb_plugin_calls_total{{engine=\"hostile\",function=\"{function}\",outcome=\"{outcome}\"}} 1");
+        assert!(text.contains(&line), "{line} missing from:\n{text}");
+    }
+}
+
+#[test]
 fn log_flood_is_bounded_and_the_call_succeeds() {
     let (rt, hostile, good) = plugins();
     let started = Instant::now();
-    let result = hostile.render(&spec("log-flood"), &cluster());
+    let result = hostile.render(&spec("log-flood"), &plugdb_tests::cluster("victim", "default"));
     // Either it finished (lines past the cap are dropped) or it ran out of time; never stuck.
     assert!(result.is_ok() || matches!(result, Err(CallError::Timeout { .. })), "{result:?}");
     assert!(started.elapsed() < DEADLINE * 25);
-    good.render(&EngineSpec { parameters: vec![], ..spec("") }, &cluster()).expect("the good plugin keeps answering");
+    good.render(&EngineSpec { parameters: vec![], ..spec("") }, &plugdb_tests::cluster("victim", "default"))
+        .expect("the good plugin keeps answering");
     let _ = rt;
 }
 

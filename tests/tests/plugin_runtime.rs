@@ -1,6 +1,6 @@
 //! Tier 2: real components, built from source, in the real wasmtime runtime.
 
-use plugdb::plugin::{ClusterContext, EngineSpec, Limits, ParameterValue, ProbeAction, ResourceAmounts, Runtime};
+use plugdb::plugin::{EngineSpec, Limits, ParameterValue, ProbeAction, ResourceAmounts, Runtime};
 
 fn spec(version: &str) -> EngineSpec {
     EngineSpec {
@@ -12,16 +12,6 @@ fn spec(version: &str) -> EngineSpec {
         requests: ResourceAmounts::default(),
         limits: ResourceAmounts { cpu_millis: Some(2000), memory_bytes: Some(4 << 30) },
         parameters: vec![("greeting".into(), ParameterValue::Text("hi".into()))],
-    }
-}
-
-fn cluster() -> ClusterContext {
-    ClusterContext {
-        primary_host: "orders.shop.svc".into(),
-        headless_host: "orders-headless.shop.svc".into(),
-        primary_pod: "orders-0".into(),
-        credentials_secret: "orders-credentials".into(),
-        config_mount_path: "/etc/plugdb".into(),
     }
 }
 
@@ -43,7 +33,7 @@ fn minimal_plugin_loads_and_answers_every_function() {
     let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
     assert_eq!(fields, ["spec.version", "spec.parameters.colour"]);
 
-    let workload = plugin.render(&spec("2"), &cluster()).expect("render");
+    let workload = plugin.render(&spec("2"), &plugdb_tests::cluster("orders", "shop")).expect("render");
     assert_eq!(workload.image, "registry.example/minimal:2");
     assert_eq!(workload.config_files[0].content, "greeting = hi\nreplicas = 3\n");
     assert_eq!(workload.readiness.expect("readiness").action, ProbeAction::TcpSocket(7000));
@@ -59,6 +49,6 @@ fn a_500_kib_component_loads_and_answers() {
     assert!(bytes.len() >= 500 << 10, "the benchmark's large component is {} bytes", bytes.len());
     let runtime = Runtime::new(Limits::default()).expect("runtime");
     let plugin = runtime.load(&bytes).expect("bulky loads");
-    let workload = plugin.render(&spec("1"), &cluster()).expect("render");
+    let workload = plugin.render(&spec("1"), &plugdb_tests::cluster("orders", "shop")).expect("render");
     assert!(workload.config_files[0].content.starts_with("checksum = "));
 }

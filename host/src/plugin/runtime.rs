@@ -365,67 +365,79 @@ impl Plugin {
 
     /// Engine-specific checks of `spec`.
     pub fn validate(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
-        let arg = spec.into();
-        self.call("validate", |s, w| w.plugdb_engine_plugin().call_validate(s, &arg).map(|v| v.into_iter().map(Into::into).collect()))
+        self.counted("validate", || {
+            let arg = spec.into();
+            self.call("validate", |s, w| w.plugdb_engine_plugin().call_validate(s, &arg).map(|v| v.into_iter().map(Into::into).collect()))
+        })
     }
 
     /// The workload for `spec`, checked against host policy.
     pub fn render(&self, spec: &EngineSpec, cluster: &ClusterContext) -> Result<Workload, CallError> {
-        let (arg, ctx) = (spec.into(), cluster.into());
-        let workload: Workload = self
-            .call("render", |s, w| w.plugdb_engine_plugin().call_render(s, &arg, &ctx).map(|r| r.map(Workload::from)))?
-            .map_err(|r| self.refused(r))?;
-        self.checked("render", super::policy::check_workload(&workload, cluster), workload)
+        self.counted("render", || {
+            let (arg, ctx) = (spec.into(), cluster.into());
+            let workload: Workload = self
+                .call("render", |s, w| w.plugdb_engine_plugin().call_render(s, &arg, &ctx).map(|r| r.map(Workload::from)))?
+                .map_err(|r| self.refused(r))?;
+            self.checked("render", super::policy::check_workload(&workload, cluster), workload)
+        })
     }
 
     /// How to move from `from` to `spec.version`.
     pub fn plan_upgrade(&self, spec: &EngineSpec, from: &str) -> Result<UpgradePlan, CallError> {
-        let arg = spec.into();
-        let plan: UpgradePlan = self
-            .call("plan-upgrade", |s, w| w.plugdb_engine_plugin().call_plan_upgrade(s, &arg, from).map(|r| r.map(UpgradePlan::from)))?
-            .map_err(|r| self.refused(r))?;
-        let violations = plan
-            .steps
-            .iter()
-            .filter_map(|step| match step {
-                UpgradeStep::Job(job) => Some(super::policy::check_job(job, &spec.credentials_secret())),
-                UpgradeStep::RollingRestart => None,
-            })
-            .flatten()
-            .collect();
-        self.checked("plan-upgrade", violations, plan)
+        self.counted("plan-upgrade", || {
+            let arg = spec.into();
+            let plan: UpgradePlan = self
+                .call("plan-upgrade", |s, w| w.plugdb_engine_plugin().call_plan_upgrade(s, &arg, from).map(|r| r.map(UpgradePlan::from)))?
+                .map_err(|r| self.refused(r))?;
+            let violations = plan
+                .steps
+                .iter()
+                .filter_map(|step| match step {
+                    UpgradeStep::Job(job) => Some(super::policy::check_job(job, &spec.credentials_secret())),
+                    UpgradeStep::RollingRestart => None,
+                })
+                .flatten()
+                .collect();
+            self.checked("plan-upgrade", violations, plan)
+        })
     }
 
     /// Which member to promote.
     pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
-        let (arg, list): (_, Vec<_>) = (spec.into(), members.iter().map(Into::into).collect());
-        let decision: FailoverDecision =
-            self.call("choose-primary", |s, w| w.plugdb_engine_plugin().call_choose_primary(s, &arg, &list).map(FailoverDecision::from))?;
-        let violations = match &decision {
-            FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
-                vec![Violation { field: "promote.pod".into(), message: format!("{pod:?} is not a replica of this Database") }]
-            }
-            _ => Vec::new(),
-        };
-        self.checked("choose-primary", violations, decision)
+        self.counted("choose-primary", || {
+            let (arg, list): (_, Vec<_>) = (spec.into(), members.iter().map(Into::into).collect());
+            let decision: FailoverDecision = self
+                .call("choose-primary", |s, w| w.plugdb_engine_plugin().call_choose_primary(s, &arg, &list).map(FailoverDecision::from))?;
+            let violations = match &decision {
+                FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
+                    vec![Violation { field: "promote.pod".into(), message: format!("{pod:?} is not a replica of this Database") }]
+                }
+                _ => Vec::new(),
+            };
+            self.checked("choose-primary", violations, decision)
+        })
     }
 
     /// A Job that backs the Database up to `location`.
     pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
-        let (arg, loc) = (spec.into(), location.into());
-        let job: JobPlan = self
-            .call("backup", |s, w| w.plugdb_engine_plugin().call_backup(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
-            .map_err(|r| self.refused(r))?;
-        self.checked("backup", super::policy::check_job(&job, &location.credentials_secret), job)
+        self.counted("backup", || {
+            let (arg, loc) = (spec.into(), location.into());
+            let job: JobPlan = self
+                .call("backup", |s, w| w.plugdb_engine_plugin().call_backup(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
+                .map_err(|r| self.refused(r))?;
+            self.checked("backup", super::policy::check_job(&job, &location.credentials_secret), job)
+        })
     }
 
     /// A Job that restores the backup at `location`.
     pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
-        let (arg, loc) = (spec.into(), location.into());
-        let job: JobPlan = self
-            .call("restore", |s, w| w.plugdb_engine_plugin().call_restore(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
-            .map_err(|r| self.refused(r))?;
-        self.checked("restore", super::policy::check_job(&job, &location.credentials_secret), job)
+        self.counted("restore", || {
+            let (arg, loc) = (spec.into(), location.into());
+            let job: JobPlan = self
+                .call("restore", |s, w| w.plugdb_engine_plugin().call_restore(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
+                .map_err(|r| self.refused(r))?;
+            self.checked("restore", super::policy::check_job(&job, &location.credentials_secret), job)
+        })
     }
 
     fn refused(&self, reason: String) -> CallError {
@@ -436,13 +448,10 @@ impl Plugin {
         if violations.is_empty() { Ok(value) } else { Err(CallError::Policy { engine: self.info.engine.clone(), function, violations }) }
     }
 
-    /// Runs `f` against a fresh instance under the call limits and counts the outcome.
-    fn call<R: serde::Serialize>(
-        &self,
-        function: &'static str,
-        f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,
-    ) -> Result<R, CallError> {
-        let result = self.sandboxed(function, f);
+    /// Counts the outcome of `function` in the metrics: what the sandbox saw, the
+    /// plugin's own refusal, or the host policy's.
+    fn counted<T>(&self, function: &'static str, call: impl FnOnce() -> Result<T, CallError>) -> Result<T, CallError> {
+        let result = call();
         if let Some(metrics) = &self.runtime.metrics {
             let outcome = match &result {
                 Ok(_) => "ok",
@@ -459,7 +468,7 @@ impl Plugin {
     }
 
     /// Runs `f` against a fresh instance under the call limits, and bounds the size of its result.
-    fn sandboxed<R: serde::Serialize>(
+    fn call<R: serde::Serialize>(
         &self,
         function: &'static str,
         f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,

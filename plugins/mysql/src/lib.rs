@@ -123,11 +123,7 @@ impl Engine for Mysql {
                 ),
             ));
         }
-        if let Some(memory) = spec.limits.memory_bytes.or(spec.requests.memory_bytes)
-            && memory < 256 << 20
-        {
-            out.push(violation("spec.resources", "MariaDB needs at least 256Mi of memory"));
-        }
+        out.extend(check_memory(&spec, 256 << 20, "MariaDB"));
         out.extend(parameters::CATALOG.check(&spec.parameters));
         out
     }

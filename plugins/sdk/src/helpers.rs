@@ -63,3 +63,10 @@ pub fn env_field(name: &str, path: &str) -> EnvVar {
 pub fn shell(script: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script.into()]
 }
+
+/// A violation when the member memory the user set (limit, else request) is below
+/// `minimum` bytes; `engine` names the engine in the message.
+pub fn check_memory(spec: &crate::DatabaseSpec, minimum: u64, engine: &str) -> Option<Violation> {
+    let memory = spec.limits.memory_bytes.or(spec.requests.memory_bytes)?;
+    (memory < minimum).then(|| violation("spec.resources", format!("{engine} needs at least {}Mi of memory", minimum >> 20)))
+}
