@@ -12,11 +12,12 @@ use plugdb::operator;
 use plugdb::serve::{self, Readiness};
 
 const USAGE: &str = "usage:
-  plugdb run [--namespace NS] [--watch-namespace NS] [--listen ADDR] [--no-leader-election]
+  plugdb run [--namespace NS] [--watch-namespace NS] [--listen ADDR] [--concurrency N] [--no-leader-election]
       Run the operator. Plugins are loaded from ConfigMaps in NS (default: $POD_NAMESPACE,
       else plugdb-system), where the leader Lease also lives; Databases are watched in
       --watch-namespace or cluster-wide. Uses the in-cluster config or $KUBECONFIG.
-      Serves /healthz, /readyz, /metrics on ADDR (default 0.0.0.0:8080).
+      Serves /healthz, /readyz, /metrics on ADDR (default 0.0.0.0:8080). Reconciles at most
+      N Databases at once (default 16; 0: no limit).
   plugdb crd
       Print the Database CustomResourceDefinition.
   plugdb render -f DATABASE.yaml --plugin PLUGIN.wasm
@@ -74,15 +75,19 @@ async fn run(args: &[String]) -> Result<()> {
     let listen = flag(args, "--listen").unwrap_or_else(|| "0.0.0.0:8080".into());
     // Each replica contends for the lease under its pod name (or a unique local name).
     let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("plugdb-{}", std::process::id()));
-    let options = operator::Options {
+    let mut options = operator::Options {
         plugin_namespace,
         watch_namespace: flag(args, "--watch-namespace"),
         identity: (!args.iter().any(|a| a == "--no-leader-election")).then_some(identity),
         ..Default::default()
     };
+    if let Some(n) = flag(args, "--concurrency") {
+        options.settings.concurrency = n.parse().with_context(|| format!("--concurrency: {n:?} is not a number from 0 to 65535"))?;
+    }
 
-    let client = kube::Client::try_default().await.context("connecting to the cluster (in-cluster config or $KUBECONFIG)")?;
     let metrics = Arc::new(Metrics::default());
+    let config = kube::Config::infer().await.context("finding the cluster (in-cluster config or $KUBECONFIG)")?;
+    let client = metrics.counted_client(config).context("connecting to the cluster")?;
     let readiness = Readiness::default();
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("listening on {listen}"))?;
     tokio::spawn(serve::serve(listener, metrics.clone(), readiness.clone()));

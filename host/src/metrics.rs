@@ -1,5 +1,7 @@
 //! Prometheus metrics of the operator, served at `/metrics`.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -34,6 +36,13 @@ pub struct ReconcileLabels {
     pub engine: String,
 }
 
+/// Labels of Kubernetes API requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `watch` for watches, else the HTTP method in lower case (`get`, `post`, `patch`, ...).
+    pub verb: String,
+}
+
 /// All metrics of the operator.
 pub struct Metrics {
     registry: Registry,
@@ -49,6 +58,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReconcileLabels, Counter>,
     /// Reconcile durations in seconds by engine.
     pub reconcile_seconds: Family<ReconcileLabels, Histogram>,
+    /// Requests made to the Kubernetes API by verb.
+    pub api_requests: Family<RequestLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -73,7 +84,9 @@ impl Default for Metrics {
         registry.register("reconciles", "Reconciles by engine", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by engine", reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Reconcile durations by engine", reconcile_seconds.clone());
-        Self { registry, plugin_loads, plugins_loaded, plugin_calls, reconciles, reconcile_errors, reconcile_seconds }
+        let api_requests = Family::<RequestLabels, Counter>::default();
+        registry.register("api_requests", "Requests made to the Kubernetes API by verb", api_requests.clone());
+        Self { registry, plugin_loads, plugins_loaded, plugin_calls, reconciles, reconcile_errors, reconcile_seconds, api_requests }
     }
 }
 
@@ -84,6 +97,18 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// A client for `config` whose requests are counted in `api_requests`.
+    pub fn counted_client(self: &Arc<Self>, config: kube::Config) -> Result<kube::Client, kube::Error> {
+        let metrics = self.clone();
+        let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+            let watch = req.method() == http::Method::GET && req.uri().query().is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
+            let verb = if watch { "watch".to_string() } else { req.method().as_str().to_ascii_lowercase() };
+            metrics.api_requests.get_or_create(&RequestLabels { verb }).inc();
+            req
+        });
+        Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build())
     }
 
     /// Counts one plugin load outcome.

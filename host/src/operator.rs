@@ -79,7 +79,7 @@ pub async fn run(
     let optimized = Runtime::new(options.limits)?.with_metrics(metrics.clone());
     let registry = Registry::new(quick, metrics.clone()).with_optimizer(optimized);
     let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
-    let ctx = Arc::new(reconcile::Context::new(client, registry, metrics, options.settings));
+    let ctx = Arc::new(reconcile::Context::new(client, registry, metrics, options.settings, options.watch_namespace.clone()));
     let lost = async {
         match &election {
             Some(e) => e.keep(retry).await,
@@ -87,7 +87,7 @@ pub async fn run(
         }
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut controller = Task(tokio::spawn(reconcile::run(ctx, options.watch_namespace.clone(), async move {
+    let mut controller = Task(tokio::spawn(reconcile::run(ctx, async move {
         let _ = stop_rx.await;
     })));
     let stopped = tokio::select! {

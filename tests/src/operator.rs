@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -14,7 +13,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, CustomResourceExt};
 use plugdb::crd::Database;
-use plugdb::metrics::Metrics;
+use plugdb::metrics::{Metrics, ReconcileLabels, RequestLabels};
 use plugdb::plugin::registry::PLUGIN_LABEL;
 use plugdb::plugin::{Limits, Registry, Runtime};
 use plugdb::reconcile::{self, Settings};
@@ -24,13 +23,29 @@ use crate::control_plane::ControlPlane;
 /// Namespace the operator loads plugins from.
 pub const OPERATOR_NAMESPACE: &str = "plugdb-system";
 
-/// Requests the operator's client made.
+/// Requests a client made, as the operator's own `api_requests` metric counts them.
 #[derive(Debug, Default)]
-pub struct RequestCounts {
-    /// Every request.
-    pub all: AtomicUsize,
-    /// Requests that may change state (anything but GET).
-    pub writes: AtomicUsize,
+pub struct RequestCounts(Arc<Metrics>);
+
+impl RequestCounts {
+    fn count(&self, keep: impl Fn(&str) -> bool) -> u64 {
+        let verbs = ["watch", "get", "post", "put", "patch", "delete"];
+        verbs
+            .into_iter()
+            .filter(|v| keep(v))
+            .map(|verb| self.0.api_requests.get_or_create(&RequestLabels { verb: verb.into() }).get())
+            .sum()
+    }
+
+    /// Every request but watches.
+    pub fn all(&self) -> u64 {
+        self.count(|v| v != "watch")
+    }
+
+    /// Requests that may change state.
+    pub fn writes(&self) -> u64 {
+        self.count(|v| v != "watch" && v != "get")
+    }
 }
 
 /// A control plane with the operator running against it.
@@ -43,6 +58,8 @@ pub struct Cluster {
     pub requests: Arc<RequestCounts>,
     /// The operator's plugin registry.
     pub registry: Registry,
+    /// The operator's metrics.
+    pub metrics: Arc<Metrics>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -62,17 +79,9 @@ pub fn plugin_config_map(engine: &str, component: &str) -> ConfigMap {
 
 /// An admin client for `cp` whose requests are counted.
 pub async fn counting_client(cp: &ControlPlane) -> Result<(Client, Arc<RequestCounts>)> {
-    let requests = Arc::new(RequestCounts::default());
-    let counts = requests.clone();
     let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&cp.kubeconfig)?, &KubeConfigOptions::default()).await?;
-    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-        counts.all.fetch_add(1, Ordering::Relaxed);
-        if req.method() != http::Method::GET {
-            counts.writes.fetch_add(1, Ordering::Relaxed);
-        }
-        req
-    });
-    Ok((kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build(), requests))
+    let requests = Arc::new(RequestCounts::default());
+    Ok((requests.0.counted_client(config)?, requests))
 }
 
 /// Installs the CRD and the operator namespace, and loads `plugins` as ConfigMaps.
@@ -101,6 +110,7 @@ pub fn test_settings() -> Settings {
         failover_after: Duration::from_secs(2),
         progress_requeue: Duration::from_millis(300),
         idle_requeue: Duration::from_secs(300),
+        ..Settings::default()
     }
 }
 
@@ -117,23 +127,23 @@ impl Cluster {
 
         let metrics = Arc::new(Metrics::default());
         let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
-        let settings = Settings {
-            failover_after: Duration::from_secs(2),
-            progress_requeue: Duration::from_millis(300),
-            idle_requeue: Duration::from_secs(300),
-        };
-        let ctx = Arc::new(reconcile::Context::new(operator_client.clone(), registry.clone(), metrics, settings));
+        let ctx = Arc::new(reconcile::Context::new(operator_client.clone(), registry.clone(), metrics.clone(), test_settings(), None));
         let tasks = vec![
             tokio::spawn(registry.clone().watch(operator_client, OPERATOR_NAMESPACE.into())),
-            tokio::spawn(reconcile::run(ctx, None, std::future::pending())),
+            tokio::spawn(reconcile::run(ctx, std::future::pending())),
         ];
-        let cluster = Self { cp, client, requests, registry, tasks };
+        let cluster = Self { cp, client, requests, registry, metrics, tasks };
         for (engine, _) in plugins {
             cluster
                 .wait_until(&format!("engine {engine} loaded"), Duration::from_secs(60), || cluster.registry.get(engine).is_some())
                 .await?;
         }
         Ok(cluster)
+    }
+
+    /// Reconciles the operator has run so far, of Databases of `engine`.
+    pub fn reconciles(&self, engine: &str) -> u64 {
+        self.metrics.reconciles.get_or_create(&ReconcileLabels { engine: engine.into() }).get()
     }
 
     /// Polls `check` every 100 ms until it holds or `timeout` ends.

@@ -2,7 +2,6 @@
 //! when it dies without letting go, the other takes over once the lease runs out.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -64,13 +63,13 @@ async fn only_the_leader_writes_and_a_follower_takes_over_when_it_dies() {
     };
     dbs.patch("orders", &kube::api::PatchParams::apply("test"), &kube::api::Patch::Apply(&db(1))).await.expect("database");
     wait_for("Running under replica-a", Duration::from_secs(60), async || running(&dbs, 1).await).await;
-    assert_eq!(writes_b.writes.load(Ordering::Relaxed), 0, "the follower wrote nothing");
-    assert!(writes_a.writes.load(Ordering::Relaxed) > 0, "the leader did the work");
+    assert_eq!(writes_b.writes(), 0, "the follower wrote nothing");
+    assert!(writes_a.writes() > 0, "the leader did the work");
 
     // replica-a dies without releasing the lease.
     a.abort();
     let _ = a.await;
-    let a_writes = writes_a.writes.load(Ordering::Relaxed);
+    let a_writes = writes_a.writes();
     let died = Instant::now();
     wait_for("replica-b takes the lease", LEASE * 4, async || holder(&cp.client).await.as_deref() == Some("replica-b")).await;
     let took_over = died.elapsed();
@@ -78,8 +77,8 @@ async fn only_the_leader_writes_and_a_follower_takes_over_when_it_dies() {
 
     dbs.patch("orders", &kube::api::PatchParams::apply("test"), &kube::api::Patch::Apply(&db(2))).await.expect("scale");
     wait_for("Running with 2 under replica-b", Duration::from_secs(60), async || running(&dbs, 2).await).await;
-    assert!(writes_b.writes.load(Ordering::Relaxed) > 0, "the new leader reconciles");
-    assert_eq!(writes_a.writes.load(Ordering::Relaxed), a_writes, "the dead leader writes nothing more");
+    assert!(writes_b.writes() > 0, "the new leader reconciles");
+    assert_eq!(writes_a.writes(), a_writes, "the dead leader writes nothing more");
 
     // A graceful stop releases the lease at once.
     let _ = stop_b.send(());

@@ -6,40 +6,50 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::Error;
+use super::cache::Seen;
+use super::{Ctx, Error};
 use crate::build::{APPLIED_HASH, Child, MANAGER, Names, labels};
 use crate::crd::{Database, DeletionPolicy};
 use crate::plugin::Credential;
 
-/// Applies `child` unless the live object already has its hash. Returns the live
-/// object and whether a write was made.
-pub async fn apply(client: &Client, namespace: &str, child: &Child) -> Result<(DynamicObject, bool), Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &child.resource);
-    let live = api.get_opt(&child.name).await?;
-    if let Some(live) = &live
-        && live.annotations().get(APPLIED_HASH).map(String::as_str) == Some(child.hash())
-    {
-        return Ok((live.clone(), false));
+/// Applies `child` unless the live object already has its hash. Returns the applied
+/// object when a write was made.
+pub async fn apply(ctx: &Ctx, namespace: &str, child: &Child) -> Result<Option<DynamicObject>, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
+    let same = |hash: Option<&str>| hash == Some(child.hash());
+    match ctx.caches.seen(&child.resource.kind, namespace, &child.name) {
+        Seen::Present { hash } if same(hash.as_deref()) => return Ok(None),
+        Seen::NotCached => {
+            if let Some(live) = api.get_opt(&child.name).await?
+                && same(live.annotations().get(APPLIED_HASH).map(String::as_str))
+            {
+                return Ok(None);
+            }
+        }
+        Seen::Present { .. } | Seen::Absent => {}
     }
     let mut object = child.object.clone();
     // A StatefulSet's claim templates are immutable: keep the live ones (volumes grow
     // by expanding their claims instead).
     if child.resource.kind == "StatefulSet"
-        && let Some(live) = &live
-        && let Some(templates) = live.data.pointer("/spec/volumeClaimTemplates")
+        && let Some(live) = ctx.caches.stateful_set(namespace, &child.name)
+        && let Some(templates) = live.spec.as_ref().and_then(|s| s.volume_claim_templates.as_ref())
     {
-        object["spec"]["volumeClaimTemplates"] = templates.clone();
+        object["spec"]["volumeClaimTemplates"] = serde_json::to_value(templates)?;
     }
     let applied = api.patch(&child.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await?;
-    Ok((applied, true))
+    Ok(Some(applied))
 }
 
 /// Creates a child only when it does not exist (claims, Jobs): never updates it.
-pub async fn create_once(client: &Client, namespace: &str, child: &Child) -> Result<bool, Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &child.resource);
+pub async fn create_once(ctx: &Ctx, namespace: &str, child: &Child) -> Result<bool, Error> {
+    if let Seen::Present { .. } = ctx.caches.seen(&child.resource.kind, namespace, &child.name) {
+        return Ok(false);
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
     let object: DynamicObject = serde_json::from_value(child.object.clone())?;
     match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &object).await {
         Ok(_) => Ok(true),
@@ -65,14 +75,14 @@ fn generate(length: u32) -> Result<String, Error> {
 /// Makes sure the credentials Secret holds every key the plugin asks for. Keys are
 /// generated once and never overwritten; the Secret outlives the Database unless the
 /// deletion policy is Delete.
-pub async fn ensure_credentials(client: &Client, db: &Database, wanted: &[Credential]) -> Result<bool, Error> {
+pub async fn ensure_credentials(ctx: &Ctx, db: &Database, wanted: &[Credential]) -> Result<bool, Error> {
     let ns = db.namespace().unwrap_or_default();
     let name = Names(&db.name_any()).credentials();
-    let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let live = api.get_opt(&name).await?;
-    let have = live.as_ref().and_then(|s| s.data.clone()).unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let live = ctx.caches.secret_keys(&ns, &name);
+    let have = live.clone().unwrap_or_default();
     let mut missing = BTreeMap::new();
-    for c in wanted.iter().filter(|c| !have.contains_key(&c.key)) {
+    for c in wanted.iter().filter(|c| !have.contains(&c.key)) {
         missing.insert(c.key.clone(), ByteString(generate(c.length)?.into_bytes()));
     }
     let owned = db.spec.deletion_policy == DeletionPolicy::Delete;
@@ -99,8 +109,17 @@ pub async fn ensure_credentials(client: &Client, db: &Database, wanted: &[Creden
         }
         Some(_) if missing.is_empty() => Ok(false),
         Some(_) => {
-            // Add only the missing keys; a merge patch leaves the others as they are.
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": missing}))).await?;
+            // The cache may be behind a key added a moment ago: ask the API server before
+            // adding, so a generated value is never replaced by another.
+            let Some(live) = api.get_opt(&name).await? else { return Ok(false) };
+            missing.retain(|k, _| !live.data.as_ref().is_some_and(|d| d.contains_key(k)));
+            if missing.is_empty() {
+                return Ok(false);
+            }
+            // Add only the missing keys; a merge patch leaves the others as they are, and
+            // the resourceVersion makes it fail if the Secret changed since it was read.
+            let patch = json!({"metadata": {"resourceVersion": live.resource_version()}, "data": missing});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await?;
             Ok(true)
         }
     }

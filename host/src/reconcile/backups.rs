@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
 use super::{Ctx, Error, apply};
@@ -53,8 +53,7 @@ pub async fn ensure_backup(
     run_as_user: u32,
 ) -> Result<Result<JobState, String>, Error> {
     let ns = db.namespace().unwrap_or_default();
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-    if let Some(job) = api.get_opt(name).await? {
+    if let Some(job) = ctx.caches.job(&ns, name) {
         return Ok(Ok(state(Some(&job))));
     }
     let location = BackupLocation {
@@ -67,8 +66,8 @@ pub async fn ensure_backup(
         Ok(plan) => plan,
         Err(e) => return Ok(Err(e.to_string())),
     };
-    apply::create_once(&ctx.client, &ns, &jobs::backup_claim(db)).await?;
-    apply::create_once(&ctx.client, &ns, &jobs::job(db, name, Purpose::Backup, &plan, &db.name_any(), None, run_as_user)).await?;
+    apply::create_once(ctx, &ns, &jobs::backup_claim(db)).await?;
+    apply::create_once(ctx, &ns, &jobs::job(db, name, Purpose::Backup, &plan, &db.name_any(), None, run_as_user)).await?;
     Ok(Ok(JobState::Running))
 }
 
@@ -115,8 +114,7 @@ pub async fn reconcile(ctx: &Ctx, db: &Database, plugin: &Plugin, spec: &EngineS
         wanted.push(format!("{name}-manual-{}", &digest[..10]));
     }
 
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut backups = api.list(&ListParams::default().labels(&format!("{BACKUP_OF}={name}"))).await?.items;
+    let mut backups: Vec<Job> = ctx.caches.jobs_labelled(&ns, BACKUP_OF, &name).iter().map(|j| j.as_ref().clone()).collect();
     for job_name in wanted.iter().filter(|w| !backups.iter().any(|j| j.name_any() == **w)) {
         match ensure_backup(ctx, db, plugin, spec, job_name, run_as_user).await? {
             Ok(_) => report.running = true,

@@ -4,6 +4,7 @@
 
 mod apply;
 pub mod backups;
+pub mod cache;
 pub mod members;
 pub mod restore;
 pub mod status;
@@ -14,13 +15,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -30,6 +30,7 @@ use crate::jobs::{self, Purpose};
 use crate::metrics::{Metrics, ReconcileLabels};
 use crate::plugin::{EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep, Workload};
 use backups::JobState;
+use cache::{Caches, Triggers};
 use status::kind;
 
 /// Finalizer that holds deletion until the final backup is taken.
@@ -44,11 +45,18 @@ pub struct Settings {
     pub progress_requeue: Duration,
     /// Requeue when all is steady.
     pub idle_requeue: Duration,
+    /// Databases reconciled at once (0: no limit).
+    pub concurrency: u16,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { failover_after: Duration::from_secs(30), progress_requeue: Duration::from_secs(5), idle_requeue: Duration::from_secs(300) }
+        Self {
+            failover_after: Duration::from_secs(30),
+            progress_requeue: Duration::from_secs(5),
+            idle_requeue: Duration::from_secs(300),
+            concurrency: 16,
+        }
     }
 }
 
@@ -64,14 +72,67 @@ pub struct Context {
     pub recorder: Recorder,
     /// Timing.
     pub settings: Settings,
+    /// What the managed objects look like now.
+    pub caches: Caches,
+    namespace: Option<String>,
+    triggers: Mutex<Option<Triggers>>,
     failures: Mutex<HashMap<ObjectRef<Database>, u32>>,
+    written: Mutex<HashMap<ObjectRef<Database>, Written>>,
+}
+
+/// This operator's latest write to a Database, until the watch catches up with it.
+struct Written {
+    /// Versions the write superseded: a cache still holding one of these is behind.
+    superseded: Vec<String>,
+    latest: Database,
 }
 
 impl Context {
-    /// A context for `client` and `registry`.
-    pub fn new(client: Client, registry: Registry, metrics: Arc<Metrics>, settings: Settings) -> Self {
+    /// A context for Databases in `namespace` (all when `None`); starts the caches.
+    pub fn new(client: Client, registry: Registry, metrics: Arc<Metrics>, settings: Settings, namespace: Option<String>) -> Self {
         let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: std::env::var("POD_NAME").ok() });
-        Self { client, registry, metrics, recorder, settings, failures: Mutex::default() }
+        let (caches, triggers) = Caches::start(&client, namespace.as_deref());
+        Self {
+            client,
+            registry,
+            metrics,
+            recorder,
+            settings,
+            caches,
+            namespace,
+            triggers: Mutex::new(Some(triggers)),
+            failures: Mutex::default(),
+            written: Mutex::default(),
+        }
+    }
+
+    /// `db`, or this operator's own later write to it when the cache has not seen that
+    /// write yet: a pass never acts on state it has already replaced.
+    fn freshest(&self, db: Arc<Database>) -> Arc<Database> {
+        let key = ObjectRef::from_obj(db.as_ref());
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        match written.get(&key) {
+            Some(w) if db.metadata.resource_version.as_ref().is_some_and(|rv| w.superseded.contains(rv)) => Arc::new(w.latest.clone()),
+            Some(_) => {
+                written.remove(&key);
+                db
+            }
+            None => db,
+        }
+    }
+
+    /// Records that `before` was replaced by `after`, which this operator wrote.
+    fn wrote(&self, before: &Database, after: Database) {
+        let key = ObjectRef::from_obj(before);
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = written.entry(key).or_insert_with(|| Written { superseded: Vec::new(), latest: after.clone() });
+        let versions = [before.metadata.resource_version.clone(), entry.latest.metadata.resource_version.clone()];
+        for rv in versions.into_iter().flatten() {
+            if !entry.superseded.contains(&rv) && Some(&rv) != after.metadata.resource_version.as_ref() {
+                entry.superseded.push(rv);
+            }
+        }
+        entry.latest = after;
     }
 }
 
@@ -93,16 +154,17 @@ pub enum Error {
 }
 
 /// Runs the controller until `shutdown` completes; in-flight reconciles finish first.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
-    let client = ctx.client.clone();
-    let dbs: Api<Database> = match &namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+/// Reconciles start once every cache has listed.
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let Some(triggers) = ctx.triggers.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        tracing::error!("this context's controller already ran");
+        return;
     };
-    let (sts, jobs): (Api<StatefulSet>, Api<Job>) = match &namespace {
-        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+    let dbs: Api<Database> = match &ctx.namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
     };
+    ctx.caches.ready().await;
     // Any plugin change re-renders every Database: a lagging receiver still means "changed".
     let changes = futures::stream::unfold(ctx.registry.subscribe(), |mut rx| async move {
         match rx.recv().await {
@@ -110,10 +172,19 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, shutdown: impl st
             Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
         }
     });
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=plugdb");
-    Controller::new(dbs, watcher::Config::default())
-        .owns(sts, owned.clone())
-        .owns(jobs, owned)
+    // A Database's own status and finalizer writes do not start another pass: only its
+    // spec (generation, which deletion also bumps) and annotations (backup-now) do.
+    let (reader, writer) = reflector::store();
+    let databases = watcher(dbs, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation.combine(predicates::annotations), Default::default());
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
+    Controller::for_stream(databases, reader)
+        .with_config(config)
+        .owns_stream(triggers.stateful_sets.map(Ok))
+        .owns_stream(triggers.jobs.map(Ok))
         .reconcile_all_on(changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -140,6 +211,7 @@ pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Acti
 /// Reconciles one Database.
 #[tracing::instrument(skip_all, fields(database = %db.name_any(), namespace = db.namespace().unwrap_or_default(), engine = %db.spec.engine))]
 pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let db = ctx.freshest(db);
     let started = std::time::Instant::now();
     let labels = ReconcileLabels { engine: db.spec.engine.clone() };
     ctx.metrics.reconciles.get_or_create(&labels).inc();
@@ -182,7 +254,8 @@ async fn write_status(ctx: &Ctx, db: &Database, status: DatabaseStatus) -> Resul
     }
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
     let patch = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "status": status});
-    api.patch_status(&db.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+    let after = api.patch_status(&db.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+    ctx.wrote(db, after);
     Ok(())
 }
 
@@ -197,7 +270,8 @@ async fn set_finalizer(ctx: &Ctx, db: &Database, present: bool) -> Result<(), Er
     }
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": db.resource_version()}});
-    api.patch(&db.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let after = api.patch(&db.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    ctx.wrote(db, after);
     Ok(())
 }
 
@@ -314,8 +388,36 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     }
     let spec = EngineSpec { version: version.clone(), ..spec };
 
-    // 4. Render and apply.
-    let primary = status.primary.clone().unwrap_or_else(|| names.pod(0));
+    // 4. Members as they are; a lost primary is replaced before anything is rendered, so
+    // the Services and members follow the new one in this same pass.
+    let pod_list = ctx.caches.pods(&ns, &build::selector(db));
+    let observed = members::observe(&names.primary(), &pod_list, k8s_openapi::jiff::Timestamp::now());
+    let mut primary = status.primary.clone().unwrap_or_else(|| names.pod(0));
+    let mut failed_over = false;
+    if members::primary_lost(&observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
+        match plugin.choose_primary(&spec, &members::for_plugin(&observed, &primary)) {
+            Ok(FailoverDecision::Promote { pod, command }) => {
+                let note = format!(
+                    "primary {primary} not ready for {:?}; promoting {pod} (promotion: {})",
+                    ctx.settings.failover_after,
+                    command.join(" ")
+                );
+                event(ctx, db, true, "FailoverPromoted", note).await;
+                primary = pod;
+                failed_over = true;
+            }
+            Ok(FailoverDecision::NoSafeMember(reason)) => {
+                let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
+                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover")) {
+                    event(ctx, db, true, "NoSafeFailover", message.clone()).await;
+                }
+                status::set(&mut status.conditions, kind::DEGRADED, true, "NoSafeFailover", message, generation);
+            }
+            Err(e) => status::set(&mut status.conditions, kind::DEGRADED, true, "FailoverFailed", e.to_string(), generation),
+        }
+    }
+
+    // 5. Render and apply.
     let cluster = build::cluster_context(db, &primary);
     let workload = match plugin.render(&spec, &cluster) {
         Ok(w) => w,
@@ -335,7 +437,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
             status::set(&mut status.conditions, kind::PLUGIN_READY, true, "Rendered", format!("rendered by {}", plugin.id()), generation)
         }
     }
-    apply::ensure_credentials(&ctx.client, db, &workload.credentials).await?;
+    apply::ensure_credentials(ctx, db, &workload.credentials).await?;
     let was_ready = status::is_true(&status.conditions, kind::READY);
     // Restored once, never again: the condition remembers it.
     let restoring = if db.spec.restore_from.is_some() && !status::is_true(&status.conditions, kind::RESTORED) {
@@ -367,14 +469,12 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
         restore::Restore::Done | restore::Restore::Running => {}
     }
-    let mut sts_live = None;
+    let mut sts: Option<StatefulSet> = ctx.caches.stateful_set(&ns, &names.primary()).map(|s| s.as_ref().clone());
     for child in build::children(db, &workload, &db.spec.engine, &primary) {
-        let (live, wrote) = apply::apply(&ctx.client, &ns, &child).await?;
-        if child.resource.kind == "StatefulSet" {
-            if wrote {
-                expand_volumes(ctx, db, &ns).await?;
-            }
-            sts_live = Some(live);
+        let applied = apply::apply(ctx, &ns, &child).await?;
+        if let Some(applied) = applied.filter(|_| child.resource.kind == "StatefulSet") {
+            expand_volumes(ctx, db, &ns).await?;
+            sts = Some(serde_json::from_value(serde_json::to_value(applied)?)?);
         }
     }
     status.primary = Some(primary.clone());
@@ -382,15 +482,12 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         status.current_version = Some(version.clone());
     }
 
-    // 5. Members: roles, rolling restarts, failover.
-    let sts: Option<StatefulSet> = sts_live.and_then(|o| serde_json::from_value(serde_json::to_value(o).ok()?).ok());
+    // 6. Members: roles and rolling restarts.
     // Revisions are only meaningful once the StatefulSet controller has seen the latest spec.
     let sts_current = sts.as_ref().is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
     let sts_status = sts.and_then(|s| s.status);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let pod_list = pods.list(&ListParams::default().labels(&selector_string(db))).await?.items;
-    let observed = members::observe(&names.primary(), &pod_list, k8s_openapi::jiff::Timestamp::now());
     let desired = db.spec.replicas.max(1) as usize;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for m in &observed {
         let role = if m.name == primary { "primary" } else { "replica" };
         if m.role.as_deref() != Some(role) && !m.terminating {
@@ -398,7 +495,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
     let update_revision = sts_status.as_ref().and_then(|s| s.update_revision.clone()).unwrap_or_default();
-    let mut progressing = restoring == restore::Restore::Running;
+    let mut progressing = failed_over || restoring == restore::Restore::Running;
     if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired).filter(|_| sts_current) {
         pods.delete(&next.name, &DeleteParams::default()).await?;
         let pod = pod_list.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
@@ -408,30 +505,9 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     let rolled = sts_current && members::rolled(&observed, &update_revision, desired);
     let ready = observed.iter().filter(|m| m.ready).count() as i32;
 
-    if members::primary_lost(&observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
-        match plugin.choose_primary(&spec, &members::for_plugin(&observed, &primary)) {
-            Ok(FailoverDecision::Promote { pod, command }) => {
-                let note = format!(
-                    "primary {primary} not ready for {:?}; promoting {pod} (promotion: {})",
-                    ctx.settings.failover_after,
-                    command.join(" ")
-                );
-                event(ctx, db, true, "FailoverPromoted", note).await;
-                status.primary = Some(pod);
-                progressing = true;
-            }
-            Ok(FailoverDecision::NoSafeMember(reason)) => {
-                let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
-                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover")) {
-                    event(ctx, db, true, "NoSafeFailover", message.clone()).await;
-                }
-                status::set(&mut status.conditions, kind::DEGRADED, true, "NoSafeFailover", message, generation);
-            }
-            Err(e) => status::set(&mut status.conditions, kind::DEGRADED, true, "FailoverFailed", e.to_string(), generation),
-        }
-    }
-
-    // 6. Upgrade steps, once the new version is rendered.
+    // 7. Upgrade steps, once the new version is rendered (until then, a pre-upgrade
+    // backup is running).
+    progressing |= status.upgrade.is_some();
     if let (Some(upgrade), Some(plan)) = (status.upgrade.clone().filter(|u| u.to == version), plan) {
         progressing = true;
         let mut step = upgrade.step as usize;
@@ -441,9 +517,8 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
                 UpgradeStep::Job(job) => {
                     let job_name = format!("{name}-upgrade-{}-{step}", &crate::plugin::hex_digest(upgrade.to.as_bytes())[..8]);
                     let child = jobs::job(db, &job_name, Purpose::Upgrade, job, &name, None, workload.run_as_user);
-                    apply::create_once(&ctx.client, &ns, &child).await?;
-                    let live = Api::<Job>::namespaced(ctx.client.clone(), &ns).get_opt(&job_name).await?;
-                    backups::state(live.as_ref()) == JobState::Succeeded
+                    apply::create_once(ctx, &ns, &child).await?;
+                    backups::state(ctx.caches.job(&ns, &job_name).as_deref()) == JobState::Succeeded
                 }
             };
             if !done {
@@ -460,7 +535,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
 
-    // 7. Backups.
+    // 8. Backups.
     let report = backups::reconcile(ctx, db, &plugin, &spec, workload.run_as_user).await?;
     status.last_backup = report.last.clone();
     status.next_backup = report.next.map(|t| t.to_rfc3339());
@@ -469,7 +544,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         None => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, "BackupsHealthy", backup_message(&report), generation),
     }
 
-    // 8. Status.
+    // 9. Status.
     let all_ready = ready as usize == desired && rolled;
     progressing |= !all_ready;
     status.ready_replicas = Some(ready);
@@ -559,10 +634,6 @@ fn join(v: &[crate::plugin::Violation]) -> String {
     v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
-fn selector_string(db: &Database) -> String {
-    build::selector(db).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
-}
-
 /// Grows member volumes to `spec.storage.size` (claims can grow, never shrink).
 async fn expand_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<(), Error> {
     let Some(want) = crate::quantity::bytes(&db.spec.storage.size.0) else { return Ok(()) };
@@ -570,7 +641,7 @@ async fn expand_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<(), Error>
     let name = db.name_any();
     for ordinal in 0..db.spec.replicas.max(1) as u32 {
         let claim = Names(&name).data_claim(ordinal);
-        let Some(pvc) = api.get_opt(&claim).await? else { continue };
+        let Some(pvc) = ctx.caches.claim(ns, &claim) else { continue };
         let have = pvc
             .spec
             .as_ref()

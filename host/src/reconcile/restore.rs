@@ -4,7 +4,6 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
-use kube::api::Api;
 use serde_json::json;
 
 use super::backups::{self, JobState};
@@ -45,13 +44,12 @@ pub async fn reconcile(
     let Some(source) = &db.spec.restore_from else { return Ok(Restore::Done) };
     let ns = db.namespace().unwrap_or_default();
     let name = db.name_any();
-    let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-    let job = jobs_api.get_opt(&job_name(db)).await?;
-    match backups::state(job.as_ref()) {
+    let job = ctx.caches.job(&ns, &job_name(db));
+    match backups::state(job.as_deref()) {
         JobState::Succeeded => return Ok(Restore::Done),
         JobState::Failed => return Ok(Restore::Failed(format!("restore Job {} failed; see its logs", job_name(db)))),
         // A restore into the data volume holds the members until it is done.
-        JobState::Running if job.as_ref().is_some_and(writes_data) => return Ok(Restore::HoldMembers),
+        JobState::Running if job.as_deref().is_some_and(writes_data) => return Ok(Restore::HoldMembers),
         JobState::Running => return Ok(Restore::Running),
         JobState::Missing => {}
     }
@@ -70,7 +68,7 @@ pub async fn reconcile(
     }
     let claim = Names(&name).data_claim(0);
     if plan.mounts_data {
-        apply::create_once(&ctx.client, &ns, &data_claim(db, &claim)).await?;
+        apply::create_once(ctx, &ns, &data_claim(db, &claim)).await?;
     }
     let job = jobs::job(
         db,
@@ -81,7 +79,7 @@ pub async fn reconcile(
         Some((&claim, &workload.data_mount_path)),
         workload.run_as_user,
     );
-    apply::create_once(&ctx.client, &ns, &job).await?;
+    apply::create_once(ctx, &ns, &job).await?;
     Ok(if plan.mounts_data { Restore::HoldMembers } else { Restore::Running })
 }
 

@@ -1,0 +1,255 @@
+//! The reconciler's read side: watch-fed caches of every object plugdb manages, so a
+//! pass reads nothing over the network and writes only what differs.
+//!
+//! Only objects labelled `app.kubernetes.io/managed-by=plugdb` are watched, and each
+//! cache keeps just what a pass reads: no managed fields, no Secret values, no pod or
+//! StatefulSet pod templates; ConfigMaps, Services and PodDisruptionBudgets are
+//! watched as metadata only (their applied hash is all a pass needs).
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::channel::mpsc;
+use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use crate::build::{APPLIED_HASH, MANAGER};
+
+/// What a cache knows of one child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// No such object.
+    Absent,
+    /// The object, with the hash it was last applied with.
+    Present {
+        /// Its `plugdb.io/applied-hash` annotation.
+        hash: Option<String>,
+    },
+    /// This kind is not cached: ask the API server.
+    NotCached,
+}
+
+/// Caches of the managed objects, filled by watches that run as long as this value.
+pub struct Caches {
+    config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    services: Store<PartialObjectMeta<Service>>,
+    budgets: Store<PartialObjectMeta<PodDisruptionBudget>>,
+    secrets: Store<Secret>,
+    stateful_sets: Store<StatefulSet>,
+    pods: Store<Pod>,
+    jobs: Store<Job>,
+    claims: Store<PersistentVolumeClaim>,
+    _tasks: Vec<AbortOnDrop>,
+}
+
+impl std::fmt::Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches").finish_non_exhaustive()
+    }
+}
+
+/// Changed StatefulSets and Jobs, sent once their cache holds the change: what wakes
+/// their owner's reconcile.
+pub struct Triggers {
+    /// StatefulSets, including deleted ones.
+    pub stateful_sets: mpsc::UnboundedReceiver<StatefulSet>,
+    /// Jobs, including deleted ones.
+    pub jobs: mpsc::UnboundedReceiver<Job>,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs a reflector for `K` into a new store, trimming each object with `trim`;
+/// `notify` hears of every touched object after the store has it.
+fn cache<K>(api: Api<K>, trim: fn(&mut K), notify: Option<mpsc::UnboundedSender<K>>) -> (Store<K>, AbortOnDrop)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGER}")).any_semantic();
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim)).touched_objects();
+    let task = tokio::spawn(drive(stream, notify));
+    (reader, AbortOnDrop(task))
+}
+
+async fn drive<K: Resource<DynamicType = ()>>(
+    stream: impl Stream<Item = Result<K, watcher::Error>>,
+    notify: Option<mpsc::UnboundedSender<K>>,
+) {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(object) => {
+                if let Some(tx) = &notify {
+                    let _ = tx.unbounded_send(object);
+                }
+            }
+            Err(e) => tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"),
+        }
+    }
+}
+
+fn no_managed_fields<K: Resource>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
+}
+
+fn key_names_only(s: &mut Secret) {
+    no_managed_fields(s);
+    s.string_data = None;
+    if let Some(data) = &mut s.data {
+        data.values_mut().for_each(|v| v.0.clear());
+    }
+}
+
+fn pod_essentials(p: &mut Pod) {
+    no_managed_fields(p);
+    p.spec = None;
+    p.status = p.status.take().map(|s| PodStatus { conditions: s.conditions, phase: s.phase, ..Default::default() });
+}
+
+fn no_pod_template(s: &mut StatefulSet) {
+    no_managed_fields(s);
+    if let Some(spec) = &mut s.spec {
+        spec.template = Default::default();
+    }
+}
+
+fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    store.get(&ObjectRef::new(name).within(namespace))
+}
+
+fn seen<K>(store: &Store<K>, namespace: &str, name: &str) -> Seen
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    match get(store, namespace, name) {
+        None => Seen::Absent,
+        Some(o) => Seen::Present { hash: o.annotations().get(APPLIED_HASH).cloned() },
+    }
+}
+
+fn in_namespace<K, P>(store: &Store<K>, namespace: &str, predicate: P) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    P: Fn(&K) -> bool,
+{
+    store.state_filter(|o| o.meta().namespace.as_deref() == Some(namespace) && predicate(o))
+}
+
+impl Caches {
+    /// Starts watching managed objects in `namespace` (all when `None`).
+    pub fn start(client: &Client, namespace: Option<&str>) -> (Self, Triggers) {
+        let (sts_tx, sts_rx) = mpsc::unbounded();
+        let (job_tx, job_rx) = mpsc::unbounded();
+        let (config_maps, t1) = cache(api::<PartialObjectMeta<ConfigMap>>(client, namespace), no_managed_fields, None);
+        let (services, t2) = cache(api::<PartialObjectMeta<Service>>(client, namespace), no_managed_fields, None);
+        let (budgets, t3) = cache(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), no_managed_fields, None);
+        let (secrets, t4) = cache(api(client, namespace), key_names_only, None);
+        let (stateful_sets, t5) = cache(api(client, namespace), no_pod_template, Some(sts_tx));
+        let (pods, t6) = cache(api(client, namespace), pod_essentials, None);
+        let (jobs, t7) = cache(api(client, namespace), no_managed_fields, Some(job_tx));
+        let (claims, t8) = cache(api(client, namespace), no_managed_fields, None);
+        let caches = Self {
+            config_maps,
+            services,
+            budgets,
+            secrets,
+            stateful_sets,
+            pods,
+            jobs,
+            claims,
+            _tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8],
+        };
+        (caches, Triggers { stateful_sets: sts_rx, jobs: job_rx })
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn ready(&self) {
+        let _ = futures::join!(
+            self.config_maps.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.budgets.wait_until_ready(),
+            self.secrets.wait_until_ready(),
+            self.stateful_sets.wait_until_ready(),
+            self.pods.wait_until_ready(),
+            self.jobs.wait_until_ready(),
+            self.claims.wait_until_ready(),
+        );
+    }
+
+    /// What the cache knows of the child `kind` `namespace/name`.
+    pub fn seen(&self, kind: &str, namespace: &str, name: &str) -> Seen {
+        match kind {
+            "ConfigMap" => seen(&self.config_maps, namespace, name),
+            "Service" => seen(&self.services, namespace, name),
+            "PodDisruptionBudget" => seen(&self.budgets, namespace, name),
+            "Secret" => seen(&self.secrets, namespace, name),
+            "StatefulSet" => seen(&self.stateful_sets, namespace, name),
+            "Job" => seen(&self.jobs, namespace, name),
+            "PersistentVolumeClaim" => seen(&self.claims, namespace, name),
+            _ => Seen::NotCached,
+        }
+    }
+
+    /// The key names of Secret `namespace/name` (values are not cached).
+    pub fn secret_keys(&self, namespace: &str, name: &str) -> Option<Vec<String>> {
+        get(&self.secrets, namespace, name).map(|s| s.data.iter().flat_map(|d| d.keys().cloned()).collect())
+    }
+
+    /// StatefulSet `namespace/name`, without its pod template.
+    pub fn stateful_set(&self, namespace: &str, name: &str) -> Option<Arc<StatefulSet>> {
+        get(&self.stateful_sets, namespace, name)
+    }
+
+    /// Job `namespace/name`.
+    pub fn job(&self, namespace: &str, name: &str) -> Option<Arc<Job>> {
+        get(&self.jobs, namespace, name)
+    }
+
+    /// Jobs in `namespace` labelled `key=value`.
+    pub fn jobs_labelled(&self, namespace: &str, key: &str, value: &str) -> Vec<Arc<Job>> {
+        in_namespace(&self.jobs, namespace, |j| j.labels().get(key).map(String::as_str) == Some(value))
+    }
+
+    /// Claim `namespace/name`.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        get(&self.claims, namespace, name)
+    }
+
+    /// Pods in `namespace` whose labels include all of `selector`: metadata and
+    /// conditions only.
+    pub fn pods(&self, namespace: &str, selector: &std::collections::BTreeMap<String, String>) -> Vec<Pod> {
+        in_namespace(&self.pods, namespace, |p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
+            .into_iter()
+            .map(|p| p.as_ref().clone())
+            .collect()
+    }
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The benchmarks: plugin calls (criterion) and the operator at scale (1,000 Databases
+# by default) on a real control plane. Installs what it needs, like scripts/test.sh.
+#   scripts/bench.sh [COUNT]      tables in target/scale-bench.md and target/criterion
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+cargo build --release --locked -p plugdb -p plugdb-tests --bins
+cargo bench --locked -p plugdb-tests --bench plugin_call
+target/release/scale-bench "${1:-1000}" target/scale-bench.md
