@@ -105,6 +105,7 @@ impl Metrics {
         let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
             let watch = req.method() == http::Method::GET && req.uri().query().is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
             let verb = if watch { "watch".to_string() } else { req.method().as_str().to_ascii_lowercase() };
+            tracing::trace!(%verb, path = req.uri().path(), "API request");
             metrics.api_requests.get_or_create(&RequestLabels { verb }).inc();
             req
         });

@@ -54,7 +54,8 @@ pub struct Cluster {
     pub cp: ControlPlane,
     /// An admin client for the test's own reads and writes.
     pub client: Client,
-    /// Requests made by the operator's client.
+    operator_client: Client,
+    /// Requests made by the operator's reconciler.
     pub requests: Arc<RequestCounts>,
     /// The operator's plugin registry.
     pub registry: Registry,
@@ -82,6 +83,19 @@ pub async fn counting_client(cp: &ControlPlane) -> Result<(Client, Arc<RequestCo
     let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&cp.kubeconfig)?, &KubeConfigOptions::default()).await?;
     let requests = Arc::new(RequestCounts::default());
     Ok((requests.0.counted_client(config)?, requests))
+}
+
+/// The operator's registry watch (on `admin`: its Events about plugin ConfigMaps are
+/// not the reconciler's requests) and controller (on `client`), with fast test timings.
+fn operator(admin: &Client, client: &Client) -> Result<(Registry, Arc<Metrics>, Vec<tokio::task::JoinHandle<()>>)> {
+    let metrics = Arc::new(Metrics::default());
+    let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
+    let ctx = Arc::new(reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), None));
+    let tasks = vec![
+        tokio::spawn(registry.clone().watch(admin.clone(), OPERATOR_NAMESPACE.into())),
+        tokio::spawn(reconcile::run(ctx, std::future::pending())),
+    ];
+    Ok((registry, metrics, tasks))
 }
 
 /// Installs the CRD and the operator namespace, and loads `plugins` as ConfigMaps.
@@ -125,20 +139,22 @@ impl Cluster {
         // The operator gets a client of its own whose requests are counted.
         let (operator_client, requests) = counting_client(&cp).await?;
 
-        let metrics = Arc::new(Metrics::default());
-        let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
-        let ctx = Arc::new(reconcile::Context::new(operator_client.clone(), registry.clone(), metrics.clone(), test_settings(), None));
-        let tasks = vec![
-            tokio::spawn(registry.clone().watch(operator_client, OPERATOR_NAMESPACE.into())),
-            tokio::spawn(reconcile::run(ctx, std::future::pending())),
-        ];
-        let cluster = Self { cp, client, requests, registry, metrics, tasks };
+        let (registry, metrics, tasks) = operator(&client, &operator_client)?;
+        let cluster = Self { cp, client, operator_client, requests, registry, metrics, tasks };
         for (engine, _) in plugins {
             cluster
                 .wait_until(&format!("engine {engine} loaded"), Duration::from_secs(60), || cluster.registry.get(engine).is_some())
                 .await?;
         }
         Ok(cluster)
+    }
+
+    /// Stops the operator and starts a fresh one (new registry, caches and metrics), as
+    /// a restarted pod would be; its requests go on being counted in `requests`.
+    pub fn restart_operator(&mut self) -> Result<()> {
+        self.tasks.drain(..).for_each(|t| t.abort());
+        (self.registry, self.metrics, self.tasks) = operator(&self.client, &self.operator_client)?;
+        Ok(())
     }
 
     /// Reconciles the operator has run so far, of Databases of `engine`.

@@ -39,7 +39,7 @@ async fn image_of(cluster: &Cluster, ns: &str) -> String {
 
 #[tokio::test]
 async fn a_database_becomes_ready_with_all_its_children_and_then_writes_nothing() {
-    let cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
+    let mut cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
     cluster.apply_database("shop", orders(3, "16")).await.expect("apply");
     let db = cluster.wait_database("shop", "orders", "Running with 3 ready", WAIT, |d| is_running(d, 3)).await.expect("ready");
     let status = db.status.clone().expect("status");
@@ -82,6 +82,14 @@ async fn a_database_becomes_ready_with_all_its_children_and_then_writes_nothing(
     cluster.wait_until("the poke is reconciled", WAIT, || cluster.reconciles("postgres") > reconciles).await.expect("reconcile");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(cluster.requests.all(), all, "no requests in steady state");
+
+    // A restarted operator resyncs from its caches once its plugins are loaded: it never
+    // reports the engine missing in between, and writes nothing.
+    let writes = cluster.requests.writes();
+    cluster.restart_operator().expect("restart");
+    cluster.wait_until("the restarted operator reconciles", WAIT, || cluster.reconciles("postgres") > 0).await.expect("resync");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cluster.requests.writes(), writes, "no writes after a restart");
 }
 
 #[tokio::test]

@@ -123,6 +123,8 @@ pub struct Registry {
     compiled: Arc<RwLock<HashMap<String, Plugin>>>,
     changes: broadcast::Sender<String>,
     metrics: Arc<Metrics>,
+    /// True once the watch has loaded every plugin ConfigMap that existed when it started.
+    synced: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -164,7 +166,8 @@ impl Registry {
     /// An empty registry running plugins in `runtime`.
     pub fn new(runtime: Runtime, metrics: Arc<Metrics>) -> Self {
         let (changes, _) = broadcast::channel(64);
-        Self { runtime, optimizer: None, state: Arc::default(), compiled: Arc::default(), changes, metrics }
+        let synced = Arc::new(tokio::sync::watch::Sender::new(false));
+        Self { runtime, optimizer: None, state: Arc::default(), compiled: Arc::default(), changes, metrics, synced }
     }
 
     /// Tiered loading: plugins load with the registry's (quick) runtime and serve at
@@ -188,6 +191,14 @@ impl Registry {
     /// The last load problem that concerns `engine` (a ConfigMap labelled for it that failed).
     pub fn problem(&self, engine: &str) -> Option<LoadProblem> {
         self.state.read().unwrap_or_else(lock_poisoned).problems.values().find(|p| p.engine.as_deref() == Some(engine)).cloned()
+    }
+
+    /// Waits until [`Registry::watch`] has loaded (or rejected) every plugin ConfigMap
+    /// that existed when it started, so that nothing is judged against a half-loaded
+    /// registry.
+    pub async fn synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|synced| *synced).await;
     }
 
     /// Engine names whose plugin changed (loaded, replaced, unloaded), as they happen.
@@ -340,6 +351,7 @@ impl Registry {
                             self.report(&gone, &outcome);
                         }
                     }
+                    self.synced.send_replace(true);
                 }
                 Ok(watcher::Event::Delete(cm)) => {
                     let name = cm.name_any();

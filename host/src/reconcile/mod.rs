@@ -154,7 +154,7 @@ pub enum Error {
 }
 
 /// Runs the controller until `shutdown` completes; in-flight reconciles finish first.
-/// Reconciles start once every cache has listed.
+/// Reconciles start once every cache has listed and the plugins present at start are loaded.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let Some(triggers) = ctx.triggers.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         tracing::error!("this context's controller already ran");
@@ -164,7 +164,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
+    // Nothing is judged before the caches and the plugins are loaded: a restarted
+    // operator must not report engines missing that are merely still loading.
     ctx.caches.ready().await;
+    ctx.registry.synced().await;
     // Any plugin change re-renders every Database: a lagging receiver still means "changed".
     let changes = futures::stream::unfold(ctx.registry.subscribe(), |mut rx| async move {
         match rx.recv().await {

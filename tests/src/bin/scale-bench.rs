@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use plugdb::build;
@@ -58,7 +58,7 @@ impl Operator {
         let child = tokio::process::Command::new(binary)
             .args(["run", "--namespace", OPERATOR_NAMESPACE, "--listen", &listen, "--no-leader-election"])
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -89,6 +89,18 @@ impl Operator {
             .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')) && keep(l))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum())
+    }
+
+    /// Requests by verb, watches excluded, as `verb n, verb n`.
+    async fn requests_by_verb(&self) -> Result<String> {
+        let mut out = Vec::new();
+        for verb in ["get", "post", "patch", "put", "delete"] {
+            let n = self.metric_where("plugdb_api_requests_total", |l| l.contains(&format!("verb=\"{verb}\""))).await?;
+            if n > 0.0 {
+                out.push(format!("{verb} {n}"));
+            }
+        }
+        Ok(out.join(", "))
     }
 
     async fn metric(&self, name: &str) -> Result<f64> {
@@ -160,7 +172,7 @@ async fn baseline(client: &Client, count: usize) -> Result<Duration> {
                 let spec = build::engine_spec(&created, "17").map_err(|v| anyhow::anyhow!("{v:?}"))?;
                 let workload = plugin.render(&spec, &build::cluster_context(&created, &format!("db-{i}-0")))?;
                 let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("db-{i}-credentials"), "namespace": ns}, "stringData": {"superuser-password": "x", "replication-password": "y"}});
-                let secrets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()));
+                let secrets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()));
                 secrets.create(&PostParams::default(), &serde_json::from_value(secret)?).await?;
                 for child in build::children(&created, &workload, "postgres", &format!("db-{i}-0")) {
                     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &child.resource);
@@ -174,7 +186,23 @@ async fn baseline(client: &Client, count: usize) -> Result<Duration> {
         .buffer_unordered(IN_FLIGHT)
         .try_collect::<Vec<_>>()
         .await?;
-    Ok(started.elapsed())
+    let elapsed = started.elapsed();
+    // Gone before the operator starts, so that it serves the benchmark's Databases only.
+    for ns in &namespaces {
+        let resources = [
+            ApiResource::erase::<Database>(&()),
+            ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()),
+            ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&()),
+            ApiResource::erase::<k8s_openapi::api::apps::v1::StatefulSet>(&()),
+            ApiResource::erase::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(&()),
+        ];
+        for resource in &resources {
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+            api.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+        }
+    }
+    Ok(elapsed)
 }
 
 /// Waits until `count` Databases carry a status written by the operator.
@@ -238,6 +266,7 @@ async fn main() -> Result<()> {
     let reconciles = operator.metric("plugdb_reconciles_total").await? - reconciles_before;
     let cpu_per_reconcile = (operator.cpu_seconds() - cpu_before) / reconciles.max(1.0);
     let peak_rss = operator.rss_peak_mib();
+    eprintln!("requests by verb: {}", operator.requests_by_verb().await?);
     operator.stop().await?;
 
     // Steady state: a restarted operator reconciles everything once; nothing should be written.
@@ -252,6 +281,7 @@ async fn main() -> Result<()> {
     }
     let (resync_requests, resync_writes) = (operator.requests().await?, operator.writes().await?);
     let resync_rss = operator.rss_peak_mib();
+    eprintln!("resync requests by verb: {}", operator.requests_by_verb().await?);
     operator.stop().await?;
 
     // Plugin calls, in this process.
