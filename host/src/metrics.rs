@@ -41,6 +41,30 @@ pub struct ReconcileLabels {
 pub struct RequestLabels {
     /// `watch` for watches, else the HTTP method in lower case (`get`, `post`, `patch`, ...).
     pub verb: String,
+    /// The resource, with its subresource if any: `statefulsets`, `databases/status`.
+    pub resource: String,
+}
+
+/// The resource a request path addresses: `/apis/apps/v1/namespaces/shop/statefulsets/orders`
+/// → `statefulsets`, `/apis/plugdb.io/v1alpha1/namespaces/shop/databases/orders/status` →
+/// `databases/status`.
+pub fn resource_of(path: &str) -> String {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segments.first() {
+        Some(&"api") => segments.get(2..),
+        Some(&"apis") => segments.get(3..),
+        _ => None,
+    }
+    .unwrap_or_default();
+    let rest = match rest {
+        ["namespaces", _, resource, more @ ..] => std::iter::once(*resource).chain(more.iter().copied()).collect::<Vec<_>>(),
+        other => other.to_vec(),
+    };
+    match rest.as_slice() {
+        [] => "other".into(),
+        [resource] | [resource, _] => (*resource).into(),
+        [resource, _, sub, ..] => format!("{resource}/{sub}"),
+    }
 }
 
 /// All metrics of the operator.
@@ -58,7 +82,7 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReconcileLabels, Counter>,
     /// Reconcile durations in seconds by engine.
     pub reconcile_seconds: Family<ReconcileLabels, Histogram>,
-    /// Requests made to the Kubernetes API by verb.
+    /// Requests made to the Kubernetes API by verb and resource.
     pub api_requests: Family<RequestLabels, Counter>,
 }
 
@@ -85,7 +109,7 @@ impl Default for Metrics {
         registry.register("reconcile_errors", "Failed reconciles by engine", reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Reconcile durations by engine", reconcile_seconds.clone());
         let api_requests = Family::<RequestLabels, Counter>::default();
-        registry.register("api_requests", "Requests made to the Kubernetes API by verb", api_requests.clone());
+        registry.register("api_requests", "Requests made to the Kubernetes API by verb and resource", api_requests.clone());
         Self { registry, plugin_loads, plugins_loaded, plugin_calls, reconciles, reconcile_errors, reconcile_seconds, api_requests }
     }
 }
@@ -106,7 +130,7 @@ impl Metrics {
             let watch = req.method() == http::Method::GET && req.uri().query().is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
             let verb = if watch { "watch".to_string() } else { req.method().as_str().to_ascii_lowercase() };
             tracing::trace!(%verb, path = req.uri().path(), "API request");
-            metrics.api_requests.get_or_create(&RequestLabels { verb }).inc();
+            metrics.api_requests.get_or_create(&RequestLabels { verb, resource: resource_of(req.uri().path()) }).inc();
             req
         });
         Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build())
@@ -115,5 +139,20 @@ impl Metrics {
     /// Counts one plugin load outcome.
     pub fn plugin_load(&self, engine: &str, outcome: &str) {
         self.plugin_loads.get_or_create(&LoadLabels { engine: engine.into(), outcome: outcome.into() }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_of;
+
+    #[test]
+    fn request_paths_name_their_resource() {
+        assert_eq!(resource_of("/apis/apps/v1/namespaces/shop/statefulsets/orders"), "statefulsets");
+        assert_eq!(resource_of("/apis/apps/v1/statefulsets"), "statefulsets");
+        assert_eq!(resource_of("/api/v1/namespaces/shop/secrets"), "secrets");
+        assert_eq!(resource_of("/apis/plugdb.io/v1alpha1/namespaces/shop/databases/orders/status"), "databases/status");
+        assert_eq!(resource_of("/api/v1/namespaces/shop"), "namespaces");
+        assert_eq!(resource_of("/version"), "other");
     }
 }

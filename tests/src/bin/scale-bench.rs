@@ -1,7 +1,7 @@
 //! The scale benchmark: 1,000 Databases across 10 namespaces on a real API server.
 //!
 //! `scripts/bench.sh [COUNT]`, or after `cargo build --release -p plugdb -p plugdb-tests`:
-//! `target/release/scale-bench [COUNT] [OUT_FILE]`
+//! `target/release/scale-bench [COUNT] [OUT_FILE] [plugdb run flags...]`
 //!
 //! Measures, in one run: the time `plugdb run` (the release binary, its own process)
 //! takes to apply every Database's children and write its status, against a minimal
@@ -52,11 +52,12 @@ struct Operator {
 }
 
 impl Operator {
-    async fn start(binary: &Path, kubeconfig: &Path) -> Result<Self> {
+    async fn start(binary: &Path, kubeconfig: &Path, extra: &[String]) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let listen = format!("127.0.0.1:{port}");
         let child = tokio::process::Command::new(binary)
             .args(["run", "--namespace", OPERATOR_NAMESPACE, "--listen", &listen, "--no-leader-election"])
+            .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
@@ -112,9 +113,12 @@ impl Operator {
         self.metric_where("plugdb_api_requests_total", |l| !l.contains("verb=\"watch\"")).await
     }
 
-    /// Requests that may change state.
-    async fn writes(&self) -> Result<f64> {
-        self.metric_where("plugdb_api_requests_total", |l| !l.contains("verb=\"watch\"") && !l.contains("verb=\"get\"")).await
+    /// Requests that may change state, and how many of them were Events.
+    async fn writes(&self) -> Result<(f64, f64)> {
+        let write = |l: &str| !l.contains("verb=\"watch\"") && !l.contains("verb=\"get\"");
+        let all = self.metric_where("plugdb_api_requests_total", write).await?;
+        let events = self.metric_where("plugdb_api_requests_total", |l| write(l) && l.contains("resource=\"events\"")).await?;
+        Ok((all, events))
     }
 
     fn rss_peak_mib(&self) -> u64 {
@@ -228,6 +232,8 @@ async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let count: usize = args.first().map(|c| c.parse()).transpose().context("COUNT must be a number")?.unwrap_or(1000);
     let out_file = args.get(1).cloned().unwrap_or_else(|| "target/scale-bench.md".into());
+    // Any further arguments go to `plugdb run` (e.g. --concurrency 32).
+    let extra: Vec<String> = args.iter().skip(2).cloned().collect();
     let binary: PathBuf = std::env::current_exe()?.with_file_name("plugdb");
     if !binary.exists() {
         bail!("{} is missing: build it first with `cargo build --release -p plugdb`", binary.display());
@@ -240,7 +246,7 @@ async fn main() -> Result<()> {
 
     eprintln!("operator: {count} Databases across {NAMESPACES} namespaces…");
     let namespaces = create_namespaces(&cp.client, "bench").await?;
-    let operator = Operator::start(&binary, &cp.kubeconfig).await?;
+    let operator = Operator::start(&binary, &cp.kubeconfig, &extra).await?;
     let (requests_before, reconciles_before, cpu_before) =
         (operator.requests().await?, operator.metric("plugdb_reconciles_total").await?, operator.cpu_seconds());
 
@@ -271,7 +277,7 @@ async fn main() -> Result<()> {
 
     // Steady state: a restarted operator reconciles everything once; nothing should be written.
     eprintln!("resync: a restarted operator reconciles all {count}…");
-    let operator = Operator::start(&binary, &cp.kubeconfig).await?;
+    let operator = Operator::start(&binary, &cp.kubeconfig, &extra).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     while operator.metric("plugdb_reconciles_total").await? < count as f64 {
         if Instant::now() > deadline {
@@ -279,7 +285,7 @@ async fn main() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (resync_requests, resync_writes) = (operator.requests().await?, operator.writes().await?);
+    let (resync_requests, (resync_writes, resync_events)) = (operator.requests().await?, operator.writes().await?);
     let resync_rss = operator.rss_peak_mib();
     eprintln!("resync requests by verb: {}", operator.requests_by_verb().await?);
     operator.stop().await?;
@@ -313,7 +319,7 @@ async fn main() -> Result<()> {
          | ratio operator / plain client | {:.2} | ≤ 1.5 |\n\
          | operator requests per Database until reconciled (every pass, watches excluded) | {:.2} | ≤ {} on the first pass |\n\
          | reconciles per Database until reconciled | {:.2} | |\n\
-         | restarted operator resyncing all: requests / writes | {resync_requests} / {resync_writes} | writes 0 |\n\
+         | restarted operator resyncing all: requests / writes (of which Events) | {resync_requests} / {resync_writes} ({resync_events}) | writes 0 |\n\
          | operator peak RSS | {peak_rss} MiB | ≤ 150 MiB |\n\
          | restarted operator peak RSS | {resync_rss} MiB | |\n\
          | operator CPU seconds per reconcile | {:.5} | |\n\
