@@ -256,8 +256,11 @@ async fn write_status(ctx: &Ctx, db: &Database, status: DatabaseStatus) -> Resul
         return Ok(());
     }
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let patch = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "status": status});
-    let after = api.patch_status(&db.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+    // The status is the operator's alone and always written whole: one JSON Patch
+    // replaces it (cheaper for the API server than an apply, and fields now unset go).
+    let patch: json_patch::Patch = serde_json::from_value(json!([{"op": "add", "path": "/status", "value": status}]))?;
+    let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+    let after = api.patch_status(&db.name_any(), &params, &Patch::<()>::Json(patch)).await?;
     ctx.wrote(db, after);
     Ok(())
 }
