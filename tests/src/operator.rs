@@ -23,6 +23,15 @@ use crate::control_plane::ControlPlane;
 /// Namespace the operator loads plugins from.
 pub const OPERATOR_NAMESPACE: &str = "plugdb-system";
 
+/// The sum of the samples of metric `name` (every label set) in a Prometheus text
+/// exposition, over the lines that `keep` accepts.
+pub fn metric_sum(text: &str, name: &str, keep: impl Fn(&str) -> bool) -> f64 {
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')) && keep(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Requests a client made, as the operator's own `api_requests` metric counts them.
 #[derive(Debug, Default)]
 pub struct RequestCounts(Arc<Metrics>);
@@ -30,13 +39,8 @@ pub struct RequestCounts(Arc<Metrics>);
 impl RequestCounts {
     /// Requests whose verb `keep` accepts.
     fn count(&self, keep: impl Fn(&str) -> bool) -> u64 {
-        self.0
-            .encode()
-            .lines()
-            .filter_map(|l| l.strip_prefix("plugdb_api_requests_total{"))
-            .filter(|l| l.split_once("verb=\"").and_then(|(_, v)| v.split('"').next()).is_some_and(&keep))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
+        let verb = |line: &str| line.split_once("verb=\"").and_then(|(_, v)| v.split('"').next()).is_some_and(&keep);
+        metric_sum(&self.0.encode(), "plugdb_api_requests_total", verb) as u64
     }
 
     /// Every request but watches.

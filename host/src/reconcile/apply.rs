@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::cache::Seen;
 use super::{Ctx, Error};
-use crate::build::{APPLIED_HASH, Child, MANAGER, Names, labels};
+use crate::build::{Child, MANAGER, Names, labels};
 use crate::crd::{Database, DeletionPolicy};
 use crate::plugin::Credential;
 
@@ -19,17 +19,10 @@ use crate::plugin::Credential;
 /// object when a write was made.
 pub async fn apply(ctx: &Ctx, namespace: &str, child: &Child) -> Result<Option<DynamicObject>, Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
-    let same = |hash: Option<&str>| hash == Some(child.hash());
-    match ctx.caches.seen(&child.resource.kind, namespace, &child.name) {
-        Seen::Present { hash } if same(hash.as_deref()) => return Ok(None),
-        Seen::NotCached => {
-            if let Some(live) = api.get_opt(&child.name).await?
-                && same(live.annotations().get(APPLIED_HASH).map(String::as_str))
-            {
-                return Ok(None);
-            }
-        }
-        Seen::Present { .. } | Seen::Absent => {}
+    if let Seen::Present { hash } = ctx.caches.seen(&child.resource.kind, namespace, &child.name)
+        && hash.as_deref() == Some(child.hash())
+    {
+        return Ok(None);
     }
     let mut object = child.object.clone();
     // A StatefulSet's claim templates are immutable: keep the live ones (volumes grow

@@ -114,7 +114,7 @@ pub async fn reconcile(ctx: &Ctx, db: &Database, plugin: &Plugin, spec: &EngineS
         wanted.push(format!("{name}-manual-{}", &digest[..10]));
     }
 
-    let mut backups: Vec<Job> = ctx.caches.jobs_labelled(&ns, BACKUP_OF, &name).iter().map(|j| j.as_ref().clone()).collect();
+    let mut backups = ctx.caches.jobs_labelled(&ns, BACKUP_OF, &name);
     for job_name in wanted.iter().filter(|w| !backups.iter().any(|j| j.name_any() == **w)) {
         match ensure_backup(ctx, db, plugin, spec, job_name, run_as_user).await? {
             Ok(_) => report.running = true,
@@ -123,7 +123,7 @@ pub async fn reconcile(ctx: &Ctx, db: &Database, plugin: &Plugin, spec: &EngineS
     }
 
     backups.sort_by_key(|j| std::cmp::Reverse(completed(j).unwrap_or_default()));
-    let succeeded: Vec<&Job> = backups.iter().filter(|j| state(Some(j)) == JobState::Succeeded).collect();
+    let succeeded: Vec<&Job> = backups.iter().map(|j| j.as_ref()).filter(|j| state(Some(j)) == JobState::Succeeded).collect();
     report.last = succeeded.first().map(|j| BackupRecord { name: j.name_any(), completed: completed(j) });
     report.running |= backups.iter().any(|j| state(Some(j)) == JobState::Running);
     if let Some(failed) =

@@ -34,8 +34,6 @@ pub enum Seen {
         /// Its `plugdb.io/applied-hash` annotation.
         hash: Option<String>,
     },
-    /// This kind is not cached: ask the API server.
-    NotCached,
 }
 
 /// Caches of the managed objects, filled by watches that run as long as this value.
@@ -74,7 +72,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+/// An API for `K` in `namespace`, or in all namespaces when `None`.
+pub(super) fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
 {
@@ -205,7 +204,8 @@ impl Caches {
         );
     }
 
-    /// What the cache knows of the child `kind` `namespace/name`.
+    /// What the cache knows of the child `kind` `namespace/name`. Every kind plugdb
+    /// creates is cached; any other is reported absent, so it is always applied.
     pub fn seen(&self, kind: &str, namespace: &str, name: &str) -> Seen {
         match kind {
             "ConfigMap" => seen(&self.config_maps, namespace, name),
@@ -215,7 +215,7 @@ impl Caches {
             "StatefulSet" => seen(&self.stateful_sets, namespace, name),
             "Job" => seen(&self.jobs, namespace, name),
             "PersistentVolumeClaim" => seen(&self.claims, namespace, name),
-            _ => Seen::NotCached,
+            _ => Seen::Absent,
         }
     }
 
@@ -246,10 +246,7 @@ impl Caches {
 
     /// Pods in `namespace` whose labels include all of `selector`: metadata and
     /// conditions only.
-    pub fn pods(&self, namespace: &str, selector: &std::collections::BTreeMap<String, String>) -> Vec<Pod> {
+    pub fn pods(&self, namespace: &str, selector: &std::collections::BTreeMap<String, String>) -> Vec<Arc<Pod>> {
         in_namespace(&self.pods, namespace, |p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
-            .into_iter()
-            .map(|p| p.as_ref().clone())
-            .collect()
     }
 }

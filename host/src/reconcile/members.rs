@@ -34,9 +34,10 @@ pub struct Observed {
 }
 
 /// The members of StatefulSet `sts` among `pods`, by ordinal.
-pub fn observe(sts: &str, pods: &[Pod], now: Timestamp) -> Vec<Observed> {
+pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestamp) -> Vec<Observed> {
     let mut out: Vec<Observed> = pods
         .iter()
+        .map(|p| p.borrow())
         .filter_map(|p| {
             let name = p.name_any();
             let ordinal = name.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()?;

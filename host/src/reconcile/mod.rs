@@ -125,14 +125,14 @@ impl Context {
     fn wrote(&self, before: &Database, after: Database) {
         let key = ObjectRef::from_obj(before);
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = written.entry(key).or_insert_with(|| Written { superseded: Vec::new(), latest: after.clone() });
-        let versions = [before.metadata.resource_version.clone(), entry.latest.metadata.resource_version.clone()];
-        for rv in versions.into_iter().flatten() {
-            if !entry.superseded.contains(&rv) && Some(&rv) != after.metadata.resource_version.as_ref() {
-                entry.superseded.push(rv);
-            }
-        }
-        entry.latest = after;
+        // What this write replaced, and whatever the previous one had replaced or written.
+        let mut superseded: Vec<String> =
+            written.remove(&key).map(|w| w.superseded.into_iter().chain(w.latest.metadata.resource_version).collect()).unwrap_or_default();
+        superseded.extend(before.metadata.resource_version.clone());
+        superseded.retain(|rv| Some(rv) != after.metadata.resource_version.as_ref());
+        superseded.sort();
+        superseded.dedup();
+        written.insert(key, Written { superseded, latest: after });
     }
 }
 
@@ -160,10 +160,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         tracing::error!("this context's controller already ran");
         return;
     };
-    let dbs: Api<Database> = match &ctx.namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
+    let dbs: Api<Database> = cache::api(&ctx.client, ctx.namespace.as_deref());
     // Nothing is judged before the caches and the plugins are loaded: a restarted
     // operator must not report engines missing that are merely still loading.
     ctx.caches.ready().await;
@@ -475,12 +472,12 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
         restore::Restore::Done | restore::Restore::Running => {}
     }
-    let mut sts: Option<StatefulSet> = ctx.caches.stateful_set(&ns, &names.primary()).map(|s| s.as_ref().clone());
+    let mut sts: Option<Arc<StatefulSet>> = ctx.caches.stateful_set(&ns, &names.primary());
     for child in build::children(db, &workload, &db.spec.engine, &primary) {
         let applied = apply::apply(ctx, &ns, &child).await?;
         if let Some(applied) = applied.filter(|_| child.resource.kind == "StatefulSet") {
             expand_volumes(ctx, db, &ns).await?;
-            sts = Some(serde_json::from_value(serde_json::to_value(applied)?)?);
+            sts = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
         }
     }
     status.primary = Some(primary.clone());
@@ -491,7 +488,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     // 6. Members: roles and rolling restarts.
     // Revisions are only meaningful once the StatefulSet controller has seen the latest spec.
     let sts_current = sts.as_ref().is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
-    let sts_status = sts.and_then(|s| s.status);
+    let sts_status = sts.as_ref().and_then(|s| s.status.as_ref());
     let desired = db.spec.replicas.max(1) as usize;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for m in &observed {
@@ -500,7 +497,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
             pods.patch(&m.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
         }
     }
-    let update_revision = sts_status.as_ref().and_then(|s| s.update_revision.clone()).unwrap_or_default();
+    let update_revision = sts_status.and_then(|s| s.update_revision.clone()).unwrap_or_default();
     let mut progressing = failed_over || restoring == restore::Restore::Running;
     if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired).filter(|_| sts_current) {
         pods.delete(&next.name, &DeleteParams::default()).await?;

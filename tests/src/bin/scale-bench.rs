@@ -26,7 +26,7 @@ use plugdb::build;
 use plugdb::crd::Database;
 use plugdb::plugin::{Limits, Runtime};
 use plugdb_tests::control_plane::{ControlPlane, Options};
-use plugdb_tests::operator::{OPERATOR_NAMESPACE, prepare};
+use plugdb_tests::operator::{OPERATOR_NAMESPACE, metric_sum, prepare};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -85,11 +85,7 @@ impl Operator {
         stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
         let mut body = String::new();
         stream.read_to_string(&mut body).await?;
-        Ok(body
-            .lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')) && keep(l))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(metric_sum(&body, name, keep))
     }
 
     /// Requests by verb, watches excluded, as `verb n, verb n`.
