@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds the real kube-apiserver, kube-controller-manager and kubectl from the
-# k8s.io/kubernetes Go module, once, into a cache outside the work tree keyed by
-# version. Prints the directory holding the binaries (the KUBEBUILDER_ASSETS layout).
+# Builds the real Kubernetes binaries from the k8s.io/kubernetes Go module, once,
+# into a cache outside the work tree keyed by version: the control plane
+# (kube-apiserver, kube-controller-manager, kubectl) and the node (kube-scheduler,
+# kubelet, kube-proxy). Prints the directory holding them (the KUBEBUILDER_ASSETS
+# layout). Only missing binaries are built.
 #
-# Honours KUBEBUILDER_ASSETS: when it already holds kube-apiserver, it is used as is.
+# Honours KUBEBUILDER_ASSETS for the control plane: when it holds kube-apiserver, the
+# node binaries are built beside it only if it lacks them (into the cache).
 set -euo pipefail
 
 K8S_VERSION="${PLUGDB_K8S_VERSION:-1.36.3}"
@@ -11,11 +14,12 @@ STAGING_VERSION="0.${K8S_VERSION#1.}"
 K8S_MINOR="${K8S_VERSION#1.}"; K8S_MINOR="${K8S_MINOR%%.*}"
 CACHE="${PLUGDB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plugdb}"
 OUT="$CACHE/kubernetes-v$K8S_VERSION"
-BINARIES=(kube-apiserver kube-controller-manager kubectl)
+BINARIES=(kube-apiserver kube-controller-manager kubectl kube-scheduler kubelet kube-proxy)
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" ]]; then
-  echo "$KUBEBUILDER_ASSETS"
-  exit 0
+  ok=1; for b in "${BINARIES[@]}"; do [[ -x "$KUBEBUILDER_ASSETS/$b" ]] || ok=0; done
+  if ((ok)); then echo "$KUBEBUILDER_ASSETS"; exit 0; fi
+  echo "control-plane: KUBEBUILDER_ASSETS lacks the node binaries; using the cache instead" >&2
 fi
 
 have_all() { for b in "${BINARIES[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
@@ -57,12 +61,16 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
 export GOFLAGS="-mod=mod -buildvcs=false"
 go mod tidy -e >&2 || true
 go mod download >&2
 for b in "${BINARIES[@]}"; do
+  [[ -x "$OUT/$b" ]] && continue
   CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$K8S_MINOR" \
     -o "$OUT/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
   mv "$OUT/$b.tmp" "$OUT/$b"

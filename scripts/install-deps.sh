@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs what plugdb's tests need on a Debian machine, idempotently:
 # a wasm-capable Rust (unless rustup already has the target), PostgreSQL, MariaDB,
-# openssl, and the real Kubernetes control-plane binaries (built once, cached).
+# openssl; the real node's runtime (containerd, runc, CNI plugins, iptables); and,
+# built once and cached under ~/.cache/plugdb: the Kubernetes control-plane and node
+# binaries, CoreDNS, local-path-provisioner, and the engine images (from Debian
+# packages). The Go builds and the image builds run side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=(openssl postgresql mariadb-server)
+need=(openssl postgresql mariadb-server containerd runc containernetworking-plugins iptables iproute2
+  debootstrap busybox-static util-linux procps)
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
   need+=(rustc-web cargo-web rust-web-src lld-19)
 fi
@@ -28,5 +32,11 @@ fi
 for tool in cargo rustfmt cargo-clippy go; do
   command -v "$tool" >/dev/null || { echo "install-deps: '$tool' is missing (rustup component add rustfmt clippy; Go >= 1.26 for the control plane)" >&2; exit 1; }
 done
+[[ $(id -u) == 0 ]] || { echo "install-deps: the real node and its images need root" >&2; exit 1; }
+# Images build mostly on the network and dpkg; the Go builds on the CPU: side by side.
+scripts/node-images.sh >/dev/null &
+images=$!
 scripts/control-plane.sh >/dev/null
+scripts/node-tools.sh >/dev/null
 scripts/helm.sh >/dev/null
+wait $images || { echo "install-deps: building the engine images failed" >&2; exit 1; }

@@ -1,33 +1,49 @@
 #!/usr/bin/env bash
-# Runs plugdb end to end on this machine: a throwaway local control plane (real
-# etcd, kube-apiserver, kube-controller-manager; a stand-in marks Pods ready since
-# no container runtime exists here), the CRD, the bundled engine plugins loaded as
-# ConfigMaps, the operator, and the sample Database from examples/.
+# Runs plugdb end to end on this machine, for real: a throwaway control plane and a
+# real node (containerd + runc + kubelet, in the network namespace `plugdb-node`), the
+# CRD, the bundled engine plugins loaded as ConfigMaps, the operator, and the sample
+# Database from examples/. Ends with `kubectl get db` and a round trip through the
+# Services: a row written through the read-write Service is read back through the
+# read-only one (a replica). Then it keeps the cluster up until Ctrl-C.
+#
+#   scripts/run.sh            keep running; Ctrl-C tears everything down
+#   scripts/run.sh --check    exit after the round trip
 set -euo pipefail
 cd "$(dirname "$0")/.."
+check=0
+[[ ${1:-} == --check ]] && check=1
+[[ $(id -u) == 0 ]] || { echo "run: the real node needs root (network namespace, mounts, cgroups)" >&2; exit 1; }
 scripts/install-deps.sh
 bins=$(scripts/control-plane.sh)
 export PATH="$bins:$PATH"
 
 work=$(mktemp -d -t plugdb-run-XXXXXX)
 export KUBECONFIG="$work/kubeconfig"
-pids=()
+node_pid=""
+operator_pid=""
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  [[ -n $operator_pid ]] && kill "$operator_pid" 2>/dev/null
+  # The node tears itself down (containers, namespace, kernel settings) on SIGTERM.
+  if [[ -n $node_pid ]]; then kill -TERM "$node_pid" 2>/dev/null; wait "$node_pid" 2>/dev/null; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 echo "== building plugdb and the engine plugins"
 cargo build -q -p plugdb -p plugdb-tests --bins
 cargo run -q -p xtask -- plugins "$work/plugins" >/dev/null
 
-echo "== starting a local control plane"
-target/debug/control-plane "$KUBECONFIG" 2>"$work/control-plane.log" &
-pids+=($!)
-for _ in $(seq 900); do [[ -f $KUBECONFIG ]] && break; sleep 0.1; done
-[[ -f $KUBECONFIG ]] || { cat "$work/control-plane.log" >&2; echo "run: the control plane did not start" >&2; exit 1; }
+echo "== starting a control plane and a real node (containerd, kubelet, kube-proxy, CoreDNS, local-path)"
+target/debug/node "$KUBECONFIG" 2>"$work/node.log" &
+node_pid=$!
+for _ in $(seq 1800); do
+  [[ -f $KUBECONFIG ]] && break
+  kill -0 "$node_pid" 2>/dev/null || break
+  sleep 0.1
+done
+[[ -f $KUBECONFIG ]] || { cat "$work/node.log" >&2; echo "run: the node did not start" >&2; exit 1; }
+kubectl get nodes
 
 echo "== installing the CRD and the bundled plugins"
 kubectl apply -f crds/
@@ -39,14 +55,53 @@ done
 
 echo "== starting the operator"
 target/debug/plugdb run --namespace plugdb-system --listen 127.0.0.1:0 >"$work/operator.log" 2>&1 &
-pids+=($!)
+operator_pid=$!
 
 echo "== applying examples/orders-db.yaml"
 kubectl apply -f examples/orders-db.yaml
-if ! kubectl wait --for=jsonpath='{.status.phase}'=Running db/orders --timeout=120s; then
+started=$SECONDS
+if ! kubectl wait --for=jsonpath='{.status.phase}'=Running db/orders --timeout=300s; then
   tail -20 "$work/operator.log" >&2
+  kubectl get pods -o wide >&2
   exit 1
 fi
-kubectl get statefulsets,services,secrets,configmaps,pods -l app.kubernetes.io/instance=orders
+echo "orders Running with its members Ready after $((SECONDS - started)) s"
+kubectl get statefulsets,services,pods -l app.kubernetes.io/instance=orders
 echo
 kubectl get db
+
+echo
+echo "== a round trip through the Services"
+password=$(kubectl get secret orders-credentials -o jsonpath='{.data.superuser-password}' | base64 -d)
+rw=$(kubectl get service orders -o jsonpath='{.spec.clusterIP}')
+ro=$(kubectl get service orders-replicas -o jsonpath='{.spec.clusterIP}')
+in_node() { nsenter --net=/run/netns/plugdb-node "$@"; }
+sql() { PGPASSWORD="$password" in_node psql "host=$1 user=postgres dbname=postgres connect_timeout=5" -XAtq -v ON_ERROR_STOP=1 -c "$2"; }
+sql "$rw" "CREATE TABLE IF NOT EXISTS greetings (id serial PRIMARY KEY, said text); INSERT INTO greetings (said) VALUES ('hello from $(hostname) at $(date -u +%FT%TZ)')"
+echo "wrote a row through orders ($rw, read-write)"
+for _ in $(seq 30); do
+  row=$(sql "$ro" "SELECT said || ' — read on ' || CASE WHEN pg_is_in_recovery() THEN 'a replica' ELSE 'the primary' END FROM greetings ORDER BY id DESC LIMIT 1" 2>/dev/null || true)
+  [[ $row == *"a replica" ]] && break
+  sleep 1
+done
+[[ $row == *"a replica" ]] || { echo "run: the row did not reach a replica through orders-replicas ($ro): '$row'" >&2; exit 1; }
+echo "read it back through orders-replicas ($ro, read-only): $row"
+
+if ((check)); then
+  echo "== round trip done (--check); tearing down"
+  exit 0
+fi
+cat <<EOF
+
+== the cluster stays up until Ctrl-C
+  export KUBECONFIG=$KUBECONFIG
+  export PATH=$bins:\$PATH
+  kubectl get db,pods
+  # the password is in the Secret orders-credentials, key superuser-password:
+  PGPASSWORD=\$(kubectl get secret orders-credentials -o jsonpath='{.data.superuser-password}' | base64 -d) \\
+    nsenter --net=/run/netns/plugdb-node psql -h $rw -U postgres      # read-write; $ro is read-only
+  # Service and pod addresses live in the node's network namespace, hence nsenter;
+  # or: kubectl port-forward svc/orders 5432 and psql -h 127.0.0.1
+  operator log: $work/operator.log
+EOF
+while kill -0 "$node_pid" 2>/dev/null; do sleep 1; done

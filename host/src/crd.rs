@@ -34,7 +34,7 @@ pub struct DatabaseSpec {
     #[schemars(length(min = 1, max = 40), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
     pub engine: String,
 
-    /// Engine version, e.g. `17` or `11.4`. Empty means the plugin's default version.
+    /// Engine version, e.g. `17` or `11.8`. Empty means the plugin's default version.
     /// Raising it upgrades the cluster through the plugin's upgrade plan.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 32))]

@@ -69,7 +69,7 @@ fn render(c: &mut Criterion) {
     let mysql = runtime.load(&plugdb_tests::component("mysql")).expect("mysql loads");
     let (s, cl) = (spec(), plugdb_tests::cluster("orders", "shop"));
     let mut mysql_spec = spec();
-    mysql_spec.version = "11.4".into();
+    mysql_spec.version = "11.8".into();
     mysql_spec.parameters = vec![("max_connections".into(), ParameterValue::Integer(200))];
     let mut group = c.benchmark_group("render");
     group.bench_function("postgres plugin (fresh instance + render + policy)", |b| {

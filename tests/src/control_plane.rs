@@ -1,7 +1,8 @@
 //! A real Kubernetes control plane for tests: etcd, kube-apiserver and
-//! kube-controller-manager as child processes on loopback, in a temporary
-//! directory. Dropping the [`ControlPlane`] stops them and removes the directory,
-//! also when the test panics.
+//! kube-controller-manager as child processes, on loopback in a temporary directory,
+//! or inside the test node's network namespace (with kube-scheduler) in the node's
+//! run directory. Dropping the [`ControlPlane`] stops them (and removes a temporary
+//! directory), also when the test panics.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -26,24 +27,67 @@ pub struct ControlPlane {
     kubelet: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// The child processes and their directory; stopped and removed on drop.
-struct Processes {
-    dir: tempfile::TempDir,
+/// Where the processes live; a temporary directory is removed on drop.
+enum Dir {
+    Temporary(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl Dir {
+    fn path(&self) -> &Path {
+        match self {
+            Dir::Temporary(t) => t.path(),
+            Dir::Kept(p) => p,
+        }
+    }
+}
+
+/// The child processes and their directory; stopped (and a temporary directory
+/// removed) on drop.
+pub(crate) struct Processes {
+    dir: Dir,
     children: Vec<(&'static str, Child)>,
+    /// Launcher prefix (`nsenter --net=...`) for processes in a network namespace.
+    launcher: Vec<String>,
+    /// File where each started process is recorded as `name pid start-time`.
+    pid_file: Option<PathBuf>,
+}
+
+/// The network the control plane serves on.
+#[derive(Debug, Clone, Default)]
+pub enum Network {
+    /// Loopback of this network namespace, on free ports.
+    #[default]
+    Loopback,
+    /// Inside the network namespace at `/run/netns/<name>`, the API server reachable
+    /// at `address`:6443; with kube-scheduler, for a real node.
+    Namespace {
+        /// Name of the namespace.
+        name: String,
+        /// The node's address, on the namespace's side of its veth pair.
+        address: String,
+        /// Service virtual IP range.
+        service_cidr: String,
+        /// Directory for data, certificates, logs and the PID file.
+        dir: PathBuf,
+    },
 }
 
 /// What to start beside the API server.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Start kube-controller-manager (StatefulSet, Job, garbage collector, ...).
     pub controller_manager: bool,
-    /// Run the kubelet stand-in that marks Pods ready and Job Pods succeeded.
-    pub kubelet: bool,
+    /// Run the kubelet stand-in that marks Pods ready and Job Pods succeeded. Only the
+    /// 1,000-Database benchmark uses it, where a real node cannot serve.
+    pub kubelet_stand_in: bool,
+    /// Where to serve.
+    pub network: Network,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { controller_manager: true, kubelet: true }
+        Self { controller_manager: true, kubelet_stand_in: false, network: Network::Loopback }
     }
 }
 
@@ -70,16 +114,8 @@ fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn spawn(name: &'static str, bin: &Path, args: &[String], log: &Path) -> Result<(&'static str, Child)> {
-    let log = std::fs::File::create(log)?;
-    let child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    Ok((name, child))
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
 }
 
 impl ControlPlane {
@@ -92,16 +128,45 @@ impl ControlPlane {
     pub async fn start_with(options: Options) -> Result<Self> {
         let bins = binaries_dir()?;
         let etcd = etcd_bin_vendored::etcd_bin_path().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let dir = tempfile::Builder::new().prefix("plugdb-cp-").tempdir()?;
-        let path = dir.path().to_path_buf();
-        let mut procs = Processes { dir, children: Vec::new() };
+        let (mut procs, server, bind, ports) = match &options.network {
+            Network::Loopback => {
+                let dir = tempfile::Builder::new().prefix("plugdb-cp-").tempdir()?;
+                let procs = Processes { dir: Dir::Temporary(dir), children: Vec::new(), launcher: Vec::new(), pid_file: None };
+                let ports = Ports {
+                    etcd: free_port()?,
+                    peer: free_port()?,
+                    apiserver: free_port()?,
+                    controller_manager: free_port()?,
+                    scheduler: 0,
+                };
+                (procs, format!("https://127.0.0.1:{}", ports.apiserver), ("127.0.0.1".to_string(), "127.0.0.1".to_string()), ports)
+            }
+            Network::Namespace { name, address, dir, .. } => {
+                std::fs::create_dir_all(dir)?;
+                let procs = Processes {
+                    dir: Dir::Kept(dir.clone()),
+                    children: Vec::new(),
+                    launcher: vec!["nsenter".into(), format!("--net=/run/netns/{name}")],
+                    pid_file: Some(dir.join("pids")),
+                };
+                // A network namespace of its own: the usual ports are free.
+                let ports = Ports { etcd: 2379, peer: 2380, apiserver: 6443, controller_manager: 10257, scheduler: 10259 };
+                (procs, format!("https://{address}:6443"), ("0.0.0.0".to_string(), address.clone()), ports)
+            }
+        };
+        let service_cidr = match &options.network {
+            Network::Namespace { service_cidr, .. } => service_cidr.clone(),
+            Network::Loopback => "10.0.0.0/16".into(),
+        };
+        let path = procs.dir.path().to_path_buf();
 
-        let (client_port, peer_port) = (free_port()?, free_port()?);
-        let etcd_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let args: Vec<String> = [
+        let etcd_url = format!("http://127.0.0.1:{}", ports.etcd);
+        let peer_url = format!("http://127.0.0.1:{}", ports.peer);
+        let data = path.join("etcd").to_string_lossy().to_string();
+        let cluster = format!("default={peer_url}");
+        let args = strings(&[
             "--data-dir",
-            &path.join("etcd").to_string_lossy(),
+            &data,
             "--name",
             "default",
             "--listen-client-urls",
@@ -113,62 +178,62 @@ impl ControlPlane {
             "--initial-advertise-peer-urls",
             &peer_url,
             "--initial-cluster",
-            &format!("default={peer_url}"),
+            &cluster,
             "--unsafe-no-fsync",
             "--log-level",
             "warn",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        procs.children.push(spawn("etcd", etcd, &args, &path.join("etcd.log"))?);
+        ]);
+        procs.spawn("etcd", etcd, &args)?;
 
         let key = path.join("sa.key");
-        let status = Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&key)
-            .arg("2048")
-            .stderr(Stdio::null())
-            .status()
-            .context("running openssl (apt-get install openssl)")?;
-        if !status.success() {
-            bail!("openssl genrsa failed: {status}");
+        if !key.is_file() {
+            let status = Command::new("openssl")
+                .args(["genrsa", "-out"])
+                .arg(&key)
+                .arg("2048")
+                .stderr(Stdio::null())
+                .status()
+                .context("running openssl (apt-get install openssl)")?;
+            if !status.success() {
+                bail!("openssl genrsa failed: {status}");
+            }
         }
+        let key = key.to_string_lossy().to_string();
         std::fs::write(path.join("tokens.csv"), format!("{TOKEN},plugdb-admin,plugdb-admin,\"system:masters\"\n"))?;
-        let port = free_port()?;
-        let server = format!("https://127.0.0.1:{port}");
         let certs = path.join("certs");
-        let args: Vec<String> = [
+        let (certs_arg, tokens) = (certs.to_string_lossy().to_string(), path.join("tokens.csv").to_string_lossy().to_string());
+        let port = ports.apiserver.to_string();
+        let args = strings(&[
             "--etcd-servers",
             &etcd_url,
             "--cert-dir",
-            &certs.to_string_lossy(),
+            &certs_arg,
             "--secure-port",
-            &port.to_string(),
+            &port,
             "--bind-address",
-            "127.0.0.1",
+            &bind.0,
             "--advertise-address",
-            "127.0.0.1",
+            &bind.1,
             "--service-cluster-ip-range",
-            "10.0.0.0/16",
+            &service_cidr,
             "--service-account-issuer",
             "https://kubernetes.default.svc",
             "--service-account-key-file",
-            &key.to_string_lossy(),
+            &key,
             "--service-account-signing-key-file",
-            &key.to_string_lossy(),
+            &key,
             "--token-auth-file",
-            &path.join("tokens.csv").to_string_lossy(),
+            &tokens,
             "--authorization-mode",
             "RBAC",
             "--enable-priority-and-fairness=false",
+            // Logs and exec reach the kubelet by the node's address, not its name.
+            "--kubelet-preferred-address-types",
+            "InternalIP",
             "--v",
             "1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        procs.children.push(spawn("kube-apiserver", &bins.join("kube-apiserver"), &args, &path.join("kube-apiserver.log"))?);
+        ]);
+        procs.spawn("kube-apiserver", &bins.join("kube-apiserver"), &args)?;
 
         procs.wait_for_file(&certs.join("apiserver.crt")).await?;
         let kubeconfig_path = path.join("kubeconfig");
@@ -178,37 +243,51 @@ impl ControlPlane {
         let client = Client::try_from(config)?;
         procs.wait_ready(&client).await?;
 
+        let kubeconfig_arg = kubeconfig_path.to_string_lossy().to_string();
         if options.controller_manager {
-            let args: Vec<String> = [
+            let ca = certs.join("apiserver.crt").to_string_lossy().to_string();
+            let port = ports.controller_manager.to_string();
+            let args = strings(&[
                 "--kubeconfig",
-                &kubeconfig_path.to_string_lossy(),
+                &kubeconfig_arg,
                 "--leader-elect=false",
                 "--controllers",
                 "*",
                 "--bind-address",
                 "127.0.0.1",
                 "--secure-port",
-                &free_port()?.to_string(),
+                &port,
                 "--service-account-private-key-file",
-                &key.to_string_lossy(),
+                &key,
                 "--root-ca-file",
-                &certs.join("apiserver.crt").to_string_lossy(),
+                &ca,
                 "--concurrent-statefulset-syncs",
                 "10",
                 "--v",
                 "1",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            procs.children.push(spawn(
-                "kube-controller-manager",
-                &bins.join("kube-controller-manager"),
-                &args,
-                &path.join("kube-controller-manager.log"),
-            )?);
+            ]);
+            procs.spawn("kube-controller-manager", &bins.join("kube-controller-manager"), &args)?;
         }
-        let kubelet = options.kubelet.then(|| tokio::spawn(crate::kubelet::run(client.clone())));
+        if let Network::Namespace { .. } = options.network {
+            let port = ports.scheduler.to_string();
+            let args = strings(&[
+                "--kubeconfig",
+                &kubeconfig_arg,
+                "--authentication-kubeconfig",
+                &kubeconfig_arg,
+                "--authorization-kubeconfig",
+                &kubeconfig_arg,
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &port,
+                "--v",
+                "1",
+            ]);
+            procs.spawn("kube-scheduler", &bins.join("kube-scheduler"), &args)?;
+        }
+        let kubelet = options.kubelet_stand_in.then(|| tokio::spawn(crate::kubelet::run(client.clone())));
         Ok(Self { client, kubeconfig: kubeconfig_path, server, processes: procs, kubelet })
     }
 
@@ -228,7 +307,52 @@ impl ControlPlane {
     }
 }
 
+/// Ports of the components.
+struct Ports {
+    etcd: u16,
+    peer: u16,
+    apiserver: u16,
+    controller_manager: u16,
+    scheduler: u16,
+}
+
 impl Processes {
+    /// Processes in the test node's network namespace, logging in `dir` (kept), recorded in `pid_file`.
+    pub(crate) fn in_node_namespace(dir: PathBuf, pid_file: PathBuf) -> Self {
+        Self {
+            dir: Dir::Kept(dir),
+            children: Vec::new(),
+            launcher: vec!["nsenter".into(), format!("--net=/run/netns/{}", crate::node::NETNS)],
+            pid_file: Some(pid_file),
+        }
+    }
+
+    /// Starts `bin` with `args` (through the launcher), logging to `<dir>/<name>.log`,
+    /// and records its PID.
+    pub(crate) fn spawn(&mut self, name: &'static str, bin: &Path, args: &[String]) -> Result<()> {
+        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log")))?;
+        let mut command = match self.launcher.split_first() {
+            Some((launcher, rest)) => {
+                let mut c = Command::new(launcher);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        if let Some(file) = &self.pid_file {
+            crate::node::record_pid(file, name, child.id())?;
+        }
+        self.children.push((name, child));
+        Ok(())
+    }
+
     async fn wait_for_file(&mut self, cert: &Path) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !cert.is_file() {
@@ -258,7 +382,7 @@ impl Processes {
         }
     }
 
-    fn check_alive(&mut self) -> Result<()> {
+    pub(crate) fn check_alive(&mut self) -> Result<()> {
         for (name, child) in &mut self.children {
             if let Some(status) = child.try_wait()? {
                 let name = *name;
@@ -268,7 +392,7 @@ impl Processes {
         Ok(())
     }
 
-    fn log_tail(&self, name: &str) -> String {
+    pub(crate) fn log_tail(&self, name: &str) -> String {
         let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(15)..].join("\n")
@@ -290,12 +414,19 @@ impl Drop for ControlPlane {
     }
 }
 
-impl Drop for Processes {
-    fn drop(&mut self) {
-        // Stop in reverse order of start: controllers first, etcd last.
+impl Processes {
+    /// Stops the processes in reverse order of start: controllers first, etcd last.
+    pub(crate) fn stop(&mut self) {
         for (_, child) in self.children.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.children.clear();
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

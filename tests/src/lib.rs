@@ -6,6 +6,7 @@ pub mod control_plane;
 pub mod engine;
 pub mod kubelet;
 pub mod local_pod;
+pub mod node;
 pub mod operator;
 
 use std::path::{Path, PathBuf};

@@ -19,6 +19,7 @@ use plugdb::plugin::{Limits, Registry, Runtime};
 use plugdb::reconcile::{self, Settings};
 
 use crate::control_plane::ControlPlane;
+use crate::node::Node;
 
 /// Namespace the operator loads plugins from.
 pub const OPERATOR_NAMESPACE: &str = "plugdb-system";
@@ -54,10 +55,25 @@ impl RequestCounts {
     }
 }
 
-/// A control plane with the operator running against it.
+/// What the cluster runs on; dropped after the operator.
+pub enum Backing {
+    /// A control plane alone: no node runs Pods.
+    ControlPlane(ControlPlane),
+    /// A control plane with a real node.
+    Node(Box<Node>),
+}
+
+impl Backing {
+    fn kubeconfig(&self) -> &std::path::Path {
+        match self {
+            Backing::ControlPlane(cp) => &cp.kubeconfig,
+            Backing::Node(node) => &node.kubeconfig,
+        }
+    }
+}
+
+/// A control plane (with or without a real node) and the operator running against it.
 pub struct Cluster {
-    /// The control plane (dropped last).
-    pub cp: ControlPlane,
     /// An admin client for the test's own reads and writes.
     pub client: Client,
     operator_client: Client,
@@ -68,6 +84,8 @@ pub struct Cluster {
     /// The operator's metrics.
     pub metrics: Arc<Metrics>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The control plane or node (declared last: dropped after the operator's tasks).
+    pub backing: Backing,
 }
 
 /// The plugin ConfigMap for the component built from `component`.
@@ -84,9 +102,9 @@ pub fn plugin_config_map(engine: &str, component: &str) -> ConfigMap {
     }
 }
 
-/// An admin client for `cp` whose requests are counted.
-pub async fn counting_client(cp: &ControlPlane) -> Result<(Client, Arc<RequestCounts>)> {
-    let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&cp.kubeconfig)?, &KubeConfigOptions::default()).await?;
+/// An admin client for the cluster behind `kubeconfig` whose requests are counted.
+pub async fn counting_client(kubeconfig: &std::path::Path) -> Result<(Client, Arc<RequestCounts>)> {
+    let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
     let requests = Arc::new(RequestCounts::default());
     Ok((requests.0.counted_client(config)?, requests))
 }
@@ -139,14 +157,23 @@ impl Cluster {
     /// runs the operator with fast test timings.
     pub async fn start(plugins: &[(&str, &str)]) -> Result<Self> {
         let cp = ControlPlane::start().await?;
-        let client = cp.client.clone();
+        Self::on(Backing::ControlPlane(cp), plugins).await
+    }
+
+    /// Starts the operator on `backing`, installs the CRD and loads `plugins` (engine,
+    /// component), with fast test timings.
+    pub async fn on(backing: Backing, plugins: &[(&str, &str)]) -> Result<Self> {
+        let client = match &backing {
+            Backing::ControlPlane(cp) => cp.client.clone(),
+            Backing::Node(node) => node.client.clone(),
+        };
         prepare(&client, plugins).await?;
 
         // The operator gets a client of its own whose requests are counted.
-        let (operator_client, requests) = counting_client(&cp).await?;
+        let (operator_client, requests) = counting_client(backing.kubeconfig()).await?;
 
         let (registry, metrics, tasks) = operator(&client, &operator_client)?;
-        let cluster = Self { cp, client, operator_client, requests, registry, metrics, tasks };
+        let cluster = Self { client, operator_client, requests, registry, metrics, tasks, backing };
         for (engine, _) in plugins {
             cluster
                 .wait_until(&format!("engine {engine} loaded"), Duration::from_secs(60), || cluster.registry.get(engine).is_some())

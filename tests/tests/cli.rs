@@ -30,13 +30,13 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
     let good = write(
         dir.path(),
         "db.yaml",
-        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"16\", replicas: 2, storage: {size: 5Gi}}\n",
+        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"15\", replicas: 2, storage: {size: 5Gi}}\n",
     );
     let out = cli::render(&good, &plugin).expect("render");
     for kind in ["kind: ConfigMap", "kind: Service", "kind: StatefulSet", "kind: PodDisruptionBudget"] {
         assert!(out.contains(kind), "{kind} missing");
     }
-    assert!(out.contains("image: docker.io/library/postgres:16"));
+    assert!(out.contains("image: docker.io/library/postgres:15"));
 
     let bad = write(
         dir.path(),

@@ -46,8 +46,8 @@ async fn running(dbs: &Api<Database>, replicas: i32) -> bool {
 async fn only_the_leader_writes_and_a_follower_takes_over_when_it_dies() {
     let cp = ControlPlane::start().await.expect("control plane");
     prepare(&cp.client, &[("postgres", "postgres")]).await.expect("CRD and plugins");
-    let (client_a, writes_a) = counting_client(&cp).await.expect("client a");
-    let (client_b, writes_b) = counting_client(&cp).await.expect("client b");
+    let (client_a, writes_a) = counting_client(&cp.kubeconfig).await.expect("client a");
+    let (client_b, writes_b) = counting_client(&cp.kubeconfig).await.expect("client b");
 
     let a = tokio::spawn(operator::run(client_a, Arc::new(Metrics::default()), options("replica-a"), || {}, std::future::pending()));
     wait_for("replica-a leads", Duration::from_secs(30), async || holder(&cp.client).await.as_deref() == Some("replica-a")).await;

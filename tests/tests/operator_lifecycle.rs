@@ -40,11 +40,11 @@ async fn image_of(cluster: &Cluster, ns: &str) -> String {
 #[tokio::test]
 async fn a_database_becomes_ready_with_all_its_children_and_then_writes_nothing() {
     let mut cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
-    cluster.apply_database("shop", orders(3, "16")).await.expect("apply");
+    cluster.apply_database("shop", orders(3, "15")).await.expect("apply");
     let db = cluster.wait_database("shop", "orders", "Running with 3 ready", WAIT, |d| is_running(d, 3)).await.expect("ready");
     let status = db.status.clone().expect("status");
     assert_eq!(status.primary.as_deref(), Some("orders-0"));
-    assert_eq!(status.current_version.as_deref(), Some("16"));
+    assert_eq!(status.current_version.as_deref(), Some("15"));
     assert!(status.plugin.as_deref().is_some_and(|p| p.starts_with("postgres@")));
     for t in ["Ready", "PluginReady", "BackupHealthy"] {
         assert_eq!(condition(&db, t).map(|c| c.status.as_str()), Some("True"), "{t}");
@@ -166,15 +166,15 @@ async fn a_spec_the_plugin_rejects_becomes_a_readable_condition() {
 #[tokio::test]
 async fn scaling_up_and_down_keeps_the_volumes_of_removed_members() {
     let cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
-    cluster.apply_database("shop", orders(1, "16")).await.expect("apply");
+    cluster.apply_database("shop", orders(1, "15")).await.expect("apply");
     cluster.wait_database("shop", "orders", "1 ready", WAIT, |d| is_running(d, 1)).await.expect("1");
-    cluster.apply_database("shop", orders(3, "16")).await.expect("scale up");
+    cluster.apply_database("shop", orders(3, "15")).await.expect("scale up");
     cluster.wait_database("shop", "orders", "3 ready", WAIT, |d| is_running(d, 3)).await.expect("3");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), "shop");
     for i in 0..3 {
         claims.get(&format!("data-orders-{i}")).await.expect("a claim per member");
     }
-    cluster.apply_database("shop", orders(1, "16")).await.expect("scale down");
+    cluster.apply_database("shop", orders(1, "15")).await.expect("scale down");
     cluster.wait_database("shop", "orders", "back to 1", WAIT, |d| is_running(d, 1)).await.expect("1 again");
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "shop");
     for _ in 0..100 {

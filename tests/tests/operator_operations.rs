@@ -50,18 +50,18 @@ async fn image(cluster: &Cluster, ns: &str, name: &str) -> String {
 #[tokio::test]
 async fn a_minor_upgrade_rolls_replicas_first_and_a_downgrade_is_refused() {
     let cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
-    cluster.apply_database("shop", database("orders", "postgres", "16.2", 3, json!({}))).await.expect("apply");
+    cluster.apply_database("shop", database("orders", "postgres", "15.2", 3, json!({}))).await.expect("apply");
     cluster.wait_database("shop", "orders", "Running", WAIT, |d| is_running(d, 3)).await.expect("running");
 
-    cluster.apply_database("shop", database("orders", "postgres", "16.4", 3, json!({}))).await.expect("upgrade");
+    cluster.apply_database("shop", database("orders", "postgres", "15.4", 3, json!({}))).await.expect("upgrade");
     let db = cluster
-        .wait_database("shop", "orders", "upgraded to 16.4", WAIT, |d| {
-            d.status.as_ref().and_then(|s| s.current_version.as_deref()) == Some("16.4") && is_running(d, 3)
+        .wait_database("shop", "orders", "upgraded to 15.4", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.current_version.as_deref()) == Some("15.4") && is_running(d, 3)
         })
         .await
         .expect("upgraded");
     assert!(db.status.expect("status").upgrade.is_none());
-    assert_eq!(image(&cluster, "shop", "orders").await, "docker.io/library/postgres:16.4");
+    assert_eq!(image(&cluster, "shop", "orders").await, "docker.io/library/postgres:15.4");
     let mut restarts = events(&cluster, "shop", "MemberRestarted").await;
     restarts.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
     let order: Vec<String> = restarts.iter().filter_map(|e| e.note.clone()).collect();
@@ -73,7 +73,7 @@ async fn a_minor_upgrade_rolls_replicas_first_and_a_downgrade_is_refused() {
     assert_eq!(events(&cluster, "shop", "UpgradeCompleted").await.len(), 1);
 
     // A downgrade is refused by the plugin: a condition and an Event, nothing changes.
-    cluster.apply_database("shop", database("orders", "postgres", "16.2", 3, json!({}))).await.expect("downgrade");
+    cluster.apply_database("shop", database("orders", "postgres", "15.2", 3, json!({}))).await.expect("downgrade");
     let db = cluster
         .wait_database("shop", "orders", "UpgradeRefused", WAIT, |d| {
             condition(d, "Progressing").is_some_and(|c| c.reason == "UpgradeRefused")
@@ -81,15 +81,15 @@ async fn a_minor_upgrade_rolls_replicas_first_and_a_downgrade_is_refused() {
         .await
         .expect("refused");
     assert!(condition(&db, "Progressing").expect("condition").message.contains("downgrading"), "{:?}", condition(&db, "Progressing"));
-    assert_eq!(db.status.as_ref().and_then(|s| s.current_version.as_deref()), Some("16.4"));
-    assert_eq!(image(&cluster, "shop", "orders").await, "docker.io/library/postgres:16.4", "the running version stays");
+    assert_eq!(db.status.as_ref().and_then(|s| s.current_version.as_deref()), Some("15.4"));
+    assert_eq!(image(&cluster, "shop", "orders").await, "docker.io/library/postgres:15.4", "the running version stays");
     assert!(!events(&cluster, "shop", "UpgradeRefused").await.is_empty());
 }
 
 #[tokio::test]
 async fn the_primary_fails_over_to_the_replica_the_plugin_chooses_and_never_to_an_unsafe_one() {
     let cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
-    cluster.apply_database("shop", database("orders", "postgres", "16", 3, json!({}))).await.expect("apply");
+    cluster.apply_database("shop", database("orders", "postgres", "15", 3, json!({}))).await.expect("apply");
     cluster.wait_database("shop", "orders", "Running", WAIT, |d| is_running(d, 3)).await.expect("running");
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "shop");
     let annotate = |name: &'static str, key: &'static str, value: &'static str| {
@@ -159,7 +159,7 @@ async fn the_primary_fails_over_to_the_replica_the_plugin_chooses_and_never_to_a
 async fn scheduled_backups_run_on_time_under_deterministic_names_with_retention() {
     let cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
     let backup = json!({"backup": {"schedule": "*/2 * * * * *", "retention": 2}});
-    cluster.apply_database("shop", database("orders", "postgres", "16", 1, backup)).await.expect("apply");
+    cluster.apply_database("shop", database("orders", "postgres", "15", 1, backup)).await.expect("apply");
     let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), "shop");
     let mut seen = BTreeSet::new();
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -207,7 +207,7 @@ async fn scheduled_backups_run_on_time_under_deterministic_names_with_retention(
 
     // An invalid schedule is a clear condition.
     cluster
-        .apply_database("shop", database("orders", "postgres", "16", 1, json!({"backup": {"schedule": "every night"}})))
+        .apply_database("shop", database("orders", "postgres", "15", 1, json!({"backup": {"schedule": "every night"}})))
         .await
         .expect("apply");
     let db = cluster
@@ -232,7 +232,7 @@ async fn gone(cluster: &Cluster, ns: &str, name: &str) {
 async fn deletion_follows_the_policy() {
     let cluster = Cluster::start(&[("postgres", "postgres"), ("minimal", "minimal")]).await.expect("cluster");
     for (name, policy) in [("snap", "Snapshot"), ("keep", "Retain"), ("drop", "Delete")] {
-        cluster.apply_database("data", database(name, "postgres", "16", 1, json!({"deletionPolicy": policy}))).await.expect("apply");
+        cluster.apply_database("data", database(name, "postgres", "15", 1, json!({"deletionPolicy": policy}))).await.expect("apply");
     }
     cluster.apply_database("data", database("nosnap", "minimal", "1", 1, json!({}))).await.expect("apply");
     for name in ["snap", "keep", "drop", "nosnap"] {
@@ -287,7 +287,7 @@ async fn deletion_follows_the_policy() {
 async fn a_new_database_restores_from_another_ones_backup_before_its_members_start() {
     let cluster = Cluster::start(&[("postgres", "postgres")]).await.expect("cluster");
     let backup = json!({"backup": {"schedule": "*/2 * * * * *", "retention": 3}});
-    cluster.apply_database("shop", database("orders", "postgres", "16", 1, backup)).await.expect("apply");
+    cluster.apply_database("shop", database("orders", "postgres", "15", 1, backup)).await.expect("apply");
     let source = cluster
         .wait_database("shop", "orders", "a backup exists", WAIT, |d| d.status.as_ref().is_some_and(|s| s.last_backup.is_some()))
         .await
@@ -295,7 +295,7 @@ async fn a_new_database_restores_from_another_ones_backup_before_its_members_sta
     let backup_name = source.status.and_then(|s| s.last_backup).expect("last backup").name;
 
     let restore = json!({"restoreFrom": {"database": "orders", "backup": backup_name}});
-    cluster.apply_database("shop", database("copy", "postgres", "16", 1, restore)).await.expect("apply copy");
+    cluster.apply_database("shop", database("copy", "postgres", "15", 1, restore)).await.expect("apply copy");
     let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), "shop");
     let deadline = tokio::time::Instant::now() + WAIT;
     let job = loop {
@@ -333,15 +333,15 @@ async fn a_major_upgrade_backs_up_first_rolls_then_runs_the_plugins_upgrade_job(
     cluster.apply_database("shop", database("shop", "mysql", "10.11", 2, yearly.clone())).await.expect("apply");
     cluster.wait_database("shop", "shop", "Running", WAIT, |d| is_running(d, 2)).await.expect("running");
 
-    cluster.apply_database("shop", database("shop", "mysql", "11.4", 2, yearly)).await.expect("upgrade");
+    cluster.apply_database("shop", database("shop", "mysql", "11.8", 2, yearly)).await.expect("upgrade");
     let db = cluster
-        .wait_database("shop", "shop", "upgraded to 11.4", WAIT, |d| {
-            d.status.as_ref().and_then(|s| s.current_version.as_deref()) == Some("11.4") && is_running(d, 2)
+        .wait_database("shop", "shop", "upgraded to 11.8", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.current_version.as_deref()) == Some("11.8") && is_running(d, 2)
         })
         .await
         .expect("upgraded");
     assert!(db.status.expect("status").upgrade.is_none());
-    assert_eq!(image(&cluster, "shop", "shop").await, "docker.io/library/mariadb:11.4");
+    assert_eq!(image(&cluster, "shop", "shop").await, "docker.io/library/mariadb:11.8");
 
     let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), "shop");
     let all = jobs.list(&ListParams::default()).await.expect("jobs").items;

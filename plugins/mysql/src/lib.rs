@@ -1,4 +1,5 @@
-//! The `mysql` engine plugin: MariaDB 10.6, 10.11 and 11.4 with GTID replication.
+//! The `mysql` engine plugin: MariaDB 10.11 and 11.8 with GTID replication (the LTS
+//! series Debian ships, so the ones proven on a real node).
 //! (MySQL Community images are not supported by this plugin: their GTID and
 //! replication syntax differ.)
 //!
@@ -18,8 +19,8 @@ use std::collections::BTreeMap;
 
 use plugdb_sdk::*;
 
-const VERSIONS: &[&str] = &["10.6", "10.11", "11.4"];
-const DEFAULT_VERSION: &str = "11.4";
+const VERSIONS: &[&str] = &["10.11", "11.8"];
+const DEFAULT_VERSION: &str = "11.8";
 const PORT: u16 = 3306;
 const UID: u32 = 999;
 const ROOT_KEY: &str = "root-password";
@@ -117,7 +118,7 @@ impl Engine for Mysql {
             out.push(violation(
                 "spec.version",
                 format!(
-                    "MariaDB {:?} is not supported; use one of {} (optionally with a patch, e.g. 11.4.4)",
+                    "MariaDB {:?} is not supported; use one of {} (optionally with a patch, e.g. 11.8.6)",
                     spec.version,
                     VERSIONS.join(", ")
                 ),

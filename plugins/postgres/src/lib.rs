@@ -1,4 +1,5 @@
-//! The `postgres` engine plugin: PostgreSQL 15, 16 and 17 with streaming replication.
+//! The `postgres` engine plugin: PostgreSQL 15 and 17 with streaming replication
+//! (the majors Debian ships, so the ones proven on a real node; 16 is not offered).
 //!
 //! - Members run the official `postgres` image with a bootstrap script (a config file)
 //!   that initialises the primary or clones a replica from the primary Service.
@@ -13,7 +14,7 @@ mod parameters;
 
 use plugdb_sdk::*;
 
-const VERSIONS: &[&str] = &["15", "16", "17"];
+const VERSIONS: &[&str] = &["15", "17"];
 const DEFAULT_VERSION: &str = "17";
 const PORT: u16 = 5432;
 const UID: u32 = 999;
@@ -34,7 +35,7 @@ fn pgdata(data_mount: &str) -> String {
 
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 
-/// Whether `version` names a supported major, alone (`16`) or with a minor (`16.4`).
+/// Whether `version` names a supported major, alone (`17`) or with a minor (`17.2`).
 fn supported(version: &str) -> bool {
     let mut parts = version.split('.');
     let major_ok = parts.next().is_some_and(|m| VERSIONS.contains(&m));

@@ -17,15 +17,16 @@ fn spec(version: &str) -> DatabaseSpec {
 fn plan_upgrade_cases() {
     type Case = (&'static str, &'static str, Result<(usize, bool), &'static str>);
     let cases: &[Case] = &[
-        ("16.2", "16.2", Ok((0, false))),
-        ("16.2", "16.4", Ok((1, true))),
-        ("16", "16.4", Ok((1, true))),
-        ("16.4", "16.2", Err("downgrading")),
-        ("17", "16", Err("downgrading")),
-        ("16.4", "17.0", Err("major upgrade from PostgreSQL 16 to 17")),
+        ("15.2", "15.2", Ok((0, false))),
+        ("15.2", "15.4", Ok((1, true))),
+        ("15", "15.4", Ok((1, true))),
+        ("15.4", "15.2", Err("downgrading")),
+        ("17", "15", Err("downgrading")),
+        ("15.4", "17.0", Err("major upgrade from PostgreSQL 15 to 17")),
         ("15", "17", Err("major upgrade from PostgreSQL 15 to 17")),
-        ("16", "18", Err("not supported")),
-        ("banana", "16", Err("cannot compare")),
+        ("15", "16", Err("not supported")),
+        ("15", "18", Err("not supported")),
+        ("banana", "15", Err("cannot compare")),
     ];
     for (from, to, expected) in cases {
         let got = Postgres::plan_upgrade(spec(to), from.to_string());
@@ -74,7 +75,7 @@ fn choose_primary_cases() {
         ("the primary is ready: no failover", vec![member(0, true, true, None), member(1, true, false, Some("0/1"))], None),
     ];
     for (name, members, expected) in cases {
-        match (Postgres::choose_primary(spec("16"), members), expected) {
+        match (Postgres::choose_primary(spec("15"), members), expected) {
             (FailoverDecision::Promote(p), Some(pod)) => {
                 assert_eq!(p.pod, pod, "{name}");
                 assert!(p.command.join(" ").contains("pg_ctl promote"), "{name}");
@@ -91,7 +92,7 @@ fn validate_reports_version_and_parameters_by_field() {
     s.parameters = vec![Parameter { name: "max_connections".into(), value: ParameterValue::Text("many".into()) }];
     let fields: Vec<String> = Postgres::validate(s).into_iter().map(|v| v.field).collect();
     assert_eq!(fields, ["spec.version", "spec.parameters.max_connections"]);
-    for ok in ["15", "16", "17", "17.2"] {
+    for ok in ["15", "17", "17.2"] {
         assert!(Postgres::validate(spec(ok)).is_empty(), "{ok}");
     }
     for bad in ["", "17.", "17.2.1", "17.x", "18"] {
@@ -101,7 +102,7 @@ fn validate_reports_version_and_parameters_by_field() {
 
 #[test]
 fn rendered_configuration_carries_derived_and_user_settings() {
-    let mut s = spec("16");
+    let mut s = spec("15");
     s.parameters = vec![
         Parameter { name: "max_connections".into(), value: ParameterValue::Integer(50) },
         Parameter { name: "work_mem".into(), value: ParameterValue::Text("8MB".into()) },
@@ -119,5 +120,5 @@ fn rendered_configuration_carries_derived_and_user_settings() {
     assert!(conf.contains("shared_buffers = '512MB'\n"), "{conf}");
     let work_mem: Vec<&str> = conf.lines().filter(|l| l.starts_with("work_mem")).collect();
     assert_eq!(work_mem, ["work_mem = '8MB'"], "the user's setting replaces the derived one");
-    assert_eq!(w.image, "docker.io/library/postgres:16");
+    assert_eq!(w.image, "docker.io/library/postgres:15");
 }

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Builds the container images the test node runs, from Debian packages, without a
+# registry: one minbase root filesystem per Debian suite (shared by that suite's
+# engines), the engine packages installed on top, laid out like the official images
+# the plugins render, packed as single-layer `docker save` archives.
+#
+#   scripts/node-images.sh            builds what is missing, prints the index file
+#
+# The index (one line per archive: `ARCHIVE CONFIG_DIGEST TAG...`) is what the node
+# harness imports. Archives are cached under IMAGES_VERSION: raise it when a recipe
+# below changes. The Debian base of each suite is cached apart, by suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${PLUGDB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plugdb}"
+IMAGES_VERSION=1
+OUT="$CACHE/images-v$IMAGES_VERSION"
+BASES="$CACHE/debian-base"
+mkdir -p "$OUT" "$BASES"
+MIRROR="${PLUGDB_DEBIAN_MIRROR:-$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)}"
+MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+
+for tool in debootstrap gcc tar sha256sum; do
+  command -v "$tool" >/dev/null || { echo "node-images: '$tool' is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
+done
+[[ $(id -u) == 0 ]] || { echo "node-images: building root filesystems needs root (debootstrap, chroot)" >&2; exit 1; }
+
+log() { echo "node-images: $*" >&2; }
+
+# pack ROOTFS ARCHIVE USER CMD_JSON ENV... : a single-layer image archive; prints its config digest.
+pack() {
+  local rootfs=$1 archive=$2 user=$3 cmd=$4; shift 4
+  local tmp; tmp=$(mktemp -d "$OUT/pack.XXXXXX")
+  tar --numeric-owner --xattrs -C "$rootfs" -cf "$tmp/layer.tar" .
+  local diff; diff=$(sha256sum "$tmp/layer.tar" | cut -d' ' -f1)
+  local env="" e
+  for e in "$@"; do env+="${env:+,}\"$e\""; done
+  printf '{"architecture":"amd64","os":"linux","created":"1970-01-01T00:00:00Z","config":{"Env":[%s],"Cmd":%s,"User":"%s","WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    "$env" "$cmd" "$user" "$diff" > "$tmp/config.json"
+  local config; config=$(sha256sum "$tmp/config.json" | cut -d' ' -f1)
+  mkdir "$tmp/$diff"; mv "$tmp/layer.tar" "$tmp/$diff/layer.tar"; mv "$tmp/config.json" "$tmp/$config.json"
+  printf '[{"Config":"%s.json","RepoTags":[],"Layers":["%s/layer.tar"]}]' "$config" "$diff" > "$tmp/manifest.json"
+  tar -C "$tmp" -cf "$archive.tmp" manifest.json "$config.json" "$diff/layer.tar"
+  mv "$archive.tmp" "$archive"
+  rm -rf "$tmp"
+  echo "sha256:$config"
+}
+
+# base SUITE: a minbase root filesystem tarball for SUITE (built once).
+base() {
+  local suite=$1 tarball="$BASES/$1-minbase.tar"
+  if [[ ! -f $tarball ]]; then
+    log "debootstrap $suite (minbase) from $MIRROR"
+    local dir; dir=$(mktemp -d "$BASES/$suite.XXXXXX")
+    debootstrap --variant=minbase "$suite" "$dir" "$MIRROR" >"$dir.log" 2>&1 || { tail -20 "$dir.log" >&2; exit 1; }
+    rm -f "$dir.log"
+    tar --numeric-owner -C "$dir" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+    rm -rf "$dir"
+  fi
+  echo "$tarball"
+}
+
+# engine NAME SUITE PACKAGES COMPAT: the base plus PACKAGES, made official-looking by COMPAT.
+# Prints "ARCHIVE DIGEST ROOTFS" with ROOTFS left in place for COMPAT's tags.
+engine_rootfs() {
+  local name=$1 suite=$2 packages=$3
+  local dir="$OUT/$name.rootfs"
+  rm -rf "$dir"; mkdir -p "$dir"
+  tar --numeric-owner -C "$dir" -xf "$(base "$suite")"
+  # No service starts inside the chroot; the image's own bootstrap initialises data.
+  printf '#!/bin/sh\nexit 101\n' > "$dir/usr/sbin/policy-rc.d"; chmod +x "$dir/usr/sbin/policy-rc.d"
+  echo "deb $MIRROR $suite main" > "$dir/etc/apt/sources.list"
+  mount -t proc proc "$dir/proc"
+  log "installing $packages into $name ($suite)"
+  if ! chroot "$dir" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages" \
+    >"$dir.log" 2>&1; then
+    umount "$dir/proc"; tail -30 "$dir.log" >&2; exit 1
+  fi
+  rm -f "$dir.log"
+  umount "$dir/proc"
+  chroot "$dir" apt-get clean
+  rm -rf "$dir"/var/lib/apt/lists/* "$dir"/usr/share/doc/* "$dir"/usr/share/man/* "$dir"/var/cache/apt/*.bin \
+    "$dir"/var/log/*.log "$dir/usr/sbin/policy-rc.d"
+}
+
+# uid999 ROOTFS USER: the official images run their engine as USER with uid and gid 999.
+uid999() {
+  local dir=$1 user=$2 uid gid
+  uid=$(chroot "$dir" id -u "$user"); gid=$(chroot "$dir" id -g "$user")
+  if [[ $uid != 999 ]]; then
+    chroot "$dir" groupmod -g 999 "$user"
+    chroot "$dir" usermod -u 999 -g 999 "$user"
+    find "$dir" -xdev \( -uid "$uid" -o -gid "$gid" \) -exec chown -h 999:999 {} +
+  fi
+}
+
+index="$OUT/index"
+entries=()
+add() { entries+=("$*"); }
+
+# postgres MAJOR SUITE
+postgres() {
+  local major=$1 suite=$2 archive="$OUT/postgres-$1.tar"
+  if [[ ! -f $archive.digest ]]; then
+    engine_rootfs "postgres-$major" "$suite" "postgresql-$major postgresql-client-$major procps"
+    local dir="$OUT/postgres-$major.rootfs"
+    rm -rf "$dir/var/lib/postgresql/$major" "$dir/etc/postgresql/$major"
+    uid999 "$dir" postgres
+    mkdir -p "$dir/var/run/postgresql" "$dir/var/lib/postgresql/data"
+    chown 999:999 "$dir/var/run/postgresql" "$dir/var/lib/postgresql/data"; chmod 3777 "$dir/var/run/postgresql"
+    chroot "$dir" "/usr/lib/postgresql/$major/bin/postgres" --version | awk '{print $3}' > "$archive.version"
+    pack "$dir" "$archive" postgres '["postgres"]' \
+      "PATH=/usr/lib/postgresql/$major/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+      "PGDATA=/var/lib/postgresql/data" "LANG=C.UTF-8" "PG_MAJOR=$major" > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  local minor; minor=$(cat "$archive.version")
+  add "$archive $(cat "$archive.digest") docker.io/library/postgres:$major docker.io/library/postgres:$minor"
+}
+
+# mariadb SERIES SUITE
+mariadb() {
+  local series=$1 suite=$2 archive="$OUT/mariadb-$1.tar"
+  if [[ ! -f $archive.digest ]]; then
+    engine_rootfs "mariadb-$series" "$suite" "mariadb-server mariadb-client procps"
+    local dir="$OUT/mariadb-$series.rootfs"
+    rm -rf "$dir"/var/lib/mysql/* "$dir"/var/lib/mysql/.[!.]*
+    uid999 "$dir" mysql
+    mkdir -p "$dir/run/mysqld" "$dir/var/lib/mysql"
+    chown 999:999 "$dir/run/mysqld" "$dir/var/lib/mysql"; chmod 0777 "$dir/run/mysqld"
+    chroot "$dir" mariadbd --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*-MariaDB' | cut -d- -f1 > "$archive.version"
+    local got; got=$(cut -d. -f1,2 "$archive.version")
+    [[ $got == "$series" ]] || { echo "node-images: $suite ships MariaDB $got, not $series" >&2; exit 1; }
+    pack "$dir" "$archive" mysql '["mariadbd"]' "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "LANG=C.UTF-8" \
+      > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  local patch; patch=$(cat "$archive.version")
+  add "$archive $(cat "$archive.digest") docker.io/library/mariadb:$series docker.io/library/mariadb:$patch"
+}
+
+# The pod sandbox's pause process: a static program that sleeps and reaps.
+pause() {
+  local archive="$OUT/pause.tar"
+  if [[ ! -f $archive.digest ]]; then
+    local dir; dir=$(mktemp -d "$OUT/pause.XXXXXX")
+    cat > "$dir.c" <<'C'
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void stop(int s) { (void)s; _exit(0); }
+static void reap(int s) { (void)s; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+  struct sigaction a = {0}, r = {0};
+  a.sa_handler = stop; sigaction(SIGINT, &a, 0); sigaction(SIGTERM, &a, 0);
+  r.sa_handler = reap; r.sa_flags = SA_NOCLDSTOP; sigaction(SIGCHLD, &r, 0);
+  for (;;) pause();
+}
+C
+    gcc -static -Os -o "$dir/pause" "$dir.c"; strip "$dir/pause"; rm -f "$dir.c"
+    pack "$dir" "$archive" "65535" '["/pause"]' > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  add "$archive $(cat "$archive.digest") localhost/plugdb/pause:1"
+}
+
+# A shell and coreutils for helper pods (the volume provisioner's mkdir/rm): busybox.
+helper() {
+  local archive="$OUT/helper.tar"
+  if [[ ! -f $archive.digest ]]; then
+    local dir; dir=$(mktemp -d "$OUT/helper.XXXXXX")
+    mkdir -p "$dir/bin" "$dir/tmp"; chmod 1777 "$dir/tmp"
+    cp /bin/busybox "$dir/bin/busybox"
+    for applet in sh mkdir rm rmdir chmod ls cat sleep test; do ln -s busybox "$dir/bin/$applet"; done
+    pack "$dir" "$archive" "" '["/bin/sh"]' "PATH=/bin" > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  add "$archive $(cat "$archive.digest") localhost/plugdb/helper:1"
+}
+
+[[ -x /bin/busybox ]] || { echo "node-images: /bin/busybox is missing (apt-get install busybox-static)" >&2; exit 1; }
+pause
+helper
+# One suite at a time shares its base; the two suites build side by side.
+( postgres 15 bookworm; mariadb 10.11 bookworm; printf '%s\n' "${entries[@]}" > "$OUT/bookworm.list" ) &
+bookworm=$!
+( postgres 17 trixie; mariadb 11.8 trixie; printf '%s\n' "${entries[@]}" > "$OUT/trixie.list" ) &
+trixie=$!
+wait $bookworm || { echo "node-images: the bookworm images failed" >&2; exit 1; }
+wait $trixie || { echo "node-images: the trixie images failed" >&2; exit 1; }
+sort -u "$OUT/bookworm.list" "$OUT/trixie.list" > "$index.tmp" && mv "$index.tmp" "$index"
+rm -f "$OUT/bookworm.list" "$OUT/trixie.list"
+echo "$index"

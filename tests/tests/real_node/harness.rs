@@ -1,0 +1,123 @@
+//! A test harness for scenarios that share one real node: it starts the node, the
+//! control plane and the operator once, runs the scenarios (a few at a time, each in
+//! a namespace of its own), and tears the node down afterwards — also when a scenario
+//! fails, and when the run is interrupted (SIGINT, SIGTERM). Output follows libtest's
+//! shape, so `cargo test` reads its closing line.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::FutureExt;
+use plugdb_tests::node::{Node, run_dir, teardown};
+use plugdb_tests::operator::{Backing, Cluster};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// A scenario: an async function of the shared cluster.
+pub type Scenario = fn(Arc<Cluster>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Engine plugins loaded into the shared cluster (engine, component).
+const PLUGINS: &[(&str, &str)] = &[("postgres", "postgres"), ("mysql", "mysql")];
+
+/// Runs the `scenarios` selected by the command line (substring filters; `--list`
+/// lists them) on one real node.
+pub fn run(scenarios: &[(&'static str, Scenario)]) -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in scenarios {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let selected: Vec<(&'static str, Scenario)> =
+        scenarios.iter().filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))).copied().collect();
+    let filtered_out = scenarios.len() - selected.len();
+    println!("\nrunning {} tests", selected.len());
+    if selected.is_empty() {
+        println!("\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in 0.00s\n");
+        return ExitCode::SUCCESS;
+    }
+    let parallel = std::env::var("PLUGDB_SCENARIO_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize).max(1);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let started = Instant::now();
+    let outcome = runtime.block_on(async move {
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        let interrupted = async move {
+            match (interrupt.as_mut(), terminate.as_mut()) {
+                (Some(i), Some(t)) => tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} },
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            outcome = run_all(selected, parallel) => outcome,
+            () = interrupted => {
+                teardown(&run_dir());
+                Err("interrupted; the node was torn down".to_string())
+            }
+        }
+    });
+    drop(runtime);
+    let secs = started.elapsed().as_secs_f64();
+    match outcome {
+        Ok(failed) => {
+            let passed_count = failed.iter().filter(|(_, ok)| *ok).count();
+            let failures: Vec<&str> = failed.iter().filter(|(_, ok)| !ok).map(|(n, _)| *n).collect();
+            if !failures.is_empty() {
+                println!("\nfailures:");
+                for name in &failures {
+                    println!("    {name}");
+                }
+            }
+            let verdict = if failures.is_empty() { "ok" } else { "FAILED" };
+            println!(
+                "\ntest result: {verdict}. {passed_count} passed; {} failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in {secs:.2}s\n",
+                failures.len()
+            );
+            if failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(e) => {
+            eprintln!("real-node scenarios: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_all(selected: Vec<(&'static str, Scenario)>, parallel: usize) -> Result<Vec<(&'static str, bool)>, String> {
+    let node = Node::start().await.map_err(|e| format!("the real node did not start: {e:#}"))?;
+    let cluster =
+        Arc::new(Cluster::on(Backing::Node(Box::new(node)), PLUGINS).await.map_err(|e| format!("the operator did not start: {e:#}"))?);
+    let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut handles = Vec::new();
+    for (name, scenario) in selected {
+        let (cluster, permits) = (cluster.clone(), permits.clone());
+        handles.push(tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            let started = Instant::now();
+            let ok = AssertUnwindSafe(scenario(cluster)).catch_unwind().await.is_ok();
+            println!("test {name} ... {} ({:.1} s)", if ok { "ok" } else { "FAILED" }, started.elapsed().as_secs_f64());
+            (name, ok)
+        }));
+    }
+    let mut results = Vec::new();
+    for handle in handles {
+        results.push(handle.await.map_err(|e| format!("a scenario task failed: {e}"))?);
+    }
+    // The scenarios' clones are gone: dropping the last one tears the node down. A clone
+    // kept by something still running must not keep the node up: tear down regardless.
+    if let Err(still_shared) = Arc::try_unwrap(cluster).map(drop) {
+        drop(still_shared);
+        teardown(&run_dir());
+    }
+    Ok(results)
+}

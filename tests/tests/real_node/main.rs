@@ -1,0 +1,60 @@
+//! Tier 5: scenarios on a real node. The operator renders; containerd, runc and a real
+//! kubelet run what it rendered from engine images built from Debian packages; the
+//! scenarios talk to the real servers through the rendered Services and check data.
+//!
+//! Run with `cargo test -p plugdb-tests --test real_node [FILTER]` (as root); one node
+//! serves the whole run and is torn down at its end, also after a failure or Ctrl-C.
+
+mod harness;
+mod support;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use plugdb_tests::operator::Cluster;
+use serde_json::json;
+use support::{Client, Engine, WAIT, database, is_running, pod_ip};
+
+fn main() -> ExitCode {
+    harness::run(&[
+        ("postgres_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Postgres, "15"))),
+        ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "10.11"))),
+    ])
+}
+
+/// Three members become Ready by their real probes; a row written through the
+/// read-write Service is on every member; the Secret's password is the one the
+/// engine accepts, and another is refused.
+async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str) {
+    let ns = format!("{}-replication", engine.name());
+    cluster.apply_database(&ns, database("orders", engine, version, 3, json!({}))).await.expect("apply");
+    cluster.wait_database(&ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+
+    let client = Client::new(&cluster, engine, &ns, "orders").await;
+    let primary = client.service_ip("orders").await;
+    client
+        .query(&primary, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)")
+        .await
+        .expect("create through the primary Service");
+    client.query(&primary, "INSERT INTO orders VALUES (1, 'written to the primary')").await.expect("insert");
+
+    let members = client.members().await;
+    assert_eq!(members.len(), 3);
+    for pod in &members {
+        let rows =
+            client.eventually(&pod_ip(pod), "SELECT item FROM orders WHERE id = 1", Duration::from_secs(30), |r| !r.is_empty()).await;
+        assert_eq!(rows, "written to the primary", "on {}", kube::ResourceExt::name_any(pod));
+    }
+    let replica_sql = match engine {
+        Engine::Postgres => "SELECT pg_is_in_recovery()",
+        Engine::Mysql => "SELECT @@read_only",
+    };
+    for pod in &members[1..] {
+        let in_recovery = client.query(&pod_ip(pod), replica_sql).await.expect("replica state");
+        assert!(in_recovery == "t" || in_recovery == "1", "{} follows the primary: {in_recovery}", kube::ResourceExt::name_any(pod));
+    }
+
+    let wrong = client.query_as(&primary, "not-the-password", "SELECT 1").await;
+    assert!(wrong.is_err(), "a wrong password is refused: {wrong:?}");
+}
