@@ -78,8 +78,8 @@ pub enum Network {
 pub struct Options {
     /// Start kube-controller-manager (StatefulSet, Job, garbage collector, ...).
     pub controller_manager: bool,
-    /// Run the kubelet stand-in that marks Pods ready and Job Pods succeeded. Only the
-    /// 1,000-Database benchmark uses it, where a real node cannot serve.
+    /// Run the kubelet stand-in that marks Pods ready and Job Pods succeeded (it runs
+    /// nothing). Scenarios that need Pods to run use the real node instead.
     pub kubelet_stand_in: bool,
     /// Where to serve.
     pub network: Network,
@@ -87,7 +87,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { controller_manager: true, kubelet_stand_in: false, network: Network::Loopback }
+        Self { controller_manager: true, kubelet_stand_in: true, network: Network::Loopback }
     }
 }
 

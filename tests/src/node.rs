@@ -43,6 +43,8 @@ const VETH_NODE: &str = "plugdb-eth0";
 /// Pod addresses (CNI bridge + host-local), inside the namespace only.
 pub const POD_CIDR: &str = "10.202.0.0/24";
 const POD_GATEWAY: &str = "10.202.0.1";
+/// The pod bridge inside the namespace.
+const BRIDGE: &str = "cni0";
 /// Service virtual IPs (kube-proxy, iptables mode), inside the namespace only.
 pub const SERVICE_CIDR: &str = "10.203.0.0/16";
 /// The cluster DNS Service address.
@@ -320,6 +322,13 @@ fn create_namespace() -> Result<()> {
     run("ip", &["-n", NETNS, "link", "set", VETH_NODE, "up"])?;
     // Forwarding between the veth and the pod bridge, inside the namespace only.
     run("nsenter", &[&format!("--net=/run/netns/{NETNS}"), "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    // The pod bridge up front (the CNI bridge plugin adopts it), so that Service
+    // addresses have a route from the namespace itself: kube-proxy rewrites them to pod
+    // addresses; an address it does not serve stays on the bridge, never leaves.
+    run("ip", &["-n", NETNS, "link", "add", BRIDGE, "type", "bridge"])?;
+    run("ip", &["-n", NETNS, "addr", "add", &format!("{POD_GATEWAY}/24"), "dev", BRIDGE])?;
+    run("ip", &["-n", NETNS, "link", "set", BRIDGE, "up"])?;
+    run("ip", &["-n", NETNS, "route", "add", SERVICE_CIDR, "dev", BRIDGE, "src", POD_GATEWAY])?;
     Ok(())
 }
 
@@ -334,7 +343,7 @@ async fn start_containerd(daemons: &mut Processes, dir: &Path) -> Result<()> {
             "cniVersion": "1.0.0",
             "name": "plugdb-node",
             "plugins": [
-                {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+                {"type": "bridge", "bridge": BRIDGE, "isGateway": true, "ipMasq": false, "hairpinMode": true,
                  "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR, "gateway": POD_GATEWAY}]],
                           "routes": [{"dst": "0.0.0.0/0"}], "dataDir": dir.join("cni/ipam")}},
                 {"type": "portmap", "capabilities": {"portMappings": true}},
@@ -391,20 +400,25 @@ fn ctr(dir: &Path, args: &[&str]) -> Result<String> {
     run("ctr", &full)
 }
 
-/// Imports each image archive whose tags do not already name its exact content.
+/// Imports each image archive unless every one of its tags already names what this
+/// harness imported from an archive with the same content (config digest).
 fn import_images(dir: &Path, index: &Path) -> Result<()> {
     let text = std::fs::read_to_string(index).with_context(|| format!("reading the image index {}", index.display()))?;
+    let record = image_store().join("imported");
+    let mut imported_before = std::fs::read_to_string(&record).unwrap_or_default();
+    // REF TYPE DIGEST ...: the manifest digest each tag names now.
     let listing = ctr(dir, &["images", "ls"])?;
-    // REF TYPE DIGEST SIZE ...: the config digest is not listed, so compare what each tag's image config is.
+    let target = |tag: &str| -> Option<String> {
+        listing.lines().find(|l| l.split_whitespace().next() == Some(tag)).and_then(|l| l.split_whitespace().nth(2)).map(str::to_string)
+    };
     let mut imported = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let mut fields = line.split_whitespace();
-        let (Some(archive), Some(digest)) = (fields.next(), fields.next()) else { continue };
+        let (Some(archive), Some(config)) = (fields.next(), fields.next()) else { continue };
         let tags: Vec<&str> = fields.collect();
-        let current = tags.iter().all(|tag| {
-            listing.lines().any(|l| l.split_whitespace().next() == Some(*tag))
-                && image_config(dir, tag).is_some_and(|config| config == digest)
-        });
+        let current = tags
+            .iter()
+            .all(|tag| target(tag).is_some_and(|manifest| imported_before.lines().any(|l| l == format!("{config} {tag} {manifest}"))));
         if current {
             continue;
         }
@@ -415,8 +429,18 @@ fn import_images(dir: &Path, index: &Path) -> Result<()> {
             let _ = ctr(dir, &["images", "rm", tag]);
             ctr(dir, &["images", "tag", first, tag])?;
         }
+        let listing = ctr(dir, &["images", "ls"])?;
+        for tag in &tags {
+            imported_before.retain_lines(|l| l.split_whitespace().nth(1) != Some(*tag));
+            if let Some(manifest) =
+                listing.lines().find(|l| l.split_whitespace().next() == Some(*tag)).and_then(|l| l.split_whitespace().nth(2))
+            {
+                imported_before.push_str(&format!("{config} {tag} {manifest}\n"));
+            }
+        }
         imported += 1;
     }
+    std::fs::write(&record, &imported_before)?;
     // The CRI keeps a `sha256:<config>` reference per image; drop those no tag uses, or old layers stay.
     let listing = ctr(dir, &["images", "ls"])?;
     let named: Vec<&str> =
@@ -435,12 +459,15 @@ fn import_images(dir: &Path, index: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The config digest of the image `tag` names.
-fn image_config(dir: &Path, tag: &str) -> Option<String> {
-    let out = ctr(dir, &["images", "inspect", tag]).ok()?;
-    let start = out.find("\"config\"")?;
-    let digest = out[start..].split("\"digest\": \"").nth(1)?.split('"').next()?;
-    Some(digest.to_string())
+/// Keeping only some lines of a text.
+trait RetainLines {
+    fn retain_lines(&mut self, keep: impl Fn(&str) -> bool);
+}
+
+impl RetainLines for String {
+    fn retain_lines(&mut self, keep: impl Fn(&str) -> bool) {
+        *self = self.lines().filter(|l| keep(l)).map(|l| format!("{l}\n")).collect();
+    }
 }
 
 fn start_kubelet(daemons: &mut Processes, dir: &Path, bin_dir: &Path, kubeconfig: &Path) -> Result<()> {

@@ -33,6 +33,7 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 
     let client = Client::new(&cluster, engine, &ns, "orders").await;
     let primary = client.service_ip("orders").await;
+    client.prepare(&primary).await.expect("a place for tables");
     client
         .query(&primary, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)")
         .await

@@ -12,6 +12,9 @@ use plugdb_tests::node::Node;
 use plugdb_tests::operator::Cluster;
 use serde_json::json;
 
+/// The MariaDB database the scenarios' tables live in.
+const SCHEMA: &str = "plugdb";
+
 /// How long a Database may take to reach a state on the real node.
 pub const WAIT: Duration = Duration::from_secs(240);
 
@@ -106,9 +109,22 @@ impl Client {
         pods
     }
 
-    /// Runs `sql` at `host` with `password` (the Secret's unless given); the rows as text
-    /// (tab-separated columns), or the client's error.
+    /// Makes what the scenarios' tables live in, through the primary at `host`: nothing
+    /// for PostgreSQL (`public`), the database `plugdb` for MariaDB.
+    pub async fn prepare(&self, host: &str) -> Result<(), String> {
+        match self.engine {
+            Engine::Postgres => Ok(()),
+            Engine::Mysql => self.run(host, &self.password, None, &format!("CREATE DATABASE IF NOT EXISTS {SCHEMA}")).await.map(drop),
+        }
+    }
+
+    /// Runs `sql` at `host` with `password`; the rows as text (tab-separated columns),
+    /// or the client's error.
     pub async fn query_as(&self, host: &str, password: &str, sql: &str) -> Result<String, String> {
+        self.run(host, password, Some(SCHEMA), sql).await
+    }
+
+    async fn run(&self, host: &str, password: &str, database: Option<&str>, sql: &str) -> Result<String, String> {
         let mut command = match self.engine {
             Engine::Postgres => {
                 let mut c = Node::command("psql");
@@ -120,6 +136,9 @@ impl Client {
             Engine::Mysql => {
                 let mut c = Node::command("mariadb");
                 c.args(["-h", host, "-uroot", "--connect-timeout=5", "-N", "-B", "-e", sql]).env("MYSQL_PWD", password);
+                if let Some(database) = database {
+                    c.arg(format!("--database={database}"));
+                }
                 c
             }
         };
