@@ -92,6 +92,8 @@ pub struct Node {
     pub bin_dir: PathBuf,
     daemons: Processes,
     dir: PathBuf,
+    /// Held while the node runs (released by the kernel if the process dies).
+    _lock: std::fs::File,
 }
 
 /// Records `name pid start-time` in `file`, so that a later run stops exactly this process.
@@ -181,14 +183,20 @@ impl Node {
     pub async fn start() -> Result<Self> {
         check_prerequisites()?;
         let dir = run_dir();
-        let started = Self::start_in(&dir).await;
+        std::fs::create_dir_all(&dir)?;
+        // One node per machine: its namespace, addresses and run directory are fixed.
+        let lock = std::fs::File::create(dir.join("lock"))?;
+        if lock.try_lock().is_err() {
+            bail!("another test node is running on this machine (it holds {}); wait for it to finish", dir.join("lock").display());
+        }
+        let started = Self::start_in(&dir, lock).await;
         if started.is_err() {
             teardown(&dir);
         }
         started
     }
 
-    async fn start_in(dir: &Path) -> Result<Self> {
+    async fn start_in(dir: &Path, lock: std::fs::File) -> Result<Self> {
         let dir = dir.to_path_buf();
         let report = teardown(&dir);
         if !report.is_empty() {
@@ -227,7 +235,7 @@ impl Node {
         start_kube_proxy(&mut daemons, &dir, &bin_dir, &kubeconfig)?;
         start_coredns(&mut daemons, &dir, &tools, &kubeconfig, &client).await?;
         start_local_path(&mut daemons, &dir, &tools, &kubeconfig, &client).await?;
-        let node = Self { control_plane, client, kubeconfig, bin_dir, daemons, dir };
+        let node = Self { control_plane, client, kubeconfig, bin_dir, daemons, dir, _lock: lock };
         node.wait_ready().await?;
         eprintln!("node: {NODE_NAME} Ready in {:.1} s", started.elapsed().as_secs_f64());
         Ok(node)

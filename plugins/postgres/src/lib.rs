@@ -18,6 +18,8 @@ const VERSIONS: &[&str] = &["15", "17"];
 const DEFAULT_VERSION: &str = "17";
 const PORT: u16 = 5432;
 const UID: u32 = 999;
+/// WAL senders: the most members a Database may have (9) plus base backups in flight.
+const WAL_SENDERS: u32 = 16;
 const SUPERUSER_KEY: &str = "superuser-password";
 const REPLICATION_KEY: &str = "replication-password";
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
@@ -57,8 +59,11 @@ fn postgresql_conf(spec: &DatabaseSpec) -> String {
         "wal_level = replica".into(),
         "wal_log_hints = on".into(),
         "hot_standby = on".into(),
-        format!("max_wal_senders = {}", spec.replicas + 4),
-        format!("max_replication_slots = {}", spec.replicas + 4),
+        // Fixed, not derived from the replica count: a scale must not change the
+        // configuration (which would restart every member). Enough for the most members
+        // a Database may have, plus base backups.
+        format!("max_wal_senders = {WAL_SENDERS}"),
+        format!("max_replication_slots = {WAL_SENDERS}"),
         "wal_keep_size = '512MB'".into(),
         format!("max_connections = {}", max_connections(spec)),
     ];

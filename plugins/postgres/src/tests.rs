@@ -122,3 +122,19 @@ fn rendered_configuration_carries_derived_and_user_settings() {
     assert_eq!(work_mem, ["work_mem = '8MB'"], "the user's setting replaces the derived one");
     assert_eq!(w.image, "docker.io/library/postgres:15");
 }
+
+#[test]
+fn scaling_does_not_change_the_configuration() {
+    let cluster = || ClusterContext {
+        primary_host: "orders.shop.svc".into(),
+        headless_host: "orders-headless.shop.svc".into(),
+        primary_pod: "orders-0".into(),
+        credentials_secret: "orders-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+    };
+    let (mut three, mut five) = (spec("15"), spec("15"));
+    three.replicas = 3;
+    five.replicas = 5;
+    let files = |s| Postgres::render(s, cluster()).expect("renders").config_files;
+    assert_eq!(files(three), files(five), "a scale keeps the members' configuration, so nothing restarts");
+}

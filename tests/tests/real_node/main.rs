@@ -5,7 +5,9 @@
 //! Run with `cargo test -p plugdb-tests --test real_node [FILTER]` (as root); one node
 //! serves the whole run and is torn down at its end, also after a failure or Ctrl-C.
 
+mod data;
 mod harness;
+mod members;
 mod support;
 
 use std::process::ExitCode;
@@ -20,6 +22,15 @@ fn main() -> ExitCode {
     harness::run(&[
         ("postgres_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Postgres, "15"))),
         ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "10.11"))),
+        ("postgres_scale_3_to_5_restarts_no_running_member", |c| Box::pin(members::scale_up(c, Engine::Postgres, "17"))),
+        ("mysql_scale_3_to_5_restarts_no_running_member", |c| Box::pin(members::scale_up(c, Engine::Mysql, "11.8"))),
+        ("postgres_survives_primary_pod_deletion_and_engine_kill", |c| Box::pin(members::primary_failures(c, Engine::Postgres, "15"))),
+        ("mysql_survives_primary_pod_deletion_and_engine_kill", |c| Box::pin(members::primary_failures(c, Engine::Mysql, "10.11"))),
+        ("postgres_parameter_change_rolls_replicas_first_primary_last", |c| Box::pin(members::parameter_roll(c))),
+        ("postgres_minor_upgrade_with_a_writer_loses_no_write", |c| Box::pin(members::minor_upgrade(c))),
+        ("mysql_10_11_to_11_8_runs_its_upgrade_job", |c| Box::pin(members::mariadb_major_upgrade(c))),
+        ("postgres_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Postgres, "15"))),
+        ("mysql_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Mysql, "10.11"))),
     ])
 }
 

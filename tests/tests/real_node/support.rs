@@ -176,3 +176,116 @@ impl Client {
 pub fn pod_ip(pod: &Pod) -> String {
     pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP")
 }
+
+/// Each member's pod UID and its container's restart count, by pod name.
+pub fn identities(pods: &[Pod]) -> Vec<(String, String, i32)> {
+    pods.iter()
+        .map(|p| {
+            let restarts =
+                p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).map(|c| c.iter().map(|c| c.restart_count).sum()).unwrap_or(0);
+            (p.name_any(), p.uid().unwrap_or_default(), restarts)
+        })
+        .collect()
+}
+
+impl Client {
+    /// Creates the scenarios' table through `host` (the primary).
+    pub async fn create_table(&self, host: &str) {
+        self.prepare(host).await.expect("a place for tables");
+        self.query(host, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)").await.expect("create through the primary");
+    }
+
+    /// Inserts rows `ids` through `host`.
+    pub async fn insert(&self, host: &str, ids: std::ops::Range<i64>) {
+        let values: Vec<String> = ids.map(|i| format!("({i}, 'item {i}')")).collect();
+        self.query(host, &format!("INSERT INTO orders VALUES {}", values.join(", "))).await.expect("insert through the primary");
+    }
+
+    /// A checksum of every row of the scenarios' table at `host`.
+    pub async fn checksum(&self, host: &str) -> String {
+        let sql = match self.engine {
+            Engine::Postgres => "SELECT count(*) || ' ' || md5(string_agg(id || ':' || item, ',' ORDER BY id)) FROM orders",
+            Engine::Mysql => "SELECT CONCAT(COUNT(*), ' ', MD5(GROUP_CONCAT(CONCAT(id, ':', item) ORDER BY id SEPARATOR ','))) FROM orders",
+        };
+        self.query(host, sql).await.expect("checksum")
+    }
+
+    /// The ids in the scenarios' table at `host`.
+    pub async fn ids(&self, host: &str) -> Result<Vec<i64>, String> {
+        let rows = self.query(host, "SELECT id FROM orders ORDER BY id").await?;
+        Ok(rows.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    /// The value of setting `name` as the server at `host` reports it.
+    pub async fn setting(&self, host: &str, name: &str) -> Result<String, String> {
+        match self.engine {
+            Engine::Postgres => self.query(host, &format!("SHOW {name}")).await,
+            Engine::Mysql => self.query(host, &format!("SELECT @@{name}")).await,
+        }
+    }
+
+    /// Writes one row at a time through the primary Service, from `first`, until
+    /// `stop` is set; returns the ids whose insert was acknowledged and the longest time
+    /// without an acknowledged write.
+    pub fn writer(
+        self: &std::sync::Arc<Self>,
+        first: i64,
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> tokio::task::JoinHandle<(Vec<i64>, Duration)> {
+        let client = self.clone();
+        tokio::spawn(async move {
+            let host = client.service_ip(&client.name).await;
+            let (mut acknowledged, mut id) = (Vec::new(), first);
+            let (mut last, mut longest) = (tokio::time::Instant::now(), Duration::ZERO);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if client.query(&host, &format!("INSERT INTO orders VALUES ({id}, 'written during the change')")).await.is_ok() {
+                    acknowledged.push(id);
+                    longest = longest.max(last.elapsed());
+                    last = tokio::time::Instant::now();
+                    id += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (acknowledged, longest)
+        })
+    }
+}
+
+/// The host path of the volume bound to claim `claim` (local-path volumes live on the node).
+pub async fn volume_path(cluster: &Cluster, namespace: &str, claim: &str) -> std::path::PathBuf {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), namespace).get(claim).await.expect("claim");
+    let volume = pvc.spec.and_then(|s| s.volume_name).expect("a bound claim");
+    let pv = Api::<PersistentVolume>::all(cluster.client.clone()).get(&volume).await.expect("volume");
+    let spec = pv.spec.expect("volume spec");
+    let path = spec.host_path.map(|h| h.path).or(spec.local.map(|l| l.path)).expect("a node-local volume");
+    path.into()
+}
+
+/// Kills the engine's main process in `pod` with SIGKILL, from the node (as the kernel
+/// would on a crash): the oldest process named `binary` in the pod's container.
+pub fn kill_engine(pod: &Pod, binary: &str) {
+    let container = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.clone())
+        .expect("a running container");
+    let id = container.rsplit('/').next().unwrap_or_default().to_string();
+    let mut candidates: Vec<(u64, u32)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id)))
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == binary))
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?, pid))
+        })
+        .collect();
+    candidates.sort();
+    let (_, pid) = candidates.first().copied().unwrap_or_else(|| panic!("no {binary} process in {}", pod.name_any()));
+    let status = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
+    assert!(status.success(), "kill -9 {pid}");
+}

@@ -1,0 +1,211 @@
+//! Members on the real node: scaling, the primary failing, configuration rolls and upgrades.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
+use plugdb_tests::operator::Cluster;
+use serde_json::json;
+
+use crate::support::{Client, Engine, WAIT, database, identities, is_running, kill_engine, pod_ip};
+
+async fn running(cluster: &Cluster, ns: &str, name: &str, replicas: i32) {
+    cluster.wait_database(ns, name, &format!("{replicas} members Ready"), WAIT, |d| is_running(d, replicas)).await.expect("running");
+}
+
+/// 3 → 5: the new members join with the data; the running ones are not restarted.
+pub async fn scale_up(cluster: Arc<Cluster>, engine: Engine, version: &str) {
+    let ns = format!("{}-scale", engine.name());
+    cluster.apply_database(&ns, database("orders", engine, version, 3, json!({}))).await.expect("apply");
+    running(&cluster, &ns, "orders", 3).await;
+    let client = Client::new(&cluster, engine, &ns, "orders").await;
+    let primary = client.service_ip("orders").await;
+    client.create_table(&primary).await;
+    client.insert(&primary, 1..101).await;
+    let before = identities(&client.members().await);
+
+    cluster.apply_database(&ns, database("orders", engine, version, 5, json!({}))).await.expect("scale");
+    running(&cluster, &ns, "orders", 5).await;
+    let members = client.members().await;
+    assert_eq!(members.len(), 5);
+    let expected = client.checksum(&primary).await;
+    for pod in &members {
+        let got = client.eventually(&pod_ip(pod), "SELECT count(*) FROM orders", Duration::from_secs(60), |r| r == "100").await;
+        assert_eq!(got, "100", "{} has the data", pod.name_any());
+        assert_eq!(client.checksum(&pod_ip(pod)).await, expected, "{} has the same rows", pod.name_any());
+    }
+    let after = identities(&members);
+    assert_eq!(&after[..3], &before[..], "the running members keep their pods and restart counts");
+}
+
+/// The primary's pod is deleted, then its engine process is killed: every acknowledged
+/// write survives, writes are accepted again, and the members follow the primary.
+pub async fn primary_failures(cluster: Arc<Cluster>, engine: Engine, version: &str) {
+    let ns = format!("{}-failures", engine.name());
+    cluster.apply_database(&ns, database("orders", engine, version, 3, json!({}))).await.expect("apply");
+    running(&cluster, &ns, "orders", 3).await;
+    let client = Arc::new(Client::new(&cluster, engine, &ns, "orders").await);
+    let primary = client.service_ip("orders").await;
+    client.create_table(&primary).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
+    let binary = match engine {
+        Engine::Postgres => "postgres",
+        Engine::Mysql => "mariadbd",
+    };
+
+    let mut next = 1;
+    for failure in ["delete the primary's pod", "kill -9 the engine in the primary"] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = client.writer(next, stop.clone());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let struck = Instant::now();
+        let primary_pod = pods.get("orders-0").await.expect("primary pod");
+        match failure {
+            "delete the primary's pod" => {
+                pods.delete("orders-0", &DeleteParams::default()).await.expect("delete");
+            }
+            _ => kill_engine(&primary_pod, binary),
+        }
+        // Until a write is accepted again after the failure.
+        let deadline = Instant::now() + WAIT;
+        let recovered = loop {
+            let probe = format!("INSERT INTO orders VALUES ({}, 'probe')", 1_000_000 + next);
+            if struck.elapsed() > Duration::from_secs(3) && client.query(&primary, &probe).await.is_ok() {
+                break struck.elapsed();
+            }
+            assert!(Instant::now() < deadline, "no write accepted after: {failure}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stop.store(true, Ordering::SeqCst);
+        let (acknowledged, _) = writer.await.expect("writer");
+        eprintln!("{ns}: {failure}: writes accepted again {:.1} s after", recovered.as_secs_f64());
+        assert!(!acknowledged.is_empty(), "the writer wrote before {failure}");
+        running(&cluster, &ns, "orders", 3).await;
+        let present = client.ids(&primary).await.expect("ids");
+        let lost: Vec<&i64> = acknowledged.iter().filter(|id| !present.contains(id)).collect();
+        assert!(lost.is_empty(), "{failure}: acknowledged writes lost: {lost:?}");
+        next = acknowledged.last().copied().unwrap_or(next) + 1;
+        // Every member catches up with the primary.
+        let expected = client.checksum(&primary).await;
+        for pod in client.members().await {
+            let ip = pod_ip(&pod);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while client.checksum(&ip).await != expected {
+                assert!(Instant::now() < deadline, "{} follows the primary after: {failure}", pod.name_any());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+async fn restart_order(cluster: &Cluster, ns: &str) -> Vec<String> {
+    let mut events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    events.retain(|e| e.reason.as_deref() == Some("MemberRestarted"));
+    events.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
+    events.iter().filter_map(|e| e.note.clone()).collect()
+}
+
+/// A parameter change restarts replicas first (highest ordinal first), the primary last,
+/// and every member's engine reports the new value.
+pub async fn parameter_roll(cluster: Arc<Cluster>) {
+    let ns = "postgres-parameters";
+    let with = |n: i64| json!({"parameters": {"max_connections": n}});
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 3, with(100))).await.expect("apply");
+    running(&cluster, ns, "orders", 3).await;
+    let client = Client::new(&cluster, Engine::Postgres, ns, "orders").await;
+    for pod in client.members().await {
+        assert_eq!(client.setting(&pod_ip(&pod), "max_connections").await.as_deref(), Ok("100"));
+    }
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 3, with(150))).await.expect("change");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut values = Vec::new();
+        for pod in client.members().await {
+            values.push(client.setting(&pod_ip(&pod), "max_connections").await.unwrap_or_default());
+        }
+        if values.len() == 3 && values.iter().all(|v| v == "150") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "members report {values:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    running(&cluster, ns, "orders", 3).await;
+    let order = restart_order(&cluster, ns).await;
+    assert_eq!(order.len(), 3, "{order:?}");
+    assert!(order[0].contains("orders-2") && order[1].contains("orders-1") && order[2].contains("orders-0"), "replicas first: {order:?}");
+}
+
+/// 15 → 15.<minor> with a writer running: members roll, no acknowledged write is lost.
+pub async fn minor_upgrade(cluster: Arc<Cluster>) {
+    let ns = "postgres-upgrade";
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 3, json!({}))).await.expect("apply");
+    running(&cluster, ns, "orders", 3).await;
+    let client = Arc::new(Client::new(&cluster, Engine::Postgres, ns, "orders").await);
+    let primary = client.service_ip("orders").await;
+    client.create_table(&primary).await;
+    let minor = client.query(&primary, "SHOW server_version").await.expect("version");
+    let minor = minor.split_whitespace().next().unwrap_or_default().to_string();
+    assert!(minor.starts_with("15."), "{minor}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1, stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.apply_database(ns, database("orders", Engine::Postgres, &minor, 3, json!({}))).await.expect("upgrade");
+    cluster
+        .wait_database(ns, "orders", "upgraded", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.current_version.as_deref()) == Some(minor.as_str()) && is_running(d, 3)
+        })
+        .await
+        .expect("upgraded");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (acknowledged, longest) = writer.await.expect("writer");
+    eprintln!("{ns}: longest pause between acknowledged writes during the roll: {:.1} s", longest.as_secs_f64());
+    let present = client.ids(&primary).await.expect("ids");
+    let lost: Vec<&i64> = acknowledged.iter().filter(|id| !present.contains(id)).collect();
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    assert_eq!(restart_order(&cluster, ns).await.len(), 3, "every member restarted onto the new image");
+    for pod in client.members().await {
+        let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default()).unwrap_or_default();
+        assert_eq!(image, format!("docker.io/library/postgres:{minor}"), "{}", pod.name_any());
+    }
+}
+
+/// MariaDB 10.11 → 11.8: a backup first, members roll onto 11.8, then the plugin's
+/// `mariadb-upgrade` Job; the data is there and the servers report 11.8.
+pub async fn mariadb_major_upgrade(cluster: Arc<Cluster>) {
+    let ns = "mysql-upgrade";
+    let yearly = json!({"backup": {"schedule": "0 0 1 1 *"}});
+    cluster.apply_database(ns, database("shop", Engine::Mysql, "10.11", 2, yearly.clone())).await.expect("apply");
+    running(&cluster, ns, "shop", 2).await;
+    let client = Client::new(&cluster, Engine::Mysql, ns, "shop").await;
+    let primary = client.service_ip("shop").await;
+    client.create_table(&primary).await;
+    client.insert(&primary, 1..51).await;
+    let before = client.checksum(&primary).await;
+
+    cluster.apply_database(ns, database("shop", Engine::Mysql, "11.8", 2, yearly)).await.expect("upgrade");
+    cluster
+        .wait_database(ns, "shop", "upgraded to 11.8", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.current_version.as_deref()) == Some("11.8") && is_running(d, 2)
+        })
+        .await
+        .expect("upgraded");
+    let jobs =
+        Api::<k8s_openapi::api::batch::v1::Job>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("jobs");
+    let succeeded = |prefix: &str| {
+        jobs.items.iter().any(|j| j.name_any().starts_with(prefix) && j.status.as_ref().and_then(|s| s.succeeded) == Some(1))
+    };
+    assert!(succeeded("shop-pre-"), "a pre-upgrade backup ran");
+    assert!(succeeded("shop-upgrade-"), "mariadb-upgrade ran");
+    for pod in client.members().await {
+        let version = client.query(&pod_ip(&pod), "SELECT VERSION()").await.expect("version");
+        assert!(version.starts_with("11.8."), "{} runs {version}", pod.name_any());
+    }
+    assert_eq!(client.checksum(&primary).await, before, "the data survived the upgrade");
+}
