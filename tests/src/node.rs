@@ -38,7 +38,8 @@ pub const NODE_NAME: &str = "plugdb-node";
 pub const HOST_ADDRESS: &str = "10.201.0.1";
 /// The node's address (its end of the veth pair): the API server, kubelet and DNS.
 pub const NODE_ADDRESS: &str = "10.201.0.2";
-const VETH_HOST: &str = "plugdb-host";
+/// The veth end in the machine's own namespace.
+pub const VETH_HOST: &str = "plugdb-host";
 const VETH_NODE: &str = "plugdb-eth0";
 /// Pod addresses (CNI bridge + host-local), inside the namespace only.
 pub const POD_CIDR: &str = "10.202.0.0/24";
@@ -54,8 +55,9 @@ pub const STORAGE_CLASS: &str = "local-path";
 /// Image of the volume provisioner's helper pods.
 const HELPER_IMAGE: &str = "localhost/plugdb/helper:1";
 const PAUSE_IMAGE: &str = "localhost/plugdb/pause:1";
-/// Kernel settings the kubelet rewrites at start (global, not per network namespace).
-const GLOBAL_SYSCTLS: &[&str] = &[
+/// Kernel settings the kubelet rewrites at start (global, not per network namespace);
+/// saved before the node starts and put back at teardown.
+pub const GLOBAL_SYSCTLS: &[&str] = &[
     "vm.overcommit_memory",
     "vm.panic_on_oom",
     "kernel.panic",
@@ -848,4 +850,46 @@ fn remove_cgroup_tree(path: &Path) {
         }
     }
     let _ = std::fs::remove_dir(path);
+}
+
+/// What the machine's own network namespace and kernel settings hold: links,
+/// addresses, routes, iptables rules (legacy and nft, v4 and v6, without counters),
+/// network namespaces, the per-namespace and global settings the node touches. Taken
+/// before a node starts and after its teardown, the two must be equal.
+pub fn machine_state() -> String {
+    let mut out = String::new();
+    let mut section = |title: &str, program: &str, args: &[&str]| {
+        out.push_str(&format!("## {title}\n"));
+        if let Ok(text) = run(program, args) {
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                // Packet counters change by themselves.
+                let line = line.split_whitespace().filter(|w| !(w.starts_with('[') && w.ends_with(']'))).collect::<Vec<_>>().join(" ");
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+    };
+    section("links", "ip", &["-br", "link"]);
+    section("addresses", "ip", &["-br", "addr"]);
+    section("routes", "ip", &["route"]);
+    section("routes v6", "ip", &["-6", "route"]);
+    section("iptables", "iptables-save", &[]);
+    section("ip6tables", "ip6tables-save", &[]);
+    section("iptables legacy", "iptables-legacy-save", &[]);
+    section("network namespaces", "ip", &["netns", "list"]);
+    let mut keys: Vec<&str> = GLOBAL_SYSCTLS.to_vec();
+    keys.extend(["net.ipv4.ip_forward", "net.ipv4.conf.all.route_localnet", "net.bridge.bridge-nf-call-iptables"]);
+    out.push_str("## settings\n");
+    for key in keys {
+        let value = run("sysctl", &["-n", key]).unwrap_or_default();
+        out.push_str(&format!("{key} = {}\n", value.trim()));
+    }
+    out
+}
+
+/// The lines of `after` that are not in `before`, and those gone, marked `+` and `-`.
+pub fn state_difference(before: &str, after: &str) -> Vec<String> {
+    let gone = before.lines().filter(|l| !after.lines().any(|a| a == *l)).map(|l| format!("- {l}"));
+    let new = after.lines().filter(|l| !before.lines().any(|b| b == *l)).map(|l| format!("+ {l}"));
+    gone.chain(new).collect()
 }

@@ -206,8 +206,13 @@ impl Engine for Mysql {
         }
         let upgrade = JobPlan {
             image: image(&spec.version),
-            command: shell("set -eu; mariadb-upgrade -h \"$PRIMARY_HOST\" -P \"$PRIMARY_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\""),
+            // mariadb-upgrade (11.x) writes its info file under the datadir path the server
+            // reports, also when the server is remote: give it that path in the Job.
+            command: shell(
+                "set -eu; mkdir -p \"$DATADIR\"; mariadb-upgrade -h \"$PRIMARY_HOST\" -P \"$PRIMARY_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\"",
+            ),
             env: vec![
+                env_value("DATADIR", format!("{DATA_MOUNT}/data")),
                 env_value("PRIMARY_HOST", format!("{}.{}.svc", spec.name, spec.namespace)),
                 env_value("PRIMARY_PORT", PORT.to_string()),
                 env_secret("MARIADB_ROOT_PASSWORD", &format!("{}-credentials", spec.name), ROOT_KEY),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::FutureExt;
-use plugdb_tests::node::{Node, run_dir, teardown};
+use plugdb_tests::node::{Node, machine_state, run_dir, state_difference, teardown};
 use plugdb_tests::operator::{Backing, Cluster};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -93,7 +93,13 @@ pub fn run(scenarios: &[(&'static str, Scenario)]) -> ExitCode {
     }
 }
 
+/// The machine's state before the node started, for the containment checks.
+pub static MACHINE_BEFORE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 async fn run_all(selected: Vec<(&'static str, Scenario)>, parallel: usize) -> Result<Vec<(&'static str, bool)>, String> {
+    // A crashed run's leftovers go before the machine is described.
+    teardown(&run_dir());
+    let before = MACHINE_BEFORE.get_or_init(machine_state).clone();
     let node = Node::start().await.map_err(|e| format!("the real node did not start: {e:#}"))?;
     let cluster =
         Arc::new(Cluster::on(Backing::Node(Box::new(node)), PLUGINS).await.map_err(|e| format!("the operator did not start: {e:#}"))?);
@@ -118,6 +124,10 @@ async fn run_all(selected: Vec<(&'static str, Scenario)>, parallel: usize) -> Re
     if let Err(still_shared) = Arc::try_unwrap(cluster).map(drop) {
         drop(still_shared);
         teardown(&run_dir());
+    }
+    let left = state_difference(&before, &machine_state());
+    if !left.is_empty() {
+        return Err(format!("the node's teardown left the machine changed:\n{}", left.join("\n")));
     }
     Ok(results)
 }

@@ -20,6 +20,7 @@ use support::{Client, Engine, WAIT, database, is_running, pod_ip};
 
 fn main() -> ExitCode {
     harness::run(&[
+        ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
         ("postgres_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Postgres, "15"))),
         ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "10.11"))),
         ("postgres_scale_3_to_5_restarts_no_running_member", |c| Box::pin(members::scale_up(c, Engine::Postgres, "17"))),
@@ -44,11 +45,7 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 
     let client = Client::new(&cluster, engine, &ns, "orders").await;
     let primary = client.service_ip("orders").await;
-    client.prepare(&primary).await.expect("a place for tables");
-    client
-        .query(&primary, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)")
-        .await
-        .expect("create through the primary Service");
+    client.create_table(&primary).await;
     client.query(&primary, "INSERT INTO orders VALUES (1, 'written to the primary')").await.expect("insert");
 
     let members = client.members().await;
@@ -69,4 +66,20 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 
     let wrong = client.query_as(&primary, "not-the-password", "SELECT 1").await;
     assert!(wrong.is_err(), "a wrong password is refused: {wrong:?}");
+}
+
+/// While the node runs, the machine's own network namespace holds only the harness's
+/// veth end and its /30 (no routes to pods or Services, no iptables rules), and the
+/// kernel settings the kubelet rewrites are changed only while it runs.
+async fn contained(_cluster: Arc<Cluster>) {
+    let before = harness::MACHINE_BEFORE.get().expect("taken before the node started");
+    let difference = plugdb_tests::node::state_difference(before, &plugdb_tests::node::machine_state());
+    let unexpected: Vec<&String> = difference
+        .iter()
+        .filter(|l| !(l.contains(plugdb_tests::node::VETH_HOST) || l.contains("10.201.0.") || l.contains(plugdb_tests::node::NETNS)))
+        // The kubelet's global kernel settings: put back at teardown (the harness checks).
+        .filter(|l| !plugdb_tests::node::GLOBAL_SYSCTLS.iter().any(|k| l[2..].starts_with(&format!("{k} = "))))
+        .collect();
+    assert!(unexpected.is_empty(), "the node changed the machine's namespace: {unexpected:#?}");
+    assert!(difference.iter().any(|l| l.contains(plugdb_tests::node::VETH_HOST)), "the veth is there: {difference:#?}");
 }

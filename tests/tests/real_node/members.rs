@@ -126,7 +126,9 @@ pub async fn parameter_roll(cluster: Arc<Cluster>) {
     loop {
         let mut values = Vec::new();
         for pod in client.members().await {
-            values.push(client.setting(&pod_ip(&pod), "max_connections").await.unwrap_or_default());
+            // A member being restarted has no address for a moment.
+            let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else { continue };
+            values.push(client.setting(&ip, "max_connections").await.unwrap_or_default());
         }
         if values.len() == 3 && values.iter().all(|v| v == "150") {
             break;

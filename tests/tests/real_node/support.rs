@@ -109,11 +109,11 @@ impl Client {
         pods
     }
 
-    /// Makes what the scenarios' tables live in, through the primary at `host`: nothing
-    /// for PostgreSQL (`public`), the database `plugdb` for MariaDB.
+    /// Makes what the scenarios' tables live in, through the primary at `host`: the
+    /// database `plugdb` for MariaDB; PostgreSQL has `public` (a connection check only).
     pub async fn prepare(&self, host: &str) -> Result<(), String> {
         match self.engine {
-            Engine::Postgres => Ok(()),
+            Engine::Postgres => self.run(host, &self.password, None, "SELECT 1").await.map(drop),
             Engine::Mysql => self.run(host, &self.password, None, &format!("CREATE DATABASE IF NOT EXISTS {SCHEMA}")).await.map(drop),
         }
     }
@@ -174,7 +174,7 @@ impl Client {
 
 /// The pod's IP.
 pub fn pod_ip(pod: &Pod) -> String {
-    pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("a pod IP")
+    pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_else(|| panic!("{} has no IP", pod.name_any()))
 }
 
 /// Each member's pod UID and its container's restart count, by pod name.
@@ -189,9 +189,15 @@ pub fn identities(pods: &[Pod]) -> Vec<(String, String, i32)> {
 }
 
 impl Client {
-    /// Creates the scenarios' table through `host` (the primary).
+    /// Creates the scenarios' table through `host` (the primary). The first statement
+    /// is retried for a while: kube-proxy programs a new Service's rules a little after
+    /// its members are ready.
     pub async fn create_table(&self, host: &str) {
-        self.prepare(host).await.expect("a place for tables");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while let Err(e) = self.prepare(host).await {
+            assert!(tokio::time::Instant::now() < deadline, "the primary Service at {host} does not answer: {e}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         self.query(host, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)").await.expect("create through the primary");
     }
 
