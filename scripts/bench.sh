@@ -6,5 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo build --release --locked -p plugdb -p plugdb-tests --bins
-cargo bench --locked -p plugdb-tests --bench plugin_call
+# criterion writes beside the crate unless told: keep its results in the build tree.
+CRITERION_HOME="$PWD/target/criterion" cargo bench --locked -p plugdb-tests --bench plugin_call
 target/release/scale-bench "${1:-1000}" target/scale-bench.md

@@ -584,7 +584,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
             generation,
         );
     }
-    status.phase = Some(phase(&status, all_ready, ready).into());
+    status.phase = Some(phase(&status, restoring == restore::Restore::Running, all_ready, ready).into());
     write_status(ctx, db, status).await?;
     let requeue = if progressing || report.running {
         ctx.settings.progress_requeue
@@ -594,8 +594,12 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     Ok(Action::requeue(requeue))
 }
 
-fn phase(status: &DatabaseStatus, all_ready: bool, ready: i32) -> &'static str {
-    if status.upgrade.is_some() {
+/// The phase: a restore that loads over the network keeps a Database `Restoring` while
+/// its members already run, since its data is not there yet.
+fn phase(status: &DatabaseStatus, restoring: bool, all_ready: bool, ready: i32) -> &'static str {
+    if restoring {
+        "Restoring"
+    } else if status.upgrade.is_some() {
         "Updating"
     } else if all_ready {
         "Running"
