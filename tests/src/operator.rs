@@ -58,7 +58,7 @@ impl RequestCounts {
 /// What the cluster runs on; dropped after the operator.
 pub enum Backing {
     /// A control plane alone: no node runs Pods.
-    ControlPlane(ControlPlane),
+    ControlPlane(Box<ControlPlane>),
     /// A control plane with a real node.
     Node(Box<Node>),
 }
@@ -157,7 +157,7 @@ impl Cluster {
     /// runs the operator with fast test timings.
     pub async fn start(plugins: &[(&str, &str)]) -> Result<Self> {
         let cp = ControlPlane::start().await?;
-        Self::on(Backing::ControlPlane(cp), plugins).await
+        Self::on(Backing::ControlPlane(Box::new(cp)), plugins).await
     }
 
     /// Starts the operator on `backing`, installs the CRD and loads `plugins` (engine,
