@@ -65,7 +65,7 @@ async fn a_database_becomes_ready_with_all_its_children_and_then_writes_nothing(
     Api::<PodDisruptionBudget>::namespaced(c.clone(), "shop").get("orders").await.expect("pdb");
     let pods = Api::<Pod>::namespaced(c.clone(), "shop").list(&ListParams::default().labels("plugdb.io/role=replica")).await.expect("pods");
     assert_eq!(pods.items.len(), 2, "two members labelled replica for the read-only Service");
-    assert_eq!(image_of(&cluster, "shop").await, "docker.io/library/postgres:16");
+    assert_eq!(image_of(&cluster, "shop").await, "docker.io/library/postgres:15");
 
     // The credentials are never overwritten, even when a reconcile is forced.
     let before = data["superuser-password"].clone();
