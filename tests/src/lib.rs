@@ -8,6 +8,7 @@ pub mod kubelet;
 pub mod local_pod;
 pub mod node;
 pub mod operator;
+pub mod scenario;
 
 use std::path::{Path, PathBuf};
 

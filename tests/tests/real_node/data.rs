@@ -9,7 +9,7 @@ use plugdb::crd::Database;
 use plugdb_tests::operator::Cluster;
 use serde_json::json;
 
-use crate::support::{Client, Engine, WAIT, database, is_running, volume_path};
+use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, volume_path};
 
 /// A backup on demand, then `restoreFrom` into a new Database: identical rows. Then the
 /// source is deleted under `Snapshot`: its final backup ran and the artefact exists.
@@ -40,6 +40,7 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     cluster.wait_database(&ns, "copy", "Running after the restore", WAIT, |d| is_running(d, 1)).await.expect("restored");
     let copy = Client::new(&cluster, engine, &ns, "copy").await;
     let copy_host = copy.service_ip("copy").await;
+    copy.reachable(&copy_host).await;
     assert_eq!(copy.checksum(&copy_host).await, expected, "the copy holds exactly the rows backed up");
     let wrong = copy.query_as(&copy_host, "not-the-password", "SELECT 1").await;
     assert!(wrong.is_err(), "the copy takes its own credentials: {wrong:?}");

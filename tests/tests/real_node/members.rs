@@ -4,14 +4,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, ListParams};
 use plugdb_tests::operator::Cluster;
 use serde_json::json;
 
-use crate::support::{Client, Engine, WAIT, database, identities, is_running, kill_engine, pod_ip};
+use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, identities, is_running, pod_ip};
 
 async fn running(cluster: &Cluster, ns: &str, name: &str, replicas: i32) {
     cluster.wait_database(ns, name, &format!("{replicas} members Ready"), WAIT, |d| is_running(d, replicas)).await.expect("running");
@@ -51,35 +50,13 @@ pub async fn primary_failures(cluster: Arc<Cluster>, engine: Engine, version: &s
     let client = Arc::new(Client::new(&cluster, engine, &ns, "orders").await);
     let primary = client.service_ip("orders").await;
     client.create_table(&primary).await;
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
-    let binary = match engine {
-        Engine::Postgres => "postgres",
-        Engine::Mysql => "mariadbd",
-    };
 
     let mut next = 1;
-    for failure in ["delete the primary's pod", "kill -9 the engine in the primary"] {
+    for failure in [Failure::PodDeleted, Failure::EngineKilled] {
         let stop = Arc::new(AtomicBool::new(false));
         let writer = client.writer(next, stop.clone());
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let struck = Instant::now();
-        let primary_pod = pods.get("orders-0").await.expect("primary pod");
-        match failure {
-            "delete the primary's pod" => {
-                pods.delete("orders-0", &DeleteParams::default()).await.expect("delete");
-            }
-            _ => kill_engine(&primary_pod, binary),
-        }
-        // Until a write is accepted again after the failure.
-        let deadline = Instant::now() + WAIT;
-        let recovered = loop {
-            let probe = format!("INSERT INTO orders VALUES ({}, 'probe')", 1_000_000 + next);
-            if struck.elapsed() > Duration::from_secs(3) && client.query(&primary, &probe).await.is_ok() {
-                break struck.elapsed();
-            }
-            assert!(Instant::now() < deadline, "no write accepted after: {failure}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let recovered = client.strike(failure).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         stop.store(true, Ordering::SeqCst);
         let (acknowledged, _) = writer.await.expect("writer");
@@ -96,7 +73,7 @@ pub async fn primary_failures(cluster: Arc<Cluster>, engine: Engine, version: &s
             let ip = pod_ip(&pod);
             let deadline = Instant::now() + Duration::from_secs(60);
             while client.checksum(&ip).await != expected {
-                assert!(Instant::now() < deadline, "{} follows the primary after: {failure}", pod.name_any());
+                assert!(Instant::now() < deadline, "{} follows the primary after {failure}", pod.name_any());
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }

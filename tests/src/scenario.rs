@@ -1,15 +1,16 @@
-//! What the scenarios share: Databases as a user writes them, waiting on real status,
-//! and SQL sent to the real servers through their Services (from inside the node's
-//! network namespace, where Service and pod addresses live).
+//! What the real-node scenarios and the node benchmark share: Databases as a user
+//! writes them, SQL sent to the real servers through their Services (from inside the
+//! node's network namespace, where Service and pod addresses live), and the failures
+//! they strike the primary with.
 
 use std::time::Duration;
 
+use crate::node::Node;
+use crate::operator::Cluster;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use plugdb::crd::Database;
-use plugdb_tests::node::Node;
-use plugdb_tests::operator::Cluster;
 use serde_json::json;
 
 /// The MariaDB database the scenarios' tables live in.
@@ -33,6 +34,14 @@ impl Engine {
         match self {
             Engine::Postgres => "postgres",
             Engine::Mysql => "mysql",
+        }
+    }
+
+    /// The engine's server binary, as its process is named.
+    pub fn binary(self) -> &'static str {
+        match self {
+            Engine::Postgres => "postgres",
+            Engine::Mysql => "mariadbd",
         }
     }
 
@@ -111,7 +120,7 @@ impl Client {
 
     /// Makes what the scenarios' tables live in, through the primary at `host`: the
     /// database `plugdb` for MariaDB; PostgreSQL has `public` (a connection check only).
-    pub async fn prepare(&self, host: &str) -> Result<(), String> {
+    async fn prepare(&self, host: &str) -> Result<(), String> {
         match self.engine {
             Engine::Postgres => self.run(host, &self.password, None, "SELECT 1").await.map(drop),
             Engine::Mysql => self.run(host, &self.password, None, &format!("CREATE DATABASE IF NOT EXISTS {SCHEMA}")).await.map(drop),
@@ -189,15 +198,20 @@ pub fn identities(pods: &[Pod]) -> Vec<(String, String, i32)> {
 }
 
 impl Client {
-    /// Creates the scenarios' table through `host` (the primary). The first statement
-    /// is retried for a while: kube-proxy programs a new Service's rules a little after
-    /// its members are ready.
-    pub async fn create_table(&self, host: &str) {
+    /// Waits until the server behind `host` answers (and has the scenarios' MariaDB
+    /// database): kube-proxy programs a new Service's rules a moment after its members
+    /// are ready, as any client of a new Database sees.
+    pub async fn reachable(&self, host: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while let Err(e) = self.prepare(host).await {
-            assert!(tokio::time::Instant::now() < deadline, "the primary Service at {host} does not answer: {e}");
+            assert!(tokio::time::Instant::now() < deadline, "{host} does not answer: {e}");
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// Creates the scenarios' table through `host` (the primary), once it answers.
+    pub async fn create_table(&self, host: &str) {
+        self.reachable(host).await;
         self.query(host, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)").await.expect("create through the primary");
     }
 
@@ -294,4 +308,53 @@ pub fn kill_engine(pod: &Pod, binary: &str) {
     let (_, pid) = candidates.first().copied().unwrap_or_else(|| panic!("no {binary} process in {}", pod.name_any()));
     let status = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
     assert!(status.success(), "kill -9 {pid}");
+}
+
+/// A failure struck at the primary member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Its pod is deleted (the StatefulSet makes it again on the same volume).
+    PodDeleted,
+    /// Its engine's main process gets SIGKILL (the container restarts).
+    EngineKilled,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Failure::PodDeleted => "the primary's pod deleted",
+            Failure::EngineKilled => "kill -9 of the engine in the primary",
+        })
+    }
+}
+
+impl Client {
+    /// Strikes `failure` at member 0 (the primary) and returns the time until a write
+    /// through the primary Service is accepted again (probing every 200 ms).
+    pub async fn strike(&self, failure: Failure) -> Duration {
+        let pods: Api<Pod> = Api::namespaced(self.kube.clone(), &self.namespace);
+        let primary = self.service_ip(&self.name).await;
+        let pod_name = format!("{}-0", self.name);
+        let struck = tokio::time::Instant::now();
+        match failure {
+            Failure::PodDeleted => {
+                pods.delete(&pod_name, &kube::api::DeleteParams::default()).await.expect("delete the primary's pod");
+            }
+            Failure::EngineKilled => {
+                let pod = pods.get(&pod_name).await.expect("the primary's pod");
+                kill_engine(&pod, self.engine.binary());
+            }
+        }
+        let mut probe = 0;
+        loop {
+            probe += 1;
+            let sql = format!("INSERT INTO orders VALUES ({}, 'probe')", 2_000_000_000 - probe);
+            // The first probes could reach the old process before the failure lands.
+            if struck.elapsed() > Duration::from_secs(2) && self.query(&primary, &sql).await.is_ok() {
+                return struck.elapsed();
+            }
+            assert!(struck.elapsed() < WAIT, "no write accepted after {failure}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }

@@ -1,0 +1,67 @@
+//! Figures of Databases on the real node, per engine, medians of RUNS (default 3):
+//! the time from `kubectl apply` of a three-member Database to `Running` with every
+//! member Ready by its real probes, and the time from a failure struck at the primary
+//! (its pod deleted; its engine process killed with SIGKILL) to the first write the
+//! primary Service accepts again. Needs root (the node). The table goes to stdout and
+//! to OUT (default `target/node-bench.md`).
+//!
+//! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT]`
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use plugdb_tests::node::Node;
+use plugdb_tests::operator::{Backing, Cluster};
+use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, is_running};
+use serde_json::json;
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let runs: usize = std::env::args().nth(1).map(|r| r.parse()).transpose().context("RUNS")?.unwrap_or(3);
+    let out = std::env::args().nth(2).unwrap_or_else(|| "target/node-bench.md".into());
+    let started = Instant::now();
+    let node = Node::start().await?;
+    let node_ready = started.elapsed();
+    let cluster = Cluster::on(Backing::Node(Box::new(node)), &[("postgres", "postgres"), ("mysql", "mysql")]).await?;
+
+    let mut rows = vec![format!("| node Ready (control plane, kubelet, add-ons; images cached) | {:.1} s |", node_ready.as_secs_f64())];
+    for (engine, version) in [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")] {
+        let (mut ready, mut deleted, mut killed) = (Vec::new(), Vec::new(), Vec::new());
+        for run in 0..runs {
+            let ns = format!("bench-{}-{run}", engine.name());
+            let applied = Instant::now();
+            cluster.apply_database(&ns, database("orders", engine, version, 3, json!({}))).await?;
+            cluster.wait_database(&ns, "orders", "Running", WAIT, |d| is_running(d, 3)).await?;
+            ready.push(applied.elapsed());
+            let client = Client::new(&cluster, engine, &ns, "orders").await;
+            client.create_table(&client.service_ip("orders").await).await;
+            for (failure, into) in [(Failure::PodDeleted, &mut deleted), (Failure::EngineKilled, &mut killed)] {
+                into.push(client.strike(failure).await);
+                cluster.wait_database(&ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
+            }
+            eprintln!(
+                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s",
+                ready[run].as_secs_f64(),
+                deleted[run].as_secs_f64(),
+                killed[run].as_secs_f64()
+            );
+        }
+        let name = format!("{} {version}", engine.name());
+        rows.push(format!("| {name}: `kubectl apply` → 3 members Ready (median of {runs}) | {:.1} s |", median(ready).as_secs_f64()));
+        rows.push(format!("| {name}: primary's pod deleted → first accepted write (median) | {:.1} s |", median(deleted).as_secs_f64()));
+        rows.push(format!(
+            "| {name}: kill -9 of the primary's engine → first accepted write (median) | {:.1} s |",
+            median(killed).as_secs_f64()
+        ));
+    }
+    let table = format!("| measure (real node, 2 cores) | value |\n| --- | --- |\n{}\n", rows.join("\n"));
+    print!("{table}");
+    std::fs::write(&out, &table).with_context(|| format!("writing {out}"))?;
+    drop(cluster);
+    Ok(())
+}
