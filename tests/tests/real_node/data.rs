@@ -59,3 +59,43 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     let size: u64 = files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum();
     assert!(size > 1000, "the final backup's artefact {} holds data ({size} bytes)", artefact.display());
 }
+
+/// Deletion follows the policy on real volumes: `Retain` keeps the member's claim, its
+/// data on disk and the credentials, and takes no final backup; `Delete` removes them.
+pub async fn deletion_policies(cluster: Arc<Cluster>) {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+    let ns = "postgres-deletion";
+    for (name, policy) in [("keep", "Retain"), ("drop", "Delete")] {
+        cluster.apply_database(ns, database(name, Engine::Postgres, "15", 1, json!({"deletionPolicy": policy}))).await.expect("apply");
+    }
+    for name in ["keep", "drop"] {
+        cluster.wait_database(ns, name, "Running", WAIT, |d| is_running(d, 1)).await.expect("running");
+        let client = Client::new(&cluster, Engine::Postgres, ns, name).await;
+        client.create_table(&client.service_ip(name).await).await;
+    }
+    let kept_volume = volume_path(&cluster, ns, "data-keep-0").await;
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), ns);
+    for name in ["keep", "drop"] {
+        dbs.delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let gone = dbs.get_opt("keep").await.expect("get").is_none() && dbs.get_opt("drop").await.expect("get").is_none();
+        let dropped = claims.get_opt("data-drop-0").await.expect("get").is_none()
+            && secrets.get_opt("drop-credentials").await.expect("get").is_none();
+        if gone && dropped {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "deleted: {gone}; Delete removed the volume and credentials: {dropped}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(claims.get_opt("data-keep-0").await.expect("get").is_some(), "Retain keeps the claim");
+    assert!(secrets.get_opt("keep-credentials").await.expect("get").is_some(), "and the credentials that open it");
+    assert!(kept_volume.join("pgdata/PG_VERSION").is_file(), "the data is still on disk at {}", kept_volume.display());
+    assert!(
+        Api::<Job>::namespaced(cluster.client.clone(), ns).get_opt("keep-final").await.expect("get").is_none(),
+        "no final backup under Retain"
+    );
+}

@@ -31,6 +31,7 @@ fn main() -> ExitCode {
         ("mysql_10_11_to_11_8_runs_its_upgrade_job", |c| Box::pin(members::mariadb_major_upgrade(c))),
         ("postgres_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Postgres, "15"))),
         ("mysql_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Mysql, "10.11"))),
+        ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
     ])
 }
 
