@@ -98,7 +98,10 @@ pub static MACHINE_BEFORE: std::sync::OnceLock<String> = std::sync::OnceLock::ne
 
 async fn run_all(selected: Vec<(&'static str, Scenario)>, parallel: usize) -> Result<Vec<(&'static str, bool)>, String> {
     // A crashed run's leftovers go before the machine is described.
-    teardown(&run_dir());
+    let leftovers = teardown(&run_dir());
+    if !leftovers.is_empty() {
+        eprintln!("cleaned up after an earlier run: {}", leftovers.join("; "));
+    }
     let before = MACHINE_BEFORE.get_or_init(machine_state).clone();
     let node = Node::start().await.map_err(|e| format!("the real node did not start: {e:#}"))?;
     let cluster =
