@@ -144,7 +144,7 @@ fn script(name: &str) -> Result<String> {
 
 /// What the machine must offer; each missing piece is named with how to get it.
 fn check_prerequisites() -> Result<()> {
-    if !nix_is_root() {
+    if !is_root() {
         bail!("the test node needs root (network namespaces, mounts, cgroups): run the tests as root");
     }
     let mut missing = Vec::new();
@@ -175,7 +175,7 @@ fn check_prerequisites() -> Result<()> {
     Ok(())
 }
 
-fn nix_is_root() -> bool {
+fn is_root() -> bool {
     run("id", &["-u"]).is_ok_and(|s| s.trim() == "0")
 }
 
