@@ -143,12 +143,7 @@ impl ControlPlane {
             }
             Network::Namespace { name, address, dir, .. } => {
                 std::fs::create_dir_all(dir)?;
-                let procs = Processes {
-                    dir: Dir::Kept(dir.clone()),
-                    children: Vec::new(),
-                    launcher: vec!["nsenter".into(), format!("--net=/run/netns/{name}")],
-                    pid_file: Some(dir.join("pids")),
-                };
+                let procs = Processes::in_namespace(name, dir.clone(), dir.join("pids"));
                 // A network namespace of its own: the usual ports are free.
                 let ports = Ports { etcd: 2379, peer: 2380, apiserver: 6443, controller_manager: 10257, scheduler: 10259 };
                 (procs, format!("https://{address}:6443"), ("0.0.0.0".to_string(), address.clone()), ports)
@@ -317,12 +312,13 @@ struct Ports {
 }
 
 impl Processes {
-    /// Processes in the test node's network namespace, logging in `dir` (kept), recorded in `pid_file`.
-    pub(crate) fn in_node_namespace(dir: PathBuf, pid_file: PathBuf) -> Self {
+    /// Processes in the network namespace `/run/netns/<netns>`, logging in `dir` (kept),
+    /// recorded in `pid_file`.
+    pub(crate) fn in_namespace(netns: &str, dir: PathBuf, pid_file: PathBuf) -> Self {
         Self {
             dir: Dir::Kept(dir),
             children: Vec::new(),
-            launcher: vec!["nsenter".into(), format!("--net=/run/netns/{}", crate::node::NETNS)],
+            launcher: vec!["nsenter".into(), format!("--net=/run/netns/{netns}")],
             pid_file: Some(pid_file),
         }
     }

@@ -220,7 +220,7 @@ impl Node {
         std::fs::write(dir.join("cni-netns-before"), cni_netns().join("\n"))?;
         create_namespace()?;
 
-        let mut daemons = Processes::in_node_namespace(dir.clone(), dir.join("pids"));
+        let mut daemons = Processes::in_namespace(NETNS, dir.clone(), dir.join("pids"));
         start_containerd(&mut daemons, &dir).await?;
         import_images(&dir, &index)?;
 
@@ -420,7 +420,8 @@ fn ctr(dir: &Path, args: &[&str]) -> Result<String> {
 fn import_images(dir: &Path, index: &Path) -> Result<()> {
     let text = std::fs::read_to_string(index).with_context(|| format!("reading the image index {}", index.display()))?;
     let record = image_store().join("imported");
-    let mut imported_before = std::fs::read_to_string(&record).unwrap_or_default();
+    // One line per tag: `CONFIG_DIGEST TAG MANIFEST_DIGEST`.
+    let mut records: Vec<String> = std::fs::read_to_string(&record).unwrap_or_default().lines().map(str::to_string).collect();
     // REF TYPE DIGEST ...: the manifest digest each tag names now.
     let listing = ctr(dir, &["images", "ls"])?;
     let target = |tag: &str| -> Option<String> {
@@ -431,9 +432,7 @@ fn import_images(dir: &Path, index: &Path) -> Result<()> {
         let mut fields = line.split_whitespace();
         let (Some(archive), Some(config)) = (fields.next(), fields.next()) else { continue };
         let tags: Vec<&str> = fields.collect();
-        let current = tags
-            .iter()
-            .all(|tag| target(tag).is_some_and(|manifest| imported_before.lines().any(|l| l == format!("{config} {tag} {manifest}"))));
+        let current = tags.iter().all(|tag| target(tag).is_some_and(|manifest| records.contains(&format!("{config} {tag} {manifest}"))));
         if current {
             continue;
         }
@@ -446,16 +445,16 @@ fn import_images(dir: &Path, index: &Path) -> Result<()> {
         }
         let listing = ctr(dir, &["images", "ls"])?;
         for tag in &tags {
-            imported_before.retain_lines(|l| l.split_whitespace().nth(1) != Some(*tag));
+            records.retain(|l| l.split_whitespace().nth(1) != Some(*tag));
             if let Some(manifest) =
                 listing.lines().find(|l| l.split_whitespace().next() == Some(*tag)).and_then(|l| l.split_whitespace().nth(2))
             {
-                imported_before.push_str(&format!("{config} {tag} {manifest}\n"));
+                records.push(format!("{config} {tag} {manifest}"));
             }
         }
         imported += 1;
     }
-    std::fs::write(&record, &imported_before)?;
+    std::fs::write(&record, records.join("\n") + "\n")?;
     // The CRI keeps a `sha256:<config>` reference per image; drop those no tag uses, or old layers stay.
     let listing = ctr(dir, &["images", "ls"])?;
     let named: Vec<&str> =
@@ -472,17 +471,6 @@ fn import_images(dir: &Path, index: &Path) -> Result<()> {
         eprintln!("node: imported {imported} image archive(s)");
     }
     Ok(())
-}
-
-/// Keeping only some lines of a text.
-trait RetainLines {
-    fn retain_lines(&mut self, keep: impl Fn(&str) -> bool);
-}
-
-impl RetainLines for String {
-    fn retain_lines(&mut self, keep: impl Fn(&str) -> bool) {
-        *self = self.lines().filter(|l| keep(l)).map(|l| format!("{l}\n")).collect();
-    }
 }
 
 fn start_kubelet(daemons: &mut Processes, dir: &Path, bin_dir: &Path, kubeconfig: &Path) -> Result<()> {
