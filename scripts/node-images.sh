@@ -178,9 +178,26 @@ helper() {
   add "$archive $(cat "$archive.digest") localhost/plugdb/helper:1"
 }
 
+# The test engine `minimal` (tests/fixtures/minimal): a server that listens on its port.
+minimal() {
+  local archive="$OUT/minimal.tar"
+  if [[ ! -f $archive.digest ]]; then
+    local dir; dir=$(mktemp -d "$OUT/minimal.XXXXXX")
+    mkdir -p "$dir/bin" "$dir/srv"
+    cp /bin/busybox "$dir/bin/busybox"
+    for applet in sh httpd; do ln -s busybox "$dir/bin/$applet"; done
+    printf '#!/bin/sh\n# minimal-server --config FILE: serves FILE over HTTP on port 7000.\nexec httpd -f -p 7000 -h "$(dirname "$2")"\n' > "$dir/bin/minimal-server"
+    chmod 755 "$dir/bin/minimal-server"
+    pack "$dir" "$archive" "" '["/bin/minimal-server"]' "PATH=/bin" > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  add "$archive $(cat "$archive.digest") localhost/plugdb/minimal:1 localhost/plugdb/minimal:2"
+}
+
 [[ -x /bin/busybox ]] || { echo "node-images: /bin/busybox is missing (apt-get install busybox-static)" >&2; exit 1; }
 pause
 helper
+minimal
 # One suite at a time shares its base; the two suites build side by side.
 ( postgres 15 bookworm; mariadb 10.11 bookworm; printf '%s\n' "${entries[@]}" > "$OUT/bookworm.list" ) &
 bookworm=$!

@@ -190,6 +190,14 @@ pub struct DatabaseStatus {
     /// An upgrade in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeStatus>,
+    /// The last `plugdb.io/backup-now` value acted on: each new value makes exactly one
+    /// backup, whatever retention later removes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_request: Option<String>,
+    /// The last scheduled backup started (named after its fire time): a fire time is
+    /// backed up once, even after retention removed its Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_backup: Option<String>,
 }
 
 /// A backup that finished.

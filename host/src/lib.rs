@@ -7,6 +7,7 @@
 pub mod build;
 pub mod cli;
 pub mod crd;
+pub mod events;
 pub mod jobs;
 pub mod leader;
 pub mod metrics;

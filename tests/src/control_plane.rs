@@ -24,7 +24,6 @@ pub struct ControlPlane {
     /// URL of the API server.
     pub server: String,
     processes: Processes,
-    kubelet: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Where the processes live; a temporary directory is removed on drop.
@@ -78,16 +77,13 @@ pub enum Network {
 pub struct Options {
     /// Start kube-controller-manager (StatefulSet, Job, garbage collector, ...).
     pub controller_manager: bool,
-    /// Run the kubelet stand-in that marks Pods ready and Job Pods succeeded (it runs
-    /// nothing). Scenarios that need Pods to run use the real node instead.
-    pub kubelet_stand_in: bool,
     /// Where to serve.
     pub network: Network,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { controller_manager: true, kubelet_stand_in: true, network: Network::Loopback }
+        Self { controller_manager: true, network: Network::Loopback }
     }
 }
 
@@ -119,7 +115,7 @@ fn strings(args: &[&str]) -> Vec<String> {
 }
 
 impl ControlPlane {
-    /// Starts etcd, kube-apiserver, kube-controller-manager and the kubelet stand-in.
+    /// Starts etcd, kube-apiserver and kube-controller-manager.
     pub async fn start() -> Result<Self> {
         Self::start_with(Options::default()).await
     }
@@ -282,8 +278,7 @@ impl ControlPlane {
             ]);
             procs.spawn("kube-scheduler", &bins.join("kube-scheduler"), &args)?;
         }
-        let kubelet = options.kubelet_stand_in.then(|| tokio::spawn(crate::kubelet::run(client.clone())));
-        Ok(Self { client, kubeconfig: kubeconfig_path, server, processes: procs, kubelet })
+        Ok(Self { client, kubeconfig: kubeconfig_path, server, processes: procs })
     }
 
     /// The last lines of a component's log, for error messages.
@@ -400,14 +395,6 @@ fn kubeconfig_yaml(server: &str, ca: &Path, token: &str) -> String {
         "apiVersion: v1\nkind: Config\nclusters:\n- name: plugdb-test\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: plugdb-test\n  context:\n    cluster: plugdb-test\n    user: admin\n    namespace: default\ncurrent-context: plugdb-test\n",
         ca.display()
     )
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        if let Some(kubelet) = self.kubelet.take() {
-            kubelet.abort();
-        }
-    }
 }
 
 impl Processes {

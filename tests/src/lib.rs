@@ -1,10 +1,9 @@
 //! Support for plugdb's integration tests: a real control plane (etcd,
-//! kube-apiserver, kube-controller-manager) on loopback with a kubelet stand-in, and
-//! the plugin components that `build.rs` built from source.
+//! kube-apiserver, kube-controller-manager) on loopback, a real node to run Pods on,
+//! and the plugin components that `build.rs` built from source.
 
 pub mod control_plane;
 pub mod engine;
-pub mod kubelet;
 pub mod local_pod;
 pub mod node;
 pub mod operator;

@@ -226,7 +226,6 @@ impl Node {
 
         let control_plane = ControlPlane::start_with(Options {
             controller_manager: true,
-            kubelet_stand_in: false,
             network: Network::Namespace {
                 name: NETNS.into(),
                 address: NODE_ADDRESS.into(),

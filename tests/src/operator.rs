@@ -79,13 +79,37 @@ pub struct Cluster {
     operator_client: Client,
     /// Requests made by the operator's reconciler.
     pub requests: Arc<RequestCounts>,
-    /// The operator's plugin registry.
-    pub registry: Registry,
-    /// The operator's metrics.
-    pub metrics: Arc<Metrics>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    operator: std::sync::Mutex<Operator>,
     /// The control plane or node (declared last: dropped after the operator's tasks).
     pub backing: Backing,
+}
+
+/// One run of the operator: its registry, metrics and tasks.
+struct Operator {
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Operator {
+    /// The operator's registry watch (on `admin`: its Events about plugin ConfigMaps are
+    /// not the reconciler's requests) and controller (on `client`), with fast test timings.
+    fn start(admin: &Client, client: &Client) -> Result<Self> {
+        let metrics = Arc::new(Metrics::default());
+        let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
+        let ctx = Arc::new(reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), None));
+        let tasks = vec![
+            tokio::spawn(registry.clone().watch(admin.clone(), OPERATOR_NAMESPACE.into())),
+            tokio::spawn(reconcile::run(ctx, std::future::pending())),
+        ];
+        Ok(Self { registry, metrics, tasks })
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
 }
 
 /// The plugin ConfigMap for the component built from `component`.
@@ -107,19 +131,6 @@ pub async fn counting_client(kubeconfig: &std::path::Path) -> Result<(Client, Ar
     let config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
     let requests = Arc::new(RequestCounts::default());
     Ok((requests.0.counted_client(config)?, requests))
-}
-
-/// The operator's registry watch (on `admin`: its Events about plugin ConfigMaps are
-/// not the reconciler's requests) and controller (on `client`), with fast test timings.
-fn operator(admin: &Client, client: &Client) -> Result<(Registry, Arc<Metrics>, Vec<tokio::task::JoinHandle<()>>)> {
-    let metrics = Arc::new(Metrics::default());
-    let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
-    let ctx = Arc::new(reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), None));
-    let tasks = vec![
-        tokio::spawn(registry.clone().watch(admin.clone(), OPERATOR_NAMESPACE.into())),
-        tokio::spawn(reconcile::run(ctx, std::future::pending())),
-    ];
-    Ok((registry, metrics, tasks))
 }
 
 /// Installs the CRD and the operator namespace, and loads `plugins` as ConfigMaps.
@@ -153,13 +164,6 @@ pub fn test_settings() -> Settings {
 }
 
 impl Cluster {
-    /// Starts a control plane, installs the CRD, loads `plugins` (engine, component) and
-    /// runs the operator with fast test timings.
-    pub async fn start(plugins: &[(&str, &str)]) -> Result<Self> {
-        let cp = ControlPlane::start().await?;
-        Self::on(Backing::ControlPlane(Box::new(cp)), plugins).await
-    }
-
     /// Starts the operator on `backing`, installs the CRD and loads `plugins` (engine,
     /// component), with fast test timings.
     pub async fn on(backing: Backing, plugins: &[(&str, &str)]) -> Result<Self> {
@@ -172,27 +176,34 @@ impl Cluster {
         // The operator gets a client of its own whose requests are counted.
         let (operator_client, requests) = counting_client(backing.kubeconfig()).await?;
 
-        let (registry, metrics, tasks) = operator(&client, &operator_client)?;
-        let cluster = Self { client, operator_client, requests, registry, metrics, tasks, backing };
+        let operator = std::sync::Mutex::new(Operator::start(&client, &operator_client)?);
+        let cluster = Self { client, operator_client, requests, operator, backing };
         for (engine, _) in plugins {
-            cluster
-                .wait_until(&format!("engine {engine} loaded"), Duration::from_secs(60), || cluster.registry.get(engine).is_some())
-                .await?;
+            cluster.wait_engine(engine).await?;
         }
         Ok(cluster)
     }
 
+    fn current(&self) -> std::sync::MutexGuard<'_, Operator> {
+        self.operator.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until the operator has loaded `engine`'s plugin.
+    pub async fn wait_engine(&self, engine: &str) -> Result<()> {
+        self.wait_until(&format!("engine {engine} loaded"), Duration::from_secs(60), || self.current().registry.get(engine).is_some()).await
+    }
+
     /// Stops the operator and starts a fresh one (new registry, caches and metrics), as
     /// a restarted pod would be; its requests go on being counted in `requests`.
-    pub fn restart_operator(&mut self) -> Result<()> {
-        self.tasks.drain(..).for_each(|t| t.abort());
-        (self.registry, self.metrics, self.tasks) = operator(&self.client, &self.operator_client)?;
+    pub fn restart_operator(&self) -> Result<()> {
+        let fresh = Operator::start(&self.client, &self.operator_client)?;
+        drop(std::mem::replace(&mut *self.current(), fresh));
         Ok(())
     }
 
     /// Reconciles the operator has run so far, of Databases of `engine`.
     pub fn reconciles(&self, engine: &str) -> u64 {
-        self.metrics.reconciles.get_or_create(&ReconcileLabels { engine: engine.into() }).get()
+        self.current().metrics.reconciles.get_or_create(&ReconcileLabels { engine: engine.into() }).get()
     }
 
     /// Polls `check` every 100 ms until it holds or `timeout` ends.
@@ -248,14 +259,6 @@ impl Cluster {
                 bail!("timed out waiting until {what}; last seen: {}", serde_json::to_string_pretty(&db.map(|d| d.status))?);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
         }
     }
 }

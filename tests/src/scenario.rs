@@ -282,9 +282,10 @@ pub async fn volume_path(cluster: &Cluster, namespace: &str, claim: &str) -> std
     path.into()
 }
 
-/// Kills the engine's main process in `pod` with SIGKILL, from the node (as the kernel
-/// would on a crash): the oldest process named `binary` in the pod's container.
-pub fn kill_engine(pod: &Pod, binary: &str) {
+/// Sends `signal` (`KILL`, `STOP`, `CONT`) to the engine's main process in `pod`, from
+/// the node (as the kernel would on a crash or a hang): the oldest process named
+/// `binary` in the pod's container.
+pub fn signal_engine(pod: &Pod, binary: &str, signal: &str) {
     let container = pod
         .status
         .as_ref()
@@ -306,8 +307,8 @@ pub fn kill_engine(pod: &Pod, binary: &str) {
         .collect();
     candidates.sort();
     let (_, pid) = candidates.first().copied().unwrap_or_else(|| panic!("no {binary} process in {}", pod.name_any()));
-    let status = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
-    assert!(status.success(), "kill -9 {pid}");
+    let status = std::process::Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 /// A failure struck at the primary member.
@@ -342,7 +343,7 @@ impl Client {
             }
             Failure::EngineKilled => {
                 let pod = pods.get(&pod_name).await.expect("the primary's pod");
-                kill_engine(&pod, self.engine.binary());
+                signal_engine(&pod, self.engine.binary(), "KILL");
             }
         }
         let mut probe = 0;

@@ -50,9 +50,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn engines_follow_their_config_maps_while_the_registry_runs() {
-    let cp = ControlPlane::start_with(Options { controller_manager: false, kubelet_stand_in: false, ..Default::default() })
-        .await
-        .expect("control plane");
+    let cp = ControlPlane::start_with(Options { controller_manager: false, ..Default::default() }).await.expect("control plane");
     let namespaces: Api<Namespace> = Api::all(cp.client.clone());
     let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
     namespaces.create(&PostParams::default(), &ns).await.expect("namespace");

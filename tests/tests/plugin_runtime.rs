@@ -34,7 +34,7 @@ fn minimal_plugin_loads_and_answers_every_function() {
     assert_eq!(fields, ["spec.version", "spec.parameters.colour"]);
 
     let workload = plugin.render(&spec("2"), &plugdb_tests::cluster("orders", "shop")).expect("render");
-    assert_eq!(workload.image, "registry.example/minimal:2");
+    assert_eq!(workload.image, "localhost/plugdb/minimal:2");
     assert_eq!(workload.config_files[0].content, "greeting = hi\nreplicas = 3\n");
     assert_eq!(workload.readiness.expect("readiness").action, ProbeAction::TcpSocket(7000));
 

@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::sync::{Arc, RwLock};
 
+use crate::events::Recorder;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::broadcast;
@@ -333,7 +333,7 @@ impl Registry {
     /// stream ends. Every outcome is logged, counted and recorded as an Event on the ConfigMap.
     pub async fn watch(self, client: Client, namespace: String) {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        let recorder = Recorder::new(client, Reporter { controller: "plugdb".into(), instance: std::env::var("POD_NAME").ok() });
+        let recorder = Recorder::new(client, "plugdb", "Load");
         let config = watcher::Config::default().labels(PLUGIN_LABEL);
         let mut events = watcher(api, config).default_backoff().boxed();
         let mut seen_in_relist: Vec<String> = Vec::new();
@@ -367,27 +367,15 @@ impl Registry {
     async fn handle(&self, recorder: &Recorder, cm: &ConfigMap) {
         let outcome = self.apply(cm).await;
         self.report(&cm.name_any(), &outcome);
-        let event = match &outcome {
-            Outcome::Loaded { engine, id, replaced } => Event {
-                type_: EventType::Normal,
-                reason: "PluginLoaded".into(),
-                note: Some(match replaced {
-                    Some(old) => format!("{id} now serves engine {engine}, replacing {old}"),
-                    None => format!("{id} now serves engine {engine}"),
-                }),
-                action: "Load".into(),
-                secondary: None,
-            },
-            Outcome::Rejected(problem) => Event {
-                type_: EventType::Warning,
-                reason: "PluginRejected".into(),
-                note: Some(truncate(&problem.reason, 1000)),
-                action: "Load".into(),
-                secondary: None,
-            },
+        let (warning, reason, note) = match &outcome {
+            Outcome::Loaded { engine, id, replaced: Some(old) } => {
+                (false, "PluginLoaded", format!("{id} now serves engine {engine}, replacing {old}"))
+            }
+            Outcome::Loaded { engine, id, replaced: None } => (false, "PluginLoaded", format!("{id} now serves engine {engine}")),
+            Outcome::Rejected(problem) => (true, "PluginRejected", problem.reason.clone()),
             Outcome::Unchanged | Outcome::Unloaded { .. } => return,
         };
-        if let Err(e) = recorder.publish(&event, &cm.object_ref(&())).await {
+        if let Err(e) = recorder.publish(&cm.object_ref(&()), None, warning, reason, &note).await {
             tracing::warn!(config_map = %cm.name_any(), error = %e, "could not record plugin event");
         }
     }
@@ -409,12 +397,4 @@ impl Registry {
             }
         }
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
 }

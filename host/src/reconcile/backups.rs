@@ -82,15 +82,30 @@ pub struct BackupReport {
     pub problem: Option<String>,
     /// A backup Job is running.
     pub running: bool,
+    /// The `backup-now` value acted on so far.
+    pub request: Option<String>,
+    /// The last scheduled backup started so far.
+    pub scheduled: Option<String>,
 }
 
 fn completed(job: &Job) -> Option<String> {
     job.status.as_ref()?.completion_time.as_ref().map(|t| t.0.to_string())
 }
 
-/// Runs scheduled and on-demand backups, applies retention and reports.
+/// The stamp of a scheduled backup's name (`orders-2611210200` → `2611210200`); stamps
+/// order as their fire times do (a minute stamp is a prefix of its seconds stamps).
+fn stamp(backup: &str) -> &str {
+    backup.rsplit('-').next().unwrap_or_default()
+}
+
+/// Runs scheduled and on-demand backups, applies retention and reports. Each fire time
+/// and each `backup-now` value makes one backup: what was already started is in the
+/// Database's status (`last_scheduled_backup`, `backup_request`), not only in its Jobs,
+/// which retention removes.
 pub async fn reconcile(ctx: &Ctx, db: &Database, plugin: &Plugin, spec: &EngineSpec, run_as_user: u32) -> Result<BackupReport, Error> {
-    let mut report = BackupReport::default();
+    let previous = db.status.clone().unwrap_or_default();
+    let mut report =
+        BackupReport { request: previous.backup_request.clone(), scheduled: previous.last_scheduled_backup.clone(), ..Default::default() };
     let ns = db.namespace().unwrap_or_default();
     let name = db.name_any();
     let now = Utc::now();
@@ -102,23 +117,34 @@ pub async fn reconcile(ctx: &Ctx, db: &Database, plugin: &Plugin, spec: &EngineS
                 let created =
                     db.metadata.creation_timestamp.as_ref().and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0)).unwrap_or(now);
                 if let Some(at) = schedule::due(&s, created, now) {
-                    wanted.push(schedule::backup_name(&name, at));
+                    let due = schedule::backup_name(&name, at);
+                    if report.scheduled.as_deref().is_none_or(|last| stamp(last) < stamp(&due)) {
+                        wanted.push(due);
+                    }
                 }
                 report.next = schedule::next(&s, now);
             }
             Err(e) => report.problem = Some(format!("spec.backup.schedule: {e}")),
         }
     }
-    if let Some(token) = db.annotations().get(BACKUP_NOW) {
-        let digest = crate::plugin::hex_digest(token.as_bytes());
-        wanted.push(format!("{name}-manual-{}", &digest[..10]));
+    let manual = |token: &str| format!("{name}-manual-{}", &crate::plugin::hex_digest(token.as_bytes())[..10]);
+    let request = db.annotations().get(BACKUP_NOW).filter(|t| report.request.as_ref() != Some(*t)).cloned();
+    if let Some(token) = &request {
+        wanted.push(manual(token));
     }
 
     let mut backups = ctx.caches.jobs_labelled(&ns, BACKUP_OF, &name);
-    for job_name in wanted.iter().filter(|w| !backups.iter().any(|j| j.name_any() == **w)) {
-        match ensure_backup(ctx, db, plugin, spec, job_name, run_as_user).await? {
-            Ok(_) => report.running = true,
-            Err(reason) => report.problem = Some(format!("the {} plugin cannot back up: {reason}", spec.name)),
+    for job_name in &wanted {
+        if !backups.iter().any(|j| j.name_any() == *job_name) {
+            if let Err(reason) = ensure_backup(ctx, db, plugin, spec, job_name, run_as_user).await? {
+                report.problem = Some(format!("the {} plugin cannot back up: {reason}", spec.name));
+                continue;
+            }
+            report.running = true;
+        }
+        match &request {
+            Some(token) if manual(token) == *job_name => report.request = Some(token.clone()),
+            _ => report.scheduled = Some(job_name.clone()),
         }
     }
 

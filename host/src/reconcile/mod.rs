@@ -18,7 +18,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -28,7 +27,7 @@ use crate::build::{self, MANAGER, Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, UpgradeStatus};
 use crate::jobs::{self, Purpose};
 use crate::metrics::{Metrics, ReconcileLabels};
-use crate::plugin::{EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep, Workload};
+use crate::plugin::{CallError, EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep, Workload};
 use backups::JobState;
 use cache::{Caches, Triggers};
 use status::kind;
@@ -69,7 +68,7 @@ pub struct Context {
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Event recorder.
-    pub recorder: Recorder,
+    pub recorder: crate::events::Recorder,
     /// Timing.
     pub settings: Settings,
     /// What the managed objects look like now.
@@ -90,7 +89,7 @@ struct Written {
 impl Context {
     /// A context for Databases in `namespace` (all when `None`); starts the caches.
     pub fn new(client: Client, registry: Registry, metrics: Arc<Metrics>, settings: Settings, namespace: Option<String>) -> Self {
-        let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: std::env::var("POD_NAME").ok() });
+        let recorder = crate::events::Recorder::new(client.clone(), MANAGER, "Reconcile");
         let (caches, triggers) = Caches::start(&client, namespace.as_deref());
         Self {
             client,
@@ -236,14 +235,7 @@ async fn event_about(
     reason: &str,
     note: String,
 ) {
-    let ev = Event {
-        type_: if warning { EventType::Warning } else { EventType::Normal },
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: related,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &db.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&db.object_ref(&()), related.as_ref(), warning, reason, &note).await {
         tracing::warn!(error = %e, reason, "could not record event");
     }
 }
@@ -293,7 +285,16 @@ async fn stop_with(
     if condition != kind::READY {
         status::set(&mut status.conditions, kind::READY, false, reason, message.clone(), generation);
     }
-    status.phase = Some(if status.current_version.is_some() { "Degraded" } else { "Failed" }.into());
+    // A Database that never ran and waits for its engine's plugin is Pending, not Failed:
+    // the plugin may be on its way.
+    status.phase = Some(
+        match (status.current_version.is_some(), reason) {
+            (true, _) => "Degraded",
+            (false, "EngineNotFound") => "Pending",
+            (false, _) => "Failed",
+        }
+        .into(),
+    );
     status.observed_generation = generation;
     let changed =
         db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition).map(|c| &c.message)) != Some(Some(&message));
@@ -302,6 +303,17 @@ async fn stop_with(
     }
     write_status(ctx, db, status).await?;
     Ok(Action::await_change())
+}
+
+/// A plugin call failed: the condition says why. A call stopped at its deadline may
+/// succeed on a less busy machine, so it is tried again after a pause; a refusal, a
+/// trap or a policy breach waits for a change (of the spec or the plugin).
+async fn plugin_failed(ctx: &Ctx, db: &Database, status: DatabaseStatus, reason: &str, e: &CallError) -> Result<Action, Error> {
+    let action = stop_with(ctx, db, status, kind::PLUGIN_READY, reason, e.to_string()).await?;
+    Ok(match e {
+        CallError::Timeout { .. } => Action::requeue(ctx.settings.progress_requeue * 10),
+        _ => action,
+    })
 }
 
 async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
@@ -342,13 +354,16 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
             )
             .await;
         }
-        Err(e) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "PluginFailed", e.to_string()).await,
+        Err(e) => return plugin_failed(ctx, db, status, "PluginFailed", &e).await,
     }
 
     // 3. Upgrades: which version to render.
     let running = status.current_version.clone();
     let mut plan = None;
     let mut version = desired_version.clone();
+    // Refused in this pass: the refusal stays the Progressing condition. A refusal of an
+    // earlier spec is not state: once the spec is fixed the condition follows the members.
+    let mut upgrade_refused = false;
     if let Some(current) = running.as_ref().filter(|c| **c != desired_version) {
         match plugin.plan_upgrade(&spec, current) {
             Ok(p) => {
@@ -382,6 +397,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
                     event(ctx, db, true, "UpgradeRefused", message.clone()).await;
                 }
                 status::set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", message, generation);
+                upgrade_refused = true;
                 status.upgrade = None;
                 version = current.clone();
             }
@@ -424,7 +440,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     let cluster = build::cluster_context(db, &primary);
     let workload = match plugin.render(&spec, &cluster) {
         Ok(w) => w,
-        Err(e) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "RenderFailed", e.to_string()).await,
+        Err(e) => return plugin_failed(ctx, db, status, "RenderFailed", &e).await,
     };
     match ctx.registry.problem(&db.spec.engine) {
         // A bad new version never replaces the running one, but users of the engine should know.
@@ -542,6 +558,8 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     let report = backups::reconcile(ctx, db, &plugin, &spec, workload.run_as_user).await?;
     status.last_backup = report.last.clone();
     status.next_backup = report.next.map(|t| t.to_rfc3339());
+    status.backup_request = report.request.clone();
+    status.last_scheduled_backup = report.scheduled.clone();
     match &report.problem {
         Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, "BackupProblem", p.clone(), generation),
         None => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, "BackupsHealthy", backup_message(&report), generation),
@@ -560,7 +578,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         format!("{ready}/{desired} members ready"),
         generation,
     );
-    if !status.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.type_ == kind::PROGRESSING) || status.upgrade.is_some() {
+    if !upgrade_refused {
         let message = progress_message(&status, rolled);
         status::set(
             &mut status.conditions,
@@ -677,9 +695,17 @@ async fn delete(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         set_finalizer(ctx, db, false).await?;
         return Ok(Action::await_change());
     }
+    let name = db.name_any();
+    // A Database that never ran (an unknown engine, a spec refused from the start) has
+    // no members and no data: there is nothing to back up.
+    let ns = db.namespace().unwrap_or_default();
+    if db.status.as_ref().is_none_or(|s| s.current_version.is_none()) && ctx.caches.stateful_set(&ns, &Names(&name).primary()).is_none() {
+        event(ctx, db, false, "DeletedWithoutBackup", "the Database never ran, so it holds no data: no final backup taken".into()).await;
+        set_finalizer(ctx, db, false).await?;
+        return Ok(Action::await_change());
+    }
     let mut status = db.status.clone().unwrap_or_default();
     status.phase = Some("Deleting".into());
-    let name = db.name_any();
     let final_name = format!("{name}-final");
     let outcome = match ctx.registry.get(&db.spec.engine) {
         None => Err(format!(

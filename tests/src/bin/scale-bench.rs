@@ -234,7 +234,7 @@ async fn main() -> Result<()> {
     if !binary.exists() {
         bail!("{} is missing: build it first with `cargo build --release -p plugdb`", binary.display());
     }
-    let cp = ControlPlane::start_with(Options { controller_manager: false, kubelet_stand_in: false, ..Default::default() }).await?;
+    let cp = ControlPlane::start_with(Options { controller_manager: false, ..Default::default() }).await?;
     prepare(&cp.client, &[("postgres", "postgres")]).await?;
 
     eprintln!("baseline: a plain client creates {count} Databases with their children and status…");

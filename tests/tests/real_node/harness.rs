@@ -22,19 +22,23 @@ pub type Scenario = fn(Arc<Cluster>) -> Pin<Box<dyn Future<Output = ()> + Send>>
 /// Engine plugins loaded into the shared cluster (engine, component).
 const PLUGINS: &[(&str, &str)] = &[("postgres", "postgres"), ("mysql", "mysql")];
 
-/// Runs the `scenarios` selected by the command line (substring filters; `--list`
-/// lists them) on one real node.
-pub fn run(scenarios: &[(&'static str, Scenario)]) -> ExitCode {
+/// Runs the scenarios selected by the command line (substring filters; `--list`
+/// lists them) on one real node: those in `alone` first, one at a time with nothing
+/// else running (they restart the operator or count its requests), then the `shared`
+/// ones a few at a time.
+pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario)]) -> ExitCode {
+    let scenarios: Vec<(&'static str, Scenario, bool)> =
+        alone.iter().map(|&(n, s)| (n, s, true)).chain(shared.iter().map(|&(n, s)| (n, s, false))).collect();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
     if args.iter().any(|a| a == "--list") {
-        for (name, _) in scenarios {
+        for (name, _, _) in &scenarios {
             println!("{name}: test");
         }
         return ExitCode::SUCCESS;
     }
-    let selected: Vec<(&'static str, Scenario)> =
-        scenarios.iter().filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))).copied().collect();
+    let selected: Vec<(&'static str, Scenario, bool)> =
+        scenarios.iter().filter(|(name, _, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))).copied().collect();
     let filtered_out = scenarios.len() - selected.len();
     println!("\nrunning {} tests", selected.len());
     if selected.is_empty() {
@@ -93,10 +97,18 @@ pub fn run(scenarios: &[(&'static str, Scenario)]) -> ExitCode {
     }
 }
 
+/// Runs one scenario, reports it the way libtest does, and says whether it passed.
+async fn run_one(name: &str, scenario: Scenario, cluster: Arc<Cluster>) -> bool {
+    let started = Instant::now();
+    let ok = AssertUnwindSafe(scenario(cluster)).catch_unwind().await.is_ok();
+    println!("test {name} ... {} ({:.1} s)", if ok { "ok" } else { "FAILED" }, started.elapsed().as_secs_f64());
+    ok
+}
+
 /// The machine's state before the node started, for the containment checks.
 pub static MACHINE_BEFORE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-async fn run_all(selected: Vec<(&'static str, Scenario)>, parallel: usize) -> Result<Vec<(&'static str, bool)>, String> {
+async fn run_all(selected: Vec<(&'static str, Scenario, bool)>, parallel: usize) -> Result<Vec<(&'static str, bool)>, String> {
     // A crashed run's leftovers go before the machine is described.
     let leftovers = teardown(&run_dir());
     if !leftovers.is_empty() {
@@ -106,19 +118,20 @@ async fn run_all(selected: Vec<(&'static str, Scenario)>, parallel: usize) -> Re
     let node = Node::start().await.map_err(|e| format!("the real node did not start: {e:#}"))?;
     let cluster =
         Arc::new(Cluster::on(Backing::Node(Box::new(node)), PLUGINS).await.map_err(|e| format!("the operator did not start: {e:#}"))?);
+    let mut results = Vec::new();
+    let (alone, shared): (Vec<_>, Vec<_>) = selected.into_iter().partition(|(_, _, alone)| *alone);
+    for (name, scenario, _) in alone {
+        results.push((name, run_one(name, scenario, cluster.clone()).await));
+    }
     let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut handles = Vec::new();
-    for (name, scenario) in selected {
+    for (name, scenario, _) in shared {
         let (cluster, permits) = (cluster.clone(), permits.clone());
         handles.push(tokio::spawn(async move {
             let _permit = permits.acquire_owned().await;
-            let started = Instant::now();
-            let ok = AssertUnwindSafe(scenario(cluster)).catch_unwind().await.is_ok();
-            println!("test {name} ... {} ({:.1} s)", if ok { "ok" } else { "FAILED" }, started.elapsed().as_secs_f64());
-            (name, ok)
+            (name, run_one(name, scenario, cluster).await)
         }));
     }
-    let mut results = Vec::new();
     for handle in handles {
         results.push(handle.await.map_err(|e| format!("a scenario task failed: {e}"))?);
     }

@@ -7,6 +7,7 @@
 
 mod data;
 mod harness;
+mod lifecycle;
 mod members;
 
 use std::process::ExitCode;
@@ -18,21 +19,32 @@ use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip}
 use serde_json::json;
 
 fn main() -> ExitCode {
-    harness::run(&[
-        ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
-        ("postgres_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Postgres, "15"))),
-        ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "10.11"))),
-        ("postgres_scale_3_to_5_restarts_no_running_member", |c| Box::pin(members::scale_up(c, Engine::Postgres, "17"))),
-        ("mysql_scale_3_to_5_restarts_no_running_member", |c| Box::pin(members::scale_up(c, Engine::Mysql, "11.8"))),
-        ("postgres_survives_primary_pod_deletion_and_engine_kill", |c| Box::pin(members::primary_failures(c, Engine::Postgres, "15"))),
-        ("mysql_survives_primary_pod_deletion_and_engine_kill", |c| Box::pin(members::primary_failures(c, Engine::Mysql, "10.11"))),
-        ("postgres_parameter_change_rolls_replicas_first_primary_last", |c| Box::pin(members::parameter_roll(c))),
-        ("postgres_minor_upgrade_with_a_writer_loses_no_write", |c| Box::pin(members::minor_upgrade(c))),
-        ("mysql_10_11_to_11_8_runs_its_upgrade_job", |c| Box::pin(members::mariadb_major_upgrade(c))),
-        ("postgres_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Postgres, "15"))),
-        ("mysql_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Mysql, "10.11"))),
-        ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
-    ])
+    harness::run(
+        &[("postgres_children_then_a_quiet_steady_state_and_restart", |c| Box::pin(lifecycle::children_then_quiet(c)))],
+        &[
+            ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
+            ("plugins_arrive_and_change_at_run_time", |c| Box::pin(lifecycle::plugins_arrive_and_change(c))),
+            ("a_spec_the_plugin_rejects_is_a_readable_condition", |c| Box::pin(lifecycle::rejected_spec(c))),
+            ("postgres_scheduled_backups_with_retention_and_on_demand", |c| Box::pin(lifecycle::scheduled_backups(c))),
+            ("postgres_hung_primary_fails_over_to_the_chosen_replica", |c| Box::pin(members::failover_promotion(c))),
+            ("postgres_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Postgres, "15"))),
+            ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "10.11"))),
+            ("postgres_scale_3_to_5_restarts_no_running_member_and_back_keeps_volumes", |c| {
+                Box::pin(members::scale_up(c, Engine::Postgres, "17"))
+            }),
+            ("mysql_scale_3_to_5_restarts_no_running_member_and_back_keeps_volumes", |c| {
+                Box::pin(members::scale_up(c, Engine::Mysql, "11.8"))
+            }),
+            ("postgres_survives_primary_pod_deletion_and_engine_kill", |c| Box::pin(members::primary_failures(c, Engine::Postgres, "15"))),
+            ("mysql_survives_primary_pod_deletion_and_engine_kill", |c| Box::pin(members::primary_failures(c, Engine::Mysql, "10.11"))),
+            ("postgres_parameter_change_rolls_replicas_first_primary_last", |c| Box::pin(members::parameter_roll(c))),
+            ("postgres_minor_upgrade_with_a_writer_loses_no_write", |c| Box::pin(members::minor_upgrade(c))),
+            ("mysql_10_11_to_11_8_runs_its_upgrade_job", |c| Box::pin(members::mariadb_major_upgrade(c))),
+            ("postgres_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Postgres, "15"))),
+            ("mysql_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Mysql, "10.11"))),
+            ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
+        ],
+    )
 }
 
 /// Three members become Ready by their real probes; a row written through the

@@ -10,7 +10,7 @@ use kube::api::{Api, ListParams};
 use plugdb_tests::operator::Cluster;
 use serde_json::json;
 
-use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, identities, is_running, pod_ip};
+use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, identities, is_running, pod_ip, signal_engine};
 
 async fn running(cluster: &Cluster, ns: &str, name: &str, replicas: i32) {
     cluster.wait_database(ns, name, &format!("{replicas} members Ready"), WAIT, |d| is_running(d, replicas)).await.expect("running");
@@ -39,6 +39,19 @@ pub async fn scale_up(cluster: Arc<Cluster>, engine: Engine, version: &str) {
     }
     let after = identities(&members);
     assert_eq!(&after[..3], &before[..], "the running members keep their pods and restart counts");
+
+    // 5 → 3: the removed members' volumes are kept (a scale down never deletes data).
+    cluster.apply_database(&ns, database("orders", engine, version, 3, json!({}))).await.expect("scale down");
+    running(&cluster, &ns, "orders", 3).await;
+    let deadline = Instant::now() + WAIT;
+    while client.members().await.len() != 3 {
+        assert!(Instant::now() < deadline, "members 3 and 4 stop");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(cluster.client.clone(), &ns);
+    for i in 0..5 {
+        claims.get(&format!("data-orders-{i}")).await.expect("every member's claim is kept");
+    }
 }
 
 /// The primary's pod is deleted, then its engine process is killed: every acknowledged
@@ -148,11 +161,58 @@ pub async fn minor_upgrade(cluster: Arc<Cluster>) {
     let present = client.ids(&primary).await.expect("ids");
     let lost: Vec<&i64> = acknowledged.iter().filter(|id| !present.contains(id)).collect();
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
-    assert_eq!(restart_order(&cluster, ns).await.len(), 3, "every member restarted onto the new image");
+    let order = restart_order(&cluster, ns).await;
+    assert_eq!(order.len(), 3, "every member restarted onto the new image: {order:?}");
+    assert!(order[0].contains("orders-2") && order[1].contains("orders-1") && order[2].contains("orders-0"), "replicas first: {order:?}");
     for pod in client.members().await {
         let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default()).unwrap_or_default();
         assert_eq!(image, format!("docker.io/library/postgres:{minor}"), "{}", pod.name_any());
     }
+
+    // A downgrade is refused by the plugin: a condition and an Event; nothing restarts.
+    let (major, patch) = minor.split_once('.').expect("major.minor");
+    let lower = format!("{major}.{}", patch.parse::<u32>().expect("a minor number") - 1);
+    let before = identities(&client.members().await);
+    cluster.apply_database(ns, database("orders", Engine::Postgres, &lower, 3, json!({}))).await.expect("downgrade");
+    let db = cluster
+        .wait_database(ns, "orders", "UpgradeRefused", WAIT, |d| {
+            d.status
+                .as_ref()
+                .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message.contains("downgrading")))
+        })
+        .await
+        .expect("refused");
+    assert_eq!(db.status.as_ref().and_then(|s| s.current_version.as_deref()), Some(minor.as_str()), "the running version stays");
+    // A second, different refusal is an Event of its own with its own text.
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 3, json!({}))).await.expect("major");
+    cluster
+        .wait_database(ns, "orders", "the major upgrade refused", WAIT, |d| {
+            d.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message.contains("major")))
+        })
+        .await
+        .expect("refused");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+        let notes: Vec<String> =
+            events.iter().filter(|e| e.reason.as_deref() == Some("UpgradeRefused")).filter_map(|e| e.note.clone()).collect();
+        if notes.iter().any(|n| n.contains("downgrading")) && notes.iter().any(|n| n.contains("major upgrade")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "each refusal's Event shows its own text: {notes:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Back to the running version: the refusal is history, the condition says so.
+    cluster.apply_database(ns, database("orders", Engine::Postgres, &minor, 3, json!({}))).await.expect("fixed");
+    cluster
+        .wait_database(ns, "orders", "Progressing=False Steady", WAIT, |d| {
+            is_running(d, 3)
+                && d.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Progressing" && c.reason == "Steady"))
+        })
+        .await
+        .expect("the stale refusal is gone");
+    assert_eq!(identities(&client.members().await), before, "no member restarted");
 }
 
 /// MariaDB 10.11 → 11.8: a backup first, members roll onto 11.8, then the plugin's
@@ -182,9 +242,92 @@ pub async fn mariadb_major_upgrade(cluster: Arc<Cluster>) {
     };
     assert!(succeeded("shop-pre-"), "a pre-upgrade backup ran");
     assert!(succeeded("shop-upgrade-"), "mariadb-upgrade ran");
+    let named = |prefix: &str| jobs.items.iter().find(|j| j.name_any().starts_with(prefix)).expect(prefix).clone();
+    assert!(
+        named("shop-pre-").status.and_then(|s| s.completion_time) <= named("shop-upgrade-").metadata.creation_timestamp,
+        "the backup finished before the upgrade step started"
+    );
     for pod in client.members().await {
         let version = client.query(&pod_ip(&pod), "SELECT VERSION()").await.expect("version");
         assert!(version.starts_with("11.8."), "{} runs {version}", pod.name_any());
     }
     assert_eq!(client.checksum(&primary).await, before, "the data survived the upgrade");
+}
+
+/// The primary hangs (its engine gets SIGSTOP: the port still accepts connections, the
+/// readiness probe fails). With no replica reporting a position, nobody is promoted.
+/// Once the replicas' replay positions (read from them) are published on their pods,
+/// as a member agent does, the plugin's choice is promoted: writes are accepted again
+/// through the read-write Service with every earlier row there, and the old primary,
+/// stopped by the kubelet, comes back as a replica of the new one with the new data.
+pub async fn failover_promotion(cluster: Arc<Cluster>) {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    use plugdb::reconcile::members::POSITION_ANNOTATION;
+
+    let ns = "postgres-failover";
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 3, json!({}))).await.expect("apply");
+    running(&cluster, ns, "orders", 3).await;
+    let client = Client::new(&cluster, Engine::Postgres, ns, "orders").await;
+    let service = client.service_ip("orders").await;
+    client.create_table(&service).await;
+    client.insert(&service, 1..101).await;
+    let members = client.members().await;
+    for pod in &members[1..] {
+        client.eventually(&pod_ip(pod), "SELECT count(*) FROM orders", Duration::from_secs(60), |r| r == "100").await;
+    }
+
+    let hung = Instant::now();
+    signal_engine(&members[0], "postgres", "STOP");
+    let db = cluster
+        .wait_database(ns, "orders", "NoSafeFailover", WAIT, |d| {
+            d.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover"))
+        })
+        .await
+        .expect("no member is safe without positions");
+    assert_eq!(db.status.and_then(|s| s.primary).as_deref(), Some("orders-0"), "never promote blindly");
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let mut best: Option<(u64, String)> = None;
+    for pod in &members[1..] {
+        let lsn = client.query(&pod_ip(pod), "SELECT pg_last_wal_replay_lsn()").await.expect("replay position");
+        let (hi, lo) = lsn.split_once('/').expect("an LSN");
+        let value = (u64::from_str_radix(hi, 16).expect("hex") << 32) | u64::from_str_radix(lo, 16).expect("hex");
+        if best.as_ref().is_none_or(|(b, _)| value > *b) {
+            best = Some((value, pod.name_any()));
+        }
+        let annotation = json!({"metadata": {"annotations": {POSITION_ANNOTATION: lsn}}});
+        pods.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(annotation)).await.expect("publish the position");
+    }
+    let chosen = best.expect("a replica").1;
+    let published = Instant::now();
+    cluster
+        .wait_database(ns, "orders", "a replica promoted", WAIT, |d| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(&chosen))
+        .await
+        .expect("promoted");
+
+    let deadline = Instant::now() + WAIT;
+    while client.query(&service, "INSERT INTO orders VALUES (101, 'after the failover')").await.is_err() {
+        assert!(Instant::now() < deadline, "no write accepted by the new primary");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "{ns}: primary hung → write accepted by {chosen} after {:.1} s ({:.1} s after the positions were published)",
+        hung.elapsed().as_secs_f64(),
+        published.elapsed().as_secs_f64()
+    );
+    let ids = client.ids(&service).await.expect("ids");
+    assert_eq!(ids, (1..102).collect::<Vec<i64>>(), "every row written before the hang, and the new one");
+
+    running(&cluster, ns, "orders", 3).await;
+    let expected = client.checksum(&service).await;
+    let old = client.members().await.into_iter().next().expect("orders-0");
+    let ip = pod_ip(&old);
+    let in_recovery = client.eventually(&ip, "SELECT pg_is_in_recovery()", Duration::from_secs(60), |r| r == "t").await;
+    assert_eq!(in_recovery, "t", "the old primary follows the new one");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client.checksum(&ip).await != expected {
+        assert!(Instant::now() < deadline, "the old primary has the rows written after the failover");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

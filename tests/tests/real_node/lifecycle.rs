@@ -1,0 +1,279 @@
+//! The operator's own behaviour on the real node: the children it makes, quiet steady
+//! state, plugins arriving and changing at run time, readable errors, scheduled backups.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use plugdb::crd::Database;
+use plugdb_tests::operator::{Cluster, OPERATOR_NAMESPACE, plugin_config_map};
+use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running};
+use serde_json::json;
+
+fn condition<'a>(db: &'a Database, type_: &str) -> Option<&'a Condition> {
+    db.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+}
+
+async fn image(cluster: &Cluster, ns: &str, name: &str) -> String {
+    let sts = Api::<StatefulSet>::namespaced(cluster.client.clone(), ns).get(name).await.expect("statefulset");
+    sts.spec.expect("spec").template.spec.expect("pod").containers[0].image.clone().unwrap_or_default()
+}
+
+async fn gone(cluster: &Cluster, ns: &str, name: &str) {
+    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while api.get_opt(name).await.expect("get").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "{name} was not deleted");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Three members Ready with every child the operator owns; the credentials are never
+/// rewritten; a resync of a Database that runs makes no request at all, and a restarted
+/// operator writes nothing. Runs alone: it counts the operator's requests.
+pub async fn children_then_quiet(cluster: Arc<Cluster>) {
+    let ns = "postgres-children";
+    cluster
+        .apply_database(ns, database("orders", Engine::Postgres, "15", 3, json!({"parameters": {"max_connections": 150}})))
+        .await
+        .expect("apply");
+    let db = cluster.wait_database(ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+    let status = db.status.clone().expect("status");
+    assert_eq!(status.primary.as_deref(), Some("orders-0"));
+    assert_eq!(status.current_version.as_deref(), Some("15"));
+    assert!(status.plugin.as_deref().is_some_and(|p| p.starts_with("postgres@")));
+    for t in ["Ready", "PluginReady", "BackupHealthy"] {
+        assert_eq!(condition(&db, t).map(|c| c.status.as_str()), Some("True"), "{t}");
+    }
+
+    let c = cluster.client.clone();
+    let secret = Api::<Secret>::namespaced(c.clone(), ns).get("orders-credentials").await.expect("credentials");
+    let data = secret.data.clone().expect("data");
+    assert_eq!(data["superuser-password"].0.len(), 32);
+    assert!(secret.owner_references().is_empty(), "credentials outlive the Database under Snapshot");
+    let config = Api::<ConfigMap>::namespaced(c.clone(), ns).get("orders-config").await.expect("config");
+    assert!(config.data.expect("data")["postgresql.conf"].contains("max_connections = 150"));
+    let client = Client::new(&cluster, Engine::Postgres, ns, "orders").await;
+    let primary = client.service_ip("orders").await;
+    client.reachable(&primary).await;
+    assert_eq!(client.setting(&primary, "max_connections").await.as_deref(), Ok("150"), "the engine runs the rendered file");
+    for name in ["orders", "orders-replicas", "orders-headless"] {
+        let svc = Api::<Service>::namespaced(c.clone(), ns).get(name).await.expect(name);
+        assert_eq!(svc.owner_references()[0].name, "orders");
+    }
+    Api::<PodDisruptionBudget>::namespaced(c.clone(), ns).get("orders").await.expect("pdb");
+    let pods = Api::<Pod>::namespaced(c.clone(), ns).list(&ListParams::default().labels("plugdb.io/role=replica")).await.expect("pods");
+    assert_eq!(pods.items.len(), 2, "two members labelled replica for the read-only Service");
+    assert_eq!(image(&cluster, ns, "orders").await, "docker.io/library/postgres:15");
+
+    // The credentials are never overwritten, even when a reconcile is forced.
+    let dbs: Api<Database> = Api::namespaced(c.clone(), ns);
+    let poke = |n: &str| json!({"metadata": {"annotations": {"poke": n}}});
+    dbs.patch("orders", &PatchParams::default(), &Patch::Merge(poke("1"))).await.expect("poke");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = Api::<Secret>::namespaced(c.clone(), ns).get("orders-credentials").await.expect("credentials").data.expect("data");
+    assert_eq!(after["superuser-password"], data["superuser-password"]);
+
+    // Steady state: a resync is served from the caches and makes no request.
+    let all = cluster.requests.all();
+    let reconciles = cluster.reconciles("postgres");
+    dbs.patch("orders", &PatchParams::default(), &Patch::Merge(poke("2"))).await.expect("poke");
+    cluster.wait_until("the poke is reconciled", WAIT, || cluster.reconciles("postgres") > reconciles).await.expect("reconcile");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cluster.requests.all(), all, "no requests in steady state");
+
+    // A restarted operator resyncs from its caches once its plugins are loaded: it never
+    // reports the engine missing in between, and writes nothing.
+    let writes = cluster.requests.writes();
+    cluster.restart_operator().expect("restart");
+    cluster.wait_until("the restarted operator reconciles", WAIT, || cluster.reconciles("postgres") > 0).await.expect("resync");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cluster.requests.writes(), writes, "no writes after a restart");
+    for engine in ["postgres", "mysql"] {
+        cluster.wait_engine(engine).await.expect("the restarted operator loads its plugins");
+    }
+}
+
+/// Database `cache` of the test engine `minimal` (a server on its port), plus `extra` spec fields.
+fn minimal(extra: serde_json::Value) -> serde_json::Value {
+    let mut db = json!({"metadata": {"name": "cache"}, "spec": {"engine": "minimal", "version": "1", "storage": {"size": "64Mi"},
+        "resources": {"requests": {"cpu": "50m"}}}});
+    if let (Some(spec), Some(extra)) = (db["spec"].as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    db
+}
+
+/// A Database of an engine nobody loaded waits with a condition and no children; the
+/// plugin's ConfigMap brings it up with no restart; version 2 re-renders it; a broken
+/// version 3 is refused while 2 keeps serving. Deleting it under the default policy is
+/// held while the engine cannot take a final backup, and says why.
+pub async fn plugins_arrive_and_change(cluster: Arc<Cluster>) {
+    let ns = "minimal-plugins";
+    cluster.apply_database(ns, minimal(json!({}))).await.expect("apply");
+    let db = cluster
+        .wait_database(ns, "cache", "PluginReady=False", WAIT, |d| condition(d, "PluginReady").is_some_and(|c| c.status == "False"))
+        .await
+        .expect("condition");
+    let c = condition(&db, "PluginReady").expect("condition");
+    assert_eq!(c.reason, "EngineNotFound");
+    assert_eq!(db.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"), "waiting for its plugin, not failed");
+    assert!(c.message.contains("\"minimal\"") && c.message.contains("loaded: ") && c.message.contains("postgres"), "{}", c.message);
+    assert!(Api::<StatefulSet>::namespaced(cluster.client.clone(), ns).get_opt("cache").await.expect("get").is_none(), "no children");
+
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), OPERATOR_NAMESPACE);
+    cms.create(&PostParams::default(), &plugin_config_map("minimal", "minimal")).await.expect("plugin");
+    let db = cluster.wait_database(ns, "cache", "Running", WAIT, |d| is_running(d, 1)).await.expect("running");
+    assert_eq!(db.status.and_then(|s| s.plugin).as_deref(), Some("minimal@1.0.0"));
+
+    let mut v2 = plugin_config_map("minimal", "minimal-v2");
+    v2.metadata.resource_version = cms.get("engine-minimal").await.expect("cm").metadata.resource_version;
+    cms.replace("engine-minimal", &PostParams::default(), &v2).await.expect("swap");
+    cluster
+        .wait_database(ns, "cache", "re-rendered by minimal@2.0.0", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.plugin.as_deref()) == Some("minimal@2.0.0")
+        })
+        .await
+        .expect("hot swap");
+
+    let mut broken = plugin_config_map("minimal", "minimal");
+    broken.binary_data =
+        Some(std::collections::BTreeMap::from([("plugin.wasm".to_string(), k8s_openapi::ByteString(b"not wasm".to_vec()))]));
+    broken.metadata.resource_version = cms.get("engine-minimal").await.expect("cm").metadata.resource_version;
+    cms.replace("engine-minimal", &PostParams::default(), &broken).await.expect("break");
+    let db = cluster
+        .wait_database(ns, "cache", "the rejection is reported", WAIT, |d| {
+            condition(d, "PluginReady").is_some_and(|c| c.reason == "NewerVersionRejected")
+        })
+        .await
+        .expect("reported");
+    assert_eq!(db.status.as_ref().and_then(|s| s.plugin.as_deref()), Some("minimal@2.0.0"));
+    assert!(condition(&db, "PluginReady").expect("c").message.contains("not a WebAssembly component"));
+    assert!(is_running(&db, 1), "the running version keeps serving");
+
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    dbs.delete("cache", &DeleteParams::default()).await.expect("delete");
+    let db = cluster
+        .wait_database(ns, "cache", "FinalBackupImpossible", WAIT, |d| {
+            condition(d, "BackupHealthy").is_some_and(|c| c.reason == "FinalBackupImpossible")
+        })
+        .await
+        .expect("held");
+    assert!(condition(&db, "BackupHealthy").expect("c").message.contains("deletionPolicy: Retain"));
+    cluster.apply_database(ns, minimal(json!({"deletionPolicy": "Retain"}))).await.expect("policy");
+    gone(&cluster, ns, "cache").await;
+}
+
+/// A spec the plugin rejects: one condition naming every bad field, phase `Failed`,
+/// no children.
+pub async fn rejected_spec(cluster: Arc<Cluster>) {
+    let ns = "postgres-rejected";
+    let bad = json!({"parameters": {"max_connections": "lots", "fsync_everything": "yes"}});
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "13", 1, bad)).await.expect("apply");
+    let db = cluster
+        .wait_database(ns, "orders", "InvalidSpec", WAIT, |d| condition(d, "PluginReady").is_some_and(|c| c.reason == "InvalidSpec"))
+        .await
+        .expect("condition");
+    let message = &condition(&db, "PluginReady").expect("condition").message;
+    for part in ["spec.version", "spec.parameters.max_connections", "spec.parameters.fsync_everything"] {
+        assert!(message.contains(part), "{message}");
+    }
+    assert_eq!(db.status.and_then(|s| s.phase).as_deref(), Some("Failed"));
+    assert!(Api::<StatefulSet>::namespaced(cluster.client.clone(), ns).get_opt("orders").await.expect("get").is_none());
+
+    // It never ran: deleting it under the default policy (Snapshot) takes no final
+    // backup, and is not held. Likewise for an engine nobody serves.
+    cluster
+        .apply_database(ns, json!({"metadata": {"name": "typo"}, "spec": {"engine": "postgress", "storage": {"size": "1Gi"}}}))
+        .await
+        .expect("apply");
+    cluster
+        .wait_database(ns, "typo", "EngineNotFound", WAIT, |d| condition(d, "PluginReady").is_some_and(|c| c.reason == "EngineNotFound"))
+        .await
+        .expect("condition");
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    for name in ["orders", "typo"] {
+        dbs.delete(name, &DeleteParams::default()).await.expect("delete");
+        gone(&cluster, ns, name).await;
+        assert!(Api::<Job>::namespaced(cluster.client.clone(), ns).get_opt(&format!("{name}-final")).await.expect("get").is_none());
+        let backups = format!("{name}-backups");
+        assert!(Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), ns).get_opt(&backups).await.expect("get").is_none());
+    }
+}
+
+/// Backups on a schedule (every 5 s here) run as real Jobs named after their fire time;
+/// retention keeps the newest 2 successful ones. A `backup-now` value makes exactly one
+/// backup, remembered in status: retention removing its Job does not make another, and
+/// no fire time is backed up twice. A bad schedule is a condition naming the field.
+pub async fn scheduled_backups(cluster: Arc<Cluster>) {
+    let ns = "postgres-schedule";
+    let backup = json!({"backup": {"schedule": "*/5 * * * * *", "retention": 2}});
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 1, backup)).await.expect("apply");
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), ns);
+    // Every backup Job seen, by name: the uids it was created with (one each).
+    let mut created: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    fn watch(created: &mut std::collections::BTreeMap<String, BTreeSet<String>>, listed: &[Job]) {
+        for j in listed {
+            created.entry(j.name_any()).or_default().insert(j.uid().unwrap_or_default());
+        }
+    }
+    let mut seen = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seen.len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "backups did not keep coming: {seen:?}");
+        let db = dbs.get("orders").await.expect("db");
+        if let Some(last) = db.status.as_ref().and_then(|s| s.last_backup.clone()) {
+            assert!(last.name.starts_with("orders-2"), "named after its fire time: {}", last.name);
+            seen.insert(last.name);
+            assert!(db.status.as_ref().and_then(|s| s.next_backup.clone()).is_some());
+        }
+        let listed = jobs.list(&ListParams::default().labels("plugdb.io/backup-of=orders")).await.expect("jobs").items;
+        let succeeded = listed.iter().filter(|j| j.status.as_ref().and_then(|s| s.succeeded) == Some(1)).count();
+        assert!(succeeded <= 3, "retention keeps 2 (and one just finished): {:?}", listed.iter().map(|j| j.name_any()).collect::<Vec<_>>());
+        watch(&mut created, &listed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), ns).get("orders-backups").await.expect("the backup volume");
+
+    let token = json!({"metadata": {"annotations": {"plugdb.io/backup-now": "before-migration"}}});
+    dbs.patch("orders", &PatchParams::default(), &Patch::Merge(token)).await.expect("annotate");
+    let manual = |names: &std::collections::BTreeMap<String, BTreeSet<String>>| {
+        names.iter().filter(|(n, _)| n.starts_with("orders-manual-")).map(|(_, uids)| uids.len()).sum::<usize>()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut pruned = false;
+    // Until retention has removed the manual backup's Job, and a while after.
+    let mut after_pruned = 0;
+    while after_pruned < 10 {
+        assert!(tokio::time::Instant::now() < deadline, "the on-demand backup ran and was pruned: {created:?}");
+        let listed = jobs.list(&ListParams::default().labels("plugdb.io/backup-of=orders")).await.expect("jobs").items;
+        watch(&mut created, &listed);
+        let present = listed.iter().any(|j| j.name_any().starts_with("orders-manual-"));
+        pruned |= manual(&created) == 1 && !present;
+        after_pruned += usize::from(pruned);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(manual(&created), 1, "one backup for one backup-now value: {created:?}");
+    let twice: Vec<&String> = created.iter().filter(|(_, uids)| uids.len() > 1).map(|(n, _)| n).collect();
+    assert!(twice.is_empty(), "backups made twice: {twice:?}");
+    let db = dbs.get("orders").await.expect("db");
+    assert_eq!(db.status.and_then(|s| s.backup_request).as_deref(), Some("before-migration"), "the request is remembered");
+
+    cluster
+        .apply_database(ns, database("orders", Engine::Postgres, "15", 1, json!({"backup": {"schedule": "every night"}})))
+        .await
+        .expect("apply");
+    let db = cluster
+        .wait_database(ns, "orders", "BackupHealthy=False", WAIT, |d| condition(d, "BackupHealthy").is_some_and(|c| c.status == "False"))
+        .await
+        .expect("condition");
+    assert!(condition(&db, "BackupHealthy").expect("c").message.contains("spec.backup.schedule"), "{:?}", condition(&db, "BackupHealthy"));
+}
