@@ -33,13 +33,14 @@ fn options(identity: &str) -> Options {
     Options { identity: Some(identity.into()), lease_duration: LEASE, settings: test_settings(), ..Default::default() }
 }
 
-async fn running(dbs: &Api<Database>, replicas: i32) -> bool {
-    dbs.get_opt("orders")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|d| d.status)
-        .is_some_and(|s| s.phase.as_deref() == Some("Running") && s.ready_replicas == Some(replicas))
+/// Whether a leader reconciled the current spec: status written for its generation
+/// and the StatefulSet sized for `replicas` (no node runs the Pods on this tier).
+async fn reconciled(dbs: &Api<Database>, replicas: i32) -> bool {
+    let Some(db) = dbs.get_opt("orders").await.ok().flatten() else { return false };
+    let current = db.status.as_ref().is_some_and(|s| s.observed_generation == db.metadata.generation && s.primary.is_some());
+    let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(dbs.clone().into_client(), "default");
+    let sized = sts.get_opt("orders").await.ok().flatten().and_then(|s| s.spec).and_then(|s| s.replicas) == Some(replicas);
+    current && sized
 }
 
 #[tokio::test]
@@ -62,7 +63,7 @@ async fn only_the_leader_writes_and_a_follower_takes_over_when_it_dies() {
                                    "spec": {"engine": "postgres", "replicas": replicas, "storage": {"size": "1Gi"}}})
     };
     dbs.patch("orders", &kube::api::PatchParams::apply("test"), &kube::api::Patch::Apply(&db(1))).await.expect("database");
-    wait_for("Running under replica-a", Duration::from_secs(60), async || running(&dbs, 1).await).await;
+    wait_for("reconciled under replica-a", Duration::from_secs(60), async || reconciled(&dbs, 1).await).await;
     assert_eq!(writes_b.writes(), 0, "the follower wrote nothing");
     assert!(writes_a.writes() > 0, "the leader did the work");
 
@@ -76,7 +77,7 @@ async fn only_the_leader_writes_and_a_follower_takes_over_when_it_dies() {
     assert!(took_over <= LEASE * 2, "took over after {took_over:?}, lease is {LEASE:?}");
 
     dbs.patch("orders", &kube::api::PatchParams::apply("test"), &kube::api::Patch::Apply(&db(2))).await.expect("scale");
-    wait_for("Running with 2 under replica-b", Duration::from_secs(60), async || running(&dbs, 2).await).await;
+    wait_for("2 members under replica-b", Duration::from_secs(60), async || reconciled(&dbs, 2).await).await;
     assert!(writes_b.writes() > 0, "the new leader reconciles");
     assert_eq!(writes_a.writes(), a_writes, "the dead leader writes nothing more");
 
