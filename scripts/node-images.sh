@@ -164,14 +164,21 @@ C
   add "$archive $(cat "$archive.digest") localhost/plugdb/pause:1"
 }
 
+# busybox_root DIR APPLET...: busybox in DIR/bin, linked as each APPLET.
+busybox_root() {
+  local dir=$1 applet; shift
+  mkdir -p "$dir/bin"
+  cp /bin/busybox "$dir/bin/busybox"
+  for applet in "$@"; do ln -s busybox "$dir/bin/$applet"; done
+}
+
 # A shell and coreutils for helper pods (the volume provisioner's mkdir/rm): busybox.
 helper() {
   local archive="$OUT/helper.tar"
   if [[ ! -f $archive.digest ]]; then
     local dir; dir=$(mktemp -d "$OUT/helper.XXXXXX")
-    mkdir -p "$dir/bin" "$dir/tmp"; chmod 1777 "$dir/tmp"
-    cp /bin/busybox "$dir/bin/busybox"
-    for applet in sh mkdir rm rmdir chmod ls cat sleep test; do ln -s busybox "$dir/bin/$applet"; done
+    busybox_root "$dir" sh mkdir rm rmdir chmod ls cat sleep test
+    mkdir -p "$dir/tmp"; chmod 1777 "$dir/tmp"
     pack "$dir" "$archive" "" '["/bin/sh"]' "PATH=/bin" > "$archive.digest"
     rm -rf "$dir"
   fi
@@ -183,9 +190,7 @@ minimal() {
   local archive="$OUT/minimal.tar"
   if [[ ! -f $archive.digest ]]; then
     local dir; dir=$(mktemp -d "$OUT/minimal.XXXXXX")
-    mkdir -p "$dir/bin" "$dir/srv"
-    cp /bin/busybox "$dir/bin/busybox"
-    for applet in sh httpd; do ln -s busybox "$dir/bin/$applet"; done
+    busybox_root "$dir" sh httpd
     printf '#!/bin/sh\n# minimal-server --config FILE: serves FILE over HTTP on port 7000.\nexec httpd -f -p 7000 -h "$(dirname "$2")"\n' > "$dir/bin/minimal-server"
     chmod 755 "$dir/bin/minimal-server"
     pack "$dir" "$archive" "" '["/bin/minimal-server"]' "PATH=/bin" > "$archive.digest"
