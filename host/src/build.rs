@@ -93,8 +93,8 @@ pub fn engine_spec(db: &Database, version: &str) -> Result<EngineSpec, Vec<Viola
     if name.len() > MAX_NAME {
         problem("metadata.name", format!("must be at most {MAX_NAME} characters so member pod names stay valid"));
     }
-    let storage_bytes = quantity::bytes(&db.spec.storage.size.0).unwrap_or_else(|| {
-        problem("spec.storage.size", format!("{:?} is not a quantity such as 10Gi", db.spec.storage.size.0));
+    let storage_bytes = quantity::bytes(&db.spec.storage.0).unwrap_or_else(|| {
+        problem("spec.storage", format!("{:?} is not a quantity such as 10Gi", db.spec.storage.0));
         0
     });
     let mut amounts = |field: &str, map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
@@ -338,9 +338,9 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str) -> Child {
     };
     let mut claim = json!({
         "metadata": {"name": "data", "labels": labels(db)},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": db.spec.storage.size.0}}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": db.spec.storage.0}}},
     });
-    if let Some(class) = &db.spec.storage.class_name {
+    if let Some(class) = &db.spec.storage_class_name {
         claim["spec"]["storageClassName"] = json!(class);
     }
     let uid = workload.run_as_user;

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName cannot be changed after creation"))]
 pub struct DatabaseSpec {
     /// Engine that runs this database, e.g. `postgres` or `mysql`: the name of a loaded
     /// engine plugin. Cannot be changed after creation.
@@ -45,8 +46,17 @@ pub struct DatabaseSpec {
     #[schemars(range(min = 1, max = 9))]
     pub replicas: i32,
 
-    /// The data volume of each member.
-    pub storage: StorageSpec,
+    /// Size of each member's data volume, e.g. `50Gi`. May grow, never shrink.
+    #[x_kube(
+        validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("storage must be a positive quantity such as 10Gi"),
+        validation = Rule::new("!isQuantity(string(oldSelf)) || quantity(string(self)).compareTo(quantity(string(oldSelf))) >= 0").message("storage may grow but never shrink")
+    )]
+    pub storage: Quantity,
+
+    /// StorageClass of the members' volumes; unset uses the cluster's default class.
+    /// Cannot be changed after creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
 
     /// CPU and memory of each member. Unset values take the plugin's recommendation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,8 +90,9 @@ pub struct BackupSpec {
     /// Whether scheduled backups run.
     #[serde(default = "enabled")]
     pub enabled: bool,
-    /// When to back up, as a cron expression with seconds (`0 0 2 * * *`: 02:00 daily)
-    /// or the classic five fields (`0 2 * * *`), in UTC.
+    /// When to back up, in UTC: the classic five cron fields (`0 2 * * *`: 02:00 daily;
+    /// days of week `0`-`7`, `0` and `7` being Sunday, or `SUN`-`SAT`), or six with
+    /// seconds first (`*/30 * * * * *`).
     #[schemars(length(min = 1, max = 128))]
     pub schedule: String,
     /// How many successful backups to keep; older ones are deleted.
@@ -127,20 +138,6 @@ pub struct RestoreSource {
 
 fn default_replicas() -> i32 {
     1
-}
-
-/// The persistent volume of each member.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(oldSelf.size) || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0").message("storage.size may grow but never shrink"))]
-pub struct StorageSpec {
-    /// Size of each member's volume, e.g. `10Gi`. May grow, never shrink.
-    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("storage.size must be a positive quantity such as 10Gi"))]
-    pub size: Quantity,
-
-    /// StorageClass of the volumes; empty uses the cluster's default class.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub class_name: Option<String>,
 }
 
 /// CPU and memory of each member.

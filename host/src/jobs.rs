@@ -93,7 +93,7 @@ pub fn job(
 /// the Delete policy: otherwise backups outlive it.
 pub fn backup_claim(db: &Database) -> Child {
     let name = Names(&db.name_any()).backups();
-    let size = db.spec.backup.as_ref().and_then(|b| b.storage.clone()).unwrap_or_else(|| db.spec.storage.size.clone());
+    let size = db.spec.backup.as_ref().and_then(|b| b.storage.clone()).unwrap_or_else(|| db.spec.storage.clone());
     let owned = db.spec.deletion_policy == DeletionPolicy::Delete;
     Child::new::<PersistentVolumeClaim>(
         name.clone(),

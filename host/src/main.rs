@@ -16,7 +16,8 @@ const USAGE: &str = "usage:
       Run the operator. Plugins are loaded from ConfigMaps in NS (default: $POD_NAMESPACE,
       else plugdb-system), where the leader Lease also lives; Databases are watched in
       --watch-namespace or cluster-wide. Uses the in-cluster config or $KUBECONFIG.
-      Serves /healthz, /readyz, /metrics on ADDR (default 0.0.0.0:8080). Reconciles at most
+      Serves /healthz, /readyz, /metrics on ADDR (default :8080, every address;
+      :0 picks a free port, which the log names). Reconciles at most
       N Databases at once (default 16; 0: no limit).
   plugdb crd
       Print the Database CustomResourceDefinition.
@@ -29,6 +30,24 @@ const USAGE: &str = "usage:
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+/// Refuses flags `run` does not know, so a misspelt flag is not silently ignored.
+fn known_flags(args: &[String], with_value: &[&str], switches: &[&str]) -> Result<()> {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if with_value.contains(&arg.as_str()) {
+            rest.next().with_context(|| format!("{arg} needs a value"))?;
+        } else if !switches.contains(&arg.as_str()) {
+            bail!("unknown argument {arg:?}\n{USAGE}");
+        }
+    }
+    Ok(())
+}
+
+/// `:8080` listens on every address, as Go programs read it.
+fn listen_address(listen: &str) -> String {
+    if listen.starts_with(':') { format!("0.0.0.0{listen}") } else { listen.to_string() }
 }
 
 #[tokio::main]
@@ -63,6 +82,7 @@ async fn main() -> Result<()> {
 }
 
 async fn run(args: &[String]) -> Result<()> {
+    known_flags(args, &["--namespace", "--watch-namespace", "--listen", "--concurrency"], &["--no-leader-election"])?;
     let json = std::env::var("PLUGDB_LOG_FORMAT").map(|f| f == "json").unwrap_or(false);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
     if json {
@@ -72,7 +92,7 @@ async fn run(args: &[String]) -> Result<()> {
     }
     let plugin_namespace =
         flag(args, "--namespace").or_else(|| std::env::var("POD_NAMESPACE").ok()).unwrap_or_else(|| "plugdb-system".into());
-    let listen = flag(args, "--listen").unwrap_or_else(|| "0.0.0.0:8080".into());
+    let listen = listen_address(&flag(args, "--listen").unwrap_or_else(|| ":8080".into()));
     // Each replica contends for the lease under its pod name (or a unique local name).
     let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("plugdb-{}", std::process::id()));
     let mut options = operator::Options {
@@ -86,12 +106,13 @@ async fn run(args: &[String]) -> Result<()> {
     }
 
     let metrics = Arc::new(Metrics::default());
-    let config = kube::Config::infer().await.context("finding the cluster (in-cluster config or $KUBECONFIG)")?;
-    let client = metrics.counted_client(config).context("connecting to the cluster")?;
     let readiness = Readiness::default();
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("listening on {listen}"))?;
+    let listen = listener.local_addr().context("the address listened on")?;
     tokio::spawn(serve::serve(listener, metrics.clone(), readiness.clone()));
-    tracing::info!(plugin_namespace = %options.plugin_namespace, watch_namespace = options.watch_namespace.as_deref().unwrap_or("(all)"), %listen, "plugdb starting");
+    tracing::info!(plugin_namespace = %options.plugin_namespace, watch_namespace = options.watch_namespace.as_deref().unwrap_or("(all)"), %listen, "plugdb starting; serving /healthz, /readyz and /metrics on {listen}");
+    let config = kube::Config::infer().await.context("finding the cluster (in-cluster config or $KUBECONFIG)")?;
+    let client = metrics.counted_client(config).context("connecting to the cluster")?;
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
         tokio::select! {

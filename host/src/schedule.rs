@@ -8,11 +8,74 @@ use cron::Schedule;
 /// Missed fire times older than this are skipped rather than run late.
 const STARTING_DEADLINE: Duration = Duration::hours(24);
 
-/// Parses a schedule: five fields (minute precision) or six/seven (with seconds, years).
+/// The fields of a schedule with seconds, their names and ranges.
+const FIELDS: [(&str, u32, u32); 7] = [
+    ("second", 0, 59),
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day of month", 1, 31),
+    ("month", 1, 12),
+    ("day of week", 0, 7),
+    ("year", 1970, 2099),
+];
+
+const DAYS: [&str; 8] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN"];
+
+/// Parses a schedule: the classic five fields (minute precision), or six/seven with
+/// seconds first (and a year last). Days of week are `0`–`7` (`0` and `7` are Sunday,
+/// as in classic cron) or `SUN`–`SAT`. Every error is one line naming the field.
 pub fn parse(expression: &str) -> Result<Schedule, String> {
-    let fields = expression.split_whitespace().count();
-    let full = if fields == 5 { format!("0 {expression}") } else { expression.to_string() };
-    Schedule::from_str(&full).map_err(|e| format!("{expression:?} is not a cron schedule ({e}); e.g. \"0 2 * * *\" for 02:00 UTC daily"))
+    let mut fields: Vec<String> = expression.split_whitespace().map(str::to_string).collect();
+    if fields.len() == 5 {
+        fields.insert(0, "0".into());
+    } else if !(6..=7).contains(&fields.len()) {
+        return Err(format!(
+            "{expression:?} has {} fields; use five (minute hour day-of-month month day-of-week, e.g. \"0 2 * * *\" for 02:00 UTC daily) or six with seconds first",
+            fields.len()
+        ));
+    }
+    for (field, &(name, min, max)) in fields.iter_mut().zip(FIELDS.iter()) {
+        check_field(field, name, min, max).map_err(|problem| format!("{expression:?}: {problem}"))?;
+        if name == "day of week" {
+            // The cron crate counts days from 1 (Sunday); names mean the same everywhere.
+            *field = field
+                .split(',')
+                .map(|part| {
+                    let (range, step) = part.split_once('/').map_or((part, None), |(r, s)| (r, Some(s)));
+                    let named: Vec<&str> = range.split('-').map(|v| v.parse::<usize>().map_or(v, |d| DAYS[d])).collect();
+                    match step {
+                        Some(step) => format!("{}/{step}", named.join("-")),
+                        None => named.join("-"),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+    }
+    Schedule::from_str(&fields.join(" ")).map_err(|e| {
+        let reason = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+        format!("{expression:?} is not a cron schedule ({reason}); e.g. \"0 2 * * *\" for 02:00 UTC daily")
+    })
+}
+
+/// Checks the numbers in one field (`*`, `5`, `1-5`, `*/15`, `1,3`) against its range.
+fn check_field(field: &str, name: &str, min: u32, max: u32) -> Result<(), String> {
+    for part in field.split(',') {
+        let (range, step) = part.split_once('/').map_or((part, None), |(r, s)| (r, Some(s)));
+        if let Some(step) = step
+            && !step.parse::<u32>().is_ok_and(|s| s >= 1)
+        {
+            return Err(format!("{name} step {step:?} must be a whole number of at least 1"));
+        }
+        for value in range.split('-') {
+            if let Ok(n) = value.parse::<u32>()
+                && !(min..=max).contains(&n)
+            {
+                return Err(format!("{name} {n} is out of range {min}-{max}"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fire time that should have a backup now: the latest one in
@@ -49,7 +112,29 @@ mod tests {
         assert!(parse("0 2 * * *").is_ok());
         assert!(parse("*/30 * * * * *").is_ok());
         let err = parse("every day").expect_err("invalid");
-        assert!(err.contains("is not a cron schedule"), "{err}");
+        assert!(err.contains("has 2 fields"), "{err}");
+        let err = parse("0 0 every day * *").expect_err("invalid");
+        assert!(err.contains("is not a cron schedule") && !err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_field_and_its_range_in_one_line() {
+        assert_eq!(parse("61 * * * *").expect_err("minute 61"), "\"61 * * * *\": minute 61 is out of range 0-59");
+        assert!(parse("59 * * * *").is_ok());
+        assert_eq!(parse("0 24 * * *").expect_err("hour 24"), "\"0 24 * * *\": hour 24 is out of range 0-23");
+        assert!(parse("0 0 1-40 * *").expect_err("day 40").contains("day of month 40 is out of range 1-31"));
+        assert!(parse("*/0 * * * *").expect_err("step 0").contains("minute step \"0\""));
+    }
+
+    #[test]
+    fn days_of_week_count_from_sunday_zero_as_in_classic_cron() {
+        let weekdays = parse("0 2 * * 1-5").expect("schedule");
+        let saturday = at("2026-11-21T00:00:00Z");
+        assert_eq!(next(&weekdays, saturday), Some(at("2026-11-23T02:00:00Z")), "Monday, not Sunday");
+        let sunday = parse("0 2 * * 0").expect("schedule");
+        assert_eq!(next(&sunday, saturday), Some(at("2026-11-22T02:00:00Z")));
+        assert_eq!(next(&parse("0 2 * * 7").expect("schedule"), saturday), Some(at("2026-11-22T02:00:00Z")));
+        assert_eq!(next(&parse("0 2 * * SAT").expect("schedule"), saturday), Some(at("2026-11-21T02:00:00Z")));
     }
 
     #[test]

@@ -29,6 +29,15 @@ pub fn component(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("reading component {}: {e} (built by tests/build.rs)", path.display()))
 }
 
+/// The `plugdb` binary `cargo test --workspace` built beside this test executable.
+pub fn plugdb_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let binary = dir.join("plugdb");
+    assert!(binary.exists(), "{} is missing: build it with `cargo build -p plugdb` (cargo test --workspace does)", binary.display());
+    binary
+}
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits below the workspace root").to_path_buf()

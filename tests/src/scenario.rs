@@ -58,7 +58,7 @@ impl Engine {
 /// requests so that several fit the node, plus `extra` spec fields.
 pub fn database(name: &str, engine: Engine, version: &str, replicas: i32, extra: serde_json::Value) -> serde_json::Value {
     let mut spec = json!({
-        "engine": engine.name(), "version": version, "replicas": replicas, "storage": {"size": "1Gi"},
+        "engine": engine.name(), "version": version, "replicas": replicas, "storage": "1Gi",
         "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
     });
     if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {

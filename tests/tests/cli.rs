@@ -30,7 +30,7 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
     let good = write(
         dir.path(),
         "db.yaml",
-        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"15\", replicas: 2, storage: {size: 5Gi}}\n",
+        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"15\", replicas: 2, storage: 5Gi}\n",
     );
     let out = cli::render(&good, &plugin).expect("render");
     for kind in ["kind: ConfigMap", "kind: Service", "kind: StatefulSet", "kind: PodDisruptionBudget"] {
@@ -41,7 +41,7 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
     let bad = write(
         dir.path(),
         "bad.yaml",
-        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"9\", storage: {size: 5Gi}, parameters: {max_connections: lots}}\n",
+        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"9\", storage: 5Gi, parameters: {max_connections: lots}}\n",
     );
     let err = format!("{:#}", cli::render(&bad, &plugin).expect_err("invalid"));
     assert!(err.contains("bad.yaml") && err.contains("spec.version") && err.contains("spec.parameters.max_connections"), "{err}");
@@ -49,8 +49,41 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
     let typo = write(
         dir.path(),
         "typo.yaml",
-        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, replicas: many, storage: {size: 5Gi}}\n",
+        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, replicas: many, storage: 5Gi}\n",
     );
     let err = format!("{:#}", cli::render(&typo, &plugin).expect_err("ill-typed"));
     assert!(err.contains("typo.yaml") && err.contains("replicas"), "{err}");
+}
+
+/// `plugdb run --listen 127.0.0.1:0` serves on a free port and says which; a misspelt
+/// flag is refused rather than ignored.
+#[tokio::test]
+async fn run_names_the_port_it_listens_on_and_refuses_unknown_flags() {
+    use std::io::BufRead;
+    let binary = plugdb_tests::plugdb_binary();
+    let out = std::process::Command::new(&binary).args(["run", "--listn", ":0"]).output().expect("run plugdb");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown argument \"--listn\""), "{stderr}");
+
+    let cp = plugdb_tests::ControlPlane::start().await.expect("control plane");
+    let mut child = std::process::Command::new(&binary)
+        .args(["run", "--listen", "127.0.0.1:0", "--no-leader-election", "--namespace", "default"])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the operator");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = std::io::BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.contains("plugdb starting")).expect("a start line");
+    let digits = |s: &str| s.chars().take_while(char::is_ascii_digit).collect::<String>();
+    let port: u16 = line.split("on 127.0.0.1:").nth(1).and_then(|p| digits(p).parse().ok()).unwrap_or_else(|| panic!("a port in {line:?}"));
+    assert_ne!(port, 0, "{line}");
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("the named port serves");
+    tokio::io::AsyncWriteExt::write_all(&mut stream, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("write");
+    let mut response = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut response).await.expect("read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    child.kill().expect("stop the operator");
+    child.wait().expect("reaped");
 }

@@ -40,7 +40,7 @@ async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
     let created = dbs
         .create(
             &PostParams::default(),
-            &database("orders", json!({"engine": "postgres", "version": "17", "replicas": 3, "storage": {"size": "10Gi"}})),
+            &database("orders", json!({"engine": "postgres", "version": "17", "replicas": 3, "storage": "10Gi"})),
         )
         .await
         .expect("valid Database accepted");
@@ -50,11 +50,11 @@ async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
     assert_eq!(read.spec.replicas, 3);
 
     // The API server's own validation refuses what the schema forbids.
-    let too_many = database("too-many", json!({"engine": "postgres", "replicas": 50, "storage": {"size": "1Gi"}}));
+    let too_many = database("too-many", json!({"engine": "postgres", "replicas": 50, "storage": "1Gi"}));
     let err = dbs.create(&PostParams::default(), &too_many).await.expect_err("replicas over the maximum refused");
     assert!(err.to_string().contains("spec.replicas"), "{err}");
 
-    let bad_engine = database("bad-engine", json!({"engine": "Post Gres!", "storage": {"size": "1Gi"}}));
+    let bad_engine = database("bad-engine", json!({"engine": "Post Gres!", "storage": "1Gi"}));
     let err = dbs.create(&PostParams::default(), &bad_engine).await.expect_err("bad engine name refused");
     assert!(err.to_string().contains("spec.engine"), "{err}");
 
@@ -64,9 +64,23 @@ async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
     let err = dbs.replace("orders", &PostParams::default(), &changed).await.expect_err("engine change refused");
     assert!(err.to_string().contains("engine cannot be changed"), "{err}");
     let mut shrunk = dbs.get("orders").await.expect("read");
-    shrunk.spec.storage.size = k8s_openapi::apimachinery::pkg::api::resource::Quantity("5Gi".into());
+    shrunk.spec.storage = k8s_openapi::apimachinery::pkg::api::resource::Quantity("5Gi".into());
     let err = dbs.replace("orders", &PostParams::default(), &shrunk).await.expect_err("shrink refused");
     assert!(err.to_string().contains("never shrink"), "{err}");
+
+    // The Operator-pattern documentation's shape applies unchanged; storage's errors name it.
+    let documented: Database = serde_yaml::from_str(
+        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: documented}\nspec:\n  engine: postgres\n  storage: 50Gi\n  backup: {enabled: true, schedule: \"0 */6 * * *\"}\n",
+    )
+    .expect("the documented shape parses");
+    dbs.create(&PostParams::default(), &documented).await.expect("the documented shape is accepted");
+    let nothing = database("nothing", json!({"engine": "postgres", "storage": "0"}));
+    let err = dbs.create(&PostParams::default(), &nothing).await.expect_err("an empty volume is refused");
+    assert!(err.to_string().contains("spec.storage") && err.to_string().contains("positive quantity"), "{err}");
+    let mut reclassed = dbs.get("documented").await.expect("read");
+    reclassed.spec.storage_class_name = Some("fast".into());
+    let err = dbs.replace("documented", &PostParams::default(), &reclassed).await.expect_err("class change refused");
+    assert!(err.to_string().contains("storageClassName cannot be changed"), "{err}");
 }
 
 #[tokio::test]

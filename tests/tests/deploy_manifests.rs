@@ -119,7 +119,7 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     // included.
     let dbs: Api<Database> = Api::namespaced(admin.clone(), "default");
     let db = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "orders"},
-                    "spec": {"engine": "postgres", "replicas": 2, "storage": {"size": "1Gi"}, "deletionPolicy": "Delete",
+                    "spec": {"engine": "postgres", "replicas": 2, "storage": "1Gi", "deletionPolicy": "Delete",
                              "backup": {"schedule": "*/2 * * * * *"}}});
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while dbs.patch("orders", &PatchParams::apply("admin"), &Patch::Apply(&db)).await.is_err() {

@@ -60,7 +60,7 @@ async fn only_the_leader_writes_and_a_follower_takes_over_when_it_dies() {
     let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
     let db = |replicas: i32| {
         json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "orders"},
-                                   "spec": {"engine": "postgres", "replicas": replicas, "storage": {"size": "1Gi"}}})
+                                   "spec": {"engine": "postgres", "replicas": replicas, "storage": "1Gi"}})
     };
     dbs.patch("orders", &kube::api::PatchParams::apply("test"), &kube::api::Patch::Apply(&db(1))).await.expect("database");
     wait_for("reconciled under replica-a", Duration::from_secs(60), async || reconciled(&dbs, 1).await).await;

@@ -8,7 +8,7 @@ fn database(policy: DeletionPolicy) -> Database {
         "engine": "postgres",
         "version": "17",
         "replicas": 3,
-        "storage": {"size": "10Gi", "className": "fast"},
+        "storage": "10Gi", "storageClassName": "fast",
         "resources": {"limits": {"memory": "2Gi", "cpu": "1500m"}},
         "parameters": {"max_connections": 200, "work_mem": "8MB"},
         "deletionPolicy": match policy { DeletionPolicy::Snapshot => "Snapshot", DeletionPolicy::Retain => "Retain", DeletionPolicy::Delete => "Delete" },
@@ -72,7 +72,7 @@ fn engine_spec_converts_quantities_and_parameters() {
 #[test]
 fn engine_spec_names_each_bad_field() {
     let mut db = database(DeletionPolicy::Snapshot);
-    db.spec.storage.size.0 = "ten gigs".into();
+    db.spec.storage.0 = "ten gigs".into();
     db.spec
         .resources
         .as_mut()
@@ -81,7 +81,7 @@ fn engine_spec_names_each_bad_field() {
         .insert("gpu".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()));
     db.metadata.name = Some("x".repeat(60));
     let fields: Vec<String> = engine_spec(&db, "17").expect_err("invalid").into_iter().map(|v| v.field).collect();
-    assert_eq!(fields, ["metadata.name", "spec.storage.size", "spec.resources.limits.gpu"]);
+    assert_eq!(fields, ["metadata.name", "spec.storage", "spec.resources.limits.gpu"]);
 }
 
 #[test]

@@ -661,7 +661,7 @@ fn join(v: &[crate::plugin::Violation]) -> String {
 
 /// Grows member volumes to `spec.storage.size` (claims can grow, never shrink).
 async fn expand_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<(), Error> {
-    let Some(want) = crate::quantity::bytes(&db.spec.storage.size.0) else { return Ok(()) };
+    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(()) };
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
     let name = db.name_any();
     for ordinal in 0..db.spec.replicas.max(1) as u32 {
@@ -678,7 +678,7 @@ async fn expand_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<(), Error>
             api.patch(
                 &claim,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.size.0}}}})),
+                &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}})),
             )
             .await?;
         }

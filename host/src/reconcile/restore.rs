@@ -93,8 +93,8 @@ fn writes_data(job: &Job) -> bool {
 
 /// Member 0's data claim, made ahead of the StatefulSet (which adopts it by name).
 fn data_claim(db: &Database, name: &str) -> Child {
-    let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": db.spec.storage.size.0}}});
-    if let Some(class) = &db.spec.storage.class_name {
+    let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": db.spec.storage.0}}});
+    if let Some(class) = &db.spec.storage_class_name {
         spec["storageClassName"] = json!(class);
     }
     let labels = labels(db);

@@ -37,7 +37,7 @@ fn database(name: &str, namespace: &str) -> Database {
     let mut db: Database = serde_json::from_value(json!({
         "apiVersion": "plugdb.io/v1alpha1", "kind": "Database",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"engine": "postgres", "version": "17", "replicas": 3, "storage": {"size": "10Gi"},
+        "spec": {"engine": "postgres", "version": "17", "replicas": 3, "storage": "10Gi",
                  "resources": {"limits": {"memory": "2Gi"}}, "parameters": {"max_connections": 200}},
     }))
     .expect("a Database");

@@ -103,7 +103,7 @@ pub async fn children_then_quiet(cluster: Arc<Cluster>) {
 
 /// Database `cache` of the test engine `minimal` (a server on its port), plus `extra` spec fields.
 fn minimal(extra: serde_json::Value) -> serde_json::Value {
-    let mut db = json!({"metadata": {"name": "cache"}, "spec": {"engine": "minimal", "version": "1", "storage": {"size": "64Mi"},
+    let mut db = json!({"metadata": {"name": "cache"}, "spec": {"engine": "minimal", "version": "1", "storage": "64Mi",
         "resources": {"requests": {"cpu": "50m"}}}});
     if let (Some(spec), Some(extra)) = (db["spec"].as_object_mut(), extra.as_object()) {
         spec.extend(extra.clone());
@@ -191,7 +191,7 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
     // It never ran: deleting it under the default policy (Snapshot) takes no final
     // backup, and is not held. Likewise for an engine nobody serves.
     cluster
-        .apply_database(ns, json!({"metadata": {"name": "typo"}, "spec": {"engine": "postgress", "storage": {"size": "1Gi"}}}))
+        .apply_database(ns, json!({"metadata": {"name": "typo"}, "spec": {"engine": "postgress", "storage": "1Gi"}}))
         .await
         .expect("apply");
     cluster
@@ -268,12 +268,14 @@ pub async fn scheduled_backups(cluster: Arc<Cluster>) {
     assert_eq!(db.status.and_then(|s| s.backup_request).as_deref(), Some("before-migration"), "the request is remembered");
 
     cluster
-        .apply_database(ns, database("orders", Engine::Postgres, "15", 1, json!({"backup": {"schedule": "every night"}})))
+        .apply_database(ns, database("orders", Engine::Postgres, "15", 1, json!({"backup": {"schedule": "61 * * * *"}})))
         .await
         .expect("apply");
     let db = cluster
         .wait_database(ns, "orders", "BackupHealthy=False", WAIT, |d| condition(d, "BackupHealthy").is_some_and(|c| c.status == "False"))
         .await
         .expect("condition");
-    assert!(condition(&db, "BackupHealthy").expect("c").message.contains("spec.backup.schedule"), "{:?}", condition(&db, "BackupHealthy"));
+    let message = &condition(&db, "BackupHealthy").expect("c").message;
+    assert!(message.contains("spec.backup.schedule") && message.contains("minute 61 is out of range 0-59"), "{message}");
+    assert!(!message.contains('\n'), "one line: {message}");
 }
