@@ -12,7 +12,7 @@ use kube::core::{ApiResource, Resource, ResourceExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::crd::{Database, DeletionPolicy};
+use crate::crd::{Database, DeletionPolicy, SpreadRule};
 use crate::plugin::{ClusterContext, EngineSpec, EnvSource, ParameterValue, ProbeAction, ResourceAmounts, Violation, Workload};
 use crate::quantity;
 
@@ -344,6 +344,22 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str) -> Child {
         claim["spec"]["storageClassName"] = json!(class);
     }
     let uid = workload.run_as_user;
+    let mut pod = json!({
+        "automountServiceAccountToken": false,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "fsGroup": uid, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": names.config(), "defaultMode": 0o555}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    });
+    if let Some(affinity) = affinity(db) {
+        pod["affinity"] = affinity;
+    }
+    if let Some(spread) = zone_spread(db) {
+        pod["topologySpreadConstraints"] = spread;
+    }
     Child::new::<StatefulSet>(
         names.primary(),
         json!({
@@ -357,20 +373,35 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str) -> Child {
                 "selector": {"matchLabels": selector(db)},
                 "template": {
                     "metadata": {"labels": labels(db), "annotations": {CONFIG_HASH: config_hash(workload)}},
-                    "spec": {
-                        "automountServiceAccountToken": false,
-                        "terminationGracePeriodSeconds": 60,
-                        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "fsGroup": uid, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [container],
-                        "volumes": [
-                            {"name": "config", "configMap": {"name": names.config(), "defaultMode": 0o555}},
-                            {"name": "tmp", "emptyDir": {}},
-                        ],
-                    },
+                    "spec": pod,
                 },
                 "volumeClaimTemplates": [claim],
             },
         }),
+    )
+}
+
+/// Members apart on nodes: preferred unless the spec says otherwise.
+fn affinity(db: &Database) -> Option<Value> {
+    let term = json!({"labelSelector": {"matchLabels": selector(db)}, "topologyKey": "kubernetes.io/hostname"});
+    match db.spec.spread.as_ref().and_then(|s| s.nodes).unwrap_or(SpreadRule::Preferred) {
+        SpreadRule::Ignored => None,
+        SpreadRule::Preferred => Some(
+            json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}),
+        ),
+        SpreadRule::Required => Some(json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}})),
+    }
+}
+
+/// Members even across zones, when the spec asks.
+fn zone_spread(db: &Database) -> Option<Value> {
+    let when = match db.spec.spread.as_ref().and_then(|s| s.zones).unwrap_or(SpreadRule::Ignored) {
+        SpreadRule::Ignored => return None,
+        SpreadRule::Preferred => "ScheduleAnyway",
+        SpreadRule::Required => "DoNotSchedule",
+    };
+    Some(
+        json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": when, "labelSelector": {"matchLabels": selector(db)}}]),
     )
 }
 

@@ -58,6 +58,10 @@ pub struct DatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
 
+    /// How members are spread over nodes and zones, so one failure does not take several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
+
     /// CPU and memory of each member. Unset values take the plugin's recommendation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
@@ -110,6 +114,33 @@ fn enabled() -> bool {
 
 fn default_retention() -> i32 {
     7
+}
+
+/// How members are spread over the cluster's failure domains.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Spread {
+    /// Over nodes (`kubernetes.io/hostname`). `Preferred` (default): members go to
+    /// different nodes when the scheduler can, and share one when they must.
+    /// `Required`: a member waits unscheduled rather than share a node. `Ignored`: no rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<SpreadRule>,
+    /// Over zones (`topology.kubernetes.io/zone`): `Ignored` (default), `Preferred`
+    /// (at most one member more in any zone, when the scheduler can) or `Required`
+    /// (members only on nodes that carry the zone label, kept even across zones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zones: Option<SpreadRule>,
+}
+
+/// How strictly members are kept apart.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum SpreadRule {
+    /// No rule.
+    Ignored,
+    /// Apart when the scheduler can.
+    Preferred,
+    /// Apart, or not scheduled.
+    Required,
 }
 
 /// What happens to data when the Database is deleted.

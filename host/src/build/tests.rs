@@ -1,5 +1,5 @@
 use super::*;
-use crate::crd::DatabaseSpec;
+use crate::crd::{DatabaseSpec, Spread};
 use crate::plugin::{ConfigFile, EnvVar, Port, Probe, SecretRef};
 use k8s_openapi::api::apps::v1::StatefulSet;
 
@@ -113,6 +113,31 @@ fn statefulset_carries_the_workload_under_host_policy() {
     let claim = &spec.volume_claim_templates.expect("claims")[0];
     assert_eq!(claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), Some("fast"));
     assert_eq!(sts.metadata.owner_references.expect("owner")[0].uid, "0000-1111");
+}
+
+#[test]
+fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
+    let mut db = database(DeletionPolicy::Snapshot);
+    let pod = |db: &Database| statefulset(db, &workload(""), "postgres").object["spec"]["template"]["spec"].clone();
+    let preferred = &pod(&db)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(preferred["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], "orders");
+    assert!(pod(&db).get("topologySpreadConstraints").is_none(), "zones are not assumed");
+
+    db.spec.spread = Some(Spread { nodes: Some(SpreadRule::Required), zones: Some(SpreadRule::Preferred) });
+    let spec = pod(&db);
+    assert_eq!(
+        spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert!(spec["affinity"]["podAntiAffinity"].get("preferredDuringSchedulingIgnoredDuringExecution").is_none());
+    assert_eq!(spec["topologySpreadConstraints"][0]["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(spec["topologySpreadConstraints"][0]["whenUnsatisfiable"], "ScheduleAnyway");
+
+    db.spec.spread = Some(Spread { nodes: Some(SpreadRule::Ignored), zones: Some(SpreadRule::Required) });
+    let spec = pod(&db);
+    assert!(spec.get("affinity").is_none());
+    assert_eq!(spec["topologySpreadConstraints"][0]["whenUnsatisfiable"], "DoNotSchedule");
 }
 
 #[test]

@@ -31,6 +31,8 @@ pub struct Observed {
     pub position: Option<String>,
     /// Being deleted.
     pub terminating: bool,
+    /// Why the scheduler could not place it, while it cannot.
+    pub unschedulable: Option<String>,
 }
 
 /// The members of StatefulSet `sts` among `pods`, by ordinal.
@@ -41,7 +43,12 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
         .filter_map(|p| {
             let name = p.name_any();
             let ordinal = name.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()?;
-            let ready_condition = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned();
+            let conditions = p.status.as_ref()?.conditions.as_ref()?;
+            let ready_condition = conditions.iter().find(|c| c.type_ == "Ready").cloned();
+            let unschedulable = conditions
+                .iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()));
             let ready = ready_condition.as_ref().is_some_and(|c| c.status == "True");
             let since_seconds =
                 ready_condition.and_then(|c| c.last_transition_time).map(|t| now.duration_since(t.0).as_secs()).unwrap_or(0);
@@ -53,6 +60,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 role: p.labels().get(ROLE_LABEL).cloned(),
                 position: p.annotations().get(POSITION_ANNOTATION).cloned(),
                 terminating: p.metadata.deletion_timestamp.is_some(),
+                unschedulable,
                 name,
             })
         })
@@ -127,6 +135,7 @@ mod tests {
             role: None,
             position: None,
             terminating: false,
+            unschedulable: None,
         }
     }
 

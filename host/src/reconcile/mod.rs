@@ -492,10 +492,11 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     for child in build::children(db, &workload, &db.spec.engine, &primary) {
         let applied = apply::apply(ctx, &ns, &child).await?;
         if let Some(applied) = applied.filter(|_| child.resource.kind == "StatefulSet") {
-            expand_volumes(ctx, db, &ns).await?;
             sts = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
         }
     }
+    // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
+    let growth = grow_volumes(ctx, db, &ns).await?;
     status.primary = Some(primary.clone());
     if status.current_version.is_none() {
         status.current_version = Some(version.clone());
@@ -514,7 +515,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
     let update_revision = sts_status.and_then(|s| s.update_revision.clone()).unwrap_or_default();
-    let mut progressing = failed_over || restoring == restore::Restore::Running;
+    let mut progressing = failed_over || restoring == restore::Restore::Running || matches!(growth, Growth::Waiting(_));
     if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired).filter(|_| sts_current) {
         pods.delete(&next.name, &DeleteParams::default()).await?;
         let pod = pod_list.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
@@ -570,16 +571,29 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     progressing |= !all_ready;
     status.ready_replicas = Some(ready);
     status.observed_generation = generation;
+    let mut ready_message = format!("{ready}/{desired} members ready");
+    if let Some(m) = observed.iter().find(|m| m.unschedulable.is_some()) {
+        let why = crate::events::truncate(m.unschedulable.as_deref().unwrap_or_default(), 400);
+        ready_message.push_str(&format!("; {} cannot be scheduled: {why}", m.name));
+    }
     status::set(
         &mut status.conditions,
         kind::READY,
         all_ready,
         if all_ready { "AllMembersReady" } else { "MembersNotReady" },
-        format!("{ready}/{desired} members ready"),
+        ready_message,
         generation,
     );
-    if !upgrade_refused {
-        let message = progress_message(&status, rolled);
+    if let Growth::Failed(message) = &growth {
+        if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "VolumeGrowFailed" && c.message == *message)) {
+            event(ctx, db, true, "VolumeGrowFailed", message.clone()).await;
+        }
+        status::set(&mut status.conditions, kind::PROGRESSING, false, "VolumeGrowFailed", message.clone(), generation);
+    } else if !upgrade_refused {
+        let message = match &growth {
+            Growth::Waiting(message) => message.clone(),
+            _ => progress_message(&status, rolled),
+        };
         status::set(
             &mut status.conditions,
             kind::PROGRESSING,
@@ -606,6 +620,8 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     write_status(ctx, db, status).await?;
     let requeue = if progressing || report.running {
         ctx.settings.progress_requeue
+    } else if matches!(growth, Growth::Failed(_)) {
+        ctx.settings.progress_requeue * 6
     } else {
         until_next_backup(&report).min(ctx.settings.idle_requeue)
     };
@@ -659,31 +675,50 @@ fn join(v: &[crate::plugin::Violation]) -> String {
     v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
-/// Grows member volumes to `spec.storage.size` (claims can grow, never shrink).
-async fn expand_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<(), Error> {
-    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(()) };
+/// How growing the member volumes stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Growth {
+    /// Every claim asks for `spec.storage` (or more) and has it.
+    Done,
+    /// A claim asks for more than it has yet: the storage provider is growing it.
+    Waiting(String),
+    /// The API server refused to grow a claim; retried on later passes.
+    Failed(String),
+}
+
+/// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
+/// claim templates cannot change, so the claims themselves are patched.
+async fn grow_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<Growth, Error> {
+    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(Growth::Done) };
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
     let name = db.name_any();
+    let mut growth = Growth::Done;
     for ordinal in 0..db.spec.replicas.max(1) as u32 {
         let claim = Names(&name).data_claim(ordinal);
-        let Some(pvc) = ctx.caches.claim(ns, &claim) else { continue };
-        let have = pvc
-            .spec
-            .as_ref()
-            .and_then(|s| s.resources.as_ref())
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("storage"))
-            .and_then(|q| crate::quantity::bytes(&q.0));
-        if have.is_some_and(|h| h < want) {
-            api.patch(
-                &claim,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}})),
-            )
-            .await?;
+        // An unbound claim cannot change; it is grown once it is bound.
+        let Some(pvc) = ctx.caches.claim(ns, &claim).filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) else {
+            continue;
+        };
+        let storage = |map: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            map.and_then(|m| m.get("storage")).and_then(|q| crate::quantity::bytes(&q.0))
+        };
+        let requested = storage(pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
+        if requested.is_some_and(|r| r < want) {
+            let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}}));
+            match api.patch(&claim, &PatchParams::default(), &patch).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
+                    return Ok(Growth::Failed(format!("claim {claim} cannot grow to {}: {}", db.spec.storage.0, e.message)));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
+        if growth == Growth::Done && capacity.is_some_and(|c| c < want) {
+            growth = Growth::Waiting(format!("claim {claim} asks for {}; the storage provider is growing it", db.spec.storage.0));
         }
     }
-    Ok(())
+    Ok(growth)
 }
 
 /// Deletion: under Snapshot, a final backup must succeed before the finalizer goes.

@@ -9,6 +9,7 @@ mod data;
 mod harness;
 mod lifecycle;
 mod members;
+mod placement;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
             ("postgres_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Postgres, "15"))),
             ("mysql_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Mysql, "10.11"))),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
+            ("postgres_members_spread_over_nodes_and_volumes_grow_when_allowed", |c| Box::pin(placement::spread_and_volume_growth(c))),
         ],
     )
 }

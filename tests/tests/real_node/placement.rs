@@ -1,0 +1,100 @@
+//! Where members run and how their volumes grow, on the real scheduler and provisioner.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use plugdb::crd::Database;
+use plugdb_tests::operator::Cluster;
+use plugdb_tests::scenario::{Engine, WAIT, database, is_running};
+use serde_json::json;
+
+const CLASS: &str = "plugdb-growable";
+
+fn condition(db: &Database, type_: &str) -> Option<(String, String, String)> {
+    let c = db.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn requested(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
+    let claim = claims.get(name).await.expect("claim");
+    claim.spec.and_then(|s| s.resources).and_then(|r| r.requests).and_then(|r| r.get("storage").cloned()).map(|q| q.0).unwrap_or_default()
+}
+
+/// Members required on different nodes cannot share the one node: the second waits
+/// unscheduled and the Database says why; preferred (the default), both run. A volume
+/// grow the storage class refuses is a condition and an Event, retried until the
+/// class allows it, then every bound claim asks for the new size.
+pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
+    let ns = "postgres-placement";
+    let classes: Api<StorageClass> = Api::all(cluster.client.clone());
+    let class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": CLASS},
+        "provisioner": "rancher.io/local-path",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+        "allowVolumeExpansion": false,
+    }))
+    .expect("a StorageClass");
+    classes.create(&PostParams::default(), &class).await.expect("storage class");
+
+    let spec = |extra: serde_json::Value| {
+        let mut fields = json!({"storageClassName": CLASS});
+        fields.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        database("spread", Engine::Postgres, "15", 2, fields)
+    };
+    cluster.apply_database(ns, spec(json!({"spread": {"nodes": "Required"}}))).await.expect("apply");
+    let db = cluster
+        .wait_database(ns, "spread", "member 1 reported unschedulable", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(1)
+                && condition(d, "Ready").is_some_and(|(_, _, m)| m.contains("spread-1 cannot be scheduled"))
+        })
+        .await
+        .expect("one member runs, the other waits");
+    let (_, reason, message) = condition(&db, "Ready").expect("Ready");
+    assert_eq!(reason, "MembersNotReady");
+    assert!(message.contains("anti-affinity"), "the scheduler's reason: {message}");
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let waiting = pods.get("spread-1").await.expect("member 1");
+    assert!(waiting.spec.and_then(|s| s.node_name).is_none(), "member 1 is not on the node");
+
+    cluster.apply_database(ns, spec(json!({"spread": {"nodes": "Preferred"}}))).await.expect("preferred");
+    cluster.wait_database(ns, "spread", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("both run on the one node");
+
+    cluster.apply_database(ns, spec(json!({"spread": {"nodes": "Preferred"}, "storage": "2Gi"}))).await.expect("grow");
+    let db = cluster
+        .wait_database(ns, "spread", "VolumeGrowFailed", WAIT, |d| {
+            condition(d, "Progressing").is_some_and(|(status, reason, _)| status == "False" && reason == "VolumeGrowFailed")
+        })
+        .await
+        .expect("the refused grow is reported");
+    let (_, _, message) = condition(&db, "Progressing").expect("Progressing");
+    assert!(message.contains("claim data-spread-") && message.contains("2Gi"), "{message}");
+    assert!(message.contains("resize"), "the API server's reason: {message}");
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    assert!(events.iter().any(|e| e.reason.as_deref() == Some("VolumeGrowFailed")), "an Event says so");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
+    assert_eq!(requested(&claims, "data-spread-0").await, "1Gi");
+
+    // Allowing expansion later is enough: the operator keeps trying, with no spec change.
+    classes.patch(CLASS, &PatchParams::default(), &Patch::Merge(json!({"allowVolumeExpansion": true}))).await.expect("allow expansion");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    for claim in ["data-spread-0", "data-spread-1"] {
+        while requested(&claims, claim).await != "2Gi" {
+            assert!(tokio::time::Instant::now() < deadline, "{claim} was not grown once the class allowed it");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    // local-path-provisioner has no resizer: the claims ask for 2Gi and keep 1Gi, and
+    // the Database says it is waiting for that rather than claiming to be done.
+    let db = cluster
+        .wait_database(ns, "spread", "waiting for the provider", WAIT, |d| {
+            condition(d, "Progressing").is_some_and(|(status, _, m)| status == "True" && m.contains("storage provider is growing it"))
+        })
+        .await
+        .expect("growth reported");
+    assert_eq!(db.status.and_then(|s| s.ready_replicas), Some(2));
+}
