@@ -8,6 +8,7 @@ pub mod build;
 pub mod cli;
 pub mod crd;
 pub mod events;
+pub mod health;
 pub mod jobs;
 pub mod leader;
 pub mod metrics;

@@ -7,9 +7,10 @@ use anyhow::{Context, Result, bail};
 use kube::CustomResourceExt;
 use plugdb::cli;
 use plugdb::crd::Database;
+use plugdb::health::Health;
 use plugdb::metrics::Metrics;
 use plugdb::operator;
-use plugdb::serve::{self, Readiness};
+use plugdb::serve;
 
 const USAGE: &str = "usage:
   plugdb run [--namespace NS] [--watch-namespace NS] [--listen ADDR] [--concurrency N] [--no-leader-election]
@@ -106,10 +107,10 @@ async fn run(args: &[String]) -> Result<()> {
     }
 
     let metrics = Arc::new(Metrics::default());
-    let readiness = Readiness::default();
+    let health = if options.identity.is_some() { Health::elected(options.lease_duration) } else { Health::default() };
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("listening on {listen}"))?;
     let listen = listener.local_addr().context("the address listened on")?;
-    tokio::spawn(serve::serve(listener, metrics.clone(), readiness.clone()));
+    tokio::spawn(serve::serve(listener, metrics.clone(), health.clone()));
     tracing::info!(plugin_namespace = %options.plugin_namespace, watch_namespace = options.watch_namespace.as_deref().unwrap_or("(all)"), %listen, "plugdb starting; serving /healthz, /readyz and /metrics on {listen}");
     let config = kube::Config::infer().await.context("finding the cluster (in-cluster config or $KUBECONFIG)")?;
     let client = metrics.counted_client(config).context("connecting to the cluster")?;
@@ -121,8 +122,5 @@ async fn run(args: &[String]) -> Result<()> {
         }
         tracing::info!("shutting down");
     };
-    match operator::run(client, metrics, options, || readiness.set_ready(), shutdown).await? {
-        operator::Stopped::Shutdown => Ok(()),
-        operator::Stopped::LostLeadership => bail!("lost the leader lease to another replica; exiting so this one restarts as a follower"),
-    }
+    operator::run(client, metrics, options, health, shutdown).await
 }

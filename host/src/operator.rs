@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kube::Client;
 
+use crate::health::Health;
 use crate::leader::LeaderElection;
 use crate::metrics::Metrics;
 use crate::plugin::{Limits, Registry, Runtime, Tier};
@@ -42,65 +43,113 @@ impl Default for Options {
     }
 }
 
-/// Why the operator stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stopped {
-    /// `shutdown` completed.
-    Shutdown,
-    /// Another replica took the lease.
-    LostLeadership,
-}
-
-/// Runs the operator until `shutdown` completes or leadership is lost. Nothing is
-/// watched or written before the lease is held; the lease is released on shutdown.
+/// Runs the operator until `shutdown` completes. Nothing is watched or written before
+/// the lease is held. A leader that cannot renew stops acting at once (its watches and
+/// reconciles are dropped), keeps running, and contends again: it leads again when the
+/// API server is back and nobody else took over, or stands by. The lease is released
+/// on shutdown. Fails only if the controller stops by itself.
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
     options: Options,
-    on_leading: impl FnOnce(),
+    health: Health,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<Stopped> {
+) -> anyhow::Result<()> {
     let election = options
         .identity
         .as_ref()
         .map(|id| LeaderElection::new(client.clone(), &options.plugin_namespace, "plugdb-leader", id, options.lease_duration));
     let retry = options.lease_duration / 5;
-    tokio::pin!(shutdown);
-    if let Some(e) = &election {
-        tracing::info!(identity = e.identity(), "waiting to lead");
-        tokio::select! {
-            _ = e.acquire(retry) => tracing::info!(identity = e.identity(), "leading"),
-            _ = &mut shutdown => return Ok(Stopped::Shutdown),
-        }
-    }
-    on_leading();
-    // Plugins serve from a quick compile at once; an optimised build replaces it when ready.
+    // Plugins serve from a quick compile at once; an optimised build replaces it when
+    // ready. Loaded plugins outlive a term of leading.
     let quick = Runtime::with_tier(options.limits, Tier::Quick)?.with_metrics(metrics.clone());
     let optimized = Runtime::new(options.limits)?.with_metrics(metrics.clone());
     let registry = Registry::new(quick, metrics.clone()).with_optimizer(optimized);
-    let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
-    let ctx = Arc::new(reconcile::Context::new(client, registry, metrics, options.settings, options.watch_namespace.clone()));
-    let lost = async {
-        match &election {
-            Some(e) => e.keep(retry).await,
-            None => std::future::pending().await,
+    tokio::pin!(shutdown);
+    loop {
+        let renewed = match &election {
+            Some(e) => {
+                tracing::info!(identity = e.identity(), "waiting to lead");
+                tokio::select! {
+                    renewed = e.acquire(retry, &health) => renewed,
+                    _ = &mut shutdown => return Ok(()),
+                }
+            }
+            None => std::time::Instant::now(),
+        };
+        tracing::info!(identity = options.identity.as_deref(), "leading");
+        health.set_leading(true);
+        let mut term = Term::start(&client, &registry, &metrics, &options, &health);
+        let lost = async {
+            match &election {
+                Some(e) => e.keep(retry, renewed, &health).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut shutdown => {
+                term.stop().await;
+                health.set_leading(false);
+                if let Some(e) = &election {
+                    e.release().await;
+                }
+                return Ok(());
+            }
+            lost = lost => {
+                // Stop acting before the lease can run out for the others.
+                drop(term);
+                health.set_leading(false);
+                tracing::warn!(reason = %lost, "stopped leading: no more reconciles or writes until the lease is held again");
+            }
+            _ = &mut term.controller.0 => {
+                health.set_leading(false);
+                anyhow::bail!("the Database controller stopped by itself");
+            }
         }
-    };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut controller = Task(tokio::spawn(reconcile::run(ctx, async move {
-        let _ = stop_rx.await;
-    })));
-    let stopped = tokio::select! {
-        _ = &mut shutdown => Stopped::Shutdown,
-        _ = lost => Stopped::LostLeadership,
-    };
-    let _ = stop_tx.send(());
-    let _ = (&mut controller.0).await;
-    drop(watch);
-    if let (Some(e), Stopped::Shutdown) = (&election, stopped) {
-        e.release().await;
     }
-    Ok(stopped)
+}
+
+/// One term of leading: the plugin watch and the controller, dropped together.
+struct Term {
+    _watch: Task,
+    controller: Task,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Term {
+    fn start(client: &Client, registry: &Registry, metrics: &Arc<Metrics>, options: &Options, health: &Health) -> Self {
+        let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
+        let ctx = Arc::new(reconcile::Context::new(
+            client.clone(),
+            registry.clone(),
+            metrics.clone(),
+            options.settings,
+            options.watch_namespace.clone(),
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (registry, health) = (registry.clone(), health.clone());
+        // One waiter on the caches: a cache's first listing wakes only one task.
+        let controller = Task(tokio::spawn(async move {
+            let mut stopped = stopped;
+            tokio::select! {
+                _ = async { ctx.caches.ready().await; registry.synced().await } => health.set_synced(),
+                _ = &mut stopped => return,
+            }
+            reconcile::run(ctx, async move {
+                let _ = stopped.await;
+            })
+            .await;
+        }));
+        Self { _watch: watch, controller, stop: Some(stop) }
+    }
+
+    /// A graceful stop: in-flight reconciles finish first.
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.controller.0).await;
+    }
 }
 
 /// A spawned task that is aborted when dropped: if `run` itself is cancelled, nothing

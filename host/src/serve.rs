@@ -2,33 +2,18 @@
 //! Deliberately tiny: three GET routes need no web framework.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::health::Health;
 use crate::metrics::Metrics;
 
-/// Whether the operator is ready to serve (plugins watched, controller running).
-#[derive(Debug, Default, Clone)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    /// Marks the operator ready.
-    pub fn set_ready(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    fn ready(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
 /// Serves the endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Readiness) {
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Health) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let (metrics, readiness) = (metrics.clone(), readiness.clone());
+        let (metrics, health) = (metrics.clone(), health.clone());
         tokio::spawn(async move {
             let mut buf = [0u8; 1024];
             let n = match tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buf)).await {
@@ -37,10 +22,13 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, readiness: Read
             };
             let request = String::from_utf8_lossy(&buf[..n]);
             let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let state = |result: Result<String, String>| match result {
+                Ok(text) => ("200 OK", "text/plain", format!("ok: {text}")),
+                Err(text) => ("503 Service Unavailable", "text/plain", text),
+            };
             let (code, content_type, body) = match path {
-                "/healthz" => ("200 OK", "text/plain", "ok".to_string()),
-                "/readyz" if readiness.ready() => ("200 OK", "text/plain", "ok".to_string()),
-                "/readyz" => ("503 Service Unavailable", "text/plain", "starting".to_string()),
+                "/healthz" => state(health.liveness()),
+                "/readyz" => state(health.readiness()),
                 "/metrics" => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode()),
                 _ => ("404 Not Found", "text/plain", "not found".to_string()),
             };
@@ -71,12 +59,14 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let metrics = Arc::new(Metrics::default());
         metrics.plugin_load("postgres", "loaded");
-        let readiness = Readiness::default();
-        tokio::spawn(serve(listener, metrics, readiness.clone()));
+        let health = Health::default();
+        tokio::spawn(serve(listener, metrics, health.clone()));
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
-        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"), "not ready before the operator says so");
-        readiness.set_ready();
-        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"), "not ready before the caches are");
+        health.set_leading(true);
+        health.set_synced();
+        let ready = get(addr, "/readyz").await;
+        assert!(ready.starts_with("HTTP/1.1 200") && ready.ends_with("ok: leading"), "{ready}");
         let body = get(addr, "/metrics").await;
         assert!(body.contains(r#"plugdb_plugin_loads_total{engine="postgres",outcome="loaded"} 1"#), "{body}");
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod local_pod;
 pub mod node;
 pub mod operator;
+pub mod proxy;
 pub mod scenario;
 
 use std::path::{Path, PathBuf};

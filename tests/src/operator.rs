@@ -133,6 +133,15 @@ pub async fn counting_client(kubeconfig: &std::path::Path) -> Result<(Client, Ar
     Ok((requests.0.counted_client(config)?, requests))
 }
 
+/// Like [`counting_client`], through `server` (e.g. a [`crate::proxy::Proxy`] in front of
+/// the API server) instead of the kubeconfig's address.
+pub async fn counting_client_via(kubeconfig: &std::path::Path, server: &str) -> Result<(Client, Arc<RequestCounts>)> {
+    let mut config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
+    config.cluster_url = server.parse()?;
+    let requests = Arc::new(RequestCounts::default());
+    Ok((requests.0.counted_client(config)?, requests))
+}
+
 /// Installs the CRD and the operator namespace, and loads `plugins` as ConfigMaps.
 pub async fn prepare(client: &Client, plugins: &[(&str, &str)]) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
