@@ -4,10 +4,12 @@
 
 mod convert;
 pub mod policy;
+mod pool;
 pub mod registry;
 mod runtime;
 pub mod types;
 
+pub use pool::CallPool;
 pub use registry::{Outcome, Registry};
 pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, hex_digest};
 pub use types::*;

@@ -62,7 +62,11 @@ pub async fn ensure_backup(
         host: format!("{}.{ns}.svc", Names(&db.name_any()).primary()),
         credentials_secret: Names(&db.name_any()).credentials(),
     };
-    let plan = match plugin.backup(spec, &location) {
+    let planned = ctx.call(plugin, {
+        let spec = spec.clone();
+        move |p| p.backup(&spec, &location)
+    });
+    let plan = match planned.await {
         Ok(plan) => plan,
         Err(e) => return Ok(Err(e.to_string())),
     };

@@ -27,7 +27,7 @@ use crate::build::{self, MANAGER, Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, UpgradeStatus};
 use crate::jobs::{self, Purpose};
 use crate::metrics::{Metrics, ReconcileLabels};
-use crate::plugin::{CallError, EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep, Workload};
+use crate::plugin::{CallError, CallPool, EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep};
 use backups::JobState;
 use cache::{Caches, Triggers};
 use status::kind;
@@ -46,6 +46,10 @@ pub struct Settings {
     pub idle_requeue: Duration,
     /// Databases reconciled at once (0: no limit).
     pub concurrency: u16,
+    /// Plugin calls running at once, each on a thread of its own.
+    pub plugin_calls: usize,
+    /// Plugin calls of one engine running at once.
+    pub plugin_calls_per_engine: usize,
 }
 
 impl Default for Settings {
@@ -55,6 +59,8 @@ impl Default for Settings {
             progress_requeue: Duration::from_secs(5),
             idle_requeue: Duration::from_secs(300),
             concurrency: 16,
+            plugin_calls: 8,
+            plugin_calls_per_engine: 2,
         }
     }
 }
@@ -73,6 +79,7 @@ pub struct Context {
     pub settings: Settings,
     /// What the managed objects look like now.
     pub caches: Caches,
+    calls: CallPool,
     namespace: Option<String>,
     triggers: Mutex<Option<Triggers>>,
     failures: Mutex<HashMap<ObjectRef<Database>, u32>>,
@@ -98,11 +105,17 @@ impl Context {
             recorder,
             settings,
             caches,
+            calls: CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine),
             namespace,
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::default(),
             written: Mutex::default(),
         }
+    }
+
+    /// Runs `call` on `plugin` in the plugin call pool, never on the async executor.
+    pub async fn call<T: Send + 'static>(&self, plugin: &Plugin, call: impl FnOnce(&Plugin) -> T + Send + 'static) -> T {
+        self.calls.run(plugin, call).await
     }
 
     /// `db`, or this operator's own later write to it when the cache has not seen that
@@ -341,7 +354,11 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         Ok(spec) => spec,
         Err(v) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "InvalidSpec", join(&v)).await,
     };
-    match plugin.validate(&spec) {
+    let checked = ctx.call(&plugin, {
+        let spec = spec.clone();
+        move |p| p.validate(&spec)
+    });
+    match checked.await {
         Ok(v) if v.is_empty() => {}
         Ok(v) => {
             return stop_with(
@@ -365,7 +382,11 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     // earlier spec is not state: once the spec is fixed the condition follows the members.
     let mut upgrade_refused = false;
     if let Some(current) = running.as_ref().filter(|c| **c != desired_version) {
-        match plugin.plan_upgrade(&spec, current) {
+        let planned = ctx.call(&plugin, {
+            let (spec, current) = (spec.clone(), current.clone());
+            move |p| p.plan_upgrade(&spec, &current)
+        });
+        match planned.await {
             Ok(p) => {
                 if status.upgrade.as_ref().is_none_or(|u| u.to != desired_version) {
                     event(
@@ -381,8 +402,8 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
                 // A pre-upgrade backup first, when the plugin asks and backups are configured.
                 if p.backup_first && db.spec.backup.as_ref().is_some_and(|b| b.enabled) {
                     let backup = format!("{name}-pre-{}", &crate::plugin::hex_digest(desired_version.as_bytes())[..10]);
-                    let uid = plugin_uid(&plugin, &EngineSpec { version: current.clone(), ..spec.clone() }, db);
                     let current_spec = EngineSpec { version: current.clone(), ..spec.clone() };
+                    let uid = plugin_uid(ctx, &plugin, &current_spec, db).await;
                     match backups::ensure_backup(ctx, db, &plugin, &current_spec, &backup, uid).await? {
                         Ok(JobState::Succeeded) => {}
                         Ok(_) => version = current.clone(),
@@ -414,7 +435,11 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     let mut primary = status.primary.clone().unwrap_or_else(|| names.pod(0));
     let mut failed_over = false;
     if members::primary_lost(&observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
-        match plugin.choose_primary(&spec, &members::for_plugin(&observed, &primary)) {
+        let chosen = ctx.call(&plugin, {
+            let (spec, members) = (spec.clone(), members::for_plugin(&observed, &primary));
+            move |p| p.choose_primary(&spec, &members)
+        });
+        match chosen.await {
             Ok(FailoverDecision::Promote { pod, command }) => {
                 let note = format!(
                     "primary {primary} not ready for {:?}; promoting {pod} (promotion: {})",
@@ -438,7 +463,11 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
 
     // 5. Render and apply.
     let cluster = build::cluster_context(db, &primary);
-    let workload = match plugin.render(&spec, &cluster) {
+    let rendered = ctx.call(&plugin, {
+        let (spec, cluster) = (spec.clone(), cluster.clone());
+        move |p| p.render(&spec, &cluster)
+    });
+    let workload = match rendered.await {
         Ok(w) => w,
         Err(e) => return plugin_failed(ctx, db, status, "RenderFailed", &e).await,
     };
@@ -753,7 +782,7 @@ async fn delete(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
             match build::engine_spec(db, &version) {
                 Err(v) => Err(join(&v)),
                 Ok(spec) => {
-                    let uid = plugin_uid(&plugin, &spec, db);
+                    let uid = plugin_uid(ctx, &plugin, &spec, db).await;
                     match backups::ensure_backup(ctx, db, &plugin, &spec, &final_name, uid).await? {
                         Ok(state) => Ok(state),
                         Err(reason) => Err(format!(
@@ -791,7 +820,8 @@ async fn delete(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     }
 }
 
-fn plugin_uid(plugin: &Plugin, spec: &EngineSpec, db: &Database) -> u32 {
+async fn plugin_uid(ctx: &Ctx, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> u32 {
     let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0));
-    plugin.render(spec, &cluster).map(|w: Workload| w.run_as_user).unwrap_or(1000)
+    let spec = spec.clone();
+    ctx.call(plugin, move |p| p.render(&spec, &cluster)).await.map(|w| w.run_as_user).unwrap_or(1000)
 }

@@ -59,7 +59,11 @@ pub async fn reconcile(
         host: format!("{}.{ns}.svc", Names(&name).primary()),
         credentials_secret: Names(&name).credentials(),
     };
-    let plan = match plugin.restore(spec, &location) {
+    let planned = ctx.call(plugin, {
+        let spec = spec.clone();
+        move |p| p.restore(&spec, &location)
+    });
+    let plan = match planned.await {
         Ok(plan) => plan,
         Err(e) => return Ok(Restore::Failed(format!("spec.restoreFrom: {e}"))),
     };

@@ -1,0 +1,115 @@
+//! Tier 4: plugin calls on a real control plane with the real wasmtime runtime. A
+//! plugin that spends its whole deadline on every call delays neither the executor
+//! (timers, the lease renewal) nor another engine's Databases, and a call stopped at
+//! its deadline is tried again with no change to the Database.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, Patch, PatchParams};
+use plugdb::crd::Database;
+use plugdb::health::Health;
+use plugdb::metrics::Metrics;
+use plugdb::operator::{self, Options};
+use plugdb::plugin::Limits;
+use plugdb_tests::ControlPlane;
+use plugdb_tests::operator::{counting_client, metric_sum, prepare, test_settings};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_millis(1500);
+const HOSTILE: usize = 8;
+
+fn timeouts(metrics: &Metrics) -> u64 {
+    metric_sum(&metrics.encode(), "plugdb_plugin_calls_total", |l| l.contains("engine=\"hostile\"") && l.contains("outcome=\"timeout\""))
+        as u64
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One executor thread for everything, as a plugin call on the executor would block
+/// it: timers stay on time, the lease is never lost, and a postgres Database is
+/// reconciled while the hostile engine's calls are still queued behind each other.
+#[tokio::test(flavor = "current_thread")]
+async fn a_plugin_that_uses_its_whole_deadline_delays_only_its_own_engine() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("postgres", "postgres"), ("hostile", "hostile")]).await.expect("CRD and plugins");
+    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
+    let metrics = Arc::new(Metrics::default());
+    let lease = Duration::from_secs(3);
+    let health = Health::elected(lease);
+    let options = Options {
+        identity: Some("only-replica".into()),
+        lease_duration: lease,
+        settings: test_settings(),
+        limits: Limits { call_timeout: DEADLINE, ..Limits::default() },
+        ..Default::default()
+    };
+    let operator = tokio::spawn(operator::run(client, metrics.clone(), options, health.clone(), std::future::pending()));
+    wait_for("the operator leads with its plugins loaded", Duration::from_secs(60), async || health.readiness().is_ok()).await;
+
+    // How late a 50 ms timer fires on this executor, and whether leadership ever lapsed.
+    let (latest, lapsed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let watcher = {
+        let (latest, lapsed, health) = (latest.clone(), lapsed.clone(), health.clone());
+        tokio::spawn(async move {
+            loop {
+                let asked = Instant::now();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let late = asked.elapsed().saturating_sub(Duration::from_millis(50));
+                latest.fetch_max(late.as_millis() as u64, Ordering::Relaxed);
+                if !health.leading() {
+                    lapsed.store(true, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let apply = |name: String, spec: serde_json::Value| {
+        let dbs = dbs.clone();
+        let db = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": name}, "spec": spec});
+        async move { dbs.patch(&name, &PatchParams::apply("test"), &Patch::Apply(&db)).await }
+    };
+    for i in 0..HOSTILE {
+        apply(format!("hostile-{i}"), json!({"engine": "hostile", "storage": "1Gi", "parameters": {"attack": "loop"}}))
+            .await
+            .expect("hostile");
+    }
+    apply("orders".into(), json!({"engine": "postgres", "storage": "1Gi"})).await.expect("postgres");
+    wait_for("orders is reconciled", Duration::from_secs(60), async || {
+        dbs.get_opt("orders").await.ok().flatten().is_some_and(|d| d.status.is_some_and(|s| s.observed_generation.is_some()))
+    })
+    .await;
+    let stopped_when_orders_ran = timeouts(&metrics);
+    assert!(
+        stopped_when_orders_ran < HOSTILE as u64,
+        "orders waited for the hostile engine: {stopped_when_orders_ran} of its {HOSTILE} calls had already run out"
+    );
+
+    // Each hostile Database says why, and is tried again though nothing changed.
+    wait_for("every hostile Database reports its timeout", Duration::from_secs(60), async || {
+        let list = dbs.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+        let reported = list.iter().filter(|d| {
+            d.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| c.type_ == "PluginReady" && c.status == "False" && c.message.contains("deadline"))
+            })
+        });
+        reported.count() == HOSTILE
+    })
+    .await;
+    wait_for("a timed-out call is retried", Duration::from_secs(60), async || timeouts(&metrics) > HOSTILE as u64).await;
+
+    watcher.abort();
+    let late = Duration::from_millis(latest.load(Ordering::Relaxed));
+    assert!(late < DEADLINE, "a timer fired {late:?} late: a plugin call ran on the executor");
+    assert!(!lapsed.load(Ordering::Relaxed), "leadership lapsed while the hostile plugin ran");
+    assert!(!operator.is_finished());
+    operator.abort();
+}
