@@ -89,7 +89,7 @@ async fn run(args: &[String]) -> Result<()> {
     if json {
         tracing_subscriber::fmt().json().with_env_filter(filter).init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())).init();
     }
     let plugin_namespace =
         flag(args, "--namespace").or_else(|| std::env::var("POD_NAMESPACE").ok()).unwrap_or_else(|| "plugdb-system".into());

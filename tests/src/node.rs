@@ -276,6 +276,16 @@ impl Node {
         c
     }
 
+    /// Starts `command` logging to `<run dir>/<name>.log` and records its PID, so that
+    /// teardown stops it too if the test cannot (a failure, an interrupt).
+    pub fn spawn_recorded(&self, name: &str, command: &mut Command) -> Result<std::process::Child> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{name}.log")))?;
+        let child =
+            command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).spawn().with_context(|| format!("starting {name}"))?;
+        record_pid(&self.dir.join("pids"), name, child.id())?;
+        Ok(child)
+    }
+
     /// `kubectl` against this cluster.
     pub fn kubectl(&self) -> Command {
         let mut c = Command::new(self.bin_dir.join("kubectl"));

@@ -64,7 +64,8 @@ pub enum Backing {
 }
 
 impl Backing {
-    fn kubeconfig(&self) -> &std::path::Path {
+    /// Path of an admin kubeconfig.
+    pub fn kubeconfig(&self) -> &std::path::Path {
         match self {
             Backing::ControlPlane(cp) => &cp.kubeconfig,
             Backing::Node(node) => &node.kubeconfig,
@@ -208,6 +209,13 @@ impl Cluster {
         let fresh = Operator::start(&self.client, &self.operator_client)?;
         drop(std::mem::replace(&mut *self.current(), fresh));
         Ok(())
+    }
+
+    /// Stops the in-process operator until [`Cluster::restart_operator`], so that
+    /// another (the `plugdb` binary, say) is the only one reconciling.
+    pub fn stop_operator(&self) {
+        let mut current = self.current();
+        current.tasks.drain(..).for_each(|t| t.abort());
     }
 
     /// Reconciles the operator has run so far, of Databases of `engine`.

@@ -6,6 +6,7 @@
 //! serves the whole run and is torn down at its end, also after a failure or Ctrl-C.
 
 mod data;
+mod faults;
 mod harness;
 mod lifecycle;
 mod members;
@@ -21,7 +22,12 @@ use serde_json::json;
 
 fn main() -> ExitCode {
     harness::run(
-        &[("postgres_children_then_a_quiet_steady_state_and_restart", |c| Box::pin(lifecycle::children_then_quiet(c)))],
+        &[
+            ("postgres_children_then_a_quiet_steady_state_and_restart", |c| Box::pin(lifecycle::children_then_quiet(c))),
+            ("mysql_operator_killed_at_random_points_of_create_scale_backup_upgrade_delete", |c| {
+                Box::pin(faults::killed_at_random_points(c))
+            }),
+        ],
         &[
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
             ("plugins_arrive_and_change_at_run_time", |c| Box::pin(lifecycle::plugins_arrive_and_change(c))),
