@@ -14,8 +14,36 @@ const MAX_CONFIG_BYTES: usize = 512 << 10;
 const MAX_CREDENTIALS: usize = 16;
 /// Downward API fields a plugin may read.
 const ALLOWED_FIELDS: &[&str] = &["metadata.name", "metadata.namespace", "status.podIP", "spec.nodeName", "spec.serviceAccountName"];
-/// Paths a data volume must never shadow.
-const RESERVED_PATHS: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/lib", "/usr", "/var/run/secrets"];
+/// Paths a data volume must never shadow (nor any parent of them).
+const RESERVED_PATHS: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/lib", "/usr", "/var/run/secrets", "/run/secrets"];
+/// The largest uid the API server accepts.
+const MAX_UID: u32 = i32::MAX as u32;
+/// Violations reported one by one; the rest are counted.
+pub const MAX_VIOLATIONS: usize = 20;
+/// How much of a plugin-chosen string a message quotes.
+const QUOTED: usize = 64;
+
+/// A plugin-chosen string as a message shows it: quoted, and cut when long.
+pub fn quoted(text: &str) -> String {
+    if text.len() <= QUOTED {
+        return format!("{text:?}");
+    }
+    let mut end = QUOTED;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &text[..end], text.len())
+}
+
+/// Violations, at most [`MAX_VIOLATIONS`] of them listed and the rest counted.
+pub fn capped(mut violations: Vec<Violation>) -> Vec<Violation> {
+    if violations.len() > MAX_VIOLATIONS {
+        let more = violations.len() - MAX_VIOLATIONS;
+        violations.truncate(MAX_VIOLATIONS);
+        violations.push(Violation { field: "…".into(), message: format!("and {more} more") });
+    }
+    violations
+}
 
 struct Report(Vec<Violation>);
 
@@ -25,6 +53,28 @@ impl Report {
             self.0.push(Violation { field: field.into(), message: message.into() });
         }
     }
+
+    fn done(self) -> Vec<Violation> {
+        capped(self.0)
+    }
+}
+
+/// A key of a ConfigMap or Secret, as the API server accepts it.
+fn is_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && !key.starts_with("..")
+        && key != "."
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// An absolute path in normal form: no empty, `.` or `..` segments, no trailing slash.
+fn is_normal_path(path: &str) -> bool {
+    path.len() > 1
+        && path.len() <= 1024
+        && path.starts_with('/')
+        && path[1..].split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+        && !path.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
 fn is_env_name(name: &str) -> bool {
@@ -32,14 +82,6 @@ fn is_env_name(name: &str) -> bool {
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
         && name.len() <= 128
-}
-
-fn is_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name != "."
-        && name != ".."
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn is_port_name(name: &str) -> bool {
@@ -54,7 +96,7 @@ fn under(path: &str, root: &str) -> bool {
 }
 
 fn check_image(r: &mut Report, field: &str, image: &str) {
-    r.check(!image.is_empty() && image.len() <= MAX_IMAGE, field, format!("must be 1-{MAX_IMAGE} bytes"));
+    r.check(!image.is_empty() && image.len() <= MAX_IMAGE, field, format!("must be 1-{MAX_IMAGE} bytes, not {}", image.len()));
     r.check(!image.chars().any(|c| c.is_whitespace() || c.is_control()), field, "must not contain whitespace");
 }
 
@@ -67,16 +109,16 @@ fn check_env(r: &mut Report, env: &[EnvVar], credentials_secret: &str) {
     r.check(env.len() <= MAX_ENV, "env", format!("at most {MAX_ENV} variables"));
     for (i, var) in env.iter().enumerate() {
         let field = format!("env[{i}]");
-        r.check(is_env_name(&var.name), &field, format!("{:?} is not a valid variable name", var.name));
+        r.check(is_env_name(&var.name), &field, format!("{} is not a valid variable name", quoted(&var.name)));
         match &var.source {
             EnvSource::Value(v) => r.check(v.len() <= MAX_ARG, &field, format!("value at most {MAX_ARG} bytes")),
             EnvSource::Secret(s) => r.check(
                 s.name == credentials_secret,
                 &field,
-                format!("may only read the Database's own Secret {credentials_secret:?}, not {:?}", s.name),
+                format!("may only read the Database's own Secret {credentials_secret:?}, not {}", quoted(&s.name)),
             ),
             EnvSource::Field(path) => {
-                r.check(ALLOWED_FIELDS.contains(&path.as_str()), &field, format!("field {path:?} is not one of {ALLOWED_FIELDS:?}"))
+                r.check(ALLOWED_FIELDS.contains(&path.as_str()), &field, format!("field {} is not one of {ALLOWED_FIELDS:?}", quoted(path)))
             }
         }
     }
@@ -106,7 +148,7 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     check_env(&mut r, &w.env, &cluster.credentials_secret);
     r.check(!w.ports.is_empty() && w.ports.len() <= MAX_PORTS, "ports", format!("1-{MAX_PORTS} ports"));
     for (i, p) in w.ports.iter().enumerate() {
-        r.check(is_port_name(&p.name), format!("ports[{i}].name"), format!("{:?} must be 1-15 characters of [a-z0-9-]", p.name));
+        r.check(is_port_name(&p.name), format!("ports[{i}].name"), format!("{} must be 1-15 characters of [a-z0-9-]", quoted(&p.name)));
         r.check(p.port != 0, format!("ports[{i}].port"), "must not be 0");
     }
     check_probe(&mut r, "readiness", &w.readiness);
@@ -115,20 +157,21 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     r.check(total <= MAX_CONFIG_BYTES, "configFiles", format!("{total} bytes in all, over {MAX_CONFIG_BYTES}"));
     for (i, f) in w.config_files.iter().enumerate() {
         r.check(
-            is_file_name(&f.name),
+            is_key(&f.name),
             format!("configFiles[{i}].name"),
-            format!("{:?} must be a plain file name of [A-Za-z0-9._-]", f.name),
+            format!("{} must be 1-253 characters of [A-Za-z0-9._-], not starting with \"..\"", quoted(&f.name)),
         );
         r.check(
             !w.config_files[..i].iter().any(|g| g.name == f.name),
             format!("configFiles[{i}].name"),
-            format!("{:?} appears twice", f.name),
+            format!("{} appears twice", quoted(&f.name)),
         );
     }
     let data = w.data_mount_path.as_str();
-    let path_ok = data.starts_with('/') && data.len() > 1 && !data.split('/').any(|s| s == ".." || s == ".");
-    r.check(path_ok, "dataMountPath", format!("{data:?} must be an absolute path below /"));
-    r.check(!RESERVED_PATHS.iter().any(|p| under(data, p)), "dataMountPath", format!("{data:?} would shadow a system directory"));
+    r.check(is_normal_path(data), "dataMountPath", format!("{} must be a normalised absolute path below / (no //, . or ..)", quoted(data)));
+    if let Some(reserved) = RESERVED_PATHS.iter().find(|p| under(data, p) || under(p, data)) {
+        r.check(false, "dataMountPath", format!("{} would shadow {reserved}", quoted(data)));
+    }
     r.check(
         !under(data, &cluster.config_mount_path) && !under(&cluster.config_mount_path, data),
         "dataMountPath",
@@ -136,11 +179,16 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     );
     r.check(w.credentials.len() <= MAX_CREDENTIALS, "credentials", format!("at most {MAX_CREDENTIALS} keys"));
     for (i, c) in w.credentials.iter().enumerate() {
-        r.check(is_file_name(&c.key), format!("credentials[{i}].key"), format!("{:?} must be of [A-Za-z0-9._-]", c.key));
+        r.check(
+            is_key(&c.key),
+            format!("credentials[{i}].key"),
+            format!("{} must be 1-253 characters of [A-Za-z0-9._-], not starting with \"..\"", quoted(&c.key)),
+        );
         r.check((16..=128).contains(&c.length), format!("credentials[{i}].length"), "must be 16-128");
     }
     r.check(w.run_as_user != 0, "runAsUser", "containers never run as root (uid 0)");
-    r.0
+    r.check(w.run_as_user <= MAX_UID, "runAsUser", format!("{} is above the largest uid, {MAX_UID}", w.run_as_user));
+    r.done()
 }
 
 /// Violations of host policy in a Job plan.
@@ -150,5 +198,75 @@ pub fn check_job(job: &JobPlan, credentials_secret: &str) -> Vec<Violation> {
     r.check(!job.command.is_empty(), "command", "a Job needs a command");
     check_argv(&mut r, "command", &job.command);
     check_env(&mut r, &job.env, credentials_secret);
-    r.0
+    r.done()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload() -> Workload {
+        Workload {
+            image: "docker.io/library/postgres:17".into(),
+            command: vec![],
+            args: vec![],
+            env: vec![],
+            ports: vec![Port { name: "postgres".into(), port: 5432 }],
+            readiness: None,
+            liveness: None,
+            config_files: vec![ConfigFile { name: "postgresql.conf".into(), content: String::new() }],
+            data_mount_path: "/var/lib/postgresql/data".into(),
+            credentials: vec![],
+            recommended: ResourceAmounts::default(),
+            run_as_user: 999,
+        }
+    }
+
+    fn cluster() -> ClusterContext {
+        ClusterContext {
+            primary_host: "orders.default.svc".into(),
+            headless_host: "orders-headless.default.svc".into(),
+            primary_pod: "orders-0".into(),
+            credentials_secret: "orders-credentials".into(),
+            config_mount_path: "/etc/plugdb".into(),
+        }
+    }
+
+    fn fields(w: &Workload) -> Vec<String> {
+        check_workload(w, &cluster()).into_iter().map(|v| format!("{}: {}", v.field, v.message)).collect()
+    }
+
+    #[test]
+    fn a_good_workload_passes() {
+        assert!(fields(&workload()).is_empty(), "{:?}", fields(&workload()));
+    }
+
+    #[test]
+    fn mount_paths_are_compared_as_paths_and_parents_of_reserved_paths_refused() {
+        for path in ["//etc", "//proc", "//var/run/secrets", "/run/secrets", "/var/lib//data", "/data/", "/data/./x", "/", "/var", "/run"] {
+            let problems = fields(&Workload { data_mount_path: path.into(), ..workload() });
+            assert!(problems.iter().any(|p| p.starts_with("dataMountPath")), "{path:?} passed");
+        }
+        let problems = fields(&Workload { data_mount_path: "/var".into(), ..workload() });
+        assert!(problems.iter().any(|p| p.contains("would shadow /var/run/secrets")), "{problems:?}");
+    }
+
+    #[test]
+    fn keys_and_ids_are_held_to_the_api_servers_rules() {
+        let w = Workload { config_files: vec![ConfigFile { name: "..data".into(), content: String::new() }], ..workload() };
+        assert!(fields(&w).iter().any(|p| p.starts_with("configFiles[0].name")), "{:?}", fields(&w));
+        let w = Workload { run_as_user: u32::MAX, ..workload() };
+        assert!(fields(&w).iter().any(|p| p.contains("above the largest uid")), "{:?}", fields(&w));
+    }
+
+    #[test]
+    fn violation_lists_and_quoted_strings_are_capped() {
+        let ports = (0..20_000).map(|i| Port { name: format!("BAD_{i}"), port: 1 }).collect();
+        let problems = check_workload(&Workload { ports, ..workload() }, &cluster());
+        assert_eq!(problems.len(), MAX_VIOLATIONS + 1);
+        assert_eq!(problems.last().map(|v| v.message.as_str()), Some("and 19981 more"));
+        let long = "x".repeat(100_000);
+        let problems = fields(&Workload { env: vec![EnvVar { name: long, source: EnvSource::Value(String::new()) }], ..workload() });
+        assert!(problems.iter().all(|p| p.len() < 200), "{problems:?}");
+    }
 }

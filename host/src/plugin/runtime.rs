@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use super::convert::{self, EngineWorld, EngineWorldPre, HostImports, LogLevel, TypesImports};
 use super::types::*;
@@ -19,6 +19,9 @@ const CONTRACT_EXPORT: &str = "plugdb:engine/plugin@";
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 const MAX_LOG_LINES: u32 = 64;
 const MAX_LOG_BYTES: usize = 2048;
+/// Table elements one call may have, over all its tables (function tables of real
+/// plugins hold a few hundred).
+const MAX_TABLE_ELEMENTS: usize = 100_000;
 
 /// Bounds applied to every plugin call.
 #[derive(Debug, Clone, Copy)]
@@ -181,6 +184,26 @@ impl Runtime {
         self.limits
     }
 
+    /// A fresh store for one call of `engine`'s plugin: its allocations limited, its
+    /// deadline set.
+    fn store(&self, engine: &str) -> Store<CallState> {
+        let state = CallState {
+            limits: CallLimiter {
+                memory_cap: self.limits.memory_bytes,
+                memory_left: self.limits.memory_bytes,
+                table_elements_left: MAX_TABLE_ELEMENTS,
+            },
+            engine: engine.to_string(),
+            log_lines: 0,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        let ticks = self.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
+        store.set_epoch_deadline(ticks);
+        store.epoch_deadline_trap();
+        store
+    }
+
     /// Compiles `bytes`, checks the contract, links it and runs `info()` as a self-test.
     /// CPU-heavy: call it off the async executor.
     pub fn load(&self, bytes: &[u8]) -> Result<Plugin, LoadError> {
@@ -271,6 +294,20 @@ fn check_info(info: &PluginInfo) -> Result<(), LoadError> {
             info.default_version, info.supported_versions
         )));
     }
+    let version_ok = !info.plugin_version.is_empty()
+        && info.plugin_version.len() <= 64
+        && info.plugin_version.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'+'));
+    if !version_ok {
+        return Err(LoadError::SelfTest(format!(
+            "plugin version {} must be 1-64 characters of [A-Za-z0-9.+-]",
+            super::policy::quoted(&info.plugin_version)
+        )));
+    }
+    let versions_ok = info.supported_versions.len() <= 64
+        && info.supported_versions.iter().all(|v| !v.is_empty() && v.len() <= 32 && v.bytes().all(|b| b.is_ascii_graphic()));
+    if !versions_ok {
+        return Err(LoadError::SelfTest("supported versions must be at most 64, each 1-32 printable characters".into()));
+    }
     if info.default_port == 0 {
         return Err(LoadError::SelfTest("default port is 0".into()));
     }
@@ -298,9 +335,55 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
-/// Per-call state: the memory limiter and log accounting.
+/// What one call may allocate, checked before each allocation: linear memory over
+/// all its memories together, table elements over all its tables, and a few
+/// instances, memories and tables.
+struct CallLimiter {
+    memory_cap: usize,
+    memory_left: usize,
+    table_elements_left: usize,
+}
+
+impl ResourceLimiter for CallLimiter {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current);
+        if more > self.memory_left {
+            return Err(wasmtime::Error::msg(format!(
+                "memory limit of {} bytes (all memories together) reached: {desired} bytes asked for one memory",
+                self.memory_cap
+            )));
+        }
+        self.memory_left -= more;
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current);
+        if more > self.table_elements_left {
+            return Err(wasmtime::Error::msg(format!(
+                "table limit of {MAX_TABLE_ELEMENTS} elements (all tables together) reached: {desired} asked for one table"
+            )));
+        }
+        self.table_elements_left -= more;
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        4
+    }
+
+    fn tables(&self) -> usize {
+        8
+    }
+
+    fn memories(&self) -> usize {
+        2
+    }
+}
+
+/// Per-call state: the resource limiter and log accounting.
 pub(crate) struct CallState {
-    limits: StoreLimits,
+    limits: CallLimiter,
     engine: String,
     log_lines: u32,
 }
@@ -367,7 +450,14 @@ impl Plugin {
     pub fn validate(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
         self.counted("validate", || {
             let arg = spec.into();
-            self.call("validate", |s, w| w.plugdb_engine_plugin().call_validate(s, &arg).map(|v| v.into_iter().map(Into::into).collect()))
+            let found: Vec<Violation> = self.call("validate", |s, w| {
+                w.plugdb_engine_plugin().call_validate(s, &arg).map(|v| v.into_iter().map(Into::into).collect())
+            })?;
+            // The plugin's words end up in a status: bounded in number and length.
+            let cut = |text: &str, max: usize| crate::events::truncate(text, max).to_string();
+            Ok(super::policy::capped(
+                found.iter().map(|v| Violation { field: cut(&v.field, 128), message: cut(&v.message, 512) }).collect(),
+            ))
         })
     }
 
@@ -474,22 +564,7 @@ impl Plugin {
         f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
         let limits = self.runtime.limits;
-        let state = CallState {
-            limits: StoreLimitsBuilder::new()
-                .memory_size(limits.memory_bytes)
-                .instances(4)
-                .tables(8)
-                .memories(2)
-                .trap_on_grow_failure(true)
-                .build(),
-            engine: self.info.engine.clone(),
-            log_lines: 0,
-        };
-        let mut store = Store::new(&self.runtime.engine, state);
-        store.limiter(|s| &mut s.limits);
-        let ticks = limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
+        let mut store = self.runtime.store(&self.info.engine);
         let result = self.pre.instantiate(&mut store).and_then(|world| f(&mut store, &world));
         let value = result.map_err(|e| self.classify(function, e))?;
         let bytes = serde_json::to_vec(&value).map(|v| v.len()).unwrap_or(usize::MAX);
@@ -525,5 +600,74 @@ impl EngineSpec {
     /// Name of the credentials Secret of this Database.
     pub fn credentials_secret(&self) -> String {
         format!("{}-credentials", self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_encoder::{
+        CodeSection, ConstExpr, Function, FunctionSection, Instruction, MemorySection, MemoryType, Module, RefType, StartSection,
+        TableSection, TableType, TypeSection,
+    };
+
+    /// A core module whose start function grows a table by `grow`, with memories of
+    /// `pages` 64 KiB pages each.
+    fn module(grow: i32, memories: &[u64]) -> Vec<u8> {
+        let mut module = Module::new();
+        let mut types = TypeSection::new();
+        types.ty().function([], []);
+        module.section(&types);
+        let mut functions = FunctionSection::new();
+        functions.function(0);
+        module.section(&functions);
+        let mut tables = TableSection::new();
+        tables.table_with_init(
+            TableType { element_type: RefType::FUNCREF, table64: false, minimum: 1, maximum: None, shared: false },
+            &ConstExpr::ref_null(wasm_encoder::HeapType::FUNC),
+        );
+        module.section(&tables);
+        let mut memory = MemorySection::new();
+        for &pages in memories {
+            memory.memory(MemoryType { minimum: pages, maximum: None, memory64: false, shared: false, page_size_log2: None });
+        }
+        module.section(&memory);
+        module.section(&StartSection { function_index: 0 });
+        let mut code = CodeSection::new();
+        let mut start = Function::new([]);
+        start
+            .instruction(&Instruction::RefNull(wasm_encoder::HeapType::FUNC))
+            .instruction(&Instruction::I32Const(grow))
+            .instruction(&Instruction::TableGrow(0))
+            .instruction(&Instruction::Drop)
+            .instruction(&Instruction::End);
+        code.function(&start);
+        module.section(&code);
+        module.finish()
+    }
+
+    fn instantiate(runtime: &Runtime, bytes: &[u8]) -> Result<(), String> {
+        let module = wasmtime::Module::new(&runtime.engine, bytes).map_err(|e| format!("{e:#}"))?;
+        let mut store = runtime.store("test");
+        wasmtime::Instance::new(&mut store, &module, &[]).map(|_| ()).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn table_growth_is_refused_before_it_is_allocated() {
+        let runtime = Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime");
+        assert_eq!(instantiate(&runtime, &module(1000, &[1])), Ok(()));
+        let started = std::time::Instant::now();
+        let err = instantiate(&runtime, &module(1 << 28, &[1])).expect_err("2^28 elements");
+        assert!(err.contains("table limit of 100000 elements"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(1), "refused before allocating: {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn the_memory_cap_counts_all_memories_together() {
+        let runtime = Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime");
+        // 40 MiB each: one fits the 64 MiB cap, two do not.
+        assert_eq!(instantiate(&runtime, &module(0, &[640])), Ok(()));
+        let err = instantiate(&runtime, &module(0, &[640, 640])).expect_err("80 MiB in two memories");
+        assert!(err.contains("all memories together"), "{err}");
     }
 }

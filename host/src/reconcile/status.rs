@@ -18,10 +18,18 @@ pub mod kind {
     pub const RESTORED: &str = "Restored";
 }
 
+/// The longest condition message kept; the rest is cut, so a status write never
+/// fails for its size.
+pub const MAX_MESSAGE: usize = 4096;
+
 /// Sets condition `type_`; `lastTransitionTime` moves only when the status changes.
 pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: &str, message: impl Into<String>, generation: Option<i64>) {
     let status = if ok { "True" } else { "False" };
-    let message = message.into();
+    let mut message: String = message.into();
+    if message.len() > MAX_MESSAGE {
+        let more = message.len() - MAX_MESSAGE;
+        message = format!("{}… ({more} more bytes)", crate::events::truncate(&message, MAX_MESSAGE));
+    }
     if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
         if c.status != status {
             c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::now());
