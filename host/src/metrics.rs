@@ -29,6 +29,15 @@ pub struct CallLabels {
     pub outcome: String,
 }
 
+/// Labels of answers from the memo of plugin calls.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemoLabels {
+    /// Engine of the plugin.
+    pub engine: String,
+    /// `hit` (answered without a call) or `miss` (a call was made).
+    pub outcome: String,
+}
+
 /// Labels of reconciles.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
@@ -76,6 +85,8 @@ pub struct Metrics {
     pub plugins_loaded: Gauge,
     /// Plugin calls by outcome.
     pub plugin_calls: Family<CallLabels, Counter>,
+    /// Plugin calls answered from the memo (hit) or made (miss).
+    pub plugin_memo: Family<MemoLabels, Counter>,
     /// Reconciles by engine.
     pub reconciles: Family<ReconcileLabels, Counter>,
     /// Failed reconciles by engine.
@@ -98,6 +109,7 @@ impl Default for Metrics {
         let plugin_loads = Family::<LoadLabels, Counter>::default();
         let plugins_loaded = Gauge::default();
         let plugin_calls = Family::<CallLabels, Counter>::default();
+        let plugin_memo = Family::<MemoLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let reconcile_errors = Family::<ReconcileLabels, Counter>::default();
         let reconcile_seconds =
@@ -105,12 +117,23 @@ impl Default for Metrics {
         registry.register("plugin_loads", "Plugin loads from ConfigMaps by outcome", plugin_loads.clone());
         registry.register("plugins_loaded", "Engine plugins currently loaded", plugins_loaded.clone());
         registry.register("plugin_calls", "Plugin calls by function and outcome", plugin_calls.clone());
+        registry.register("plugin_memo", "Plugin calls answered from remembered results (hit) or made (miss)", plugin_memo.clone());
         registry.register("reconciles", "Reconciles by engine", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by engine", reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Reconcile durations by engine", reconcile_seconds.clone());
         let api_requests = Family::<RequestLabels, Counter>::default();
         registry.register("api_requests", "Requests made to the Kubernetes API by verb and resource", api_requests.clone());
-        Self { registry, plugin_loads, plugins_loaded, plugin_calls, reconciles, reconcile_errors, reconcile_seconds, api_requests }
+        Self {
+            registry,
+            plugin_loads,
+            plugins_loaded,
+            plugin_calls,
+            plugin_memo,
+            reconciles,
+            reconcile_errors,
+            reconcile_seconds,
+            api_requests,
+        }
     }
 }
 

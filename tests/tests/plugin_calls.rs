@@ -113,3 +113,42 @@ async fn a_plugin_that_uses_its_whole_deadline_delays_only_its_own_engine() {
     assert!(!operator.is_finished());
     operator.abort();
 }
+
+/// Plugins are pure, so their answers are remembered: once a Database has been
+/// rendered, passes over the same spec make no plugin call at all, and the metric
+/// says how many were answered from memory. A changed spec is a new input: called.
+#[tokio::test]
+async fn a_resync_of_an_unchanged_database_makes_no_plugin_call() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("postgres", "postgres")]).await.expect("CRD and plugins");
+    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
+    let metrics = Arc::new(Metrics::default());
+    let health = Health::default();
+    let options = Options { settings: test_settings(), ..Default::default() };
+    let operator = tokio::spawn(operator::run(client, metrics.clone(), options, health.clone(), std::future::pending()));
+    let calls = || metric_sum(&metrics.encode(), "plugdb_plugin_calls_total", |l| l.contains("engine=\"postgres\"")) as u64;
+    let hits = || metric_sum(&metrics.encode(), "plugdb_plugin_memo_total", |l| l.contains("outcome=\"hit\"")) as u64;
+    let reconciles = || metric_sum(&metrics.encode(), "plugdb_reconciles_total", |l| l.contains("engine=\"postgres\"")) as u64;
+
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let db = |replicas: i32| {
+        json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "orders"},
+               "spec": {"engine": "postgres", "replicas": replicas, "storage": "1Gi"}})
+    };
+    dbs.patch("orders", &PatchParams::apply("test"), &Patch::Apply(&db(1))).await.expect("database");
+    wait_for("orders is reconciled", Duration::from_secs(60), async || {
+        dbs.get_opt("orders").await.ok().flatten().is_some_and(|d| d.status.is_some_and(|s| s.observed_generation.is_some()))
+    })
+    .await;
+    // No Pod ever runs on this tier: the Database stays in progress and is passed over
+    // again every requeue, with the same spec each time.
+    let (calls_then, hits_then, passes_then) = (calls(), hits(), reconciles());
+    assert!(calls_then > 0, "the first pass called the plugin");
+    wait_for("five more passes", Duration::from_secs(60), async || reconciles() >= passes_then + 5).await;
+    assert_eq!(calls(), calls_then, "passes over an unchanged spec called the plugin");
+    assert!(hits() > hits_then, "they were answered from memory");
+
+    dbs.patch("orders", &PatchParams::apply("test"), &Patch::Apply(&db(2))).await.expect("scale");
+    wait_for("the new spec is rendered", Duration::from_secs(60), async || calls() > calls_then).await;
+    operator.abort();
+}

@@ -3,12 +3,14 @@
 //! loads plugins from ConfigMaps.
 
 mod convert;
+mod memo;
 pub mod policy;
 mod pool;
 pub mod registry;
 mod runtime;
 pub mod types;
 
+pub use memo::Memo;
 pub use pool::CallPool;
 pub use registry::{Outcome, Registry};
 pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, hex_digest};

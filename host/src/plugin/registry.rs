@@ -20,6 +20,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::broadcast;
 
+use super::memo::Memo;
 use super::runtime::{LoadError, Plugin, Runtime, hex_digest};
 use crate::metrics::Metrics;
 
@@ -125,6 +126,8 @@ pub struct Registry {
     metrics: Arc<Metrics>,
     /// True once the watch has loaded every plugin ConfigMap that existed when it started.
     synced: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Answers of every loaded plugin's calls, shared by both compile tiers.
+    memo: Arc<Memo>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -167,14 +170,16 @@ impl Registry {
     pub fn new(runtime: Runtime, metrics: Arc<Metrics>) -> Self {
         let (changes, _) = broadcast::channel(64);
         let synced = Arc::new(tokio::sync::watch::Sender::new(false));
-        Self { runtime, optimizer: None, state: Arc::default(), compiled: Arc::default(), changes, metrics, synced }
+        let memo = Arc::new(Memo::default());
+        let runtime = runtime.with_memo(memo.clone());
+        Self { runtime, optimizer: None, state: Arc::default(), compiled: Arc::default(), changes, metrics, synced, memo }
     }
 
     /// Tiered loading: plugins load with the registry's (quick) runtime and serve at
     /// once; `optimizer` recompiles each in the background and swaps the optimised
     /// build in when it is ready, if the same bytes still serve.
     pub fn with_optimizer(mut self, optimizer: Runtime) -> Self {
-        self.optimizer = Some(optimizer);
+        self.optimizer = Some(optimizer.with_memo(self.memo.clone()));
         self
     }
 
@@ -258,6 +263,9 @@ impl Registry {
         let id = plugin.id();
         let digest = plugin.digest().to_string();
         state.engines.insert(engine.clone(), Loaded { plugin, config_map: source.to_string() });
+        if let Some((old, _)) = &previous {
+            self.memo.forget(old);
+        }
         self.metrics.plugins_loaded.set(state.engines.len() as i64);
         drop(state);
         self.optimize(&engine, source, &digest);
@@ -317,7 +325,9 @@ impl Registry {
         let mut state = self.state.write().unwrap_or_else(lock_poisoned);
         state.problems.remove(config_map);
         let engine = state.engines.iter().find(|(_, l)| l.config_map == config_map).map(|(e, _)| e.clone())?;
-        state.engines.remove(&engine);
+        if let Some(gone) = state.engines.remove(&engine) {
+            self.memo.forget(gone.plugin.digest());
+        }
         self.metrics.plugins_loaded.set(state.engines.len() as i64);
         drop(state);
         let _ = self.changes.send(engine.clone());

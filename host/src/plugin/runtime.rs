@@ -10,8 +10,9 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use super::convert::{self, EngineWorld, EngineWorldPre, HostImports, LogLevel, TypesImports};
+use super::memo::Memo;
 use super::types::*;
-use crate::metrics::{CallLabels, Metrics};
+use crate::metrics::{CallLabels, MemoLabels, Metrics};
 
 /// The contract version this host implements (`wit/engine.wit`).
 pub const CONTRACT_VERSION: &str = "0.1.0";
@@ -126,6 +127,7 @@ pub struct Runtime {
     limits: Limits,
     tier: Tier,
     metrics: Option<Arc<Metrics>>,
+    memo: Option<Arc<Memo>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -170,12 +172,18 @@ impl Runtime {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Self { engine, linker: Arc::new(linker), limits, tier, metrics: None })
+        Ok(Self { engine, linker: Arc::new(linker), limits, tier, metrics: None, memo: None })
     }
 
     /// The same runtime, counting every plugin call in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// The same runtime, answering calls already answered from `memo` (plugins are pure).
+    pub fn with_memo(mut self, memo: Arc<Memo>) -> Self {
+        self.memo = Some(memo);
         self
     }
 
@@ -448,7 +456,7 @@ impl Plugin {
 
     /// Engine-specific checks of `spec`.
     pub fn validate(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
-        self.counted("validate", || {
+        self.counted("validate", spec, || {
             let arg = spec.into();
             let found: Vec<Violation> = self.call("validate", |s, w| {
                 w.plugdb_engine_plugin().call_validate(s, &arg).map(|v| v.into_iter().map(Into::into).collect())
@@ -463,7 +471,7 @@ impl Plugin {
 
     /// The workload for `spec`, checked against host policy.
     pub fn render(&self, spec: &EngineSpec, cluster: &ClusterContext) -> Result<Workload, CallError> {
-        self.counted("render", || {
+        self.counted("render", &(spec, cluster), || {
             let (arg, ctx) = (spec.into(), cluster.into());
             let workload: Workload = self
                 .call("render", |s, w| w.plugdb_engine_plugin().call_render(s, &arg, &ctx).map(|r| r.map(Workload::from)))?
@@ -474,7 +482,7 @@ impl Plugin {
 
     /// How to move from `from` to `spec.version`.
     pub fn plan_upgrade(&self, spec: &EngineSpec, from: &str) -> Result<UpgradePlan, CallError> {
-        self.counted("plan-upgrade", || {
+        self.counted("plan-upgrade", &(spec, from), || {
             let arg = spec.into();
             let plan: UpgradePlan = self
                 .call("plan-upgrade", |s, w| w.plugdb_engine_plugin().call_plan_upgrade(s, &arg, from).map(|r| r.map(UpgradePlan::from)))?
@@ -494,7 +502,7 @@ impl Plugin {
 
     /// Which member to promote.
     pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
-        self.counted("choose-primary", || {
+        self.counted("choose-primary", &(spec, members), || {
             let (arg, list): (_, Vec<_>) = (spec.into(), members.iter().map(Into::into).collect());
             let decision: FailoverDecision = self
                 .call("choose-primary", |s, w| w.plugdb_engine_plugin().call_choose_primary(s, &arg, &list).map(FailoverDecision::from))?;
@@ -510,7 +518,7 @@ impl Plugin {
 
     /// A Job that backs the Database up to `location`.
     pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
-        self.counted("backup", || {
+        self.counted("backup", &(spec, location), || {
             let (arg, loc) = (spec.into(), location.into());
             let job: JobPlan = self
                 .call("backup", |s, w| w.plugdb_engine_plugin().call_backup(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
@@ -521,7 +529,7 @@ impl Plugin {
 
     /// A Job that restores the backup at `location`.
     pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
-        self.counted("restore", || {
+        self.counted("restore", &(spec, location), || {
             let (arg, loc) = (spec.into(), location.into());
             let job: JobPlan = self
                 .call("restore", |s, w| w.plugdb_engine_plugin().call_restore(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
@@ -538,9 +546,26 @@ impl Plugin {
         if violations.is_empty() { Ok(value) } else { Err(CallError::Policy { engine: self.info.engine.clone(), function, violations }) }
     }
 
-    /// Counts the outcome of `function` in the metrics: what the sandbox saw, the
-    /// plugin's own refusal, or the host policy's.
-    fn counted<T>(&self, function: &'static str, call: impl FnOnce() -> Result<T, CallError>) -> Result<T, CallError> {
+    /// Answers `function` of `input` from the memo when it was answered before;
+    /// otherwise runs `call`, counts its outcome in the metrics (what the sandbox saw,
+    /// the plugin's own refusal, or the host policy's) and remembers the answer unless
+    /// it was the machine's doing (a deadline, a trap).
+    fn counted<T: Clone + Send + Sync + serde::Serialize + 'static>(
+        &self,
+        function: &'static str,
+        input: &impl serde::Serialize,
+        call: impl FnOnce() -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        let key = self.runtime.memo.as_ref().and_then(|_| Memo::key(&self.digest, function, input));
+        if let (Some(memo), Some(key)) = (&self.runtime.memo, &key)
+            && let Some(answer) = memo.get::<Result<T, CallError>>(key)
+        {
+            self.count_memo("hit");
+            return answer;
+        }
+        if key.is_some() {
+            self.count_memo("miss");
+        }
         let result = call();
         if let Some(metrics) = &self.runtime.metrics {
             let outcome = match &result {
@@ -554,7 +579,21 @@ impl Plugin {
             let labels = CallLabels { engine: self.info.engine.clone(), function: function.into(), outcome: outcome.into() };
             metrics.plugin_calls.get_or_create(&labels).inc();
         }
+        let pure = !matches!(result, Err(CallError::Timeout { .. } | CallError::Trap { .. }));
+        if let (Some(memo), Some(key), true) = (&self.runtime.memo, key, pure) {
+            let bytes = match &result {
+                Ok(value) => serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX),
+                Err(e) => e.to_string().len(),
+            };
+            memo.put(key, &self.digest, result.clone(), bytes);
+        }
         result
+    }
+
+    fn count_memo(&self, outcome: &str) {
+        if let Some(metrics) = &self.runtime.metrics {
+            metrics.plugin_memo.get_or_create(&MemoLabels { engine: self.info.engine.clone(), outcome: outcome.into() }).inc();
+        }
     }
 
     /// Runs `f` against a fresh instance under the call limits, and bounds the size of its result.
