@@ -1,5 +1,6 @@
-//! Plugin call cost: a fresh instance + `render` of a typical spec per iteration, the
-//! same render natively for the ratio, and a cold compile of each bundled plugin.
+//! Plugin call cost: a fresh instance (from the instance pool, and allocated on demand
+//! for comparison) + `render` of a typical spec per iteration, the same render natively
+//! for the ratio, and a cold compile of each bundled plugin.
 //!
 //! `cargo bench -p plugdb-tests --bench plugin_call`
 
@@ -77,6 +78,11 @@ fn render(c: &mut Criterion) {
     });
     group.bench_function("mysql plugin (fresh instance + render + policy)", |b| {
         b.iter(|| mysql.render(black_box(&mysql_spec), black_box(&cl)).expect("render"))
+    });
+    let on_demand = Runtime::new(Limits { instance_slots: 0, ..Limits::default() }).expect("runtime");
+    let postgres_on_demand = on_demand.load(&plugdb_tests::component("postgres")).expect("postgres loads");
+    group.bench_function("postgres plugin, instances allocated on demand (no pool)", |b| {
+        b.iter(|| postgres_on_demand.render(black_box(&s), black_box(&cl)).expect("render"))
     });
     let (ns, nc) = native_inputs();
     group.bench_function("postgres native (same render, no sandbox)", |b| {

@@ -9,8 +9,14 @@ use plugdb::plugin::{CallError, EngineSpec, Limits, LoadError, ParameterValue, P
 const DEADLINE: Duration = Duration::from_millis(200);
 
 fn runtime() -> Runtime {
-    Runtime::new(Limits { call_timeout: DEADLINE, memory_bytes: 32 << 20, stack_bytes: 256 << 10, output_bytes: 256 << 10 })
-        .expect("runtime")
+    Runtime::new(Limits {
+        call_timeout: DEADLINE,
+        memory_bytes: 32 << 20,
+        stack_bytes: 256 << 10,
+        output_bytes: 256 << 10,
+        ..Limits::default()
+    })
+    .expect("runtime")
 }
 
 fn spec(attack: &str) -> EngineSpec {
@@ -46,6 +52,18 @@ fn plugins() -> (Runtime, Plugin, Plugin) {
     let hostile = rt.load(&plugdb_tests::component("hostile")).expect("hostile loads: it is well-formed");
     let good = rt.load(&plugdb_tests::component("minimal")).expect("minimal loads");
     (rt, hostile, good)
+}
+
+/// Instances come from a pool and memory images are reused copy-on-write: nothing a
+/// call writes may be seen by the next (the plugin counts its calls in a static).
+#[test]
+fn no_state_outlives_a_call_in_the_instance_pool() {
+    let (_rt, hostile, _) = plugins();
+    for _ in 0..3 {
+        let w = hostile.render(&spec("count"), &plugdb_tests::cluster("victim", "default")).expect("render");
+        let calls = w.config_files.iter().find(|f| f.name == "calls.conf").map(|f| f.content.clone());
+        assert_eq!(calls.as_deref(), Some("calls = 1\n"), "a call saw an earlier call's state");
+    }
 }
 
 #[test]

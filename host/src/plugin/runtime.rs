@@ -23,6 +23,10 @@ const MAX_LOG_BYTES: usize = 2048;
 /// Table elements one call may have, over all its tables (function tables of real
 /// plugins hold a few hundred).
 const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Core instances, memories and tables one call may create.
+const LIMITED_INSTANCES: usize = 4;
+const LIMITED_MEMORIES: usize = 2;
+const LIMITED_TABLES: usize = 8;
 
 /// Bounds applied to every plugin call.
 #[derive(Debug, Clone, Copy)]
@@ -35,11 +39,21 @@ pub struct Limits {
     pub stack_bytes: usize,
     /// Size of a call's result, measured as JSON.
     pub output_bytes: usize,
+    /// Instances kept ready in a pool (the pooling allocator: no mapping per call,
+    /// memory images copied on write), each reserving `memory_bytes` of address space
+    /// per memory; 0 allocates every instance on demand. Calls beyond it fail.
+    pub instance_slots: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { call_timeout: Duration::from_millis(500), memory_bytes: 64 << 20, stack_bytes: 512 << 10, output_bytes: 512 << 10 }
+        Self {
+            call_timeout: Duration::from_millis(500),
+            memory_bytes: 64 << 20,
+            stack_bytes: 512 << 10,
+            output_bytes: 512 << 10,
+            instance_slots: 16,
+        }
     }
 }
 
@@ -157,6 +171,25 @@ impl Runtime {
     pub fn with_tier(limits: Limits, tier: Tier) -> anyhow::Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(limits.stack_bytes).generate_address_map(false);
+        // Linear memory never grows past the cap: reserve no more address space than that.
+        config.memory_reservation(limits.memory_bytes as u64).memory_guard_size(64 << 10).memory_reservation_for_growth(0);
+        if limits.instance_slots > 0 {
+            let slots = limits.instance_slots;
+            let mut pool = wasmtime::PoolingAllocationConfig::new();
+            pool.total_component_instances(slots)
+                .total_core_instances(slots * LIMITED_INSTANCES as u32)
+                .total_memories(slots * LIMITED_MEMORIES as u32)
+                .total_tables(slots * LIMITED_TABLES as u32)
+                .max_core_instances_per_component(LIMITED_INSTANCES as u32)
+                .max_memories_per_component(LIMITED_MEMORIES as u32)
+                .max_tables_per_component(LIMITED_TABLES as u32)
+                .max_memories_per_module(LIMITED_MEMORIES as u32)
+                .max_tables_per_module(LIMITED_TABLES as u32)
+                .max_memory_size(limits.memory_bytes)
+                .table_elements(MAX_TABLE_ELEMENTS)
+                .max_unused_warm_slots(slots);
+            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        }
         if tier == Tier::Quick {
             config.cranelift_opt_level(wasmtime::OptLevel::None).cranelift_regalloc_algorithm(wasmtime::RegallocAlgorithm::SinglePass);
         }
@@ -377,15 +410,15 @@ impl ResourceLimiter for CallLimiter {
     }
 
     fn instances(&self) -> usize {
-        4
+        LIMITED_INSTANCES
     }
 
     fn tables(&self) -> usize {
-        8
+        LIMITED_TABLES
     }
 
     fn memories(&self) -> usize {
-        2
+        LIMITED_MEMORIES
     }
 }
 
