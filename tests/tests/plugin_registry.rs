@@ -127,3 +127,42 @@ async fn engines_follow_their_config_maps_while_the_registry_runs() {
     assert_eq!(registry.engines(), Vec::<(String, String)>::new(), "the stray ConfigMap in another namespace was never loaded");
     watch.abort();
 }
+
+/// Two ConfigMaps claiming one engine: the one whose name sorts first serves, whatever
+/// the order they came in and across a restart; when it goes, the other takes over
+/// with no restart.
+#[tokio::test]
+async fn of_two_config_maps_for_one_engine_the_first_by_name_serves_and_the_other_takes_over() {
+    let cp = ControlPlane::start_with(Options { controller_manager: false, ..Default::default() }).await.expect("control plane");
+    let namespaces: Api<Namespace> = Api::all(cp.client.clone());
+    let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
+    namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
+    let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
+    let start = || {
+        let registry = Registry::new(Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime"), Arc::new(Metrics::default()));
+        (registry.clone(), tokio::spawn(registry.watch(cp.client.clone(), NS.into())))
+    };
+    let (registry, watch) = start();
+
+    // The later name arrives first and serves until the earlier name arrives.
+    let (v1, v2) = (plugdb_tests::component("minimal"), plugdb_tests::component("minimal-v2"));
+    cms.create(&PostParams::default(), &plugin_config_map("minimal-b", "minimal", &v2, false, None)).await.expect("b");
+    eventually("minimal-b serves", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@2.0.0")).await;
+    cms.create(&PostParams::default(), &plugin_config_map("minimal-a", "minimal", &v1, false, None)).await.expect("a");
+    eventually("minimal-a, first by name, serves", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@1.0.0")).await;
+    let problem = registry.problem("minimal").expect("minimal-b stands by");
+    assert_eq!(problem.config_map, "minimal-b");
+    assert!(problem.reason.contains("\"minimal-a\", whose name sorts first"), "{problem:?}");
+
+    // A restart lists them in whatever order: the same one serves.
+    watch.abort();
+    let (registry, watch) = start();
+    tokio::time::timeout(Duration::from_secs(30), registry.synced()).await.expect("synced");
+    assert_eq!(registry.get("minimal").map(|p| p.id()).as_deref(), Some("minimal@1.0.0"));
+
+    // The serving one goes: the one standing by serves at once.
+    cms.delete("minimal-a", &DeleteParams::default()).await.expect("delete a");
+    eventually("minimal-b takes over", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@2.0.0")).await;
+    assert!(registry.problem("minimal").is_none(), "{:?}", registry.problem("minimal"));
+    watch.abort();
+}

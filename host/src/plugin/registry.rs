@@ -111,6 +111,9 @@ pub struct LoadProblem {
 #[derive(Debug, Default)]
 struct State {
     engines: BTreeMap<String, Loaded>,
+    /// Valid plugins of ConfigMaps whose engine another ConfigMap serves, by ConfigMap
+    /// name: the first of them by name takes over when the serving one goes.
+    rivals: BTreeMap<String, Loaded>,
     /// Last problem per ConfigMap; cleared by a successful load or a delete.
     problems: BTreeMap<String, LoadProblem>,
 }
@@ -230,6 +233,7 @@ impl Registry {
             Err(e) => Err(e),
         };
         let mut state = self.state.write().unwrap_or_else(lock_poisoned);
+        state.rivals.remove(source);
         let reject = |state: &mut State, reason: String| {
             let problem = LoadProblem { config_map: source.to_string(), engine: labelled.clone(), reason };
             state.problems.insert(source.to_string(), problem.clone());
@@ -247,11 +251,27 @@ impl Registry {
         {
             return reject(&mut state, format!("labelled {PLUGIN_LABEL}={expected} but the plugin serves engine {engine:?}"));
         }
+        // Two ConfigMaps claiming one engine: the one whose name sorts first serves,
+        // whatever the order they arrived in; the other stands by.
+        let standing_by = |serving: &str| {
+            format!("engine {engine:?} is served by ConfigMap {serving:?}, whose name sorts first; this one takes over if that one goes")
+        };
+        let mut displaced = None;
         if let Some(other) = state.engines.get(&engine)
             && other.config_map != source
         {
-            let reason = format!("engine {engine:?} is already served by ConfigMap {:?}", other.config_map);
-            return reject(&mut state, reason);
+            if other.config_map.as_str() < source {
+                let reason = standing_by(&other.config_map);
+                state.rivals.insert(source.to_string(), Loaded { plugin, config_map: source.to_string() });
+                return reject(&mut state, reason);
+            }
+            if let Some(other) = state.engines.remove(&engine) {
+                let problem =
+                    LoadProblem { config_map: other.config_map.clone(), engine: Some(engine.clone()), reason: standing_by(source) };
+                state.problems.insert(other.config_map.clone(), problem);
+                displaced = Some(other.plugin.id());
+                state.rivals.insert(other.config_map.clone(), other);
+            }
         }
         // This source may have served another engine before (its plugin changed engine).
         state.engines.retain(|e, l| l.config_map != source || *e == engine);
@@ -270,7 +290,7 @@ impl Registry {
         drop(state);
         self.optimize(&engine, source, &digest);
         let _ = self.changes.send(engine.clone());
-        Outcome::Loaded { engine, id, replaced: previous.map(|(_, id)| id) }
+        Outcome::Loaded { engine, id, replaced: previous.map(|(_, id)| id).or(displaced) }
     }
 
     /// Recompiles the plugin serving `engine` at the optimised tier in the background.
@@ -320,18 +340,34 @@ impl Registry {
         Ok(plugin)
     }
 
-    /// Forgets a ConfigMap: unloads the engine it served, clears its problems.
+    /// Forgets a ConfigMap: unloads the engine it served (a standing-by rival, the
+    /// first by name, takes over), clears its problems.
     pub fn remove(&self, config_map: &str) -> Option<Outcome> {
         let mut state = self.state.write().unwrap_or_else(lock_poisoned);
         state.problems.remove(config_map);
+        state.rivals.remove(config_map);
         let engine = state.engines.iter().find(|(_, l)| l.config_map == config_map).map(|(e, _)| e.clone())?;
-        if let Some(gone) = state.engines.remove(&engine) {
-            self.memo.forget(gone.plugin.digest());
-        }
-        self.metrics.plugins_loaded.set(state.engines.len() as i64);
-        drop(state);
-        let _ = self.changes.send(engine.clone());
-        Some(Outcome::Unloaded { engine })
+        let gone = state.engines.remove(&engine)?;
+        self.memo.forget(gone.plugin.digest());
+        let rival = state.rivals.iter().find(|(_, l)| l.plugin.info().engine == engine).map(|(name, _)| name.clone());
+        let outcome = match rival.and_then(|name| state.rivals.remove(&name)) {
+            Some(rival) => {
+                state.problems.remove(&rival.config_map);
+                let id = rival.plugin.id();
+                let (source, digest) = (rival.config_map.clone(), rival.plugin.digest().to_string());
+                state.engines.insert(engine.clone(), rival);
+                drop(state);
+                self.optimize(&engine, &source, &digest);
+                Outcome::Loaded { engine: engine.clone(), id, replaced: Some(gone.plugin.id()) }
+            }
+            None => {
+                drop(state);
+                Outcome::Unloaded { engine: engine.clone() }
+            }
+        };
+        self.metrics.plugins_loaded.set(self.state.read().unwrap_or_else(lock_poisoned).engines.len() as i64);
+        let _ = self.changes.send(engine);
+        Some(outcome)
     }
 
     fn sources(&self) -> Vec<String> {

@@ -478,12 +478,17 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
             kind::PLUGIN_READY,
             true,
             "NewerVersionRejected",
-            format!("rendered by {}; ConfigMap {} was rejected and is not serving: {}", plugin.id(), p.config_map, p.reason),
+            format!("rendered by {}; ConfigMap {} is not serving: {}", serving(&plugin), p.config_map, p.reason),
             generation,
         ),
-        None => {
-            status::set(&mut status.conditions, kind::PLUGIN_READY, true, "Rendered", format!("rendered by {}", plugin.id()), generation)
-        }
+        None => status::set(
+            &mut status.conditions,
+            kind::PLUGIN_READY,
+            true,
+            "Rendered",
+            format!("rendered by {}", serving(&plugin)),
+            generation,
+        ),
     }
     apply::ensure_credentials(ctx, db, &workload.credentials).await?;
     let was_ready = status::is_true(&status.conditions, kind::READY);
@@ -693,6 +698,11 @@ fn backup_message(report: &backups::BackupReport) -> String {
 
 fn until_next_backup(report: &backups::BackupReport) -> Duration {
     report.next.map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(1)).unwrap_or(Duration::from_secs(3600))
+}
+
+/// The serving plugin and its build: `postgres@0.1.0 (sha256 0123456789ab)`.
+fn serving(plugin: &Plugin) -> String {
+    format!("{} (sha256 {})", plugin.id(), &plugin.digest()[..12.min(plugin.digest().len())])
 }
 
 fn loaded(ctx: &Ctx) -> String {

@@ -155,7 +155,10 @@ pub async fn plugins_arrive_and_change(cluster: Arc<Cluster>) {
         .await
         .expect("reported");
     assert_eq!(db.status.as_ref().and_then(|s| s.plugin.as_deref()), Some("minimal@2.0.0"));
-    assert!(condition(&db, "PluginReady").expect("c").message.contains("not a WebAssembly component"));
+    let message = &condition(&db, "PluginReady").expect("c").message;
+    assert!(message.contains("not a WebAssembly component"), "{message}");
+    let build = plugdb::plugin::hex_digest(&plugdb_tests::component("minimal-v2"));
+    assert!(message.contains(&format!("minimal@2.0.0 (sha256 {})", &build[..12])), "the serving build: {message}");
     assert!(is_running(&db, 1), "the running version keeps serving");
 
     let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
