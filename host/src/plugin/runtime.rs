@@ -106,13 +106,13 @@ pub enum CallError {
         message: String,
     },
     /// The result was larger than the host accepts.
-    #[error("{engine} plugin: {function} returned {bytes} bytes, over the {limit}-byte limit")]
+    #[error("{engine} plugin: {function} returned more than the {limit}-byte limit (measured up to {bytes} bytes)")]
     OutputTooLarge {
         /// Engine name.
         engine: String,
         /// Exported function.
         function: &'static str,
-        /// Size of the result.
+        /// How much of the result was measured before it went past the limit.
         bytes: usize,
         /// The limit.
         limit: usize,
@@ -422,6 +422,26 @@ impl ResourceLimiter for CallLimiter {
     }
 }
 
+/// Counts serialised bytes and stops the serialisation once past `limit`.
+struct Meter {
+    bytes: usize,
+    limit: usize,
+}
+
+impl std::io::Write for Meter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes += buf.len();
+        if self.bytes > self.limit {
+            return Err(std::io::Error::other("over the output limit"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Per-call state: the resource limiter and log accounting.
 pub(crate) struct CallState {
     limits: CallLimiter,
@@ -639,9 +659,16 @@ impl Plugin {
         let mut store = self.runtime.store(&self.info.engine);
         let result = self.pre.instantiate(&mut store).and_then(|world| f(&mut store, &world));
         let value = result.map_err(|e| self.classify(function, e))?;
-        let bytes = serde_json::to_vec(&value).map(|v| v.len()).unwrap_or(usize::MAX);
-        if bytes > limits.output_bytes {
-            return Err(CallError::OutputTooLarge { engine: self.info.engine.clone(), function, bytes, limit: limits.output_bytes });
+        // Measured as it would be serialised, without keeping the bytes, and only up to
+        // the limit: a huge result costs no more than the limit to refuse.
+        let mut meter = Meter { bytes: 0, limit: limits.output_bytes };
+        if serde_json::to_writer(&mut meter, &value).is_err() || meter.bytes > limits.output_bytes {
+            return Err(CallError::OutputTooLarge {
+                engine: self.info.engine.clone(),
+                function,
+                bytes: meter.bytes,
+                limit: limits.output_bytes,
+            });
         }
         Ok(value)
     }
