@@ -47,11 +47,19 @@ pub fn capped(mut violations: Vec<Violation>) -> Vec<Violation> {
 
 struct Report(Vec<Violation>);
 
-impl Report {
-    fn check(&mut self, ok: bool, field: impl Into<String>, message: impl Into<String>) {
-        if !ok {
-            self.0.push(Violation { field: field.into(), message: message.into() });
+/// Records a violation unless `ok`; the field and message are only built for a
+/// violation, so a passing check costs no allocation.
+macro_rules! check {
+    ($report:expr, $ok:expr, $field:expr, $message:expr $(,)?) => {
+        if !$ok {
+            $report.fail($field, $message);
         }
+    };
+}
+
+impl Report {
+    fn fail(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Violation { field: field.into(), message: message.into() });
     }
 
     fn done(self) -> Vec<Violation> {
@@ -96,29 +104,35 @@ fn under(path: &str, root: &str) -> bool {
 }
 
 fn check_image(r: &mut Report, field: &str, image: &str) {
-    r.check(!image.is_empty() && image.len() <= MAX_IMAGE, field, format!("must be 1-{MAX_IMAGE} bytes, not {}", image.len()));
-    r.check(!image.chars().any(|c| c.is_whitespace() || c.is_control()), field, "must not contain whitespace");
+    check!(r, !image.is_empty() && image.len() <= MAX_IMAGE, field, format!("must be 1-{MAX_IMAGE} bytes, not {}", image.len()));
+    check!(r, !image.chars().any(|c| c.is_whitespace() || c.is_control()), field, "must not contain whitespace");
 }
 
 fn check_argv(r: &mut Report, field: &str, argv: &[String]) {
-    r.check(argv.len() <= MAX_ARGV, field, format!("at most {MAX_ARGV} items"));
-    r.check(argv.iter().all(|a| a.len() <= MAX_ARG), field, format!("each item at most {MAX_ARG} bytes"));
+    check!(r, argv.len() <= MAX_ARGV, field, format!("at most {MAX_ARGV} items"));
+    check!(r, argv.iter().all(|a| a.len() <= MAX_ARG), field, format!("each item at most {MAX_ARG} bytes"));
 }
 
 fn check_env(r: &mut Report, env: &[EnvVar], credentials_secret: &str) {
-    r.check(env.len() <= MAX_ENV, "env", format!("at most {MAX_ENV} variables"));
+    check!(r, env.len() <= MAX_ENV, "env", format!("at most {MAX_ENV} variables"));
     for (i, var) in env.iter().enumerate() {
         let field = format!("env[{i}]");
-        r.check(is_env_name(&var.name), &field, format!("{} is not a valid variable name", quoted(&var.name)));
+        check!(r, is_env_name(&var.name), &field, format!("{} is not a valid variable name", quoted(&var.name)));
         match &var.source {
-            EnvSource::Value(v) => r.check(v.len() <= MAX_ARG, &field, format!("value at most {MAX_ARG} bytes")),
-            EnvSource::Secret(s) => r.check(
+            EnvSource::Value(v) => check!(r, v.len() <= MAX_ARG, &field, format!("value at most {MAX_ARG} bytes")),
+            EnvSource::Secret(s) => check!(
+                r,
                 s.name == credentials_secret,
                 &field,
                 format!("may only read the Database's own Secret {credentials_secret:?}, not {}", quoted(&s.name)),
             ),
             EnvSource::Field(path) => {
-                r.check(ALLOWED_FIELDS.contains(&path.as_str()), &field, format!("field {} is not one of {ALLOWED_FIELDS:?}", quoted(path)))
+                check!(
+                    r,
+                    ALLOWED_FIELDS.contains(&path.as_str()),
+                    &field,
+                    format!("field {} is not one of {ALLOWED_FIELDS:?}", quoted(path))
+                )
             }
         }
     }
@@ -128,15 +142,15 @@ fn check_probe(r: &mut Report, field: &str, probe: &Option<Probe>) {
     let Some(p) = probe else { return };
     match &p.action {
         ProbeAction::Exec(cmd) => {
-            r.check(!cmd.is_empty(), field, "exec probe needs a command");
+            check!(r, !cmd.is_empty(), field, "exec probe needs a command");
             check_argv(r, field, cmd);
         }
-        ProbeAction::TcpSocket(port) => r.check(*port != 0, field, "tcp probe port must not be 0"),
+        ProbeAction::TcpSocket(port) => check!(r, *port != 0, field, "tcp probe port must not be 0"),
     }
-    r.check((1..=3600).contains(&p.period_seconds), field, "periodSeconds must be 1-3600");
-    r.check((1..=600).contains(&p.timeout_seconds), field, "timeoutSeconds must be 1-600");
-    r.check((1..=100).contains(&p.failure_threshold), field, "failureThreshold must be 1-100");
-    r.check(p.initial_delay_seconds <= 3600, field, "initialDelaySeconds must be at most 3600");
+    check!(r, (1..=3600).contains(&p.period_seconds), field, "periodSeconds must be 1-3600");
+    check!(r, (1..=600).contains(&p.timeout_seconds), field, "timeoutSeconds must be 1-600");
+    check!(r, (1..=100).contains(&p.failure_threshold), field, "failureThreshold must be 1-100");
+    check!(r, p.initial_delay_seconds <= 3600, field, "initialDelaySeconds must be at most 3600");
 }
 
 /// Violations of host policy in a rendered workload; empty when it may be applied.
@@ -146,48 +160,57 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     check_argv(&mut r, "command", &w.command);
     check_argv(&mut r, "args", &w.args);
     check_env(&mut r, &w.env, &cluster.credentials_secret);
-    r.check(!w.ports.is_empty() && w.ports.len() <= MAX_PORTS, "ports", format!("1-{MAX_PORTS} ports"));
+    check!(r, !w.ports.is_empty() && w.ports.len() <= MAX_PORTS, "ports", format!("1-{MAX_PORTS} ports"));
     for (i, p) in w.ports.iter().enumerate() {
-        r.check(is_port_name(&p.name), format!("ports[{i}].name"), format!("{} must be 1-15 characters of [a-z0-9-]", quoted(&p.name)));
-        r.check(p.port != 0, format!("ports[{i}].port"), "must not be 0");
+        check!(r, is_port_name(&p.name), format!("ports[{i}].name"), format!("{} must be 1-15 characters of [a-z0-9-]", quoted(&p.name)));
+        check!(r, p.port != 0, format!("ports[{i}].port"), "must not be 0");
     }
     check_probe(&mut r, "readiness", &w.readiness);
     check_probe(&mut r, "liveness", &w.liveness);
     let total: usize = w.config_files.iter().map(|f| f.name.len() + f.content.len()).sum();
-    r.check(total <= MAX_CONFIG_BYTES, "configFiles", format!("{total} bytes in all, over {MAX_CONFIG_BYTES}"));
+    check!(r, total <= MAX_CONFIG_BYTES, "configFiles", format!("{total} bytes in all, over {MAX_CONFIG_BYTES}"));
     for (i, f) in w.config_files.iter().enumerate() {
-        r.check(
+        check!(
+            r,
             is_key(&f.name),
             format!("configFiles[{i}].name"),
             format!("{} must be 1-253 characters of [A-Za-z0-9._-], not starting with \"..\"", quoted(&f.name)),
         );
-        r.check(
+        check!(
+            r,
             !w.config_files[..i].iter().any(|g| g.name == f.name),
             format!("configFiles[{i}].name"),
             format!("{} appears twice", quoted(&f.name)),
         );
     }
     let data = w.data_mount_path.as_str();
-    r.check(is_normal_path(data), "dataMountPath", format!("{} must be a normalised absolute path below / (no //, . or ..)", quoted(data)));
+    check!(
+        r,
+        is_normal_path(data),
+        "dataMountPath",
+        format!("{} must be a normalised absolute path below / (no //, . or ..)", quoted(data))
+    );
     if let Some(reserved) = RESERVED_PATHS.iter().find(|p| under(data, p) || under(p, data)) {
-        r.check(false, "dataMountPath", format!("{} would shadow {reserved}", quoted(data)));
+        r.fail("dataMountPath", format!("{} would shadow {reserved}", quoted(data)));
     }
-    r.check(
+    check!(
+        r,
         !under(data, &cluster.config_mount_path) && !under(&cluster.config_mount_path, data),
         "dataMountPath",
         "must not overlap the config mount",
     );
-    r.check(w.credentials.len() <= MAX_CREDENTIALS, "credentials", format!("at most {MAX_CREDENTIALS} keys"));
+    check!(r, w.credentials.len() <= MAX_CREDENTIALS, "credentials", format!("at most {MAX_CREDENTIALS} keys"));
     for (i, c) in w.credentials.iter().enumerate() {
-        r.check(
+        check!(
+            r,
             is_key(&c.key),
             format!("credentials[{i}].key"),
             format!("{} must be 1-253 characters of [A-Za-z0-9._-], not starting with \"..\"", quoted(&c.key)),
         );
-        r.check((16..=128).contains(&c.length), format!("credentials[{i}].length"), "must be 16-128");
+        check!(r, (16..=128).contains(&c.length), format!("credentials[{i}].length"), "must be 16-128");
     }
-    r.check(w.run_as_user != 0, "runAsUser", "containers never run as root (uid 0)");
-    r.check(w.run_as_user <= MAX_UID, "runAsUser", format!("{} is above the largest uid, {MAX_UID}", w.run_as_user));
+    check!(r, w.run_as_user != 0, "runAsUser", "containers never run as root (uid 0)");
+    check!(r, w.run_as_user <= MAX_UID, "runAsUser", format!("{} is above the largest uid, {MAX_UID}", w.run_as_user));
     r.done()
 }
 
@@ -195,7 +218,7 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
 pub fn check_job(job: &JobPlan, credentials_secret: &str) -> Vec<Violation> {
     let mut r = Report(Vec::new());
     check_image(&mut r, "image", &job.image);
-    r.check(!job.command.is_empty(), "command", "a Job needs a command");
+    check!(r, !job.command.is_empty(), "command", "a Job needs a command");
     check_argv(&mut r, "command", &job.command);
     check_env(&mut r, &job.env, credentials_secret);
     r.done()
