@@ -7,12 +7,11 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{ApiResource, Resource, ResourceExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::crd::{Database, DeletionPolicy, SpreadRule};
+use crate::crd::{Database, DeletionPolicy, Parameter, SpreadRule};
 use crate::plugin::{ClusterContext, EngineSpec, EnvSource, ParameterValue, ProbeAction, ResourceAmounts, Violation, Workload};
 use crate::quantity;
 
@@ -135,8 +134,8 @@ pub fn engine_spec(db: &Database, version: &str) -> Result<EngineSpec, Vec<Viola
             .iter()
             .map(|(k, v)| {
                 let value = match v {
-                    IntOrString::Int(n) => ParameterValue::Integer(i64::from(*n)),
-                    IntOrString::String(s) => ParameterValue::Text(s.clone()),
+                    Parameter::Integer(n) => ParameterValue::Integer(*n),
+                    Parameter::Text(s) => ParameterValue::Text(s.clone()),
                 };
                 (k.clone(), value)
             })

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -69,7 +68,7 @@ pub struct DatabaseSpec {
     /// Engine configuration parameters by name, e.g. `max_connections: 200`. Names and
     /// types are checked by the engine plugin.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub parameters: BTreeMap<String, IntOrString>,
+    pub parameters: BTreeMap<String, Parameter>,
 
     /// Scheduled backups. Unset means no scheduled backups (on-demand and final
     /// backups still work when the engine supports them).
@@ -85,6 +84,29 @@ pub struct DatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("restoreFrom cannot be changed after creation"))]
     pub restore_from: Option<RestoreSource>,
+}
+
+/// An engine parameter's value: a whole number (64-bit) or text.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Parameter {
+    /// A YAML/JSON integer, e.g. `200` or `4294967296`.
+    Integer(i64),
+    /// Anything else, as text, e.g. `8MB`.
+    Text(String),
+}
+
+impl schemars::JsonSchema for Parameter {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Parameter".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A parameter value: a whole number (64-bit) or text.",
+            "x-kubernetes-int-or-string": true,
+        })
+    }
 }
 
 /// Scheduled backups.

@@ -74,6 +74,12 @@ async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
     )
     .expect("the documented shape parses");
     dbs.create(&PostParams::default(), &documented).await.expect("the documented shape is accepted");
+    // Parameters hold 64-bit integers (and text) through the API server and back.
+    let big = database("big", json!({"engine": "postgres", "storage": "1Gi", "parameters": {"quota": 4_294_967_296_i64, "mem": "8MB"}}));
+    dbs.create(&PostParams::default(), &big).await.expect("a 64-bit parameter is accepted");
+    let read = dbs.get("big").await.expect("read");
+    assert_eq!(read.spec.parameters.get("quota"), Some(&plugdb::crd::Parameter::Integer(4_294_967_296)));
+    assert_eq!(read.spec.parameters.get("mem"), Some(&plugdb::crd::Parameter::Text("8MB".into())));
     let nothing = database("nothing", json!({"engine": "postgres", "storage": "0"}));
     let err = dbs.create(&PostParams::default(), &nothing).await.expect_err("an empty volume is refused");
     assert!(err.to_string().contains("spec.storage") && err.to_string().contains("positive quantity"), "{err}");
