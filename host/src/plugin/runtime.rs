@@ -619,13 +619,10 @@ impl Plugin {
         input: &impl serde::Serialize,
         call: impl FnOnce() -> Result<T, CallError>,
     ) -> Result<T, CallError> {
-        let key = self.runtime.memo.as_ref().and_then(|_| Memo::key(&self.digest, function, input));
-        if let (Some(memo), Some(key)) = (&self.runtime.memo, &key)
-            && let Some(answer) = memo.get::<Result<T, CallError>>(key)
-        {
-            self.count_memo("hit");
+        if let Some(answer) = self.remembered(function, input) {
             return answer;
         }
+        let key = self.runtime.memo.as_ref().and_then(|_| Memo::key(&self.digest, function, input));
         if key.is_some() {
             self.count_memo("miss");
         }
@@ -651,6 +648,15 @@ impl Plugin {
             memo.put(key, &self.digest, result.clone(), bytes);
         }
         result
+    }
+
+    /// The remembered answer of `function` (`"render"`, `"validate"`, ...) for
+    /// `input`, if there is one: no instance, no thread. Counted as a hit.
+    pub fn remembered<T: Clone + 'static>(&self, function: &'static str, input: &impl serde::Serialize) -> Option<Result<T, CallError>> {
+        let memo = self.runtime.memo.as_ref()?;
+        let answer = memo.get::<Result<T, CallError>>(&Memo::key(&self.digest, function, input)?)?;
+        self.count_memo("hit");
+        Some(answer)
     }
 
     fn count_memo(&self, outcome: &str) {

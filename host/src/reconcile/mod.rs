@@ -113,9 +113,24 @@ impl Context {
         }
     }
 
-    /// Runs `call` on `plugin` in the plugin call pool, never on the async executor.
-    pub async fn call<T: Send + 'static>(&self, plugin: &Plugin, call: impl FnOnce(&Plugin) -> T + Send + 'static) -> T {
-        self.calls.run(plugin, call).await
+    /// `function` of `plugin` for `input`: answered from the plugin's memo when it can
+    /// be (no thread), else run by `call` in the plugin call pool, never on the async
+    /// executor. `input` is what the plugin method keys its memo by.
+    pub async fn call<I, T>(
+        &self,
+        plugin: &Plugin,
+        function: &'static str,
+        input: I,
+        call: fn(&Plugin, &I) -> Result<T, CallError>,
+    ) -> Result<T, CallError>
+    where
+        I: serde::Serialize + Send + 'static,
+        T: Clone + Send + 'static,
+    {
+        if let Some(answer) = plugin.remembered(function, &input) {
+            return answer;
+        }
+        self.calls.run(plugin, move |p| call(p, &input)).await
     }
 
     /// `db`, or this operator's own later write to it when the cache has not seen that
@@ -354,11 +369,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         Ok(spec) => spec,
         Err(v) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "InvalidSpec", join(&v)).await,
     };
-    let checked = ctx.call(&plugin, {
-        let spec = spec.clone();
-        move |p| p.validate(&spec)
-    });
-    match checked.await {
+    match ctx.call(&plugin, "validate", spec.clone(), |p, spec| p.validate(spec)).await {
         Ok(v) if v.is_empty() => {}
         Ok(v) => {
             return stop_with(
@@ -382,11 +393,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     // earlier spec is not state: once the spec is fixed the condition follows the members.
     let mut upgrade_refused = false;
     if let Some(current) = running.as_ref().filter(|c| **c != desired_version) {
-        let planned = ctx.call(&plugin, {
-            let (spec, current) = (spec.clone(), current.clone());
-            move |p| p.plan_upgrade(&spec, &current)
-        });
-        match planned.await {
+        match ctx.call(&plugin, "plan-upgrade", (spec.clone(), current.clone()), |p, (spec, from)| p.plan_upgrade(spec, from)).await {
             Ok(p) => {
                 if status.upgrade.as_ref().is_none_or(|u| u.to != desired_version) {
                     event(
@@ -435,11 +442,8 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     let mut primary = status.primary.clone().unwrap_or_else(|| names.pod(0));
     let mut failed_over = false;
     if members::primary_lost(&observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
-        let chosen = ctx.call(&plugin, {
-            let (spec, members) = (spec.clone(), members::for_plugin(&observed, &primary));
-            move |p| p.choose_primary(&spec, &members)
-        });
-        match chosen.await {
+        let members = members::for_plugin(&observed, &primary);
+        match ctx.call(&plugin, "choose-primary", (spec.clone(), members), |p, (spec, members)| p.choose_primary(spec, members)).await {
             Ok(FailoverDecision::Promote { pod, command }) => {
                 let note = format!(
                     "primary {primary} not ready for {:?}; promoting {pod} (promotion: {})",
@@ -463,11 +467,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
 
     // 5. Render and apply.
     let cluster = build::cluster_context(db, &primary);
-    let rendered = ctx.call(&plugin, {
-        let (spec, cluster) = (spec.clone(), cluster.clone());
-        move |p| p.render(&spec, &cluster)
-    });
-    let workload = match rendered.await {
+    let workload = match ctx.call(&plugin, "render", (spec.clone(), cluster.clone()), |p, (spec, cluster)| p.render(spec, cluster)).await {
         Ok(w) => w,
         Err(e) => return plugin_failed(ctx, db, status, "RenderFailed", &e).await,
     };
@@ -832,6 +832,8 @@ async fn delete(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
 
 async fn plugin_uid(ctx: &Ctx, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> u32 {
     let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0));
-    let spec = spec.clone();
-    ctx.call(plugin, move |p| p.render(&spec, &cluster)).await.map(|w| w.run_as_user).unwrap_or(1000)
+    ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster))
+        .await
+        .map(|w| w.run_as_user)
+        .unwrap_or(1000)
 }

@@ -59,11 +59,7 @@ pub async fn reconcile(
         host: format!("{}.{ns}.svc", Names(&name).primary()),
         credentials_secret: Names(&name).credentials(),
     };
-    let planned = ctx.call(plugin, {
-        let spec = spec.clone();
-        move |p| p.restore(&spec, &location)
-    });
-    let plan = match planned.await {
+    let plan = match ctx.call(plugin, "restore", (spec.clone(), location), |p, (spec, location)| p.restore(spec, location)).await {
         Ok(plan) => plan,
         Err(e) => return Ok(Restore::Failed(format!("spec.restoreFrom: {e}"))),
     };
