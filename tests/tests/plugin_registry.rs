@@ -48,12 +48,18 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
-#[tokio::test]
-async fn engines_follow_their_config_maps_while_the_registry_runs() {
+/// An API server (no controller manager) with the plugin namespace.
+async fn control_plane() -> ControlPlane {
     let cp = ControlPlane::start_with(Options { controller_manager: false, ..Default::default() }).await.expect("control plane");
     let namespaces: Api<Namespace> = Api::all(cp.client.clone());
     let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
     namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
+    cp
+}
+
+#[tokio::test]
+async fn engines_follow_their_config_maps_while_the_registry_runs() {
+    let cp = control_plane().await;
 
     let metrics = Arc::new(Metrics::default());
     let quick = Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime");
@@ -133,10 +139,7 @@ async fn engines_follow_their_config_maps_while_the_registry_runs() {
 /// with no restart.
 #[tokio::test]
 async fn of_two_config_maps_for_one_engine_the_first_by_name_serves_and_the_other_takes_over() {
-    let cp = ControlPlane::start_with(Options { controller_manager: false, ..Default::default() }).await.expect("control plane");
-    let namespaces: Api<Namespace> = Api::all(cp.client.clone());
-    let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
-    namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
+    let cp = control_plane().await;
     let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
     let start = || {
         let registry = Registry::new(Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime"), Arc::new(Metrics::default()));
