@@ -8,6 +8,52 @@ use plugdb::plugin::{CallError, EngineSpec, Limits, LoadError, ParameterValue, P
 
 const DEADLINE: Duration = Duration::from_millis(200);
 
+/// Counts what each thread allocates on the host heap, to see what a call copies
+/// out of the guest (guest memory itself is mapped by wasmtime, not allocated here).
+struct PerThread;
+
+thread_local! {
+    static NET: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+    static PEAK: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
+fn track(delta: isize) {
+    let _ = NET.try_with(|net| {
+        net.set(net.get() + delta);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(net.get())));
+    });
+}
+
+// SAFETY: every request is passed to the system allocator unchanged.
+#[allow(unsafe_code)] // a global allocator is unsafe by definition
+unsafe impl std::alloc::GlobalAlloc for PerThread {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        track(layout.size() as isize);
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        track(-(layout.size() as isize));
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        track(new_size as isize - layout.size() as isize);
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: PerThread = PerThread;
+
+/// The most this thread had allocated at once while `f` ran, above what it held before.
+fn peak_heap<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let base = NET.with(|n| n.get());
+    PEAK.with(|p| p.set(base));
+    let value = f();
+    (value, (PEAK.with(|p| p.get()) - base).max(0) as usize)
+}
+
 fn runtime() -> Runtime {
     Runtime::new(Limits {
         call_timeout: DEADLINE,
@@ -102,6 +148,17 @@ fn oversized_output_is_refused() {
     let (rt, hostile, good) = plugins();
     let err = attack(&rt, &hostile, &good, "huge");
     assert!(matches!(err, CallError::OutputTooLarge { limit, .. } if limit == 256 << 10), "{err}");
+}
+
+/// A result is bounded while it is copied out of the guest: strings aliased 512
+/// times cost the host no more than the copy bound, not 512 copies.
+#[test]
+fn aliased_strings_are_refused_while_they_are_copied() {
+    let (rt, hostile, good) = plugins();
+    let (err, peak) = peak_heap(|| attack(&rt, &hostile, &good, "alias"));
+    assert!(matches!(err, CallError::OutputTooLarge { limit, .. } if limit == 256 << 10), "{err}");
+    let bound = rt.limits().copy_bytes();
+    assert!(peak < 4 * bound, "the host heap grew by {peak} bytes during the call (copy bound {bound})");
 }
 
 #[test]

@@ -26,6 +26,8 @@ const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Memory each pool slot keeps mapped between calls: the resident cost of the pool is
 /// at most `instance_slots` × this (per compile tier).
 const KEEP_RESIDENT: usize = 2 << 20;
+/// How wasmtime says a copy out of the guest went past the store's hostcall fuel.
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
 /// Core instances, memories and tables one call may create.
 const LIMITED_INSTANCES: usize = 4;
 const LIMITED_MEMORIES: usize = 2;
@@ -46,6 +48,15 @@ pub struct Limits {
     /// memory images copied on write), each reserving `memory_bytes` of address space
     /// per memory; 0 allocates every instance on demand. Calls beyond it fail.
     pub instance_slots: u32,
+}
+
+impl Limits {
+    /// Bytes the host copies out of the guest for one result or one host call, strings
+    /// and list elements at their size in host memory (4 × `output_bytes`: a result
+    /// within the output limit as JSON always fits).
+    pub fn copy_bytes(&self) -> usize {
+        self.output_bytes.saturating_mul(4)
+    }
 }
 
 impl Default for Limits {
@@ -249,6 +260,9 @@ impl Runtime {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
+        // Bounds what the host copies out of the guest in one go (a result, a log
+        // line) while it copies, aliased strings counted each time they are referred to.
+        store.set_hostcall_fuel(self.limits.copy_bytes());
         let ticks = self.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
         store.set_epoch_deadline(ticks);
         store.epoch_deadline_trap();
@@ -675,8 +689,8 @@ impl Plugin {
         let mut store = self.runtime.store(&self.info.engine);
         let result = self.pre.instantiate(&mut store).and_then(|world| f(&mut store, &world));
         let value = result.map_err(|e| self.classify(function, e))?;
-        // Measured as it would be serialised, without keeping the bytes, and only up to
-        // the limit: a huge result costs no more than the limit to refuse.
+        // Copied within `copy_bytes`; now measured as it would be serialised,
+        // without keeping the bytes, and only up to the limit.
         let mut meter = Meter { bytes: 0, limit: limits.output_bytes };
         if serde_json::to_writer(&mut meter, &value).is_err() || meter.bytes > limits.output_bytes {
             return Err(CallError::OutputTooLarge {
@@ -697,6 +711,10 @@ impl Plugin {
             Some(Trap::StackOverflow) => CallError::Trap { engine, function, message: "wasm stack overflow (unbounded recursion?)".into() },
             Some(Trap::UnreachableCodeReached) => {
                 CallError::Trap { engine, function, message: "the plugin panicked or aborted (unreachable executed)".into() }
+            }
+            _ if format!("{error:#}").contains(HOSTCALL_FUEL_EXHAUSTED) => {
+                let limits = self.runtime.limits;
+                CallError::OutputTooLarge { engine, function, bytes: limits.copy_bytes(), limit: limits.output_bytes }
             }
             _ => {
                 let message = format!("{error:#}");
