@@ -61,6 +61,8 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Some("run") => run(&args[1..]).await,
+        // The operator's own compiler process (see `plugin::compiler`); not for people.
+        Some("compile") => plugdb::plugin::compiler::serve(&args[1..]),
         Some("render") => {
             let (Some(db), Some(plugin)) = (flag(&args, "-f"), flag(&args, "--plugin")) else { bail!("{USAGE}") };
             print!("{}", cli::render(Path::new(&db), Path::new(&plugin))?);
@@ -100,6 +102,8 @@ async fn run(args: &[String]) -> Result<()> {
         plugin_namespace,
         watch_namespace: flag(args, "--watch-namespace"),
         identity: (!args.iter().any(|a| a == "--no-leader-election")).then_some(identity),
+        // Plugins are compiled by this same binary in a child process with its own limits.
+        compiler: Some(std::env::current_exe().context("finding the plugdb binary to compile plugins with")?),
         ..Default::default()
     };
     if let Some(n) = flag(args, "--concurrency") {

@@ -28,6 +28,9 @@ pub struct Options {
     pub settings: Settings,
     /// Plugin call limits.
     pub limits: Limits,
+    /// The `plugdb` binary that compiles plugins in a process of its own (bounded in
+    /// time and memory); in this process when `None`.
+    pub compiler: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -39,6 +42,7 @@ impl Default for Options {
             lease_duration: Duration::from_secs(15),
             settings: Settings::default(),
             limits: Limits::default(),
+            compiler: None,
         }
     }
 }
@@ -62,8 +66,11 @@ pub async fn run(
     let retry = options.lease_duration / 5;
     // Plugins serve from a quick compile at once; an optimised build replaces it when
     // ready. Loaded plugins outlive a term of leading.
-    let quick = Runtime::with_tier(options.limits, Tier::Quick)?.with_metrics(metrics.clone());
-    let optimized = Runtime::new(options.limits)?.with_metrics(metrics.clone());
+    let mut quick = Runtime::with_tier(options.limits, Tier::Quick)?.with_metrics(metrics.clone());
+    let mut optimized = Runtime::new(options.limits)?.with_metrics(metrics.clone());
+    if let Some(exe) = &options.compiler {
+        (quick, optimized) = (quick.with_compiler(exe), optimized.with_compiler(exe));
+    }
     let registry = Registry::new(quick, metrics.clone()).with_optimizer(optimized);
     tokio::pin!(shutdown);
     loop {

@@ -2,6 +2,7 @@
 //! kube-apiserver, kube-controller-manager) on loopback, a real node to run Pods on,
 //! and the plugin components that `build.rs` built from source.
 
+pub mod bomb;
 pub mod control_plane;
 pub mod engine;
 pub mod local_pod;

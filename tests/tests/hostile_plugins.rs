@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use plugdb::plugin::{CallError, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime};
+use plugdb::plugin::{
+    CallError, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime, Shape, ShapeLimits, Tier,
+};
 
 const DEADLINE: Duration = Duration::from_millis(200);
 
@@ -233,4 +235,52 @@ fn bytes_that_are_not_a_component_are_refused_at_load() {
     assert!(matches!(rt.load(&truncated), Err(LoadError::NotAComponent(_))));
     // The runtime still loads good plugins afterwards.
     rt.load(&plugdb_tests::component("minimal")).expect("minimal still loads");
+}
+
+/// Code bigger than the shape limits is refused before the compiler sees it, with
+/// every excess named.
+#[test]
+fn code_past_the_shape_limits_is_refused_before_compiling() {
+    let limits = Limits::default();
+    let twice = ShapeLimits { function_bytes: 2 * limits.shape.function_bytes + (16 << 10), ..limits.shape };
+    let bytes = plugdb_tests::bomb::component("loops", &twice);
+    let err = Runtime::with_tier(limits, Tier::Quick).expect("runtime").load(&bytes).expect_err("too big");
+    assert!(matches!(err, LoadError::TooBig(_)), "{err}");
+    let expected = format!("the limit is {} bytes", limits.shape.function_bytes);
+    assert!(err.to_string().starts_with("too big to compile: code in one function: ") && err.to_string().contains(&expected), "{err}");
+}
+
+/// The operator compiles in a child `plugdb compile` process: real plugins load and
+/// answer through it.
+#[test]
+fn plugins_compiled_in_a_child_process_load_and_answer() {
+    for tier in [Tier::Quick, Tier::Optimized] {
+        let rt = Runtime::with_tier(Limits::default(), tier).expect("runtime").with_compiler(&plugdb_tests::plugdb_binary());
+        let postgres = rt.load(&plugdb_tests::component("postgres")).expect("postgres compiles apart and loads");
+        let mut spec = spec("");
+        spec.parameters.clear();
+        spec.version = postgres.info().default_version.clone();
+        let workload = postgres.render(&spec, &plugdb_tests::cluster("victim", "default")).expect("postgres renders");
+        assert!(!workload.image.is_empty());
+        let err = rt.load(b"\0asm\x0d\0\x01\0garbage").expect_err("garbage");
+        assert!(matches!(err, LoadError::NotAComponent(_)), "the child's complaint comes back: {err}");
+    }
+}
+
+/// Code within the shape limits can still be costly to compile (deep blocks left by
+/// wide branch tables: about 20 s and 950 MiB in one optimised compile here). The
+/// child compiler runs out of its time or memory and is stopped; the operator spends
+/// neither, and loads the next plugin.
+#[test]
+fn a_compile_bomb_within_the_shape_limits_is_stopped_by_the_compilers_bounds() {
+    let limits = Limits { compile_timeout: Duration::from_secs(5), ..Limits::default() };
+    let bomb = plugdb_tests::bomb::component("branches", &limits.shape);
+    assert_eq!(Shape::of(&bomb).expect("shape").excess(&limits.shape), Vec::<String>::new(), "the bomb passes the shape limits");
+    let rt = Runtime::with_tier(limits, Tier::Optimized).expect("runtime").with_compiler(&plugdb_tests::plugdb_binary());
+    let err = rt.load(&bomb).expect_err("the bomb is stopped");
+    assert!(matches!(err, LoadError::TooBig(_)), "{err}");
+    let said = err.to_string();
+    let memory = format!("more than {} MiB", limits.compile_memory >> 20);
+    assert!(said.contains("longer than 5s") || said.contains(&memory), "{said}");
+    rt.load(&plugdb_tests::component("minimal")).expect("the next plugin loads");
 }

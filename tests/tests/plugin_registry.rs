@@ -169,3 +169,37 @@ async fn of_two_config_maps_for_one_engine_the_first_by_name_serves_and_the_othe
     assert!(registry.problem("minimal").is_none(), "{:?}", registry.problem("minimal"));
     watch.abort();
 }
+
+/// Each ConfigMap loads in a lane of its own: a plugin whose compile takes long (a
+/// compile bomb within the shape limits) holds up no other, and its compile is
+/// stopped at the deadline, in the child process the operator compiles in.
+#[tokio::test]
+async fn a_slow_compile_holds_up_no_other_config_map() {
+    let cp = control_plane().await;
+    let limits = Limits { compile_timeout: Duration::from_secs(20), compile_memory: 2 << 30, ..Limits::default() };
+    let optimized = Runtime::new(limits).expect("runtime").with_compiler(&plugdb_tests::plugdb_binary());
+    let registry = Registry::new(optimized, Arc::new(Metrics::default()));
+    let watch = tokio::spawn(registry.clone().watch(cp.client.clone(), NS.into()));
+    let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
+
+    let bomb = plugdb_tests::bomb::component("branches", &limits.shape);
+    cms.create(&PostParams::default(), &plugin_config_map("a-bomb", "bomb", &bomb, true, None)).await.expect("the bomb's ConfigMap");
+    eventually("the bomb is compiling", || registry.compiling() == ["a-bomb"]).await;
+    let minimal = plugdb_tests::component("minimal");
+    cms.create(&PostParams::default(), &plugin_config_map("b-minimal", "minimal", &minimal, false, None))
+        .await
+        .expect("minimal's ConfigMap");
+    eventually("minimal serves", || registry.get("minimal").is_some()).await;
+    assert_eq!(registry.compiling(), ["a-bomb"], "minimal loaded while the bomb was still compiling");
+
+    for _ in 0..120 {
+        if registry.problem("bomb").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let problem = registry.problem("bomb").expect("the bomb is refused");
+    assert!(problem.reason.contains("compiling took longer than 20s; the compiler was stopped"), "{}", problem.reason);
+    assert!(registry.compiling().is_empty());
+    watch.abort();
+}

@@ -2,16 +2,19 @@
 //! plugin components, the policy every plugin output passes, and the registry that
 //! loads plugins from ConfigMaps.
 
+pub mod compiler;
 mod convert;
 mod memo;
 pub mod policy;
 mod pool;
 pub mod registry;
 mod runtime;
+mod shape;
 pub mod types;
 
 pub use memo::Memo;
 pub use pool::CallPool;
 pub use registry::{Outcome, Registry};
 pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, hex_digest};
+pub use shape::{Shape, ShapeLimits};
 pub use types::*;

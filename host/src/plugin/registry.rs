@@ -7,6 +7,11 @@
 //! digest of the (decompressed) component. A load decodes, verifies, compiles (off
 //! the async executor, cached by digest), self-tests and only then swaps the plugin
 //! in: a bad new version never replaces a good running one.
+//!
+//! Each ConfigMap has a lane of its own: its events are handled in order (a newer
+//! version superseding one not yet started), while other ConfigMaps load beside it, so a
+//! slow compile holds up no other plugin. At most [`COMPILES_AT_ONCE`] compiles run at
+//! a time, quick and optimised together.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -18,7 +23,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use tokio::sync::broadcast;
+use tokio::sync::{Semaphore, broadcast, watch};
 
 use super::memo::Memo;
 use super::runtime::{LoadError, Plugin, Runtime, hex_digest};
@@ -29,7 +34,9 @@ pub const PLUGIN_LABEL: &str = "plugdb.io/engine-plugin";
 /// Annotation pinning the SHA-256 of the component.
 pub const DIGEST_ANNOTATION: &str = "plugdb.io/sha256";
 /// A ConfigMap holds at most 1 MiB; a decompressed component may be larger, up to this.
-const MAX_COMPONENT_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_COMPONENT_BYTES: u64 = 16 << 20;
+/// Compiles that may run at once (each bounded by the runtime's shape limits).
+pub const COMPILES_AT_ONCE: usize = 2;
 
 /// Why a ConfigMap could not be turned into component bytes.
 #[derive(Debug, thiserror::Error)]
@@ -131,11 +138,41 @@ pub struct Registry {
     synced: Arc<tokio::sync::watch::Sender<bool>>,
     /// Answers of every loaded plugin's calls, shared by both compile tiers.
     memo: Arc<Memo>,
+    /// Permits to compile.
+    compiles: Arc<Semaphore>,
+    /// ConfigMaps whose plugin is being compiled right now.
+    compiling: Arc<RwLock<Vec<String>>>,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry").field("engines", &self.engines()).finish()
+    }
+}
+
+/// What a ConfigMap's lane is asked to do.
+#[derive(Clone)]
+enum Job {
+    Apply(Box<ConfigMap>),
+    Remove(String),
+}
+
+/// One ConfigMap's jobs, handled in order by a task of its own; a job not yet started
+/// is superseded by a newer one.
+struct Lane {
+    jobs: watch::Sender<(u64, Job)>,
+    /// The number of the last job handled.
+    done: watch::Receiver<u64>,
+    /// The number of the last job sent.
+    sent: u64,
+    /// Whether the last job sent removes the ConfigMap.
+    removing: bool,
+}
+
+impl Lane {
+    /// The ConfigMap is gone and its removal handled: nothing more will come.
+    fn finished(&self) -> bool {
+        self.removing && *self.done.borrow() >= self.sent
     }
 }
 
@@ -175,7 +212,18 @@ impl Registry {
         let synced = Arc::new(tokio::sync::watch::Sender::new(false));
         let memo = Arc::new(Memo::default());
         let runtime = runtime.with_memo(memo.clone());
-        Self { runtime, optimizer: None, state: Arc::default(), compiled: Arc::default(), changes, metrics, synced, memo }
+        Self {
+            runtime,
+            optimizer: None,
+            state: Arc::default(),
+            compiled: Arc::default(),
+            changes,
+            metrics,
+            synced,
+            memo,
+            compiles: Arc::new(Semaphore::new(COMPILES_AT_ONCE)),
+            compiling: Arc::default(),
+        }
     }
 
     /// Tiered loading: plugins load with the registry's (quick) runtime and serve at
@@ -199,6 +247,11 @@ impl Registry {
     /// The last load problem that concerns `engine` (a ConfigMap labelled for it that failed).
     pub fn problem(&self, engine: &str) -> Option<LoadProblem> {
         self.state.read().unwrap_or_else(lock_poisoned).problems.values().find(|p| p.engine.as_deref() == Some(engine)).cloned()
+    }
+
+    /// ConfigMaps whose plugin is being compiled right now.
+    pub fn compiling(&self) -> Vec<String> {
+        self.compiling.read().unwrap_or_else(lock_poisoned).clone()
     }
 
     /// Waits until [`Registry::watch`] has loaded (or rejected) every plugin ConfigMap
@@ -229,7 +282,7 @@ impl Registry {
 
     async fn apply_bytes(&self, source: &str, labelled: Option<String>, bytes: Result<Vec<u8>, String>) -> Outcome {
         let plugin = match bytes {
-            Ok(bytes) => self.compile(bytes).await.map_err(|e| e.to_string()),
+            Ok(bytes) => self.compile(source, bytes).await.map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         let mut state = self.state.write().unwrap_or_else(lock_poisoned);
@@ -298,16 +351,30 @@ impl Registry {
         let Some(optimizer) = self.optimizer.clone() else { return };
         let Some(bytes) = self.state.read().unwrap_or_else(lock_poisoned).engines.get(engine).map(|l| l.plugin.bytes()) else { return };
         let (registry, engine, source, digest) = (self.clone(), engine.to_string(), source.to_string(), digest.to_string());
-        tokio::task::spawn_blocking(move || {
-            let optimized = match optimizer.load(&bytes) {
-                Ok(p) => p,
-                Err(e) => return tracing::warn!(engine, error = %e, "optimised compile failed; the quick build keeps serving"),
+        tokio::spawn(async move {
+            let Ok(permit) = registry.compiles.clone().acquire_owned().await else { return };
+            let optimized = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                optimizer.load(&bytes)
+            })
+            .await;
+            let optimized = match optimized {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => return tracing::warn!(engine, error = %e, "optimised compile failed; the quick build keeps serving"),
+                Err(e) => return tracing::warn!(engine, error = %e, "optimised compile task failed; the quick build keeps serving"),
             };
             let mut state = registry.state.write().unwrap_or_else(lock_poisoned);
             if let Some(loaded) = state.engines.get_mut(&engine)
                 && loaded.config_map == source
                 && loaded.plugin.digest() == digest
             {
+                // The optimised build ran the self-test again; it must say what the quick one said.
+                if optimized.info() != loaded.plugin.info() {
+                    return tracing::warn!(
+                        engine,
+                        "the optimised build's self-test differs from the quick build's; the quick build keeps serving"
+                    );
+                }
                 loaded.plugin = optimized;
                 tracing::debug!(engine, "optimised build now serves");
             }
@@ -322,15 +389,21 @@ impl Registry {
     }
 
     /// Compiles and self-tests `bytes` on a blocking thread, reusing an earlier compile of the same digest.
-    async fn compile(&self, bytes: Vec<u8>) -> Result<Plugin, LoadError> {
+    async fn compile(&self, source: &str, bytes: Vec<u8>) -> Result<Plugin, LoadError> {
         let digest = hex_digest(&bytes);
         if let Some(plugin) = self.compiled.read().unwrap_or_else(lock_poisoned).get(&digest) {
             return Ok(plugin.clone());
         }
         let runtime = self.runtime.clone();
-        let plugin = tokio::task::spawn_blocking(move || runtime.load(&bytes))
-            .await
-            .map_err(|e| LoadError::SelfTest(format!("the load task failed: {e}")))??;
+        let permit = self.compiles.clone().acquire_owned().await.map_err(|e| LoadError::SelfTest(format!("no compile permit: {e}")))?;
+        self.compiling.write().unwrap_or_else(lock_poisoned).push(source.to_string());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            runtime.load(&bytes)
+        })
+        .await;
+        self.compiling.write().unwrap_or_else(lock_poisoned).retain(|s| s != source);
+        let plugin = loaded.map_err(|e| LoadError::SelfTest(format!("the load task failed: {e}")))??;
         let mut compiled = self.compiled.write().unwrap_or_else(lock_poisoned);
         // Keep the cache to plugins still in use plus this one.
         let in_use: Vec<String> =
@@ -379,35 +452,72 @@ impl Registry {
     /// stream ends. Every outcome is logged, counted and recorded as an Event on the ConfigMap.
     pub async fn watch(self, client: Client, namespace: String) {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        let recorder = Recorder::new(client, "plugdb", "Load");
+        let recorder = Arc::new(Recorder::new(client, "plugdb", "Load"));
         let config = watcher::Config::default().labels(PLUGIN_LABEL);
         let mut events = watcher(api, config).default_backoff().boxed();
         let mut seen_in_relist: Vec<String> = Vec::new();
+        let mut lanes: HashMap<String, Lane> = HashMap::new();
         while let Some(event) = events.next().await {
+            // Lanes of ConfigMaps that are gone and whose removal is done end here.
+            lanes.retain(|_, lane| !lane.finished());
             match event {
                 Ok(watcher::Event::Init) => seen_in_relist.clear(),
                 Ok(watcher::Event::InitApply(cm)) => {
                     seen_in_relist.push(cm.name_any());
-                    self.handle(&recorder, &cm).await;
+                    self.send(&mut lanes, &recorder, Job::Apply(Box::new(cm)));
                 }
-                Ok(watcher::Event::Apply(cm)) => self.handle(&recorder, &cm).await,
+                Ok(watcher::Event::Apply(cm)) => self.send(&mut lanes, &recorder, Job::Apply(Box::new(cm))),
                 Ok(watcher::Event::InitDone) => {
                     for gone in self.sources().into_iter().filter(|s| !seen_in_relist.contains(s)) {
-                        if let Some(outcome) = self.remove(&gone) {
-                            self.report(&gone, &outcome);
-                        }
+                        self.send(&mut lanes, &recorder, Job::Remove(gone));
+                    }
+                    // Synced once every ConfigMap listed has been loaded or refused.
+                    for lane in lanes.values_mut() {
+                        let sent = lane.sent;
+                        let _ = lane.done.wait_for(|done| *done >= sent).await;
                     }
                     self.synced.send_replace(true);
                 }
-                Ok(watcher::Event::Delete(cm)) => {
-                    let name = cm.name_any();
-                    if let Some(outcome) = self.remove(&name) {
-                        self.report(&name, &outcome);
-                    }
-                }
+                Ok(watcher::Event::Delete(cm)) => self.send(&mut lanes, &recorder, Job::Remove(cm.name_any())),
                 Err(e) => tracing::warn!(error = %e, "plugin ConfigMap watch failed; retrying"),
             }
         }
+    }
+
+    /// Hands `job` to its ConfigMap's lane, starting the lane if it has none.
+    fn send(&self, lanes: &mut HashMap<String, Lane>, recorder: &Arc<Recorder>, job: Job) {
+        let name = match &job {
+            Job::Apply(cm) => cm.name_any(),
+            Job::Remove(name) => name.clone(),
+        };
+        let removing = matches!(job, Job::Remove(_));
+        if let Some(lane) = lanes.get_mut(&name) {
+            lane.sent += 1;
+            lane.removing = removing;
+            lane.jobs.send_replace((lane.sent, job));
+            return;
+        }
+        let (jobs, mut next) = watch::channel((1, job));
+        let (finished, done) = watch::channel(0);
+        let (registry, recorder) = (self.clone(), recorder.clone());
+        tokio::spawn(async move {
+            loop {
+                let (number, job) = next.borrow_and_update().clone();
+                match job {
+                    Job::Apply(cm) => registry.handle(&recorder, &cm).await,
+                    Job::Remove(name) => {
+                        if let Some(outcome) = registry.remove(&name) {
+                            registry.report(&name, &outcome);
+                        }
+                    }
+                }
+                finished.send_replace(number);
+                if next.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        lanes.insert(name, Lane { jobs, done, sent: 1, removing });
     }
 
     async fn handle(&self, recorder: &Recorder, cm: &ConfigMap) {

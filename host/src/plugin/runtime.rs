@@ -11,6 +11,7 @@ use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use super::convert::{self, EngineWorld, EngineWorldPre, HostImports, LogLevel, TypesImports};
 use super::memo::Memo;
+use super::shape::{Shape, ShapeLimits};
 use super::types::*;
 use crate::metrics::{CallLabels, MemoLabels, Metrics};
 
@@ -48,6 +49,14 @@ pub struct Limits {
     /// memory images copied on write), each reserving `memory_bytes` of address space
     /// per memory; 0 allocates every instance on demand. Calls beyond it fail.
     pub instance_slots: u32,
+    /// Bounds on a component's code, checked before it is compiled.
+    pub shape: ShapeLimits,
+    /// Wall-clock time one compile may take (when compiling in a process of its own):
+    /// 10 s (60 s in a debug build of plugdb).
+    pub compile_timeout: Duration,
+    /// Data (heap and private mappings) one compile may use (when compiling in a
+    /// process of its own): 80 MiB.
+    pub compile_memory: usize,
 }
 
 impl Limits {
@@ -63,10 +72,14 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             call_timeout: Duration::from_millis(500),
-            memory_bytes: 64 << 20,
+            memory_bytes: 16 << 20,
             stack_bytes: 512 << 10,
             output_bytes: 512 << 10,
             instance_slots: 12,
+            shape: ShapeLimits::default(),
+            // An unoptimised build of plugdb compiles about 10 times slower.
+            compile_timeout: Duration::from_secs(if cfg!(debug_assertions) { 60 } else { 10 }),
+            compile_memory: 80 << 20,
         }
     }
 }
@@ -77,6 +90,12 @@ pub enum LoadError {
     /// The bytes are not a WebAssembly component.
     #[error("not a WebAssembly component: {0}")]
     NotAComponent(String),
+    /// The component's code is bigger than the host compiles.
+    #[error("too big to compile: {0}")]
+    TooBig(String),
+    /// The compiler could not be run.
+    #[error("compiling failed: {0}")]
+    Compile(String),
     /// The component targets a contract this host does not speak.
     #[error("incompatible contract: {0}")]
     Contract(String),
@@ -156,6 +175,8 @@ pub struct Runtime {
     tier: Tier,
     metrics: Option<Arc<Metrics>>,
     memo: Option<Arc<Memo>>,
+    /// The `plugdb` binary that compiles in a process of its own; in this process when `None`.
+    compiler: Option<Arc<std::path::Path>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -226,7 +247,35 @@ impl Runtime {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Self { engine, linker: Arc::new(linker), limits, tier, metrics: None, memo: None })
+        Ok(Self { engine, linker: Arc::new(linker), limits, tier, metrics: None, memo: None, compiler: None })
+    }
+
+    /// The same runtime, compiling each plugin in a child `plugdb compile` run from
+    /// `exe` (the operator's own binary), bounded by `compile_timeout` and `compile_memory`.
+    pub fn with_compiler(mut self, exe: &std::path::Path) -> Self {
+        self.compiler = Some(exe.into());
+        self
+    }
+
+    /// Compiles `bytes` in this process and serialises the result (what `plugdb compile` does).
+    pub(crate) fn compile_here(&self, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+        let component = Component::from_binary(&self.engine, bytes).map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
+        component.serialize().map_err(|e| LoadError::Compile(format!("serialising the compiled code: {e:#}")))
+    }
+
+    /// Compiles `bytes`: in a child process when a compiler is set, else here.
+    fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+        let Some(exe) = &self.compiler else {
+            return Component::from_binary(&self.engine, bytes).map_err(|e| LoadError::NotAComponent(format!("{e:#}")));
+        };
+        let artifact = super::compiler::compile_apart(exe, &self.limits, self.tier, bytes)?;
+        // SAFETY: the artefact was just produced by `Component::serialize` in a child
+        // running this same binary with an engine configured from the same limits and
+        // tier, handed over on a pipe only the two processes hold; wasmtime checks its
+        // version and configuration before using it.
+        #[allow(unsafe_code)]
+        let component = unsafe { Component::deserialize(&self.engine, &artifact) };
+        component.map_err(|e| LoadError::Compile(format!("loading the compiled code: {e:#}")))
     }
 
     /// The same runtime, counting every plugin call in `metrics`.
@@ -277,7 +326,12 @@ impl Runtime {
                 "this is a core wasm module; wrap it into a component (`wasm-tools component new`)".into(),
             ));
         }
-        let component = Component::from_binary(&self.engine, bytes).map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
+        let shape = Shape::of(bytes).map_err(LoadError::NotAComponent)?;
+        let excess = shape.excess(&self.limits.shape);
+        if !excess.is_empty() {
+            return Err(LoadError::TooBig(excess.join("; ")));
+        }
+        let component = self.compile(bytes)?;
         check_contract(&self.engine, &component)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Imports(format!("{e:#}")))?;
         let pre = EngineWorldPre::new(pre).map_err(|e| LoadError::Contract(format!("{e:#}")))?;
@@ -797,7 +851,7 @@ mod tests {
 
     #[test]
     fn the_memory_cap_counts_all_memories_together() {
-        let runtime = Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime");
+        let runtime = Runtime::with_tier(Limits { memory_bytes: 64 << 20, ..Limits::default() }, Tier::Quick).expect("runtime");
         // 40 MiB each: one fits the 64 MiB cap, two do not.
         assert_eq!(instantiate(&runtime, &module(0, &[640])), Ok(()));
         let err = instantiate(&runtime, &module(0, &[640, 640])).expect_err("80 MiB in two memories");
