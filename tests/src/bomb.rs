@@ -69,7 +69,7 @@ fn body(pattern: &str, bytes: usize, locals: u32, seed: u32) -> Function {
 pub fn component(pattern: &str, limits: &ShapeLimits) -> Vec<u8> {
     // A little under the limits: the generator overshoots by up to one step.
     let per_function = limits.function_bytes - (16 << 10);
-    let functions = (limits.code_bytes / limits.function_bytes).min(limits.functions);
+    let functions = (limits.code_bytes / (per_function + (8 << 10))).min(limits.functions);
     let mut module = Module::new();
     let mut types = TypeSection::new();
     types.ty().function([], []);

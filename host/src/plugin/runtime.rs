@@ -857,4 +857,24 @@ mod tests {
         let err = instantiate(&runtime, &module(0, &[640, 640])).expect_err("80 MiB in two memories");
         assert!(err.contains("all memories together"), "{err}");
     }
+
+    #[test]
+    fn what_a_plugin_says_about_itself_is_bounded() {
+        let good = PluginInfo {
+            engine: "redis".into(),
+            plugin_version: "1.2.3+build.4".into(),
+            contract_version: CONTRACT_VERSION.into(),
+            supported_versions: vec!["7.2".into()],
+            default_version: "7.2".into(),
+            default_port: 6379,
+            capabilities: Capabilities::default(),
+        };
+        assert!(check_info(&good).is_ok());
+        let refused = |info: PluginInfo| check_info(&info).expect_err("refused").to_string();
+        let said = refused(PluginInfo { plugin_version: "9".repeat(400 << 10), ..good.clone() });
+        assert!(said.contains("plugin version") && said.contains("1-64 characters") && said.len() < 600, "{}", &said[..200]);
+        assert!(refused(PluginInfo { engine: "Redis".into(), ..good.clone() }).contains("engine name"));
+        assert!(refused(PluginInfo { supported_versions: vec!["7.2".into(); 65], ..good.clone() }).contains("at most 64"));
+        assert!(refused(PluginInfo { default_port: 0, ..good.clone() }).contains("default port"));
+    }
 }
