@@ -95,6 +95,8 @@ pub struct Metrics {
     pub reconcile_seconds: Family<ReconcileLabels, Histogram>,
     /// Requests made to the Kubernetes API by verb and resource.
     pub api_requests: Family<RequestLabels, Counter>,
+    /// Entries of per-Database state the reconciler keeps (recent writes, failure counts).
+    pub reconcile_state_entries: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -123,6 +125,12 @@ impl Default for Metrics {
         registry.register("reconcile_duration_seconds", "Reconcile durations by engine", reconcile_seconds.clone());
         let api_requests = Family::<RequestLabels, Counter>::default();
         registry.register("api_requests", "Requests made to the Kubernetes API by verb and resource", api_requests.clone());
+        let reconcile_state_entries = Gauge::default();
+        registry.register(
+            "reconcile_state_entries",
+            "Entries of per-Database state the reconciler keeps (recent writes, failure counts); dropped with the Database",
+            reconcile_state_entries.clone(),
+        );
         Self {
             registry,
             plugin_loads,
@@ -133,6 +141,7 @@ impl Default for Metrics {
             reconcile_errors,
             reconcile_seconds,
             api_requests,
+            reconcile_state_entries,
         }
     }
 }

@@ -142,10 +142,34 @@ impl Context {
             Some(w) if db.metadata.resource_version.as_ref().is_some_and(|rv| w.superseded.contains(rv)) => Arc::new(w.latest.clone()),
             Some(_) => {
                 written.remove(&key);
+                drop(written);
+                self.count_state();
                 db
             }
             None => db,
         }
+    }
+
+    /// Forgets everything kept about `db`, which is gone.
+    fn forget(&self, db: &Database) {
+        let key = ObjectRef::from_obj(db);
+        self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        self.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        self.count_state();
+    }
+
+    /// Forgets everything kept about Databases that `exists` does not know.
+    fn forget_all_but(&self, exists: impl Fn(&ObjectRef<Database>) -> bool) {
+        self.written.lock().unwrap_or_else(|e| e.into_inner()).retain(|key, _| exists(key));
+        self.failures.lock().unwrap_or_else(|e| e.into_inner()).retain(|key, _| exists(key));
+        self.count_state();
+    }
+
+    /// Publishes how much per-Database state is kept.
+    fn count_state(&self) {
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner()).len();
+        self.metrics.reconcile_state_entries.set((written + failures) as i64);
     }
 
     /// Records that `before` was replaced by `after`, which this operator wrote.
@@ -160,6 +184,8 @@ impl Context {
         superseded.sort();
         superseded.dedup();
         written.insert(key, Written { superseded, latest: after });
+        drop(written);
+        self.count_state();
     }
 }
 
@@ -202,9 +228,17 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // A Database's own status and finalizer writes do not start another pass: only its
     // spec (generation, which deletion also bumps) and annotations (backup-now) do.
     let (reader, writer) = reflector::store();
+    // What is kept about a Database goes with it: when its deletion is seen, and for
+    // any a relist no longer finds (deleted while the watch was down).
+    let (keeper, known) = (ctx.clone(), reader.clone());
     let databases = watcher(dbs, watcher::Config::default().any_semantic())
         .default_backoff()
         .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::Delete(db)) => keeper.forget(db),
+            Ok(watcher::Event::InitDone) => keeper.forget_all_but(|key| known.get(key).is_some()),
+            _ => {}
+        })
         .applied_objects()
         .predicate_filter(predicates::generation.combine(predicates::annotations), Default::default());
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
@@ -230,6 +264,8 @@ pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Acti
     let n = failures.entry(key).or_insert(0);
     *n = (*n + 1).min(9);
     let delay = Duration::from_secs((1u64 << *n).min(300));
+    drop(failures);
+    ctx.count_state();
     tracing::warn!(database = %db.name_any(), namespace = db.namespace().unwrap_or_default(), error = %error, retry_in = ?delay, "reconcile failed");
     ctx.metrics.reconcile_errors.get_or_create(&ReconcileLabels { engine: db.spec.engine.clone() }).inc();
     Action::requeue(delay)
@@ -244,8 +280,8 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
     ctx.metrics.reconciles.get_or_create(&labels).inc();
     let result = if db.metadata.deletion_timestamp.is_some() { delete(&db, &ctx).await } else { converge(&db, &ctx).await };
     ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
-    if result.is_ok() {
-        ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&ObjectRef::from_obj(db.as_ref()));
+    if result.is_ok() && ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&ObjectRef::from_obj(db.as_ref())).is_some() {
+        ctx.count_state();
     }
     result
 }
@@ -291,10 +327,16 @@ async fn set_finalizer(ctx: &Ctx, db: &Database, present: bool) -> Result<(), Er
     if present {
         finalizers.push(FINALIZER.into());
     }
+    // The last finalizer of a deleted Database: it goes, and so does what is kept about it.
+    let gone = finalizers.is_empty() && db.metadata.deletion_timestamp.is_some();
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": db.resource_version()}});
     let after = api.patch(&db.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    ctx.wrote(db, after);
+    if gone {
+        ctx.forget(db)
+    } else {
+        ctx.wrote(db, after)
+    }
     Ok(())
 }
 
