@@ -158,9 +158,55 @@ pub fn cluster_context(db: &Database, primary_pod: &str) -> ClusterContext {
     }
 }
 
+/// Every kind of object a Database owns. The watch caches and the write path match on
+/// it exhaustively: a new kind of child does not compile until it is cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// The credentials.
+    Secret,
+    /// The configuration files.
+    ConfigMap,
+    /// The read-write, read-only and headless Services.
+    Service,
+    /// The members.
+    StatefulSet,
+    /// The members' disruption budget.
+    PodDisruptionBudget,
+    /// Backups, restores and upgrade steps.
+    Job,
+    /// The backups volume and restored data volumes.
+    PersistentVolumeClaim,
+}
+
+/// A Kubernetes type that plugdb makes as a child, and which [`Kind`] it is.
+pub trait Owned: Resource<DynamicType = ()> {
+    /// Its kind.
+    const KIND: Kind;
+}
+
+macro_rules! owned {
+    ($($ty:ty => $kind:ident),* $(,)?) => {
+        $(impl Owned for $ty {
+            const KIND: Kind = Kind::$kind;
+        })*
+    };
+}
+
+owned! {
+    k8s_openapi::api::core::v1::Secret => Secret,
+    ConfigMap => ConfigMap,
+    Service => Service,
+    StatefulSet => StatefulSet,
+    PodDisruptionBudget => PodDisruptionBudget,
+    k8s_openapi::api::batch::v1::Job => Job,
+    k8s_openapi::api::core::v1::PersistentVolumeClaim => PersistentVolumeClaim,
+}
+
 /// A desired child: what kind, which name, the object to apply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Child {
+    /// Which kind of child it is.
+    pub kind: Kind,
     /// Its API resource.
     pub resource: ApiResource,
     /// Its name.
@@ -171,13 +217,13 @@ pub struct Child {
 
 impl Child {
     /// A child of kind `K`; records the hash of `object` in it.
-    pub fn new<K: Resource<DynamicType = ()>>(name: String, mut object: Value) -> Self {
+    pub fn new<K: Owned>(name: String, mut object: Value) -> Self {
         let resource = ApiResource::erase::<K>(&());
         object["apiVersion"] = json!(resource.api_version);
         object["kind"] = json!(resource.kind);
         let hash = hex(&serde_json::to_vec(&object).unwrap_or_default());
         object["metadata"]["annotations"][APPLIED_HASH] = json!(hash);
-        Self { resource, name, object }
+        Self { kind: K::KIND, resource, name, object }
     }
 
     /// The hash recorded in the object.

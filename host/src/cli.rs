@@ -87,13 +87,13 @@ pub fn pack(path: &Path, namespace: &str) -> Result<String> {
     let mut value = serde_json::to_value(&cm)?;
     value["apiVersion"] = "v1".into();
     value["kind"] = "ConfigMap".into();
-    Ok(serde_yaml::to_string(&value)?)
+    Ok(yaml_serde::to_string(&value)?)
 }
 
 /// `plugdb render -f db.yaml --plugin FILE`: the objects plugdb would apply, offline.
 pub fn render(database: &Path, plugin: &Path) -> Result<String> {
     let text = std::fs::read_to_string(database).with_context(|| format!("{}: cannot read", database.display()))?;
-    let mut db: Database = serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", database.display()))?;
+    let mut db: Database = yaml_serde::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", database.display()))?;
     if db.metadata.namespace.is_none() {
         db.metadata.namespace = Some("default".into());
     }
@@ -116,7 +116,7 @@ pub fn render(database: &Path, plugin: &Path) -> Result<String> {
     let mut out = String::new();
     for child in build::children(&db, &workload, &db.spec.engine, &primary) {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&child.object)?);
+        out.push_str(&yaml_serde::to_string(&child.object)?);
     }
     Ok(out)
 }

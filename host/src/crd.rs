@@ -209,9 +209,9 @@ pub struct Resources {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseStatus {
-    /// Summary of the lifecycle: Pending, Creating, Running, Updating, Degraded, Failed, Deleting.
+    /// Summary of the lifecycle (the conditions say why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Phase>,
     /// Members whose pods are ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
@@ -248,6 +248,54 @@ pub struct DatabaseStatus {
     /// backed up once, even after retention removed its Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_backup: Option<String>,
+}
+
+/// Where a Database is in its life: `Pending` (waiting for its engine's plugin),
+/// `Creating` (members not all ready yet), `Restoring` (loading a backup), `Running`
+/// (every member ready on the desired spec), `Updating` (an upgrade rolling out),
+/// `Degraded` (it ran; now fewer members are ready, or a problem stops it), `Failed` (it
+/// never ran and waits for a change of its spec or plugin), `Deleting` (waiting for the
+/// final backup). The conditions say why.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum Phase {
+    /// Waiting for its engine's plugin, which may still be on its way.
+    Pending,
+    /// Members are being created and have not all been ready yet.
+    Creating,
+    /// Loading a backup (`restoreFrom`) before or while the members start.
+    Restoring,
+    /// Every member ready, on the desired spec.
+    Running,
+    /// An upgrade is rolling out.
+    Updating,
+    /// It ran, and now fewer members are ready than desired, or a problem stops it.
+    Degraded,
+    /// It never ran, and cannot until its spec or plugin changes (see the conditions).
+    Failed,
+    /// Deleted; waiting for the final backup.
+    Deleting,
+}
+
+impl Phase {
+    /// The phase's name, as the status shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Creating => "Creating",
+            Phase::Restoring => "Restoring",
+            Phase::Running => "Running",
+            Phase::Updating => "Updating",
+            Phase::Degraded => "Degraded",
+            Phase::Failed => "Failed",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A backup that finished.

@@ -1,49 +1,112 @@
 //! The `plugdb` command: the operator, and tools for people.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use kube::CustomResourceExt;
 use plugdb::cli;
 use plugdb::crd::Database;
 use plugdb::health::Health;
 use plugdb::metrics::Metrics;
 use plugdb::operator;
+use plugdb::plugin::compiler;
 use plugdb::serve;
 
-const USAGE: &str = "usage:
-  plugdb run [--namespace NS] [--watch-namespace NS] [--listen ADDR] [--concurrency N] [--no-leader-election]
-      Run the operator. Plugins are loaded from ConfigMaps in NS (default: $POD_NAMESPACE,
-      else plugdb-system), where the leader Lease also lives; Databases are watched in
-      --watch-namespace or cluster-wide. Uses the in-cluster config or $KUBECONFIG.
-      Serves /healthz, /readyz, /metrics on ADDR (default :8080, every address;
-      :0 picks a free port, which the log names). Reconciles at most
-      N Databases at once (default 16; 0: no limit).
-  plugdb crd
-      Print the Database CustomResourceDefinition.
-  plugdb render -f DATABASE.yaml --plugin PLUGIN.wasm
-      Print the objects plugdb would apply for a Database, without a cluster.
-  plugdb plugin inspect PLUGIN.wasm
-      Show what a plugin says about itself, its contract version and digest.
-  plugdb plugin pack PLUGIN.wasm [--namespace NS]
-      Print a ConfigMap that loads the plugin (compressed when needed to fit).";
-
-fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+/// A Kubernetes operator that runs databases of many engines through one Database
+/// resource, with the engine logic in sandboxed WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "plugdb", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-/// Refuses flags `run` does not know, so a misspelt flag is not silently ignored.
-fn known_flags(args: &[String], with_value: &[&str], switches: &[&str]) -> Result<()> {
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        if with_value.contains(&arg.as_str()) {
-            rest.next().with_context(|| format!("{arg} needs a value"))?;
-        } else if !switches.contains(&arg.as_str()) {
-            bail!("unknown argument {arg:?}\n{USAGE}");
-        }
-    }
-    Ok(())
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the operator.
+    Run(RunArgs),
+    /// Print the Database CustomResourceDefinition.
+    Crd,
+    /// Print the objects plugdb would apply for a Database, without a cluster.
+    Render {
+        /// The Database manifest.
+        #[arg(short = 'f', long = "filename", value_name = "DATABASE.yaml")]
+        database: PathBuf,
+        /// The engine's plugin component.
+        #[arg(long, value_name = "PLUGIN.wasm")]
+        plugin: PathBuf,
+    },
+    /// Inspect and pack engine plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// The operator's own compiler process (see `plugin::compiler`); not for people.
+    #[command(hide = true)]
+    Compile(CompileArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Show what a plugin says about itself, its contract version and digest.
+    Inspect {
+        /// The plugin component.
+        #[arg(value_name = "PLUGIN.wasm")]
+        file: PathBuf,
+    },
+    /// Print a ConfigMap that loads the plugin (compressed when needed to fit).
+    Pack {
+        /// The plugin component.
+        #[arg(value_name = "PLUGIN.wasm")]
+        file: PathBuf,
+        /// The operator's namespace, where it loads plugins from.
+        #[arg(long, default_value = "plugdb-system")]
+        namespace: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Where plugins are loaded from (ConfigMaps) and the leader Lease lives.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "plugdb-system")]
+    namespace: String,
+    /// Watch Databases in this namespace only (default: every namespace).
+    #[arg(long, env = "PLUGDB_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Serve /healthz, /readyz and /metrics here (`:8080` is every address; `:0` picks a
+    /// free port, which the log names).
+    #[arg(long, env = "PLUGDB_LISTEN", default_value = ":8080")]
+    listen: String,
+    /// Databases reconciled at once (0: no limit).
+    #[arg(long, env = "PLUGDB_CONCURRENCY", default_value_t = operator::Options::default().settings.concurrency)]
+    concurrency: u16,
+    /// Act alone, without contending for the leader Lease (one replica only).
+    #[arg(long, env = "PLUGDB_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Log lines as text or as JSON objects.
+    #[arg(long, env = "PLUGDB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// This replica's name in the leader election (default: a name unique on this host).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct CompileArgs {
+    #[arg(long, value_parser = ["quick", "optimized"])]
+    tier: String,
+    #[arg(long)]
+    memory_bytes: usize,
+    #[arg(long)]
+    stack_bytes: usize,
+    #[arg(long)]
+    data_bytes: u64,
 }
 
 /// `:8080` listens on every address, as Go programs read it.
@@ -51,64 +114,54 @@ fn listen_address(listen: &str) -> String {
     if listen.starts_with(':') { format!("0.0.0.0{listen}") } else { listen.to_string() }
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("crd") => {
-            let yaml = serde_yaml::to_string(&Database::crd()).context("serialising the CRD")?;
-            print!("{yaml}");
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Run(args) => tokio::runtime::Runtime::new().context("starting the async runtime")?.block_on(run(args)),
+        Command::Crd => {
+            print!("{}", yaml_serde::to_string(&Database::crd()).context("serialising the CRD")?);
             Ok(())
         }
-        Some("run") => run(&args[1..]).await,
-        // The operator's own compiler process (see `plugin::compiler`); not for people.
-        Some("compile") => plugdb::plugin::compiler::serve(&args[1..]),
-        Some("render") => {
-            let (Some(db), Some(plugin)) = (flag(&args, "-f"), flag(&args, "--plugin")) else { bail!("{USAGE}") };
-            print!("{}", cli::render(Path::new(&db), Path::new(&plugin))?);
+        Command::Render { database, plugin } => {
+            print!("{}", cli::render(&database, &plugin)?);
             Ok(())
         }
-        Some("plugin") => match (args.get(1).map(String::as_str), args.get(2)) {
-            (Some("inspect"), Some(file)) => {
-                print!("{}", cli::inspect(Path::new(file))?);
-                Ok(())
-            }
-            (Some("pack"), Some(file)) => {
-                let ns = flag(&args, "--namespace").unwrap_or_else(|| "plugdb-system".into());
-                print!("{}", cli::pack(Path::new(file), &ns)?);
-                Ok(())
-            }
-            _ => bail!("{USAGE}"),
-        },
-        _ => bail!("{USAGE}"),
+        Command::Plugin(PluginCommand::Inspect { file }) => {
+            print!("{}", cli::inspect(&file)?);
+            Ok(())
+        }
+        Command::Plugin(PluginCommand::Pack { file, namespace }) => {
+            print!("{}", cli::pack(&file, &namespace)?);
+            Ok(())
+        }
+        Command::Compile(args) => compiler::serve(compiler::Request {
+            tier: compiler::tier_named(&args.tier).context("compile: --tier is quick or optimized")?,
+            memory_bytes: args.memory_bytes,
+            stack_bytes: args.stack_bytes,
+            data_bytes: args.data_bytes,
+        }),
     }
 }
 
-async fn run(args: &[String]) -> Result<()> {
-    known_flags(args, &["--namespace", "--watch-namespace", "--listen", "--concurrency"], &["--no-leader-election"])?;
-    let json = std::env::var("PLUGDB_LOG_FORMAT").map(|f| f == "json").unwrap_or(false);
+async fn run(args: RunArgs) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
-    if json {
-        tracing_subscriber::fmt().json().with_env_filter(filter).init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())).init();
+    match args.log_format {
+        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
+        LogFormat::Text => {
+            tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())).init()
+        }
     }
-    let plugin_namespace =
-        flag(args, "--namespace").or_else(|| std::env::var("POD_NAMESPACE").ok()).unwrap_or_else(|| "plugdb-system".into());
-    let listen = listen_address(&flag(args, "--listen").unwrap_or_else(|| ":8080".into()));
+    let listen = listen_address(&args.listen);
     // Each replica contends for the lease under its pod name (or a unique local name).
-    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("plugdb-{}", std::process::id()));
+    let identity = args.identity.unwrap_or_else(|| format!("plugdb-{}", std::process::id()));
     let mut options = operator::Options {
-        plugin_namespace,
-        watch_namespace: flag(args, "--watch-namespace"),
-        identity: (!args.iter().any(|a| a == "--no-leader-election")).then_some(identity),
+        plugin_namespace: args.namespace,
+        watch_namespace: args.watch_namespace,
+        identity: (!args.no_leader_election).then_some(identity),
         // Plugins are compiled by this same binary in a child process with its own limits.
         compiler: Some(std::env::current_exe().context("finding the plugdb binary to compile plugins with")?),
         ..Default::default()
     };
-    if let Some(n) = flag(args, "--concurrency") {
-        options.settings.concurrency = n.parse().with_context(|| format!("--concurrency: {n:?} is not a number from 0 to 65535"))?;
-    }
+    options.settings.concurrency = args.concurrency;
 
     let metrics = Arc::new(Metrics::default());
     let health = if options.identity.is_some() { Health::elected(options.lease_duration) } else { Health::default() };

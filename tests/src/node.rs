@@ -560,7 +560,7 @@ conntrack: {{maxPerCore: 0, min: 0}}
 
 async fn apply_yaml(client: &Client, yaml: &str) -> Result<()> {
     for doc in yaml.split("\n---\n") {
-        let object: kube::api::DynamicObject = serde_yaml::from_str(doc).with_context(|| format!("parsing {doc}"))?;
+        let object: kube::api::DynamicObject = yaml_serde::from_str(doc).with_context(|| format!("parsing {doc}"))?;
         let types = object.types.clone().context("apiVersion and kind")?;
         let gvk = kube::api::GroupVersionKind::try_from(&types)?;
         let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await?;

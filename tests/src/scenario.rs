@@ -70,7 +70,7 @@ pub fn database(name: &str, engine: Engine, version: &str, replicas: i32, extra:
 /// Whether the Database reports `Running` with `replicas` ready for its current generation.
 pub fn is_running(db: &Database, replicas: i32) -> bool {
     let s = db.status.clone().unwrap_or_default();
-    s.phase.as_deref() == Some("Running") && s.ready_replicas == Some(replicas) && s.observed_generation == db.metadata.generation
+    s.phase == Some(plugdb::crd::Phase::Running) && s.ready_replicas == Some(replicas) && s.observed_generation == db.metadata.generation
 }
 
 /// A client of one Database's engine, authenticated with the password in its Secret.

@@ -15,7 +15,7 @@ fn inspect_and_pack_describe_a_real_plugin() {
     assert!(text.contains("engine:            postgres"), "{text}");
     assert!(text.contains("contract:          plugdb:engine@0.1.0"), "{text}");
     let yaml = cli::pack(&plugin, "plugdb-system").expect("pack");
-    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_yaml::from_str(&yaml).expect("a ConfigMap");
+    let cm: k8s_openapi::api::core::v1::ConfigMap = yaml_serde::from_str(&yaml).expect("a ConfigMap");
     assert_eq!(cm.metadata.labels.expect("labels")["plugdb.io/engine-plugin"], "postgres");
     let bytes = &cm.binary_data.expect("data")["plugin.wasm"].0;
     assert_eq!(cm.metadata.annotations.expect("annotations")["plugdb.io/sha256"], plugdb::plugin::hex_digest(bytes));
@@ -55,20 +55,51 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
     assert!(err.contains("typo.yaml") && err.contains("replicas"), "{err}");
 }
 
-/// `plugdb run --listen 127.0.0.1:0` serves on a free port and says which; a misspelt
-/// flag is refused rather than ignored.
+/// Every command explains itself; a misspelt flag or command is refused rather than
+/// ignored.
+#[test]
+fn every_command_has_help_and_unknown_flags_are_errors() {
+    let binary = plugdb_tests::plugdb_binary();
+    let plugdb = |args: &[&str]| std::process::Command::new(&binary).args(args).output().expect("run plugdb");
+    for command in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["crd", "--help"],
+        &["render", "--help"],
+        &["plugin", "inspect", "--help"],
+        &["plugin", "pack", "--help"],
+    ] {
+        let out = plugdb(command);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && help.contains("Usage: plugdb"), "{command:?}: {help}");
+    }
+    // Flags a Deployment sets are also read from the environment, and say so.
+    let help = String::from_utf8_lossy(&plugdb(&["run", "--help"]).stdout).into_owned();
+    for variable in ["POD_NAMESPACE", "PLUGDB_WATCH_NAMESPACE", "PLUGDB_LISTEN", "PLUGDB_CONCURRENCY", "PLUGDB_LOG_FORMAT"] {
+        assert!(help.contains(&format!("env: {variable}")), "{variable} missing from: {help}");
+    }
+    for (args, complaint) in [
+        (&["run", "--listn", ":0"][..], "unexpected argument '--listn'"),
+        (&["run", "--concurrency", "many"], "invalid value 'many' for '--concurrency <CONCURRENCY>'"),
+        (&["plugin", "unpack", "x.wasm"], "unrecognized subcommand 'unpack'"),
+        (&["render", "--plugin", "x.wasm"], "--filename <DATABASE.yaml>"),
+    ] {
+        let out = plugdb(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(complaint), "{args:?}: {stderr}");
+    }
+}
+
+/// `plugdb run` with `PLUGDB_LISTEN=127.0.0.1:0` serves on a free port and says which.
 #[tokio::test]
-async fn run_names_the_port_it_listens_on_and_refuses_unknown_flags() {
+async fn run_names_the_port_it_listens_on() {
     use std::io::BufRead;
     let binary = plugdb_tests::plugdb_binary();
-    let out = std::process::Command::new(&binary).args(["run", "--listn", ":0"]).output().expect("run plugdb");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("unknown argument \"--listn\""), "{stderr}");
 
     let cp = plugdb_tests::ControlPlane::start().await.expect("control plane");
     let mut child = std::process::Command::new(&binary)
-        .args(["run", "--listen", "127.0.0.1:0", "--no-leader-election", "--namespace", "default"])
+        .args(["run", "--no-leader-election", "--namespace", "default"])
+        .env("PLUGDB_LISTEN", "127.0.0.1:0")
         .env("KUBECONFIG", &cp.kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::piped())

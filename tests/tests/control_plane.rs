@@ -69,7 +69,7 @@ async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
     assert!(err.to_string().contains("never shrink"), "{err}");
 
     // The Operator-pattern documentation's shape applies unchanged; storage's errors name it.
-    let documented: Database = serde_yaml::from_str(
+    let documented: Database = yaml_serde::from_str(
         "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: documented}\nspec:\n  engine: postgres\n  storage: 50Gi\n  backup: {enabled: true, schedule: \"0 */6 * * *\"}\n",
     )
     .expect("the documented shape parses");

@@ -26,7 +26,7 @@ fn documents(path: &str) -> Vec<serde_json::Value> {
 }
 
 fn parse(text: &str) -> Vec<serde_json::Value> {
-    serde_yaml::Deserializer::from_str(text)
+    yaml_serde::Deserializer::from_str(text)
         .map(|doc| <serde_json::Value as serde::Deserialize>::deserialize(doc).expect("a YAML document"))
         .filter(|v| !v.is_null())
         .collect()

@@ -19,7 +19,7 @@ use plugdb_tests::operator::{OPERATOR_NAMESPACE, prepare};
 /// The Deployment's memory limit, in bytes, as `deploy/plugdb.yaml` sets it.
 fn deployed_limit() -> u64 {
     let text = std::fs::read_to_string(plugdb_tests::workspace_root().join("deploy/plugdb.yaml")).expect("deploy/plugdb.yaml");
-    let limit = serde_yaml::Deserializer::from_str(&text)
+    let limit = yaml_serde::Deserializer::from_str(&text)
         .filter_map(|doc| serde::Deserialize::deserialize(doc).ok())
         .find_map(|doc: serde_json::Value| {
             let container = doc.pointer("/spec/template/spec/containers/0")?;

@@ -1,7 +1,8 @@
 //! Tier 4: plugin calls on a real control plane with the real wasmtime runtime. A
 //! plugin that spends its whole deadline on every call delays neither the executor
 //! (timers, the lease renewal) nor another engine's Databases, and a call stopped at
-//! its deadline is tried again with no change to the Database.
+//! its deadline is tried again with no change to the Database; a plugin that changes
+//! passes over its own engine's Databases only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,8 +14,9 @@ use plugdb::health::Health;
 use plugdb::metrics::Metrics;
 use plugdb::operator::{self, Options};
 use plugdb::plugin::Limits;
+use plugdb::reconcile::Settings;
 use plugdb_tests::ControlPlane;
-use plugdb_tests::operator::{counting_client, metric_sum, prepare, test_settings};
+use plugdb_tests::operator::{OPERATOR_NAMESPACE, counting_client, metric_sum, plugin_config_map, prepare, test_settings};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_millis(1500);
@@ -150,5 +152,59 @@ async fn a_resync_of_an_unchanged_database_makes_no_plugin_call() {
 
     dbs.patch("orders", &PatchParams::apply("test"), &Patch::Apply(&db(2))).await.expect("scale");
     wait_for("the new spec is rendered", Duration::from_secs(60), async || calls() > calls_then).await;
+    operator.abort();
+}
+
+/// With no requeue due, only a change wakes a Database: a new build of one engine's
+/// plugin passes over that engine's Databases, and leaves the other engine's alone.
+#[tokio::test]
+async fn a_plugin_change_passes_over_only_its_own_engines_databases() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal"), ("postgres", "postgres")]).await.expect("CRD and plugins");
+    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
+    let metrics = Arc::new(Metrics::default());
+    let hour = Duration::from_secs(3600);
+    let settings = Settings { progress_requeue: hour, idle_requeue: hour, ..test_settings() };
+    let operator = tokio::spawn(operator::run(
+        client,
+        metrics.clone(),
+        Options { settings, ..Default::default() },
+        Health::default(),
+        std::future::pending(),
+    ));
+    let reconciles = |engine: &str| {
+        let label = format!("engine=\"{engine}\"");
+        metric_sum(&metrics.encode(), "plugdb_reconciles_total", |l| l.contains(&label)) as u64
+    };
+
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    for (name, engine) in [("cache", "minimal"), ("orders", "postgres")] {
+        let db = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": name},
+                        "spec": {"engine": engine, "storage": "1Gi"}});
+        dbs.patch(name, &PatchParams::apply("test"), &Patch::Apply(&db)).await.expect("database");
+    }
+    wait_for("both are reconciled", Duration::from_secs(60), async || {
+        let reconciled = |d: Option<Database>| d.and_then(|d| d.status).is_some_and(|s| s.observed_generation.is_some());
+        reconciled(dbs.get_opt("cache").await.ok().flatten()) && reconciled(dbs.get_opt("orders").await.ok().flatten())
+    })
+    .await;
+    // Quiet: the children's first status changes have been passed over.
+    let mut last = (0, 0, Instant::now());
+    wait_for("no pass for 3 s", Duration::from_secs(60), async || {
+        let now = (reconciles("minimal"), reconciles("postgres"));
+        if now != (last.0, last.1) {
+            last = (now.0, now.1, Instant::now());
+        }
+        last.2.elapsed() > Duration::from_secs(3)
+    })
+    .await;
+    let (minimal, postgres) = (reconciles("minimal"), reconciles("postgres"));
+
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(cp.client.clone(), OPERATOR_NAMESPACE);
+    let v2 = plugin_config_map("minimal", "minimal-v2");
+    cms.patch("engine-minimal", &PatchParams::apply("test").force(), &Patch::Apply(&v2)).await.expect("new build");
+    wait_for("the minimal Database is passed over", Duration::from_secs(60), async || reconciles("minimal") > minimal).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(reconciles("postgres"), postgres, "another engine's plugin change passed over a postgres Database");
     operator.abort();
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::cache::Seen;
 use super::{Ctx, Error};
-use crate::build::{Child, MANAGER, Names, labels};
+use crate::build::{Child, Kind, MANAGER, Names, labels};
 use crate::crd::{Database, DeletionPolicy};
 use crate::plugin::Credential;
 
@@ -19,7 +19,7 @@ use crate::plugin::Credential;
 /// object when a write was made.
 pub async fn apply(ctx: &Ctx, namespace: &str, child: &Child) -> Result<Option<DynamicObject>, Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
-    if let Seen::Present { hash } = ctx.caches.seen(&child.resource.kind, namespace, &child.name)
+    if let Seen::Present { hash } = ctx.caches.seen(child.kind, namespace, &child.name)
         && hash.as_deref() == Some(child.hash())
     {
         return Ok(None);
@@ -27,7 +27,7 @@ pub async fn apply(ctx: &Ctx, namespace: &str, child: &Child) -> Result<Option<D
     let mut object = child.object.clone();
     // A StatefulSet's claim templates are immutable: keep the live ones (volumes grow
     // by expanding their claims instead).
-    if child.resource.kind == "StatefulSet"
+    if child.kind == Kind::StatefulSet
         && let Some(live) = ctx.caches.stateful_set(namespace, &child.name)
         && let Some(templates) = live.spec.as_ref().and_then(|s| s.volume_claim_templates.as_ref())
     {
@@ -39,7 +39,7 @@ pub async fn apply(ctx: &Ctx, namespace: &str, child: &Child) -> Result<Option<D
 
 /// Creates a child only when it does not exist (claims, Jobs): never updates it.
 pub async fn create_once(ctx: &Ctx, namespace: &str, child: &Child) -> Result<bool, Error> {
-    if let Seen::Present { .. } = ctx.caches.seen(&child.resource.kind, namespace, &child.name) {
+    if let Seen::Present { .. } = ctx.caches.seen(child.kind, namespace, &child.name) {
         return Ok(false);
     }
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);

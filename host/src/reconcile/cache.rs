@@ -22,7 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::build::{APPLIED_HASH, MANAGER};
+use crate::build::{APPLIED_HASH, Kind, MANAGER};
 
 /// What a cache knows of one child.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,18 +204,16 @@ impl Caches {
         );
     }
 
-    /// What the cache knows of the child `kind` `namespace/name`. Every kind plugdb
-    /// creates is cached; any other is reported absent, so it is always applied.
-    pub fn seen(&self, kind: &str, namespace: &str, name: &str) -> Seen {
+    /// What the cache knows of the child `kind` `namespace/name`.
+    pub fn seen(&self, kind: Kind, namespace: &str, name: &str) -> Seen {
         match kind {
-            "ConfigMap" => seen(&self.config_maps, namespace, name),
-            "Service" => seen(&self.services, namespace, name),
-            "PodDisruptionBudget" => seen(&self.budgets, namespace, name),
-            "Secret" => seen(&self.secrets, namespace, name),
-            "StatefulSet" => seen(&self.stateful_sets, namespace, name),
-            "Job" => seen(&self.jobs, namespace, name),
-            "PersistentVolumeClaim" => seen(&self.claims, namespace, name),
-            _ => Seen::Absent,
+            Kind::ConfigMap => seen(&self.config_maps, namespace, name),
+            Kind::Service => seen(&self.services, namespace, name),
+            Kind::PodDisruptionBudget => seen(&self.budgets, namespace, name),
+            Kind::Secret => seen(&self.secrets, namespace, name),
+            Kind::StatefulSet => seen(&self.stateful_sets, namespace, name),
+            Kind::Job => seen(&self.jobs, namespace, name),
+            Kind::PersistentVolumeClaim => seen(&self.claims, namespace, name),
         }
     }
 

@@ -24,13 +24,13 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::build::{self, MANAGER, Names, ROLE_LABEL};
-use crate::crd::{Database, DatabaseStatus, DeletionPolicy, UpgradeStatus};
+use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, UpgradeStatus};
 use crate::jobs::{self, Purpose};
 use crate::metrics::{Metrics, ReconcileLabels};
 use crate::plugin::{CallError, CallPool, EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep};
 use backups::JobState;
 use cache::{Caches, Triggers};
-use status::kind;
+use status::{Growth, kind};
 
 /// Finalizer that holds deletion until the final backup is taken.
 pub const FINALIZER: &str = "plugdb.io/final-backup";
@@ -206,6 +206,21 @@ pub enum Error {
     Random(String),
 }
 
+impl Error {
+    /// What the API server said when it refused a write for a reason a user can act on
+    /// (an invalid object, a quota, a policy): retrying alone will not fix it. Conflicts,
+    /// throttling, missing objects and server errors are passing and are only retried.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            Error::Kube(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 413 | 422) => {
+                let said = crate::events::truncate(&e.message, crate::events::MAX_NOTE / 2);
+                Some(format!("the API server refused a write ({} {}): {said}", e.code, e.reason))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Runs the controller until `shutdown` completes; in-flight reconciles finish first.
 /// Reconciles start once every cache has listed and the plugins present at start are loaded.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
@@ -218,13 +233,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // operator must not report engines missing that are merely still loading.
     ctx.caches.ready().await;
     ctx.registry.synced().await;
-    // Any plugin change re-renders every Database: a lagging receiver still means "changed".
-    let changes = futures::stream::unfold(ctx.registry.subscribe(), |mut rx| async move {
-        match rx.recv().await {
-            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(((), rx)),
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
-        }
-    });
     // A Database's own status and finalizer writes do not start another pass: only its
     // spec (generation, which deletion also bumps) and annotations (backup-now) do.
     let (reader, writer) = reflector::store();
@@ -241,12 +249,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         })
         .applied_objects()
         .predicate_filter(predicates::generation.combine(predicates::annotations), Default::default());
+    let plugin_changes = engine_changes(ctx.registry.subscribe(), reader.clone());
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
     Controller::for_stream(databases, reader)
         .with_config(config)
         .owns_stream(triggers.stateful_sets.map(Ok))
         .owns_stream(triggers.jobs.map(Ok))
-        .reconcile_all_on(changes)
+        .reconcile_on(plugin_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -255,6 +264,28 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
         })
         .await;
+}
+
+/// The Databases to pass over when a plugin changes: those of the engine it serves. A
+/// receiver that lagged behind has lost which engines changed, so it names them all.
+fn engine_changes(
+    changes: tokio::sync::broadcast::Receiver<String>,
+    databases: reflector::Store<Database>,
+) -> impl futures::Stream<Item = ObjectRef<Database>> + Send + 'static {
+    use tokio::sync::broadcast::error::RecvError;
+    futures::stream::unfold(changes, |mut rx| async move {
+        match rx.recv().await {
+            Ok(engine) => Some((Some(engine), rx)),
+            Err(RecvError::Lagged(_)) => Some((None, rx)),
+            Err(RecvError::Closed) => None,
+        }
+    })
+    .flat_map(move |engine| {
+        let of_engine = |db: &Database| engine.as_ref().is_none_or(|e| db.spec.engine == *e);
+        futures::stream::iter(
+            databases.state().iter().filter(|db| of_engine(db)).map(|db| ObjectRef::from_obj(db.as_ref())).collect::<Vec<_>>(),
+        )
+    })
 }
 
 /// The per-object backoff for transient errors: 1 s doubling to 5 min.
@@ -280,11 +311,32 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
     ctx.metrics.reconciles.get_or_create(&labels).inc();
     let result = if db.metadata.deletion_timestamp.is_some() { delete(&db, &ctx).await } else { converge(&db, &ctx).await };
     ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    if let Some(message) = result.as_ref().err().and_then(Error::refusal) {
+        refused(&ctx, &db, message).await;
+    }
     if result.is_ok() && ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&ObjectRef::from_obj(db.as_ref())).is_some() {
         ctx.count_state();
     }
     result
 }
+
+/// A write the API server refused for a reason the user can act on: a Warning Event and
+/// `Progressing=False` say it once, not once per retry (the retries keep their backoff).
+/// The next pass that succeeds sets `Progressing` anew.
+async fn refused(ctx: &Ctx, db: &Database, message: String) {
+    let mut status = db.status.clone().unwrap_or_default();
+    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == REFUSED && c.message == message) {
+        return;
+    }
+    event(ctx, db, true, REFUSED, message.clone()).await;
+    status::set(&mut status.conditions, kind::PROGRESSING, false, REFUSED, message, db.metadata.generation);
+    if let Err(e) = write_status(ctx, db, status).await {
+        tracing::warn!(error = %e, "could not record the refusal in the status");
+    }
+}
+
+/// The reason of a write the API server refused.
+const REFUSED: &str = "WriteRefused";
 
 async fn event(ctx: &Ctx, db: &Database, warning: bool, reason: &str, note: String) {
     event_about(ctx, db, None, warning, reason, note).await;
@@ -357,14 +409,11 @@ async fn stop_with(
     }
     // A Database that never ran and waits for its engine's plugin is Pending, not Failed:
     // the plugin may be on its way.
-    status.phase = Some(
-        match (status.current_version.is_some(), reason) {
-            (true, _) => "Degraded",
-            (false, "EngineNotFound") => "Pending",
-            (false, _) => "Failed",
-        }
-        .into(),
-    );
+    status.phase = Some(match (status.current_version.is_some(), reason) {
+        (true, _) => Phase::Degraded,
+        (false, "EngineNotFound") => Phase::Pending,
+        (false, _) => Phase::Failed,
+    });
     status.observed_generation = generation;
     let changed =
         db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition).map(|c| &c.message)) != Some(Some(&message));
@@ -549,7 +598,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     match &restoring {
         restore::Restore::Failed(reason) => return stop_with(ctx, db, status, kind::PROGRESSING, "RestoreFailed", reason.clone()).await,
         restore::Restore::HoldMembers => {
-            status.phase = Some("Restoring".into());
+            status.phase = Some(Phase::Restoring);
             status::set(
                 &mut status.conditions,
                 kind::PROGRESSING,
@@ -567,7 +616,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     let mut sts: Option<Arc<StatefulSet>> = ctx.caches.stateful_set(&ns, &names.primary());
     for child in build::children(db, &workload, &db.spec.engine, &primary) {
         let applied = apply::apply(ctx, &ns, &child).await?;
-        if let Some(applied) = applied.filter(|_| child.resource.kind == "StatefulSet") {
+        if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
             sts = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
         }
     }
@@ -591,7 +640,7 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
     let update_revision = sts_status.and_then(|s| s.update_revision.clone()).unwrap_or_default();
-    let mut progressing = failed_over || restoring == restore::Restore::Running || matches!(growth, Growth::Waiting(_));
+    let mut progressing = failed_over;
     if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired).filter(|_| sts_current) {
         pods.delete(&next.name, &DeleteParams::default()).await?;
         let pod = pod_list.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
@@ -599,7 +648,6 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         progressing = true;
     }
     let rolled = sts_current && members::rolled(&observed, &update_revision, desired);
-    let ready = observed.iter().filter(|m| m.ready).count() as i32;
 
     // 7. Upgrade steps, once the new version is rendered (until then, a pre-upgrade
     // backup is running).
@@ -643,56 +691,22 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
     }
 
     // 9. Status.
-    let all_ready = ready as usize == desired && rolled;
-    progressing |= !all_ready;
-    status.ready_replicas = Some(ready);
-    status.observed_generation = generation;
-    let mut ready_message = format!("{ready}/{desired} members ready");
-    if let Some(m) = observed.iter().find(|m| m.unschedulable.is_some()) {
-        let why = crate::events::truncate(m.unschedulable.as_deref().unwrap_or_default(), 400);
-        ready_message.push_str(&format!("; {} cannot be scheduled: {why}", m.name));
-    }
-    status::set(
-        &mut status.conditions,
-        kind::READY,
-        all_ready,
-        if all_ready { "AllMembersReady" } else { "MembersNotReady" },
-        ready_message,
-        generation,
-    );
-    if let Growth::Failed(message) = &growth {
-        if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "VolumeGrowFailed" && c.message == *message)) {
-            event(ctx, db, true, "VolumeGrowFailed", message.clone()).await;
-        }
-        status::set(&mut status.conditions, kind::PROGRESSING, false, "VolumeGrowFailed", message.clone(), generation);
-    } else if !upgrade_refused {
-        let message = match &growth {
-            Growth::Waiting(message) => message.clone(),
-            _ => progress_message(&status, rolled),
-        };
-        status::set(
-            &mut status.conditions,
-            kind::PROGRESSING,
-            progressing,
-            if progressing { "Converging" } else { "Steady" },
-            message,
-            generation,
-        );
-    }
-    if !status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.reason == "NoSafeFailover" && c.status == "True")
-        || ready as usize == desired
+    if let Growth::Failed(message) = &growth
+        && !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "VolumeGrowFailed" && c.message == *message))
     {
-        let degraded = ready > 0 && (ready as usize) < desired && status.current_version.is_some() && observed.len() == desired;
-        status::set(
-            &mut status.conditions,
-            kind::DEGRADED,
-            degraded,
-            if degraded { "MembersDown" } else { "AllMembersUp" },
-            format!("{ready}/{desired} members ready"),
-            generation,
-        );
+        event(ctx, db, true, "VolumeGrowFailed", message.clone()).await;
     }
-    status.phase = Some(phase(&status, restoring == restore::Restore::Running, all_ready, ready).into());
+    let pass = status::Pass {
+        generation,
+        desired,
+        members: &observed,
+        rolled,
+        moving: progressing,
+        growth: &growth,
+        upgrade_refused,
+        restoring: restoring == restore::Restore::Running,
+    };
+    let progressing = status::conclude(&mut status, &pass);
     write_status(ctx, db, status).await?;
     let requeue = if progressing || report.running {
         ctx.settings.progress_requeue
@@ -702,32 +716,6 @@ async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         until_next_backup(&report).min(ctx.settings.idle_requeue)
     };
     Ok(Action::requeue(requeue))
-}
-
-/// The phase: a restore that loads over the network keeps a Database `Restoring` while
-/// its members already run, since its data is not there yet.
-fn phase(status: &DatabaseStatus, restoring: bool, all_ready: bool, ready: i32) -> &'static str {
-    if restoring {
-        "Restoring"
-    } else if status.upgrade.is_some() {
-        "Updating"
-    } else if all_ready {
-        "Running"
-    } else if status::is_true(&status.conditions, kind::DEGRADED)
-        || (ready > 0 && status.conditions.iter().any(|c| c.type_ == kind::READY && c.status == "True"))
-    {
-        "Degraded"
-    } else {
-        "Creating"
-    }
-}
-
-fn progress_message(status: &DatabaseStatus, rolled: bool) -> String {
-    match &status.upgrade {
-        Some(u) => format!("upgrading {} → {} (step {})", u.from, u.to, u.step),
-        None if !rolled => "members are being created or restarted".into(),
-        None => "steady".into(),
-    }
 }
 
 fn backup_message(report: &backups::BackupReport) -> String {
@@ -754,17 +742,6 @@ fn loaded(ctx: &Ctx) -> String {
 
 fn join(v: &[crate::plugin::Violation]) -> String {
     v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-}
-
-/// How growing the member volumes stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Growth {
-    /// Every claim asks for `spec.storage` (or more) and has it.
-    Done,
-    /// A claim asks for more than it has yet: the storage provider is growing it.
-    Waiting(String),
-    /// The API server refused to grow a claim; retried on later passes.
-    Failed(String),
 }
 
 /// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
@@ -821,7 +798,7 @@ async fn delete(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let mut status = db.status.clone().unwrap_or_default();
-    status.phase = Some("Deleting".into());
+    status.phase = Some(Phase::Deleting);
     let final_name = format!("{name}-final");
     let outcome = match ctx.registry.get(&db.spec.engine) {
         None => Err(format!(

@@ -1,6 +1,10 @@
-//! Conditions and phase: deterministic, so an unchanged cluster writes nothing.
+//! Conditions and phase: deterministic, so an unchanged cluster writes nothing. The
+//! end of a pass, [`conclude`], is a pure function of what the pass found and did.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::members::Observed;
+use crate::crd::{DatabaseStatus, Phase};
 
 /// Condition types a Database reports.
 pub mod kind {
@@ -56,6 +60,102 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
 }
 
+/// How growing the member volumes stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Growth {
+    /// Every claim asks for `spec.storage` (or more) and has it.
+    Done,
+    /// A claim asks for more than it has yet: the storage provider is growing it.
+    Waiting(String),
+    /// The API server refused to grow a claim; retried on later passes.
+    Failed(String),
+}
+
+/// What one pass found and did: everything [`conclude`] needs.
+#[derive(Debug)]
+pub struct Pass<'a> {
+    /// The spec's generation.
+    pub generation: Option<i64>,
+    /// Members the spec asks for.
+    pub desired: usize,
+    /// The members as observed.
+    pub members: &'a [Observed],
+    /// Every member ready on the StatefulSet's current revision.
+    pub rolled: bool,
+    /// The pass set something in motion: a failover, a member restart, a restore, an upgrade.
+    pub moving: bool,
+    /// Growing the member volumes.
+    pub growth: &'a Growth,
+    /// The pass refused an upgrade: `Progressing` already says why.
+    pub upgrade_refused: bool,
+    /// A restore is loading data while the members run.
+    pub restoring: bool,
+}
+
+/// Ends a pass: ready members, `Ready`, `Progressing`, `Degraded` and the phase. Returns
+/// whether the Database is still progressing (and should be looked at again soon).
+pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
+    let (desired, generation) = (pass.desired, pass.generation);
+    let ready = pass.members.iter().filter(|m| m.ready).count();
+    let all_ready = ready == desired && pass.rolled;
+    let progressing = pass.moving || pass.restoring || status.upgrade.is_some() || matches!(pass.growth, Growth::Waiting(_)) || !all_ready;
+    status.ready_replicas = Some(ready as i32);
+    status.observed_generation = generation;
+    let mut ready_message = format!("{ready}/{desired} members ready");
+    if let Some(m) = pass.members.iter().find(|m| m.unschedulable.is_some()) {
+        let why = crate::events::truncate(m.unschedulable.as_deref().unwrap_or_default(), 400);
+        ready_message.push_str(&format!("; {} cannot be scheduled: {why}", m.name));
+    }
+    let reason = if all_ready { "AllMembersReady" } else { "MembersNotReady" };
+    set(&mut status.conditions, kind::READY, all_ready, reason, ready_message, generation);
+    match pass.growth {
+        Growth::Failed(message) => set(&mut status.conditions, kind::PROGRESSING, false, "VolumeGrowFailed", message.clone(), generation),
+        _ if pass.upgrade_refused => {}
+        growth => {
+            let message = match growth {
+                Growth::Waiting(message) => message.clone(),
+                _ => progress_message(status, pass.rolled),
+            };
+            let reason = if progressing { "Converging" } else { "Steady" };
+            set(&mut status.conditions, kind::PROGRESSING, progressing, reason, message, generation);
+        }
+    }
+    // No safe failover stays the word until every member is back.
+    let no_safe_failover =
+        status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.reason == "NoSafeFailover" && c.status == "True");
+    if !no_safe_failover || ready == desired {
+        let degraded = ready > 0 && ready < desired && status.current_version.is_some() && pass.members.len() == desired;
+        let reason = if degraded { "MembersDown" } else { "AllMembersUp" };
+        set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready"), generation);
+    }
+    status.phase = Some(phase(status, pass.restoring, all_ready, ready));
+    progressing
+}
+
+/// The phase: a restore that loads over the network keeps a Database `Restoring` while
+/// its members already run, since its data is not there yet.
+fn phase(status: &DatabaseStatus, restoring: bool, all_ready: bool, ready: usize) -> Phase {
+    if restoring {
+        Phase::Restoring
+    } else if status.upgrade.is_some() {
+        Phase::Updating
+    } else if all_ready {
+        Phase::Running
+    } else if is_true(&status.conditions, kind::DEGRADED) || (ready > 0 && is_true(&status.conditions, kind::READY)) {
+        Phase::Degraded
+    } else {
+        Phase::Creating
+    }
+}
+
+fn progress_message(status: &DatabaseStatus, rolled: bool) -> String {
+    match &status.upgrade {
+        Some(u) => format!("upgrading {} → {} (step {})", u.from, u.to, u.step),
+        None if !rolled => "members are being created or restarted".into(),
+        None => "steady".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +172,227 @@ mod tests {
         set(&mut c, kind::READY, true, "AllReady", "3/3 ready", Some(1));
         assert_ne!(c[0].last_transition_time, first);
         assert!(is_true(&c, kind::READY));
+    }
+
+    use crate::crd::UpgradeStatus;
+
+    fn member(ordinal: u32, ready: bool) -> Observed {
+        Observed {
+            name: format!("orders-{ordinal}"),
+            ordinal,
+            ready,
+            since_seconds: 60,
+            revision: Some("r1".into()),
+            role: None,
+            position: None,
+            terminating: false,
+            unschedulable: None,
+        }
+    }
+
+    fn members(ready: &[bool]) -> Vec<Observed> {
+        ready.iter().enumerate().map(|(i, r)| member(i as u32, *r)).collect()
+    }
+
+    fn condition<'a>(status: &'a DatabaseStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+        let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_} condition"));
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    fn ran() -> DatabaseStatus {
+        DatabaseStatus { current_version: Some("17".into()), ..Default::default() }
+    }
+
+    /// One row: the status before, what the pass found, and what the status says after.
+    struct Row {
+        what: &'static str,
+        before: DatabaseStatus,
+        ready: &'static [bool],
+        desired: usize,
+        rolled: bool,
+        growth: Growth,
+        restoring: bool,
+        phase: Phase,
+        progressing: bool,
+        ready_condition: (&'static str, &'static str),
+        degraded: (&'static str, &'static str),
+    }
+
+    #[test]
+    fn the_end_of_a_pass_follows_from_what_it_found() {
+        let upgrading = DatabaseStatus { upgrade: Some(UpgradeStatus { from: "15".into(), to: "15.18".into(), step: 1 }), ..ran() };
+        let rows = [
+            Row {
+                what: "a new Database, no member ready",
+                before: DatabaseStatus::default(),
+                ready: &[false, false, false],
+                desired: 3,
+                rolled: false,
+                growth: Growth::Done,
+                restoring: false,
+                phase: Phase::Creating,
+                progressing: true,
+                ready_condition: ("False", "MembersNotReady"),
+                degraded: ("False", "AllMembersUp"),
+            },
+            Row {
+                what: "every member ready on the current revision",
+                before: ran(),
+                ready: &[true, true, true],
+                desired: 3,
+                rolled: true,
+                growth: Growth::Done,
+                restoring: false,
+                phase: Phase::Running,
+                progressing: false,
+                ready_condition: ("True", "AllMembersReady"),
+                degraded: ("False", "AllMembersUp"),
+            },
+            Row {
+                what: "a member down after the Database ran",
+                before: ran(),
+                ready: &[true, false, true],
+                desired: 3,
+                rolled: false,
+                growth: Growth::Done,
+                restoring: false,
+                phase: Phase::Degraded,
+                progressing: true,
+                ready_condition: ("False", "MembersNotReady"),
+                degraded: ("True", "MembersDown"),
+            },
+            Row {
+                what: "a scale-up: the new member is not there yet",
+                before: ran(),
+                ready: &[true, true, true],
+                desired: 5,
+                rolled: false,
+                growth: Growth::Done,
+                restoring: false,
+                phase: Phase::Creating,
+                progressing: true,
+                ready_condition: ("False", "MembersNotReady"),
+                degraded: ("False", "AllMembersUp"),
+            },
+            Row {
+                what: "an upgrade rolling",
+                before: upgrading.clone(),
+                ready: &[true, true, true],
+                desired: 3,
+                rolled: false,
+                growth: Growth::Done,
+                restoring: false,
+                phase: Phase::Updating,
+                progressing: true,
+                ready_condition: ("False", "MembersNotReady"),
+                degraded: ("False", "AllMembersUp"),
+            },
+            Row {
+                what: "a restore loading while the members run",
+                before: ran(),
+                ready: &[true],
+                desired: 1,
+                rolled: true,
+                growth: Growth::Done,
+                restoring: true,
+                phase: Phase::Restoring,
+                progressing: true,
+                ready_condition: ("True", "AllMembersReady"),
+                degraded: ("False", "AllMembersUp"),
+            },
+            Row {
+                what: "a volume still growing",
+                before: ran(),
+                ready: &[true],
+                desired: 1,
+                rolled: true,
+                growth: Growth::Waiting("claim data-orders-0 asks for 2Gi".into()),
+                restoring: false,
+                phase: Phase::Running,
+                progressing: true,
+                ready_condition: ("True", "AllMembersReady"),
+                degraded: ("False", "AllMembersUp"),
+            },
+        ];
+        for row in rows {
+            let mut status = row.before.clone();
+            let members = members(row.ready);
+            let pass = Pass {
+                generation: Some(2),
+                desired: row.desired,
+                members: &members,
+                rolled: row.rolled,
+                moving: false,
+                growth: &row.growth,
+                upgrade_refused: false,
+                restoring: row.restoring,
+            };
+            let progressing = conclude(&mut status, &pass);
+            let what = row.what;
+            assert_eq!(status.phase, Some(row.phase), "{what}");
+            assert_eq!(progressing, row.progressing, "{what}");
+            assert_eq!(condition(&status, kind::PROGRESSING).0, if row.progressing { "True" } else { "False" }, "{what}");
+            let (ok, reason, _) = condition(&status, kind::READY);
+            assert_eq!((ok, reason), row.ready_condition, "{what}");
+            let (ok, reason, _) = condition(&status, kind::DEGRADED);
+            assert_eq!((ok, reason), row.degraded, "{what}");
+            assert_eq!(status.ready_replicas, Some(row.ready.iter().filter(|r| **r).count() as i32), "{what}");
+            assert_eq!(status.observed_generation, Some(2), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_or_a_failed_grow_keeps_its_reason_and_no_safe_failover_lasts_until_all_are_back() {
+        let members3 = members(&[false, true, true]);
+        let pass = |growth, upgrade_refused| Pass {
+            generation: Some(1),
+            desired: 3,
+            members: &members3,
+            rolled: false,
+            moving: false,
+            growth,
+            upgrade_refused,
+            restoring: false,
+        };
+        let mut status = ran();
+        set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", "downgrade refused", Some(1));
+        set(&mut status.conditions, kind::DEGRADED, true, "NoSafeFailover", "no replica reports a position", Some(1));
+        conclude(&mut status, &pass(&Growth::Done, true));
+        assert_eq!(condition(&status, kind::PROGRESSING), ("False", "UpgradeRefused", "downgrade refused"));
+        assert_eq!(condition(&status, kind::DEGRADED), ("True", "NoSafeFailover", "no replica reports a position"));
+
+        let failed = Growth::Failed("claim data-orders-0 cannot grow".into());
+        conclude(&mut status, &pass(&failed, false));
+        assert_eq!(condition(&status, kind::PROGRESSING), ("False", "VolumeGrowFailed", "claim data-orders-0 cannot grow"));
+
+        let all = members(&[true, true, true]);
+        conclude(&mut status, &Pass { members: &all, rolled: true, ..pass(&Growth::Done, false) });
+        assert_eq!(condition(&status, kind::DEGRADED).1, "AllMembersUp");
+        assert_eq!(condition(&status, kind::PROGRESSING).1, "Steady");
+        assert_eq!(status.phase, Some(Phase::Running));
+    }
+
+    #[test]
+    fn an_unschedulable_member_is_named_in_ready() {
+        let mut stuck = members(&[true, false]);
+        stuck[1].unschedulable = Some("0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules.".into());
+        let mut status = ran();
+        let growth = Growth::Done;
+        let pass = Pass {
+            generation: None,
+            desired: 2,
+            members: &stuck,
+            rolled: false,
+            moving: false,
+            growth: &growth,
+            upgrade_refused: false,
+            restoring: false,
+        };
+        conclude(&mut status, &pass);
+        let (_, _, message) = condition(&status, kind::READY);
+        assert_eq!(
+            message,
+            "1/2 members ready; orders-1 cannot be scheduled: 0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+        );
     }
 }

@@ -124,7 +124,7 @@ pub async fn plugins_arrive_and_change(cluster: Arc<Cluster>) {
         .expect("condition");
     let c = condition(&db, "PluginReady").expect("condition");
     assert_eq!(c.reason, "EngineNotFound");
-    assert_eq!(db.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"), "waiting for its plugin, not failed");
+    assert_eq!(db.status.as_ref().and_then(|s| s.phase), Some(plugdb::crd::Phase::Pending), "waiting for its plugin, not failed");
     assert!(c.message.contains("\"minimal\"") && c.message.contains("loaded: ") && c.message.contains("postgres"), "{}", c.message);
     assert!(Api::<StatefulSet>::namespaced(cluster.client.clone(), ns).get_opt("cache").await.expect("get").is_none(), "no children");
 
@@ -188,7 +188,7 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
     for part in ["spec.version", "spec.parameters.max_connections", "spec.parameters.fsync_everything"] {
         assert!(message.contains(part), "{message}");
     }
-    assert_eq!(db.status.and_then(|s| s.phase).as_deref(), Some("Failed"));
+    assert_eq!(db.status.and_then(|s| s.phase), Some(plugdb::crd::Phase::Failed));
     assert!(Api::<StatefulSet>::namespaced(cluster.client.clone(), ns).get_opt("orders").await.expect("get").is_none());
 
     // It never ran: deleting it under the default policy (Snapshot) takes no final

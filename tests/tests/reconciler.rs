@@ -1,0 +1,140 @@
+//! Tier 4: the reconciler's own bookkeeping on a real control plane. What it keeps per
+//! Database goes with the Database (100 are created, reconciled and deleted; afterwards
+//! it holds no state about any of them), and a write the API server refuses for a
+//! reason the user can act on is reported once, as a Warning Event and a condition.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use plugdb::crd::{Database, DeletionPolicy};
+use plugdb::health::Health;
+use plugdb::metrics::Metrics;
+use plugdb::operator::{self, Options};
+use plugdb::reconcile::FINALIZER;
+use plugdb_tests::ControlPlane;
+use plugdb_tests::operator::{counting_client, metric_sum, prepare, test_settings};
+
+const COUNT: usize = 100;
+
+async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn deleting_100_databases_leaves_no_state_behind_in_the_reconciler() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
+    let metrics = Arc::new(Metrics::default());
+    let options = Options { settings: test_settings(), ..Default::default() };
+    let operator = tokio::spawn(operator::run(client, metrics.clone(), options, Health::default(), std::future::pending()));
+    let entries = || metric_sum(&metrics.encode(), "plugdb_reconcile_state_entries", |_| true) as usize;
+
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    for i in 0..COUNT {
+        let db: Database = serde_json::from_value(serde_json::json!({
+            "apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": format!("db-{i}")},
+            // Half go at once; half through the operator's finalizer, which lets a
+            // Database that never ran (its engine has no plugin) go without a backup.
+            "spec": if i % 2 == 0 {
+                serde_json::json!({"engine": "minimal", "storage": "1Gi", "deletionPolicy": "Retain"})
+            } else {
+                serde_json::json!({"engine": "absent", "storage": "1Gi", "deletionPolicy": "Snapshot"})
+            },
+        }))
+        .expect("a Database");
+        dbs.create(&PostParams::default(), &db).await.expect("create");
+    }
+    let mut most = 0;
+    wait_for("every Database is reconciled", Duration::from_secs(180), async || {
+        most = most.max(entries());
+        let list = dbs.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+        let reconciled = list.iter().filter(|d| d.status.as_ref().is_some_and(|s| s.observed_generation.is_some()));
+        reconciled.filter(|d| d.finalizers().iter().any(|f| f == FINALIZER) == (d.spec.deletion_policy == DeletionPolicy::Snapshot)).count()
+            == COUNT
+    })
+    .await;
+    assert!(most > 0, "the reconciler keeps state while the Databases live");
+
+    dbs.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete all");
+    wait_for("every Database is gone", Duration::from_secs(180), async || {
+        most = most.max(entries());
+        dbs.list(&ListParams::default()).await.is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+    wait_for("no state is kept about them", Duration::from_secs(30), async || entries() == 0).await;
+    operator.abort();
+}
+
+/// A quota that admits one Service: the operator's second Service is refused (403). The
+/// Database says so in `Progressing` and in one Warning Event however often the pass is
+/// retried; once the quota allows it, the Database converges and the condition follows.
+#[tokio::test]
+async fn a_write_the_api_server_refuses_is_reported_once_as_an_event_and_a_condition() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let ns = "limited";
+    let namespaces: Api<Namespace> = Api::all(cp.client.clone());
+    namespaces
+        .create(&PostParams::default(), &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns"))
+        .await
+        .expect("namespace");
+    let quotas: Api<ResourceQuota> = Api::namespaced(cp.client.clone(), ns);
+    let quota = |services: &str| serde_json::json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "services"}, "spec": {"hard": {"services": services}}});
+    quotas.patch("services", &PatchParams::apply("test"), &Patch::Apply(quota("1"))).await.expect("quota");
+    wait_for("the quota is counted", Duration::from_secs(60), async || {
+        quotas.get("services").await.is_ok_and(|q| q.status.and_then(|s| s.used).is_some_and(|u| u.contains_key("services")))
+    })
+    .await;
+
+    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
+    let metrics = Arc::new(Metrics::default());
+    let options = Options { settings: test_settings(), ..Default::default() };
+    let operator = tokio::spawn(operator::run(client, metrics.clone(), options, Health::default(), std::future::pending()));
+    let errors = || metric_sum(&metrics.encode(), "plugdb_reconcile_errors_total", |_| true) as u64;
+
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), ns);
+    let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "cache"},
+                                "spec": {"engine": "minimal", "storage": "1Gi"}});
+    dbs.patch("cache", &PatchParams::apply("test"), &Patch::Apply(&db)).await.expect("database");
+    let progressing = async || {
+        let db = dbs.get("cache").await.ok()?;
+        db.status?.conditions.into_iter().find(|c| c.type_ == "Progressing")
+    };
+    wait_for("the refusal is in the status", Duration::from_secs(60), async || {
+        progressing().await.is_some_and(|c| c.status == "False" && c.reason == "WriteRefused" && c.message.contains("exceeded quota"))
+    })
+    .await;
+    // Retried with backoff (1 s, 2 s, 4 s): the same refusal, told once.
+    let first = errors();
+    wait_for("two more tries", Duration::from_secs(30), async || errors() >= first + 2).await;
+    let events: Api<Event> = Api::namespaced(cp.client.clone(), ns);
+    let refusals: Vec<Event> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("WriteRefused"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(refusals[0].type_.as_deref(), Some("Warning"));
+    assert!(refusals[0].series.is_none(), "repeated as a series: {:?}", refusals[0].series);
+    assert!(refusals[0].note.as_deref().is_some_and(|n| n.contains("exceeded quota")), "{:?}", refusals[0].note);
+    assert_eq!(refusals[0].regarding.as_ref().and_then(|r| r.name.as_deref()), Some("cache"));
+
+    quotas.patch("services", &PatchParams::apply("test"), &Patch::Apply(quota("10"))).await.expect("quota raised");
+    wait_for("the Database converges past the refusal", Duration::from_secs(60), async || {
+        progressing().await.is_some_and(|c| c.reason != "WriteRefused")
+    })
+    .await;
+    operator.abort();
+}
