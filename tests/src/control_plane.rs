@@ -7,6 +7,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -106,8 +107,26 @@ pub fn binaries_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// A port for one of the control plane's servers, free now. It is taken below the
+/// kernel's ephemeral range: a port the kernel hands out for `bind(:0)` comes from the
+/// range it also gives outgoing connections, so one of them could take it before the
+/// server binds it (etcd then fails with "address already in use").
 fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let first_ephemeral: u32 = ephemeral.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(32_768);
+    let span = first_ephemeral.saturating_sub(LOWEST).max(1);
+    // Test binaries run one after another and their tests side by side: the process id
+    // spreads the processes apart, the counter the control planes within one.
+    let start = std::process::id().wrapping_mul(7_919);
+    for _ in 0..span.min(1_000) {
+        let port = LOWEST + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return Ok(port as u16);
+        }
+    }
+    bail!("no free port between {LOWEST} and {first_ephemeral}")
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
