@@ -104,7 +104,7 @@ pub(crate) fn compile_apart(exe: &Path, limits: &Limits, tier: Tier, bytes: &[u8
 }
 
 /// What a `plugdb compile` child is asked to do: the settings that shape the compiled
-/// code (see [`child_args`]) and the child's own data-size limit.
+/// code (see `child_args`) and the child's own data-size limit.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {
     /// The compile tier.
@@ -117,7 +117,7 @@ pub struct Request {
     pub data_bytes: u64,
 }
 
-/// The tier named `name` (`quick` or `optimized`), as [`child_args`] writes it.
+/// The tier named `name` (`quick` or `optimized`), as `child_args` writes it.
 pub fn tier_named(name: &str) -> Option<Tier> {
     [Tier::Quick, Tier::Optimized].into_iter().find(|t| tier_name(*t) == name)
 }

@@ -1,10 +1,20 @@
 //! The reconciler: one pass from the Database's state to its children, members,
 //! backups and status. Runs the same way whatever triggered it; a second pass over an
 //! unchanged cluster writes nothing.
+//!
+//! This module holds what every pass shares: the [`Context`] (client, plugin registry
+//! and call pool, watch caches, metrics, Events), the controller loop and its
+//! triggers, error handling, and the status and finalizer writes. A pass is
+//! `converge` (its stages are listed there) or, for a Database being deleted,
+//! `delete`. Reading is [`cache`]; writing children is `apply`; the pure parts are
+//! [`members`] (observing pods, rolls, failover questions) and [`status`] (conditions
+//! and the end of a pass); backups and restores have their own modules.
 
 mod apply;
 pub mod backups;
 pub mod cache;
+mod converge;
+mod delete;
 pub mod members;
 pub mod restore;
 pub mod status;
@@ -14,23 +24,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::build::{self, MANAGER, Names, ROLE_LABEL};
-use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, UpgradeStatus};
-use crate::jobs::{self, Purpose};
+use crate::build::{self, MANAGER, Names};
+use crate::crd::{Database, DatabaseStatus, Phase};
 use crate::metrics::{Metrics, ReconcileLabels};
-use crate::plugin::{CallError, CallPool, EngineSpec, FailoverDecision, Plugin, Registry, UpgradeStep};
-use backups::JobState;
+use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry};
 use cache::{Caches, Triggers};
-use status::{Growth, kind};
+use status::kind;
 
 /// Finalizer that holds deletion until the final backup is taken.
 pub const FINALIZER: &str = "plugdb.io/final-backup";
@@ -309,7 +315,8 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
     let started = std::time::Instant::now();
     let labels = ReconcileLabels { engine: db.spec.engine.clone() };
     ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let result = if db.metadata.deletion_timestamp.is_some() { delete(&db, &ctx).await } else { converge(&db, &ctx).await };
+    let result =
+        if db.metadata.deletion_timestamp.is_some() { delete::delete(&db, &ctx).await } else { converge::converge(&db, &ctx).await };
     ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     if let Some(message) = result.as_ref().err().and_then(Error::refusal) {
         refused(&ctx, &db, message).await;
@@ -435,289 +442,6 @@ async fn plugin_failed(ctx: &Ctx, db: &Database, status: DatabaseStatus, reason:
     })
 }
 
-async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
-    let mut status = db.status.clone().unwrap_or_default();
-    let generation = db.metadata.generation;
-    let name = db.name_any();
-    let ns = db.namespace().unwrap_or_default();
-    let names = Names(&name);
-    set_finalizer(ctx, db, db.spec.deletion_policy == DeletionPolicy::Snapshot).await?;
-
-    // 1. Dereference the plugin.
-    let Some(plugin) = ctx.registry.get(&db.spec.engine) else {
-        let mut message = format!("no plugin serves engine {:?}; loaded: {}", db.spec.engine, loaded(ctx));
-        if let Some(p) = ctx.registry.problem(&db.spec.engine) {
-            message.push_str(&format!("; ConfigMap {} was rejected: {}", p.config_map, p.reason));
-        }
-        return stop_with(ctx, db, status, kind::PLUGIN_READY, "EngineNotFound", message).await;
-    };
-    status.plugin = Some(plugin.id());
-    let info = plugin.info().clone();
-    let desired_version = if db.spec.version.is_empty() { info.default_version.clone() } else { db.spec.version.clone() };
-
-    // 2. Validate: host rules, then the plugin's.
-    let spec = match build::engine_spec(db, &desired_version) {
-        Ok(spec) => spec,
-        Err(v) => return stop_with(ctx, db, status, kind::PLUGIN_READY, "InvalidSpec", join(&v)).await,
-    };
-    match ctx.call(&plugin, "validate", spec.clone(), |p, spec| p.validate(spec)).await {
-        Ok(v) if v.is_empty() => {}
-        Ok(v) => {
-            return stop_with(
-                ctx,
-                db,
-                status,
-                kind::PLUGIN_READY,
-                "InvalidSpec",
-                format!("{} rejects the spec: {}", plugin.id(), join(&v)),
-            )
-            .await;
-        }
-        Err(e) => return plugin_failed(ctx, db, status, "PluginFailed", &e).await,
-    }
-
-    // 3. Upgrades: which version to render.
-    let running = status.current_version.clone();
-    let mut plan = None;
-    let mut version = desired_version.clone();
-    // Refused in this pass: the refusal stays the Progressing condition. A refusal of an
-    // earlier spec is not state: once the spec is fixed the condition follows the members.
-    let mut upgrade_refused = false;
-    if let Some(current) = running.as_ref().filter(|c| **c != desired_version) {
-        match ctx.call(&plugin, "plan-upgrade", (spec.clone(), current.clone()), |p, (spec, from)| p.plan_upgrade(spec, from)).await {
-            Ok(p) => {
-                if status.upgrade.as_ref().is_none_or(|u| u.to != desired_version) {
-                    event(
-                        ctx,
-                        db,
-                        false,
-                        "UpgradeStarted",
-                        format!("upgrading from {current} to {desired_version}: {} step(s)", p.steps.len()),
-                    )
-                    .await;
-                    status.upgrade = Some(UpgradeStatus { from: current.clone(), to: desired_version.clone(), step: 0 });
-                }
-                // A pre-upgrade backup first, when the plugin asks and backups are configured.
-                if p.backup_first && db.spec.backup.as_ref().is_some_and(|b| b.enabled) {
-                    let backup = format!("{name}-pre-{}", &crate::plugin::hex_digest(desired_version.as_bytes())[..10]);
-                    let current_spec = EngineSpec { version: current.clone(), ..spec.clone() };
-                    let uid = plugin_uid(ctx, &plugin, &current_spec, db).await;
-                    match backups::ensure_backup(ctx, db, &plugin, &current_spec, &backup, uid).await? {
-                        Ok(JobState::Succeeded) => {}
-                        Ok(_) => version = current.clone(),
-                        Err(reason) => return stop_with(ctx, db, status, kind::PROGRESSING, "PreUpgradeBackupImpossible", reason).await,
-                    }
-                }
-                plan = Some(p);
-            }
-            Err(e) => {
-                let message = format!("upgrade from {current} to {desired_version} refused: {e}");
-                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message == message)) {
-                    event(ctx, db, true, "UpgradeRefused", message.clone()).await;
-                }
-                status::set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", message, generation);
-                upgrade_refused = true;
-                status.upgrade = None;
-                version = current.clone();
-            }
-        }
-    } else {
-        status.upgrade = None;
-    }
-    let spec = EngineSpec { version: version.clone(), ..spec };
-
-    // 4. Members as they are; a lost primary is replaced before anything is rendered, so
-    // the Services and members follow the new one in this same pass.
-    let pod_list = ctx.caches.pods(&ns, &build::selector(db));
-    let observed = members::observe(&names.primary(), &pod_list, k8s_openapi::jiff::Timestamp::now());
-    let mut primary = status.primary.clone().unwrap_or_else(|| names.pod(0));
-    let mut failed_over = false;
-    if members::primary_lost(&observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
-        let members = members::for_plugin(&observed, &primary);
-        match ctx.call(&plugin, "choose-primary", (spec.clone(), members), |p, (spec, members)| p.choose_primary(spec, members)).await {
-            Ok(FailoverDecision::Promote { pod, command }) => {
-                let note = format!(
-                    "primary {primary} not ready for {:?}; promoting {pod} (promotion: {})",
-                    ctx.settings.failover_after,
-                    command.join(" ")
-                );
-                event(ctx, db, true, "FailoverPromoted", note).await;
-                primary = pod;
-                failed_over = true;
-            }
-            Ok(FailoverDecision::NoSafeMember(reason)) => {
-                let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
-                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover")) {
-                    event(ctx, db, true, "NoSafeFailover", message.clone()).await;
-                }
-                status::set(&mut status.conditions, kind::DEGRADED, true, "NoSafeFailover", message, generation);
-            }
-            Err(e) => status::set(&mut status.conditions, kind::DEGRADED, true, "FailoverFailed", e.to_string(), generation),
-        }
-    }
-
-    // 5. Render and apply.
-    let cluster = build::cluster_context(db, &primary);
-    let workload = match ctx.call(&plugin, "render", (spec.clone(), cluster.clone()), |p, (spec, cluster)| p.render(spec, cluster)).await {
-        Ok(w) => w,
-        Err(e) => return plugin_failed(ctx, db, status, "RenderFailed", &e).await,
-    };
-    match ctx.registry.problem(&db.spec.engine) {
-        // A bad new version never replaces the running one, but users of the engine should know.
-        Some(p) => status::set(
-            &mut status.conditions,
-            kind::PLUGIN_READY,
-            true,
-            "NewerVersionRejected",
-            format!("rendered by {}; ConfigMap {} is not serving: {}", serving(&plugin), p.config_map, p.reason),
-            generation,
-        ),
-        None => status::set(
-            &mut status.conditions,
-            kind::PLUGIN_READY,
-            true,
-            "Rendered",
-            format!("rendered by {}", serving(&plugin)),
-            generation,
-        ),
-    }
-    apply::ensure_credentials(ctx, db, &workload.credentials).await?;
-    let was_ready = status::is_true(&status.conditions, kind::READY);
-    // Restored once, never again: the condition remembers it.
-    let restoring = if db.spec.restore_from.is_some() && !status::is_true(&status.conditions, kind::RESTORED) {
-        let r = restore::reconcile(ctx, db, &plugin, &spec, &workload, was_ready).await?;
-        if r == restore::Restore::Done {
-            let source = db.spec.restore_from.as_ref().map(|s| format!("{}/{}", s.database, s.backup)).unwrap_or_default();
-            event(ctx, db, false, "Restored", format!("restored from backup {source}")).await;
-            status::set(&mut status.conditions, kind::RESTORED, true, "Restored", format!("restored from backup {source}"), generation);
-        }
-        r
-    } else {
-        restore::Restore::Done
-    };
-    match &restoring {
-        restore::Restore::Failed(reason) => return stop_with(ctx, db, status, kind::PROGRESSING, "RestoreFailed", reason.clone()).await,
-        restore::Restore::HoldMembers => {
-            status.phase = Some(Phase::Restoring);
-            status::set(
-                &mut status.conditions,
-                kind::PROGRESSING,
-                true,
-                "Restoring",
-                format!("restoring into the data volume ({})", restore::job_name(db)),
-                generation,
-            );
-            status.observed_generation = generation;
-            write_status(ctx, db, status).await?;
-            return Ok(Action::requeue(ctx.settings.progress_requeue));
-        }
-        restore::Restore::Done | restore::Restore::Running => {}
-    }
-    let mut sts: Option<Arc<StatefulSet>> = ctx.caches.stateful_set(&ns, &names.primary());
-    for child in build::children(db, &workload, &db.spec.engine, &primary) {
-        let applied = apply::apply(ctx, &ns, &child).await?;
-        if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
-            sts = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
-        }
-    }
-    // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
-    let growth = grow_volumes(ctx, db, &ns).await?;
-    status.primary = Some(primary.clone());
-    if status.current_version.is_none() {
-        status.current_version = Some(version.clone());
-    }
-
-    // 6. Members: roles and rolling restarts.
-    // Revisions are only meaningful once the StatefulSet controller has seen the latest spec.
-    let sts_current = sts.as_ref().is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
-    let sts_status = sts.as_ref().and_then(|s| s.status.as_ref());
-    let desired = db.spec.replicas.max(1) as usize;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    for m in &observed {
-        let role = if m.name == primary { "primary" } else { "replica" };
-        if m.role.as_deref() != Some(role) && !m.terminating {
-            pods.patch(&m.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
-        }
-    }
-    let update_revision = sts_status.and_then(|s| s.update_revision.clone()).unwrap_or_default();
-    let mut progressing = failed_over;
-    if let Some(next) = members::next_to_roll(&observed, &update_revision, &primary, desired).filter(|_| sts_current) {
-        pods.delete(&next.name, &DeleteParams::default()).await?;
-        let pod = pod_list.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
-        event_about(ctx, db, pod, false, "MemberRestarted", format!("restarted {} onto the current revision", next.name)).await;
-        progressing = true;
-    }
-    let rolled = sts_current && members::rolled(&observed, &update_revision, desired);
-
-    // 7. Upgrade steps, once the new version is rendered (until then, a pre-upgrade
-    // backup is running).
-    progressing |= status.upgrade.is_some();
-    if let (Some(upgrade), Some(plan)) = (status.upgrade.clone().filter(|u| u.to == version), plan) {
-        progressing = true;
-        let mut step = upgrade.step as usize;
-        while let Some(s) = plan.steps.get(step) {
-            let done = match s {
-                UpgradeStep::RollingRestart => rolled,
-                UpgradeStep::Job(job) => {
-                    let job_name = format!("{name}-upgrade-{}-{step}", &crate::plugin::hex_digest(upgrade.to.as_bytes())[..8]);
-                    let child = jobs::job(db, &job_name, Purpose::Upgrade, job, &name, None, workload.run_as_user);
-                    apply::create_once(ctx, &ns, &child).await?;
-                    backups::state(ctx.caches.job(&ns, &job_name).as_deref()) == JobState::Succeeded
-                }
-            };
-            if !done {
-                break;
-            }
-            step += 1;
-        }
-        if step >= plan.steps.len() && rolled {
-            event(ctx, db, false, "UpgradeCompleted", format!("upgraded from {} to {}", upgrade.from, upgrade.to)).await;
-            status.current_version = Some(upgrade.to.clone());
-            status.upgrade = None;
-        } else {
-            status.upgrade = Some(UpgradeStatus { step: step as i32, ..upgrade });
-        }
-    }
-
-    // 8. Backups.
-    let report = backups::reconcile(ctx, db, &plugin, &spec, workload.run_as_user).await?;
-    status.last_backup = report.last.clone();
-    status.next_backup = report.next.map(|t| t.to_rfc3339());
-    status.backup_request = report.request.clone();
-    status.last_scheduled_backup = report.scheduled.clone();
-    match &report.problem {
-        Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, "BackupProblem", p.clone(), generation),
-        None => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, "BackupsHealthy", backup_message(&report), generation),
-    }
-
-    // 9. Status.
-    if let Growth::Failed(message) = &growth
-        && !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "VolumeGrowFailed" && c.message == *message))
-    {
-        event(ctx, db, true, "VolumeGrowFailed", message.clone()).await;
-    }
-    let pass = status::Pass {
-        generation,
-        desired,
-        members: &observed,
-        rolled,
-        moving: progressing,
-        growth: &growth,
-        upgrade_refused,
-        restoring: restoring == restore::Restore::Running,
-    };
-    let progressing = status::conclude(&mut status, &pass);
-    write_status(ctx, db, status).await?;
-    let requeue = if progressing || report.running {
-        ctx.settings.progress_requeue
-    } else if matches!(growth, Growth::Failed(_)) {
-        ctx.settings.progress_requeue * 6
-    } else {
-        until_next_backup(&report).min(ctx.settings.idle_requeue)
-    };
-    Ok(Action::requeue(requeue))
-}
-
 fn backup_message(report: &backups::BackupReport) -> String {
     match (&report.last, &report.next) {
         (Some(last), _) => format!("last backup {}", last.name),
@@ -744,115 +468,10 @@ fn join(v: &[crate::plugin::Violation]) -> String {
     v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
-/// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
-/// claim templates cannot change, so the claims themselves are patched.
-async fn grow_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<Growth, Error> {
-    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(Growth::Done) };
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
-    let name = db.name_any();
-    let mut growth = Growth::Done;
-    for ordinal in 0..db.spec.replicas.max(1) as u32 {
-        let claim = Names(&name).data_claim(ordinal);
-        // An unbound claim cannot change; it is grown once it is bound.
-        let Some(pvc) = ctx.caches.claim(ns, &claim).filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) else {
-            continue;
-        };
-        let storage = |map: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            map.and_then(|m| m.get("storage")).and_then(|q| crate::quantity::bytes(&q.0))
-        };
-        let requested = storage(pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
-        if requested.is_some_and(|r| r < want) {
-            let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}}));
-            match api.patch(&claim, &PatchParams::default(), &patch).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
-                    return Ok(Growth::Failed(format!("claim {claim} cannot grow to {}: {}", db.spec.storage.0, e.message)));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
-        if growth == Growth::Done && capacity.is_some_and(|c| c < want) {
-            growth = Growth::Waiting(format!("claim {claim} asks for {}; the storage provider is growing it", db.spec.storage.0));
-        }
-    }
-    Ok(growth)
-}
-
-/// Deletion: under Snapshot, a final backup must succeed before the finalizer goes.
-async fn delete(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
-    if !db.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(Action::await_change());
-    }
-    if db.spec.deletion_policy != DeletionPolicy::Snapshot {
-        set_finalizer(ctx, db, false).await?;
-        return Ok(Action::await_change());
-    }
-    let name = db.name_any();
-    // A Database that never ran (an unknown engine, a spec refused from the start) has
-    // no members and no data: there is nothing to back up.
-    let ns = db.namespace().unwrap_or_default();
-    if db.status.as_ref().is_none_or(|s| s.current_version.is_none()) && ctx.caches.stateful_set(&ns, &Names(&name).primary()).is_none() {
-        event(ctx, db, false, "DeletedWithoutBackup", "the Database never ran, so it holds no data: no final backup taken".into()).await;
-        set_finalizer(ctx, db, false).await?;
-        return Ok(Action::await_change());
-    }
-    let mut status = db.status.clone().unwrap_or_default();
-    status.phase = Some(Phase::Deleting);
-    let final_name = format!("{name}-final");
-    let outcome = match ctx.registry.get(&db.spec.engine) {
-        None => Err(format!(
-            "no plugin serves engine {:?}, so no final backup can be taken; set deletionPolicy: Retain to delete without one",
-            db.spec.engine
-        )),
-        Some(plugin) => {
-            let version =
-                db.status.as_ref().and_then(|s| s.current_version.clone()).unwrap_or_else(|| plugin.info().default_version.clone());
-            match build::engine_spec(db, &version) {
-                Err(v) => Err(join(&v)),
-                Ok(spec) => {
-                    let uid = plugin_uid(ctx, &plugin, &spec, db).await;
-                    match backups::ensure_backup(ctx, db, &plugin, &spec, &final_name, uid).await? {
-                        Ok(state) => Ok(state),
-                        Err(reason) => Err(format!(
-                            "the plugin cannot take a final backup: {reason}; set deletionPolicy: Retain to delete without one"
-                        )),
-                    }
-                }
-            }
-        }
-    };
-    match outcome {
-        Ok(JobState::Succeeded) => {
-            event(ctx, db, false, "FinalBackupTaken", format!("final backup {final_name} succeeded; deleting")).await;
-            set_finalizer(ctx, db, false).await?;
-            Ok(Action::await_change())
-        }
-        Ok(JobState::Failed) => {
-            let message =
-                format!("final backup {final_name} failed; the Database is kept. Delete the Job to retry, or set deletionPolicy: Retain");
-            stop_with(ctx, db, status, kind::BACKUP_HEALTHY, "FinalBackupFailed", message).await
-        }
-        Ok(_) => {
-            status::set(
-                &mut status.conditions,
-                kind::BACKUP_HEALTHY,
-                true,
-                "FinalBackupRunning",
-                format!("waiting for final backup {final_name}"),
-                db.metadata.generation,
-            );
-            write_status(ctx, db, status).await?;
-            Ok(Action::requeue(ctx.settings.progress_requeue))
-        }
-        Err(message) => stop_with(ctx, db, status, kind::BACKUP_HEALTHY, "FinalBackupImpossible", message).await,
-    }
-}
-
-async fn plugin_uid(ctx: &Ctx, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> u32 {
+/// The user the plugin runs the engine as (its Jobs run as the same user): what it
+/// renders for `spec` with member 0 as primary. The memo answers it when a pass already
+/// rendered the same.
+async fn plugin_uid(ctx: &Ctx, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<u32, CallError> {
     let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0));
-    ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster))
-        .await
-        .map(|w| w.run_as_user)
-        .unwrap_or(1000)
+    ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await.map(|w| w.run_as_user)
 }

@@ -1,0 +1,521 @@
+//! One pass over a Database that is not being deleted: a short driver over named
+//! stages. Each stage reads the watch caches or asks the plugin, makes the writes it
+//! owns, and hands the next stage what it decided; the pass ends with
+//! [`status::conclude`], a pure function of what the stages found and did, and one
+//! status write.
+//!
+//! ```text
+//! engine     the plugin serving spec.engine; the spec, checked by the host and the plugin
+//! upgrade    which version this pass renders: the plugin's plan, a pre-upgrade backup first
+//! observe    the members as the pod cache has them
+//! failover   who is primary: a lost primary is replaced before anything is rendered
+//! render     the plugin's workload for that version and primary; the credentials
+//! restore    a restore into the data volume before the members start
+//! apply      the children, server-side; member volumes grown
+//! members    role labels and one rolling restart at a time
+//! steps      the upgrade plan's steps (Jobs, rolling restarts) in order
+//! backups    scheduled and requested backups, retention
+//! conclude   Ready, Progressing, Degraded and the phase (pure); the status written
+//! ```
+//!
+//! A stage that finds a permanent problem ends the pass with a condition
+//! ([`super::stop_with`]): nothing after it runs until the spec or the plugin changes.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::backups::{self, BackupReport, JobState};
+use super::members::{self, Observed};
+use super::status::{self, Growth, kind};
+use super::{Ctx, Error, apply, event, event_about, join, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
+use crate::build::{self, Names, ROLE_LABEL};
+use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, UpgradeStatus};
+use crate::jobs::{self, Purpose};
+use crate::plugin::{CallError, EngineSpec, FailoverDecision, Plugin, UpgradePlan, UpgradeStep, Workload};
+
+/// A stage's outcome: go on with its value, or end the pass with this action.
+type Flow<T> = Result<ControlFlow<Action, T>, Error>;
+
+/// The value of a stage that went on; a stage that ended the pass returns its action.
+macro_rules! proceed {
+    ($stage:expr) => {
+        match $stage? {
+            ControlFlow::Continue(value) => value,
+            ControlFlow::Break(action) => return Ok(action),
+        }
+    };
+}
+
+/// Converges `db` towards its spec.
+pub(super) async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
+    super::set_finalizer(ctx, db, db.spec.deletion_policy == DeletionPolicy::Snapshot).await?;
+    let mut pass = Pass::new(ctx, db);
+    let engine = proceed!(pass.engine().await);
+    let upgrade = proceed!(pass.upgrade(&engine).await);
+    let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
+    let members = pass.observe();
+    let primary = pass.failover(&engine.plugin, &spec, &members).await;
+    let workload = proceed!(pass.render(&engine.plugin, &spec, &primary.name).await);
+    let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
+    let applied = pass.apply(&workload, &primary.name, &upgrade.version).await?;
+    let rolled = pass.members(&members, &primary.name, &applied).await?;
+    let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
+    let report = pass.backups(&engine.plugin, &spec, &workload).await?;
+    pass.conclude(status::Pass {
+        generation: db.metadata.generation,
+        desired: pass.desired(),
+        members: &members.observed,
+        rolled: rolled.done,
+        moving: primary.failed_over || rolled.restarted || upgrading,
+        growth: &applied.growth,
+        upgrade_refused: upgrade.refused,
+        restoring: restoring == restore::Restore::Running,
+    })
+    .await?;
+    Ok(Action::requeue(pass.requeue(&report, &applied.growth)))
+}
+
+/// What the stages share: the Database, and the status they build up.
+struct Pass<'a> {
+    ctx: &'a Ctx,
+    db: &'a Database,
+    name: String,
+    ns: String,
+    generation: Option<i64>,
+    status: DatabaseStatus,
+    /// Whether the pass left something that moves: look again soon.
+    progressing: bool,
+}
+
+/// The engine's plugin and the spec it accepted (at the desired version).
+struct Engine {
+    plugin: Plugin,
+    spec: EngineSpec,
+}
+
+/// What the upgrade stage decided.
+struct Upgrade {
+    /// The version this pass renders: the desired one, or the running one while a
+    /// pre-upgrade backup runs or after a refusal.
+    version: String,
+    /// The plugin's plan, when an upgrade is under way.
+    plan: Option<UpgradePlan>,
+    /// The plugin refused the upgrade in this pass; `Progressing` says why.
+    refused: bool,
+}
+
+/// The members' pods and what they say.
+struct Members {
+    pods: Vec<Arc<Pod>>,
+    observed: Vec<Observed>,
+}
+
+/// Who is primary after the failover stage.
+struct Primary {
+    name: String,
+    failed_over: bool,
+}
+
+/// What the apply stage left.
+struct Applied {
+    /// The StatefulSet, as last written or cached.
+    stateful_set: Option<Arc<StatefulSet>>,
+    growth: Growth,
+}
+
+/// What the members stage found and did.
+struct Rolled {
+    /// Every member ready on the StatefulSet's current revision.
+    done: bool,
+    /// A member was restarted in this pass.
+    restarted: bool,
+}
+
+impl<'a> Pass<'a> {
+    fn new(ctx: &'a Ctx, db: &'a Database) -> Self {
+        Self {
+            ctx,
+            db,
+            name: db.name_any(),
+            ns: db.namespace().unwrap_or_default(),
+            generation: db.metadata.generation,
+            status: db.status.clone().unwrap_or_default(),
+            progressing: false,
+        }
+    }
+
+    fn desired(&self) -> usize {
+        self.db.spec.replicas.max(1) as usize
+    }
+
+    /// Ends the pass with a permanent problem (see [`stop_with`]).
+    async fn stop<T>(&mut self, condition: &str, reason: &str, message: String) -> Flow<T> {
+        let status = std::mem::take(&mut self.status);
+        stop_with(self.ctx, self.db, status, condition, reason, message).await.map(ControlFlow::Break)
+    }
+
+    /// Ends the pass on a failed plugin call (see [`plugin_failed`]).
+    async fn plugin_failed<T>(&mut self, reason: &str, e: &CallError) -> Flow<T> {
+        plugin_failed(self.ctx, self.db, std::mem::take(&mut self.status), reason, e).await.map(ControlFlow::Break)
+    }
+
+    /// The plugin serving the engine, and the spec it and the host accept.
+    async fn engine(&mut self) -> Flow<Engine> {
+        let (ctx, db) = (self.ctx, self.db);
+        let Some(plugin) = ctx.registry.get(&db.spec.engine) else {
+            let mut message = format!("no plugin serves engine {:?}; loaded: {}", db.spec.engine, super::loaded(ctx));
+            if let Some(p) = ctx.registry.problem(&db.spec.engine) {
+                message.push_str(&format!("; ConfigMap {} was rejected: {}", p.config_map, p.reason));
+            }
+            return self.stop(kind::PLUGIN_READY, "EngineNotFound", message).await;
+        };
+        self.status.plugin = Some(plugin.id());
+        let version = if db.spec.version.is_empty() { plugin.info().default_version.clone() } else { db.spec.version.clone() };
+        let spec = match build::engine_spec(db, &version) {
+            Ok(spec) => spec,
+            Err(v) => return self.stop(kind::PLUGIN_READY, "InvalidSpec", join(&v)).await,
+        };
+        match ctx.call(&plugin, "validate", spec.clone(), |p, spec| p.validate(spec)).await {
+            Ok(v) if v.is_empty() => Ok(ControlFlow::Continue(Engine { plugin, spec })),
+            Ok(v) => {
+                let message = format!("{} rejects the spec: {}", plugin.id(), join(&v));
+                self.stop(kind::PLUGIN_READY, "InvalidSpec", message).await
+            }
+            Err(e) => self.plugin_failed("PluginFailed", &e).await,
+        }
+    }
+
+    /// Which version to render: a version change is planned by the plugin; a refused plan
+    /// keeps the running version and says why in `Progressing` (a refusal of an earlier
+    /// spec is not state: once the spec is fixed the condition follows the members).
+    async fn upgrade(&mut self, engine: &Engine) -> Flow<Upgrade> {
+        let (ctx, db) = (self.ctx, self.db);
+        let desired = engine.spec.version.clone();
+        let Some(current) = self.status.current_version.clone().filter(|c| *c != desired) else {
+            self.status.upgrade = None;
+            return Ok(ControlFlow::Continue(Upgrade { version: desired, plan: None, refused: false }));
+        };
+        let input = (engine.spec.clone(), current.clone());
+        let plan = match ctx.call(&engine.plugin, "plan-upgrade", input, |p, (spec, from)| p.plan_upgrade(spec, from)).await {
+            Ok(plan) => plan,
+            Err(e) => {
+                let message = format!("upgrade from {current} to {desired} refused: {e}");
+                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message == message)) {
+                    event(ctx, db, true, "UpgradeRefused", message.clone()).await;
+                }
+                status::set(&mut self.status.conditions, kind::PROGRESSING, false, "UpgradeRefused", message, self.generation);
+                self.status.upgrade = None;
+                return Ok(ControlFlow::Continue(Upgrade { version: current, plan: None, refused: true }));
+            }
+        };
+        if self.status.upgrade.as_ref().is_none_or(|u| u.to != desired) {
+            let note = format!("upgrading from {current} to {desired}: {} step(s)", plan.steps.len());
+            event(ctx, db, false, "UpgradeStarted", note).await;
+            self.status.upgrade = Some(UpgradeStatus { from: current.clone(), to: desired.clone(), step: 0 });
+        }
+        let mut version = desired.clone();
+        // A pre-upgrade backup first, when the plugin asks and backups are configured;
+        // until it succeeds the running version is rendered.
+        if plan.backup_first && db.spec.backup.as_ref().is_some_and(|b| b.enabled) {
+            let backup = format!("{}-pre-{}", self.name, &crate::plugin::hex_digest(desired.as_bytes())[..10]);
+            let current_spec = EngineSpec { version: current.clone(), ..engine.spec.clone() };
+            let uid = match plugin_uid(ctx, &engine.plugin, &current_spec, db).await {
+                Ok(uid) => uid,
+                Err(e) => return self.plugin_failed("RenderFailed", &e).await,
+            };
+            match backups::ensure_backup(ctx, db, &engine.plugin, &current_spec, &backup, uid).await? {
+                Ok(JobState::Succeeded) => {}
+                Ok(_) => version = current,
+                Err(reason) => return self.stop(kind::PROGRESSING, "PreUpgradeBackupImpossible", reason).await,
+            }
+        }
+        Ok(ControlFlow::Continue(Upgrade { version, plan: Some(plan), refused: false }))
+    }
+
+    /// The members as the pod cache has them.
+    fn observe(&self) -> Members {
+        let pods = self.ctx.caches.pods(&self.ns, &build::selector(self.db));
+        let observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
+        Members { pods, observed }
+    }
+
+    /// The primary: the one in status, or the member the plugin chooses when it has been
+    /// lost for longer than the failover delay.
+    async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Primary {
+        let (ctx, db) = (self.ctx, self.db);
+        let primary = self.status.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
+        if !members::primary_lost(&members.observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
+            return Primary { name: primary, failed_over: false };
+        }
+        let candidates = members::for_plugin(&members.observed, &primary);
+        let generation = self.generation;
+        match ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await {
+            Ok(FailoverDecision::Promote { pod, command }) => {
+                let after = ctx.settings.failover_after;
+                let note = format!("primary {primary} not ready for {after:?}; promoting {pod} (promotion: {})", command.join(" "));
+                event(ctx, db, true, "FailoverPromoted", note).await;
+                return Primary { name: pod, failed_over: true };
+            }
+            Ok(FailoverDecision::NoSafeMember(reason)) => {
+                let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
+                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover")) {
+                    event(ctx, db, true, "NoSafeFailover", message.clone()).await;
+                }
+                status::set(&mut self.status.conditions, kind::DEGRADED, true, "NoSafeFailover", message, generation);
+            }
+            Err(e) => status::set(&mut self.status.conditions, kind::DEGRADED, true, "FailoverFailed", e.to_string(), generation),
+        }
+        Primary { name: primary, failed_over: false }
+    }
+
+    /// The plugin's workload for this version and primary; the credentials it asks for.
+    async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str) -> Flow<Workload> {
+        let (ctx, db) = (self.ctx, self.db);
+        let cluster = build::cluster_context(db, primary);
+        let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await {
+            Ok(w) => w,
+            Err(e) => return self.plugin_failed("RenderFailed", &e).await,
+        };
+        // A bad new version never replaces the running one, but users of the engine should know.
+        let (reason, message) = match ctx.registry.problem(&db.spec.engine) {
+            Some(p) => (
+                "NewerVersionRejected",
+                format!("rendered by {}; ConfigMap {} is not serving: {}", serving(plugin), p.config_map, p.reason),
+            ),
+            None => ("Rendered", format!("rendered by {}", serving(plugin))),
+        };
+        status::set(&mut self.status.conditions, kind::PLUGIN_READY, true, reason, message, self.generation);
+        apply::ensure_credentials(ctx, db, &workload.credentials).await?;
+        Ok(ControlFlow::Continue(workload))
+    }
+
+    /// A restore asked for and not yet done (the `Restored` condition remembers it). A
+    /// physical restore holds the members back: the pass ends until its Job is done.
+    async fn restore(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Flow<restore::Restore> {
+        let (ctx, db, generation) = (self.ctx, self.db, self.generation);
+        if db.spec.restore_from.is_none() || status::is_true(&self.status.conditions, kind::RESTORED) {
+            return Ok(ControlFlow::Continue(restore::Restore::Done));
+        }
+        let was_ready = status::is_true(&self.status.conditions, kind::READY);
+        let restoring = restore::reconcile(ctx, db, plugin, spec, workload, was_ready).await?;
+        match &restoring {
+            restore::Restore::Done => {
+                let source = db.spec.restore_from.as_ref().map(|s| format!("{}/{}", s.database, s.backup)).unwrap_or_default();
+                let message = format!("restored from backup {source}");
+                event(ctx, db, false, "Restored", message.clone()).await;
+                status::set(&mut self.status.conditions, kind::RESTORED, true, "Restored", message, generation);
+            }
+            restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, "RestoreFailed", reason.clone()).await,
+            restore::Restore::HoldMembers => {
+                self.status.phase = Some(Phase::Restoring);
+                let message = format!("restoring into the data volume ({})", restore::job_name(db));
+                status::set(&mut self.status.conditions, kind::PROGRESSING, true, "Restoring", message, generation);
+                self.status.observed_generation = generation;
+                write_status(ctx, db, std::mem::take(&mut self.status)).await?;
+                return Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)));
+            }
+            restore::Restore::Running => {}
+        }
+        Ok(ControlFlow::Continue(restoring))
+    }
+
+    /// The children, applied where they differ; member volumes grown to the spec.
+    async fn apply(&mut self, workload: &Workload, primary: &str, version: &str) -> Result<Applied, Error> {
+        let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
+        let mut stateful_set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
+        for child in build::children(db, workload, &db.spec.engine, primary) {
+            let applied = apply::apply(ctx, ns, &child).await?;
+            if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
+                stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
+            }
+        }
+        // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
+        let growth = grow_volumes(ctx, db, ns).await?;
+        if let Growth::Failed(message) = &growth
+            && !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "VolumeGrowFailed" && c.message == *message))
+        {
+            event(ctx, db, true, "VolumeGrowFailed", message.clone()).await;
+        }
+        self.status.primary = Some(primary.to_string());
+        if self.status.current_version.is_none() {
+            self.status.current_version = Some(version.to_string());
+        }
+        Ok(Applied { stateful_set, growth })
+    }
+
+    /// Role labels on the members, and the next member restart of a roll (one at a time,
+    /// replicas first, primary last).
+    async fn members(&mut self, members: &Members, primary: &str, applied: &Applied) -> Result<Rolled, Error> {
+        let (ctx, db) = (self.ctx, self.db);
+        let sts = applied.stateful_set.as_ref();
+        // Revisions are only meaningful once the StatefulSet controller has seen the latest spec.
+        let current = sts.is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
+        let update_revision = sts.and_then(|s| s.status.as_ref()).and_then(|s| s.update_revision.clone()).unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
+        for m in &members.observed {
+            let role = if m.name == primary { "primary" } else { "replica" };
+            if m.role.as_deref() != Some(role) && !m.terminating {
+                pods.patch(&m.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
+            }
+        }
+        let desired = self.desired();
+        let mut restarted = false;
+        if let Some(next) = members::next_to_roll(&members.observed, &update_revision, primary, desired).filter(|_| current) {
+            pods.delete(&next.name, &DeleteParams::default()).await?;
+            let pod = members.pods.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
+            event_about(ctx, db, pod, false, "MemberRestarted", format!("restarted {} onto the current revision", next.name)).await;
+            restarted = true;
+        }
+        Ok(Rolled { done: current && members::rolled(&members.observed, &update_revision, desired), restarted })
+    }
+
+    /// The upgrade plan's steps, in order, once the new version is rendered (until then a
+    /// pre-upgrade backup runs). Returns whether an upgrade is under way in this pass.
+    async fn steps(&mut self, upgrade: &Upgrade, workload: &Workload, rolled: bool) -> Result<bool, Error> {
+        let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
+        let under_way = self.status.upgrade.is_some();
+        let (Some(progress), Some(plan)) = (self.status.upgrade.clone().filter(|u| u.to == upgrade.version), &upgrade.plan) else {
+            return Ok(under_way);
+        };
+        let job_name = |step: usize| format!("{}-upgrade-{}-{step}", self.name, &crate::plugin::hex_digest(progress.to.as_bytes())[..8]);
+        let job_done = |step: usize| backups::state(ctx.caches.job(ns, &job_name(step)).as_deref()) == JobState::Succeeded;
+        let step = next_step(&plan.steps, progress.step as usize, rolled, job_done);
+        if let Some(UpgradeStep::Job(job)) = plan.steps.get(step) {
+            let child = jobs::job(db, &job_name(step), Purpose::Upgrade, job, &self.name, None, workload.run_as_user);
+            apply::create_once(ctx, ns, &child).await?;
+        }
+        if step >= plan.steps.len() && rolled {
+            event(ctx, db, false, "UpgradeCompleted", format!("upgraded from {} to {}", progress.from, progress.to)).await;
+            self.status.current_version = Some(progress.to.clone());
+            self.status.upgrade = None;
+        } else {
+            self.status.upgrade = Some(UpgradeStatus { step: step as i32, ..progress });
+        }
+        Ok(true)
+    }
+
+    /// Scheduled and requested backups, and retention.
+    async fn backups(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Result<BackupReport, Error> {
+        let report = backups::reconcile(self.ctx, self.db, plugin, spec, workload.run_as_user).await?;
+        let status = &mut self.status;
+        status.last_backup = report.last.clone();
+        status.next_backup = report.next.map(|t| t.to_rfc3339());
+        status.backup_request = report.request.clone();
+        status.last_scheduled_backup = report.scheduled.clone();
+        match &report.problem {
+            Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, "BackupProblem", p.clone(), self.generation),
+            None => {
+                let message = super::backup_message(&report);
+                status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, "BackupsHealthy", message, self.generation);
+            }
+        }
+        Ok(report)
+    }
+
+    /// The end of the pass: the status follows from what the stages found and did.
+    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(), Error> {
+        self.progressing = status::conclude(&mut self.status, &pass);
+        write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await
+    }
+
+    /// When to look again: soon while something moves, a while after a refused volume
+    /// grow, else at the next backup (or the idle resync).
+    fn requeue(&self, report: &BackupReport, growth: &Growth) -> std::time::Duration {
+        let settings = &self.ctx.settings;
+        if self.progressing || report.running {
+            settings.progress_requeue
+        } else if matches!(growth, Growth::Failed(_)) {
+            settings.progress_requeue * 6
+        } else {
+            super::until_next_backup(report).min(settings.idle_requeue)
+        }
+    }
+}
+
+/// The first step of an upgrade plan not done yet, starting at `from`: a rolling restart
+/// is done once every member runs the current revision, a Job once it succeeded
+/// (`job_done`). Steps run in order; a step waits for the one before it.
+pub fn next_step(steps: &[UpgradeStep], from: usize, rolled: bool, job_done: impl Fn(usize) -> bool) -> usize {
+    let mut step = from;
+    while let Some(s) = steps.get(step) {
+        let done = match s {
+            UpgradeStep::RollingRestart => rolled,
+            UpgradeStep::Job(_) => job_done(step),
+        };
+        if !done {
+            break;
+        }
+        step += 1;
+    }
+    step
+}
+
+/// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
+/// claim templates cannot change, so the claims themselves are patched.
+async fn grow_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<Growth, Error> {
+    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(Growth::Done) };
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let name = db.name_any();
+    let mut growth = Growth::Done;
+    for ordinal in 0..db.spec.replicas.max(1) as u32 {
+        let claim = Names(&name).data_claim(ordinal);
+        // An unbound claim cannot change; it is grown once it is bound.
+        let Some(pvc) = ctx.caches.claim(ns, &claim).filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) else {
+            continue;
+        };
+        let storage = |map: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            map.and_then(|m| m.get("storage")).and_then(|q| crate::quantity::bytes(&q.0))
+        };
+        let requested = storage(pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
+        if requested.is_some_and(|r| r < want) {
+            let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}}));
+            match api.patch(&claim, &PatchParams::default(), &patch).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
+                    return Ok(Growth::Failed(format!("claim {claim} cannot grow to {}: {}", db.spec.storage.0, e.message)));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
+        if growth == Growth::Done && capacity.is_some_and(|c| c < want) {
+            growth = Growth::Waiting(format!("claim {claim} asks for {}; the storage provider is growing it", db.spec.storage.0));
+        }
+    }
+    Ok(growth)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::JobPlan;
+
+    fn job() -> UpgradeStep {
+        UpgradeStep::Job(JobPlan { image: "mariadb:11.8".into(), command: vec!["mariadb-upgrade".into()], env: vec![], mounts_data: false })
+    }
+
+    #[test]
+    fn upgrade_steps_run_in_order_each_waiting_for_the_one_before() {
+        let roll_then_job = [UpgradeStep::RollingRestart, job()];
+        // (what, from, rolled, jobs done, the step in progress after)
+        let rows: [(&str, usize, bool, &[usize], usize); 6] = [
+            ("members still rolling", 0, false, &[], 0),
+            ("rolled: on to the Job", 0, true, &[], 1),
+            ("the Job succeeded: the plan is done", 0, true, &[1], 2),
+            ("a Job done early does not skip the roll", 0, false, &[1], 0),
+            ("picks up where the status left off", 1, true, &[], 1),
+            ("past the end stays there", 2, true, &[1], 2),
+        ];
+        for (what, from, rolled, done, expected) in rows {
+            assert_eq!(next_step(&roll_then_job, from, rolled, |s| done.contains(&s)), expected, "{what}");
+        }
+        assert_eq!(next_step(&[], 0, false, |_| false), 0, "an empty plan has no step in progress");
+    }
+}
