@@ -256,6 +256,21 @@ pub fn metadata_with(db: &Database, name: &str, owned: bool, labels: &BTreeMap<S
     })
 }
 
+/// The spec of a volume claim of `size` in storage class `class` (the cluster's default
+/// when `None`).
+pub fn claim_spec(size: &str, class: Option<&str>) -> Value {
+    let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}});
+    if let Some(class) = class {
+        spec["storageClassName"] = json!(class);
+    }
+    spec
+}
+
+/// The spec of a member's data claim: `spec.storage` in `spec.storageClassName`.
+pub fn data_claim_spec(db: &Database) -> Value {
+    claim_spec(&db.spec.storage.0, db.spec.storage_class_name.as_deref())
+}
+
 /// Container environment from plugin variables.
 pub fn env_json(env: &[crate::plugin::EnvVar]) -> Vec<Value> {
     env.iter()
@@ -381,13 +396,7 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str) -> Child {
         DeletionPolicy::Delete => json!({"whenDeleted": "Delete", "whenScaled": "Delete"}),
         DeletionPolicy::Snapshot | DeletionPolicy::Retain => json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
     };
-    let mut claim = json!({
-        "metadata": {"name": "data", "labels": labels(db)},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": db.spec.storage.0}}},
-    });
-    if let Some(class) = &db.spec.storage_class_name {
-        claim["spec"]["storageClassName"] = json!(class);
-    }
+    let claim = json!({"metadata": {"name": "data", "labels": labels(db)}, "spec": data_claim_spec(db)});
     let uid = workload.run_as_user;
     let mut pod = json!({
         "automountServiceAccountToken": false,

@@ -99,7 +99,8 @@ pub fn backup_claim(db: &Database) -> Child {
         name.clone(),
         json!({
             "metadata": crate::build::metadata_with(db, &name, owned, &labels(db)),
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size.0}}},
+            // The cluster's default class: backups need not live where the data does.
+            "spec": crate::build::claim_spec(&size.0, None),
         }),
     )
 }

@@ -10,14 +10,14 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::cache::Seen;
-use super::{Ctx, Error};
+use super::{Context, Error};
 use crate::build::{Child, Kind, MANAGER, Names, labels};
 use crate::crd::{Database, DeletionPolicy};
 use crate::plugin::Credential;
 
 /// Applies `child` unless the live object already has its hash. Returns the applied
 /// object when a write was made.
-pub async fn apply(ctx: &Ctx, namespace: &str, child: &Child) -> Result<Option<DynamicObject>, Error> {
+pub async fn apply(ctx: &Context, namespace: &str, child: &Child) -> Result<Option<DynamicObject>, Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
     if let Seen::Present { hash } = ctx.caches.seen(child.kind, namespace, &child.name)
         && hash.as_deref() == Some(child.hash())
@@ -38,7 +38,7 @@ pub async fn apply(ctx: &Ctx, namespace: &str, child: &Child) -> Result<Option<D
 }
 
 /// Creates a child only when it does not exist (claims, Jobs): never updates it.
-pub async fn create_once(ctx: &Ctx, namespace: &str, child: &Child) -> Result<bool, Error> {
+pub async fn create_once(ctx: &Context, namespace: &str, child: &Child) -> Result<bool, Error> {
     if let Seen::Present { .. } = ctx.caches.seen(child.kind, namespace, &child.name) {
         return Ok(false);
     }
@@ -68,7 +68,7 @@ fn generate(length: u32) -> Result<String, Error> {
 /// Makes sure the credentials Secret holds every key the plugin asks for. Keys are
 /// generated once and never overwritten; the Secret outlives the Database unless the
 /// deletion policy is Delete.
-pub async fn ensure_credentials(ctx: &Ctx, db: &Database, wanted: &[Credential]) -> Result<bool, Error> {
+pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credential]) -> Result<bool, Error> {
     let ns = db.namespace().unwrap_or_default();
     let name = Names(&db.name_any()).credentials();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);

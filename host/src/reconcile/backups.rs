@@ -6,7 +6,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
-use super::{Ctx, Error, apply};
+use super::{Context, Error, apply};
 use crate::build::{BACKUP_MOUNT, Names};
 use crate::crd::{BackupRecord, Database};
 use crate::jobs::{self, BACKUP_OF, Purpose};
@@ -45,7 +45,7 @@ pub fn state(job: Option<&Job>) -> JobState {
 
 /// Creates the backup Job `name` from the plugin's plan (once), and returns its state.
 pub async fn ensure_backup(
-    ctx: &Ctx,
+    ctx: &Context,
     db: &Database,
     plugin: &Plugin,
     spec: &EngineSpec,
@@ -102,7 +102,7 @@ fn stamp(backup: &str) -> &str {
 /// and each `backup-now` value makes one backup: what was already started is in the
 /// Database's status (`last_scheduled_backup`, `backup_request`), not only in its Jobs,
 /// which retention removes.
-pub async fn reconcile(ctx: &Ctx, db: &Database, plugin: &Plugin, spec: &EngineSpec, run_as_user: u32) -> Result<BackupReport, Error> {
+pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &EngineSpec, run_as_user: u32) -> Result<BackupReport, Error> {
     let previous = db.status.clone().unwrap_or_default();
     let mut report =
         BackupReport { request: previous.backup_request.clone(), scheduled: previous.last_scheduled_backup.clone(), ..Default::default() };

@@ -33,8 +33,8 @@ use serde_json::json;
 
 use super::backups::{self, BackupReport, JobState};
 use super::members::{self, Observed};
-use super::status::{self, Growth, kind};
-use super::{Ctx, Error, apply, event, event_about, join, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
+use super::status::{self, Growth, Reason, kind};
+use super::{Context, Error, apply, event, event_about, join, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
 use crate::build::{self, Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, UpgradeStatus};
 use crate::jobs::{self, Purpose};
@@ -54,7 +54,7 @@ macro_rules! proceed {
 }
 
 /// Converges `db` towards its spec.
-pub(super) async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> {
+pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Error> {
     super::set_finalizer(ctx, db, db.spec.deletion_policy == DeletionPolicy::Snapshot).await?;
     let mut pass = Pass::new(ctx, db);
     let engine = proceed!(pass.engine().await);
@@ -84,7 +84,7 @@ pub(super) async fn converge(db: &Database, ctx: &Ctx) -> Result<Action, Error> 
 
 /// What the stages share: the Database, and the status they build up.
 struct Pass<'a> {
-    ctx: &'a Ctx,
+    ctx: &'a Context,
     db: &'a Database,
     name: String,
     ns: String,
@@ -139,7 +139,7 @@ struct Rolled {
 }
 
 impl<'a> Pass<'a> {
-    fn new(ctx: &'a Ctx, db: &'a Database) -> Self {
+    fn new(ctx: &'a Context, db: &'a Database) -> Self {
         Self {
             ctx,
             db,
@@ -156,13 +156,13 @@ impl<'a> Pass<'a> {
     }
 
     /// Ends the pass with a permanent problem (see [`stop_with`]).
-    async fn stop<T>(&mut self, condition: &str, reason: &str, message: String) -> Flow<T> {
+    async fn stop<T>(&mut self, condition: &str, reason: Reason, message: String) -> Flow<T> {
         let status = std::mem::take(&mut self.status);
         stop_with(self.ctx, self.db, status, condition, reason, message).await.map(ControlFlow::Break)
     }
 
     /// Ends the pass on a failed plugin call (see [`plugin_failed`]).
-    async fn plugin_failed<T>(&mut self, reason: &str, e: &CallError) -> Flow<T> {
+    async fn plugin_failed<T>(&mut self, reason: Reason, e: &CallError) -> Flow<T> {
         plugin_failed(self.ctx, self.db, std::mem::take(&mut self.status), reason, e).await.map(ControlFlow::Break)
     }
 
@@ -174,21 +174,21 @@ impl<'a> Pass<'a> {
             if let Some(p) = ctx.registry.problem(&db.spec.engine) {
                 message.push_str(&format!("; ConfigMap {} was rejected: {}", p.config_map, p.reason));
             }
-            return self.stop(kind::PLUGIN_READY, "EngineNotFound", message).await;
+            return self.stop(kind::PLUGIN_READY, Reason::EngineNotFound, message).await;
         };
         self.status.plugin = Some(plugin.id());
         let version = if db.spec.version.is_empty() { plugin.info().default_version.clone() } else { db.spec.version.clone() };
         let spec = match build::engine_spec(db, &version) {
             Ok(spec) => spec,
-            Err(v) => return self.stop(kind::PLUGIN_READY, "InvalidSpec", join(&v)).await,
+            Err(v) => return self.stop(kind::PLUGIN_READY, Reason::InvalidSpec, join(&v)).await,
         };
         match ctx.call(&plugin, "validate", spec.clone(), |p, spec| p.validate(spec)).await {
             Ok(v) if v.is_empty() => Ok(ControlFlow::Continue(Engine { plugin, spec })),
             Ok(v) => {
                 let message = format!("{} rejects the spec: {}", plugin.id(), join(&v));
-                self.stop(kind::PLUGIN_READY, "InvalidSpec", message).await
+                self.stop(kind::PLUGIN_READY, Reason::InvalidSpec, message).await
             }
-            Err(e) => self.plugin_failed("PluginFailed", &e).await,
+            Err(e) => self.plugin_failed(Reason::PluginFailed, &e).await,
         }
     }
 
@@ -207,17 +207,21 @@ impl<'a> Pass<'a> {
             Ok(plan) => plan,
             Err(e) => {
                 let message = format!("upgrade from {current} to {desired} refused: {e}");
-                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UpgradeRefused" && c.message == message)) {
-                    event(ctx, db, true, "UpgradeRefused", message.clone()).await;
+                if !db
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::UpgradeRefused.as_str() && c.message == message))
+                {
+                    event(ctx, db, true, Reason::UpgradeRefused, message.clone()).await;
                 }
-                status::set(&mut self.status.conditions, kind::PROGRESSING, false, "UpgradeRefused", message, self.generation);
+                status::set(&mut self.status.conditions, kind::PROGRESSING, false, Reason::UpgradeRefused, message, self.generation);
                 self.status.upgrade = None;
                 return Ok(ControlFlow::Continue(Upgrade { version: current, plan: None, refused: true }));
             }
         };
         if self.status.upgrade.as_ref().is_none_or(|u| u.to != desired) {
             let note = format!("upgrading from {current} to {desired}: {} step(s)", plan.steps.len());
-            event(ctx, db, false, "UpgradeStarted", note).await;
+            event(ctx, db, false, Reason::UpgradeStarted, note).await;
             self.status.upgrade = Some(UpgradeStatus { from: current.clone(), to: desired.clone(), step: 0 });
         }
         let mut version = desired.clone();
@@ -228,12 +232,12 @@ impl<'a> Pass<'a> {
             let current_spec = EngineSpec { version: current.clone(), ..engine.spec.clone() };
             let uid = match plugin_uid(ctx, &engine.plugin, &current_spec, db).await {
                 Ok(uid) => uid,
-                Err(e) => return self.plugin_failed("RenderFailed", &e).await,
+                Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
             };
             match backups::ensure_backup(ctx, db, &engine.plugin, &current_spec, &backup, uid).await? {
                 Ok(JobState::Succeeded) => {}
                 Ok(_) => version = current,
-                Err(reason) => return self.stop(kind::PROGRESSING, "PreUpgradeBackupImpossible", reason).await,
+                Err(reason) => return self.stop(kind::PROGRESSING, Reason::PreUpgradeBackupImpossible, reason).await,
             }
         }
         Ok(ControlFlow::Continue(Upgrade { version, plan: Some(plan), refused: false }))
@@ -260,17 +264,17 @@ impl<'a> Pass<'a> {
             Ok(FailoverDecision::Promote { pod, command }) => {
                 let after = ctx.settings.failover_after;
                 let note = format!("primary {primary} not ready for {after:?}; promoting {pod} (promotion: {})", command.join(" "));
-                event(ctx, db, true, "FailoverPromoted", note).await;
+                event(ctx, db, true, Reason::FailoverPromoted, note).await;
                 return Primary { name: pod, failed_over: true };
             }
             Ok(FailoverDecision::NoSafeMember(reason)) => {
                 let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
-                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover")) {
-                    event(ctx, db, true, "NoSafeFailover", message.clone()).await;
+                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::NoSafeFailover.as_str())) {
+                    event(ctx, db, true, Reason::NoSafeFailover, message.clone()).await;
                 }
-                status::set(&mut self.status.conditions, kind::DEGRADED, true, "NoSafeFailover", message, generation);
+                status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::NoSafeFailover, message, generation);
             }
-            Err(e) => status::set(&mut self.status.conditions, kind::DEGRADED, true, "FailoverFailed", e.to_string(), generation),
+            Err(e) => status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::FailoverFailed, e.to_string(), generation),
         }
         Primary { name: primary, failed_over: false }
     }
@@ -281,15 +285,15 @@ impl<'a> Pass<'a> {
         let cluster = build::cluster_context(db, primary);
         let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await {
             Ok(w) => w,
-            Err(e) => return self.plugin_failed("RenderFailed", &e).await,
+            Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
         };
         // A bad new version never replaces the running one, but users of the engine should know.
         let (reason, message) = match ctx.registry.problem(&db.spec.engine) {
             Some(p) => (
-                "NewerVersionRejected",
+                Reason::NewerVersionRejected,
                 format!("rendered by {}; ConfigMap {} is not serving: {}", serving(plugin), p.config_map, p.reason),
             ),
-            None => ("Rendered", format!("rendered by {}", serving(plugin))),
+            None => (Reason::Rendered, format!("rendered by {}", serving(plugin))),
         };
         status::set(&mut self.status.conditions, kind::PLUGIN_READY, true, reason, message, self.generation);
         apply::ensure_credentials(ctx, db, &workload.credentials).await?;
@@ -309,14 +313,14 @@ impl<'a> Pass<'a> {
             restore::Restore::Done => {
                 let source = db.spec.restore_from.as_ref().map(|s| format!("{}/{}", s.database, s.backup)).unwrap_or_default();
                 let message = format!("restored from backup {source}");
-                event(ctx, db, false, "Restored", message.clone()).await;
-                status::set(&mut self.status.conditions, kind::RESTORED, true, "Restored", message, generation);
+                event(ctx, db, false, Reason::Restored, message.clone()).await;
+                status::set(&mut self.status.conditions, kind::RESTORED, true, Reason::Restored, message, generation);
             }
-            restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, "RestoreFailed", reason.clone()).await,
+            restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, Reason::RestoreFailed, reason.clone()).await,
             restore::Restore::HoldMembers => {
                 self.status.phase = Some(Phase::Restoring);
                 let message = format!("restoring into the data volume ({})", restore::job_name(db));
-                status::set(&mut self.status.conditions, kind::PROGRESSING, true, "Restoring", message, generation);
+                status::set(&mut self.status.conditions, kind::PROGRESSING, true, Reason::Restoring, message, generation);
                 self.status.observed_generation = generation;
                 write_status(ctx, db, std::mem::take(&mut self.status)).await?;
                 return Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)));
@@ -339,9 +343,12 @@ impl<'a> Pass<'a> {
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
         let growth = grow_volumes(ctx, db, ns).await?;
         if let Growth::Failed(message) = &growth
-            && !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "VolumeGrowFailed" && c.message == *message))
+            && !db
+                .status
+                .as_ref()
+                .is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::VolumeGrowFailed.as_str() && c.message == *message))
         {
-            event(ctx, db, true, "VolumeGrowFailed", message.clone()).await;
+            event(ctx, db, true, Reason::VolumeGrowFailed, message.clone()).await;
         }
         self.status.primary = Some(primary.to_string());
         if self.status.current_version.is_none() {
@@ -370,7 +377,7 @@ impl<'a> Pass<'a> {
         if let Some(next) = members::next_to_roll(&members.observed, &update_revision, primary, desired).filter(|_| current) {
             pods.delete(&next.name, &DeleteParams::default()).await?;
             let pod = members.pods.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
-            event_about(ctx, db, pod, false, "MemberRestarted", format!("restarted {} onto the current revision", next.name)).await;
+            event_about(ctx, db, pod, false, Reason::MemberRestarted, format!("restarted {} onto the current revision", next.name)).await;
             restarted = true;
         }
         Ok(Rolled { done: current && members::rolled(&members.observed, &update_revision, desired), restarted })
@@ -392,7 +399,7 @@ impl<'a> Pass<'a> {
             apply::create_once(ctx, ns, &child).await?;
         }
         if step >= plan.steps.len() && rolled {
-            event(ctx, db, false, "UpgradeCompleted", format!("upgraded from {} to {}", progress.from, progress.to)).await;
+            event(ctx, db, false, Reason::UpgradeCompleted, format!("upgraded from {} to {}", progress.from, progress.to)).await;
             self.status.current_version = Some(progress.to.clone());
             self.status.upgrade = None;
         } else {
@@ -410,10 +417,10 @@ impl<'a> Pass<'a> {
         status.backup_request = report.request.clone();
         status.last_scheduled_backup = report.scheduled.clone();
         match &report.problem {
-            Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, "BackupProblem", p.clone(), self.generation),
+            Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, Reason::BackupProblem, p.clone(), self.generation),
             None => {
                 let message = super::backup_message(&report);
-                status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, "BackupsHealthy", message, self.generation);
+                status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, Reason::BackupsHealthy, message, self.generation);
             }
         }
         Ok(report)
@@ -459,7 +466,7 @@ pub fn next_step(steps: &[UpgradeStep], from: usize, rolled: bool, job_done: imp
 
 /// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
 /// claim templates cannot change, so the claims themselves are patched.
-async fn grow_volumes(ctx: &Ctx, db: &Database, ns: &str) -> Result<Growth, Error> {
+async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Result<Growth, Error> {
     let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(Growth::Done) };
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
     let name = db.name_any();

@@ -36,7 +36,7 @@ use crate::crd::{Database, DatabaseStatus, Phase};
 use crate::metrics::{Metrics, ReconcileLabels};
 use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry};
 use cache::{Caches, Triggers};
-use status::kind;
+use status::{Reason, kind};
 
 /// Finalizer that holds deletion until the final backup is taken.
 pub const FINALIZER: &str = "plugdb.io/final-backup";
@@ -195,8 +195,6 @@ impl Context {
     }
 }
 
-type Ctx = Context;
-
 /// Transient failures: retried with per-object backoff. Permanent problems (bad spec,
 /// plugin refusal, unknown engine) are conditions, not errors.
 #[derive(Debug, thiserror::Error)]
@@ -330,40 +328,37 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
 /// A write the API server refused for a reason the user can act on: a Warning Event and
 /// `Progressing=False` say it once, not once per retry (the retries keep their backoff).
 /// The next pass that succeeds sets `Progressing` anew.
-async fn refused(ctx: &Ctx, db: &Database, message: String) {
+async fn refused(ctx: &Context, db: &Database, message: String) {
     let mut status = db.status.clone().unwrap_or_default();
-    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == REFUSED && c.message == message) {
+    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == Reason::WriteRefused.as_str() && c.message == message) {
         return;
     }
-    event(ctx, db, true, REFUSED, message.clone()).await;
-    status::set(&mut status.conditions, kind::PROGRESSING, false, REFUSED, message, db.metadata.generation);
+    event(ctx, db, true, Reason::WriteRefused, message.clone()).await;
+    status::set(&mut status.conditions, kind::PROGRESSING, false, Reason::WriteRefused, message, db.metadata.generation);
     if let Err(e) = write_status(ctx, db, status).await {
         tracing::warn!(error = %e, "could not record the refusal in the status");
     }
 }
 
-/// The reason of a write the API server refused.
-const REFUSED: &str = "WriteRefused";
-
-async fn event(ctx: &Ctx, db: &Database, warning: bool, reason: &str, note: String) {
+async fn event(ctx: &Context, db: &Database, warning: bool, reason: Reason, note: String) {
     event_about(ctx, db, None, warning, reason, note).await;
 }
 
 /// An Event on the Database, optionally about a related object (a member pod).
 async fn event_about(
-    ctx: &Ctx,
+    ctx: &Context,
     db: &Database,
     related: Option<k8s_openapi::api::core::v1::ObjectReference>,
     warning: bool,
-    reason: &str,
+    reason: Reason,
     note: String,
 ) {
-    if let Err(e) = ctx.recorder.publish(&db.object_ref(&()), related.as_ref(), warning, reason, &note).await {
-        tracing::warn!(error = %e, reason, "could not record event");
+    if let Err(e) = ctx.recorder.publish(&db.object_ref(&()), related.as_ref(), warning, reason.as_str(), &note).await {
+        tracing::warn!(error = %e, reason = reason.as_str(), "could not record event");
     }
 }
 
-async fn write_status(ctx: &Ctx, db: &Database, status: DatabaseStatus) -> Result<(), Error> {
+async fn write_status(ctx: &Context, db: &Database, status: DatabaseStatus) -> Result<(), Error> {
     if db.status.as_ref() == Some(&status) {
         return Ok(());
     }
@@ -377,7 +372,7 @@ async fn write_status(ctx: &Ctx, db: &Database, status: DatabaseStatus) -> Resul
     Ok(())
 }
 
-async fn set_finalizer(ctx: &Ctx, db: &Database, present: bool) -> Result<(), Error> {
+async fn set_finalizer(ctx: &Context, db: &Database, present: bool) -> Result<(), Error> {
     let has = db.finalizers().iter().any(|f| f == FINALIZER);
     if has == present {
         return Ok(());
@@ -402,11 +397,11 @@ async fn set_finalizer(ctx: &Ctx, db: &Database, present: bool) -> Result<(), Er
 /// A permanent problem: recorded as conditions and an Event; nothing else changes
 /// until the spec or the plugin does.
 async fn stop_with(
-    ctx: &Ctx,
+    ctx: &Context,
     db: &Database,
     mut status: DatabaseStatus,
     condition: &str,
-    reason: &str,
+    reason: Reason,
     message: String,
 ) -> Result<Action, Error> {
     let generation = db.metadata.generation;
@@ -418,7 +413,7 @@ async fn stop_with(
     // the plugin may be on its way.
     status.phase = Some(match (status.current_version.is_some(), reason) {
         (true, _) => Phase::Degraded,
-        (false, "EngineNotFound") => Phase::Pending,
+        (false, Reason::EngineNotFound) => Phase::Pending,
         (false, _) => Phase::Failed,
     });
     status.observed_generation = generation;
@@ -434,7 +429,7 @@ async fn stop_with(
 /// A plugin call failed: the condition says why. A call stopped at its deadline may
 /// succeed on a less busy machine, so it is tried again after a pause; a refusal, a
 /// trap or a policy breach waits for a change (of the spec or the plugin).
-async fn plugin_failed(ctx: &Ctx, db: &Database, status: DatabaseStatus, reason: &str, e: &CallError) -> Result<Action, Error> {
+async fn plugin_failed(ctx: &Context, db: &Database, status: DatabaseStatus, reason: Reason, e: &CallError) -> Result<Action, Error> {
     let action = stop_with(ctx, db, status, kind::PLUGIN_READY, reason, e.to_string()).await?;
     Ok(match e {
         CallError::Timeout { .. } => Action::requeue(ctx.settings.progress_requeue * 10),
@@ -459,7 +454,7 @@ fn serving(plugin: &Plugin) -> String {
     format!("{} (sha256 {})", plugin.id(), &plugin.digest()[..12.min(plugin.digest().len())])
 }
 
-fn loaded(ctx: &Ctx) -> String {
+fn loaded(ctx: &Context) -> String {
     let engines: Vec<String> = ctx.registry.engines().into_iter().map(|(e, _)| e).collect();
     if engines.is_empty() { "none".into() } else { engines.join(", ") }
 }
@@ -471,7 +466,7 @@ fn join(v: &[crate::plugin::Violation]) -> String {
 /// The user the plugin runs the engine as (its Jobs run as the same user): what it
 /// renders for `spec` with member 0 as primary. The memo answers it when a pass already
 /// rendered the same.
-async fn plugin_uid(ctx: &Ctx, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<u32, CallError> {
+async fn plugin_uid(ctx: &Context, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<u32, CallError> {
     let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0));
     ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await.map(|w| w.run_as_user)
 }

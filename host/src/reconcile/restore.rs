@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::backups::{self, JobState};
-use super::{Ctx, Error, apply};
+use super::{Context, Error, apply};
 use crate::build::{BACKUP_MOUNT, Child, Names, labels, metadata_with};
 use crate::crd::Database;
 use crate::jobs::{self, Purpose};
@@ -31,10 +31,23 @@ pub fn job_name(db: &Database) -> String {
     format!("{}-restore", db.name_any())
 }
 
+/// Where a restore stands, from its Job `job` alone (`None`: not started yet). A restore
+/// into the data volume (`writes_data`) holds the members until it is done; one over the
+/// network runs beside them.
+pub fn progress(state: JobState, writes_data: bool, job: &str) -> Option<Restore> {
+    match state {
+        JobState::Succeeded => Some(Restore::Done),
+        JobState::Failed => Some(Restore::Failed(format!("restore Job {job} failed; see its logs"))),
+        JobState::Running if writes_data => Some(Restore::HoldMembers),
+        JobState::Running => Some(Restore::Running),
+        JobState::Missing => None,
+    }
+}
+
 /// Advances the restore of a new Database. `members_ready`: whether the cluster is up
 /// (network restores wait for it).
 pub async fn reconcile(
-    ctx: &Ctx,
+    ctx: &Context,
     db: &Database,
     plugin: &Plugin,
     spec: &EngineSpec,
@@ -45,13 +58,8 @@ pub async fn reconcile(
     let ns = db.namespace().unwrap_or_default();
     let name = db.name_any();
     let job = ctx.caches.job(&ns, &job_name(db));
-    match backups::state(job.as_deref()) {
-        JobState::Succeeded => return Ok(Restore::Done),
-        JobState::Failed => return Ok(Restore::Failed(format!("restore Job {} failed; see its logs", job_name(db)))),
-        // A restore into the data volume holds the members until it is done.
-        JobState::Running if job.as_deref().is_some_and(writes_data) => return Ok(Restore::HoldMembers),
-        JobState::Running => return Ok(Restore::Running),
-        JobState::Missing => {}
+    if let Some(restore) = progress(backups::state(job.as_deref()), job.as_deref().is_some_and(writes_data), &job_name(db)) {
+        return Ok(restore);
     }
     let location = BackupLocation {
         directory: BACKUP_MOUNT.into(),
@@ -93,14 +101,31 @@ fn writes_data(job: &Job) -> bool {
 
 /// Member 0's data claim, made ahead of the StatefulSet (which adopts it by name).
 fn data_claim(db: &Database, name: &str) -> Child {
-    let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": db.spec.storage.0}}});
-    if let Some(class) = &db.spec.storage_class_name {
-        spec["storageClassName"] = json!(class);
-    }
+    let spec = crate::build::data_claim_spec(db);
     let labels = labels(db);
     // Not owned by the Database: the StatefulSet's retention policy decides its fate.
     Child::new::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(
         name.to_string(),
         json!({"metadata": metadata_with(db, name, false, &labels), "spec": spec}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restore_into_the_volume_holds_the_members_and_one_over_the_network_runs_beside_them() {
+        let rows = [
+            (JobState::Missing, true, None),
+            (JobState::Running, true, Some(Restore::HoldMembers)),
+            (JobState::Running, false, Some(Restore::Running)),
+            (JobState::Succeeded, true, Some(Restore::Done)),
+            (JobState::Succeeded, false, Some(Restore::Done)),
+            (JobState::Failed, false, Some(Restore::Failed("restore Job orders-restore failed; see its logs".into()))),
+        ];
+        for (state, writes_data, expected) in rows {
+            assert_eq!(progress(state, writes_data, "orders-restore"), expected, "{state:?}, writes data {writes_data}");
+        }
+    }
 }

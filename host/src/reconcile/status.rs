@@ -26,8 +26,123 @@ pub mod kind {
 /// fails for its size.
 pub const MAX_MESSAGE: usize = 4096;
 
+/// The `reason` of a condition or an Event: one word a program can match on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The engine has no plugin loaded.
+    EngineNotFound,
+    /// The host or the plugin refuses the spec.
+    InvalidSpec,
+    /// The plugin's validate call failed.
+    PluginFailed,
+    /// The plugin's render call failed.
+    RenderFailed,
+    /// An upgrade plan was accepted and began.
+    UpgradeStarted,
+    /// The plugin refuses the version change.
+    UpgradeRefused,
+    /// Every step of an upgrade plan is done.
+    UpgradeCompleted,
+    /// The backup an upgrade plan asks for cannot be taken.
+    PreUpgradeBackupImpossible,
+    /// A member was chosen to replace a lost primary.
+    FailoverPromoted,
+    /// The primary is lost and the plugin finds no member safe to promote.
+    NoSafeFailover,
+    /// The plugin's choose-primary call failed.
+    FailoverFailed,
+    /// The serving plugin rendered the spec.
+    Rendered,
+    /// Rendered, but a newer build of the plugin was refused.
+    NewerVersionRejected,
+    /// A restore writes the data volume before the members start.
+    Restoring,
+    /// The restore asked for is done.
+    Restored,
+    /// The restore asked for cannot happen.
+    RestoreFailed,
+    /// A member was restarted onto the current revision.
+    MemberRestarted,
+    /// Every member is ready on the current revision.
+    AllMembersReady,
+    /// Not every member is ready on the current revision.
+    MembersNotReady,
+    /// No member the Database ran with is down.
+    AllMembersUp,
+    /// Fewer members are ready than desired, after the Database ran.
+    MembersDown,
+    /// Something is in motion.
+    Converging,
+    /// Nothing is in motion.
+    Steady,
+    /// The API server refused to grow a member's claim.
+    VolumeGrowFailed,
+    /// Backups are configured and the latest succeeded.
+    BackupsHealthy,
+    /// Backups are misconfigured or the latest failed.
+    BackupProblem,
+    /// The final backup of a deleted Database is running.
+    FinalBackupRunning,
+    /// The final backup succeeded; the Database goes.
+    FinalBackupTaken,
+    /// The final backup failed; the Database stays.
+    FinalBackupFailed,
+    /// No final backup can be taken; the Database stays.
+    FinalBackupImpossible,
+    /// A Database that never ran went without a final backup.
+    DeletedWithoutBackup,
+    /// The API server refused a write for a reason a user can act on.
+    WriteRefused,
+}
+
+impl Reason {
+    /// The reason as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::EngineNotFound => "EngineNotFound",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::PluginFailed => "PluginFailed",
+            Reason::RenderFailed => "RenderFailed",
+            Reason::UpgradeStarted => "UpgradeStarted",
+            Reason::UpgradeRefused => "UpgradeRefused",
+            Reason::UpgradeCompleted => "UpgradeCompleted",
+            Reason::PreUpgradeBackupImpossible => "PreUpgradeBackupImpossible",
+            Reason::FailoverPromoted => "FailoverPromoted",
+            Reason::NoSafeFailover => "NoSafeFailover",
+            Reason::FailoverFailed => "FailoverFailed",
+            Reason::Rendered => "Rendered",
+            Reason::NewerVersionRejected => "NewerVersionRejected",
+            Reason::Restoring => "Restoring",
+            Reason::Restored => "Restored",
+            Reason::RestoreFailed => "RestoreFailed",
+            Reason::MemberRestarted => "MemberRestarted",
+            Reason::AllMembersReady => "AllMembersReady",
+            Reason::MembersNotReady => "MembersNotReady",
+            Reason::AllMembersUp => "AllMembersUp",
+            Reason::MembersDown => "MembersDown",
+            Reason::Converging => "Converging",
+            Reason::Steady => "Steady",
+            Reason::VolumeGrowFailed => "VolumeGrowFailed",
+            Reason::BackupsHealthy => "BackupsHealthy",
+            Reason::BackupProblem => "BackupProblem",
+            Reason::FinalBackupRunning => "FinalBackupRunning",
+            Reason::FinalBackupTaken => "FinalBackupTaken",
+            Reason::FinalBackupFailed => "FinalBackupFailed",
+            Reason::FinalBackupImpossible => "FinalBackupImpossible",
+            Reason::DeletedWithoutBackup => "DeletedWithoutBackup",
+            Reason::WriteRefused => "WriteRefused",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Sets condition `type_`; `lastTransitionTime` moves only when the status changes.
-pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: &str, message: impl Into<String>, generation: Option<i64>) {
+pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: Reason, message: impl Into<String>, generation: Option<i64>) {
     let status = if ok { "True" } else { "False" };
     let mut message: String = message.into();
     if message.len() > MAX_MESSAGE {
@@ -39,14 +154,14 @@ pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: &str,
             c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::now());
         }
         c.status = status.into();
-        c.reason = reason.into();
+        c.reason = reason.as_str().into();
         c.message = message;
         c.observed_generation = generation;
     } else {
         conditions.push(Condition {
             type_: type_.into(),
             status: status.into(),
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             message,
             observed_generation: generation,
             last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
@@ -106,26 +221,28 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
         let why = crate::events::truncate(m.unschedulable.as_deref().unwrap_or_default(), 400);
         ready_message.push_str(&format!("; {} cannot be scheduled: {why}", m.name));
     }
-    let reason = if all_ready { "AllMembersReady" } else { "MembersNotReady" };
+    let reason = if all_ready { Reason::AllMembersReady } else { Reason::MembersNotReady };
     set(&mut status.conditions, kind::READY, all_ready, reason, ready_message, generation);
     match pass.growth {
-        Growth::Failed(message) => set(&mut status.conditions, kind::PROGRESSING, false, "VolumeGrowFailed", message.clone(), generation),
+        Growth::Failed(message) => {
+            set(&mut status.conditions, kind::PROGRESSING, false, Reason::VolumeGrowFailed, message.clone(), generation)
+        }
         _ if pass.upgrade_refused => {}
         growth => {
             let message = match growth {
                 Growth::Waiting(message) => message.clone(),
                 _ => progress_message(status, pass.rolled),
             };
-            let reason = if progressing { "Converging" } else { "Steady" };
+            let reason = if progressing { Reason::Converging } else { Reason::Steady };
             set(&mut status.conditions, kind::PROGRESSING, progressing, reason, message, generation);
         }
     }
     // No safe failover stays the word until every member is back.
     let no_safe_failover =
-        status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.reason == "NoSafeFailover" && c.status == "True");
+        status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.reason == Reason::NoSafeFailover.as_str() && c.status == "True");
     if !no_safe_failover || ready == desired {
         let degraded = ready > 0 && ready < desired && status.current_version.is_some() && pass.members.len() == desired;
-        let reason = if degraded { "MembersDown" } else { "AllMembersUp" };
+        let reason = if degraded { Reason::MembersDown } else { Reason::AllMembersUp };
         set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready"), generation);
     }
     status.phase = Some(phase(status, pass.restoring, all_ready, ready));
@@ -163,13 +280,13 @@ mod tests {
     #[test]
     fn transition_time_moves_only_on_a_status_change() {
         let mut c = Vec::new();
-        set(&mut c, kind::READY, false, "Creating", "0/3 ready", Some(1));
+        set(&mut c, kind::READY, false, Reason::MembersNotReady, "0/3 ready", Some(1));
         let first = c[0].last_transition_time.clone();
-        set(&mut c, kind::READY, false, "Creating", "1/3 ready", Some(1));
+        set(&mut c, kind::READY, false, Reason::MembersNotReady, "1/3 ready", Some(1));
         assert_eq!(c[0].last_transition_time, first, "same status keeps the time");
         assert_eq!(c[0].message, "1/3 ready");
         std::thread::sleep(std::time::Duration::from_millis(2));
-        set(&mut c, kind::READY, true, "AllReady", "3/3 ready", Some(1));
+        set(&mut c, kind::READY, true, Reason::AllMembersReady, "3/3 ready", Some(1));
         assert_ne!(c[0].last_transition_time, first);
         assert!(is_true(&c, kind::READY));
     }
@@ -355,8 +472,8 @@ mod tests {
             restoring: false,
         };
         let mut status = ran();
-        set(&mut status.conditions, kind::PROGRESSING, false, "UpgradeRefused", "downgrade refused", Some(1));
-        set(&mut status.conditions, kind::DEGRADED, true, "NoSafeFailover", "no replica reports a position", Some(1));
+        set(&mut status.conditions, kind::PROGRESSING, false, Reason::UpgradeRefused, "downgrade refused", Some(1));
+        set(&mut status.conditions, kind::DEGRADED, true, Reason::NoSafeFailover, "no replica reports a position", Some(1));
         conclude(&mut status, &pass(&Growth::Done, true));
         assert_eq!(condition(&status, kind::PROGRESSING), ("False", "UpgradeRefused", "downgrade refused"));
         assert_eq!(condition(&status, kind::DEGRADED), ("True", "NoSafeFailover", "no replica reports a position"));
