@@ -3,16 +3,22 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, PersistentVolumeClaim, PodSpec, PodTemplateSpec,
+    Service, ServicePort, ServiceSpec, Volume,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{ApiResource, Resource, ResourceExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::crd::{Database, DeletionPolicy, Parameter, SpreadRule};
-use crate::plugin::{ClusterContext, EngineSpec, EnvSource, ParameterValue, ProbeAction, ResourceAmounts, Violation, Workload};
+use crate::crd::{Database, DeletionPolicy, Parameter};
+use crate::plugin::{ClusterContext, EngineSpec, ParameterValue, ResourceAmounts, Violation, Workload};
 use crate::quantity;
 
 /// The field manager of every write the operator makes.
@@ -217,8 +223,9 @@ pub struct Child {
 
 impl Child {
     /// A child of kind `K`; records the hash of `object` in it.
-    pub fn new<K: Owned>(name: String, mut object: Value) -> Self {
+    pub fn new<K: Owned + serde::Serialize>(name: String, object: K) -> Self {
         let resource = ApiResource::erase::<K>(&());
+        let mut object = serde_json::to_value(&object).unwrap_or_default();
         object["apiVersion"] = json!(resource.api_version);
         object["kind"] = json!(resource.kind);
         let hash = hex(&serde_json::to_vec(&object).unwrap_or_default());
@@ -240,79 +247,21 @@ fn owner(db: &Database) -> Option<OwnerReference> {
     db.controller_owner_ref(&())
 }
 
-fn metadata(db: &Database, name: &str, owned: bool) -> Value {
+fn metadata(db: &Database, name: &str, owned: bool) -> ObjectMeta {
     metadata_with(db, name, owned, &labels(db))
 }
 
 /// Metadata of a child: name, namespace, `labels`, and an owner reference to the
 /// Database when `owned`.
-pub fn metadata_with(db: &Database, name: &str, owned: bool, labels: &BTreeMap<String, String>) -> Value {
-    json!({
-        "name": name,
-        "namespace": db.namespace(),
-        "labels": labels,
-        "ownerReferences": if owned { owner(db).into_iter().collect::<Vec<_>>() } else { vec![] },
-        "annotations": {},
-    })
-}
-
-/// The spec of a volume claim of `size` in storage class `class` (the cluster's default
-/// when `None`).
-pub fn claim_spec(size: &str, class: Option<&str>) -> Value {
-    let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}});
-    if let Some(class) = class {
-        spec["storageClassName"] = json!(class);
+pub fn metadata_with(db: &Database, name: &str, owned: bool, labels: &BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: db.namespace(),
+        labels: Some(labels.clone()),
+        owner_references: Some(if owned { owner(db).into_iter().collect() } else { vec![] }),
+        annotations: Some(BTreeMap::new()),
+        ..Default::default()
     }
-    spec
-}
-
-/// The spec of a member's data claim: `spec.storage` in `spec.storageClassName`.
-pub fn data_claim_spec(db: &Database) -> Value {
-    claim_spec(&db.spec.storage.0, db.spec.storage_class_name.as_deref())
-}
-
-/// Container environment from plugin variables.
-pub fn env_json(env: &[crate::plugin::EnvVar]) -> Vec<Value> {
-    env.iter()
-        .map(|e| match &e.source {
-            EnvSource::Value(v) => json!({"name": e.name, "value": v}),
-            EnvSource::Secret(s) => json!({"name": e.name, "valueFrom": {"secretKeyRef": {"name": s.name, "key": s.key}}}),
-            EnvSource::Field(f) => json!({"name": e.name, "valueFrom": {"fieldRef": {"fieldPath": f}}}),
-        })
-        .collect()
-}
-
-fn probe_json(p: &crate::plugin::Probe) -> Value {
-    let mut probe = json!({
-        "initialDelaySeconds": p.initial_delay_seconds,
-        "periodSeconds": p.period_seconds,
-        "timeoutSeconds": p.timeout_seconds,
-        "failureThreshold": p.failure_threshold,
-    });
-    match &p.action {
-        ProbeAction::Exec(cmd) => probe["exec"] = json!({"command": cmd}),
-        ProbeAction::TcpSocket(port) => probe["tcpSocket"] = json!({"port": port}),
-    }
-    probe
-}
-
-fn resources_json(db: &Database, recommended: &ResourceAmounts) -> Value {
-    let user = db.spec.resources.clone().unwrap_or_default();
-    let mut requests: BTreeMap<String, String> = user.requests.into_iter().map(|(k, v)| (k, v.0)).collect();
-    let limits: BTreeMap<String, String> = user.limits.into_iter().map(|(k, v)| (k, v.0)).collect();
-    if !requests.contains_key("cpu")
-        && !limits.contains_key("cpu")
-        && let Some(m) = recommended.cpu_millis
-    {
-        requests.insert("cpu".into(), format!("{m}m"));
-    }
-    if !requests.contains_key("memory")
-        && !limits.contains_key("memory")
-        && let Some(b) = recommended.memory_bytes
-    {
-        requests.insert("memory".into(), b.to_string());
-    }
-    json!({"requests": requests, "limits": limits})
 }
 
 /// Hash of the config files: on the pod template, so a config change rolls the members.
@@ -323,13 +272,9 @@ pub fn config_hash(workload: &Workload) -> String {
 
 /// The ConfigMap holding the plugin's config files.
 pub fn config_map(db: &Database, workload: &Workload) -> Child {
-    let data: BTreeMap<&str, &str> = workload.config_files.iter().map(|f| (f.name.as_str(), f.content.as_str())).collect();
+    let data = workload.config_files.iter().map(|f| (f.name.clone(), f.content.clone())).collect();
     let name = Names(&db.name_any()).config();
-    Child::new::<ConfigMap>(name.clone(), json!({"metadata": metadata(db, &name, true), "data": data}))
-}
-
-fn service_ports(workload: &Workload) -> Vec<Value> {
-    workload.ports.iter().map(|p| json!({"name": p.name, "port": p.port, "targetPort": p.name, "protocol": "TCP"})).collect()
+    Child::new(name.clone(), ConfigMap { metadata: metadata(db, &name, true), data: Some(data), ..Default::default() })
 }
 
 /// The three Services: primary (read-write), replicas (read-only) and headless.
@@ -340,19 +285,32 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
     primary_selector.insert("statefulset.kubernetes.io/pod-name".into(), primary_pod.into());
     let mut replica_selector = selector(db);
     replica_selector.insert(ROLE_LABEL.into(), "replica".into());
-    let ports = service_ports(workload);
+    let ports: Vec<ServicePort> = workload
+        .ports
+        .iter()
+        .map(|p| ServicePort {
+            name: Some(p.name.clone()),
+            port: i32::from(p.port),
+            target_port: Some(IntOrString::String(p.name.clone())),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        })
+        .collect();
+    let service = |name: String, spec: ServiceSpec| {
+        let metadata = metadata(db, &name, true);
+        Child::new(name, Service { metadata, spec: Some(ServiceSpec { ports: Some(ports.clone()), ..spec }), ..Default::default() })
+    };
     vec![
-        Child::new::<Service>(
-            names.primary(),
-            json!({"metadata": metadata(db, &names.primary(), true), "spec": {"selector": primary_selector, "ports": ports}}),
-        ),
-        Child::new::<Service>(
-            names.replicas(),
-            json!({"metadata": metadata(db, &names.replicas(), true), "spec": {"selector": replica_selector, "ports": ports}}),
-        ),
-        Child::new::<Service>(
+        service(names.primary(), ServiceSpec { selector: Some(primary_selector), ..Default::default() }),
+        service(names.replicas(), ServiceSpec { selector: Some(replica_selector), ..Default::default() }),
+        service(
             names.headless(),
-            json!({"metadata": metadata(db, &names.headless(), true), "spec": {"clusterIP": "None", "publishNotReadyAddresses": true, "selector": selector(db), "ports": ports}}),
+            ServiceSpec {
+                cluster_ip: Some("None".into()),
+                publish_not_ready_addresses: Some(true),
+                selector: Some(selector(db)),
+                ..Default::default()
+            },
         ),
     ]
 }
@@ -361,111 +319,94 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
 pub fn statefulset(db: &Database, workload: &Workload, engine: &str) -> Child {
     let n = db.name_any();
     let names = Names(&n);
-    let mut mounts = vec![
-        json!({"name": "data", "mountPath": workload.data_mount_path}),
-        json!({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true}),
-    ];
-    mounts.push(json!({"name": "tmp", "mountPath": "/tmp"}));
-    let mut container = json!({
-        "name": engine,
-        "image": workload.image,
-        "env": env_json(&workload.env),
-        "ports": workload.ports.iter().map(|p| json!({"name": p.name, "containerPort": p.port, "protocol": "TCP"})).collect::<Vec<_>>(),
-        "resources": resources_json(db, &workload.recommended),
-        "volumeMounts": mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": false,
-            "privileged": false,
-            "runAsNonRoot": true,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    });
-    if !workload.command.is_empty() {
-        container["command"] = json!(workload.command);
-    }
-    if !workload.args.is_empty() {
-        container["args"] = json!(workload.args);
-    }
-    if let Some(p) = &workload.readiness {
-        container["readinessProbe"] = probe_json(p);
-    }
-    if let Some(p) = &workload.liveness {
-        container["livenessProbe"] = probe_json(p);
-    }
-    let retention = match db.spec.deletion_policy {
-        DeletionPolicy::Delete => json!({"whenDeleted": "Delete", "whenScaled": "Delete"}),
-        DeletionPolicy::Snapshot | DeletionPolicy::Retain => json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
-    };
-    let claim = json!({"metadata": {"name": "data", "labels": labels(db)}, "spec": data_claim_spec(db)});
-    let uid = workload.run_as_user;
-    let mut pod = json!({
-        "automountServiceAccountToken": false,
-        "terminationGracePeriodSeconds": 60,
-        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "fsGroup": uid, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [container],
-        "volumes": [
-            {"name": "config", "configMap": {"name": names.config(), "defaultMode": 0o555}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-    });
-    if let Some(affinity) = affinity(db) {
-        pod["affinity"] = affinity;
-    }
-    if let Some(spread) = zone_spread(db) {
-        pod["topologySpreadConstraints"] = spread;
-    }
-    Child::new::<StatefulSet>(
-        names.primary(),
-        json!({
-            "metadata": metadata(db, &names.primary(), true),
-            "spec": {
-                "replicas": db.spec.replicas,
-                "serviceName": names.headless(),
-                "podManagementPolicy": "Parallel",
-                "updateStrategy": {"type": "OnDelete"},
-                "persistentVolumeClaimRetentionPolicy": retention,
-                "selector": {"matchLabels": selector(db)},
-                "template": {
-                    "metadata": {"labels": labels(db), "annotations": {CONFIG_HASH: config_hash(workload)}},
-                    "spec": pod,
-                },
-                "volumeClaimTemplates": [claim],
-            },
-        }),
-    )
-}
-
-/// Members apart on nodes: preferred unless the spec says otherwise.
-fn affinity(db: &Database) -> Option<Value> {
-    let term = json!({"labelSelector": {"matchLabels": selector(db)}, "topologyKey": "kubernetes.io/hostname"});
-    match db.spec.spread.as_ref().and_then(|s| s.nodes).unwrap_or(SpreadRule::Preferred) {
-        SpreadRule::Ignored => None,
-        SpreadRule::Preferred => Some(
-            json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}),
+    let container = Container {
+        name: engine.into(),
+        image: Some(workload.image.clone()),
+        command: (!workload.command.is_empty()).then(|| workload.command.clone()),
+        args: (!workload.args.is_empty()).then(|| workload.args.clone()),
+        env: Some(pod::env(&workload.env)),
+        ports: Some(
+            workload
+                .ports
+                .iter()
+                .map(|p| ContainerPort {
+                    name: Some(p.name.clone()),
+                    container_port: i32::from(p.port),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                })
+                .collect(),
         ),
-        SpreadRule::Required => Some(json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}})),
-    }
-}
-
-/// Members even across zones, when the spec asks.
-fn zone_spread(db: &Database) -> Option<Value> {
-    let when = match db.spec.spread.as_ref().and_then(|s| s.zones).unwrap_or(SpreadRule::Ignored) {
-        SpreadRule::Ignored => return None,
-        SpreadRule::Preferred => "ScheduleAnyway",
-        SpreadRule::Required => "DoNotSchedule",
+        resources: Some(pod::resources(db, &workload.recommended)),
+        volume_mounts: Some(vec![
+            pod::mount("data", &workload.data_mount_path, false),
+            pod::mount("config", CONFIG_MOUNT, true),
+            pod::mount("tmp", "/tmp", false),
+        ]),
+        readiness_probe: workload.readiness.as_ref().map(pod::probe),
+        liveness_probe: workload.liveness.as_ref().map(pod::probe),
+        security_context: Some(pod::container_security(Some(true))),
+        ..Default::default()
     };
-    Some(
-        json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": when, "labelSelector": {"matchLabels": selector(db)}}]),
-    )
+    let retain = match db.spec.deletion_policy {
+        DeletionPolicy::Delete => "Delete",
+        DeletionPolicy::Snapshot | DeletionPolicy::Retain => "Retain",
+    };
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta { name: Some("data".into()), labels: Some(labels(db)), ..Default::default() },
+        spec: Some(pod::data_claim_spec(db)),
+        ..Default::default()
+    };
+    let pod = PodSpec {
+        automount_service_account_token: Some(false),
+        termination_grace_period_seconds: Some(60),
+        security_context: Some(pod::pod_security(workload.run_as_user)),
+        containers: vec![container],
+        volumes: Some(vec![
+            Volume {
+                name: "config".into(),
+                config_map: Some(ConfigMapVolumeSource { name: names.config(), default_mode: Some(0o555), ..Default::default() }),
+                ..Default::default()
+            },
+            Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
+        ]),
+        affinity: pod::affinity(db),
+        topology_spread_constraints: pod::zone_spread(db),
+        ..Default::default()
+    };
+    let spec = StatefulSetSpec {
+        replicas: Some(db.spec.replicas),
+        service_name: Some(names.headless()),
+        pod_management_policy: Some("Parallel".into()),
+        update_strategy: Some(StatefulSetUpdateStrategy { type_: Some("OnDelete".into()), rolling_update: None }),
+        persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+            when_deleted: Some(retain.into()),
+            when_scaled: Some(retain.into()),
+        }),
+        selector: pod::member_selector(db),
+        template: PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                labels: Some(labels(db)),
+                annotations: Some(BTreeMap::from([(CONFIG_HASH.to_string(), config_hash(workload))])),
+                ..Default::default()
+            }),
+            spec: Some(pod),
+        },
+        volume_claim_templates: Some(vec![claim]),
+        ..Default::default()
+    };
+    Child::new(names.primary(), StatefulSet { metadata: metadata(db, &names.primary(), true), spec: Some(spec), ..Default::default() })
 }
 
 /// The PodDisruptionBudget: at most one member down at a time by voluntary disruption.
 pub fn disruption_budget(db: &Database) -> Child {
     let n = db.name_any();
-    Child::new::<PodDisruptionBudget>(
-        n.clone(),
-        json!({"metadata": metadata(db, &n, true), "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(db)}}}),
-    )
+    let spec = PodDisruptionBudgetSpec {
+        max_unavailable: Some(IntOrString::Int(1)),
+        selector: Some(pod::member_selector(db)),
+        ..Default::default()
+    };
+    Child::new(n.clone(), PodDisruptionBudget { metadata: metadata(db, &n, true), spec: Some(spec), ..Default::default() })
 }
 
 /// Every child rendered from the workload, in apply order.
@@ -476,6 +417,8 @@ pub fn children(db: &Database, workload: &Workload, engine: &str, primary_pod: &
     out.push(disruption_budget(db));
     out
 }
+
+pub mod pod;
 
 #[cfg(test)]
 mod tests;

@@ -1,11 +1,11 @@
 //! Jobs the host runs from plugin plans: backups, restores and upgrade steps.
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{Container, PersistentVolumeClaim, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use serde_json::json;
 
-use crate::build::{BACKUP_MOUNT, Child, Names, labels};
+use crate::build::{BACKUP_MOUNT, Child, Names, labels, metadata_with, pod};
 use crate::crd::{Database, DeletionPolicy};
 use crate::plugin::JobPlan;
 
@@ -51,42 +51,41 @@ pub fn job(
     if purpose == Purpose::Backup {
         labels.insert(BACKUP_OF.into(), db.name_any());
     }
-    let env: Vec<serde_json::Value> = crate::build::env_json(&plan.env);
-    let mut mounts = vec![json!({"name": "backups", "mountPath": BACKUP_MOUNT})];
-    let mut volumes = vec![json!({"name": "backups", "persistentVolumeClaim": {"claimName": Names(backups_of).backups()}})];
+    let mut mounts = vec![pod::mount("backups", BACKUP_MOUNT, false)];
+    let mut volumes = vec![pod::claim_volume("backups", &Names(backups_of).backups())];
     if plan.mounts_data
         && let Some((claim, path)) = data_claim
     {
-        mounts.push(json!({"name": "data", "mountPath": path}));
-        volumes.push(json!({"name": "data", "persistentVolumeClaim": {"claimName": claim}}));
+        mounts.push(pod::mount("data", path, false));
+        volumes.push(pod::claim_volume("data", claim));
     }
-    Child::new::<Job>(
-        name.to_string(),
-        json!({
-            // Backups outlive their Database (they are what restoreFrom reads); other Jobs do not.
-            "metadata": crate::build::metadata_with(db, name, purpose != Purpose::Backup, &labels),
-            "spec": {
-                "backoffLimit": 2,
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "automountServiceAccountToken": false,
-                        "securityContext": {"runAsUser": run_as_user, "runAsGroup": run_as_user, "fsGroup": run_as_user, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": purpose.label(),
-                            "image": plan.image,
-                            "command": plan.command,
-                            "env": env,
-                            "volumeMounts": mounts,
-                            "securityContext": {"allowPrivilegeEscalation": false, "privileged": false, "capabilities": {"drop": ["ALL"]}},
-                        }],
-                        "volumes": volumes,
-                    },
-                },
-            },
-        }),
-    )
+    let container = Container {
+        name: purpose.label().into(),
+        image: Some(plan.image.clone()),
+        command: Some(plan.command.clone()),
+        env: Some(pod::env(&plan.env)),
+        volume_mounts: Some(mounts),
+        security_context: Some(pod::container_security(None)),
+        ..Default::default()
+    };
+    let spec = JobSpec {
+        backoff_limit: Some(2),
+        template: PodTemplateSpec {
+            metadata: Some(ObjectMeta { labels: Some(labels.clone()), ..Default::default() }),
+            spec: Some(PodSpec {
+                restart_policy: Some("Never".into()),
+                automount_service_account_token: Some(false),
+                security_context: Some(pod::pod_security(run_as_user)),
+                containers: vec![container],
+                volumes: Some(volumes),
+                ..Default::default()
+            }),
+        },
+        ..Default::default()
+    };
+    // Backups outlive their Database (they are what restoreFrom reads); other Jobs do not.
+    let metadata = metadata_with(db, name, purpose != Purpose::Backup, &labels);
+    Child::new(name.to_string(), Job { metadata, spec: Some(spec), ..Default::default() })
 }
 
 /// The volume claim holding a Database's backups. Owned by the Database only under
@@ -95,12 +94,11 @@ pub fn backup_claim(db: &Database) -> Child {
     let name = Names(&db.name_any()).backups();
     let size = db.spec.backup.as_ref().and_then(|b| b.storage.clone()).unwrap_or_else(|| db.spec.storage.clone());
     let owned = db.spec.deletion_policy == DeletionPolicy::Delete;
-    Child::new::<PersistentVolumeClaim>(
-        name.clone(),
-        json!({
-            "metadata": crate::build::metadata_with(db, &name, owned, &labels(db)),
-            // The cluster's default class: backups need not live where the data does.
-            "spec": crate::build::claim_spec(&size.0, None),
-        }),
-    )
+    // The cluster's default class: backups need not live where the data does.
+    let claim = PersistentVolumeClaim {
+        metadata: metadata_with(db, &name, owned, &labels(db)),
+        spec: Some(pod::claim_spec(&size.0, None)),
+        ..Default::default()
+    };
+    Child::new(name, claim)
 }

@@ -163,6 +163,47 @@ pub async fn prepare(client: &Client, plugins: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// The whole operator (`operator::run`: plugin registry, reconciler, no leader
+/// election) in this process against the cluster behind `kubeconfig`; stopped when
+/// dropped.
+pub struct InProcess {
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl InProcess {
+    /// Starts it with `settings`.
+    pub async fn start(kubeconfig: &std::path::Path, settings: Settings) -> Result<Self> {
+        let (client, _) = counting_client(kubeconfig).await?;
+        let metrics = Arc::new(Metrics::default());
+        let options = plugdb::operator::Options { settings, ..Default::default() };
+        let health = plugdb::health::Health::default();
+        let task = tokio::spawn(plugdb::operator::run(client, metrics.clone(), options, health, std::future::pending()));
+        Ok(Self { metrics, task })
+    }
+
+    /// The sum of metric `name` over the label sets `keep` accepts.
+    pub fn metric(&self, name: &str, keep: impl Fn(&str) -> bool) -> f64 {
+        metric_sum(&self.metrics.encode(), name, keep)
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Waits until `check` holds, looking every 100 ms; panics naming `what` after `timeout`.
+pub async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Reconciler timings for tests: fast requeues, failover after 2 s.
 pub fn test_settings() -> Settings {
     Settings {

@@ -16,7 +16,9 @@ use plugdb::operator::{self, Options};
 use plugdb::plugin::Limits;
 use plugdb::reconcile::Settings;
 use plugdb_tests::ControlPlane;
-use plugdb_tests::operator::{OPERATOR_NAMESPACE, counting_client, metric_sum, plugin_config_map, prepare, test_settings};
+use plugdb_tests::operator::{
+    InProcess, OPERATOR_NAMESPACE, counting_client, metric_sum, plugin_config_map, prepare, test_settings, wait_for,
+};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_millis(1500);
@@ -25,14 +27,6 @@ const HOSTILE: usize = 8;
 fn timeouts(metrics: &Metrics) -> u64 {
     metric_sum(&metrics.encode(), "plugdb_plugin_calls_total", |l| l.contains("engine=\"hostile\"") && l.contains("outcome=\"timeout\""))
         as u64
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// One executor thread for everything, as a plugin call on the executor would block
@@ -123,14 +117,10 @@ async fn a_plugin_that_uses_its_whole_deadline_delays_only_its_own_engine() {
 async fn a_resync_of_an_unchanged_database_makes_no_plugin_call() {
     let cp = ControlPlane::start().await.expect("control plane");
     prepare(&cp.client, &[("postgres", "postgres")]).await.expect("CRD and plugins");
-    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
-    let metrics = Arc::new(Metrics::default());
-    let health = Health::default();
-    let options = Options { settings: test_settings(), ..Default::default() };
-    let operator = tokio::spawn(operator::run(client, metrics.clone(), options, health.clone(), std::future::pending()));
-    let calls = || metric_sum(&metrics.encode(), "plugdb_plugin_calls_total", |l| l.contains("engine=\"postgres\"")) as u64;
-    let hits = || metric_sum(&metrics.encode(), "plugdb_plugin_memo_total", |l| l.contains("outcome=\"hit\"")) as u64;
-    let reconciles = || metric_sum(&metrics.encode(), "plugdb_reconciles_total", |l| l.contains("engine=\"postgres\"")) as u64;
+    let operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let calls = || operator.metric("plugdb_plugin_calls_total", |l| l.contains("engine=\"postgres\"")) as u64;
+    let hits = || operator.metric("plugdb_plugin_memo_total", |l| l.contains("outcome=\"hit\"")) as u64;
+    let reconciles = || operator.metric("plugdb_reconciles_total", |l| l.contains("engine=\"postgres\"")) as u64;
 
     let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
     let db = |replicas: i32| {
@@ -152,7 +142,6 @@ async fn a_resync_of_an_unchanged_database_makes_no_plugin_call() {
 
     dbs.patch("orders", &PatchParams::apply("test"), &Patch::Apply(&db(2))).await.expect("scale");
     wait_for("the new spec is rendered", Duration::from_secs(60), async || calls() > calls_then).await;
-    operator.abort();
 }
 
 /// With no requeue due, only a change wakes a Database: a new build of one engine's
@@ -161,20 +150,12 @@ async fn a_resync_of_an_unchanged_database_makes_no_plugin_call() {
 async fn a_plugin_change_passes_over_only_its_own_engines_databases() {
     let cp = ControlPlane::start().await.expect("control plane");
     prepare(&cp.client, &[("minimal", "minimal"), ("postgres", "postgres")]).await.expect("CRD and plugins");
-    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
-    let metrics = Arc::new(Metrics::default());
     let hour = Duration::from_secs(3600);
     let settings = Settings { progress_requeue: hour, idle_requeue: hour, ..test_settings() };
-    let operator = tokio::spawn(operator::run(
-        client,
-        metrics.clone(),
-        Options { settings, ..Default::default() },
-        Health::default(),
-        std::future::pending(),
-    ));
+    let operator = InProcess::start(&cp.kubeconfig, settings).await.expect("operator");
     let reconciles = |engine: &str| {
         let label = format!("engine=\"{engine}\"");
-        metric_sum(&metrics.encode(), "plugdb_reconciles_total", |l| l.contains(&label)) as u64
+        operator.metric("plugdb_reconciles_total", |l| l.contains(&label)) as u64
     };
 
     let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
@@ -206,5 +187,4 @@ async fn a_plugin_change_passes_over_only_its_own_engines_databases() {
     wait_for("the minimal Database is passed over", Duration::from_secs(60), async || reconciles("minimal") > minimal).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(reconciles("postgres"), postgres, "another engine's plugin change passed over a postgres Database");
-    operator.abort();
 }

@@ -3,40 +3,25 @@
 //! it holds no state about any of them), and a write the API server refuses for a
 //! reason the user can act on is reported once, as a Warning Event and a condition.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use plugdb::crd::{Database, DeletionPolicy};
-use plugdb::health::Health;
-use plugdb::metrics::Metrics;
-use plugdb::operator::{self, Options};
 use plugdb::reconcile::FINALIZER;
 use plugdb_tests::ControlPlane;
-use plugdb_tests::operator::{counting_client, metric_sum, prepare, test_settings};
+use plugdb_tests::operator::{InProcess, prepare, test_settings, wait_for};
 
 const COUNT: usize = 100;
-
-async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 #[tokio::test]
 async fn deleting_100_databases_leaves_no_state_behind_in_the_reconciler() {
     let cp = ControlPlane::start().await.expect("control plane");
     prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
-    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
-    let metrics = Arc::new(Metrics::default());
-    let options = Options { settings: test_settings(), ..Default::default() };
-    let operator = tokio::spawn(operator::run(client, metrics.clone(), options, Health::default(), std::future::pending()));
-    let entries = || metric_sum(&metrics.encode(), "plugdb_reconcile_state_entries", |_| true) as usize;
+    let operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let entries = || operator.metric("plugdb_reconcile_state_entries", |_| true) as usize;
 
     let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
     for i in 0..COUNT {
@@ -71,7 +56,6 @@ async fn deleting_100_databases_leaves_no_state_behind_in_the_reconciler() {
     })
     .await;
     wait_for("no state is kept about them", Duration::from_secs(30), async || entries() == 0).await;
-    operator.abort();
 }
 
 /// A quota that admits one Service: the operator's second Service is refused (403). The
@@ -95,11 +79,8 @@ async fn a_write_the_api_server_refuses_is_reported_once_as_an_event_and_a_condi
     })
     .await;
 
-    let (client, _) = counting_client(&cp.kubeconfig).await.expect("client");
-    let metrics = Arc::new(Metrics::default());
-    let options = Options { settings: test_settings(), ..Default::default() };
-    let operator = tokio::spawn(operator::run(client, metrics.clone(), options, Health::default(), std::future::pending()));
-    let errors = || metric_sum(&metrics.encode(), "plugdb_reconcile_errors_total", |_| true) as u64;
+    let operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let errors = || operator.metric("plugdb_reconcile_errors_total", |_| true) as u64;
 
     let dbs: Api<Database> = Api::namespaced(cp.client.clone(), ns);
     let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "cache"},
@@ -136,5 +117,4 @@ async fn a_write_the_api_server_refuses_is_reported_once_as_an_event_and_a_condi
         progressing().await.is_some_and(|c| c.reason != "WriteRefused")
     })
     .await;
-    operator.abort();
 }

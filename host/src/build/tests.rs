@@ -1,6 +1,6 @@
 use super::*;
-use crate::crd::{DatabaseSpec, Spread};
-use crate::plugin::{ConfigFile, EnvVar, Port, Probe, SecretRef};
+use crate::crd::{DatabaseSpec, Spread, SpreadRule};
+use crate::plugin::{ConfigFile, EnvSource, EnvVar, Port, Probe, ProbeAction, SecretRef};
 use k8s_openapi::api::apps::v1::StatefulSet;
 
 fn database(policy: DeletionPolicy) -> Database {

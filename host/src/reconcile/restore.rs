@@ -3,8 +3,8 @@
 //! network run once the new primary is up. Read only while the Database is new.
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
-use serde_json::json;
 
 use super::backups::{self, JobState};
 use super::{Context, Error, apply};
@@ -101,13 +101,13 @@ fn writes_data(job: &Job) -> bool {
 
 /// Member 0's data claim, made ahead of the StatefulSet (which adopts it by name).
 fn data_claim(db: &Database, name: &str) -> Child {
-    let spec = crate::build::data_claim_spec(db);
-    let labels = labels(db);
     // Not owned by the Database: the StatefulSet's retention policy decides its fate.
-    Child::new::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(
-        name.to_string(),
-        json!({"metadata": metadata_with(db, name, false, &labels), "spec": spec}),
-    )
+    let claim = PersistentVolumeClaim {
+        metadata: metadata_with(db, name, false, &labels(db)),
+        spec: Some(crate::build::pod::data_claim_spec(db)),
+        ..Default::default()
+    };
+    Child::new(name.to_string(), claim)
 }
 
 #[cfg(test)]

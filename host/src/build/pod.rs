@@ -1,0 +1,180 @@
+//! The pieces of a pod that members and Jobs share, as typed objects: environment,
+//! probes, resources, security contexts, volumes, and where members may be placed.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile,
+    SecretKeySelector, SecurityContext, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::selector;
+use crate::crd::{Database, SpreadRule};
+use crate::plugin::{EnvSource, ProbeAction, ResourceAmounts};
+
+/// Container environment from plugin variables.
+pub fn env(vars: &[crate::plugin::EnvVar]) -> Vec<EnvVar> {
+    vars.iter()
+        .map(|e| {
+            let (value, value_from) = match &e.source {
+                EnvSource::Value(v) => (Some(v.clone()), None),
+                EnvSource::Secret(s) => (
+                    None,
+                    Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector { name: s.name.clone(), key: s.key.clone(), optional: None }),
+                        ..Default::default()
+                    }),
+                ),
+                EnvSource::Field(f) => (
+                    None,
+                    Some(EnvVarSource {
+                        field_ref: Some(ObjectFieldSelector { field_path: f.clone(), api_version: None }),
+                        ..Default::default()
+                    }),
+                ),
+            };
+            EnvVar { name: e.name.clone(), value, value_from }
+        })
+        .collect()
+}
+
+/// A probe from the plugin's.
+pub fn probe(p: &crate::plugin::Probe) -> Probe {
+    let mut probe = Probe {
+        initial_delay_seconds: Some(p.initial_delay_seconds as i32),
+        period_seconds: Some(p.period_seconds as i32),
+        timeout_seconds: Some(p.timeout_seconds as i32),
+        failure_threshold: Some(p.failure_threshold as i32),
+        ..Default::default()
+    };
+    match &p.action {
+        ProbeAction::Exec(command) => probe.exec = Some(ExecAction { command: Some(command.clone()) }),
+        ProbeAction::TcpSocket(port) => probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(i32::from(*port)), host: None }),
+    }
+    probe
+}
+
+/// The member's resources: the spec's, with the plugin's recommendation for what the
+/// spec leaves unset (neither requested nor limited).
+pub fn resources(db: &Database, recommended: &ResourceAmounts) -> ResourceRequirements {
+    let user = db.spec.resources.clone().unwrap_or_default();
+    let mut requests: BTreeMap<String, Quantity> = user.requests.into_iter().map(|(k, v)| (k, Quantity(v.0))).collect();
+    let limits: BTreeMap<String, Quantity> = user.limits.into_iter().map(|(k, v)| (k, Quantity(v.0))).collect();
+    if !requests.contains_key("cpu")
+        && !limits.contains_key("cpu")
+        && let Some(m) = recommended.cpu_millis
+    {
+        requests.insert("cpu".into(), Quantity(format!("{m}m")));
+    }
+    if !requests.contains_key("memory")
+        && !limits.contains_key("memory")
+        && let Some(b) = recommended.memory_bytes
+    {
+        requests.insert("memory".into(), Quantity(b.to_string()));
+    }
+    ResourceRequirements { requests: Some(requests), limits: Some(limits), ..Default::default() }
+}
+
+/// Pod-level security: the plugin's user and group, never root, the runtime's seccomp
+/// profile.
+pub fn pod_security(uid: u32) -> PodSecurityContext {
+    let id = Some(i64::from(uid));
+    PodSecurityContext {
+        run_as_user: id,
+        run_as_group: id,
+        fs_group: id,
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+        ..Default::default()
+    }
+}
+
+/// Container-level security: no privilege, no escalation, every capability dropped.
+pub fn container_security(run_as_non_root: Option<bool>) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        run_as_non_root,
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+        ..Default::default()
+    }
+}
+
+/// A mount of volume `name` at `path`.
+pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount { name: name.into(), mount_path: path.into(), read_only: read_only.then_some(true), ..Default::default() }
+}
+
+/// Volume `name` backed by claim `claim`.
+pub fn claim_volume(name: &str, claim: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: claim.into(), read_only: None }),
+        ..Default::default()
+    }
+}
+
+/// The spec of a volume claim of `size` in storage class `class` (the cluster's default
+/// when `None`).
+pub fn claim_spec(size: &str, class: Option<&str>) -> PersistentVolumeClaimSpec {
+    PersistentVolumeClaimSpec {
+        access_modes: Some(vec!["ReadWriteOnce".into()]),
+        resources: Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
+            limits: None,
+        }),
+        storage_class_name: class.map(Into::into),
+        ..Default::default()
+    }
+}
+
+/// The spec of a member's data claim: `spec.storage` in `spec.storageClassName`.
+pub fn data_claim_spec(db: &Database) -> PersistentVolumeClaimSpec {
+    claim_spec(&db.spec.storage.0, db.spec.storage_class_name.as_deref())
+}
+
+/// Selects the members of `db`.
+pub fn member_selector(db: &Database) -> LabelSelector {
+    LabelSelector { match_labels: Some(selector(db)), match_expressions: None }
+}
+
+/// Members apart on nodes: preferred unless the spec says otherwise.
+pub fn affinity(db: &Database) -> Option<Affinity> {
+    let term =
+        PodAffinityTerm { label_selector: Some(member_selector(db)), topology_key: "kubernetes.io/hostname".into(), ..Default::default() };
+    let anti = match db.spec.spread.as_ref().and_then(|s| s.nodes).unwrap_or(SpreadRule::Preferred) {
+        SpreadRule::Ignored => return None,
+        SpreadRule::Preferred => PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+                weight: 100,
+                pod_affinity_term: term,
+            }]),
+            ..Default::default()
+        },
+        SpreadRule::Required => {
+            PodAntiAffinity { required_during_scheduling_ignored_during_execution: Some(vec![term]), ..Default::default() }
+        }
+    };
+    Some(Affinity { pod_anti_affinity: Some(anti), ..Default::default() })
+}
+
+/// Members even across zones, when the spec asks.
+pub fn zone_spread(db: &Database) -> Option<Vec<TopologySpreadConstraint>> {
+    let when = match db.spec.spread.as_ref().and_then(|s| s.zones).unwrap_or(SpreadRule::Ignored) {
+        SpreadRule::Ignored => return None,
+        SpreadRule::Preferred => "ScheduleAnyway",
+        SpreadRule::Required => "DoNotSchedule",
+    };
+    Some(vec![TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "topology.kubernetes.io/zone".into(),
+        when_unsatisfiable: when.into(),
+        label_selector: Some(member_selector(db)),
+        ..Default::default()
+    }])
+}
