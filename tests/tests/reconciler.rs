@@ -118,3 +118,26 @@ async fn a_write_the_api_server_refuses_is_reported_once_as_an_event_and_a_condi
     })
     .await;
 }
+
+/// With no requeue due, a deleted child still wakes its Database: the StatefulSet is
+/// made again from the deletion alone.
+#[tokio::test]
+async fn a_statefulset_deleted_by_hand_is_made_again_at_once() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let hour = Duration::from_secs(3600);
+    let settings = plugdb::reconcile::Settings { progress_requeue: hour, idle_requeue: hour, ..test_settings() };
+    let _operator = InProcess::start(&cp.kubeconfig, settings).await.expect("operator");
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "cache"},
+                                "spec": {"engine": "minimal", "storage": "1Gi"}});
+    dbs.patch("cache", &PatchParams::apply("test"), &Patch::Apply(&db)).await.expect("database");
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(cp.client.clone(), "default");
+    wait_for("the StatefulSet is made", Duration::from_secs(60), async || sets.get_opt("cache").await.ok().flatten().is_some()).await;
+    let first = sets.get("cache").await.expect("the StatefulSet").uid();
+    sets.delete("cache", &DeleteParams::background()).await.expect("delete");
+    wait_for("the StatefulSet is made again", Duration::from_secs(30), async || {
+        sets.get_opt("cache").await.ok().flatten().is_some_and(|s| s.uid() != first)
+    })
+    .await;
+}

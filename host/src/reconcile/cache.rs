@@ -56,7 +56,10 @@ impl std::fmt::Debug for Caches {
 }
 
 /// Changed StatefulSets and Jobs, sent once their cache holds the change: what wakes
-/// their owner's reconcile.
+/// their owner's reconcile. Deleted ones too: a StatefulSet deleted by hand is made
+/// again at once. (kube's shared-store subscriptions would serve here but for that: they
+/// announce no deletions, and hold the watch when the controller is not reading.) The
+/// channels are drained by the controller of the same term and dropped with it.
 pub struct Triggers {
     /// StatefulSets, including deleted ones.
     pub stateful_sets: mpsc::UnboundedReceiver<StatefulSet>,
