@@ -68,18 +68,19 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let rolled = pass.members(&members, &primary.name, &applied).await?;
     let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
-    pass.conclude(status::Pass {
-        generation: db.metadata.generation,
-        desired: pass.desired(),
-        members: &members.observed,
-        rolled: rolled.done,
-        moving: primary.failed_over || rolled.restarted || upgrading,
-        growth: &applied.growth,
-        upgrade_refused: upgrade.refused,
-        restoring: restoring == restore::Restore::Running,
-    })
-    .await?;
-    Ok(Action::requeue(pass.requeue(&report, &applied.growth)))
+    let progressing = pass
+        .conclude(status::Pass {
+            generation: db.metadata.generation,
+            desired: pass.desired(),
+            members: &members.observed,
+            rolled: rolled.done,
+            moving: primary.failed_over || rolled.restarted || upgrading,
+            growth: &applied.growth,
+            upgrade_refused: upgrade.refused,
+            restoring: restoring == restore::Restore::Running,
+        })
+        .await?;
+    Ok(Action::requeue(pass.requeue(progressing, &report, &applied.growth)))
 }
 
 /// What the stages share: the Database, and the status they build up.
@@ -90,8 +91,6 @@ struct Pass<'a> {
     ns: String,
     generation: Option<i64>,
     status: DatabaseStatus,
-    /// Whether the pass left something that moves: look again soon.
-    progressing: bool,
 }
 
 /// The engine's plugin and the spec it accepted (at the desired version).
@@ -147,7 +146,6 @@ impl<'a> Pass<'a> {
             ns: db.namespace().unwrap_or_default(),
             generation: db.metadata.generation,
             status: db.status.clone().unwrap_or_default(),
-            progressing: false,
         }
     }
 
@@ -427,16 +425,18 @@ impl<'a> Pass<'a> {
     }
 
     /// The end of the pass: the status follows from what the stages found and did.
-    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(), Error> {
-        self.progressing = status::conclude(&mut self.status, &pass);
-        write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await
+    /// Returns whether something still moves.
+    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<bool, Error> {
+        let progressing = status::conclude(&mut self.status, &pass);
+        write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
+        Ok(progressing)
     }
 
     /// When to look again: soon while something moves, a while after a refused volume
     /// grow, else at the next backup (or the idle resync).
-    fn requeue(&self, report: &BackupReport, growth: &Growth) -> std::time::Duration {
+    fn requeue(&self, progressing: bool, report: &BackupReport, growth: &Growth) -> std::time::Duration {
         let settings = &self.ctx.settings;
-        if self.progressing || report.running {
+        if progressing || report.running {
             settings.progress_requeue
         } else if matches!(growth, Growth::Failed(_)) {
             settings.progress_requeue * 6
