@@ -1,13 +1,15 @@
 //! Plugin call cost: a fresh instance (from the instance pool, and allocated on demand
 //! for comparison) + `render` of a typical spec per iteration, the same render natively
-//! for the ratio, and a cold compile of each bundled plugin.
+//! for the ratio, and a cold compile of each bundled plugin. Then each call timed on
+//! its own, for the median, the p99 and the ratio to native of one run, written beside
+//! `$CRITERION_HOME` as `plugin-call.md`.
 //!
 //! `cargo bench -p plugdb-tests --bench plugin_call`
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use plugdb::plugin::{EngineSpec, Limits, ParameterValue, ResourceAmounts, Runtime, Tier};
 use plugdb_sdk::Engine;
 
@@ -108,5 +110,74 @@ fn compile(c: &mut Criterion) {
     }
 }
 
+/// Times `a` and `b` one call at a time, `n` times each after a warm-up, taking turns
+/// in blocks of 100 calls so that the machine's noise falls on both alike while each
+/// runs with its own code and data in the caches: their sorted durations.
+fn timed<A, B>(n: usize, mut a: impl FnMut() -> A, mut b: impl FnMut() -> B) -> (Vec<Duration>, Vec<Duration>) {
+    const BLOCK: usize = 100;
+    fn block<T>(call: &mut impl FnMut() -> T, into: &mut Vec<Duration>) {
+        for _ in 0..BLOCK {
+            let started = Instant::now();
+            black_box(call());
+            into.push(started.elapsed());
+        }
+    }
+    let (mut ta, mut tb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    block(&mut a, &mut Vec::new());
+    block(&mut b, &mut Vec::new());
+    while ta.len() < n {
+        block(&mut a, &mut ta);
+        block(&mut b, &mut tb);
+    }
+    ta.sort();
+    tb.sort();
+    (ta, tb)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Median and p99 of single calls, the sandboxed ones against native, in one run.
+fn latency() {
+    const CALLS: usize = 20_000;
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    let postgres = runtime.load(&plugdb_tests::component("postgres")).expect("postgres loads");
+    let (s, cl) = (spec(), plugdb_tests::cluster("orders", "shop"));
+    let (ns, nc) = native_inputs();
+    let (sandboxed, native) = timed(
+        CALLS,
+        || postgres.render(&s, &cl).expect("render"),
+        || plugdb_plugin_postgres::Postgres::render(ns.clone(), nc.clone()).expect("render"),
+    );
+    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    let row = |what: &str, t: &[Duration]| {
+        format!(
+            "| {what} | {:.2} µs | {:.2} µs | {:.1}× |\n",
+            micros(percentile(t, 0.5)),
+            micros(percentile(t, 0.99)),
+            percentile(t, 0.5).as_secs_f64() / percentile(&native, 0.5).as_secs_f64()
+        )
+    };
+    let table = format!(
+        "| postgres `render`, {CALLS} calls timed one by one | median | p99 | median ÷ native median |\n| --- | --- | --- | --- |\n{}{}",
+        row("sandboxed: instance from the pool + call + host policy", &sandboxed),
+        row("native: the same render, no sandbox", &native),
+    );
+    println!("\n{table}");
+    // Beside criterion's own results (scripts/bench.sh: target/plugin-call.md).
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        let out = std::path::Path::new(&home).with_file_name("plugin-call.md");
+        if let Err(e) = std::fs::write(&out, &table) {
+            eprintln!("writing {}: {e}", out.display());
+        }
+    }
+}
+
 criterion_group!(benches, render, compile);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    latency();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -314,6 +314,11 @@ impl ControlPlane {
     pub fn pids(&self) -> Vec<u32> {
         self.processes.children.iter().map(|(_, c)| c.id()).collect()
     }
+
+    /// Process id of component `name` (`etcd`, `kube-apiserver`, ...), if it runs.
+    pub fn pid_of(&self, name: &str) -> Option<u32> {
+        self.processes.children.iter().find(|(n, _)| *n == name).map(|(_, c)| c.id())
+    }
 }
 
 /// Ports of the components.

@@ -159,7 +159,7 @@ fn aliased_strings_are_refused_while_they_are_copied() {
     let (rt, hostile, good) = plugins();
     let (err, peak) = peak_heap(|| attack(&rt, &hostile, &good, "alias"));
     assert!(matches!(err, CallError::OutputTooLarge { limit, .. } if limit == 256 << 10), "{err}");
-    let bound = rt.limits().copy_bytes();
+    let bound = rt.limits().output_bytes;
     assert!(peak < 4 * bound, "the host heap grew by {peak} bytes during the call (copy bound {bound})");
 }
 

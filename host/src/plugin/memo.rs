@@ -45,9 +45,9 @@ struct Entry {
 }
 
 impl Default for Memo {
-    /// 4,096 results or 32 MiB, whichever is reached first.
+    /// 32,768 results or 32 MiB, whichever is reached first.
     fn default() -> Self {
-        Self::new(4096, 32 << 20)
+        Self::new(32_768, 32 << 20)
     }
 }
 

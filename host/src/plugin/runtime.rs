@@ -43,7 +43,9 @@ pub struct Limits {
     pub memory_bytes: usize,
     /// Wasm stack a call may use.
     pub stack_bytes: usize,
-    /// Size of a call's result, measured as JSON.
+    /// Size of a call's result, counted while it is copied out of the guest (strings
+    /// and list elements at their size in host memory, an aliased string each time it
+    /// is referred to); also bounds one log line's copy.
     pub output_bytes: usize,
     /// Instances kept ready in a pool (the pooling allocator: no mapping per call,
     /// memory images copied on write), each reserving `memory_bytes` of address space
@@ -57,15 +59,6 @@ pub struct Limits {
     /// Data (heap and private mappings) one compile may use (when compiling in a
     /// process of its own): 80 MiB.
     pub compile_memory: usize,
-}
-
-impl Limits {
-    /// Bytes the host copies out of the guest for one result or one host call, strings
-    /// and list elements at their size in host memory (4 × `output_bytes`: a result
-    /// within the output limit as JSON always fits).
-    pub fn copy_bytes(&self) -> usize {
-        self.output_bytes.saturating_mul(4)
-    }
 }
 
 impl Default for Limits {
@@ -139,14 +132,12 @@ pub enum CallError {
         message: String,
     },
     /// The result was larger than the host accepts.
-    #[error("{engine} plugin: {function} returned more than the {limit}-byte limit (measured up to {bytes} bytes)")]
+    #[error("{engine} plugin: {function} returned more than the {limit}-byte limit (copying it out was stopped there)")]
     OutputTooLarge {
         /// Engine name.
         engine: String,
         /// Exported function.
         function: &'static str,
-        /// How much of the result was measured before it went past the limit.
-        bytes: usize,
         /// The limit.
         limit: usize,
     },
@@ -206,8 +197,15 @@ impl Runtime {
     pub fn with_tier(limits: Limits, tier: Tier) -> anyhow::Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(limits.stack_bytes).generate_address_map(false);
-        // Linear memory never grows past the cap: reserve no more address space than that.
-        config.memory_reservation(limits.memory_bytes as u64).memory_guard_size(64 << 10).memory_reservation_for_growth(0);
+        // Linear memory never grows past the cap: reserve no more address space than
+        // that. Bounds are checked by the code itself, not by guard pages and signals:
+        // memory a call grew then stays read-write in its pool slot (reset page by
+        // page like the rest), instead of costing two `mprotect`s on every call.
+        config
+            .memory_reservation(limits.memory_bytes as u64)
+            .memory_guard_size(0)
+            .memory_reservation_for_growth(0)
+            .signals_based_traps(false);
         if limits.instance_slots > 0 {
             let slots = limits.instance_slots;
             let mut pool = wasmtime::PoolingAllocationConfig::new();
@@ -311,7 +309,7 @@ impl Runtime {
         store.limiter(|s| &mut s.limits);
         // Bounds what the host copies out of the guest in one go (a result, a log
         // line) while it copies, aliased strings counted each time they are referred to.
-        store.set_hostcall_fuel(self.limits.copy_bytes());
+        store.set_hostcall_fuel(self.limits.output_bytes);
         let ticks = self.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
         store.set_epoch_deadline(ticks);
         store.epoch_deadline_trap();
@@ -497,26 +495,6 @@ impl ResourceLimiter for CallLimiter {
 
     fn memories(&self) -> usize {
         LIMITED_MEMORIES
-    }
-}
-
-/// Counts serialised bytes and stops the serialisation once past `limit`.
-struct Meter {
-    bytes: usize,
-    limit: usize,
-}
-
-impl std::io::Write for Meter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.bytes += buf.len();
-        if self.bytes > self.limit {
-            return Err(std::io::Error::other("over the output limit"));
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -733,28 +711,16 @@ impl Plugin {
         }
     }
 
-    /// Runs `f` against a fresh instance under the call limits, and bounds the size of its result.
-    fn call<R: serde::Serialize>(
+    /// Runs `f` against a fresh instance under the call limits (its result bounded
+    /// while it is copied out: the store's hostcall fuel).
+    fn call<R>(
         &self,
         function: &'static str,
         f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        let limits = self.runtime.limits;
         let mut store = self.runtime.store(&self.info.engine);
         let result = self.pre.instantiate(&mut store).and_then(|world| f(&mut store, &world));
-        let value = result.map_err(|e| self.classify(function, e))?;
-        // Copied within `copy_bytes`; now measured as it would be serialised,
-        // without keeping the bytes, and only up to the limit.
-        let mut meter = Meter { bytes: 0, limit: limits.output_bytes };
-        if serde_json::to_writer(&mut meter, &value).is_err() || meter.bytes > limits.output_bytes {
-            return Err(CallError::OutputTooLarge {
-                engine: self.info.engine.clone(),
-                function,
-                bytes: meter.bytes,
-                limit: limits.output_bytes,
-            });
-        }
-        Ok(value)
+        result.map_err(|e| self.classify(function, e))
     }
 
     fn classify(&self, function: &'static str, error: wasmtime::Error) -> CallError {
@@ -767,8 +733,7 @@ impl Plugin {
                 CallError::Trap { engine, function, message: "the plugin panicked or aborted (unreachable executed)".into() }
             }
             _ if format!("{error:#}").contains(HOSTCALL_FUEL_EXHAUSTED) => {
-                let limits = self.runtime.limits;
-                CallError::OutputTooLarge { engine, function, bytes: limits.copy_bytes(), limit: limits.output_bytes }
+                CallError::OutputTooLarge { engine, function, limit: self.runtime.limits.output_bytes }
             }
             _ => {
                 let message = format!("{error:#}");
