@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The benchmarks: plugin calls (criterion), the operator at scale (1,000 Databases by
-# default) on a real control plane, and Databases on the real node (apply to Ready,
-# recovery after the primary fails). Installs what it needs, like scripts/test.sh.
-#   scripts/bench.sh [COUNT]      tables in target/scale-bench.md, target/node-bench.md,
-#                                 target/compile-bench.md and target/criterion
+# The benchmarks: plugin calls (criterion, then median / p99 / ratio to native), the
+# operator's cost curve (100, 1,000 and 10,000 Databases by default) on a real control
+# plane, and Databases on the real node (apply to Ready, recovery after the primary
+# fails). Installs what it needs, like scripts/test.sh.
+#   scripts/bench.sh [SIZES]      tables in target/plugin-call.md, target/scale-bench.md,
+#                                 target/compile-bench.md, target/node-bench.md and
+#                                 target/criterion
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo build --release --locked -p plugdb -p plugdb-tests --bins
 # criterion writes beside the crate unless told: keep its results in the build tree.
 CRITERION_HOME="$PWD/target/criterion" cargo bench --locked -p plugdb-tests --bench plugin_call
-target/release/scale-bench "${1:-1000}" target/scale-bench.md
+target/release/scale-bench "${1:-100,1000,10000}" target/scale-bench.md
 target/release/compile-bench target/compile-bench.md
 target/release/node-bench 3 target/node-bench.md

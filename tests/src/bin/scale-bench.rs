@@ -11,7 +11,8 @@
 //! CPU seconds kube-apiserver and etcd spent on each; the operator's API requests per
 //! Database, counted by its own metrics; its peak RSS and CPU seconds per reconcile;
 //! and what a restarted operator costs to resync everything (requests, writes, plugin
-//! calls, RSS). No kube-controller-manager runs: this measures the operator, not
+//! calls, RSS). Then the 1,000 again beside a noisy neighbour: an engine whose plugin
+//! runs out its deadline on every call. No kube-controller-manager runs: this measures the operator, not
 //! StatefulSet pods. Prints a table and writes it to OUT_FILE.
 
 use std::collections::HashSet;
@@ -223,6 +224,75 @@ async fn all_reconciled(client: Client, count: usize) -> Result<()> {
     Ok(())
 }
 
+/// Creates `count` Databases over `namespaces`, 16 at a time, and waits until the
+/// operator has written every one's status.
+async fn create_all(client: &Client, namespaces: &[String], count: usize) -> Result<()> {
+    let watch = tokio::spawn(all_reconciled(client.clone(), count));
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let (client, ns) = (client.clone(), namespaces[i % namespaces.len()].clone());
+            async move {
+                Api::<Database>::namespaced(client, &ns)
+                    .create(&PostParams::default(), &database(&format!("db-{i}"), &ns))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect::<Vec<_>>()
+        .await?;
+    watch.await?
+}
+
+/// Databases of a noisy neighbour: an engine whose plugin spends its whole deadline
+/// on every call (it never answers, so nothing of it is remembered and every pass
+/// calls again), enough of them to keep its calls queued throughout.
+const NOISY: usize = 100;
+
+/// The time `count` postgres Databases take to reconcile while the noisy engine's
+/// Databases keep its calls busy (on a control plane of its own), and how many of
+/// the noisy engine's calls ran out their deadline meanwhile.
+async fn beside_noisy_neighbour(binary: &Path, count: usize, extra: &[String]) -> Result<(Duration, f64)> {
+    let cp = ControlPlane::start_with(Options { controller_manager: false, ..Default::default() }).await?;
+    prepare(&cp.client, &[("postgres", "postgres"), ("hostile", "hostile")]).await?;
+    let noisy = create_namespaces(&cp.client, "noisy", 1).await?.remove(0);
+    let hostile: Api<Database> = Api::namespaced(cp.client.clone(), &noisy);
+    for i in 0..NOISY {
+        let db: Database = serde_json::from_value(json!({
+            "apiVersion": "plugdb.io/v1alpha1", "kind": "Database",
+            "metadata": {"name": format!("noisy-{i}"), "namespace": noisy},
+            "spec": {"engine": "hostile", "storage": "1Gi", "parameters": {"attack": "loop"}},
+        }))?;
+        hostile.create(&PostParams::default(), &db).await?;
+    }
+    let namespaces = create_namespaces(&cp.client, "bench", namespaces_for(count)).await?;
+    eprintln!("[{count}] beside a noisy neighbour: {NOISY} Databases whose plugin runs out its deadline on every call…");
+    let operator = Operator::start(binary, &cp.kubeconfig, extra).await?;
+    let timeouts = async || {
+        operator.metric_where("plugdb_plugin_calls_total", |l| l.contains("engine=\"hostile\"") && l.contains("outcome=\"timeout\"")).await
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while timeouts().await? < 2.0 {
+        if Instant::now() > deadline {
+            bail!("the noisy engine's calls did not run out their deadline within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    while operator.metric("plugdb_plugins_loaded").await? < 2.0 {
+        if Instant::now() > deadline {
+            bail!("the postgres plugin did not load beside the noisy one within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = timeouts().await?;
+    let started = Instant::now();
+    create_all(&cp.client, &namespaces, count).await?;
+    let elapsed = started.elapsed();
+    let during = timeouts().await? - before;
+    operator.stop().await?;
+    Ok((elapsed, during))
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -277,25 +347,7 @@ async fn measure(binary: &Path, count: usize, extra: &[String]) -> Result<Run> {
     let (requests_before, reconciles_before, cpu_before) =
         (operator.requests().await?, operator.metric("plugdb_reconciles_total").await?, operator.cpu_seconds());
     let started = Instant::now();
-    let created = async {
-        let watch = tokio::spawn(all_reconciled(cp.client.clone(), count));
-        let client = cp.client.clone();
-        futures::stream::iter(0..count)
-            .map(|i| {
-                let (client, ns) = (client.clone(), namespaces[i % namespaces.len()].clone());
-                async move {
-                    Api::<Database>::namespaced(client, &ns)
-                        .create(&PostParams::default(), &database(&format!("db-{i}"), &ns))
-                        .await
-                        .map(|_| ())
-                }
-            })
-            .buffer_unordered(IN_FLIGHT)
-            .try_collect::<Vec<_>>()
-            .await?;
-        watch.await?
-    };
-    let ((), api_operator, etcd_operator) = with_server_cpu(&cp, created).await?;
+    let ((), api_operator, etcd_operator) = with_server_cpu(&cp, create_all(&cp.client, &namespaces, count)).await?;
     let operator_time = started.elapsed();
     let requests = operator.requests().await? - requests_before;
     let reconciles = operator.metric("plugdb_reconciles_total").await? - reconciles_before;
@@ -428,6 +480,19 @@ async fn main() -> Result<()> {
         // Each size's table as soon as it is measured: a long run leaves what it found.
         std::fs::write(&out_file, table(&runs)).with_context(|| format!("writing {out_file}"))?;
     }
+    // Fairness: the 1,000 (or the first size's) Databases again, beside a noisy engine.
+    let alone = runs.iter().find(|r| r.count == 1000).unwrap_or(&runs[0]);
+    let (beside, noisy_timeouts) = beside_noisy_neighbour(&binary, alone.count, &extra).await?;
+    let fairness = format!(
+        "\n| {} postgres Databases | time to reconcile all | ÷ alone |\n| --- | --- | --- |\n\
+         | alone (the run above) | {:.1} s | 1.00 |\n\
+         | beside {NOISY} Databases of an engine whose plugin runs out its {} ms deadline on every call ({noisy_timeouts} calls stopped meanwhile) | {:.1} s | {:.2} |\n",
+        alone.count,
+        alone.operator.as_secs_f64(),
+        Limits::default().call_timeout.as_millis(),
+        beside.as_secs_f64(),
+        beside.as_secs_f64() / alone.operator.as_secs_f64(),
+    );
 
     // Plugin calls, in this process.
     let runtime = Runtime::new(Limits::default())?;
@@ -450,7 +515,7 @@ async fn main() -> Result<()> {
         .collect();
     calls.sort();
     let table = format!(
-        "{}\nPlugin `render` in this process (2,000 calls): median {:.1} µs, p99 {:.1} µs; cold compile + self-test of postgres {:.1} ms.\n",
+        "{}{fairness}\nPlugin `render` in this process (2,000 calls): median {:.1} µs, p99 {:.1} µs; cold compile + self-test of postgres {:.1} ms.\n",
         table(&runs),
         percentile(&calls, 0.5).as_secs_f64() * 1e6,
         percentile(&calls, 0.99).as_secs_f64() * 1e6,
