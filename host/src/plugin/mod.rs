@@ -13,7 +13,7 @@ mod shape;
 pub mod types;
 
 pub use memo::Memo;
-pub use pool::CallPool;
+pub use pool::{Busy, CallPool};
 pub use registry::{Outcome, Registry};
 pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, hex_digest};
 pub use shape::{Shape, ShapeLimits};

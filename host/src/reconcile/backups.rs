@@ -62,7 +62,7 @@ pub async fn ensure_backup(
         host: format!("{}.{ns}.svc", Names(&db.name_any()).primary()),
         credentials_secret: Names(&db.name_any()).credentials(),
     };
-    let plan = match ctx.call(plugin, "backup", (spec.clone(), location), |p, (spec, location)| p.backup(spec, location)).await {
+    let plan = match ctx.call(plugin, "backup", (spec.clone(), location), |p, (spec, location)| p.backup(spec, location)).await? {
         Ok(plan) => plan,
         Err(e) => return Ok(Err(e.to_string())),
     };

@@ -61,7 +61,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
     let members = pass.observe();
-    let primary = pass.failover(&engine.plugin, &spec, &members).await;
+    let primary = pass.failover(&engine.plugin, &spec, &members).await?;
     let workload = proceed!(pass.render(&engine.plugin, &spec, &primary.name).await);
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let applied = pass.apply(&workload, &primary.name, &upgrade.version).await?;
@@ -180,7 +180,7 @@ impl<'a> Pass<'a> {
             Ok(spec) => spec,
             Err(v) => return self.stop(kind::PLUGIN_READY, Reason::InvalidSpec, join(&v)).await,
         };
-        match ctx.call(&plugin, "validate", spec.clone(), |p, spec| p.validate(spec)).await {
+        match ctx.call(&plugin, "validate", spec.clone(), |p, spec| p.validate(spec)).await? {
             Ok(v) if v.is_empty() => Ok(ControlFlow::Continue(Engine { plugin, spec })),
             Ok(v) => {
                 let message = format!("{} rejects the spec: {}", plugin.id(), join(&v));
@@ -201,7 +201,7 @@ impl<'a> Pass<'a> {
             return Ok(ControlFlow::Continue(Upgrade { version: desired, plan: None, refused: false }));
         };
         let input = (engine.spec.clone(), current.clone());
-        let plan = match ctx.call(&engine.plugin, "plan-upgrade", input, |p, (spec, from)| p.plan_upgrade(spec, from)).await {
+        let plan = match ctx.call(&engine.plugin, "plan-upgrade", input, |p, (spec, from)| p.plan_upgrade(spec, from)).await? {
             Ok(plan) => plan,
             Err(e) => {
                 let message = format!("upgrade from {current} to {desired} refused: {e}");
@@ -228,7 +228,7 @@ impl<'a> Pass<'a> {
         if plan.backup_first && db.spec.backup.as_ref().is_some_and(|b| b.enabled) {
             let backup = format!("{}-pre-{}", self.name, &crate::plugin::hex_digest(desired.as_bytes())[..10]);
             let current_spec = EngineSpec { version: current.clone(), ..engine.spec.clone() };
-            let uid = match plugin_uid(ctx, &engine.plugin, &current_spec, db).await {
+            let uid = match plugin_uid(ctx, &engine.plugin, &current_spec, db).await? {
                 Ok(uid) => uid,
                 Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
             };
@@ -250,20 +250,20 @@ impl<'a> Pass<'a> {
 
     /// The primary: the one in status, or the member the plugin chooses when it has been
     /// lost for longer than the failover delay.
-    async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Primary {
+    async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
         let (ctx, db) = (self.ctx, self.db);
         let primary = self.status.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
         if !members::primary_lost(&members.observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
-            return Primary { name: primary, failed_over: false };
+            return Ok(Primary { name: primary, failed_over: false });
         }
         let candidates = members::for_plugin(&members.observed, &primary);
         let generation = self.generation;
-        match ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await {
+        match ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await? {
             Ok(FailoverDecision::Promote { pod, command }) => {
                 let after = ctx.settings.failover_after;
                 let note = format!("primary {primary} not ready for {after:?}; promoting {pod} (promotion: {})", command.join(" "));
                 event(ctx, db, true, Reason::FailoverPromoted, note).await;
-                return Primary { name: pod, failed_over: true };
+                return Ok(Primary { name: pod, failed_over: true });
             }
             Ok(FailoverDecision::NoSafeMember(reason)) => {
                 let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
@@ -274,14 +274,14 @@ impl<'a> Pass<'a> {
             }
             Err(e) => status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::FailoverFailed, e.to_string(), generation),
         }
-        Primary { name: primary, failed_over: false }
+        Ok(Primary { name: primary, failed_over: false })
     }
 
     /// The plugin's workload for this version and primary; the credentials it asks for.
     async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str) -> Flow<Workload> {
         let (ctx, db) = (self.ctx, self.db);
         let cluster = build::cluster_context(db, primary);
-        let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await {
+        let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
             Ok(w) => w,
             Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
         };

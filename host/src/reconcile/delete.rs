@@ -74,7 +74,7 @@ pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error
                     let cannot = |reason: String| {
                         format!("the plugin cannot take a final backup: {reason}; set deletionPolicy: Retain to delete without one")
                     };
-                    match plugin_uid(ctx, &plugin, &spec, db).await {
+                    match plugin_uid(ctx, &plugin, &spec, db).await? {
                         Err(e) => Err(cannot(e.to_string())),
                         Ok(uid) => backups::ensure_backup(ctx, db, &plugin, &spec, &final_name, uid).await?.map_err(cannot),
                     }

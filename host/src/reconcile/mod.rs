@@ -121,22 +121,23 @@ impl Context {
 
     /// `function` of `plugin` for `input`: answered from the plugin's memo when it can
     /// be (no thread), else run by `call` in the plugin call pool, never on the async
-    /// executor. `input` is what the plugin method keys its memo by.
+    /// executor. `input` is what the plugin method keys its memo by. The outer error
+    /// is the pool's: the engine is busy, and the pass ends to be tried again.
     pub async fn call<I, T>(
         &self,
         plugin: &Plugin,
         function: &'static str,
         input: I,
         call: fn(&Plugin, &I) -> Result<T, CallError>,
-    ) -> Result<T, CallError>
+    ) -> Result<Result<T, CallError>, Error>
     where
         I: serde::Serialize + Send + 'static,
         T: Clone + Send + 'static,
     {
         if let Some(answer) = plugin.remembered(function, &input) {
-            return answer;
+            return Ok(answer);
         }
-        self.calls.run(plugin, move |p| call(p, &input)).await
+        Ok(self.calls.run(plugin, move |p| call(p, &input)).await?)
     }
 
     /// `db`, or this operator's own later write to it when the cache has not seen that
@@ -208,6 +209,10 @@ pub enum Error {
     /// The CSPRNG failed.
     #[error("random source: {0}")]
     Random(String),
+    /// The engine's plugin calls are queued as deep as they may be: the pass ends and
+    /// is tried again shortly, without holding a reconcile slot meanwhile.
+    #[error(transparent)]
+    Busy(#[from] crate::plugin::Busy),
 }
 
 impl Error {
@@ -294,6 +299,11 @@ fn engine_changes(
 
 /// The per-object backoff for transient errors: 1 s doubling to 5 min.
 pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::Busy(busy) = error {
+        // Not a failure of this Database: no backoff, no warning.
+        tracing::debug!(database = %db.name_any(), %busy, "engine busy");
+        return Action::requeue(BUSY_REQUEUE);
+    }
     let key = ObjectRef::from_obj(db.as_ref());
     let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
     let n = failures.entry(key).or_insert(0);
@@ -305,6 +315,9 @@ pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Acti
     ctx.metrics.reconcile_errors.get_or_create(&ReconcileLabels { engine: db.spec.engine.clone() }).inc();
     Action::requeue(delay)
 }
+
+/// When a pass that found its engine's plugin calls queued full is tried again.
+const BUSY_REQUEUE: Duration = Duration::from_secs(1);
 
 /// Reconciles one Database.
 #[tracing::instrument(skip_all, fields(database = %db.name_any(), namespace = db.namespace().unwrap_or_default(), engine = %db.spec.engine))]
@@ -466,7 +479,7 @@ fn join(v: &[crate::plugin::Violation]) -> String {
 /// The user the plugin runs the engine as (its Jobs run as the same user): what it
 /// renders for `spec` with member 0 as primary. The memo answers it when a pass already
 /// rendered the same.
-async fn plugin_uid(ctx: &Context, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<u32, CallError> {
+async fn plugin_uid(ctx: &Context, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<Result<u32, CallError>, Error> {
     let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0));
-    ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await.map(|w| w.run_as_user)
+    Ok(ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await?.map(|w| w.run_as_user))
 }

@@ -67,7 +67,7 @@ pub async fn reconcile(
         host: format!("{}.{ns}.svc", Names(&name).primary()),
         credentials_secret: Names(&name).credentials(),
     };
-    let plan = match ctx.call(plugin, "restore", (spec.clone(), location), |p, (spec, location)| p.restore(spec, location)).await {
+    let plan = match ctx.call(plugin, "restore", (spec.clone(), location), |p, (spec, location)| p.restore(spec, location)).await? {
         Ok(plan) => plan,
         Err(e) => return Ok(Restore::Failed(format!("spec.restoreFrom: {e}"))),
     };
