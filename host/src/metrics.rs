@@ -91,6 +91,8 @@ pub struct Metrics {
     pub reconciles: Family<ReconcileLabels, Counter>,
     /// Failed reconciles by engine.
     pub reconcile_errors: Family<ReconcileLabels, Counter>,
+    /// Reconciles that ended at once because their engine's plugin calls were queued full.
+    pub reconciles_busy: Family<ReconcileLabels, Counter>,
     /// Reconcile durations in seconds by engine.
     pub reconcile_seconds: Family<ReconcileLabels, Histogram>,
     /// Requests made to the Kubernetes API by verb and resource.
@@ -114,6 +116,7 @@ impl Default for Metrics {
         let plugin_memo = Family::<MemoLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let reconcile_errors = Family::<ReconcileLabels, Counter>::default();
+        let reconciles_busy = Family::<ReconcileLabels, Counter>::default();
         let reconcile_seconds =
             Family::<ReconcileLabels, Histogram>::new_with_constructor(|| Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]));
         registry.register("plugin_loads", "Plugin loads from ConfigMaps by outcome", plugin_loads.clone());
@@ -122,6 +125,11 @@ impl Default for Metrics {
         registry.register("plugin_memo", "Plugin calls answered from remembered results (hit) or made (miss)", plugin_memo.clone());
         registry.register("reconciles", "Reconciles by engine", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by engine", reconcile_errors.clone());
+        registry.register(
+            "reconciles_busy",
+            "Reconciles by engine that ended at once, to be tried again, because the engine's plugin calls were queued full",
+            reconciles_busy.clone(),
+        );
         registry.register("reconcile_duration_seconds", "Reconcile durations by engine", reconcile_seconds.clone());
         let api_requests = Family::<RequestLabels, Counter>::default();
         registry.register("api_requests", "Requests made to the Kubernetes API by verb and resource", api_requests.clone());
@@ -139,6 +147,7 @@ impl Default for Metrics {
             plugin_memo,
             reconciles,
             reconcile_errors,
+            reconciles_busy,
             reconcile_seconds,
             api_requests,
             reconcile_state_entries,

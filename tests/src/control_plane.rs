@@ -80,11 +80,13 @@ pub struct Options {
     pub controller_manager: bool,
     /// Where to serve.
     pub network: Network,
+    /// kube-apiserver `--feature-gates`, when not its defaults.
+    pub feature_gates: Option<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { controller_manager: true, network: Network::Loopback }
+        Self { controller_manager: true, network: Network::Loopback, feature_gates: None }
     }
 }
 
@@ -213,7 +215,7 @@ impl ControlPlane {
         let certs = path.join("certs");
         let (certs_arg, tokens) = (certs.to_string_lossy().to_string(), path.join("tokens.csv").to_string_lossy().to_string());
         let port = ports.apiserver.to_string();
-        let args = strings(&[
+        let mut args = strings(&[
             "--etcd-servers",
             &etcd_url,
             "--cert-dir",
@@ -243,6 +245,9 @@ impl ControlPlane {
             "--v",
             "1",
         ]);
+        if let Some(gates) = &options.feature_gates {
+            args.push(format!("--feature-gates={gates}"));
+        }
         procs.spawn("kube-apiserver", &bins.join("kube-apiserver"), &args)?;
 
         procs.wait_for_file(&certs.join("apiserver.crt")).await?;

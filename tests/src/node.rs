@@ -232,6 +232,7 @@ impl Node {
                 service_cidr: SERVICE_CIDR.into(),
                 dir: dir.join("control-plane"),
             },
+            feature_gates: None,
         })
         .await?;
         let client = control_plane.client.clone();

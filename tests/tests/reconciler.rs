@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -12,6 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use plugdb::crd::{Database, DeletionPolicy};
 use plugdb::reconcile::FINALIZER;
 use plugdb_tests::ControlPlane;
+use plugdb_tests::control_plane::Options;
 use plugdb_tests::operator::{InProcess, prepare, test_settings, wait_for};
 
 const COUNT: usize = 100;
@@ -132,12 +134,33 @@ async fn a_statefulset_deleted_by_hand_is_made_again_at_once() {
     let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "cache"},
                                 "spec": {"engine": "minimal", "storage": "1Gi"}});
     dbs.patch("cache", &PatchParams::apply("test"), &Patch::Apply(&db)).await.expect("database");
-    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(cp.client.clone(), "default");
+    let sets: Api<StatefulSet> = Api::namespaced(cp.client.clone(), "default");
     wait_for("the StatefulSet is made", Duration::from_secs(60), async || sets.get_opt("cache").await.ok().flatten().is_some()).await;
     let first = sets.get("cache").await.expect("the StatefulSet").uid();
     sets.delete("cache", &DeleteParams::background()).await.expect("delete");
     wait_for("the StatefulSet is made again", Duration::from_secs(30), async || {
         sets.get_opt("cache").await.ok().flatten().is_some_and(|s| s.uid() != first)
+    })
+    .await;
+}
+
+/// An API server that cannot stream a watch's initial objects (the WatchList feature
+/// off, as Kubernetes 1.33 ships): the operator's watches ask it for whole lists
+/// instead, and a Database converges as on any other server.
+#[tokio::test]
+async fn an_api_server_that_does_not_stream_lists_is_listed_whole() {
+    let options = Options { feature_gates: Some("WatchList=false".into()), ..Default::default() };
+    let cp = ControlPlane::start_with(options).await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "cache"},
+        "spec": {"engine": "minimal", "storage": "1Gi"}});
+    dbs.patch("cache", &PatchParams::apply("test"), &Patch::Apply(db)).await.expect("apply");
+    let sets: Api<StatefulSet> = Api::namespaced(cp.client.clone(), "default");
+    wait_for("the Database is reconciled", Duration::from_secs(60), async || {
+        let reconciled = dbs.get("cache").await.is_ok_and(|d| d.status.is_some_and(|s| s.observed_generation == Some(1)));
+        reconciled && sets.get_opt("cache").await.is_ok_and(|s| s.is_some())
     })
     .await;
 }

@@ -4,22 +4,29 @@
 //! others', the health endpoints or the lease renewal. The bound also caps the memory
 //! plugin calls can hold at once (`total` × the per-call memory cap).
 //!
-//! An engine's calls may also only queue so deep (`QUEUE_PER_THREAD` × `per_engine`,
-//! running or waiting): a caller beyond that is told its engine is [`Busy`] at once
-//! instead of waiting. Callers are reconciles, and a reconcile waiting here holds one
-//! of the controller's reconcile slots: without the bound, a slow engine with more
-//! Databases than slots would hold every slot and starve the other engines.
+//! Callers are reconciles, and a reconcile waiting here holds one of the controller's
+//! reconcile slots: a slow engine with more Databases than slots must not hold every
+//! slot. So an engine's calls queue (running or waiting) only `QUEUE_PER_THREAD` ×
+//! `per_engine` deep, unless the engine is known to be quick: deeper only while the
+//! expected wait — the calls ahead, each as long as the engine's recent calls and its
+//! oldest running one — stays within `QUEUE_WAIT`. A caller beyond that is told its
+//! engine is [`Busy`] at once instead of waiting. A fast engine's burst thus waits its
+//! turn (microseconds), and a slow engine's is turned away.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
 use super::Plugin;
 
-/// Calls of one engine running or waiting, per thread the engine may use.
+/// Calls of one engine running or waiting, per thread the engine may use, that are
+/// always let in.
 const QUEUE_PER_THREAD: usize = 2;
+
+/// The longest expected wait beyond that depth: a queue that would wait longer is full.
+const QUEUE_WAIT: Duration = Duration::from_millis(20);
 
 /// The bounded set of threads plugin calls run on.
 #[derive(Debug)]
@@ -29,11 +36,40 @@ pub struct CallPool {
     engines: Mutex<HashMap<String, Share>>,
 }
 
-/// One engine's share of the pool: its threads, and how many of its calls are in.
+/// One engine's share of the pool: its threads, and how its calls are going.
 #[derive(Debug, Clone)]
 struct Share {
     threads: Arc<Semaphore>,
-    queued: Arc<AtomicUsize>,
+    load: Arc<Mutex<Load>>,
+}
+
+/// An engine's calls in the pool and how long they take.
+#[derive(Debug, Default)]
+struct Load {
+    /// Calls running or waiting.
+    queued: usize,
+    /// When each running call started (at most `per_engine`).
+    running: Vec<Instant>,
+    /// A moving average of how long its calls ran; `None` until one has ended.
+    typical: Option<Duration>,
+}
+
+impl Load {
+    /// How long a call let in now would wait, if the engine's calls are known.
+    fn expected_wait(&self, threads: usize, now: Instant) -> Option<Duration> {
+        let oldest = self.running.iter().map(|started| now.saturating_duration_since(*started)).max().unwrap_or_default();
+        let each = self.typical?.max(oldest);
+        let rounds = (self.queued + 1).div_ceil(threads) as u32;
+        Some(each.saturating_mul(rounds))
+    }
+
+    fn ended(&mut self, started: Instant, ran: Duration) {
+        if let Some(i) = self.running.iter().position(|s| *s == started) {
+            self.running.swap_remove(i);
+        }
+        // Each call weighs a quarter: a plugin that turns slow is seen within a few calls.
+        self.typical = Some(self.typical.map_or(ran, |t| (t * 3 + ran) / 4));
+    }
 }
 
 /// An engine already has as many calls running or waiting as it may: try again later.
@@ -47,12 +83,16 @@ pub struct Busy {
 }
 
 /// A place in an engine's queue, given back when dropped.
-struct Ticket(Arc<AtomicUsize>);
+struct Ticket(Arc<Mutex<Load>>);
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        lock(&self.0).queued -= 1;
     }
+}
+
+fn lock(load: &Mutex<Load>) -> std::sync::MutexGuard<'_, Load> {
+    load.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl CallPool {
@@ -65,7 +105,7 @@ impl CallPool {
         let mut engines = self.engines.lock().unwrap_or_else(|e| e.into_inner());
         engines
             .entry(engine.to_string())
-            .or_insert_with(|| Share { threads: Arc::new(Semaphore::new(self.per_engine)), queued: Arc::default() })
+            .or_insert_with(|| Share { threads: Arc::new(Semaphore::new(self.per_engine)), load: Arc::default() })
             .clone()
     }
 
@@ -73,25 +113,86 @@ impl CallPool {
     /// room, or says the engine is [`Busy`] when its queue is full. The slots are held
     /// until the call itself ends, even if the caller gives up.
     pub async fn run<T: Send + 'static>(&self, plugin: &Plugin, call: impl FnOnce(&Plugin) -> T + Send + 'static) -> Result<T, Busy> {
-        let engine = &plugin.info().engine;
+        let plugin = plugin.clone();
+        self.run_for(&plugin.info().engine.clone(), move || call(&plugin)).await
+    }
+
+    async fn run_for<T: Send + 'static>(&self, engine: &str, call: impl FnOnce() -> T + Send + 'static) -> Result<T, Busy> {
         let share = self.share(engine);
-        let depth = QUEUE_PER_THREAD * self.per_engine;
-        let queued = share.queued.fetch_add(1, Ordering::AcqRel);
-        let ticket = Ticket(share.queued.clone());
-        if queued >= depth {
-            return Err(Busy { engine: engine.clone(), queued });
-        }
+        let ticket = {
+            let mut load = lock(&share.load);
+            let always = QUEUE_PER_THREAD * self.per_engine;
+            let quick = || load.expected_wait(self.per_engine, Instant::now()).is_some_and(|wait| wait <= QUEUE_WAIT);
+            if load.queued >= always && !quick() {
+                return Err(Busy { engine: engine.to_string(), queued: load.queued });
+            }
+            load.queued += 1;
+            Ticket(share.load.clone())
+        };
         let thread = share.threads.acquire_owned().await.expect("the engine's semaphore is never closed");
         let slot = self.total.clone().acquire_owned().await.expect("the pool's semaphore is never closed");
-        let plugin = plugin.clone();
         let task = tokio::task::spawn_blocking(move || {
             let _held = (ticket, thread, slot);
-            call(&plugin)
+            let started = Instant::now();
+            lock(&share.load).running.push(started);
+            let value = call();
+            lock(&share.load).ended(started, started.elapsed());
+            value
         });
         match task.await {
             Ok(value) => Ok(value),
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => panic!("a plugin call was cancelled: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn burst(pool: &Arc<CallPool>, engine: &'static str, calls: usize, each: Duration) -> usize {
+        let tasks: Vec<_> = (0..calls)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move { pool.run_for(engine, move || std::thread::sleep(each)).await })
+            })
+            .collect();
+        let mut busy = 0;
+        for task in tasks {
+            busy += usize::from(task.await.expect("task").is_err());
+        }
+        busy
+    }
+
+    /// An engine not yet seen, or a slow one, queues only so deep; one whose calls are
+    /// known to be quick queues as deep as its callers come.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_a_quick_engine_queues_beyond_its_depth() {
+        let pool = Arc::new(CallPool::new(4, 2));
+        let unknown = burst(&pool, "new", 16, Duration::from_millis(50)).await;
+        assert_eq!(unknown, 12, "an engine with no call ended yet queues 4 deep");
+
+        assert_eq!(burst(&pool, "fast", 1, Duration::ZERO).await, 0);
+        let fast = burst(&pool, "fast", 16, Duration::from_micros(200)).await;
+        assert_eq!(fast, 0, "16 calls of 0.2 ms wait 2 ms at most: all let in");
+
+        assert_eq!(burst(&pool, "slow", 1, Duration::from_millis(50)).await, 0);
+        let slow = burst(&pool, "slow", 16, Duration::from_millis(50)).await;
+        assert_eq!(slow, 12, "calls of 50 ms queue 4 deep");
+    }
+
+    /// A call that has been running long marks its engine slow before it ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_running_call_counts_before_it_ends() {
+        let pool = Arc::new(CallPool::new(4, 2));
+        assert_eq!(burst(&pool, "turns", 1, Duration::ZERO).await, 0);
+        let long = tokio::spawn({
+            let pool = pool.clone();
+            async move { burst(&pool, "turns", 4, Duration::from_millis(300)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(burst(&pool, "turns", 2, Duration::ZERO).await, 2, "the queue is 4 deep and its calls have run 100 ms");
+        assert_eq!(long.await.expect("task"), 0);
     }
 }

@@ -5,6 +5,11 @@
 //! cache keeps just what a pass reads: no managed fields, no Secret values, no pod or
 //! StatefulSet pod templates; ConfigMaps, Services and PodDisruptionBudgets are
 //! watched as metadata only (their applied hash is all a pass needs).
+//!
+//! A watch learns what already exists as a stream of events, one object at a time,
+//! where the API server offers it (Kubernetes 1.32, and 1.34 onwards): a restarted
+//! operator then never holds a whole list of thousands of objects at once. Servers
+//! without it are asked for one whole list each, served from their cache.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -16,11 +21,12 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::{Api, PartialObjectMeta, WatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tokio::sync::OnceCell;
 
 use crate::build::{APPLIED_HASH, Kind, MANAGER};
 
@@ -38,6 +44,7 @@ pub enum Seen {
 
 /// Caches of the managed objects, filled by watches that run as long as this value.
 pub struct Caches {
+    listing: Listing,
     config_maps: Store<PartialObjectMeta<ConfigMap>>,
     services: Store<PartialObjectMeta<Service>>,
     budgets: Store<PartialObjectMeta<PodDisruptionBudget>>,
@@ -86,16 +93,57 @@ where
     }
 }
 
+/// How watches list what exists when they start; asked of the API server once.
+#[derive(Clone)]
+pub(super) struct Listing {
+    client: Client,
+    namespace: Option<String>,
+    streaming: Arc<OnceCell<bool>>,
+}
+
+impl Listing {
+    fn new(client: &Client, namespace: Option<&str>) -> Self {
+        Self { client: client.clone(), namespace: namespace.map(Into::into), streaming: Arc::default() }
+    }
+
+    /// A watcher configuration that lists by streaming where the server can.
+    pub(super) async fn config(&self) -> watcher::Config {
+        let streaming = *self.streaming.get_or_init(|| self.server_streams()).await;
+        if streaming { watcher::Config::default().streaming_lists() } else { watcher::Config::default().any_semantic() }
+    }
+
+    /// Whether the API server accepts a watch that sends what exists first (it refuses
+    /// one with 422 where the feature is off). Anything else unexpected lists whole.
+    async fn server_streams(&self) -> bool {
+        let api: Api<ConfigMap> = api(&self.client, self.namespace.as_deref());
+        let params = WatchParams::streaming_lists().labels(&managed()).timeout(1);
+        match api.watch_metadata(&params, "0").await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::info!(error = %e, "the API server does not stream lists: watches list whole");
+                false
+            }
+        }
+    }
+}
+
+fn managed() -> String {
+    format!("app.kubernetes.io/managed-by={MANAGER}")
+}
+
 /// Runs a reflector for `K` into a new store, trimming each object with `trim`;
 /// `notify` hears of every touched object after the store has it.
-fn cache<K>(api: Api<K>, trim: fn(&mut K), notify: Option<mpsc::UnboundedSender<K>>) -> (Store<K>, AbortOnDrop)
+fn cache<K>(api: Api<K>, listing: &Listing, trim: fn(&mut K), notify: Option<mpsc::UnboundedSender<K>>) -> (Store<K>, AbortOnDrop)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let config = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGER}")).any_semantic();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim)).touched_objects();
-    let task = tokio::spawn(drive(stream, notify));
+    let listing = listing.clone();
+    let task = tokio::spawn(async move {
+        let config = listing.config().await.labels(&managed());
+        let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim)).touched_objects();
+        drive(stream, notify).await
+    });
     (reader, AbortOnDrop(task))
 }
 
@@ -171,15 +219,18 @@ impl Caches {
     pub fn start(client: &Client, namespace: Option<&str>) -> (Self, Triggers) {
         let (sts_tx, sts_rx) = mpsc::unbounded();
         let (job_tx, job_rx) = mpsc::unbounded();
-        let (config_maps, t1) = cache(api::<PartialObjectMeta<ConfigMap>>(client, namespace), no_managed_fields, None);
-        let (services, t2) = cache(api::<PartialObjectMeta<Service>>(client, namespace), no_managed_fields, None);
-        let (budgets, t3) = cache(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), no_managed_fields, None);
-        let (secrets, t4) = cache(api(client, namespace), key_names_only, None);
-        let (stateful_sets, t5) = cache(api(client, namespace), no_pod_template, Some(sts_tx));
-        let (pods, t6) = cache(api(client, namespace), pod_essentials, None);
-        let (jobs, t7) = cache(api(client, namespace), no_managed_fields, Some(job_tx));
-        let (claims, t8) = cache(api(client, namespace), no_managed_fields, None);
+        let listing = Listing::new(client, namespace);
+        let l = &listing;
+        let (config_maps, t1) = cache(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, no_managed_fields, None);
+        let (services, t2) = cache(api::<PartialObjectMeta<Service>>(client, namespace), l, no_managed_fields, None);
+        let (budgets, t3) = cache(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, no_managed_fields, None);
+        let (secrets, t4) = cache(api(client, namespace), l, key_names_only, None);
+        let (stateful_sets, t5) = cache(api(client, namespace), l, no_pod_template, Some(sts_tx));
+        let (pods, t6) = cache(api(client, namespace), l, pod_essentials, None);
+        let (jobs, t7) = cache(api(client, namespace), l, no_managed_fields, Some(job_tx));
+        let (claims, t8) = cache(api(client, namespace), l, no_managed_fields, None);
         let caches = Self {
+            listing,
             config_maps,
             services,
             budgets,
@@ -205,6 +256,11 @@ impl Caches {
             self.jobs.wait_until_ready(),
             self.claims.wait_until_ready(),
         );
+    }
+
+    /// How watches list what exists when they start.
+    pub(super) fn listing(&self) -> &Listing {
+        &self.listing
     }
 
     /// What the cache knows of the child `kind` `namespace/name`.

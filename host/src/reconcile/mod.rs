@@ -248,7 +248,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // What is kept about a Database goes with it: when its deletion is seen, and for
     // any a relist no longer finds (deleted while the watch was down).
     let (keeper, known) = (ctx.clone(), reader.clone());
-    let databases = watcher(dbs, watcher::Config::default().any_semantic())
+    let databases = watcher(dbs, ctx.caches.listing().config().await)
         .default_backoff()
         .reflect(writer)
         .inspect(move |event| match event {
@@ -302,6 +302,7 @@ pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Acti
     if let Error::Busy(busy) = error {
         // Not a failure of this Database: no backoff, no warning.
         tracing::debug!(database = %db.name_any(), %busy, "engine busy");
+        ctx.metrics.reconciles_busy.get_or_create(&ReconcileLabels { engine: db.spec.engine.clone() }).inc();
         return Action::requeue(BUSY_REQUEUE);
     }
     let key = ObjectRef::from_obj(db.as_ref());

@@ -90,12 +90,14 @@ pub async fn children_then_quiet(cluster: Arc<Cluster>) {
     assert_eq!(cluster.requests.all(), all, "no requests in steady state");
 
     // A restarted operator resyncs from its caches once its plugins are loaded: it never
-    // reports the engine missing in between, and writes nothing.
-    let writes = cluster.requests.writes();
+    // reports the engine missing in between, and writes nothing. Its caches fill from
+    // watches that stream what exists: it lists nothing whole and reads nothing.
+    let (all, writes) = (cluster.requests.all(), cluster.requests.writes());
     cluster.restart_operator().expect("restart");
     cluster.wait_until("the restarted operator reconciles", WAIT, || cluster.reconciles("postgres") > 0).await.expect("resync");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(cluster.requests.writes(), writes, "no writes after a restart");
+    assert_eq!(cluster.requests.all(), all, "no list or read after a restart");
     for engine in ["postgres", "mysql"] {
         cluster.wait_engine(engine).await.expect("the restarted operator loads its plugins");
     }
