@@ -15,6 +15,11 @@ use anyhow::{Context, Result, bail, ensure};
 
 const TARGET: &str = "wasm32-unknown-unknown";
 const PROFILE: &str = "plugin";
+/// The plugin's own stack in its linear memory (Rust's default is 1 MiB). The stack
+/// comes first in memory, so an overflow traps instead of overwriting data; a small
+/// one keeps everything a call touches (stack, statics, heap) in the first few hundred
+/// KiB, the part of a pool slot the host keeps mapped between calls.
+pub const GUEST_STACK: usize = 128 << 10;
 
 /// A crate to build into a component.
 #[derive(Debug, Clone)]
@@ -156,7 +161,8 @@ pub fn build(root: &Path, crates: &[PluginCrate], target_dir: &Path, out_dir: &P
         let mut cmd = cargo(&toolchain);
         cmd.current_dir(root)
             .args(["rustc", "--lib", "--crate-type", "cdylib", "--profile", PROFILE, "--target", TARGET, "-p", &c.package, "--target-dir"])
-            .arg(target_dir);
+            .arg(target_dir)
+            .args(["--", "-C", &format!("link-arg=-zstack-size={GUEST_STACK}")]);
         let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
         ensure!(status.success(), "building plugin {} failed ({status}): {cmd:?}", c.package);
     }

@@ -18,6 +18,135 @@ pub(crate) use wit::EnginePre as EngineWorldPre;
 pub(crate) use wit::plugdb::engine::host::Host as HostImports;
 pub(crate) use wit::plugdb::engine::types::Host as TypesImports;
 
+use wasmtime::AsContextMut;
+use wasmtime::component::{Component, ComponentExportIndex, ComponentNamedList, Instance, Lift, Lower};
+
+/// Where each function of the contract sits in one plugin's component, found once at
+/// load, after [`EngineWorldPre::new`] type-checked them all: a call then fetches and
+/// checks just the function it runs, not all seven.
+#[derive(Clone)]
+pub(crate) struct Exports {
+    info: ComponentExportIndex,
+    validate: ComponentExportIndex,
+    render: ComponentExportIndex,
+    plan_upgrade: ComponentExportIndex,
+    choose_primary: ComponentExportIndex,
+    backup: ComponentExportIndex,
+    restore: ComponentExportIndex,
+}
+
+impl Exports {
+    /// The contract's functions in `component`, whose interface is exported as `interface`.
+    pub(crate) fn find(component: &Component, interface: &str) -> Result<Self, String> {
+        let (_, at) = component.get_export(None, interface).ok_or_else(|| format!("no export `{interface}`"))?;
+        let index =
+            |name: &str| component.get_export(Some(&at), name).map(|(_, i)| i).ok_or_else(|| format!("`{interface}` exports no `{name}`"));
+        Ok(Self {
+            info: index("info")?,
+            validate: index("validate")?,
+            render: index("render")?,
+            plan_upgrade: index("plan-upgrade")?,
+            choose_primary: index("choose-primary")?,
+            backup: index("backup")?,
+            restore: index("restore")?,
+        })
+    }
+
+    pub(crate) fn info(&self, store: impl AsContextMut, instance: &Instance) -> wasmtime::Result<host::PluginInfo> {
+        call::<(), (w::PluginInfo,)>(store, instance, &self.info, ()).map(|(i,)| i.into())
+    }
+
+    pub(crate) fn validate(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+    ) -> wasmtime::Result<Vec<host::Violation>> {
+        let spec = w::DatabaseSpec::from(spec);
+        call::<(&w::DatabaseSpec,), (Vec<w::Violation>,)>(store, instance, &self.validate, (&spec,))
+            .map(|(v,)| v.into_iter().map(Into::into).collect())
+    }
+
+    pub(crate) fn render(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+        cluster: &host::ClusterContext,
+    ) -> wasmtime::Result<Result<host::Workload, String>> {
+        let (spec, cluster) = (w::DatabaseSpec::from(spec), w::ClusterContext::from(cluster));
+        call::<(&w::DatabaseSpec, &w::ClusterContext), (Result<w::Workload, String>,)>(store, instance, &self.render, (&spec, &cluster))
+            .map(|(r,)| r.map(Into::into))
+    }
+
+    pub(crate) fn plan_upgrade(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+        from: &str,
+    ) -> wasmtime::Result<Result<host::UpgradePlan, String>> {
+        let spec = w::DatabaseSpec::from(spec);
+        call::<(&w::DatabaseSpec, &str), (Result<w::UpgradePlan, String>,)>(store, instance, &self.plan_upgrade, (&spec, from))
+            .map(|(r,)| r.map(Into::into))
+    }
+
+    pub(crate) fn choose_primary(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+        members: &[host::Member],
+    ) -> wasmtime::Result<host::FailoverDecision> {
+        let (spec, members): (_, Vec<w::Member>) = (w::DatabaseSpec::from(spec), members.iter().map(Into::into).collect());
+        call::<(&w::DatabaseSpec, &[w::Member]), (w::FailoverDecision,)>(store, instance, &self.choose_primary, (&spec, &members))
+            .map(|(d,)| d.into())
+    }
+
+    pub(crate) fn backup(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+        location: &host::BackupLocation,
+    ) -> wasmtime::Result<Result<host::JobPlan, String>> {
+        self.job(store, instance, &self.backup, spec, location)
+    }
+
+    pub(crate) fn restore(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+        location: &host::BackupLocation,
+    ) -> wasmtime::Result<Result<host::JobPlan, String>> {
+        self.job(store, instance, &self.restore, spec, location)
+    }
+
+    fn job(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        index: &ComponentExportIndex,
+        spec: &host::EngineSpec,
+        location: &host::BackupLocation,
+    ) -> wasmtime::Result<Result<host::JobPlan, String>> {
+        let (spec, location) = (w::DatabaseSpec::from(spec), w::BackupLocation::from(location));
+        call::<(&w::DatabaseSpec, &w::BackupLocation), (Result<w::JobPlan, String>,)>(store, instance, index, (&spec, &location))
+            .map(|(r,)| r.map(Into::into))
+    }
+}
+
+/// Runs the export at `index` of `instance` with `params`, type-checked as `P -> R`.
+fn call<P, R>(mut store: impl AsContextMut, instance: &Instance, index: &ComponentExportIndex, params: P) -> wasmtime::Result<R>
+where
+    P: ComponentNamedList + Lower,
+    R: ComponentNamedList + Lift,
+{
+    let func = instance.get_func(&mut store, index).ok_or_else(|| wasmtime::format_err!("the export is not a function"))?;
+    func.typed::<P, R>(&store)?.call(&mut store, params)
+}
+
 impl From<w::PluginInfo> for host::PluginInfo {
     fn from(i: w::PluginInfo) -> Self {
         let c = i.capabilities;

@@ -116,21 +116,21 @@ fn check_argv(r: &mut Report, field: &str, argv: &[String]) {
 fn check_env(r: &mut Report, env: &[EnvVar], credentials_secret: &str) {
     check!(r, env.len() <= MAX_ENV, "env", format!("at most {MAX_ENV} variables"));
     for (i, var) in env.iter().enumerate() {
-        let field = format!("env[{i}]");
-        check!(r, is_env_name(&var.name), &field, format!("{} is not a valid variable name", quoted(&var.name)));
+        let field = || format!("env[{i}]");
+        check!(r, is_env_name(&var.name), field(), format!("{} is not a valid variable name", quoted(&var.name)));
         match &var.source {
-            EnvSource::Value(v) => check!(r, v.len() <= MAX_ARG, &field, format!("value at most {MAX_ARG} bytes")),
+            EnvSource::Value(v) => check!(r, v.len() <= MAX_ARG, field(), format!("value at most {MAX_ARG} bytes")),
             EnvSource::Secret(s) => check!(
                 r,
                 s.name == credentials_secret,
-                &field,
+                field(),
                 format!("may only read the Database's own Secret {credentials_secret:?}, not {}", quoted(&s.name)),
             ),
             EnvSource::Field(path) => {
                 check!(
                     r,
                     ALLOWED_FIELDS.contains(&path.as_str()),
-                    &field,
+                    field(),
                     format!("field {} is not one of {ALLOWED_FIELDS:?}", quoted(path))
                 )
             }

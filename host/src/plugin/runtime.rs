@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
-use super::convert::{self, EngineWorld, EngineWorldPre, HostImports, LogLevel, TypesImports};
+use super::convert::{self, EngineWorld, EngineWorldPre, Exports, HostImports, LogLevel, TypesImports};
 use super::memo::Memo;
 use super::shape::{Shape, ShapeLimits};
 use super::types::*;
@@ -25,8 +25,10 @@ const MAX_LOG_BYTES: usize = 2048;
 /// plugins hold a few hundred).
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Memory each pool slot keeps mapped between calls: the resident cost of the pool is
-/// at most `instance_slots` × this (per compile tier).
-const KEEP_RESIDENT: usize = 2 << 20;
+/// at most `instance_slots` × this (per compile tier). Plugins built by `xtask` (a
+/// 128 KiB stack first, then statics and the heap) touch less than this in a call;
+/// the dirty pages are found by scanning it on every call, so it costs time to grow.
+const KEEP_RESIDENT: usize = 512 << 10;
 /// How wasmtime says a copy out of the guest went past the store's hostcall fuel.
 const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
 /// Core instances, memories and tables one call may create.
@@ -330,14 +332,21 @@ impl Runtime {
             return Err(LoadError::TooBig(excess.join("; ")));
         }
         let component = self.compile(bytes)?;
-        check_contract(&self.engine, &component)?;
+        let interface = check_contract(&self.engine, &component)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Imports(format!("{e:#}")))?;
-        let pre = EngineWorldPre::new(pre).map_err(|e| LoadError::Contract(format!("{e:#}")))?;
-        let mut plugin =
-            Plugin { info: Arc::new(placeholder_info()), digest: hex_digest(bytes), bytes: bytes.into(), pre, runtime: self.clone() };
-        let info: PluginInfo = plugin
-            .call("info", |store, world| world.plugdb_engine_plugin().call_info(store).map(Into::into))
-            .map_err(|e| LoadError::SelfTest(e.to_string()))?;
+        // Type-checks every export of the contract, once.
+        let pre = EngineWorldPre::new(pre).map_err(|e| LoadError::Contract(format!("{e:#}")))?.instance_pre().clone();
+        let exports = Exports::find(&component, &interface).map_err(LoadError::Contract)?;
+        let mut plugin = Plugin {
+            info: Arc::new(placeholder_info()),
+            digest: hex_digest(bytes),
+            bytes: bytes.into(),
+            pre,
+            exports,
+            runtime: self.clone(),
+        };
+        let info: PluginInfo =
+            plugin.call("info", |store, i| plugin.exports.info(store, i)).map_err(|e| LoadError::SelfTest(e.to_string()))?;
         check_info(&info)?;
         plugin.info = Arc::new(info);
         Ok(plugin)
@@ -375,7 +384,8 @@ fn compatible(version: &str) -> bool {
     }
 }
 
-fn check_contract(engine: &Engine, component: &Component) -> Result<(), LoadError> {
+/// The name of the contract interface `component` exports, if this host speaks its version.
+fn check_contract(engine: &Engine, component: &Component) -> Result<String, LoadError> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
     let Some(export) = exports.iter().find(|n| n.starts_with(CONTRACT_EXPORT)) else {
@@ -390,7 +400,7 @@ fn check_contract(engine: &Engine, component: &Component) -> Result<(), LoadErro
             "the plugin implements plugdb:engine@{version}; this host speaks plugdb:engine@{CONTRACT_VERSION}"
         )));
     }
-    Ok(())
+    Ok(export.clone())
 }
 
 fn check_info(info: &PluginInfo) -> Result<(), LoadError> {
@@ -438,7 +448,8 @@ pub struct Plugin {
     info: Arc<PluginInfo>,
     digest: String,
     bytes: Arc<[u8]>,
-    pre: EngineWorldPre<CallState>,
+    pre: wasmtime::component::InstancePre<CallState>,
+    exports: Exports,
     runtime: Runtime,
 }
 
@@ -566,10 +577,7 @@ impl Plugin {
     /// Engine-specific checks of `spec`.
     pub fn validate(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
         self.counted("validate", spec, || {
-            let arg = spec.into();
-            let found: Vec<Violation> = self.call("validate", |s, w| {
-                w.plugdb_engine_plugin().call_validate(s, &arg).map(|v| v.into_iter().map(Into::into).collect())
-            })?;
+            let found: Vec<Violation> = self.call("validate", |s, i| self.exports.validate(s, i, spec))?;
             // The plugin's words end up in a status: bounded in number and length.
             let cut = |text: &str, max: usize| crate::events::truncate(text, max).to_string();
             Ok(super::policy::capped(
@@ -581,10 +589,7 @@ impl Plugin {
     /// The workload for `spec`, checked against host policy.
     pub fn render(&self, spec: &EngineSpec, cluster: &ClusterContext) -> Result<Workload, CallError> {
         self.counted("render", &(spec, cluster), || {
-            let (arg, ctx) = (spec.into(), cluster.into());
-            let workload: Workload = self
-                .call("render", |s, w| w.plugdb_engine_plugin().call_render(s, &arg, &ctx).map(|r| r.map(Workload::from)))?
-                .map_err(|r| self.refused(r))?;
+            let workload = self.call("render", |s, i| self.exports.render(s, i, spec, cluster))?.map_err(|r| self.refused(r))?;
             self.checked("render", super::policy::check_workload(&workload, cluster), workload)
         })
     }
@@ -592,10 +597,7 @@ impl Plugin {
     /// How to move from `from` to `spec.version`.
     pub fn plan_upgrade(&self, spec: &EngineSpec, from: &str) -> Result<UpgradePlan, CallError> {
         self.counted("plan-upgrade", &(spec, from), || {
-            let arg = spec.into();
-            let plan: UpgradePlan = self
-                .call("plan-upgrade", |s, w| w.plugdb_engine_plugin().call_plan_upgrade(s, &arg, from).map(|r| r.map(UpgradePlan::from)))?
-                .map_err(|r| self.refused(r))?;
+            let plan = self.call("plan-upgrade", |s, i| self.exports.plan_upgrade(s, i, spec, from))?.map_err(|r| self.refused(r))?;
             let violations = plan
                 .steps
                 .iter()
@@ -612,9 +614,7 @@ impl Plugin {
     /// Which member to promote.
     pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
         self.counted("choose-primary", &(spec, members), || {
-            let (arg, list): (_, Vec<_>) = (spec.into(), members.iter().map(Into::into).collect());
-            let decision: FailoverDecision = self
-                .call("choose-primary", |s, w| w.plugdb_engine_plugin().call_choose_primary(s, &arg, &list).map(FailoverDecision::from))?;
+            let decision = self.call("choose-primary", |s, i| self.exports.choose_primary(s, i, spec, members))?;
             let violations = match &decision {
                 FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
                     vec![Violation { field: "promote.pod".into(), message: format!("{pod:?} is not a replica of this Database") }]
@@ -628,10 +628,7 @@ impl Plugin {
     /// A Job that backs the Database up to `location`.
     pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
         self.counted("backup", &(spec, location), || {
-            let (arg, loc) = (spec.into(), location.into());
-            let job: JobPlan = self
-                .call("backup", |s, w| w.plugdb_engine_plugin().call_backup(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
-                .map_err(|r| self.refused(r))?;
+            let job = self.call("backup", |s, i| self.exports.backup(s, i, spec, location))?.map_err(|r| self.refused(r))?;
             self.checked("backup", super::policy::check_job(&job, &location.credentials_secret), job)
         })
     }
@@ -639,10 +636,7 @@ impl Plugin {
     /// A Job that restores the backup at `location`.
     pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
         self.counted("restore", &(spec, location), || {
-            let (arg, loc) = (spec.into(), location.into());
-            let job: JobPlan = self
-                .call("restore", |s, w| w.plugdb_engine_plugin().call_restore(s, &arg, &loc).map(|r| r.map(JobPlan::from)))?
-                .map_err(|r| self.refused(r))?;
+            let job = self.call("restore", |s, i| self.exports.restore(s, i, spec, location))?.map_err(|r| self.refused(r))?;
             self.checked("restore", super::policy::check_job(&job, &location.credentials_secret), job)
         })
     }
@@ -716,10 +710,10 @@ impl Plugin {
     fn call<R>(
         &self,
         function: &'static str,
-        f: impl FnOnce(&mut Store<CallState>, &EngineWorld) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut Store<CallState>, &wasmtime::component::Instance) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
         let mut store = self.runtime.store(&self.info.engine);
-        let result = self.pre.instantiate(&mut store).and_then(|world| f(&mut store, &world));
+        let result = self.pre.instantiate(&mut store).and_then(|instance| f(&mut store, &instance));
         result.map_err(|e| self.classify(function, e))
     }
 
