@@ -103,38 +103,30 @@ impl Exports {
             .map(|(d,)| d.into())
     }
 
-    pub(crate) fn backup(
+    /// The plugin's Job for a backup to, or a restore from, `location`.
+    pub(crate) fn job(
         &self,
         store: impl AsContextMut,
         instance: &Instance,
+        kind: JobKind,
         spec: &host::EngineSpec,
         location: &host::BackupLocation,
     ) -> wasmtime::Result<Result<host::JobPlan, String>> {
-        self.job(store, instance, &self.backup, spec, location)
-    }
-
-    pub(crate) fn restore(
-        &self,
-        store: impl AsContextMut,
-        instance: &Instance,
-        spec: &host::EngineSpec,
-        location: &host::BackupLocation,
-    ) -> wasmtime::Result<Result<host::JobPlan, String>> {
-        self.job(store, instance, &self.restore, spec, location)
-    }
-
-    fn job(
-        &self,
-        store: impl AsContextMut,
-        instance: &Instance,
-        index: &ComponentExportIndex,
-        spec: &host::EngineSpec,
-        location: &host::BackupLocation,
-    ) -> wasmtime::Result<Result<host::JobPlan, String>> {
+        let index = match kind {
+            JobKind::Backup => &self.backup,
+            JobKind::Restore => &self.restore,
+        };
         let (spec, location) = (w::DatabaseSpec::from(spec), w::BackupLocation::from(location));
         call::<(&w::DatabaseSpec, &w::BackupLocation), (Result<w::JobPlan, String>,)>(store, instance, index, (&spec, &location))
             .map(|(r,)| r.map(Into::into))
     }
+}
+
+/// Which of the contract's Job functions to call.
+#[derive(Clone, Copy)]
+pub(crate) enum JobKind {
+    Backup,
+    Restore,
 }
 
 /// Runs the export at `index` of `instance` with `params`, type-checked as `P -> R`.

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
-use super::convert::{self, EngineWorld, EngineWorldPre, Exports, HostImports, LogLevel, TypesImports};
+use super::convert::{self, EngineWorld, EngineWorldPre, Exports, HostImports, JobKind, LogLevel, TypesImports};
 use super::memo::Memo;
 use super::shape::{Shape, ShapeLimits};
 use super::types::*;
@@ -628,7 +628,7 @@ impl Plugin {
     /// A Job that backs the Database up to `location`.
     pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
         self.counted("backup", &(spec, location), || {
-            let job = self.call("backup", |s, i| self.exports.backup(s, i, spec, location))?.map_err(|r| self.refused(r))?;
+            let job = self.call("backup", |s, i| self.exports.job(s, i, JobKind::Backup, spec, location))?.map_err(|r| self.refused(r))?;
             self.checked("backup", super::policy::check_job(&job, &location.credentials_secret), job)
         })
     }
@@ -636,7 +636,8 @@ impl Plugin {
     /// A Job that restores the backup at `location`.
     pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
         self.counted("restore", &(spec, location), || {
-            let job = self.call("restore", |s, i| self.exports.restore(s, i, spec, location))?.map_err(|r| self.refused(r))?;
+            let job =
+                self.call("restore", |s, i| self.exports.job(s, i, JobKind::Restore, spec, location))?.map_err(|r| self.refused(r))?;
             self.checked("restore", super::policy::check_job(&job, &location.credentials_secret), job)
         })
     }
