@@ -5,6 +5,9 @@
 # the plugins render, packed as single-layer `docker save` archives.
 #
 #   scripts/node-images.sh            builds what is missing, prints the index file
+#   scripts/node-images.sh --operator BINARY
+#                                     the operator's image around BINARY (a `plugdb`
+#                                     build); prints an index file of that one image
 #
 # The index (one line per archive: `ARCHIVE CONFIG_DIGEST TAG...`) is what the node
 # harness imports. Archives are cached under IMAGES_VERSION: raise it when a recipe
@@ -45,6 +48,30 @@ pack() {
   rm -rf "$tmp"
   echo "sha256:$config"
 }
+
+# The operator's image: the `plugdb` binary and the libraries it links, nothing else
+# (what deploy/Dockerfile's distroless image holds). Backup and restore Jobs run its
+# `plugdb transfer` to move artefacts to and from object storage. One build is kept,
+# keyed by the binary's digest.
+if [[ ${1:-} == --operator ]]; then
+  binary=${2:?"node-images: --operator needs the plugdb binary"}
+  [[ -x $binary ]] || { echo "node-images: $binary is not an executable" >&2; exit 1; }
+  digest=$(sha256sum "$binary" | cut -c1-12)
+  archive="$OUT/operator-$digest.tar"
+  if [[ ! -f $archive.digest ]]; then
+    rm -f "$OUT"/operator-*.tar "$OUT"/operator-*.tar.digest
+    dir=$(mktemp -d "$OUT/operator.XXXXXX")
+    install -D -m 755 "$binary" "$dir/usr/local/bin/plugdb"
+    for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do cp -L --parents "$lib" "$dir"; done
+    [[ -f /etc/ssl/certs/ca-certificates.crt ]] && install -D -m 644 /etc/ssl/certs/ca-certificates.crt "$dir/etc/ssl/certs/ca-certificates.crt"
+    mkdir -p "$dir/tmp"; chmod 1777 "$dir/tmp"
+    pack "$dir" "$archive" "65532" '["/usr/local/bin/plugdb","run"]' "PATH=/usr/local/bin:/usr/bin:/bin" > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  echo "$archive $(cat "$archive.digest") localhost/plugdb/operator:$digest" > "$OUT/operator.index"
+  echo "$OUT/operator.index"
+  exit 0
+fi
 
 # base SUITE: a minbase root filesystem tarball for SUITE (built once).
 base() {

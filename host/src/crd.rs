@@ -125,9 +125,80 @@ pub struct BackupSpec {
     #[serde(default = "default_retention")]
     #[schemars(range(min = 1, max = 1000))]
     pub retention: i32,
-    /// Size of the volume that holds this Database's backups (created once).
+    /// Size of the volume that holds this Database's backups (created once); used when
+    /// no `s3` target is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<Quantity>,
+    /// Keep backups in S3-compatible object storage instead of a volume: they then
+    /// outlive the namespace, the storage class and the cluster. Each backup lands under
+    /// `<prefix>/<namespace>/<database>/<backup>/`, its `manifest.json` written last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Target>,
+}
+
+/// An S3-compatible bucket (AWS S3, MinIO, Ceph RGW, ...), addressed path-style.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Target {
+    /// Base URL of the service: `https://s3.eu-west-1.amazonaws.com`,
+    /// `http://minio.storage.svc:9000`. Plain `http://` sends data unencrypted.
+    #[schemars(length(min = 8, max = 256))]
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("endpoint must start with https:// or http://"))]
+    pub endpoint: String,
+    /// Bucket name; it must exist.
+    #[schemars(length(min = 3, max = 63))]
+    pub bucket: String,
+    /// Key prefix inside the bucket (no leading or trailing `/` needed).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 256))]
+    pub prefix: String,
+    /// Region the bucket lives in (`us-east-1` when unset; MinIO accepts any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub region: Option<String>,
+    /// The Secret (in the Database's namespace) holding the access key. Its values are
+    /// read by the operator and the transfer containers only: never passed to a plugin,
+    /// never logged.
+    pub credentials: S3Credentials,
+    /// A PEM bundle of the CA that signed the endpoint's certificate, when it is not a
+    /// public one: a key of a Secret in the Database's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<SecretKey>,
+}
+
+/// Where the access key of an [`S3Target`] is.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Credentials {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// Key holding the access key id.
+    #[serde(default = "access_key_id_key")]
+    pub access_key_id_key: String,
+    /// Key holding the secret access key.
+    #[serde(default = "secret_access_key_key")]
+    pub secret_access_key_key: String,
+}
+
+fn access_key_id_key() -> String {
+    "accessKeyId".into()
+}
+
+fn secret_access_key_key() -> String {
+    "secretAccessKey".into()
+}
+
+/// One key of a Secret in the Database's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKey {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
 }
 
 fn enabled() -> bool {
@@ -177,16 +248,27 @@ pub enum DeletionPolicy {
     Delete,
 }
 
-/// A backup to bootstrap from.
+/// A backup to bootstrap from: on the backup volume of a Database in this namespace, or
+/// in object storage (`s3`), where the source Database may be long gone.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.s3) || has(self.backup)").message("backup is required unless the backup is read from s3"))]
 pub struct RestoreSource {
-    /// The Database (same namespace, same engine) whose backup volume holds the backup.
+    /// The Database (same engine) whose backup this is.
     #[schemars(length(min = 1, max = 63))]
     pub database: String,
-    /// Name of the backup (a backup Job's name, as in `status.lastBackup.name`).
+    /// Name of the backup (a backup Job's name, as in `status.lastBackup.name`). With
+    /// `s3` it may be left out: the newest complete backup is restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
-    pub backup: String,
+    pub backup: Option<String>,
+    /// The bucket holding the source's backups (as in its `spec.backup.s3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Target>,
+    /// The source Database's namespace in the bucket's layout (default: this one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
 }
 
 fn default_replicas() -> i32 {

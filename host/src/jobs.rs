@@ -1,12 +1,16 @@
 //! Jobs the host runs from plugin plans: backups, restores and upgrade steps.
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, PersistentVolumeClaim, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, KeyToPath, PersistentVolumeClaim, PodSpec, PodTemplateSpec, SecretKeySelector, SecretVolumeSource,
+    Volume,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::build::{BACKUP_MOUNT, Child, Names, labels, metadata_with, pod};
-use crate::crd::{Database, DeletionPolicy};
+use crate::crd::{Database, DeletionPolicy, S3Target};
+use crate::objects;
 use crate::plugin::JobPlan;
 
 /// Label on backup Jobs naming their Database.
@@ -35,14 +39,47 @@ impl Purpose {
     }
 }
 
-/// A Job running `plan` with the backup volume of `backups_of` mounted at
-/// [`BACKUP_MOUNT`], and the data volume `data_claim` when the plan needs it.
+/// Where a Job's artefact is kept.
+#[derive(Debug, Clone, Copy)]
+pub enum Storage<'a> {
+    /// On the backup volume of this Database.
+    Volume {
+        /// The Database whose backup volume it is.
+        of: &'a str,
+    },
+    /// A scratch directory that lives as long as the Job's pod (no artefact is kept).
+    Scratch,
+    /// In a bucket, moved by a transfer container of the operator's image: after the
+    /// plan (an upload) or before it (a download), through a scratch volume.
+    Bucket(Transfer<'a>),
+}
+
+/// A move of one artefact between a Job's scratch volume and a bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct Transfer<'a> {
+    /// The bucket.
+    pub target: &'a S3Target,
+    /// The backup's key in it (see [`crate::objects::backup_key`]).
+    pub key: &'a str,
+    /// The operator's image, which holds `plugdb transfer`.
+    pub image: &'a str,
+}
+
+/// Where the operator's image holds the `plugdb` binary.
+pub const OPERATOR_BINARY: &str = "/usr/local/bin/plugdb";
+const CA_MOUNT: &str = "/etc/plugdb/s3-ca";
+
+/// A Job running `plan` with its artefact's directory at [`BACKUP_MOUNT`] (`storage`),
+/// and the data volume `data_claim` when the plan needs it. `artifact`: the artefact's
+/// name under that directory.
+#[allow(clippy::too_many_arguments)]
 pub fn job(
     db: &Database,
     name: &str,
     purpose: Purpose,
     plan: &JobPlan,
-    backups_of: &str,
+    storage: Storage<'_>,
+    artifact: &str,
     data_claim: Option<(&str, &str)>,
     run_as_user: u32,
 ) -> Child {
@@ -52,14 +89,19 @@ pub fn job(
         labels.insert(BACKUP_OF.into(), db.name_any());
     }
     let mut mounts = vec![pod::mount("backups", BACKUP_MOUNT, false)];
-    let mut volumes = vec![pod::claim_volume("backups", &Names(backups_of).backups())];
+    let mut volumes = vec![match storage {
+        Storage::Volume { of } => pod::claim_volume("backups", &Names(of).backups()),
+        Storage::Bucket(_) | Storage::Scratch => {
+            Volume { name: "backups".into(), empty_dir: Some(Default::default()), ..Default::default() }
+        }
+    }];
     if plan.mounts_data
         && let Some((claim, path)) = data_claim
     {
         mounts.push(pod::mount("data", path, false));
         volumes.push(pod::claim_volume("data", claim));
     }
-    let container = Container {
+    let engine = Container {
         name: purpose.label().into(),
         image: Some(plan.image.clone()),
         command: Some(plan.command.clone()),
@@ -67,6 +109,29 @@ pub fn job(
         volume_mounts: Some(mounts),
         security_context: Some(pod::container_security(None)),
         ..Default::default()
+    };
+    // Init containers run in order, each to completion: an upload starts only after the
+    // engine's backup succeeded, the engine's restore only after the download did.
+    let (init, main) = match storage {
+        Storage::Volume { .. } | Storage::Scratch => (None, engine),
+        Storage::Bucket(transfer) => {
+            let path = format!("{BACKUP_MOUNT}/{artifact}");
+            if let Some(ca) = &transfer.target.ca {
+                volumes.push(Volume {
+                    name: "s3-ca".into(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some(ca.name.clone()),
+                        items: Some(vec![KeyToPath { key: ca.key.clone(), path: "ca.pem".into(), mode: None }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            }
+            match purpose {
+                Purpose::Restore => (Some(vec![transfer_container(&transfer, "download", &path)]), engine),
+                _ => (Some(vec![engine]), transfer_container(&transfer, "upload", &path)),
+            }
+        }
     };
     let spec = JobSpec {
         backoff_limit: Some(2),
@@ -76,7 +141,8 @@ pub fn job(
                 restart_policy: Some("Never".into()),
                 automount_service_account_token: Some(false),
                 security_context: Some(pod::pod_security(run_as_user)),
-                containers: vec![container],
+                init_containers: init,
+                containers: vec![main],
                 volumes: Some(volumes),
                 ..Default::default()
             }),
@@ -84,8 +150,58 @@ pub fn job(
         ..Default::default()
     };
     // Backups outlive their Database (they are what restoreFrom reads); other Jobs do not.
-    let metadata = metadata_with(db, name, purpose != Purpose::Backup, &labels);
+    let mut metadata = metadata_with(db, name, purpose != Purpose::Backup, &labels);
+    if !artifact.is_empty() {
+        metadata.annotations.get_or_insert_default().insert(ARTIFACT.into(), artifact.into());
+    }
     Child::new(name.to_string(), Job { metadata, spec: Some(spec), ..Default::default() })
+}
+
+/// Annotation on every backup and restore Job naming the backup it writes or reads.
+pub const ARTIFACT: &str = "plugdb.io/backup";
+
+/// The container that moves the artefact at `path` to (`upload`) or from (`download`)
+/// the bucket. The access key reaches it from the user's Secret, and only it.
+fn transfer_container(transfer: &Transfer<'_>, direction: &str, path: &str) -> Container {
+    let target = transfer.target;
+    let value = |name: &str, value: &str| EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() };
+    let secret = |name: &str, key: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector { name: target.credentials.secret_name.clone(), key: key.into(), optional: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut env = vec![
+        value(objects::ENV_ENDPOINT, &target.endpoint),
+        value(objects::ENV_BUCKET, &target.bucket),
+        value(objects::ENV_REGION, target.region.as_deref().unwrap_or("us-east-1")),
+        secret(objects::ENV_ACCESS_KEY_ID, &target.credentials.access_key_id_key),
+        secret(objects::ENV_SECRET_ACCESS_KEY, &target.credentials.secret_access_key_key),
+    ];
+    let mut mounts = vec![pod::mount("backups", BACKUP_MOUNT, false)];
+    if target.ca.is_some() {
+        env.push(value(objects::ENV_CA_FILE, &format!("{CA_MOUNT}/ca.pem")));
+        mounts.push(pod::mount("s3-ca", CA_MOUNT, true));
+    }
+    Container {
+        name: direction.into(),
+        image: Some(transfer.image.into()),
+        command: Some(vec![
+            OPERATOR_BINARY.into(),
+            "transfer".into(),
+            direction.into(),
+            "--artefact".into(),
+            path.into(),
+            "--key".into(),
+            transfer.key.into(),
+        ]),
+        env: Some(env),
+        volume_mounts: Some(mounts),
+        security_context: Some(pod::container_security(None)),
+        ..Default::default()
+    }
 }
 
 /// The volume claim holding a Database's backups. Owned by the Database only under

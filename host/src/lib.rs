@@ -14,6 +14,7 @@ pub mod health;
 pub mod jobs;
 pub mod leader;
 pub mod metrics;
+pub mod objects;
 pub mod operator;
 pub mod plugin;
 pub mod quantity;

@@ -41,6 +41,10 @@ enum Command {
     /// Inspect and pack engine plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Move a backup between a directory and object storage (what backup and restore
+    /// Jobs run; the bucket and key come from `PLUGDB_S3_*` and `AWS_*` variables).
+    #[command(subcommand)]
+    Transfer(TransferCommand),
     /// The operator's own compiler process (see `plugin::compiler`); not for people.
     #[command(hide = true)]
     Compile(CompileArgs),
@@ -63,6 +67,24 @@ enum PluginCommand {
         #[arg(long, default_value = "plugdb-system")]
         namespace: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum TransferCommand {
+    /// Upload the artefact (a file or a directory), then its manifest, which completes it.
+    Upload(TransferArgs),
+    /// Download a complete backup, checking each file against its manifest.
+    Download(TransferArgs),
+}
+
+#[derive(Debug, Args)]
+struct TransferArgs {
+    /// The artefact on disk.
+    #[arg(long, value_name = "PATH")]
+    artefact: PathBuf,
+    /// The backup's key in the bucket (`<prefix>/<namespace>/<database>/<backup>`).
+    #[arg(long, value_name = "KEY")]
+    key: String,
 }
 
 #[derive(Debug, Args)]
@@ -89,6 +111,10 @@ struct RunArgs {
     /// This replica's name in the leader election (default: a name unique on this host).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// This operator's own image: backup and restore Jobs run `plugdb transfer` from it
+    /// to move artefacts to and from object storage (`spec.backup.s3`).
+    #[arg(long, env = "PLUGDB_IMAGE")]
+    image: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -133,6 +159,7 @@ fn main() -> Result<()> {
             print!("{}", cli::pack(&file, &namespace)?);
             Ok(())
         }
+        Command::Transfer(command) => transfer(command),
         Command::Compile(args) => compiler::serve(compiler::Request {
             tier: compiler::tier_named(&args.tier).context("compile: --tier is quick or optimized")?,
             memory_bytes: args.memory_bytes,
@@ -140,6 +167,17 @@ fn main() -> Result<()> {
             data_bytes: args.data_bytes,
         }),
     }
+}
+
+fn transfer(command: TransferCommand) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let (verb, manifest) = match command {
+        TransferCommand::Upload(a) => ("uploaded", runtime.block_on(plugdb::objects::upload_from_env(&a.artefact, &a.key))),
+        TransferCommand::Download(a) => ("downloaded", runtime.block_on(plugdb::objects::download_from_env(&a.key, &a.artefact))),
+    };
+    let manifest = manifest?;
+    eprintln!("plugdb transfer: {verb} {} files, {} bytes", manifest.files.len(), manifest.bytes());
+    Ok(())
 }
 
 async fn run(args: RunArgs) -> Result<()> {
@@ -159,6 +197,7 @@ async fn run(args: RunArgs) -> Result<()> {
         identity: (!args.no_leader_election).then_some(identity),
         // Plugins are compiled by this same binary in a child process with its own limits.
         compiler: Some(std::env::current_exe().context("finding the plugdb binary to compile plugins with")?),
+        operator_image: args.image,
         ..Default::default()
     };
     options.settings.concurrency = args.concurrency;

@@ -31,6 +31,9 @@ pub struct Options {
     /// The `plugdb` binary that compiles plugins in a process of its own (bounded in
     /// time and memory); in this process when `None`.
     pub compiler: Option<std::path::PathBuf>,
+    /// The operator's own image, run by backup and restore Jobs to move artefacts to and
+    /// from object storage; backups to a bucket need it.
+    pub operator_image: Option<String>,
 }
 
 impl Default for Options {
@@ -43,6 +46,7 @@ impl Default for Options {
             settings: Settings::default(),
             limits: Limits::default(),
             compiler: None,
+            operator_image: None,
         }
     }
 }
@@ -126,13 +130,10 @@ struct Term {
 impl Term {
     fn start(client: &Client, registry: &Registry, metrics: &Arc<Metrics>, options: &Options, health: &Health) -> Self {
         let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
-        let ctx = Arc::new(reconcile::Context::new(
-            client.clone(),
-            registry.clone(),
-            metrics.clone(),
-            options.settings,
-            options.watch_namespace.clone(),
-        ));
+        let ctx = Arc::new(
+            reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), options.settings, options.watch_namespace.clone())
+                .with_operator_image(options.operator_image.clone()),
+        );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (registry, health) = (registry.clone(), health.clone());
         // One waiter on the caches: a cache's first listing wakes only one task.

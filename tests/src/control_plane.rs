@@ -113,7 +113,7 @@ pub fn binaries_dir() -> Result<PathBuf> {
 /// kernel's ephemeral range: a port the kernel hands out for `bind(:0)` comes from the
 /// range it also gives outgoing connections, so one of them could take it before the
 /// server binds it (etcd then fails with "address already in use").
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const LOWEST: u32 = 10_000;
     let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();

@@ -6,6 +6,7 @@ pub mod bomb;
 pub mod control_plane;
 pub mod engine;
 pub mod local_pod;
+pub mod minio;
 pub mod node;
 pub mod operator;
 pub mod proxy;

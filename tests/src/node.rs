@@ -97,6 +97,8 @@ pub struct Node {
     pub kubeconfig: PathBuf,
     /// Directory holding kubectl and the other Kubernetes binaries.
     pub bin_dir: PathBuf,
+    /// The operator's image (this build's `plugdb`), imported into the node.
+    pub operator_image: String,
     daemons: Processes,
     dir: PathBuf,
     /// Held while the node runs (released by the kernel if the process dies).
@@ -133,9 +135,14 @@ fn run(program: &str, args: &[&str]) -> Result<String> {
 }
 
 /// Runs a workspace script that prints what it built, failing loudly when it cannot build.
-fn script(name: &str) -> Result<String> {
+fn script(name: &str, args: &[&std::ffi::OsStr]) -> Result<String> {
     let path = crate::workspace_root().join("scripts").join(name);
-    let out = Command::new("bash").arg(&path).stderr(Stdio::inherit()).output().with_context(|| format!("running {}", path.display()))?;
+    let out = Command::new("bash")
+        .arg(&path)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", path.display()))?;
     if !out.status.success() {
         bail!("{} failed ({}): a part of the test node is missing and could not be built", path.display(), out.status);
     }
@@ -211,9 +218,19 @@ impl Node {
         }
         let started = Instant::now();
         let bin_dir = crate::control_plane::binaries_dir()?;
-        let tools: BTreeMap<String, PathBuf> =
-            script("node-tools.sh")?.lines().filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), PathBuf::from(v)))).collect();
-        let index = PathBuf::from(script("node-images.sh")?.trim());
+        let tools: BTreeMap<String, PathBuf> = script("node-tools.sh", &[])?
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), PathBuf::from(v))))
+            .collect();
+        let index = PathBuf::from(script("node-images.sh", &[])?.trim());
+        // The operator's image around this build's binary: backup Jobs run it.
+        let binary = crate::plugdb_binary();
+        let operator_index = PathBuf::from(script("node-images.sh", &["--operator".as_ref(), binary.as_os_str()])?.trim());
+        let operator_image = std::fs::read_to_string(&operator_index)?
+            .split_whitespace()
+            .nth(2)
+            .context("the operator image index names no tag")?
+            .to_string();
 
         std::fs::create_dir_all(&dir)?;
         save_sysctls(&dir)?;
@@ -223,6 +240,7 @@ impl Node {
         let mut daemons = Processes::in_namespace(NETNS, dir.clone(), dir.join("pids"));
         start_containerd(&mut daemons, &dir).await?;
         import_images(&dir, &index)?;
+        import_images(&dir, &operator_index)?;
 
         let control_plane = ControlPlane::start_with(Options {
             controller_manager: true,
@@ -242,7 +260,7 @@ impl Node {
         start_kube_proxy(&mut daemons, &dir, &bin_dir, &kubeconfig)?;
         start_coredns(&mut daemons, &dir, &tools, &kubeconfig, &client).await?;
         start_local_path(&mut daemons, &dir, &tools, &kubeconfig, &client).await?;
-        let node = Self { control_plane, client, kubeconfig, bin_dir, daemons, dir, _lock: lock };
+        let node = Self { control_plane, client, kubeconfig, bin_dir, operator_image, daemons, dir, _lock: lock };
         node.wait_ready().await?;
         eprintln!("node: {NODE_NAME} Ready in {:.1} s", started.elapsed().as_secs_f64());
         Ok(node)

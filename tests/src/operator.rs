@@ -71,6 +71,14 @@ impl Backing {
             Backing::Node(node) => &node.kubeconfig,
         }
     }
+
+    /// The operator's image, where a node can run it.
+    pub fn operator_image(&self) -> Option<String> {
+        match self {
+            Backing::ControlPlane(_) => None,
+            Backing::Node(node) => Some(node.operator_image.clone()),
+        }
+    }
 }
 
 /// A control plane (with or without a real node) and the operator running against it.
@@ -95,10 +103,12 @@ struct Operator {
 impl Operator {
     /// The operator's registry watch (on `admin`: its Events about plugin ConfigMaps are
     /// not the reconciler's requests) and controller (on `client`), with fast test timings.
-    fn start(admin: &Client, client: &Client) -> Result<Self> {
+    /// `image`: the operator's image on the node, for backups to object storage.
+    fn start(admin: &Client, client: &Client, image: Option<String>) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
-        let ctx = Arc::new(reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), None));
+        let ctx = reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), None);
+        let ctx = Arc::new(ctx.with_operator_image(image));
         let tasks = vec![
             tokio::spawn(registry.clone().watch(admin.clone(), OPERATOR_NAMESPACE.into())),
             tokio::spawn(reconcile::run(ctx, std::future::pending())),
@@ -227,7 +237,7 @@ impl Cluster {
         // The operator gets a client of its own whose requests are counted.
         let (operator_client, requests) = counting_client(backing.kubeconfig()).await?;
 
-        let operator = std::sync::Mutex::new(Operator::start(&client, &operator_client)?);
+        let operator = std::sync::Mutex::new(Operator::start(&client, &operator_client, backing.operator_image())?);
         let cluster = Self { client, operator_client, requests, operator, backing };
         for (engine, _) in plugins {
             cluster.wait_engine(engine).await?;
@@ -247,7 +257,7 @@ impl Cluster {
     /// Stops the operator and starts a fresh one (new registry, caches and metrics), as
     /// a restarted pod would be; its requests go on being counted in `requests`.
     pub fn restart_operator(&self) -> Result<()> {
-        let fresh = Operator::start(&self.client, &self.operator_client)?;
+        let fresh = Operator::start(&self.client, &self.operator_client, self.backing.operator_image())?;
         drop(std::mem::replace(&mut *self.current(), fresh));
         Ok(())
     }

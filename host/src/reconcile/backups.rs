@@ -6,10 +6,11 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
-use super::{Context, Error, apply};
+use super::{Context, Error, apply, bucket};
 use crate::build::{BACKUP_MOUNT, Names};
 use crate::crd::{BackupRecord, Database};
-use crate::jobs::{self, BACKUP_OF, Purpose};
+use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
+use crate::objects;
 use crate::plugin::{BackupLocation, EngineSpec, Plugin};
 use crate::schedule;
 
@@ -66,10 +67,28 @@ pub async fn ensure_backup(
         Ok(plan) => plan,
         Err(e) => return Ok(Err(e.to_string())),
     };
-    apply::create_once(ctx, &ns, &jobs::backup_claim(db)).await?;
-    apply::create_once(ctx, &ns, &jobs::job(db, name, Purpose::Backup, &plan, &db.name_any(), None, run_as_user)).await?;
+    let job = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
+        Some(target) => {
+            // The bucket must answer with this key before a Job is made to write to it.
+            if let Err(problem) = bucket::open(ctx, &ns, target, &ns, &db.name_any(), "spec.backup.s3").await? {
+                return Ok(Err(problem));
+            }
+            let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
+            let key = objects::backup_key(&target.prefix, &ns, &db.name_any(), name);
+            let storage = Storage::Bucket(Transfer { target, key: key.as_ref(), image });
+            jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user)
+        }
+        None => {
+            apply::create_once(ctx, &ns, &jobs::backup_claim(db)).await?;
+            jobs::job(db, name, Purpose::Backup, &plan, Storage::Volume { of: &db.name_any() }, name, None, run_as_user)
+        }
+    };
+    apply::create_once(ctx, &ns, &job).await?;
     Ok(Ok(JobState::Running))
 }
+
+/// Why a backup to or restore from a bucket cannot run on this operator.
+pub const NO_IMAGE: &str = "spec.backup.s3: this operator runs without its own image (--image or PLUGDB_IMAGE), which backup and restore Jobs run to reach the bucket";
 
 /// What the backup pass found.
 #[derive(Debug, Default)]
@@ -159,10 +178,35 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         report.problem.get_or_insert(format!("backup {} failed", failed.name_any()));
     }
 
-    // Retention counts every successful backup Job; the artefacts stay on the backup volume.
+    // Retention counts every successful backup Job. In a bucket it acts on the artefacts
+    // too, each time a new backup completed: the newest `retention` complete ones stay,
+    // with any still being written.
     let retention = db.spec.backup.as_ref().map(|b| b.retention.max(1) as usize).unwrap_or(usize::MAX);
     for old in succeeded.iter().skip(retention) {
         delete_job(&ctx.client, &ns, &old.name_any()).await?;
+    }
+    let completed_now = report.last.as_ref().is_some_and(|last| previous.last_backup.as_ref().map(|b| &b.name) != Some(&last.name));
+    if let Some(target) = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref())
+        && completed_now
+    {
+        let mut running: Vec<String> = backups.iter().filter(|j| state(Some(j)) == JobState::Running).map(|j| j.name_any()).collect();
+        running.extend(wanted);
+        match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
+            Ok(opened) => match bucket::prune(&opened, retention, &running).await {
+                Ok(removed) if !removed.is_empty() => {
+                    let message = format!(
+                        "removed {} backup(s) from bucket {} beyond the newest {retention}: {}",
+                        removed.len(),
+                        target.bucket,
+                        removed.join(", ")
+                    );
+                    super::event(ctx, db, false, super::status::Reason::BackupsPruned, message).await;
+                }
+                Ok(_) => {}
+                Err(e) => report.problem = Some(format!("spec.backup.s3: retention: {e}")),
+            },
+            Err(problem) => report.problem = Some(problem),
+        }
     }
     Ok(report)
 }

@@ -309,12 +309,24 @@ impl<'a> Pass<'a> {
         let restoring = restore::reconcile(ctx, db, plugin, spec, workload, was_ready).await?;
         match &restoring {
             restore::Restore::Done => {
-                let source = db.spec.restore_from.as_ref().map(|s| format!("{}/{}", s.database, s.backup)).unwrap_or_default();
-                let message = format!("restored from backup {source}");
+                let message = format!("restored from backup {}", restore::restored_from(ctx, db));
                 event(ctx, db, false, Reason::Restored, message.clone()).await;
                 status::set(&mut self.status.conditions, kind::RESTORED, true, Reason::Restored, message, generation);
             }
             restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, Reason::RestoreFailed, reason.clone()).await,
+            restore::Restore::Waiting(reason) => {
+                // Nothing starts before the data is there; the pass is tried again.
+                self.status.phase = Some(Phase::Restoring);
+                let said =
+                    db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.message == *reason));
+                if !said {
+                    event(ctx, db, true, Reason::RestoreWaiting, reason.clone()).await;
+                }
+                status::set(&mut self.status.conditions, kind::PROGRESSING, false, Reason::RestoreWaiting, reason.clone(), generation);
+                self.status.observed_generation = generation;
+                write_status(ctx, db, std::mem::take(&mut self.status)).await?;
+                return Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)));
+            }
             restore::Restore::HoldMembers => {
                 self.status.phase = Some(Phase::Restoring);
                 let message = format!("restoring into the data volume ({})", restore::job_name(db));
@@ -393,7 +405,12 @@ impl<'a> Pass<'a> {
         let job_done = |step: usize| backups::state(ctx.caches.job(ns, &job_name(step)).as_deref()) == JobState::Succeeded;
         let step = next_step(&plan.steps, progress.step as usize, rolled, job_done);
         if let Some(UpgradeStep::Job(job)) = plan.steps.get(step) {
-            let child = jobs::job(db, &job_name(step), Purpose::Upgrade, job, &self.name, None, workload.run_as_user);
+            // Upgrade steps keep no artefact: the backup volume when there is one, else scratch.
+            let storage = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
+                Some(_) => jobs::Storage::Scratch,
+                None => jobs::Storage::Volume { of: &self.name },
+            };
+            let child = jobs::job(db, &job_name(step), Purpose::Upgrade, job, storage, "", None, workload.run_as_user);
             apply::create_once(ctx, ns, &child).await?;
         }
         if step >= plan.steps.len() && rolled {

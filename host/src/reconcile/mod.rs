@@ -12,6 +12,7 @@
 
 mod apply;
 pub mod backups;
+mod bucket;
 pub mod cache;
 mod converge;
 mod delete;
@@ -90,6 +91,8 @@ pub struct Context {
     triggers: Mutex<Option<Triggers>>,
     failures: Mutex<HashMap<ObjectRef<Database>, u32>>,
     written: Mutex<HashMap<ObjectRef<Database>, Written>>,
+    /// The operator's own image: backup and restore Jobs run `plugdb transfer` from it.
+    operator_image: Option<String>,
 }
 
 /// This operator's latest write to a Database, until the watch catches up with it.
@@ -116,7 +119,15 @@ impl Context {
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::default(),
             written: Mutex::default(),
+            operator_image: None,
         }
+    }
+
+    /// The same context, whose backup and restore Jobs move artefacts to and from object
+    /// storage with the `plugdb` binary of `image` (the operator's own image).
+    pub fn with_operator_image(mut self, image: Option<String>) -> Self {
+        self.operator_image = image;
+        self
     }
 
     /// `function` of `plugin` for `input`: answered from the plugin's memo when it can

@@ -7,10 +7,11 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 
 use super::backups::{self, JobState};
-use super::{Context, Error, apply};
+use super::{Context, Error, apply, bucket};
 use crate::build::{BACKUP_MOUNT, Child, Names, labels, metadata_with};
 use crate::crd::Database;
-use crate::jobs::{self, Purpose};
+use crate::jobs::{self, Purpose, Storage, Transfer};
+use crate::objects;
 use crate::plugin::{BackupLocation, EngineSpec, Plugin, Workload};
 
 /// Where the restore stands.
@@ -24,6 +25,8 @@ pub enum Restore {
     Running,
     /// It cannot happen; the reason is for the user.
     Failed(String),
+    /// It cannot start yet (the bucket, its Secret or the backup is not there); retried.
+    Waiting(String),
 }
 
 /// Name of the restore Job of `db`.
@@ -61,9 +64,34 @@ pub async fn reconcile(
     if let Some(restore) = progress(backups::state(job.as_deref()), job.as_deref().is_some_and(writes_data), &job_name(db)) {
         return Ok(restore);
     }
+    // The backup's name, and where its artefact comes from.
+    let (backup, transfer) = match &source.s3 {
+        None => (source.backup.clone().unwrap_or_default(), None),
+        Some(target) => {
+            let layout_ns = source.namespace.as_deref().unwrap_or(&ns);
+            let opened = match bucket::open(ctx, &ns, target, layout_ns, &source.database, "spec.restoreFrom.s3").await? {
+                Ok(opened) => opened,
+                Err(problem) => return Ok(Restore::Waiting(problem)),
+            };
+            let chosen = match &source.backup {
+                Some(b) => opened.listed.iter().find(|l| l.name == *b && l.completed.is_some()),
+                None => objects::newest(&opened.listed),
+            };
+            let Some(chosen) = chosen else {
+                let what = source.backup.as_deref().map(|b| format!("backup {b}")).unwrap_or_else(|| "any backup".into());
+                return Ok(Restore::Waiting(format!(
+                    "spec.restoreFrom: bucket {} holds no complete {what} of {layout_ns}/{} (under {}/)",
+                    target.bucket, source.database, opened.database
+                )));
+            };
+            let Some(image) = ctx.operator_image.clone() else { return Ok(Restore::Failed(backups::NO_IMAGE.into())) };
+            let key = opened.database.clone().join(chosen.name.as_str());
+            (chosen.name.clone(), Some((target, key, image)))
+        }
+    };
     let location = BackupLocation {
         directory: BACKUP_MOUNT.into(),
-        artifact: source.backup.clone(),
+        artifact: backup.clone(),
         host: format!("{}.{ns}.svc", Names(&name).primary()),
         credentials_secret: Names(&name).credentials(),
     };
@@ -78,17 +106,30 @@ pub async fn reconcile(
     if plan.mounts_data {
         apply::create_once(ctx, &ns, &data_claim(db, &claim)).await?;
     }
+    let storage = match &transfer {
+        Some((target, key, image)) => Storage::Bucket(Transfer { target, key: key.as_ref(), image }),
+        None => Storage::Volume { of: &source.database },
+    };
     let job = jobs::job(
         db,
         &job_name(db),
         Purpose::Restore,
         &plan,
-        &source.database,
+        storage,
+        &backup,
         Some((&claim, &workload.data_mount_path)),
         workload.run_as_user,
     );
     apply::create_once(ctx, &ns, &job).await?;
     Ok(if plan.mounts_data { Restore::HoldMembers } else { Restore::Running })
+}
+
+/// The backup a restore read, as its Job records it (`database/backup`), for messages.
+pub fn restored_from(ctx: &Context, db: &Database) -> String {
+    let source = db.spec.restore_from.as_ref().map(|s| s.database.as_str()).unwrap_or_default();
+    let job = ctx.caches.job(&db.namespace().unwrap_or_default(), &job_name(db));
+    let backup = job.as_ref().and_then(|j| j.annotations().get(jobs::ARTIFACT).cloned()).unwrap_or_default();
+    format!("{source}/{backup}")
 }
 
 fn writes_data(job: &Job) -> bool {

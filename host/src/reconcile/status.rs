@@ -81,6 +81,10 @@ pub enum Reason {
     BackupsHealthy,
     /// Backups are misconfigured or the latest failed.
     BackupProblem,
+    /// Retention removed backups from the bucket.
+    BackupsPruned,
+    /// The backup to restore cannot be read yet (its bucket or Secret); retried.
+    RestoreWaiting,
     /// The final backup of a deleted Database is running.
     FinalBackupRunning,
     /// The final backup succeeded; the Database goes.
@@ -125,6 +129,8 @@ impl Reason {
             Reason::VolumeGrowFailed => "VolumeGrowFailed",
             Reason::BackupsHealthy => "BackupsHealthy",
             Reason::BackupProblem => "BackupProblem",
+            Reason::BackupsPruned => "BackupsPruned",
+            Reason::RestoreWaiting => "RestoreWaiting",
             Reason::FinalBackupRunning => "FinalBackupRunning",
             Reason::FinalBackupTaken => "FinalBackupTaken",
             Reason::FinalBackupFailed => "FinalBackupFailed",

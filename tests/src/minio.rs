@@ -1,0 +1,134 @@
+//! A real S3 server for the backup tests: MinIO, built once from its Go module by
+//! `scripts/minio.sh`, started on loopback or inside the test node's network namespace
+//! (where pods reach it at the node's address), with its buckets made as directories of
+//! its data directory before it starts. Stopped by the PID it was started with.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use plugdb::objects::Bucket;
+
+use crate::node::{NODE_ADDRESS, Node};
+
+/// The server's access key.
+pub const ACCESS_KEY: &str = "plugdb-test";
+/// The server's secret key.
+pub const SECRET_KEY: &str = "plugdb-test-secret-key";
+
+/// A running MinIO server.
+pub struct Minio {
+    /// `http://ADDRESS:PORT`.
+    pub endpoint: String,
+    /// Where it keeps its buckets (a bucket is a directory).
+    pub data: PathBuf,
+    child: Child,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn binary() -> Result<PathBuf> {
+    let script = crate::workspace_root().join("scripts/minio.sh");
+    let out = Command::new("bash").arg(&script).stderr(Stdio::inherit()).output().context("running scripts/minio.sh")?;
+    if !out.status.success() {
+        bail!("scripts/minio.sh failed ({}): MinIO is missing and could not be built", out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// Adds the server's arguments and settings to `command` (MinIO's own command line).
+fn server(command: &mut Command, data: &Path, host: &str, port: u16) {
+    command
+        .args(["server", "--quiet", "--address", &format!("{host}:{port}"), "--console-address", &format!("{host}:0")])
+        .arg(data)
+        .env("MINIO_ROOT_USER", ACCESS_KEY)
+        .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+        .env("MINIO_BROWSER", "off")
+        .env("MINIO_UPDATE", "off");
+}
+
+impl Minio {
+    /// A server on a free loopback port holding `buckets`, for tests without a node.
+    pub async fn on_loopback(buckets: &[&str]) -> Result<Self> {
+        let minio = binary()?;
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join("data");
+        make_buckets(&data, buckets)?;
+        let port = crate::control_plane::free_port()?;
+        let log = std::fs::File::create(dir.path().join("minio.log"))?;
+        let mut command = Command::new(&minio);
+        server(&mut command, &data, "127.0.0.1", port);
+        let child = command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).spawn().context("starting minio")?;
+        let server = Self { endpoint: format!("http://127.0.0.1:{port}"), data, child, _dir: Some(dir) };
+        server.wait_live(&server.log_at()).await?;
+        Ok(server)
+    }
+
+    /// A server inside `node`'s network namespace at the node's address, port 9000,
+    /// holding `buckets`: pods reach it there, and so does this process (over the veth).
+    /// Recorded with the node's daemons, so its teardown stops it too.
+    pub async fn on_node(node: &Node, buckets: &[&str]) -> Result<Self> {
+        let minio = binary()?;
+        let data = node.dir().join("minio-data");
+        let _ = std::fs::remove_dir_all(&data);
+        make_buckets(&data, buckets)?;
+        let mut command = Node::command(&minio.to_string_lossy());
+        server(&mut command, &data, NODE_ADDRESS, 9000);
+        let child = node.spawn_recorded("minio", &mut command)?;
+        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:9000"), data, child, _dir: None };
+        server.wait_live(&node.dir().join("minio.log")).await?;
+        Ok(server)
+    }
+
+    fn log_at(&self) -> PathBuf {
+        self.data.parent().map(|d| d.join("minio.log")).unwrap_or_default()
+    }
+
+    async fn wait_live(&self, log: &Path) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let store = self.bucket(ACCESS_KEY, SECRET_KEY, "plugdb-probe").store()?;
+        loop {
+            // Any answer from the S3 API (here: no such bucket) means it serves.
+            match plugdb::objects::list(store.as_ref(), &"x".into()).await {
+                Err(e) if !e.to_string().contains("NoSuchBucket") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) if !e.to_string().contains("NoSuchBucket") => {
+                    bail!("minio did not answer within 60 s ({e}); its log: {}", std::fs::read_to_string(log).unwrap_or_default())
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// How a client reaches `bucket` with this key.
+    pub fn bucket(&self, access_key: &str, secret_key: &str, bucket: &str) -> Bucket {
+        Bucket {
+            endpoint: self.endpoint.clone(),
+            bucket: bucket.into(),
+            region: "us-east-1".into(),
+            access_key_id: access_key.into(),
+            secret_access_key: secret_key.into(),
+            ca_pem: None,
+        }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+fn make_buckets(data: &Path, buckets: &[&str]) -> Result<()> {
+    for bucket in buckets {
+        std::fs::create_dir_all(data.join(bucket))?;
+    }
+    Ok(())
+}
+
+impl Drop for Minio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,180 @@
+//! Backups in object storage against a real S3 server (MinIO on loopback): what the
+//! transfer containers of backup and restore Jobs do (the `plugdb` binary itself where
+//! a process is killed), and what the operator's retention does to a bucket.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use plugdb::objects;
+use plugdb_tests::minio::{ACCESS_KEY, Minio, SECRET_KEY};
+
+const BUCKET: &str = "backups";
+
+/// A file of `len` bytes whose content depends on `seed`.
+fn write(path: &Path, len: usize, seed: u8) {
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    std::fs::write(path, bytes).expect("write");
+}
+
+/// Every file under `dir` with its bytes, sorted.
+fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).expect("inside").to_string_lossy().into_owned();
+                out.push((rel, std::fs::read(&path).expect("read")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_backup_goes_up_file_by_file_and_comes_back_byte_for_byte() {
+    let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
+    let store = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
+    let work = tempfile::tempdir().expect("tempdir");
+
+    // A directory artefact (as pg_basebackup -Ft writes), one file bigger than a part.
+    let artefact = work.path().join("orders-1");
+    write(&artefact.join("base.tar.gz"), 20 << 20, 1);
+    write(&artefact.join("pg_wal/000000010000000000000001"), 70_000, 2);
+    write(&artefact.join("backup_manifest"), 1_000, 3);
+    let key = objects::backup_key("team/pg", "shop", "orders", "orders-1");
+    let manifest = objects::upload(store.as_ref(), &key, &artefact).await.expect("upload");
+    assert_eq!(manifest.files.len(), 3);
+    assert_eq!(manifest.bytes(), (20 << 20) + 70_000 + 1_000);
+
+    let restored = work.path().join("restored/orders-1");
+    objects::download(store.as_ref(), &key, &restored).await.expect("download");
+    assert_eq!(tree(&restored), tree(&artefact), "every file, byte for byte");
+
+    // A single-file artefact (as a dump) comes back as a file of the same name.
+    let dump = work.path().join("orders-2");
+    write(&dump, 3_000, 4);
+    let key2 = objects::backup_key("team/pg", "shop", "orders", "orders-2");
+    objects::upload(store.as_ref(), &key2, &dump).await.expect("upload dump");
+    let back = work.path().join("restored/orders-2");
+    objects::download(store.as_ref(), &key2, &back).await.expect("download dump");
+    assert_eq!(std::fs::read(&back).expect("read"), std::fs::read(&dump).expect("read"));
+
+    // Listed under the Database's key, newest complete first; a file changed in the
+    // bucket is caught on the way back.
+    let listed = objects::list(store.as_ref(), &objects::database_key("team/pg", "shop", "orders")).await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["orders-2", "orders-1"]);
+    assert!(listed.iter().all(|b| b.completed.is_some()));
+    let tampered = minio.data.join(BUCKET).join("team/pg/shop/orders/orders-1/files/backup_manifest");
+    assert!(tampered.exists(), "MinIO keeps objects as paths under its data directory");
+    use object_store::ObjectStoreExt;
+    let file_key = key.clone().join("files").join("backup_manifest");
+    store.put(&file_key, vec![0u8; 1_000].into()).await.expect("overwrite");
+    let err = objects::download(store.as_ref(), &key, &work.path().join("again")).await.expect_err("a changed file is refused");
+    assert!(err.to_string().contains("SHA-256"), "{err}");
+}
+
+/// A transfer killed mid-upload (as when a backup Job's pod is deleted) leaves no
+/// manifest: the backup is listed as incomplete, a restore never picks it, and
+/// retention removes it once no Job is writing it.
+#[tokio::test]
+async fn an_upload_killed_midway_leaves_no_backup_a_restore_would_pick() {
+    let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
+    let bucket = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET);
+    let store = bucket.store().expect("store");
+    let work = tempfile::tempdir().expect("tempdir");
+    let database = objects::database_key("", "shop", "orders");
+
+    let small = work.path().join("small");
+    write(&small.join("dump.sql"), 10_000, 5);
+    objects::upload(store.as_ref(), &database.clone().join("orders-complete"), &small).await.expect("a complete backup first");
+
+    let big = work.path().join("big");
+    write(&big.join("a-small"), 1_000, 6);
+    write(&big.join("base.tar"), 400 << 20, 7);
+    let key = database.clone().join("orders-killed");
+    let mut transfer = Command::new(plugdb_tests::plugdb_binary())
+        .args(["transfer", "upload", "--artefact"])
+        .arg(&big)
+        .args(["--key", key.as_ref()])
+        .env(objects::ENV_ENDPOINT, &bucket.endpoint)
+        .env(objects::ENV_BUCKET, BUCKET)
+        .env(objects::ENV_ACCESS_KEY_ID, ACCESS_KEY)
+        .env(objects::ENV_SECRET_ACCESS_KEY, SECRET_KEY)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("plugdb transfer upload");
+    // Killed once the first file is stored and MinIO holds a part of the second: the
+    // upload is under way, far from done.
+    let first = minio.data.join(BUCKET).join("shop/orders/orders-killed/files/a-small");
+    let multipart = minio.data.join(".minio.sys/multipart");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(first.exists() && std::fs::read_dir(&multipart).is_ok_and(|mut d| d.next().is_some())) {
+        assert!(transfer.try_wait().expect("wait").is_none(), "the transfer ended before a part was stored");
+        assert!(Instant::now() < deadline, "no part stored within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    transfer.kill().expect("kill");
+    transfer.wait().expect("reap");
+
+    let listed = objects::list(store.as_ref(), &database).await.expect("list");
+    let killed = listed.iter().find(|b| b.name == "orders-killed").expect("the killed upload's first file is in the bucket");
+    assert_eq!(killed.completed, None, "listed as incomplete");
+    assert_eq!(objects::newest(&listed).map(|b| b.name.as_str()), Some("orders-complete"), "{listed:?}");
+    assert!(objects::manifest(store.as_ref(), &key).await.expect("read").is_none(), "no manifest for the killed upload");
+    let err = objects::download(store.as_ref(), &key, &work.path().join("restored")).await.expect_err("not restorable");
+    assert!(err.to_string().contains("not a complete backup"), "{err}");
+
+    // Retention: while a Job writes it, it stays; after, it goes. The complete one stays.
+    assert_eq!(objects::to_prune(&listed, 1, &["orders-killed".to_string()]), Vec::<String>::new());
+    assert_eq!(objects::to_prune(&listed, 1, &[]), ["orders-killed"]);
+    objects::remove(store.as_ref(), &key).await.expect("remove");
+    let after = objects::list(store.as_ref(), &database).await.expect("list");
+    assert_eq!(after.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["orders-complete"]);
+}
+
+#[tokio::test]
+async fn retention_leaves_exactly_the_newest_n_in_the_bucket() {
+    let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
+    let store = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
+    let work = tempfile::tempdir().expect("tempdir");
+    let database = objects::database_key("p", "shop", "orders");
+    for i in 1..=4 {
+        let artefact = work.path().join(format!("b{i}"));
+        write(&artefact.join("data"), 1_000 * i, i as u8);
+        objects::upload(store.as_ref(), &database.clone().join(format!("orders-{i}").as_str()), &artefact).await.expect("upload");
+        // Manifests a second apart at least, so that "newest" is unambiguous.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let listed = objects::list(store.as_ref(), &database).await.expect("list");
+    let prune = objects::to_prune(&listed, 2, &[]);
+    assert_eq!(prune, ["orders-2", "orders-1"]);
+    for name in &prune {
+        objects::remove(store.as_ref(), &database.clone().join(name.as_str())).await.expect("remove");
+    }
+    let left = objects::list(store.as_ref(), &database).await.expect("list");
+    assert_eq!(left.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["orders-4", "orders-3"]);
+    // Nothing of the removed ones is left behind in the bucket.
+    assert!(!minio.data.join(BUCKET).join("p/shop/orders/orders-1").exists());
+}
+
+#[tokio::test]
+async fn a_wrong_key_or_a_missing_bucket_is_said_plainly() {
+    let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
+    let database = objects::database_key("", "shop", "orders");
+
+    let wrong = minio.bucket(ACCESS_KEY, "not-the-secret", BUCKET).store().expect("store");
+    let err = objects::list(wrong.as_ref(), &database).await.expect_err("a wrong key is refused");
+    assert!(err.to_string().contains("SignatureDoesNotMatch") || err.to_string().contains("Access Denied"), "{err}");
+
+    let missing = minio.bucket(ACCESS_KEY, SECRET_KEY, "no-such-bucket").store().expect("store");
+    let err = objects::list(missing.as_ref(), &database).await.expect_err("a missing bucket");
+    assert!(err.to_string().contains("NoSuchBucket") || err.to_string().contains("does not exist"), "{err}");
+}
