@@ -64,19 +64,20 @@ impl Minio {
         Ok(server)
     }
 
-    /// A server inside `node`'s network namespace at the node's address, port 9000,
+    /// A server inside `node`'s network namespace at the node's address and `port`,
     /// holding `buckets`: pods reach it there, and so does this process (over the veth).
     /// Recorded with the node's daemons, so its teardown stops it too.
-    pub async fn on_node(node: &Node, buckets: &[&str]) -> Result<Self> {
+    pub async fn on_node(node: &Node, port: u16, buckets: &[&str]) -> Result<Self> {
         let minio = binary()?;
-        let data = node.dir().join("minio-data");
+        let data = node.dir().join(format!("minio-{port}"));
         let _ = std::fs::remove_dir_all(&data);
         make_buckets(&data, buckets)?;
         let mut command = Node::command(&minio.to_string_lossy());
-        server(&mut command, &data, NODE_ADDRESS, 9000);
-        let child = node.spawn_recorded("minio", &mut command)?;
-        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:9000"), data, child, _dir: None };
-        server.wait_live(&node.dir().join("minio.log")).await?;
+        server(&mut command, &data, NODE_ADDRESS, port);
+        let name = format!("minio-{port}");
+        let child = node.spawn_recorded(&name, &mut command)?;
+        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:{port}"), data, child, _dir: None };
+        server.wait_live(&node.dir().join(format!("{name}.log"))).await?;
         Ok(server)
     }
 

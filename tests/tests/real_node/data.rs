@@ -4,9 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plugdb::crd::Database;
-use plugdb_tests::operator::Cluster;
+use plugdb::objects;
+use plugdb_tests::minio::{ACCESS_KEY, Minio, SECRET_KEY};
+use plugdb_tests::operator::{Backing, Cluster};
 use serde_json::json;
 
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, volume_path};
@@ -109,4 +113,136 @@ pub async fn deletion_policies(cluster: Arc<Cluster>) {
         Api::<Job>::namespaced(cluster.client.clone(), ns).get_opt("keep-final").await.expect("get").is_none(),
         "no final backup under Retain"
     );
+}
+
+/// Backups in a real S3 server (MinIO in the node's network namespace), for `engine`:
+/// backups on demand land in the bucket (the Database's own namespace holds no backup
+/// volume), retention leaves exactly the newest 2 and says so in an Event, and a new
+/// Database in another namespace restores the newest one with identical rows. A wrong
+/// key and a missing bucket are conditions that name them, and the Database runs on.
+pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, version: &str) {
+    let Backing::Node(node) = &cluster.backing else { panic!("needs the real node") };
+    let bucket_name = format!("{}-backups", engine.name());
+    let port = match engine {
+        Engine::Postgres => 9000,
+        Engine::Mysql => 9010,
+    };
+    let minio = Minio::on_node(node, port, &[&bucket_name]).await.expect("minio on the node");
+    let ns = format!("{}-s3", engine.name());
+    let copy_ns = format!("{}-s3-copy", engine.name());
+    let target = |secret: &str, bucket: &str| json!({"endpoint": minio.endpoint, "bucket": bucket, "prefix": "plugdb-tests", "credentials": {"secretName": secret}});
+    let yearly = |s3: serde_json::Value| json!({"backup": {"schedule": "0 0 1 1 *", "retention": 2, "s3": s3}});
+    cluster.apply_database(&ns, database("orders", engine, version, 1, yearly(target("s3", &bucket_name)))).await.expect("apply");
+    for namespace in [&ns, &copy_ns] {
+        s3_secret(&cluster, namespace, "s3", SECRET_KEY).await;
+    }
+    cluster.wait_database(&ns, "orders", "Running", WAIT, |d| is_running(d, 1)).await.expect("running");
+    let client = Client::new(&cluster, engine, &ns, "orders").await;
+    let primary = client.service_ip("orders").await;
+    client.create_table(&primary).await;
+
+    // Three backups on demand, rows added between them: retention keeps the newest 2.
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), &ns);
+    let mut expected = String::new();
+    for (round, token) in ["first", "second", "third"].into_iter().enumerate() {
+        let from = round as i64 * 100 + 1;
+        client.insert(&primary, from..from + 100).await;
+        expected = client.checksum(&primary).await;
+        let annotate = json!({"metadata": {"annotations": {"plugdb.io/backup-now": token}}});
+        dbs.patch("orders", &PatchParams::default(), &Patch::Merge(annotate)).await.expect("annotate");
+        cluster
+            .wait_database(&ns, "orders", &format!("the {token} backup"), WAIT, |d| {
+                d.status.as_ref().is_some_and(|s| {
+                    s.backup_request.as_deref() == Some(token)
+                        && s.last_backup.as_ref().is_some_and(|b| b.name == format!("orders-manual-{}", &hex(token)[..10]))
+                })
+            })
+            .await
+            .expect("backup");
+    }
+    let store = minio.bucket(ACCESS_KEY, SECRET_KEY, &bucket_name).store().expect("store");
+    let database_key = objects::database_key("plugdb-tests", &ns, "orders");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let kept = loop {
+        let listed = objects::list(store.as_ref(), &database_key).await.expect("list the bucket");
+        if listed.len() == 2 {
+            break listed;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "retention leaves 2 backups in the bucket: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let third = format!("orders-manual-{}", &hex("third")[..10]);
+    assert!(kept.iter().all(|b| b.completed.is_some()), "{kept:?}");
+    assert_eq!(objects::newest(&kept).map(|b| b.name.clone()), Some(third.clone()));
+    let events = Api::<Event>::namespaced(cluster.client.clone(), &ns).list(&Default::default()).await.expect("events").items;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("BackupsPruned") && e.note.as_deref().is_some_and(|n| n.contains(&bucket_name))),
+        "an Event says what retention removed"
+    );
+    assert!(
+        Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), &ns).get_opt("orders-backups").await.expect("get").is_none(),
+        "no backup volume: the backups are in the bucket"
+    );
+
+    // Restore into another namespace, from the bucket alone: the newest backup.
+    let restore = json!({"restoreFrom": {"database": "orders", "namespace": ns, "s3": target("s3", &bucket_name)}});
+    cluster.apply_database(&copy_ns, database("copy", engine, version, 1, restore)).await.expect("apply copy");
+    let copied = cluster.wait_database(&copy_ns, "copy", "Running after the restore", WAIT, |d| is_running(d, 1)).await.expect("restored");
+    let restored = copied.status.expect("status").conditions.into_iter().find(|c| c.type_ == "Restored").expect("Restored");
+    assert!(restored.message.contains(&third), "{}", restored.message);
+    let copy = Client::new(&cluster, engine, &copy_ns, "copy").await;
+    let copy_host = copy.service_ip("copy").await;
+    copy.reachable(&copy_host).await;
+    assert_eq!(copy.checksum(&copy_host).await, expected, "the copy holds exactly the rows of the newest backup");
+
+    // A wrong key, then a missing bucket: a condition names each; the Database runs on.
+    s3_secret(&cluster, &ns, "s3-wrong", "not-the-secret-key").await;
+    let refusals: [(&str, &str, &[&str]); 2] = [
+        ("s3-wrong", &bucket_name, &["SignatureDoesNotMatch", "Access Denied"]),
+        ("s3", "no-such-bucket", &["NoSuchBucket", "does not exist"]),
+    ];
+    for (secret, bucket, expect) in refusals {
+        cluster.apply_database(&ns, database("orders", engine, version, 1, yearly(target(secret, bucket)))).await.expect("apply");
+        let annotate = json!({"metadata": {"annotations": {"plugdb.io/backup-now": format!("with-{secret}-{bucket}")}}});
+        dbs.patch("orders", &PatchParams::default(), &Patch::Merge(annotate)).await.expect("annotate");
+        let db = cluster
+            .wait_database(&ns, "orders", "a backup condition naming the problem", WAIT, |d| {
+                d.status.as_ref().is_some_and(|s| {
+                    s.conditions.iter().any(|c| {
+                        c.type_ == "BackupHealthy"
+                            && c.status == "False"
+                            && c.message.contains(bucket)
+                            && expect.iter().any(|e| c.message.contains(e))
+                    })
+                })
+            })
+            .await
+            .expect("condition");
+        let message = db.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "BackupHealthy")).map(|c| c.message.clone());
+        assert!(message.as_deref().is_some_and(|m| m.contains("spec.backup.s3")), "{message:?}");
+        assert!(is_running(&db, 1), "the Database runs on: {:?}", db.status);
+    }
+    drop(minio);
+}
+
+fn hex(token: &str) -> String {
+    plugdb::plugin::hex_digest(token.as_bytes())
+}
+
+/// A Secret `name` in `namespace` (made if need be) with the test server's access key and `secret_key`.
+async fn s3_secret(cluster: &Cluster, namespace: &str, name: &str, secret_key: &str) {
+    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
+    let object = Namespace { metadata: kube::api::ObjectMeta { name: Some(namespace.into()), ..Default::default() }, ..Default::default() };
+    namespaces.patch(namespace, &PatchParams::apply("test"), &Patch::Apply(&object)).await.expect("the namespace");
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        string_data: Some(
+            [("accessKeyId".to_string(), ACCESS_KEY.to_string()), ("secretAccessKey".to_string(), secret_key.to_string())].into(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(cluster.client.clone(), namespace)
+        .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(&secret))
+        .await
+        .expect("the S3 Secret");
 }

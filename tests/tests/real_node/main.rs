@@ -49,6 +49,12 @@ fn main() -> ExitCode {
             ("mysql_10_11_to_11_8_runs_its_upgrade_job", |c| Box::pin(members::mariadb_major_upgrade(c))),
             ("postgres_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Postgres, "15"))),
             ("mysql_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Mysql, "10.11"))),
+            ("postgres_backups_in_a_bucket_retained_and_restored_in_another_namespace", |c| {
+                Box::pin(data::backups_in_object_storage(c, Engine::Postgres, "15"))
+            }),
+            ("mysql_backups_in_a_bucket_retained_and_restored_in_another_namespace", |c| {
+                Box::pin(data::backups_in_object_storage(c, Engine::Mysql, "11.8"))
+            }),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
             ("postgres_members_spread_over_nodes_and_volumes_grow_when_allowed", |c| Box::pin(placement::spread_and_volume_growth(c))),
         ],
