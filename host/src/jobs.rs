@@ -218,3 +218,87 @@ pub fn backup_claim(db: &Database) -> Child {
     };
     Child::new(name, claim)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::DatabaseSpec;
+    use crate::plugin::{EnvSource, EnvVar as PlanEnv};
+
+    fn database() -> Database {
+        let spec: DatabaseSpec = serde_json::from_value(serde_json::json!({
+            "engine": "postgres", "version": "17", "storage": "1Gi",
+            "backup": {"schedule": "0 2 * * *", "s3": {
+                "endpoint": "https://s3.example.com", "bucket": "backups", "prefix": "pg",
+                "credentials": {"secretName": "s3"}, "ca": {"name": "s3-ca", "key": "ca.crt"}}},
+        }))
+        .expect("spec");
+        let mut db = Database::new("orders", spec);
+        db.metadata.namespace = Some("shop".into());
+        db
+    }
+
+    fn plan() -> JobPlan {
+        JobPlan {
+            image: "postgres:17".into(),
+            command: vec!["sh".into(), "-c".into(), "pg_basebackup".into()],
+            env: vec![PlanEnv { name: "BACKUP_DIR".into(), source: EnvSource::Value("/backups".into()) }],
+            mounts_data: false,
+        }
+    }
+
+    fn pod_of(child: &Child) -> PodSpec {
+        let job: Job = serde_json::from_value(child.object.clone()).expect("a valid Job");
+        job.spec.and_then(|s| s.template.spec).expect("a pod")
+    }
+
+    fn names(containers: &[Container]) -> Vec<&str> {
+        containers.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_backup_to_a_bucket_uploads_after_the_engine_and_only_the_uploader_holds_the_key() {
+        let db = database();
+        let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
+        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1" };
+        let child = job(&db, "orders-1", Purpose::Backup, &plan(), Storage::Bucket(transfer), "orders-1", None, 999);
+        let pod = pod_of(&child);
+        let init = pod.init_containers.clone().unwrap_or_default();
+        assert_eq!(names(&init), ["backup"], "the engine's backup runs first, to completion");
+        assert_eq!(names(&pod.containers), ["upload"]);
+        let upload = &pod.containers[0];
+        assert_eq!(upload.image.as_deref(), Some("plugdb/plugdb:1"));
+        assert_eq!(
+            upload.command.clone().unwrap_or_default(),
+            [OPERATOR_BINARY, "transfer", "upload", "--artefact", "/backups/orders-1", "--key", "pg/shop/orders/orders-1"]
+        );
+        let keyed = |c: &Container| {
+            c.env.iter().flatten().any(|e| e.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()).is_some_and(|s| s.name == "s3"))
+        };
+        assert!(keyed(upload), "the uploader reads the access key from the user's Secret");
+        assert!(!keyed(&init[0]), "the plugin's container never sees it");
+        let volumes = pod.volumes.unwrap_or_default();
+        assert!(volumes.iter().any(|v| v.name == "backups" && v.empty_dir.is_some()), "scratch, no backup volume");
+        assert!(volumes.iter().any(|v| v.secret.as_ref().is_some_and(|s| s.secret_name.as_deref() == Some("s3-ca"))));
+        assert!(upload.env.iter().flatten().any(|e| e.name == objects::ENV_CA_FILE));
+    }
+
+    #[test]
+    fn a_restore_from_a_bucket_downloads_before_the_engine_and_a_volume_backup_is_one_container() {
+        let db = database();
+        let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
+        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1" };
+        let child = job(&db, "copy-restore", Purpose::Restore, &plan(), Storage::Bucket(transfer), "orders-1", None, 999);
+        let pod = pod_of(&child);
+        assert_eq!(names(&pod.init_containers.clone().unwrap_or_default()), ["download"]);
+        assert_eq!(names(&pod.containers), ["restore"]);
+        assert_eq!(child.object["metadata"]["annotations"][ARTIFACT], "orders-1");
+
+        let child = job(&db, "orders-2", Purpose::Backup, &plan(), Storage::Volume { of: "orders" }, "orders-2", None, 999);
+        let pod = pod_of(&child);
+        assert!(pod.init_containers.is_none());
+        assert_eq!(names(&pod.containers), ["backup"]);
+        let claim = pod.volumes.unwrap_or_default().into_iter().find_map(|v| v.persistent_volume_claim).expect("the backup volume");
+        assert_eq!(claim.claim_name, "orders-backups");
+    }
+}
