@@ -57,8 +57,20 @@ pub const ENV_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
 #[error("{0}")]
 pub struct Error(String);
 
-fn error(what: impl std::fmt::Display, e: impl std::fmt::Display) -> Error {
-    Error(format!("{what}: {e}"))
+/// `what` failed with `e`, and every cause under it (a TLS or connection failure sits
+/// a few sources down an HTTP error; each cause is said once).
+fn error(what: impl std::fmt::Display, e: impl std::error::Error) -> Error {
+    let mut text = format!("{what}: {e}");
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    Error(text)
 }
 
 /// What reaching a bucket takes. `Debug` leaves the secret out.

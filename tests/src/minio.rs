@@ -23,6 +23,8 @@ pub struct Minio {
     pub endpoint: String,
     /// Where it keeps its buckets (a bucket is a directory).
     pub data: PathBuf,
+    /// PEM of the CA that signed its certificate, when it serves HTTPS.
+    pub ca_pem: Option<Vec<u8>>,
     child: Child,
     _dir: Option<tempfile::TempDir>,
 }
@@ -50,6 +52,16 @@ fn server(command: &mut Command, data: &Path, host: &str, port: u16) {
 impl Minio {
     /// A server on a free loopback port holding `buckets`, for tests without a node.
     pub async fn on_loopback(buckets: &[&str]) -> Result<Self> {
+        Self::loopback(buckets, false).await
+    }
+
+    /// The same over HTTPS, with a certificate for 127.0.0.1 signed by a CA made for
+    /// it (in [`Minio::ca_pem`]).
+    pub async fn on_loopback_tls(buckets: &[&str]) -> Result<Self> {
+        Self::loopback(buckets, true).await
+    }
+
+    async fn loopback(buckets: &[&str], tls: bool) -> Result<Self> {
         let minio = binary()?;
         let dir = tempfile::tempdir()?;
         let data = dir.path().join("data");
@@ -58,8 +70,17 @@ impl Minio {
         let log = std::fs::File::create(dir.path().join("minio.log"))?;
         let mut command = Command::new(&minio);
         server(&mut command, &data, "127.0.0.1", port);
+        let ca_pem = if tls {
+            let certs = dir.path().join("certs");
+            let ca = make_certificates(&certs, "127.0.0.1")?;
+            command.arg("--certs-dir").arg(&certs);
+            Some(ca)
+        } else {
+            None
+        };
         let child = command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).spawn().context("starting minio")?;
-        let server = Self { endpoint: format!("http://127.0.0.1:{port}"), data, child, _dir: Some(dir) };
+        let scheme = if tls { "https" } else { "http" };
+        let server = Self { endpoint: format!("{scheme}://127.0.0.1:{port}"), data, ca_pem, child, _dir: Some(dir) };
         server.wait_live(&server.log_at()).await?;
         Ok(server)
     }
@@ -76,7 +97,7 @@ impl Minio {
         server(&mut command, &data, NODE_ADDRESS, port);
         let name = format!("minio-{port}");
         let child = node.spawn_recorded(&name, &mut command)?;
-        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:{port}"), data, child, _dir: None };
+        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:{port}"), data, ca_pem: None, child, _dir: None };
         server.wait_live(&node.dir().join(format!("{name}.log"))).await?;
         Ok(server)
     }
@@ -110,7 +131,7 @@ impl Minio {
             region: "us-east-1".into(),
             access_key_id: access_key.into(),
             secret_access_key: secret_key.into(),
-            ca_pem: None,
+            ca_pem: self.ca_pem.clone(),
         }
     }
 
@@ -118,6 +139,45 @@ impl Minio {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+}
+
+/// A CA and a certificate for the IP address `ip` signed by it, in MinIO's layout
+/// (`public.crt`, `private.key` in `dir`); returns the CA's PEM.
+fn make_certificates(dir: &Path, ip: &str) -> Result<Vec<u8>> {
+    std::fs::create_dir_all(dir)?;
+    let openssl = |args: &[&str]| -> Result<()> {
+        let out = Command::new("openssl").args(args).current_dir(dir).stdin(Stdio::null()).output().context("running openssl")?;
+        if !out.status.success() {
+            bail!("openssl {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    openssl(&[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=plugdb test CA"]].concat())?;
+    openssl(&[&["req"][..], &ec, &["-keyout", "private.key", "-out", "server.csr", "-subj", &format!("/CN={ip}")]].concat())?;
+    std::fs::write(dir.join("san.ext"), format!("subjectAltName=IP:{ip}\n"))?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "public.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ])?;
+    let ca = std::fs::read(dir.join("ca.crt"))?;
+    for scratch in ["ca.key", "ca.crt", "ca.srl", "server.csr", "san.ext"] {
+        let _ = std::fs::remove_file(dir.join(scratch));
+    }
+    Ok(ca)
 }
 
 fn make_buckets(data: &Path, buckets: &[&str]) -> Result<()> {

@@ -178,3 +178,25 @@ async fn a_wrong_key_or_a_missing_bucket_is_said_plainly() {
     let err = objects::list(missing.as_ref(), &database).await.expect_err("a missing bucket");
     assert!(err.to_string().contains("NoSuchBucket") || err.to_string().contains("does not exist"), "{err}");
 }
+
+/// An endpoint with a private CA: reached with the CA given (`spec.backup.s3.ca`),
+/// refused without it, as any client would refuse an unknown certificate.
+#[tokio::test]
+async fn an_endpoint_signed_by_a_private_ca_is_reached_with_that_ca_only() {
+    let minio = Minio::on_loopback_tls(&[BUCKET]).await.expect("minio over https");
+    assert!(minio.endpoint.starts_with("https://"), "{}", minio.endpoint);
+    let database = objects::database_key("", "shop", "orders");
+    let trusted = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
+    let work = tempfile::tempdir().expect("tempdir");
+    write(&work.path().join("dump.sql"), 2_000, 8);
+    objects::upload(trusted.as_ref(), &database.clone().join("orders-tls"), &work.path().join("dump.sql"))
+        .await
+        .expect("upload over https");
+    let listed = objects::list(trusted.as_ref(), &database).await.expect("list over https");
+    assert_eq!(objects::newest(&listed).map(|b| b.name.as_str()), Some("orders-tls"));
+
+    let mut unknown = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET);
+    unknown.ca_pem = None;
+    let err = objects::list(unknown.store().expect("store").as_ref(), &database).await.expect_err("an unknown CA is refused");
+    assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+}

@@ -164,3 +164,39 @@ async fn an_api_server_that_does_not_stream_lists_is_listed_whole() {
     })
     .await;
 }
+
+/// The host consults a plugin's declared capabilities: `minimal` declares neither
+/// backups nor restores, so it is never asked for one, and a Database that wants one
+/// gets a condition naming the field and the missing capability at once.
+#[tokio::test]
+async fn a_plugin_is_not_asked_for_what_it_does_not_declare() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let apply = async |name: &str, extra: serde_json::Value| {
+        let mut spec = serde_json::json!({"engine": "minimal", "storage": "1Gi", "deletionPolicy": "Retain"});
+        spec.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": name}, "spec": spec});
+        dbs.patch(name, &PatchParams::apply("test"), &Patch::Apply(db)).await.expect("apply");
+    };
+    // A yearly schedule: no backup is due, the condition comes from the spec alone.
+    apply("kept", serde_json::json!({"backup": {"schedule": "0 0 1 1 *"}})).await;
+    apply("copied", serde_json::json!({"restoreFrom": {"database": "kept", "backup": "kept-1"}})).await;
+    let condition = async |name: &str, type_: &str| {
+        let db = dbs.get(name).await.ok()?;
+        db.status?.conditions.into_iter().find(|c| c.type_ == type_ && c.status == "False")
+    };
+    wait_for("both conditions", Duration::from_secs(60), async || {
+        condition("kept", "BackupHealthy").await.is_some() && condition("copied", "Progressing").await.is_some()
+    })
+    .await;
+    let backup = condition("kept", "BackupHealthy").await.expect("BackupHealthy").message;
+    assert!(backup.starts_with("spec.backup: ") && backup.contains("does not declare the backup capability"), "{backup}");
+    let restore = condition("copied", "Progressing").await.expect("Progressing");
+    assert_eq!(restore.reason, "RestoreFailed");
+    assert!(
+        restore.message.contains("spec.restoreFrom") && restore.message.contains("does not declare the restore capability"),
+        "{restore:?}"
+    );
+}

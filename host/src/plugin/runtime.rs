@@ -549,6 +549,20 @@ impl Plugin {
         &self.info
     }
 
+    /// Why the plugin cannot be asked for `capability`: it does not declare it.
+    pub fn lacks(&self, capability: Capability) -> Option<String> {
+        let info = &self.info;
+        (!info.capabilities.has(capability)).then(|| {
+            format!(
+                "the {} plugin ({}@{}) does not declare the {} capability",
+                info.engine,
+                info.engine,
+                info.plugin_version,
+                capability.name()
+            )
+        })
+    }
+
     /// Hex SHA-256 of the component bytes.
     pub fn digest(&self) -> &str {
         &self.digest

@@ -39,6 +39,39 @@ pub struct Capabilities {
     pub major_upgrade: bool,
 }
 
+/// One optional behaviour a plugin may declare; the host asks only for what is declared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// Backups (scheduled, on demand, before upgrades and before deletion).
+    Backup,
+    /// Restores into a new Database.
+    Restore,
+    /// Choosing a replica to replace a lost primary.
+    Failover,
+}
+
+impl Capability {
+    /// Its name in the contract.
+    pub fn name(self) -> &'static str {
+        match self {
+            Capability::Backup => "backup",
+            Capability::Restore => "restore",
+            Capability::Failover => "failover",
+        }
+    }
+}
+
+impl Capabilities {
+    /// Whether `capability` is declared.
+    pub fn has(&self, capability: Capability) -> bool {
+        match capability {
+            Capability::Backup => self.backup,
+            Capability::Restore => self.restore,
+            Capability::Failover => self.failover,
+        }
+    }
+}
+
 /// A scalar engine parameter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]

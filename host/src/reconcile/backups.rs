@@ -11,7 +11,7 @@ use crate::build::{BACKUP_MOUNT, Names};
 use crate::crd::{BackupRecord, Database};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
 use crate::objects;
-use crate::plugin::{BackupLocation, EngineSpec, Plugin};
+use crate::plugin::{BackupLocation, Capability, EngineSpec, Plugin};
 use crate::schedule;
 
 /// Annotation that asks for a backup now; each new value makes one backup.
@@ -56,6 +56,9 @@ pub async fn ensure_backup(
     let ns = db.namespace().unwrap_or_default();
     if let Some(job) = ctx.caches.job(&ns, name) {
         return Ok(Ok(state(Some(&job))));
+    }
+    if let Some(why) = plugin.lacks(Capability::Backup) {
+        return Ok(Err(why));
     }
     let location = BackupLocation {
         directory: BACKUP_MOUNT.into(),
@@ -152,6 +155,14 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         wanted.push(manual(token));
     }
 
+    // A plugin that does not declare backups is not asked for one: the condition says so
+    // as soon as backups are configured or requested.
+    if (!wanted.is_empty() || db.spec.backup.as_ref().is_some_and(|b| b.enabled))
+        && let Some(why) = plugin.lacks(Capability::Backup)
+    {
+        report.problem = Some(format!("spec.backup: {why}"));
+        wanted.clear();
+    }
     let mut backups = ctx.caches.jobs_labelled(&ns, BACKUP_OF, &name);
     for job_name in &wanted {
         if !backups.iter().any(|j| j.name_any() == *job_name) {

@@ -38,7 +38,7 @@ use super::{Context, Error, apply, event, event_about, join, plugin_failed, plug
 use crate::build::{self, Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, UpgradeStatus};
 use crate::jobs::{self, Purpose};
-use crate::plugin::{CallError, EngineSpec, FailoverDecision, Plugin, UpgradePlan, UpgradeStep, Workload};
+use crate::plugin::{CallError, Capability, EngineSpec, FailoverDecision, Plugin, UpgradePlan, UpgradeStep, Workload};
 
 /// A stage's outcome: go on with its value, or end the pass with this action.
 type Flow<T> = Result<ControlFlow<Action, T>, Error>;
@@ -256,8 +256,12 @@ impl<'a> Pass<'a> {
         if !members::primary_lost(&members.observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
             return Ok(Primary { name: primary, failed_over: false });
         }
-        let candidates = members::for_plugin(&members.observed, &primary);
         let generation = self.generation;
+        if let Some(why) = plugin.lacks(Capability::Failover) {
+            self.no_failover(format!("primary {primary} is not ready and no member is promoted: {why}")).await;
+            return Ok(Primary { name: primary, failed_over: false });
+        }
+        let candidates = members::for_plugin(&members.observed, &primary);
         match ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await? {
             Ok(FailoverDecision::Promote { pod, command }) => {
                 let after = ctx.settings.failover_after;
@@ -266,15 +270,20 @@ impl<'a> Pass<'a> {
                 return Ok(Primary { name: pod, failed_over: true });
             }
             Ok(FailoverDecision::NoSafeMember(reason)) => {
-                let message = format!("primary {primary} is not ready and no member is safe to promote: {reason}");
-                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::NoSafeFailover.as_str())) {
-                    event(ctx, db, true, Reason::NoSafeFailover, message.clone()).await;
-                }
-                status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::NoSafeFailover, message, generation);
+                self.no_failover(format!("primary {primary} is not ready and no member is safe to promote: {reason}")).await;
             }
             Err(e) => status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::FailoverFailed, e.to_string(), generation),
         }
         Ok(Primary { name: primary, failed_over: false })
+    }
+
+    /// The primary is lost and stays so: `Degraded` says why (an Event the first time).
+    async fn no_failover(&mut self, message: String) {
+        let (ctx, db) = (self.ctx, self.db);
+        if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::NoSafeFailover.as_str())) {
+            event(ctx, db, true, Reason::NoSafeFailover, message.clone()).await;
+        }
+        status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::NoSafeFailover, message, self.generation);
     }
 
     /// The plugin's workload for this version and primary; the credentials it asks for.

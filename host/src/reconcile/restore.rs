@@ -12,7 +12,7 @@ use crate::build::{BACKUP_MOUNT, Child, Names, labels, metadata_with};
 use crate::crd::Database;
 use crate::jobs::{self, Purpose, Storage, Transfer};
 use crate::objects;
-use crate::plugin::{BackupLocation, EngineSpec, Plugin, Workload};
+use crate::plugin::{BackupLocation, Capability, EngineSpec, Plugin, Workload};
 
 /// Where the restore stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +63,9 @@ pub async fn reconcile(
     let job = ctx.caches.job(&ns, &job_name(db));
     if let Some(restore) = progress(backups::state(job.as_deref()), job.as_deref().is_some_and(writes_data), &job_name(db)) {
         return Ok(restore);
+    }
+    if let Some(why) = plugin.lacks(Capability::Restore) {
+        return Ok(Restore::Failed(format!("spec.restoreFrom: {why}")));
     }
     // The backup's name, and where its artefact comes from.
     let (backup, transfer) = match &source.s3 {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plugdb::crd::Database;
@@ -131,7 +131,7 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     let ns = format!("{}-s3", engine.name());
     let copy_ns = format!("{}-s3-copy", engine.name());
     let target = |secret: &str, bucket: &str| json!({"endpoint": minio.endpoint, "bucket": bucket, "prefix": "plugdb-tests", "credentials": {"secretName": secret}});
-    let yearly = |s3: serde_json::Value| json!({"backup": {"schedule": "0 0 1 1 *", "retention": 2, "s3": s3}});
+    let yearly = |s3: serde_json::Value| json!({"backup": {"schedule": "0 0 1 1 *", "retention": 2, "s3": s3}, "deletionPolicy": "Delete"});
     cluster.apply_database(&ns, database("orders", engine, version, 1, yearly(target("s3", &bucket_name)))).await.expect("apply");
     for namespace in [&ns, &copy_ns] {
         s3_secret(&cluster, namespace, "s3", SECRET_KEY).await;
@@ -185,7 +185,8 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     );
 
     // Restore into another namespace, from the bucket alone: the newest backup.
-    let restore = json!({"restoreFrom": {"database": "orders", "namespace": ns, "s3": target("s3", &bucket_name)}});
+    let restore =
+        json!({"restoreFrom": {"database": "orders", "namespace": ns, "s3": target("s3", &bucket_name)}, "deletionPolicy": "Delete"});
     cluster.apply_database(&copy_ns, database("copy", engine, version, 1, restore)).await.expect("apply copy");
     let copied = cluster.wait_database(&copy_ns, "copy", "Running after the restore", WAIT, |d| is_running(d, 1)).await.expect("restored");
     let restored = copied.status.expect("status").conditions.into_iter().find(|c| c.type_ == "Restored").expect("Restored");
@@ -221,6 +222,25 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
         let message = db.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "BackupHealthy")).map(|c| c.message.clone());
         assert!(message.as_deref().is_some_and(|m| m.contains("spec.backup.s3")), "{message:?}");
         assert!(is_running(&db, 1), "the Database runs on: {:?}", db.status);
+    }
+    // The node's CPU is shared with the other scenarios: their members go, with their pods.
+    for (namespace, name) in [(ns.as_str(), "orders"), (copy_ns.as_str(), "copy")] {
+        Api::<Database>::namespaced(cluster.client.clone(), namespace).delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+    for namespace in [&ns, &copy_ns] {
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !pods
+            .list(&Default::default())
+            .await
+            .expect("pods")
+            .items
+            .iter()
+            .all(|p| p.metadata.labels.as_ref().is_some_and(|l| l.contains_key("job-name")))
+        {
+            assert!(tokio::time::Instant::now() < deadline, "the members in {namespace} did not go");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
     drop(minio);
 }
