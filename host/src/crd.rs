@@ -319,6 +319,9 @@ pub struct DatabaseStatus {
     /// When the next scheduled backup runs (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_backup: Option<String>,
+    /// What a restore can reach now: the backups kept, the oldest and the newest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recoverable: Option<Recoverable>,
     /// An upgrade in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeStatus>,
@@ -378,6 +381,21 @@ impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The backups a restore can use: on the backup volume, those whose Jobs retention
+/// keeps; in a bucket, the complete ones in it (as of the last backup).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Recoverable {
+    /// How many complete backups there are.
+    pub backups: i32,
+    /// When the oldest completed (RFC 3339): the earliest moment a restore reaches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<String>,
+    /// When the newest completed (RFC 3339): the latest moment a restore reaches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
 }
 
 /// A backup that finished.

@@ -135,8 +135,16 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
         assert!(tokio::time::Instant::now() < deadline, "not everything was made under the operator's own identity: {made:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let status = dbs.get("orders").await.expect("get").status.unwrap_or_default();
-    assert_eq!(status.primary.as_deref(), Some("orders-0"), "status written under the operator's identity");
+    // The status is written at the end of the pass that made the last child: wait for it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = dbs.get("orders").await.expect("get").status.unwrap_or_default();
+        if status.primary.is_some() || tokio::time::Instant::now() > deadline {
+            assert_eq!(status.primary.as_deref(), Some("orders-0"), "status written under the operator's identity");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 
     dbs.delete("orders", &Default::default()).await.expect("delete");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");

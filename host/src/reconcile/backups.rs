@@ -8,7 +8,7 @@ use kube::{Client, ResourceExt};
 
 use super::{Context, Error, apply, bucket};
 use crate::build::{BACKUP_MOUNT, Names};
-use crate::crd::{BackupRecord, Database};
+use crate::crd::{BackupRecord, Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
 use crate::objects;
 use crate::plugin::{BackupLocation, Capability, EngineSpec, Plugin};
@@ -108,6 +108,15 @@ pub struct BackupReport {
     pub request: Option<String>,
     /// The last scheduled backup started so far.
     pub scheduled: Option<String>,
+    /// What a restore can reach.
+    pub recoverable: Option<Recoverable>,
+}
+
+/// The window of complete backups completed at `times`.
+fn window(times: impl IntoIterator<Item = String>) -> Recoverable {
+    let mut times: Vec<String> = times.into_iter().collect();
+    times.sort();
+    Recoverable { backups: times.len() as i32, first: times.first().cloned(), last: times.last().cloned() }
 }
 
 fn completed(job: &Job) -> Option<String> {
@@ -197,14 +206,26 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         delete_job(&ctx.client, &ns, &old.name_any()).await?;
     }
     let completed_now = report.last.as_ref().is_some_and(|last| previous.last_backup.as_ref().map(|b| &b.name) != Some(&last.name));
-    if let Some(target) = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref())
-        && completed_now
+    let s3 = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref());
+    report.recoverable = match s3 {
+        // The bucket is read when a backup completes; between, the last reading stands.
+        Some(_) => previous.recoverable.clone(),
+        None if succeeded.is_empty() && db.spec.backup.is_none() => None,
+        None => Some(window(succeeded.iter().take(retention).filter_map(|j| completed(j)))),
+    };
+    if let Some(target) = s3
+        && (completed_now || previous.recoverable.is_none())
     {
         let mut running: Vec<String> = backups.iter().filter(|j| state(Some(j)) == JobState::Running).map(|j| j.name_any()).collect();
         running.extend(wanted);
         match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
             Ok(opened) => match bucket::prune(&opened, retention, &running).await {
-                Ok(removed) if !removed.is_empty() => {
+                Ok(removed) => {
+                    let kept = opened.listed.iter().filter(|b| !removed.contains(&b.name));
+                    report.recoverable = Some(window(kept.filter_map(|b| b.completed.map(|t| t.to_rfc3339()))));
+                    if removed.is_empty() {
+                        return Ok(report);
+                    }
                     let message = format!(
                         "removed {} backup(s) from bucket {} beyond the newest {retention}: {}",
                         removed.len(),
@@ -213,7 +234,6 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
                     );
                     super::event(ctx, db, false, super::status::Reason::BackupsPruned, message).await;
                 }
-                Ok(_) => {}
                 Err(e) => report.problem = Some(format!("spec.backup.s3: retention: {e}")),
             },
             Err(problem) => report.problem = Some(problem),
@@ -230,5 +250,18 @@ pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<(), Err
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_runs_from_the_oldest_to_the_newest_complete_backup() {
+        let times = ["2026-11-23T10:00:00Z", "2026-11-21T10:00:00Z", "2026-11-22T10:00:00Z"].map(String::from);
+        let w = window(times);
+        assert_eq!((w.backups, w.first.as_deref(), w.last.as_deref()), (3, Some("2026-11-21T10:00:00Z"), Some("2026-11-23T10:00:00Z")));
+        assert_eq!(window(Vec::new()), Recoverable { backups: 0, first: None, last: None });
     }
 }

@@ -438,6 +438,7 @@ impl<'a> Pass<'a> {
         let status = &mut self.status;
         status.last_backup = report.last.clone();
         status.next_backup = report.next.map(|t| t.to_rfc3339());
+        status.recoverable = report.recoverable.clone();
         status.backup_request = report.request.clone();
         status.last_scheduled_backup = report.scheduled.clone();
         match &report.problem {

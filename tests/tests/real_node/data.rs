@@ -174,6 +174,16 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     let third = format!("orders-manual-{}", &hex("third")[..10]);
     assert!(kept.iter().all(|b| b.completed.is_some()), "{kept:?}");
     assert_eq!(objects::newest(&kept).map(|b| b.name.clone()), Some(third.clone()));
+    // Status says what a restore reaches: the two kept, oldest to newest.
+    let newest = objects::newest(&kept).and_then(|b| b.completed).map(|t| t.to_rfc3339());
+    let db = cluster
+        .wait_database(&ns, "orders", "the recoverable window", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.recoverable.as_ref()).is_some_and(|r| r.backups == 2 && r.last == newest)
+        })
+        .await
+        .expect("recoverable");
+    let window = db.status.and_then(|s| s.recoverable).expect("recoverable");
+    assert!(window.first < window.last, "{window:?}");
     let events = Api::<Event>::namespaced(cluster.client.clone(), &ns).list(&Default::default()).await.expect("events").items;
     assert!(
         events.iter().any(|e| e.reason.as_deref() == Some("BackupsPruned") && e.note.as_deref().is_some_and(|n| n.contains(&bucket_name))),
