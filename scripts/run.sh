@@ -50,7 +50,7 @@ kubectl apply -f crds/
 kubectl wait --for condition=established --timeout=30s crd/databases.plugdb.io
 kubectl create namespace plugdb-system
 for plugin in "$work"/plugins/*.wasm; do
-  target/debug/plugdb plugin pack "$plugin" --namespace plugdb-system | kubectl apply -f -
+  target/debug/plugdb plugin pack "$plugin" --namespace plugdb-system | kubectl apply --server-side -f -
 done
 
 echo "== starting the operator"

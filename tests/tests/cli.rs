@@ -118,3 +118,39 @@ async fn run_names_the_port_it_listens_on() {
     child.kill().expect("stop the operator");
     child.wait().expect("reaped");
 }
+
+/// The README's drop-in command, run as written (the plugin's path swapped in) against
+/// a real API server, for a plugin far bigger than client-side apply's annotation
+/// allows: the ConfigMap lands, whole.
+#[tokio::test]
+async fn the_readme_drop_in_command_loads_a_plugin_of_any_size_up_to_the_configmap_limit() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+    use kube::api::{Api, PostParams};
+
+    let readme = std::fs::read_to_string(plugdb_tests::workspace_root().join("README.md")).expect("README");
+    let command = readme.lines().find(|l| l.starts_with("plugdb plugin pack redis.wasm |")).expect("the drop-in command");
+    let command = command.split('#').next().unwrap_or_default().trim();
+    let plugin = plugdb_tests::component_path("bulky");
+    let size = std::fs::metadata(&plugin).expect("bulky").len();
+    assert!(size > 1 << 20, "a plugin over 1 MiB before compression ({size} bytes)");
+
+    let cp = plugdb_tests::ControlPlane::start().await.expect("control plane");
+    let namespace =
+        Namespace { metadata: kube::api::ObjectMeta { name: Some("plugdb-system".into()), ..Default::default() }, ..Default::default() };
+    Api::<Namespace>::all(cp.client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace");
+    let bin = plugdb_tests::control_plane::binaries_dir().expect("kubectl");
+    let plugdb = plugdb_tests::plugdb_binary();
+    let path = format!("{}:{}:{}", plugdb.parent().expect("dir").display(), bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command.replace("redis.wasm", &plugin.to_string_lossy()))
+        .env("PATH", path)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .output()
+        .expect("sh");
+    assert!(out.status.success(), "{command}: {}", String::from_utf8_lossy(&out.stderr));
+    let cm = Api::<ConfigMap>::namespaced(cp.client.clone(), "plugdb-system").get("engine-bulky").await.expect("the ConfigMap");
+    let digest = plugdb::plugin::hex_digest(&std::fs::read(&plugin).expect("read"));
+    assert_eq!(cm.metadata.annotations.expect("annotations")["plugdb.io/sha256"], digest);
+    assert!(cm.binary_data.expect("data").contains_key("plugin.wasm.gz"), "compressed to fit");
+}
