@@ -32,11 +32,13 @@ pub fn component(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("reading component {}: {e} (built by tests/build.rs)", path.display()))
 }
 
-/// The `plugdb` binary `cargo test --workspace` built beside this test executable.
+/// The `plugdb` binary built beside this executable: a test's (`target/<profile>/deps/`,
+/// which `cargo test --workspace` builds it for) or a benchmark binary's (`target/<profile>/`).
 pub fn plugdb_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
-    let binary = dir.join("plugdb");
+    let exe = std::env::current_exe().expect("the executable's path");
+    let here = exe.parent().expect("target/<profile>[/deps]");
+    let profile = if here.ends_with("deps") { here.parent().expect("target/<profile>") } else { here };
+    let binary = profile.join("plugdb");
     assert!(binary.exists(), "{} is missing: build it with `cargo build -p plugdb` (cargo test --workspace does)", binary.display());
     binary
 }
