@@ -209,6 +209,7 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
     let s3 = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref());
     report.recoverable = match s3 {
         // The bucket is read when a backup completes; between, the last reading stands.
+        // A reading that failed leaves it unknown, so the next pass reads (and prunes) again.
         Some(_) => previous.recoverable.clone(),
         None if succeeded.is_empty() && db.spec.backup.is_none() => None,
         None => Some(window(succeeded.iter().take(retention).filter_map(|j| completed(j)))),
@@ -234,9 +235,15 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
                     );
                     super::event(ctx, db, false, super::status::Reason::BackupsPruned, message).await;
                 }
-                Err(e) => report.problem = Some(format!("spec.backup.s3: retention: {e}")),
+                Err(e) => {
+                    report.problem = Some(format!("spec.backup.s3: retention: {e}"));
+                    report.recoverable = None;
+                }
             },
-            Err(problem) => report.problem = Some(problem),
+            Err(problem) => {
+                report.problem = Some(problem);
+                report.recoverable = None;
+            }
         }
     }
     Ok(report)
