@@ -252,6 +252,13 @@ mod tests {
         job.spec.and_then(|s| s.template.spec).expect("a pod")
     }
 
+    /// A Job of `purpose` whose artefact `orders-1` is in the Database's bucket.
+    fn in_bucket(db: &Database, name: &str, purpose: Purpose) -> Child {
+        let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
+        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1" };
+        job(db, name, purpose, &plan(), Storage::Bucket(transfer), "orders-1", None, 999)
+    }
+
     fn names(containers: &[Container]) -> Vec<&str> {
         containers.iter().map(|c| c.name.as_str()).collect()
     }
@@ -259,9 +266,7 @@ mod tests {
     #[test]
     fn a_backup_to_a_bucket_uploads_after_the_engine_and_only_the_uploader_holds_the_key() {
         let db = database();
-        let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
-        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1" };
-        let child = job(&db, "orders-1", Purpose::Backup, &plan(), Storage::Bucket(transfer), "orders-1", None, 999);
+        let child = in_bucket(&db, "orders-1", Purpose::Backup);
         let pod = pod_of(&child);
         let init = pod.init_containers.clone().unwrap_or_default();
         assert_eq!(names(&init), ["backup"], "the engine's backup runs first, to completion");
@@ -286,9 +291,7 @@ mod tests {
     #[test]
     fn a_restore_from_a_bucket_downloads_before_the_engine_and_a_volume_backup_is_one_container() {
         let db = database();
-        let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
-        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1" };
-        let child = job(&db, "copy-restore", Purpose::Restore, &plan(), Storage::Bucket(transfer), "orders-1", None, 999);
+        let child = in_bucket(&db, "copy-restore", Purpose::Restore);
         let pod = pod_of(&child);
         assert_eq!(names(&pod.init_containers.clone().unwrap_or_default()), ["download"]);
         assert_eq!(names(&pod.containers), ["restore"]);

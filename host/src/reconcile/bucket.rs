@@ -22,15 +22,29 @@ pub struct Opened {
     pub listed: Vec<Listed>,
 }
 
-/// The value of `key` in the Secret `name` of `ns`; `Ok(Err)` says what is missing.
-async fn secret_value(ctx: &Context, ns: &str, name: &str, key: &str, field: &str) -> Result<Result<Vec<u8>, String>, Error> {
+/// The data of the Secret `name` of `ns`; `Ok(Err)` says it is missing.
+async fn secret_data(ctx: &Context, ns: &str, name: &str, field: &str) -> Result<Result<Data, String>, Error> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(secret) = secrets.get_opt(name).await? else {
-        return Ok(Err(format!("{field}: Secret {name} not found in namespace {ns}")));
-    };
-    match secret.data.and_then(|mut d| d.remove(key)) {
-        Some(value) if !value.0.is_empty() => Ok(Ok(value.0)),
-        _ => Ok(Err(format!("{field}: Secret {name} has no key {key:?}"))),
+    Ok(match secrets.get_opt(name).await? {
+        Some(secret) => Ok(Data { name: name.to_string(), field: field.to_string(), data: secret.data.unwrap_or_default() }),
+        None => Err(format!("{field}: Secret {name} not found in namespace {ns}")),
+    })
+}
+
+/// A Secret's data, and the field that named it (for messages).
+struct Data {
+    name: String,
+    field: String,
+    data: std::collections::BTreeMap<String, k8s_openapi::ByteString>,
+}
+
+impl Data {
+    /// The non-empty value of `key`, or what is missing.
+    fn take(&mut self, key: &str) -> Result<Vec<u8>, String> {
+        match self.data.remove(key) {
+            Some(value) if !value.0.is_empty() => Ok(value.0),
+            _ => Err(format!("{}: Secret {} has no key {key:?}", self.field, self.name)),
+        }
     }
 }
 
@@ -47,18 +61,17 @@ pub async fn open(
     field: &str,
 ) -> Result<Result<Opened, String>, Error> {
     let credentials = &target.credentials;
-    let access_key_id =
-        match secret_value(ctx, ns, &credentials.secret_name, &credentials.access_key_id_key, &format!("{field}.credentials")).await? {
-            Ok(v) => v,
-            Err(e) => return Ok(Err(e)),
-        };
-    let secret_access_key =
-        match secret_value(ctx, ns, &credentials.secret_name, &credentials.secret_access_key_key, &format!("{field}.credentials")).await? {
-            Ok(v) => v,
-            Err(e) => return Ok(Err(e)),
-        };
+    // One read of the credentials Secret for both keys.
+    let keys = match secret_data(ctx, ns, &credentials.secret_name, &format!("{field}.credentials")).await? {
+        Ok(mut data) => data.take(&credentials.access_key_id_key).and_then(|id| Ok((id, data.take(&credentials.secret_access_key_key)?))),
+        Err(e) => Err(e),
+    };
+    let (access_key_id, secret_access_key) = match keys {
+        Ok(keys) => keys,
+        Err(e) => return Ok(Err(e)),
+    };
     let ca_pem = match &target.ca {
-        Some(SecretKey { name, key }) => match secret_value(ctx, ns, name, key, &format!("{field}.ca")).await? {
+        Some(SecretKey { name, key }) => match secret_data(ctx, ns, name, &format!("{field}.ca")).await?.and_then(|mut d| d.take(key)) {
             Ok(v) => Some(v),
             Err(e) => return Ok(Err(e)),
         },
