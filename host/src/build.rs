@@ -8,16 +8,17 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, PersistentVolumeClaim, PodSpec, PodTemplateSpec,
-    Service, ServicePort, ServiceSpec, Volume,
+    ResourceRequirements, Service, ServicePort, ServiceSpec, Volume,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{ApiResource, Resource, ResourceExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::crd::{Database, DeletionPolicy, Parameter};
+use crate::crd::{Database, DeletionPolicy, Parameter, S3Target};
 use crate::plugin::{ClusterContext, EngineSpec, ParameterValue, ResourceAmounts, Violation, Workload};
 use crate::quantity;
 
@@ -33,6 +34,8 @@ pub const ROLE_LABEL: &str = "plugdb.io/role";
 pub const CONFIG_MOUNT: &str = "/etc/plugdb";
 /// Where the backup volume is mounted in backup and restore Jobs.
 pub const BACKUP_MOUNT: &str = "/backups";
+/// Where members place finished log segments for `plugdb archive` to ship (point-in-time recovery).
+pub const ARCHIVE_MOUNT: &str = "/plugdb/archive";
 /// Longest Database name: pod names `<name>-<ordinal>` must stay valid label values.
 pub const MAX_NAME: usize = 52;
 
@@ -150,8 +153,9 @@ pub fn engine_spec(db: &Database, version: &str) -> Result<EngineSpec, Vec<Viola
     if problems.is_empty() { Ok(spec) } else { Err(problems) }
 }
 
-/// What the plugin is told about the cluster around the workload.
-pub fn cluster_context(db: &Database, primary_pod: &str) -> ClusterContext {
+/// What the plugin is told about the cluster around the workload; `archive`: the
+/// members archive their log (see [`Archiver`]).
+pub fn cluster_context(db: &Database, primary_pod: &str, archive: bool) -> ClusterContext {
     let name = db.name_any();
     let n = Names(&name);
     let ns = db.namespace().unwrap_or_default();
@@ -161,6 +165,49 @@ pub fn cluster_context(db: &Database, primary_pod: &str) -> ClusterContext {
         primary_pod: primary_pod.to_string(),
         credentials_secret: n.credentials(),
         config_mount_path: CONFIG_MOUNT.into(),
+        archive_directory: archive.then(|| ARCHIVE_MOUNT.into()),
+    }
+}
+
+/// The container beside each member that ships the engine's finished log segments from
+/// [`ARCHIVE_MOUNT`] to the Database's bucket: `plugdb archive`, from the operator's image.
+#[derive(Debug, Clone, Copy)]
+pub struct Archiver<'a> {
+    /// The Database's backup bucket.
+    pub target: &'a S3Target,
+    /// The operator's image.
+    pub image: &'a str,
+}
+
+impl Archiver<'_> {
+    fn container(&self, db: &Database) -> (Container, Option<Volume>) {
+        let key = crate::objects::database_key(&self.target.prefix, &db.namespace().unwrap_or_default(), &db.name_any())
+            .join(crate::objects::ARCHIVE);
+        let mut mounts = vec![pod::mount("archive", ARCHIVE_MOUNT, false)];
+        let ca = pod::bucket_ca(self.target);
+        mounts.extend(ca.as_ref().map(|(_, mount)| mount.clone()));
+        let container = Container {
+            name: "archive".into(),
+            image: Some(self.image.into()),
+            command: Some(vec![
+                crate::jobs::OPERATOR_BINARY.into(),
+                "archive".into(),
+                "--dir".into(),
+                ARCHIVE_MOUNT.into(),
+                "--key".into(),
+                key.to_string(),
+            ]),
+            env: Some(pod::bucket_env(self.target)),
+            volume_mounts: Some(mounts),
+            resources: Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([("cpu".into(), Quantity("10m".into())), ("memory".into(), Quantity("32Mi".into()))])),
+                limits: Some(BTreeMap::from([("memory".into(), Quantity("128Mi".into()))])),
+                ..Default::default()
+            }),
+            security_context: Some(pod::container_security(Some(true))),
+            ..Default::default()
+        };
+        (container, ca.map(|(volume, _)| volume))
     }
 }
 
@@ -316,7 +363,7 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
 }
 
 /// The StatefulSet running the members.
-pub fn statefulset(db: &Database, workload: &Workload, engine: &str) -> Child {
+pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: Option<Archiver<'_>>) -> Child {
     let n = db.name_any();
     let names = Names(&n);
     let container = Container {
@@ -357,19 +404,28 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str) -> Child {
         spec: Some(pod::data_claim_spec(db)),
         ..Default::default()
     };
+    let mut containers = vec![container];
+    let mut volumes = vec![
+        Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource { name: names.config(), default_mode: Some(0o555), ..Default::default() }),
+            ..Default::default()
+        },
+        Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
+    ];
+    if let Some(archiver) = archiver {
+        let (sidecar, ca) = archiver.container(db);
+        containers[0].volume_mounts.get_or_insert_default().push(pod::mount("archive", ARCHIVE_MOUNT, false));
+        containers.push(sidecar);
+        volumes.push(Volume { name: "archive".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() });
+        volumes.extend(ca);
+    }
     let pod = PodSpec {
         automount_service_account_token: Some(false),
         termination_grace_period_seconds: Some(60),
         security_context: Some(pod::pod_security(workload.run_as_user)),
-        containers: vec![container],
-        volumes: Some(vec![
-            Volume {
-                name: "config".into(),
-                config_map: Some(ConfigMapVolumeSource { name: names.config(), default_mode: Some(0o555), ..Default::default() }),
-                ..Default::default()
-            },
-            Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
-        ]),
+        containers,
+        volumes: Some(volumes),
         affinity: pod::affinity(db),
         topology_spread_constraints: pod::zone_spread(db),
         ..Default::default()
@@ -410,10 +466,10 @@ pub fn disruption_budget(db: &Database) -> Child {
 }
 
 /// Every child rendered from the workload, in apply order.
-pub fn children(db: &Database, workload: &Workload, engine: &str, primary_pod: &str) -> Vec<Child> {
+pub fn children(db: &Database, workload: &Workload, engine: &str, primary_pod: &str, archiver: Option<Archiver<'_>>) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine));
+    out.push(statefulset(db, workload, engine, archiver));
     out.push(disruption_budget(db));
     out
 }

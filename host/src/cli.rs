@@ -35,6 +35,7 @@ pub fn inspect(path: &Path) -> Result<String> {
         ("failover", c.failover),
         ("online-upgrade", c.online_upgrade),
         ("major-upgrade", c.major_upgrade),
+        ("point-in-time", c.point_in_time),
     ]
     .into_iter()
     .filter_map(|(n, on)| on.then_some(n))
@@ -111,10 +112,11 @@ pub fn render(database: &Path, plugin: &Path) -> Result<String> {
         return Err(problems(violations));
     }
     let primary = build::Names(&db.metadata.name.clone().unwrap_or_default()).pod(0);
-    let workload =
-        plugin.render(&spec, &build::cluster_context(&db, &primary)).with_context(|| format!("{file}: the plugin could not render it"))?;
+    let workload = plugin
+        .render(&spec, &build::cluster_context(&db, &primary, false))
+        .with_context(|| format!("{file}: the plugin could not render it"))?;
     let mut out = String::new();
-    for child in build::children(&db, &workload, &db.spec.engine, &primary) {
+    for child in build::children(&db, &workload, &db.spec.engine, &primary, None) {
         out.push_str("---\n");
         out.push_str(&yaml_serde::to_string(&child.object)?);
     }

@@ -252,7 +252,10 @@ pub enum DeletionPolicy {
 /// in object storage (`s3`), where the source Database may be long gone.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.s3) || has(self.backup)").message("backup is required unless the backup is read from s3"))]
+#[x_kube(
+    validation = Rule::new("has(self.s3) || has(self.backup)").message("backup is required unless the backup is read from s3"),
+    validation = Rule::new("!has(self.pointInTime) || has(self.s3)").message("pointInTime needs s3: the archived log is read from the bucket")
+)]
 pub struct RestoreSource {
     /// The Database (same engine) whose backup this is.
     #[schemars(length(min = 1, max = 63))]
@@ -269,6 +272,13 @@ pub struct RestoreSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub namespace: Option<String>,
+    /// Recover to this moment (RFC 3339, e.g. `2026-11-23T10:15:30Z`): the newest backup
+    /// completed before it, then the source's archived log replayed up to it. Needs `s3`,
+    /// an engine that declares `point-in-time`, and a moment inside the source's
+    /// `status.recoverable` window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 20, max = 40))]
+    pub point_in_time: Option<String>,
 }
 
 fn default_replicas() -> i32 {
@@ -393,9 +403,14 @@ pub struct Recoverable {
     /// When the oldest completed (RFC 3339): the earliest moment a restore reaches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first: Option<String>,
-    /// When the newest completed (RFC 3339): the latest moment a restore reaches.
+    /// The latest moment a restore reaches (RFC 3339): when the newest backup completed
+    /// or, with `pointInTime`, where the archived log ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last: Option<String>,
+    /// The engine's log is archived: any moment from `first` to `last` can be restored
+    /// (`restoreFrom.pointInTime`), not only the backups' own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub point_in_time: bool,
 }
 
 /// A backup that finished.

@@ -1,16 +1,12 @@
 //! Jobs the host runs from plugin plans: backups, restores and upgrade steps.
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, KeyToPath, PersistentVolumeClaim, PodSpec, PodTemplateSpec, SecretKeySelector, SecretVolumeSource,
-    Volume,
-};
+use k8s_openapi::api::core::v1::{Container, PersistentVolumeClaim, PodSpec, PodTemplateSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::build::{BACKUP_MOUNT, Child, Names, labels, metadata_with, pod};
 use crate::crd::{Database, DeletionPolicy, S3Target};
-use crate::objects;
 use crate::plugin::JobPlan;
 
 /// Label on backup Jobs naming their Database.
@@ -63,11 +59,14 @@ pub struct Transfer<'a> {
     pub key: &'a str,
     /// The operator's image, which holds `plugdb transfer`.
     pub image: &'a str,
+    /// A restore to a point in time: also download the archived log it replays, to [`RESTORE_ARCHIVE`].
+    pub archive: bool,
 }
 
 /// Where the operator's image holds the `plugdb` binary.
 pub const OPERATOR_BINARY: &str = "/usr/local/bin/plugdb";
-const CA_MOUNT: &str = "/etc/plugdb/s3-ca";
+/// Where a restore to a point in time finds the archived log segments it replays.
+pub const RESTORE_ARCHIVE: &str = "/backups/_archive";
 
 /// A Job running `plan` with its artefact's directory at [`BACKUP_MOUNT`] (`storage`),
 /// and the data volume `data_claim` when the plan needs it. `artifact`: the artefact's
@@ -116,20 +115,13 @@ pub fn job(
         Storage::Volume { .. } | Storage::Scratch => (None, engine),
         Storage::Bucket(transfer) => {
             let path = format!("{BACKUP_MOUNT}/{artifact}");
-            if let Some(ca) = &transfer.target.ca {
-                volumes.push(Volume {
-                    name: "s3-ca".into(),
-                    secret: Some(SecretVolumeSource {
-                        secret_name: Some(ca.name.clone()),
-                        items: Some(vec![KeyToPath { key: ca.key.clone(), path: "ca.pem".into(), mode: None }]),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                });
-            }
+            volumes.extend(pod::bucket_ca(transfer.target).map(|(volume, _)| volume));
             match purpose {
-                Purpose::Restore => (Some(vec![transfer_container(&transfer, "download", &path)]), engine),
-                _ => (Some(vec![engine]), transfer_container(&transfer, "upload", &path)),
+                Purpose::Restore => {
+                    let archive = transfer.archive.then_some(RESTORE_ARCHIVE);
+                    (Some(vec![transfer_container(&transfer, "download", &path, archive)]), engine)
+                }
+                _ => (Some(vec![engine]), transfer_container(&transfer, "upload", &path, None)),
             }
         }
     };
@@ -162,42 +154,26 @@ pub const ARTIFACT: &str = "plugdb.io/backup";
 
 /// The container that moves the artefact at `path` to (`upload`) or from (`download`)
 /// the bucket. The access key reaches it from the user's Secret, and only it.
-fn transfer_container(transfer: &Transfer<'_>, direction: &str, path: &str) -> Container {
-    let target = transfer.target;
-    let value = |name: &str, value: &str| EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() };
-    let secret = |name: &str, key: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector { name: target.credentials.secret_name.clone(), key: key.into(), optional: None }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut env = vec![
-        value(objects::ENV_ENDPOINT, &target.endpoint),
-        value(objects::ENV_BUCKET, &target.bucket),
-        value(objects::ENV_REGION, target.region.as_deref().unwrap_or("us-east-1")),
-        secret(objects::ENV_ACCESS_KEY_ID, &target.credentials.access_key_id_key),
-        secret(objects::ENV_SECRET_ACCESS_KEY, &target.credentials.secret_access_key_key),
-    ];
+fn transfer_container(transfer: &Transfer<'_>, direction: &str, path: &str, archive: Option<&str>) -> Container {
     let mut mounts = vec![pod::mount("backups", BACKUP_MOUNT, false)];
-    if target.ca.is_some() {
-        env.push(value(objects::ENV_CA_FILE, &format!("{CA_MOUNT}/ca.pem")));
-        mounts.push(pod::mount("s3-ca", CA_MOUNT, true));
+    mounts.extend(pod::bucket_ca(transfer.target).map(|(_, mount)| mount));
+    let mut command = vec![
+        OPERATOR_BINARY.into(),
+        "transfer".into(),
+        direction.into(),
+        "--artefact".into(),
+        path.into(),
+        "--key".into(),
+        transfer.key.into(),
+    ];
+    if let Some(dir) = archive {
+        command.extend(["--archive".into(), dir.into()]);
     }
     Container {
         name: direction.into(),
         image: Some(transfer.image.into()),
-        command: Some(vec![
-            OPERATOR_BINARY.into(),
-            "transfer".into(),
-            direction.into(),
-            "--artefact".into(),
-            path.into(),
-            "--key".into(),
-            transfer.key.into(),
-        ]),
-        env: Some(env),
+        command: Some(command),
+        env: Some(pod::bucket_env(transfer.target)),
         volume_mounts: Some(mounts),
         security_context: Some(pod::container_security(None)),
         ..Default::default()
@@ -255,7 +231,7 @@ mod tests {
     /// A Job of `purpose` whose artefact `orders-1` is in the Database's bucket.
     fn in_bucket(db: &Database, name: &str, purpose: Purpose) -> Child {
         let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
-        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1" };
+        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1", archive: false };
         job(db, name, purpose, &plan(), Storage::Bucket(transfer), "orders-1", None, 999)
     }
 
@@ -285,7 +261,7 @@ mod tests {
         let volumes = pod.volumes.unwrap_or_default();
         assert!(volumes.iter().any(|v| v.name == "backups" && v.empty_dir.is_some()), "scratch, no backup volume");
         assert!(volumes.iter().any(|v| v.secret.as_ref().is_some_and(|s| s.secret_name.as_deref() == Some("s3-ca"))));
-        assert!(upload.env.iter().flatten().any(|e| e.name == objects::ENV_CA_FILE));
+        assert!(upload.env.iter().flatten().any(|e| e.name == crate::objects::ENV_CA_FILE));
     }
 
     #[test]
@@ -303,5 +279,16 @@ mod tests {
         assert_eq!(names(&pod.containers), ["backup"]);
         let claim = pod.volumes.unwrap_or_default().into_iter().find_map(|v| v.persistent_volume_claim).expect("the backup volume");
         assert_eq!(claim.claim_name, "orders-backups");
+    }
+
+    #[test]
+    fn a_restore_to_a_point_in_time_downloads_the_archive_too() {
+        let db = database();
+        let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
+        let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1", archive: true };
+        let pod = pod_of(&job(&db, "copy-restore", Purpose::Restore, &plan(), Storage::Bucket(transfer), "orders-1", None, 999));
+        let download = pod.init_containers.unwrap_or_default().remove(0);
+        let command = download.command.unwrap_or_default();
+        assert_eq!(command[command.len() - 2..], ["--archive".to_string(), RESTORE_ARCHIVE.to_string()]);
     }
 }

@@ -45,9 +45,26 @@ enum Command {
     /// Jobs run; the bucket and key come from `PLUGDB_S3_*` and `AWS_*` variables).
     #[command(subcommand)]
     Transfer(TransferCommand),
+    /// Ship the engine's finished log segments from a directory to object storage until
+    /// stopped (the container beside each member of a Database with point-in-time
+    /// recovery; the bucket comes from `PLUGDB_S3_*` and `AWS_*` variables).
+    Archive(ArchiveArgs),
     /// The operator's own compiler process (see `plugin::compiler`); not for people.
     #[command(hide = true)]
     Compile(CompileArgs),
+}
+
+#[derive(Debug, Args)]
+struct ArchiveArgs {
+    /// The directory the engine places finished segments in.
+    #[arg(long, value_name = "PATH")]
+    dir: PathBuf,
+    /// The Database's archive in the bucket (`<prefix>/<namespace>/<database>/_archive`).
+    #[arg(long, value_name = "KEY")]
+    key: String,
+    /// Seconds between two looks at the directory.
+    #[arg(long, default_value_t = 2)]
+    every: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,6 +102,9 @@ struct TransferArgs {
     /// The backup's key in the bucket (`<prefix>/<namespace>/<database>/<backup>`).
     #[arg(long, value_name = "KEY")]
     key: String,
+    /// Download only: also the archived segments a replay from this backup needs, into this directory.
+    #[arg(long, value_name = "DIR")]
+    archive: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -160,6 +180,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Transfer(command) => transfer(command),
+        Command::Archive(args) => archive(args),
         Command::Compile(args) => compiler::serve(compiler::Request {
             tier: compiler::tier_named(&args.tier).context("compile: --tier is quick or optimized")?,
             memory_bytes: args.memory_bytes,
@@ -171,12 +192,32 @@ fn main() -> Result<()> {
 
 fn transfer(command: TransferCommand) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-    let (verb, manifest) = match command {
-        TransferCommand::Upload(a) => ("uploaded", runtime.block_on(plugdb::objects::upload_from_env(&a.artefact, &a.key))),
-        TransferCommand::Download(a) => ("downloaded", runtime.block_on(plugdb::objects::download_from_env(&a.key, &a.artefact))),
+    let (verb, moved) = match command {
+        TransferCommand::Upload(a) => {
+            ("uploaded", runtime.block_on(plugdb::objects::upload_from_env(&a.artefact, &a.key)).map(|manifest| (manifest, 0)))
+        }
+        TransferCommand::Download(a) => {
+            ("downloaded", runtime.block_on(plugdb::objects::download_from_env(&a.key, &a.artefact, a.archive.as_deref())))
+        }
     };
-    let manifest = manifest?;
-    eprintln!("plugdb transfer: {verb} {} files, {} bytes", manifest.files.len(), manifest.bytes());
+    let (manifest, segments) = moved?;
+    eprintln!("plugdb transfer: {verb} {} files, {} bytes; {segments} archived segments", manifest.files.len(), manifest.bytes());
+    Ok(())
+}
+
+fn archive(args: ArchiveArgs) -> Result<()> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let stop = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        plugdb::objects::archive_from_env(&args.dir, &args.key, std::time::Duration::from_secs(args.every.max(1)), stop).await
+    })?;
     Ok(())
 }
 

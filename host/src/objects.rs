@@ -7,7 +7,13 @@
 //! ```text
 //! <prefix>/<namespace>/<database>/<backup>/files/<path>    the artefact, file by file
 //! <prefix>/<namespace>/<database>/<backup>/manifest.json    written last: the backup is complete
+//! <prefix>/<namespace>/<database>/_archive/<segment>       the engine's archived log, one object per segment
 //! ```
+//!
+//! Backup names are DNS labels, so `_archive` is never one. The archive is shipped from
+//! each member by `plugdb archive` (a container beside the engine, from the operator's
+//! image), segment by segment as the engine finishes them: a point-in-time restore
+//! takes a backup taken before the moment and replays the archive from it.
 //!
 //! A backup is complete only once its manifest exists, and the manifest names every
 //! file with its size and SHA-256: an upload interrupted at any point leaves no
@@ -172,7 +178,9 @@ pub struct Manifest {
     pub kind: ArtefactKind,
     /// Every file, paths relative to the artefact (a single file: its name).
     pub files: Vec<FileEntry>,
-    /// When the upload started and ended.
+    /// When the artefact began to be written: its oldest file's birth time where the
+    /// filesystem records one, else when the upload began. The archive needed to replay
+    /// from this backup starts here.
     pub started: DateTime<Utc>,
     /// When the last file was uploaded.
     pub completed: DateTime<Utc>,
@@ -239,8 +247,8 @@ fn files_of(artefact: &Path) -> Result<(ArtefactKind, Vec<(String, PathBuf)>), E
 /// Uploads the artefact at `artefact` (a file or a directory) to `key`, then its
 /// manifest. Anything already under `key` is replaced by the new manifest's view.
 pub async fn upload(store: &dyn ObjectStore, key: &Key, artefact: &Path) -> Result<Manifest, Error> {
-    let started = Utc::now();
     let (kind, files) = files_of(artefact)?;
+    let started = born(artefact, &files).unwrap_or_else(Utc::now);
     let mut entries = Vec::with_capacity(files.len());
     for (relative, path) in files {
         let (bytes, sha256) = upload_file(store, &file_key(key, &relative), &path).await?;
@@ -253,6 +261,12 @@ pub async fn upload(store: &dyn ObjectStore, key: &Key, artefact: &Path) -> Resu
         .await
         .map_err(|e| error(format!("writing {}", key.clone().join(MANIFEST)), e))?;
     Ok(manifest)
+}
+
+/// When the artefact's first file was created, if the filesystem records birth times.
+fn born(artefact: &Path, files: &[(String, PathBuf)]) -> Option<DateTime<Utc>> {
+    let created = |p: &Path| std::fs::metadata(p).and_then(|m| m.created()).ok().map(DateTime::<Utc>::from);
+    std::iter::once(artefact).chain(files.iter().map(|(_, p)| p.as_path())).filter_map(created).min()
 }
 
 fn file_key(key: &Key, relative: &str) -> Key {
@@ -374,6 +388,9 @@ pub async fn list(store: &dyn ObjectStore, database: &Key) -> Result<Vec<Listed>
         let Some(mut rest) = object.location.prefix_match(database) else { continue };
         let Some(name) = rest.next() else { continue };
         let name = name.as_ref().to_string();
+        if name == ARCHIVE {
+            continue;
+        }
         let is_manifest = rest.next().is_some_and(|p| p.as_ref() == MANIFEST) && rest.next().is_none();
         let at = object.last_modified;
         match backups.iter_mut().find(|b| b.name == name) {
@@ -421,16 +438,152 @@ pub async fn remove(store: &dyn ObjectStore, key: &Key) -> Result<(), Error> {
     Ok(())
 }
 
+/// Where a Database's archived log lives, under its [`database_key`].
+pub const ARCHIVE: &str = "_archive";
+
+/// Give archived segments this much more time than the clocks say: the birth time of
+/// a backup is the node's clock, a segment's time the object store's.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(300);
+
+/// One archived log segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// Its file name, as the engine wrote it.
+    pub name: String,
+    /// When it was stored.
+    pub at: DateTime<Utc>,
+}
+
+/// The archived segments under `database` (a [`database_key`]), in name order.
+pub async fn archived(store: &dyn ObjectStore, database: &Key) -> Result<Vec<Segment>, Error> {
+    let key = database.clone().join(ARCHIVE);
+    let objects: Vec<_> = store.list(Some(&key)).try_collect().await.map_err(|e| error(format!("listing {key}/"), e))?;
+    let mut segments: Vec<Segment> =
+        objects.into_iter().filter_map(|o| Some(Segment { name: o.location.filename()?.to_string(), at: o.last_modified })).collect();
+    segments.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(segments)
+}
+
+/// The segments a backup that started at `started` replays (stored since, less [`CLOCK_SKEW`]).
+pub fn needed_since(segments: &[Segment], started: DateTime<Utc>) -> impl Iterator<Item = &Segment> {
+    let since = started - CLOCK_SKEW;
+    segments.iter().filter(move |s| s.at >= since)
+}
+
+/// Ships every finished segment in `dir` (a file whose name does not start with `.`) to
+/// `key`, in name order, deleting each once it is stored. Returns how many it shipped.
+pub async fn ship(store: &dyn ObjectStore, dir: &Path, key: &Key) -> Result<usize, Error> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| error(format!("reading {}", dir.display()), e))? {
+        let entry = entry.map_err(|e| error(format!("reading {}", dir.display()), e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.file_type().is_ok_and(|t| t.is_file()) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    for name in &names {
+        let path = dir.join(name);
+        upload_file(store, &key.clone().join(name.as_str()), &path).await?;
+        std::fs::remove_file(&path).map_err(|e| error(format!("removing {} once archived", path.display()), e))?;
+    }
+    Ok(names.len())
+}
+
+/// Downloads the segments a restore from the backup at `backup` (started at `started`)
+/// replays, from its Database's archive into `dest`. Returns how many.
+pub async fn download_archive(store: &dyn ObjectStore, backup: &Key, started: DateTime<Utc>, dest: &Path) -> Result<usize, Error> {
+    let database: Key = backup.parts().collect::<Vec<_>>().split_last().map(|(_, rest)| rest.iter().cloned().collect()).unwrap_or_default();
+    let segments = archived(store, &database).await?;
+    tokio::fs::create_dir_all(dest).await.map_err(|e| error(format!("creating {}", dest.display()), e))?;
+    let mut count = 0;
+    for segment in needed_since(&segments, started) {
+        let key = database.clone().join(ARCHIVE).join(segment.name.as_str());
+        let path = dest.join(safe_relative(&segment.name)?);
+        let mut stream = store.get(&key).await.map_err(|e| error(format!("downloading {key}"), e))?.into_stream();
+        let mut file = tokio::fs::File::create(&path).await.map_err(|e| error(format!("creating {}", path.display()), e))?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| error(format!("downloading {key}"), e))?;
+            file.write_all(&chunk).await.map_err(|e| error(format!("writing {}", path.display()), e))?;
+        }
+        file.flush().await.map_err(|e| error(format!("writing {}", path.display()), e))?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Removes archived segments that no kept backup replays: stored before `oldest_started`
+/// (the oldest kept backup's start) less [`CLOCK_SKEW`]. Returns how many.
+pub async fn prune_archive(
+    store: &dyn ObjectStore,
+    database: &Key,
+    segments: &[Segment],
+    oldest_started: DateTime<Utc>,
+) -> Result<usize, Error> {
+    let before = oldest_started - CLOCK_SKEW;
+    let mut count = 0;
+    for segment in segments.iter().filter(|s| s.at < before) {
+        let key = database.clone().join(ARCHIVE).join(segment.name.as_str());
+        match store.delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => count += 1,
+            Err(e) => return Err(error(format!("deleting {key}"), e)),
+        }
+    }
+    Ok(count)
+}
+
+/// `plugdb archive`: ships `dir` to `key` with the bucket from the environment, every
+/// `every`, until `stop` resolves; then once more after the directory stayed empty for
+/// a few seconds (the engine archives its last segment as it shuts down).
+pub async fn archive_from_env(dir: &Path, key: &str, every: Duration, stop: impl std::future::Future<Output = ()>) -> Result<(), Error> {
+    let store = Bucket::from_env()?.store()?;
+    let key = Key::from(key);
+    tokio::pin!(stop);
+    loop {
+        match ship(store.as_ref(), dir, &key).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(segments = n, "archived"),
+            // The engine keeps its segments until they are shipped: try again.
+            Err(e) => tracing::warn!("archiving: {e}"),
+        }
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+    let mut quiet = 0;
+    while quiet < 5 {
+        quiet = match ship(store.as_ref(), dir, &key).await {
+            Ok(0) => quiet + 1,
+            Ok(_) => 0,
+            Err(e) => {
+                tracing::warn!("archiving: {e}");
+                quiet + 1
+            }
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
 /// `plugdb transfer upload`: the artefact at `from` to `to`, with the bucket from the environment.
 pub async fn upload_from_env(from: &Path, to: &str) -> Result<Manifest, Error> {
     let store = Bucket::from_env()?.store()?;
     upload(store.as_ref(), &Key::from(to), from).await
 }
 
-/// `plugdb transfer download`: the backup at `from` into `to`, with the bucket from the environment.
-pub async fn download_from_env(from: &str, to: &Path) -> Result<Manifest, Error> {
+/// `plugdb transfer download`: the backup at `from` into `to`, with the bucket from the
+/// environment; with `archive`, also the archived segments replayed from it, into that
+/// directory. Returns the manifest and how many segments.
+pub async fn download_from_env(from: &str, to: &Path, archive: Option<&Path>) -> Result<(Manifest, usize), Error> {
     let store = Bucket::from_env()?.store()?;
-    download(store.as_ref(), &Key::from(from), to).await
+    let key = Key::from(from);
+    let manifest = download(store.as_ref(), &key, to).await?;
+    let segments = match archive {
+        Some(dir) => download_archive(store.as_ref(), &key, manifest.started, dir).await?,
+        None => 0,
+    };
+    Ok((manifest, segments))
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ fn native_inputs() -> (plugdb_sdk::DatabaseSpec, plugdb_sdk::ClusterContext) {
             primary_pod: c.primary_pod,
             credentials_secret: c.credentials_secret,
             config_mount_path: c.config_mount_path,
+            archive_directory: c.archive_directory,
         },
     )
 }

@@ -85,6 +85,7 @@ impl EngineUnderTest {
             primary_pod,
             credentials_secret: format!("{}-credentials", spec.name),
             config_mount_path: CONFIG_MOUNT.into(),
+            archive_directory: None,
         };
         let workload = plugin.render(spec, &cluster).expect("render");
         let (env, args) = (self.plumbing)(&pod);

@@ -56,5 +56,6 @@ pub fn cluster(name: &str, namespace: &str) -> plugdb::plugin::ClusterContext {
         primary_pod: format!("{name}-0"),
         credentials_secret: format!("{name}-credentials"),
         config_mount_path: "/etc/plugdb".into(),
+        archive_directory: None,
     }
 }

@@ -13,7 +13,8 @@ fn inspect_and_pack_describe_a_real_plugin() {
     let plugin = plugdb_tests::component_path("postgres");
     let text = cli::inspect(&plugin).expect("inspect");
     assert!(text.contains("engine:            postgres"), "{text}");
-    assert!(text.contains("contract:          plugdb:engine@0.1.0"), "{text}");
+    assert!(text.contains("contract:          plugdb:engine@0.2.0"), "{text}");
+    assert!(text.contains("point-in-time"), "{text}");
     let yaml = cli::pack(&plugin, "plugdb-system").expect("pack");
     let cm: k8s_openapi::api::core::v1::ConfigMap = yaml_serde::from_str(&yaml).expect("a ConfigMap");
     assert_eq!(cm.metadata.labels.expect("labels")["plugdb.io/engine-plugin"], "postgres");

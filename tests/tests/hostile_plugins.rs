@@ -190,6 +190,9 @@ fn every_call_outcome_is_counted_in_the_metrics() {
             artifact: "a".into(),
             host: "h".into(),
             credentials_secret: "victim-credentials".into(),
+            cluster: plugdb_tests::cluster("victim", "default"),
+            archive_directory: None,
+            point_in_time: None,
         },
     );
     let text = metrics.encode();
@@ -219,7 +222,7 @@ fn a_plugin_for_another_contract_version_is_refused_at_load() {
     let err = runtime().load(&plugdb_tests::component("future-contract")).expect_err("refused");
     assert!(matches!(err, LoadError::Contract(_)), "{err}");
     let text = err.to_string();
-    assert!(text.contains("plugdb:engine@1.0.0") && text.contains("plugdb:engine@0.1.0"), "{text}");
+    assert!(text.contains("plugdb:engine@1.0.0") && text.contains("plugdb:engine@0.2.0") && text.contains("rebuild"), "{text}");
 }
 
 #[test]

@@ -109,6 +109,9 @@ fn backup_then_restore_gives_identical_data() {
         artifact: "source-20260101-0000".into(),
         host: source.address.clone(),
         credentials_secret: "source-credentials".into(),
+        cluster: plugdb_tests::cluster("source", "default"),
+        archive_directory: None,
+        point_in_time: None,
     };
     let backup = plugin.backup(&s, &location).expect("backup plan");
     source.run_job(&backup, &source_secrets, &[("PATH", PATH.into())]).expect("backup job");

@@ -200,3 +200,47 @@ async fn an_endpoint_signed_by_a_private_ca_is_reached_with_that_ca_only() {
     let err = objects::list(unknown.store().expect("store").as_ref(), &database).await.expect_err("an unknown CA is refused");
     assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
 }
+
+#[tokio::test]
+async fn the_archive_ships_finished_segments_only_and_a_restore_takes_what_its_backup_replays() {
+    let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
+    let store = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
+    let work = tempfile::tempdir().expect("tempdir");
+    let database = objects::database_key("pg", "shop", "orders");
+    let archive = database.clone().join(objects::ARCHIVE);
+
+    // The engine's directory: two finished segments, one still being written (a dot name).
+    let spool = work.path().join("spool");
+    write(&spool.join("000000010000000000000001"), 70_000, 1);
+    write(&spool.join("000000010000000000000002"), 70_000, 2);
+    write(&spool.join(".000000010000000000000003"), 10, 3);
+    assert_eq!(objects::ship(store.as_ref(), &spool, &archive).await.expect("ship"), 2);
+    let left: Vec<String> = std::fs::read_dir(&spool).expect("spool").flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+    assert_eq!(left, [".000000010000000000000003"], "shipped segments are removed; one being written is left alone");
+    let segments = objects::archived(store.as_ref(), &database).await.expect("archived");
+    let names: Vec<&str> = segments.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["000000010000000000000001", "000000010000000000000002"]);
+
+    // The archive is never mistaken for a backup (retention would remove it).
+    let artefact = work.path().join("orders-1");
+    write(&artefact.join("base.tar.gz"), 1_000, 4);
+    let backup = database.clone().join("orders-1");
+    let manifest = objects::upload(store.as_ref(), &backup, &artefact).await.expect("upload");
+    let listed = objects::list(store.as_ref(), &database).await.expect("list");
+    assert_eq!(listed.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["orders-1"]);
+    assert!(manifest.started <= manifest.completed);
+
+    // A restore from the backup downloads the segments stored since it started.
+    let replay = work.path().join("replay");
+    let count = objects::download_archive(store.as_ref(), &backup, manifest.started, &replay).await.expect("download");
+    assert_eq!(count, 2);
+    assert_eq!(tree(&replay).len(), 2);
+    let expected: Vec<u8> = (0..70_000usize).map(|i| (i as u8).wrapping_mul(31).wrapping_add(2)).collect();
+    assert_eq!(std::fs::read(replay.join("000000010000000000000002")).expect("segment"), expected, "byte for byte");
+    // A backup that started long after them needs none, and retention removes them.
+    let later = manifest.started + Duration::from_secs(3600);
+    assert_eq!(objects::download_archive(store.as_ref(), &backup, later, &work.path().join("none")).await.expect("download"), 0);
+    assert_eq!(objects::prune_archive(store.as_ref(), &database, &segments, manifest.started).await.expect("prune"), 0);
+    assert_eq!(objects::prune_archive(store.as_ref(), &database, &segments, later).await.expect("prune"), 2);
+    assert!(objects::archived(store.as_ref(), &database).await.expect("archived").is_empty());
+}

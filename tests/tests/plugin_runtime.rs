@@ -1,6 +1,6 @@
 //! Tier 2: real components, built from source, in the real wasmtime runtime.
 
-use plugdb::plugin::{EngineSpec, Limits, ParameterValue, ProbeAction, ResourceAmounts, Runtime};
+use plugdb::plugin::{BackupLocation, Capability, Contract, EngineSpec, Limits, ParameterValue, ProbeAction, ResourceAmounts, Runtime};
 
 fn spec(version: &str) -> EngineSpec {
     EngineSpec {
@@ -41,6 +41,43 @@ fn minimal_plugin_loads_and_answers_every_function() {
     assert_eq!(plugin.plan_upgrade(&spec("2"), "1").expect("upgrade 1→2").steps.len(), 1);
     let refusal = plugin.plan_upgrade(&spec("1"), "2").expect_err("downgrade refused");
     assert!(refusal.to_string().contains("cannot move from version 2 to 1"), "{refusal}");
+}
+
+#[test]
+fn a_plugin_built_for_contract_0_1_is_adapted_and_asked_only_what_0_1_can_answer() {
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    let plugin = runtime.load(&plugdb_tests::component("contract-0-1")).expect("a 0.1 plugin loads");
+    assert_eq!(plugin.contract(), Contract::V0_1);
+    let info = plugin.info();
+    assert_eq!((info.engine.as_str(), info.contract_version.as_str()), ("legacy", "0.1.0"));
+    assert!(info.capabilities.backup && info.capabilities.restore);
+    assert!(!info.capabilities.point_in_time, "0.1 has no word for it");
+    assert!(plugin.lacks(Capability::PointInTime).is_some());
+
+    let mut s = spec("1");
+    s.parameters.clear();
+    assert!(plugin.validate(&s).expect("validate").is_empty());
+    // What 0.2 adds to the records is dropped on the way in; the answers mean what they meant.
+    let mut cluster = plugdb_tests::cluster("orders", "shop");
+    cluster.archive_directory = Some("/plugdb/archive".into());
+    let workload = plugin.render(&s, &cluster).expect("render");
+    assert_eq!(workload.args, ["--primary", "orders.shop.svc"]);
+    assert_eq!(workload.readiness.expect("readiness").action, ProbeAction::TcpSocket(7100));
+    let location = BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster,
+        archive_directory: None,
+        point_in_time: None,
+    };
+    let job = plugin.backup(&s, &location).expect("backup plan");
+    assert_eq!(job.command[2], "legacy-dump --host orders.shop.svc > /backups/orders-1");
+    assert!(plugin.restore(&s, &location).expect("restore plan").command[2].starts_with("legacy-load"));
+
+    let current = runtime.load(&plugdb_tests::component("minimal")).expect("minimal loads");
+    assert_eq!(current.contract(), Contract::V0_2);
 }
 
 #[test]

@@ -4,17 +4,18 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile,
-    SecretKeySelector, SecurityContext, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
-    WeightedPodAffinityTerm,
+    Affinity, Capabilities, EnvVar, EnvVarSource, ExecAction, GRPCAction, HTTPGetAction, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, TCPSocketAction,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::selector;
-use crate::crd::{Database, SpreadRule};
+use crate::crd::{Database, S3Target, SpreadRule};
+use crate::objects;
 use crate::plugin::{EnvSource, ProbeAction, ResourceAmounts};
 
 /// Container environment from plugin variables.
@@ -55,6 +56,15 @@ pub fn probe(p: &crate::plugin::Probe) -> Probe {
     match &p.action {
         ProbeAction::Exec(command) => probe.exec = Some(ExecAction { command: Some(command.clone()) }),
         ProbeAction::TcpSocket(port) => probe.tcp_socket = Some(TCPSocketAction { port: IntOrString::Int(i32::from(*port)), host: None }),
+        ProbeAction::HttpGet { path, port, https } => {
+            probe.http_get = Some(HTTPGetAction {
+                path: Some(path.clone()),
+                port: IntOrString::Int(i32::from(*port)),
+                scheme: Some(if *https { "HTTPS" } else { "HTTP" }.into()),
+                ..Default::default()
+            })
+        }
+        ProbeAction::Grpc(port) => probe.grpc = Some(GRPCAction { port: i32::from(*port), service: None }),
     }
     probe
 }
@@ -177,4 +187,47 @@ pub fn zone_spread(db: &Database) -> Option<Vec<TopologySpreadConstraint>> {
         label_selector: Some(member_selector(db)),
         ..Default::default()
     }])
+}
+
+const CA_MOUNT: &str = "/etc/plugdb/s3-ca";
+
+/// The environment `plugdb transfer` and `plugdb archive` read the bucket `target` from:
+/// the access key from the user's Secret (a reference: the key never enters an object
+/// plugdb writes).
+pub fn bucket_env(target: &S3Target) -> Vec<EnvVar> {
+    let value = |name: &str, value: &str| EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() };
+    let secret = |name: &str, key: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector { name: target.credentials.secret_name.clone(), key: key.into(), optional: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut env = vec![
+        value(objects::ENV_ENDPOINT, &target.endpoint),
+        value(objects::ENV_BUCKET, &target.bucket),
+        value(objects::ENV_REGION, target.region.as_deref().unwrap_or("us-east-1")),
+        secret(objects::ENV_ACCESS_KEY_ID, &target.credentials.access_key_id_key),
+        secret(objects::ENV_SECRET_ACCESS_KEY, &target.credentials.secret_access_key_key),
+    ];
+    if target.ca.is_some() {
+        env.push(value(objects::ENV_CA_FILE, &format!("{CA_MOUNT}/ca.pem")));
+    }
+    env
+}
+
+/// The volume holding the bucket's private CA, and its mount, when `target` names one.
+pub fn bucket_ca(target: &S3Target) -> Option<(Volume, VolumeMount)> {
+    let ca = target.ca.as_ref()?;
+    let volume = Volume {
+        name: "s3-ca".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(ca.name.clone()),
+            items: Some(vec![KeyToPath { key: ca.key.clone(), path: "ca.pem".into(), mode: None }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Some((volume, mount("s3-ca", CA_MOUNT, true)))
 }

@@ -1,31 +1,62 @@
 //! The one place that knows the generated bindings: WIT types in, host types out.
+//!
+//! The host speaks two contracts: `plugdb:engine@0.2.0` (`wit/engine.wit`) and, adapted,
+//! `plugdb:engine@0.1.0` (`wit/v0.1/engine.wit`). Each has its bindings and conversions
+//! in a module of its own, written once by [`conversions!`] for the records both share;
+//! a 0.1 plugin's answers mean what they meant, and what 0.1 cannot say is absent
+//! (`point-in-time` is never declared, so the host never asks for it).
 
 use super::types as host;
 
-#[allow(missing_docs, clippy::all)]
-pub(crate) mod wit {
-    wasmtime::component::bindgen!({
-        world: "engine",
-        path: "../wit",
-    });
+use wasmtime::AsContextMut;
+use wasmtime::component::{Component, ComponentExportIndex, ComponentNamedList, Instance, Lift, Linker, Lower};
+
+/// The contract versions this host speaks, newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contract {
+    /// `plugdb:engine@0.2.x`.
+    V0_2,
+    /// `plugdb:engine@0.1.x`, adapted.
+    V0_1,
 }
 
-use wit::plugdb::engine::types as w;
+impl Contract {
+    /// The version this host was written against.
+    pub const CURRENT: Contract = Contract::V0_2;
 
-pub(crate) use w::LogLevel;
-pub(crate) use wit::Engine as EngineWorld;
-pub(crate) use wit::EnginePre as EngineWorldPre;
-pub(crate) use wit::plugdb::engine::host::Host as HostImports;
-pub(crate) use wit::plugdb::engine::types::Host as TypesImports;
+    /// The contract a plugin built against `version` (semver) speaks, if this host speaks it:
+    /// the same major and, for 0.x, the same minor.
+    pub fn of(version: &str) -> Option<Self> {
+        let mut it = version.split(['.', '-', '+']);
+        let (major, minor): (u64, u64) = (it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+        match (major, minor) {
+            (0, 2) => Some(Contract::V0_2),
+            (0, 1) => Some(Contract::V0_1),
+            _ => None,
+        }
+    }
 
-use wasmtime::AsContextMut;
-use wasmtime::component::{Component, ComponentExportIndex, ComponentNamedList, Instance, Lift, Lower};
+    /// Its full version.
+    pub fn version(self) -> &'static str {
+        match self {
+            Contract::V0_2 => "0.2.0",
+            Contract::V0_1 => "0.1.0",
+        }
+    }
+}
+
+/// Links the host's imports of every contract into `linker`.
+pub(crate) fn add_to_linker(linker: &mut Linker<super::runtime::CallState>) -> wasmtime::Result<()> {
+    v0_2::wit::Engine::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |state| state)?;
+    v0_1::wit::Engine::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |state| state)
+}
 
 /// Where each function of the contract sits in one plugin's component, found once at
-/// load, after [`EngineWorldPre::new`] type-checked them all: a call then fetches and
-/// checks just the function it runs, not all seven.
+/// load, after the world's `EnginePre::new` type-checked them all: a call then fetches
+/// and checks just the function it runs, not all seven.
 #[derive(Clone)]
 pub(crate) struct Exports {
+    contract: Contract,
     info: ComponentExportIndex,
     validate: ComponentExportIndex,
     render: ComponentExportIndex,
@@ -35,13 +66,35 @@ pub(crate) struct Exports {
     restore: ComponentExportIndex,
 }
 
+/// Dispatches a call to the module of the plugin's contract.
+macro_rules! by_contract {
+    ($self:ident, $f:ident($($arg:expr),*)) => {
+        match $self.contract {
+            Contract::V0_2 => v0_2::$f($self, $($arg),*),
+            Contract::V0_1 => v0_1::$f($self, $($arg),*),
+        }
+    };
+}
+
 impl Exports {
-    /// The contract's functions in `component`, whose interface is exported as `interface`.
-    pub(crate) fn find(component: &Component, interface: &str) -> Result<Self, String> {
+    /// The contract's functions in `component`, whose interface is exported as
+    /// `interface`, type-checked against `contract` through `pre`.
+    pub(crate) fn find<T: 'static>(
+        component: &Component,
+        interface: &str,
+        contract: Contract,
+        pre: &wasmtime::component::InstancePre<T>,
+    ) -> Result<Self, String> {
+        match contract {
+            Contract::V0_2 => v0_2::wit::EnginePre::new(pre.clone()).map(drop),
+            Contract::V0_1 => v0_1::wit::EnginePre::new(pre.clone()).map(drop),
+        }
+        .map_err(|e| format!("{e:#}"))?;
         let (_, at) = component.get_export(None, interface).ok_or_else(|| format!("no export `{interface}`"))?;
         let index =
             |name: &str| component.get_export(Some(&at), name).map(|(_, i)| i).ok_or_else(|| format!("`{interface}` exports no `{name}`"));
         Ok(Self {
+            contract,
             info: index("info")?,
             validate: index("validate")?,
             render: index("render")?,
@@ -52,8 +105,13 @@ impl Exports {
         })
     }
 
+    /// The contract the plugin speaks.
+    pub(crate) fn contract(&self) -> Contract {
+        self.contract
+    }
+
     pub(crate) fn info(&self, store: impl AsContextMut, instance: &Instance) -> wasmtime::Result<host::PluginInfo> {
-        call::<(), (w::PluginInfo,)>(store, instance, &self.info, ()).map(|(i,)| i.into())
+        by_contract!(self, info(store, instance))
     }
 
     pub(crate) fn validate(
@@ -62,9 +120,7 @@ impl Exports {
         instance: &Instance,
         spec: &host::EngineSpec,
     ) -> wasmtime::Result<Vec<host::Violation>> {
-        let spec = w::DatabaseSpec::from(spec);
-        call::<(&w::DatabaseSpec,), (Vec<w::Violation>,)>(store, instance, &self.validate, (&spec,))
-            .map(|(v,)| v.into_iter().map(Into::into).collect())
+        by_contract!(self, validate(store, instance, spec))
     }
 
     pub(crate) fn render(
@@ -74,9 +130,7 @@ impl Exports {
         spec: &host::EngineSpec,
         cluster: &host::ClusterContext,
     ) -> wasmtime::Result<Result<host::Workload, String>> {
-        let (spec, cluster) = (w::DatabaseSpec::from(spec), w::ClusterContext::from(cluster));
-        call::<(&w::DatabaseSpec, &w::ClusterContext), (Result<w::Workload, String>,)>(store, instance, &self.render, (&spec, &cluster))
-            .map(|(r,)| r.map(Into::into))
+        by_contract!(self, render(store, instance, spec, cluster))
     }
 
     pub(crate) fn plan_upgrade(
@@ -86,9 +140,7 @@ impl Exports {
         spec: &host::EngineSpec,
         from: &str,
     ) -> wasmtime::Result<Result<host::UpgradePlan, String>> {
-        let spec = w::DatabaseSpec::from(spec);
-        call::<(&w::DatabaseSpec, &str), (Result<w::UpgradePlan, String>,)>(store, instance, &self.plan_upgrade, (&spec, from))
-            .map(|(r,)| r.map(Into::into))
+        by_contract!(self, plan_upgrade(store, instance, spec, from))
     }
 
     pub(crate) fn choose_primary(
@@ -98,9 +150,7 @@ impl Exports {
         spec: &host::EngineSpec,
         members: &[host::Member],
     ) -> wasmtime::Result<host::FailoverDecision> {
-        let (spec, members): (_, Vec<w::Member>) = (w::DatabaseSpec::from(spec), members.iter().map(Into::into).collect());
-        call::<(&w::DatabaseSpec, &[w::Member]), (w::FailoverDecision,)>(store, instance, &self.choose_primary, (&spec, &members))
-            .map(|(d,)| d.into())
+        by_contract!(self, choose_primary(store, instance, spec, members))
     }
 
     /// The plugin's Job for a backup to, or a restore from, `location`.
@@ -116,9 +166,10 @@ impl Exports {
             JobKind::Backup => &self.backup,
             JobKind::Restore => &self.restore,
         };
-        let (spec, location) = (w::DatabaseSpec::from(spec), w::BackupLocation::from(location));
-        call::<(&w::DatabaseSpec, &w::BackupLocation), (Result<w::JobPlan, String>,)>(store, instance, index, (&spec, &location))
-            .map(|(r,)| r.map(Into::into))
+        match self.contract {
+            Contract::V0_2 => v0_2::job(store, instance, index, spec, location),
+            Contract::V0_1 => v0_1::job(store, instance, index, spec, location),
+        }
     }
 }
 
@@ -130,7 +181,7 @@ pub(crate) enum JobKind {
 }
 
 /// Runs the export at `index` of `instance` with `params`, type-checked as `P -> R`.
-fn call<P, R>(mut store: impl AsContextMut, instance: &Instance, index: &ComponentExportIndex, params: P) -> wasmtime::Result<R>
+pub(crate) fn call<P, R>(mut store: impl AsContextMut, instance: &Instance, index: &ComponentExportIndex, params: P) -> wasmtime::Result<R>
 where
     P: ComponentNamedList + Lower,
     R: ComponentNamedList + Lift,
@@ -139,59 +190,285 @@ where
     func.typed::<P, R>(&store)?.call(&mut store, params)
 }
 
-impl From<w::PluginInfo> for host::PluginInfo {
-    fn from(i: w::PluginInfo) -> Self {
-        let c = i.capabilities;
-        Self {
-            engine: i.engine,
-            plugin_version: i.plugin_version,
-            contract_version: i.contract_version,
-            supported_versions: i.supported_versions,
-            default_version: i.default_version,
-            default_port: i.default_port,
-            capabilities: host::Capabilities {
+/// The calls and conversions both contracts share, written against `w` (the
+/// contract's `types` interface) in the module that invokes it.
+macro_rules! conversions {
+    () => {
+        use super::host;
+        use super::{Exports, call};
+        use wasmtime::AsContextMut;
+        use wasmtime::component::{ComponentExportIndex, Instance};
+
+        pub(crate) use wit::plugdb::engine::host::Host as HostImports;
+        pub(crate) use wit::plugdb::engine::types::Host as TypesImports;
+
+        pub(super) fn info(e: &Exports, store: impl AsContextMut, instance: &Instance) -> wasmtime::Result<host::PluginInfo> {
+            call::<(), (w::PluginInfo,)>(store, instance, &e.info, ()).map(|(i,)| plugin_info(i))
+        }
+
+        pub(super) fn validate(
+            e: &Exports,
+            store: impl AsContextMut,
+            instance: &Instance,
+            spec: &host::EngineSpec,
+        ) -> wasmtime::Result<Vec<host::Violation>> {
+            let spec = database_spec(spec);
+            call::<(&w::DatabaseSpec,), (Vec<w::Violation>,)>(store, instance, &e.validate, (&spec,))
+                .map(|(v,)| v.into_iter().map(|v| host::Violation { field: v.field, message: v.message }).collect())
+        }
+
+        pub(super) fn render(
+            e: &Exports,
+            store: impl AsContextMut,
+            instance: &Instance,
+            spec: &host::EngineSpec,
+            cluster: &host::ClusterContext,
+        ) -> wasmtime::Result<Result<host::Workload, String>> {
+            let (spec, cluster) = (database_spec(spec), cluster_context(cluster));
+            call::<(&w::DatabaseSpec, &w::ClusterContext), (Result<w::Workload, String>,)>(store, instance, &e.render, (&spec, &cluster))
+                .map(|(r,)| r.map(workload))
+        }
+
+        pub(super) fn plan_upgrade(
+            e: &Exports,
+            store: impl AsContextMut,
+            instance: &Instance,
+            spec: &host::EngineSpec,
+            from: &str,
+        ) -> wasmtime::Result<Result<host::UpgradePlan, String>> {
+            let spec = database_spec(spec);
+            call::<(&w::DatabaseSpec, &str), (Result<w::UpgradePlan, String>,)>(store, instance, &e.plan_upgrade, (&spec, from))
+                .map(|(r,)| r.map(upgrade_plan))
+        }
+
+        pub(super) fn choose_primary(
+            e: &Exports,
+            store: impl AsContextMut,
+            instance: &Instance,
+            spec: &host::EngineSpec,
+            members: &[host::Member],
+        ) -> wasmtime::Result<host::FailoverDecision> {
+            let spec = database_spec(spec);
+            let members: Vec<w::Member> = members
+                .iter()
+                .map(|m| w::Member {
+                    pod: m.pod.clone(),
+                    ordinal: m.ordinal,
+                    ready: m.ready,
+                    primary: m.primary,
+                    position: m.position.clone(),
+                })
+                .collect();
+            call::<(&w::DatabaseSpec, &[w::Member]), (w::FailoverDecision,)>(store, instance, &e.choose_primary, (&spec, &members)).map(
+                |(d,)| match d {
+                    w::FailoverDecision::Promote(p) => host::FailoverDecision::Promote { pod: p.pod, command: p.command },
+                    w::FailoverDecision::NoSafeMember(reason) => host::FailoverDecision::NoSafeMember(reason),
+                },
+            )
+        }
+
+        pub(super) fn job(
+            store: impl AsContextMut,
+            instance: &Instance,
+            index: &ComponentExportIndex,
+            spec: &host::EngineSpec,
+            location: &host::BackupLocation,
+        ) -> wasmtime::Result<Result<host::JobPlan, String>> {
+            let (spec, location) = (database_spec(spec), backup_location(location));
+            call::<(&w::DatabaseSpec, &w::BackupLocation), (Result<w::JobPlan, String>,)>(store, instance, index, (&spec, &location))
+                .map(|(r,)| r.map(job_plan))
+        }
+
+        fn amounts(a: &host::ResourceAmounts) -> w::ResourceAmounts {
+            w::ResourceAmounts { cpu_millis: a.cpu_millis, memory_bytes: a.memory_bytes }
+        }
+
+        fn database_spec(s: &host::EngineSpec) -> w::DatabaseSpec {
+            w::DatabaseSpec {
+                name: s.name.clone(),
+                namespace: s.namespace.clone(),
+                version: s.version.clone(),
+                replicas: s.replicas,
+                storage_bytes: s.storage_bytes,
+                requests: amounts(&s.requests),
+                limits: amounts(&s.limits),
+                parameters: s
+                    .parameters
+                    .iter()
+                    .map(|(name, value)| w::Parameter {
+                        name: name.clone(),
+                        value: match value {
+                            host::ParameterValue::Text(t) => w::ParameterValue::Text(t.clone()),
+                            host::ParameterValue::Integer(n) => w::ParameterValue::Integer(*n),
+                        },
+                    })
+                    .collect(),
+            }
+        }
+
+        fn env(e: w::EnvVar) -> host::EnvVar {
+            host::EnvVar {
+                name: e.name,
+                source: match e.source {
+                    w::EnvSource::Value(v) => host::EnvSource::Value(v),
+                    w::EnvSource::Secret(s) => host::EnvSource::Secret(host::SecretRef { name: s.name, key: s.key }),
+                    w::EnvSource::Field(f) => host::EnvSource::Field(f),
+                },
+            }
+        }
+
+        fn probe(p: w::Probe) -> host::Probe {
+            host::Probe {
+                action: probe_action(p.action),
+                initial_delay_seconds: p.initial_delay_seconds,
+                period_seconds: p.period_seconds,
+                timeout_seconds: p.timeout_seconds,
+                failure_threshold: p.failure_threshold,
+            }
+        }
+
+        fn workload(w: w::Workload) -> host::Workload {
+            host::Workload {
+                image: w.image,
+                command: w.command,
+                args: w.args,
+                env: w.env.into_iter().map(env).collect(),
+                ports: w.ports.into_iter().map(|p| host::Port { name: p.name, port: p.port }).collect(),
+                readiness: w.readiness.map(probe),
+                liveness: w.liveness.map(probe),
+                config_files: w.config_files.into_iter().map(|f| host::ConfigFile { name: f.name, content: f.content }).collect(),
+                data_mount_path: w.data_mount_path,
+                credentials: w.credentials.into_iter().map(|c| host::Credential { key: c.key, length: c.length }).collect(),
+                recommended: host::ResourceAmounts { cpu_millis: w.recommended.cpu_millis, memory_bytes: w.recommended.memory_bytes },
+                run_as_user: w.run_as_user,
+            }
+        }
+
+        fn job_plan(j: w::JobPlan) -> host::JobPlan {
+            host::JobPlan { image: j.image, command: j.command, env: j.env.into_iter().map(env).collect(), mounts_data: j.mounts_data }
+        }
+
+        fn upgrade_plan(p: w::UpgradePlan) -> host::UpgradePlan {
+            host::UpgradePlan {
+                steps: p
+                    .steps
+                    .into_iter()
+                    .map(|s| match s {
+                        w::UpgradeStep::RollingRestart => host::UpgradeStep::RollingRestart,
+                        w::UpgradeStep::Job(j) => host::UpgradeStep::Job(job_plan(j)),
+                    })
+                    .collect(),
+                backup_first: p.backup_first,
+            }
+        }
+
+        fn level(level: w::LogLevel) -> tracing::Level {
+            match level {
+                w::LogLevel::Trace => tracing::Level::TRACE,
+                w::LogLevel::Debug => tracing::Level::DEBUG,
+                w::LogLevel::Info => tracing::Level::INFO,
+                w::LogLevel::Warn => tracing::Level::WARN,
+                w::LogLevel::Error => tracing::Level::ERROR,
+            }
+        }
+
+        impl TypesImports for super::super::runtime::CallState {}
+
+        impl HostImports for super::super::runtime::CallState {
+            fn log(&mut self, l: w::LogLevel, message: String) {
+                self.log_line(level(l), message)
+            }
+        }
+
+        fn capabilities(c: w::Capabilities) -> host::Capabilities {
+            host::Capabilities {
                 backup: c.contains(w::Capabilities::BACKUP),
                 restore: c.contains(w::Capabilities::RESTORE),
                 failover: c.contains(w::Capabilities::FAILOVER),
                 online_upgrade: c.contains(w::Capabilities::ONLINE_UPGRADE),
                 major_upgrade: c.contains(w::Capabilities::MAJOR_UPGRADE),
-            },
+                point_in_time: point_in_time(c),
+            }
+        }
+
+        fn plugin_info(i: w::PluginInfo) -> host::PluginInfo {
+            host::PluginInfo {
+                engine: i.engine,
+                plugin_version: i.plugin_version,
+                contract_version: i.contract_version,
+                supported_versions: i.supported_versions,
+                default_version: i.default_version,
+                default_port: i.default_port,
+                capabilities: capabilities(i.capabilities),
+            }
+        }
+    };
+}
+
+/// `plugdb:engine@0.2.0`: the contract as `wit/engine.wit` states it.
+pub(crate) mod v0_2 {
+    #[allow(missing_docs, clippy::all)]
+    pub(crate) mod wit {
+        wasmtime::component::bindgen!({ world: "engine", path: "../wit" });
+    }
+    use wit::plugdb::engine::types as w;
+
+    conversions!();
+
+    fn point_in_time(c: w::Capabilities) -> bool {
+        c.contains(w::Capabilities::POINT_IN_TIME)
+    }
+
+    fn cluster_context(c: &host::ClusterContext) -> w::ClusterContext {
+        w::ClusterContext {
+            primary_host: c.primary_host.clone(),
+            headless_host: c.headless_host.clone(),
+            primary_pod: c.primary_pod.clone(),
+            credentials_secret: c.credentials_secret.clone(),
+            config_mount_path: c.config_mount_path.clone(),
+            archive_directory: c.archive_directory.clone(),
+        }
+    }
+
+    fn backup_location(l: &host::BackupLocation) -> w::BackupLocation {
+        w::BackupLocation {
+            directory: l.directory.clone(),
+            artifact: l.artifact.clone(),
+            host: l.host.clone(),
+            credentials_secret: l.credentials_secret.clone(),
+            cluster: cluster_context(&l.cluster),
+            archive_directory: l.archive_directory.clone(),
+            point_in_time: l.point_in_time.clone(),
+        }
+    }
+
+    fn probe_action(a: w::ProbeAction) -> host::ProbeAction {
+        match a {
+            w::ProbeAction::Exec(cmd) => host::ProbeAction::Exec(cmd),
+            w::ProbeAction::TcpSocket(port) => host::ProbeAction::TcpSocket(port),
+            w::ProbeAction::HttpGet(h) => host::ProbeAction::HttpGet { path: h.path, port: h.port, https: h.https },
+            w::ProbeAction::Grpc(port) => host::ProbeAction::Grpc(port),
         }
     }
 }
 
-fn amounts(a: &host::ResourceAmounts) -> w::ResourceAmounts {
-    w::ResourceAmounts { cpu_millis: a.cpu_millis, memory_bytes: a.memory_bytes }
-}
-
-impl From<&host::EngineSpec> for w::DatabaseSpec {
-    fn from(s: &host::EngineSpec) -> Self {
-        Self {
-            name: s.name.clone(),
-            namespace: s.namespace.clone(),
-            version: s.version.clone(),
-            replicas: s.replicas,
-            storage_bytes: s.storage_bytes,
-            requests: amounts(&s.requests),
-            limits: amounts(&s.limits),
-            parameters: s
-                .parameters
-                .iter()
-                .map(|(name, value)| w::Parameter {
-                    name: name.clone(),
-                    value: match value {
-                        host::ParameterValue::Text(t) => w::ParameterValue::Text(t.clone()),
-                        host::ParameterValue::Integer(n) => w::ParameterValue::Integer(*n),
-                    },
-                })
-                .collect(),
-        }
+/// `plugdb:engine@0.1.0` (`wit/v0.1/engine.wit`), adapted: it never declares
+/// `point-in-time`, so it is never given an archive directory or a point in time.
+pub(crate) mod v0_1 {
+    #[allow(missing_docs, clippy::all)]
+    pub(crate) mod wit {
+        wasmtime::component::bindgen!({ world: "engine", path: "../wit/v0.1" });
     }
-}
+    use wit::plugdb::engine::types as w;
 
-impl From<&host::ClusterContext> for w::ClusterContext {
-    fn from(c: &host::ClusterContext) -> Self {
-        Self {
+    conversions!();
+
+    fn point_in_time(_: w::Capabilities) -> bool {
+        false
+    }
+
+    fn cluster_context(c: &host::ClusterContext) -> w::ClusterContext {
+        w::ClusterContext {
             primary_host: c.primary_host.clone(),
             headless_host: c.headless_host.clone(),
             primary_pod: c.primary_pod.clone(),
@@ -199,112 +476,20 @@ impl From<&host::ClusterContext> for w::ClusterContext {
             config_mount_path: c.config_mount_path.clone(),
         }
     }
-}
 
-impl From<&host::BackupLocation> for w::BackupLocation {
-    fn from(l: &host::BackupLocation) -> Self {
-        Self {
+    fn backup_location(l: &host::BackupLocation) -> w::BackupLocation {
+        w::BackupLocation {
             directory: l.directory.clone(),
             artifact: l.artifact.clone(),
             host: l.host.clone(),
             credentials_secret: l.credentials_secret.clone(),
         }
     }
-}
 
-impl From<&host::Member> for w::Member {
-    fn from(m: &host::Member) -> Self {
-        Self { pod: m.pod.clone(), ordinal: m.ordinal, ready: m.ready, primary: m.primary, position: m.position.clone() }
-    }
-}
-
-impl From<w::Violation> for host::Violation {
-    fn from(v: w::Violation) -> Self {
-        Self { field: v.field, message: v.message }
-    }
-}
-
-fn env(e: w::EnvVar) -> host::EnvVar {
-    host::EnvVar {
-        name: e.name,
-        source: match e.source {
-            w::EnvSource::Value(v) => host::EnvSource::Value(v),
-            w::EnvSource::Secret(s) => host::EnvSource::Secret(host::SecretRef { name: s.name, key: s.key }),
-            w::EnvSource::Field(f) => host::EnvSource::Field(f),
-        },
-    }
-}
-
-fn probe(p: w::Probe) -> host::Probe {
-    host::Probe {
-        action: match p.action {
+    fn probe_action(a: w::ProbeAction) -> host::ProbeAction {
+        match a {
             w::ProbeAction::Exec(cmd) => host::ProbeAction::Exec(cmd),
             w::ProbeAction::TcpSocket(port) => host::ProbeAction::TcpSocket(port),
-        },
-        initial_delay_seconds: p.initial_delay_seconds,
-        period_seconds: p.period_seconds,
-        timeout_seconds: p.timeout_seconds,
-        failure_threshold: p.failure_threshold,
-    }
-}
-
-impl From<w::Workload> for host::Workload {
-    fn from(w: w::Workload) -> Self {
-        Self {
-            image: w.image,
-            command: w.command,
-            args: w.args,
-            env: w.env.into_iter().map(env).collect(),
-            ports: w.ports.into_iter().map(|p| host::Port { name: p.name, port: p.port }).collect(),
-            readiness: w.readiness.map(probe),
-            liveness: w.liveness.map(probe),
-            config_files: w.config_files.into_iter().map(|f| host::ConfigFile { name: f.name, content: f.content }).collect(),
-            data_mount_path: w.data_mount_path,
-            credentials: w.credentials.into_iter().map(|c| host::Credential { key: c.key, length: c.length }).collect(),
-            recommended: host::ResourceAmounts { cpu_millis: w.recommended.cpu_millis, memory_bytes: w.recommended.memory_bytes },
-            run_as_user: w.run_as_user,
         }
-    }
-}
-
-impl From<w::JobPlan> for host::JobPlan {
-    fn from(j: w::JobPlan) -> Self {
-        Self { image: j.image, command: j.command, env: j.env.into_iter().map(env).collect(), mounts_data: j.mounts_data }
-    }
-}
-
-impl From<w::UpgradePlan> for host::UpgradePlan {
-    fn from(p: w::UpgradePlan) -> Self {
-        Self {
-            steps: p
-                .steps
-                .into_iter()
-                .map(|s| match s {
-                    w::UpgradeStep::RollingRestart => host::UpgradeStep::RollingRestart,
-                    w::UpgradeStep::Job(j) => host::UpgradeStep::Job(j.into()),
-                })
-                .collect(),
-            backup_first: p.backup_first,
-        }
-    }
-}
-
-impl From<w::FailoverDecision> for host::FailoverDecision {
-    fn from(d: w::FailoverDecision) -> Self {
-        match d {
-            w::FailoverDecision::Promote(p) => host::FailoverDecision::Promote { pod: p.pod, command: p.command },
-            w::FailoverDecision::NoSafeMember(reason) => host::FailoverDecision::NoSafeMember(reason),
-        }
-    }
-}
-
-/// Maps a log level to tracing's.
-pub(crate) fn tracing_level(level: LogLevel) -> tracing::Level {
-    match level {
-        LogLevel::Trace => tracing::Level::TRACE,
-        LogLevel::Debug => tracing::Level::DEBUG,
-        LogLevel::Info => tracing::Level::INFO,
-        LogLevel::Warn => tracing::Level::WARN,
-        LogLevel::Error => tracing::Level::ERROR,
     }
 }

@@ -12,6 +12,7 @@ mod runtime;
 mod shape;
 pub mod types;
 
+pub use convert::Contract;
 pub use memo::Memo;
 pub use pool::{Busy, CallPool};
 pub use registry::{Outcome, Registry};

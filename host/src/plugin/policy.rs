@@ -145,7 +145,17 @@ fn check_probe(r: &mut Report, field: &str, probe: &Option<Probe>) {
             check!(r, !cmd.is_empty(), field, "exec probe needs a command");
             check_argv(r, field, cmd);
         }
-        ProbeAction::TcpSocket(port) => check!(r, *port != 0, field, "tcp probe port must not be 0"),
+        ProbeAction::TcpSocket(port) | ProbeAction::Grpc(port) => check!(r, *port != 0, field, "probe port must not be 0"),
+        ProbeAction::HttpGet { path, port, .. } => {
+            check!(r, *port != 0, field, "probe port must not be 0");
+            let path_ok = path.starts_with('/') && path.len() <= 256 && path.bytes().all(|b| b.is_ascii_graphic());
+            check!(
+                r,
+                path_ok,
+                field,
+                format!("http probe path {} must start with / and be at most 256 printable characters", quoted(path))
+            );
+        }
     }
     check!(r, (1..=3600).contains(&p.period_seconds), field, "periodSeconds must be 1-3600");
     check!(r, (1..=600).contains(&p.timeout_seconds), field, "timeoutSeconds must be 1-600");
@@ -252,6 +262,7 @@ mod tests {
             primary_pod: "orders-0".into(),
             credentials_secret: "orders-credentials".into(),
             config_mount_path: "/etc/plugdb".into(),
+            archive_directory: None,
         }
     }
 

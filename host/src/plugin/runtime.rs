@@ -9,14 +9,14 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
-use super::convert::{self, EngineWorld, EngineWorldPre, Exports, HostImports, JobKind, LogLevel, TypesImports};
+use super::convert::{self, Contract, Exports, JobKind};
 use super::memo::Memo;
 use super::shape::{Shape, ShapeLimits};
 use super::types::*;
 use crate::metrics::{CallLabels, MemoLabels, Metrics};
 
-/// The contract version this host implements (`wit/engine.wit`).
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The contract version this host implements (`wit/engine.wit`); it also serves 0.1 plugins.
+pub const CONTRACT_VERSION: &str = "0.2.0";
 const CONTRACT_EXPORT: &str = "plugdb:engine/plugin@";
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 const MAX_LOG_LINES: u32 = 64;
@@ -237,8 +237,7 @@ impl Runtime {
         }
         let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e:#}"))?;
         let mut linker = Linker::new(&engine);
-        EngineWorld::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |state| state)
-            .map_err(|e| anyhow::anyhow!("linking host imports: {e:#}"))?;
+        convert::add_to_linker(&mut linker).map_err(|e| anyhow::anyhow!("linking host imports: {e:#}"))?;
         let weak = engine.weak();
         std::thread::Builder::new().name("plugdb-epoch".into()).spawn(move || {
             while let Some(engine) = weak.upgrade() {
@@ -332,11 +331,10 @@ impl Runtime {
             return Err(LoadError::TooBig(excess.join("; ")));
         }
         let component = self.compile(bytes)?;
-        let interface = check_contract(&self.engine, &component)?;
+        let (interface, contract) = check_contract(&self.engine, &component)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Imports(format!("{e:#}")))?;
         // Type-checks every export of the contract, once.
-        let pre = EngineWorldPre::new(pre).map_err(|e| LoadError::Contract(format!("{e:#}")))?.instance_pre().clone();
-        let exports = Exports::find(&component, &interface).map_err(LoadError::Contract)?;
+        let exports = Exports::find(&component, &interface, contract, &pre).map_err(LoadError::Contract)?;
         let mut plugin = Plugin {
             info: Arc::new(placeholder_info()),
             digest: hex_digest(bytes),
@@ -347,7 +345,7 @@ impl Runtime {
         };
         let info: PluginInfo =
             plugin.call("info", |store, i| plugin.exports.info(store, i)).map_err(|e| LoadError::SelfTest(e.to_string()))?;
-        check_info(&info)?;
+        check_info(&info, plugin.exports.contract())?;
         plugin.info = Arc::new(info);
         Ok(plugin)
     }
@@ -370,22 +368,9 @@ pub fn hex_digest(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Whether `version` (semver) can be served by a host at `CONTRACT_VERSION`:
-/// same major, and for 0.x the same minor.
-fn compatible(version: &str) -> bool {
-    let parts = |v: &str| -> Option<(u64, u64)> {
-        let mut it = v.split(['.', '-', '+']);
-        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-    };
-    match (parts(version), parts(CONTRACT_VERSION)) {
-        (Some((0, minor)), Some((0, ours))) => minor == ours,
-        (Some((major, _)), Some((ours, _))) => major == ours,
-        _ => false,
-    }
-}
-
-/// The name of the contract interface `component` exports, if this host speaks its version.
-fn check_contract(engine: &Engine, component: &Component) -> Result<String, LoadError> {
+/// The name of the contract interface `component` exports and its contract, if this
+/// host speaks its version.
+fn check_contract(engine: &Engine, component: &Component) -> Result<(String, Contract), LoadError> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
     let Some(export) = exports.iter().find(|n| n.starts_with(CONTRACT_EXPORT)) else {
@@ -395,15 +380,16 @@ fn check_contract(engine: &Engine, component: &Component) -> Result<String, Load
         )));
     };
     let version = &export[CONTRACT_EXPORT.len()..];
-    if !compatible(version) {
+    let Some(contract) = Contract::of(version) else {
         return Err(LoadError::Contract(format!(
-            "the plugin implements plugdb:engine@{version}; this host speaks plugdb:engine@{CONTRACT_VERSION}"
+            "the plugin implements plugdb:engine@{version}; this host speaks plugdb:engine@{CONTRACT_VERSION} and 0.1: \
+             rebuild the plugin against the plugdb-sdk of this release"
         )));
-    }
-    Ok(export.clone())
+    };
+    Ok((export.clone(), contract))
 }
 
-fn check_info(info: &PluginInfo) -> Result<(), LoadError> {
+fn check_info(info: &PluginInfo, contract: Contract) -> Result<(), LoadError> {
     let name_ok = !info.engine.is_empty()
         && info.engine.len() <= 40
         && info.engine.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -412,8 +398,12 @@ fn check_info(info: &PluginInfo) -> Result<(), LoadError> {
     if !name_ok {
         return Err(LoadError::SelfTest(format!("engine name {:?} must be 1-40 characters of [a-z0-9-]", info.engine)));
     }
-    if !compatible(&info.contract_version) {
-        return Err(LoadError::Contract(format!("info() reports contract {}; this host speaks {CONTRACT_VERSION}", info.contract_version)));
+    if Contract::of(&info.contract_version) != Some(contract) {
+        return Err(LoadError::Contract(format!(
+            "info() reports contract {}, but the component implements plugdb:engine@{}",
+            info.contract_version,
+            contract.version()
+        )));
     }
     if info.supported_versions.is_empty() || !info.supported_versions.contains(&info.default_version) {
         return Err(LoadError::SelfTest(format!(
@@ -516,10 +506,9 @@ pub(crate) struct CallState {
     log_lines: u32,
 }
 
-impl TypesImports for CallState {}
-
-impl HostImports for CallState {
-    fn log(&mut self, level: LogLevel, message: String) {
+impl CallState {
+    /// A line the plugin logs: counted, cut and tagged with its engine.
+    pub(crate) fn log_line(&mut self, level: tracing::Level, message: String) {
         self.log_lines += 1;
         if self.log_lines > MAX_LOG_LINES {
             return;
@@ -533,7 +522,7 @@ impl HostImports for CallState {
             message.truncate(cut);
         }
         let engine = self.engine.as_str();
-        match convert::tracing_level(level) {
+        match level {
             tracing::Level::ERROR => tracing::error!(engine, "{message}"),
             tracing::Level::WARN => tracing::warn!(engine, "{message}"),
             tracing::Level::INFO => tracing::info!(engine, "{message}"),
@@ -547,6 +536,11 @@ impl Plugin {
     /// What the plugin said about itself at load.
     pub fn info(&self) -> &PluginInfo {
         &self.info
+    }
+
+    /// The contract the plugin was built against.
+    pub fn contract(&self) -> Contract {
+        self.exports.contract()
     }
 
     /// Why the plugin cannot be asked for `capability`: it does not declare it.
@@ -843,8 +837,8 @@ mod tests {
             default_port: 6379,
             capabilities: Capabilities::default(),
         };
-        assert!(check_info(&good).is_ok());
-        let refused = |info: PluginInfo| check_info(&info).expect_err("refused").to_string();
+        assert!(check_info(&good, Contract::CURRENT).is_ok());
+        let refused = |info: PluginInfo| check_info(&info, Contract::CURRENT).expect_err("refused").to_string();
         let said = refused(PluginInfo { plugin_version: "9".repeat(400 << 10), ..good.clone() });
         assert!(said.contains("plugin version") && said.contains("1-64 characters") && said.len() < 600, "{}", &said[..200]);
         assert!(refused(PluginInfo { engine: "Redis".into(), ..good.clone() }).contains("engine name"));

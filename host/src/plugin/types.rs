@@ -37,6 +37,8 @@ pub struct Capabilities {
     pub online_upgrade: bool,
     /// Major versions upgrade through Jobs.
     pub major_upgrade: bool,
+    /// The engine archives its log and restores to a point in time (contract 0.2).
+    pub point_in_time: bool,
 }
 
 /// One optional behaviour a plugin may declare; the host asks only for what is declared.
@@ -48,6 +50,8 @@ pub enum Capability {
     Restore,
     /// Choosing a replica to replace a lost primary.
     Failover,
+    /// Archiving the engine's log and restoring to a point in time.
+    PointInTime,
 }
 
 impl Capability {
@@ -57,6 +61,7 @@ impl Capability {
             Capability::Backup => "backup",
             Capability::Restore => "restore",
             Capability::Failover => "failover",
+            Capability::PointInTime => "point-in-time",
         }
     }
 }
@@ -68,6 +73,7 @@ impl Capabilities {
             Capability::Backup => self.backup,
             Capability::Restore => self.restore,
             Capability::Failover => self.failover,
+            Capability::PointInTime => self.point_in_time,
         }
     }
 }
@@ -176,6 +182,17 @@ pub enum ProbeAction {
     Exec(Vec<String>),
     /// Connect to a TCP port.
     TcpSocket(u16),
+    /// An HTTP(S) GET of `path` on `port`.
+    HttpGet {
+        /// Absolute path.
+        path: String,
+        /// Port.
+        port: u16,
+        /// HTTPS instead of HTTP.
+        https: bool,
+    },
+    /// The gRPC health check on a port.
+    Grpc(u16),
 }
 
 /// A readiness or liveness probe.
@@ -226,6 +243,8 @@ pub struct ClusterContext {
     pub credentials_secret: String,
     /// Where config files are mounted.
     pub config_mount_path: String,
+    /// Where the engine places finished log segments for the host to archive.
+    pub archive_directory: Option<String>,
 }
 
 /// The engine container and what surrounds it.
@@ -284,6 +303,12 @@ pub struct BackupLocation {
     pub host: String,
     /// Credentials Secret.
     pub credentials_secret: String,
+    /// The Database the Job works for.
+    pub cluster: ClusterContext,
+    /// Restore to a point in time: where the archived log segments are.
+    pub archive_directory: Option<String>,
+    /// Restore to a point in time: the moment, RFC 3339 UTC.
+    pub point_in_time: Option<String>,
 }
 
 /// One step of an upgrade.

@@ -7,7 +7,7 @@ use kube::api::{Api, DeleteParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
 use super::{Context, Error, apply, bucket};
-use crate::build::{BACKUP_MOUNT, Names};
+use crate::build::{self, BACKUP_MOUNT, Names};
 use crate::crd::{BackupRecord, Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
 use crate::objects;
@@ -60,11 +60,15 @@ pub async fn ensure_backup(
     if let Some(why) = plugin.lacks(Capability::Backup) {
         return Ok(Err(why));
     }
+    let primary = db.status.as_ref().and_then(|s| s.primary.clone()).unwrap_or_else(|| Names(&db.name_any()).pod(0));
     let location = BackupLocation {
         directory: BACKUP_MOUNT.into(),
         artifact: name.into(),
         host: format!("{}.{ns}.svc", Names(&db.name_any()).primary()),
         credentials_secret: Names(&db.name_any()).credentials(),
+        cluster: build::cluster_context(db, &primary, super::archiver(ctx, db, plugin).is_some()),
+        archive_directory: None,
+        point_in_time: None,
     };
     let plan = match ctx.call(plugin, "backup", (spec.clone(), location), |p, (spec, location)| p.backup(spec, location)).await? {
         Ok(plan) => plan,
@@ -78,7 +82,7 @@ pub async fn ensure_backup(
             }
             let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
             let key = objects::backup_key(&target.prefix, &ns, &db.name_any(), name);
-            let storage = Storage::Bucket(Transfer { target, key: key.as_ref(), image });
+            let storage = Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: false });
             jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user)
         }
         None => {
@@ -110,13 +114,37 @@ pub struct BackupReport {
     pub scheduled: Option<String>,
     /// What a restore can reach.
     pub recoverable: Option<Recoverable>,
+    /// Look again this soon (the archive grows between backups).
+    pub recheck: Option<std::time::Duration>,
 }
+
+/// How often the window of a Database that archives its log is read again from the bucket.
+pub const ARCHIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A segment stored at `t` holds the log up to a little before `t` (the archiver looks
+/// every few seconds): the moments a restore reaches end this much earlier.
+pub const ARCHIVE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
 /// The window of complete backups completed at `times`.
 fn window(times: impl IntoIterator<Item = String>) -> Recoverable {
     let mut times: Vec<String> = times.into_iter().collect();
     times.sort();
-    Recoverable { backups: times.len() as i32, first: times.first().cloned(), last: times.last().cloned() }
+    Recoverable { backups: times.len() as i32, first: times.first().cloned(), last: times.last().cloned(), point_in_time: false }
+}
+
+/// The window of the complete backups completed at `completed`, extended by an archive
+/// whose newest segment was stored at `archived`: any moment from the oldest backup to
+/// the archive's end.
+pub fn window_with_archive(completed: &[DateTime<Utc>], archived: Option<DateTime<Utc>>) -> Recoverable {
+    let mut window = window(completed.iter().map(|t| t.to_rfc3339()));
+    let first = completed.iter().min();
+    if let (Some(first), Some(at)) = (first, archived) {
+        let end = (at - ARCHIVE_SLACK).max(*first);
+        let last = completed.iter().max().copied().unwrap_or(end).max(end);
+        window.last = Some(last.to_rfc3339());
+        window.point_in_time = true;
+    }
+    window
 }
 
 fn completed(job: &Job) -> Option<String> {
@@ -214,24 +242,37 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         None if succeeded.is_empty() && db.spec.backup.is_none() => None,
         None => Some(window(succeeded.iter().take(retention).filter_map(|j| completed(j)))),
     };
+    let archiving = super::archiver(ctx, db, plugin).is_some();
+    if archiving {
+        report.recheck = Some(ARCHIVE_RECHECK);
+    }
+    // With an archive, the window's end moves between backups: read again once it is
+    // older than a recheck.
+    let stale = archiving
+        && previous.recoverable.as_ref().and_then(|r| r.last.as_deref()).and_then(|t| DateTime::parse_from_rfc3339(t).ok()).is_none_or(
+            |last| now - last.with_timezone(&Utc) > chrono::TimeDelta::from_std(ARCHIVE_RECHECK).unwrap_or_default() + ARCHIVE_SLACK,
+        );
     if let Some(target) = s3
-        && (completed_now || previous.recoverable.is_none())
+        && (completed_now || previous.recoverable.is_none() || stale)
     {
         let mut running: Vec<String> = backups.iter().filter(|j| state(Some(j)) == JobState::Running).map(|j| j.name_any()).collect();
         running.extend(wanted);
         match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
             Ok(opened) => match bucket::prune(&opened, retention, &running).await {
-                Ok(removed) => {
-                    let kept = opened.listed.iter().filter(|b| !removed.contains(&b.name));
-                    report.recoverable = Some(window(kept.filter_map(|b| b.completed.map(|t| t.to_rfc3339()))));
-                    if removed.is_empty() {
+                Ok(pruned) => {
+                    let kept: Vec<DateTime<Utc>> =
+                        opened.listed.iter().filter(|b| !pruned.backups.contains(&b.name)).filter_map(|b| b.completed).collect();
+                    let archived = opened.archive.iter().map(|s| s.at).max().filter(|_| archiving);
+                    report.recoverable = Some(window_with_archive(&kept, archived));
+                    if pruned.backups.is_empty() && pruned.segments == 0 {
                         return Ok(report);
                     }
                     let message = format!(
-                        "removed {} backup(s) from bucket {} beyond the newest {retention}: {}",
-                        removed.len(),
+                        "removed {} backup(s) from bucket {} beyond the newest {retention}: {}; and {} archived log segment(s) no kept backup replays",
+                        pruned.backups.len(),
                         target.bucket,
-                        removed.join(", ")
+                        if pruned.backups.is_empty() { "none".into() } else { pruned.backups.join(", ") },
+                        pruned.segments
                     );
                     super::event(ctx, db, false, super::status::Reason::BackupsPruned, message).await;
                 }
@@ -269,6 +310,26 @@ mod tests {
         let times = ["2026-11-23T10:00:00Z", "2026-11-21T10:00:00Z", "2026-11-22T10:00:00Z"].map(String::from);
         let w = window(times);
         assert_eq!((w.backups, w.first.as_deref(), w.last.as_deref()), (3, Some("2026-11-21T10:00:00Z"), Some("2026-11-23T10:00:00Z")));
-        assert_eq!(window(Vec::new()), Recoverable { backups: 0, first: None, last: None });
+        assert_eq!(window(Vec::new()), Recoverable { backups: 0, first: None, last: None, point_in_time: false });
+    }
+
+    #[test]
+    fn an_archive_extends_the_window_past_the_newest_backup() {
+        let at = |t: &str| DateTime::parse_from_rfc3339(t).expect("time").with_timezone(&Utc);
+        let backups = [at("2026-11-22T10:00:00Z"), at("2026-11-23T10:00:00Z")];
+        let rows = [
+            // No archive: only the backups' own moments.
+            (None, "2026-11-23T10:00:00+00:00", false),
+            // The archive's end, less the slack of its newest segment.
+            (Some("2026-11-23T12:00:10Z"), "2026-11-23T12:00:00+00:00", true),
+            // An archive older than the newest backup does not shorten the window.
+            (Some("2026-11-23T09:00:00Z"), "2026-11-23T10:00:00+00:00", true),
+        ];
+        for (archived, last, continuous) in rows {
+            let w = window_with_archive(&backups, archived.map(at));
+            assert_eq!((w.backups, w.first.as_deref()), (2, Some("2026-11-22T10:00:00+00:00")), "{archived:?}");
+            assert_eq!((w.last.as_deref(), w.point_in_time), (Some(last), continuous), "{archived:?}");
+        }
+        assert!(!window_with_archive(&[], Some(at("2026-11-23T12:00:00Z"))).point_in_time, "no backup: nothing to replay from");
     }
 }

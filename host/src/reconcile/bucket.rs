@@ -10,7 +10,7 @@ use object_store::ObjectStore;
 
 use super::{Context, Error};
 use crate::crd::{S3Target, SecretKey};
-use crate::objects::{self, Bucket, Listed};
+use crate::objects::{self, Bucket, Listed, Segment};
 
 /// An opened bucket and the Database's place in it.
 pub struct Opened {
@@ -20,6 +20,8 @@ pub struct Opened {
     pub database: object_store::path::Path,
     /// The Database's backups in it, newest complete first.
     pub listed: Vec<Listed>,
+    /// Its archived log segments, in name order.
+    pub archive: Vec<Segment>,
 }
 
 /// The data of the Secret `name` of `ns`; `Ok(Err)` says it is missing.
@@ -90,20 +92,44 @@ pub async fn open(
         Err(e) => return Ok(Err(format!("{field}: {e}"))),
     };
     let database = objects::database_key(&target.prefix, layout_ns, database);
-    let listed = objects::list(store.as_ref(), &database).await;
+    let listed = match objects::list(store.as_ref(), &database).await {
+        Ok(listed) => objects::archived(store.as_ref(), &database).await.map(|archive| (listed, archive)),
+        Err(e) => Err(e),
+    };
     Ok(match listed {
-        Ok(listed) => Ok(Opened { store, database, listed }),
+        Ok((listed, archive)) => Ok(Opened { store, database, listed, archive }),
         Err(e) => Err(format!("{field}: bucket {} at {}: {e}", target.bucket, target.endpoint)),
     })
 }
 
+/// What retention removed.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    /// The backups.
+    pub backups: Vec<String>,
+    /// How many archived segments (those no kept backup replays).
+    pub segments: usize,
+}
+
 /// Applies retention in the bucket: keeps the newest `keep` complete backups and those
-/// `running`; returns the names removed, or what stopped it.
-pub async fn prune(opened: &Opened, keep: usize, running: &[String]) -> Result<Vec<String>, String> {
-    let mut removed = Vec::new();
+/// `running`, and the archived log the oldest kept one replays; returns what it
+/// removed, or what stopped it.
+pub async fn prune(opened: &Opened, keep: usize, running: &[String]) -> Result<Pruned, String> {
+    let store = opened.store.as_ref();
+    let mut pruned = Pruned::default();
     for name in objects::to_prune(&opened.listed, keep, running) {
-        objects::remove(opened.store.as_ref(), &opened.database.clone().join(name.as_str())).await.map_err(|e| e.to_string())?;
-        removed.push(name);
+        objects::remove(store, &opened.database.clone().join(name.as_str())).await.map_err(|e| e.to_string())?;
+        pruned.backups.push(name);
     }
-    Ok(removed)
+    let oldest_kept =
+        opened.listed.iter().filter(|b| b.completed.is_some() && !pruned.backups.contains(&b.name)).min_by_key(|b| b.completed);
+    if let Some(oldest) = oldest_kept
+        && !opened.archive.is_empty()
+        && let Some(manifest) =
+            objects::manifest(store, &opened.database.clone().join(oldest.name.as_str())).await.map_err(|e| e.to_string())?
+    {
+        pruned.segments =
+            objects::prune_archive(store, &opened.database, &opened.archive, manifest.started).await.map_err(|e| e.to_string())?;
+    }
+    Ok(pruned)
 }

@@ -62,9 +62,10 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
     let members = pass.observe();
     let primary = pass.failover(&engine.plugin, &spec, &members).await?;
-    let workload = proceed!(pass.render(&engine.plugin, &spec, &primary.name).await);
+    let archiver = super::archiver(ctx, db, &engine.plugin);
+    let workload = proceed!(pass.render(&engine.plugin, &spec, &primary.name, archiver.is_some()).await);
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
-    let applied = pass.apply(&workload, &primary.name, &upgrade.version).await?;
+    let applied = pass.apply(&workload, &primary.name, &upgrade.version, archiver).await?;
     let rolled = pass.members(&members, &primary.name, &applied).await?;
     let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
@@ -287,9 +288,9 @@ impl<'a> Pass<'a> {
     }
 
     /// The plugin's workload for this version and primary; the credentials it asks for.
-    async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str) -> Flow<Workload> {
+    async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str, archive: bool) -> Flow<Workload> {
         let (ctx, db) = (self.ctx, self.db);
-        let cluster = build::cluster_context(db, primary);
+        let cluster = build::cluster_context(db, primary, archive);
         let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
             Ok(w) => w,
             Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
@@ -350,10 +351,16 @@ impl<'a> Pass<'a> {
     }
 
     /// The children, applied where they differ; member volumes grown to the spec.
-    async fn apply(&mut self, workload: &Workload, primary: &str, version: &str) -> Result<Applied, Error> {
+    async fn apply(
+        &mut self,
+        workload: &Workload,
+        primary: &str,
+        version: &str,
+        archiver: Option<build::Archiver<'_>>,
+    ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
-        for child in build::children(db, workload, &db.spec.engine, primary) {
+        for child in build::children(db, workload, &db.spec.engine, primary, archiver) {
             let applied = apply::apply(ctx, ns, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
                 stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
@@ -468,7 +475,7 @@ impl<'a> Pass<'a> {
         } else if matches!(growth, Growth::Failed(_)) {
             settings.progress_requeue * 6
         } else {
-            super::until_next_backup(report).min(settings.idle_requeue)
+            super::until_next_backup(report).min(settings.idle_requeue).min(report.recheck.unwrap_or(settings.idle_requeue))
         }
     }
 }

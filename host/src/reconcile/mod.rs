@@ -484,6 +484,15 @@ fn loaded(ctx: &Context) -> String {
     if engines.is_empty() { "none".into() } else { engines.join(", ") }
 }
 
+/// The archiver beside `db`'s members when they archive their log for point-in-time
+/// recovery: backups go to a bucket, the plugin declares `point-in-time`, and the
+/// operator knows its own image (which ships the segments).
+pub fn archiver<'a>(ctx: &'a Context, db: &'a Database, plugin: &Plugin) -> Option<build::Archiver<'a>> {
+    let target = db.spec.backup.as_ref()?.s3.as_ref()?;
+    plugin.lacks(crate::plugin::Capability::PointInTime).is_none().then_some(())?;
+    Some(build::Archiver { target, image: ctx.operator_image.as_deref()? })
+}
+
 fn join(v: &[crate::plugin::Violation]) -> String {
     v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
@@ -492,6 +501,6 @@ fn join(v: &[crate::plugin::Violation]) -> String {
 /// renders for `spec` with member 0 as primary. The memo answers it when a pass already
 /// rendered the same.
 async fn plugin_uid(ctx: &Context, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<Result<u32, CallError>, Error> {
-    let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0));
+    let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0), archiver(ctx, db, plugin).is_some());
     Ok(ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await?.map(|w| w.run_as_user))
 }

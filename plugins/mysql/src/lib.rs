@@ -100,7 +100,7 @@ impl Engine for Mysql {
         PluginInfo {
             engine: "mysql".into(),
             plugin_version: env!("CARGO_PKG_VERSION").into(),
-            contract_version: "0.1.0".into(),
+            contract_version: CONTRACT_VERSION.into(),
             supported_versions: VERSIONS.iter().map(|v| v.to_string()).collect(),
             default_version: DEFAULT_VERSION.into(),
             default_port: PORT,

@@ -7,6 +7,11 @@
 //!   type, pg_hba allowing only password (SCRAM) logins and replication.
 //! - Backups are physical (`pg_basebackup`, compressed tar); restore unpacks one into
 //!   an empty data volume.
+//! - Point-in-time recovery: with an archive directory, the primary archives each
+//!   finished WAL segment into it (`archive_command`, at least every `archive_timeout`,
+//!   60 s unless set); a restore to a point in time unpacks the base backup, places the
+//!   archived WAL beside it, and the first start replays it to that moment and ends
+//!   recovery on a new timeline.
 //! - Failover promotes the ready replica with the most advanced replay position.
 //! - Minor upgrades roll members, replicas first; majors and downgrades are refused.
 
@@ -49,7 +54,13 @@ fn max_connections(spec: &DatabaseSpec) -> i64 {
     spec.parameters.iter().find(|p| p.name == "max_connections").and_then(parameter_integer).unwrap_or(100)
 }
 
-fn postgresql_conf(spec: &DatabaseSpec) -> String {
+/// Where the archived WAL waits until the host ships it: written under a dot name, then
+/// renamed, as the contract asks.
+fn archive_command(dir: &str) -> String {
+    format!("archive_command = 'cp %p {dir}/.%f && mv {dir}/.%f {dir}/%f'")
+}
+
+fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
     let memory = spec.limits.memory_bytes.or(spec.requests.memory_bytes);
     let mut lines = vec![
         "# Rendered by the plugdb postgres plugin; edit spec.parameters instead.".to_string(),
@@ -68,6 +79,13 @@ fn postgresql_conf(spec: &DatabaseSpec) -> String {
         format!("max_connections = {}", max_connections(spec)),
     ];
     let user: Vec<&str> = spec.parameters.iter().map(|p| p.name.as_str()).collect();
+    if let Some(dir) = archive {
+        lines.push("archive_mode = on".into());
+        lines.push(archive_command(dir));
+        if !user.contains(&"archive_timeout") {
+            lines.push("archive_timeout = '60s'".into());
+        }
+    }
     for (name, setting) in parameters::derived(memory, max_connections(spec)) {
         if !user.contains(&name) {
             lines.push(format!("{name} = '{setting}'"));
@@ -96,7 +114,7 @@ fn parse_lsn(lsn: &str) -> Option<u64> {
 }
 
 fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
-    vec![
+    let mut env = vec![
         env_value("BACKUP_DIR", location.directory.clone()),
         env_value("BACKUP_NAME", location.artifact.clone()),
         env_value("PGHOST", location.host.clone()),
@@ -104,7 +122,12 @@ fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
         env_value("PGDATA", pgdata(DATA_MOUNT)),
         env_secret("PGPASSWORD", &location.credentials_secret, REPLICATION_KEY),
         env_value("PLUGDB_DATABASE", format!("{}/{}", spec.namespace, spec.name)),
-    ]
+    ];
+    if let (Some(at), Some(dir)) = (&location.point_in_time, &location.archive_directory) {
+        env.push(env_value("POINT_IN_TIME", at.clone()));
+        env.push(env_value("ARCHIVE_DIR", dir.clone()));
+    }
+    env
 }
 
 impl Engine for Postgres {
@@ -112,11 +135,15 @@ impl Engine for Postgres {
         PluginInfo {
             engine: "postgres".into(),
             plugin_version: env!("CARGO_PKG_VERSION").into(),
-            contract_version: "0.1.0".into(),
+            contract_version: CONTRACT_VERSION.into(),
             supported_versions: VERSIONS.iter().map(|v| v.to_string()).collect(),
             default_version: DEFAULT_VERSION.into(),
             default_port: PORT,
-            capabilities: Capabilities::BACKUP | Capabilities::RESTORE | Capabilities::FAILOVER | Capabilities::ONLINE_UPGRADE,
+            capabilities: Capabilities::BACKUP
+                | Capabilities::RESTORE
+                | Capabilities::FAILOVER
+                | Capabilities::ONLINE_UPGRADE
+                | Capabilities::POINT_IN_TIME,
         }
     }
 
@@ -173,7 +200,7 @@ impl Engine for Postgres {
                 failure_threshold: 6,
             }),
             config_files: vec![
-                ConfigFile { name: "postgresql.conf".into(), content: postgresql_conf(&spec) },
+                ConfigFile { name: "postgresql.conf".into(), content: postgresql_conf(&spec, cluster.archive_directory.as_deref()) },
                 ConfigFile { name: "pg_hba.conf".into(), content: PG_HBA.into() },
                 ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
             ],
@@ -245,7 +272,13 @@ impl Engine for Postgres {
                  test -f \"$src\" || { echo \"backup $src not found\" >&2; exit 1; }; \
                  if [ -s \"$PGDATA/PG_VERSION\" ]; then echo \"refusing to restore over the existing data directory $PGDATA\" >&2; exit 1; fi; \
                  mkdir -p \"$PGDATA\"; chmod 700 \"$PGDATA\"; tar -xzf \"$src\" -C \"$PGDATA\"; \
-                 rm -f \"$PGDATA/standby.signal\" \"$PGDATA/postmaster.pid\"; touch \"$PGDATA/plugdb-restored\"",
+                 rm -f \"$PGDATA/standby.signal\" \"$PGDATA/postmaster.pid\"; touch \"$PGDATA/plugdb-restored\"; \
+                 if [ -n \"${POINT_IN_TIME:-}\" ]; then \
+                   pitr=\"$(dirname \"$PGDATA\")/plugdb-pitr\"; rm -rf \"$pitr\"; mkdir -p \"$pitr/wal\"; \
+                   find \"$ARCHIVE_DIR\" -maxdepth 1 -type f -exec cp {} \"$pitr/wal/\" \\; ; \
+                   printf '%s\\n' \"$POINT_IN_TIME\" > \"$pitr/target\"; touch \"$PGDATA/recovery.signal\"; \
+                   echo \"restored $BACKUP_NAME with $(ls \"$pitr/wal\" | wc -l) archived WAL files to replay to $POINT_IN_TIME\"; \
+                 fi",
             ),
             env: job_env(&spec, &location),
             mounts_data: true,

@@ -12,6 +12,7 @@ const BOOL: Kind = Kind::Enum(&["on", "off", "true", "false"]);
 /// paths depend on it.
 pub const CATALOG: Catalog = Catalog {
     settable: &[
+        ("archive_timeout", DURATION),
         ("checkpoint_completion_target", Kind::Real(0.0, 1.0)),
         ("checkpoint_timeout", DURATION),
         ("default_statistics_target", Kind::Int(1, 10_000)),

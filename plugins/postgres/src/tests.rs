@@ -113,6 +113,7 @@ fn rendered_configuration_carries_derived_and_user_settings() {
         primary_pod: "orders-0".into(),
         credentials_secret: "orders-credentials".into(),
         config_mount_path: "/etc/plugdb".into(),
+        archive_directory: None,
     };
     let w = Postgres::render(s, cluster).expect("renders");
     let conf = &w.config_files.iter().find(|f| f.name == "postgresql.conf").expect("postgresql.conf").content;
@@ -131,10 +132,61 @@ fn scaling_does_not_change_the_configuration() {
         primary_pod: "orders-0".into(),
         credentials_secret: "orders-credentials".into(),
         config_mount_path: "/etc/plugdb".into(),
+        archive_directory: None,
     };
     let (mut three, mut five) = (spec("15"), spec("15"));
     three.replicas = 3;
     five.replicas = 5;
     let files = |s| Postgres::render(s, cluster()).expect("renders").config_files;
     assert_eq!(files(three), files(five), "a scale keeps the members' configuration, so nothing restarts");
+}
+
+#[test]
+fn an_archive_directory_turns_wal_archiving_on_and_a_point_in_time_restore_replays_to_it() {
+    let cluster = |archive: Option<&str>| ClusterContext {
+        primary_host: "orders.shop.svc".into(),
+        headless_host: "orders-headless.shop.svc".into(),
+        primary_pod: "orders-0".into(),
+        credentials_secret: "orders-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+        archive_directory: archive.map(Into::into),
+    };
+    let conf = |s: DatabaseSpec, archive| {
+        Postgres::render(s, cluster(archive))
+            .expect("renders")
+            .config_files
+            .into_iter()
+            .find(|f| f.name == "postgresql.conf")
+            .expect("conf")
+            .content
+    };
+    let plain = conf(spec("17"), None);
+    assert!(!plain.contains("archive_mode"), "{plain}");
+    let archived = conf(spec("17"), Some("/plugdb/archive"));
+    assert!(archived.contains("archive_mode = on\n"), "{archived}");
+    assert!(
+        archived.contains("archive_command = 'cp %p /plugdb/archive/.%f && mv /plugdb/archive/.%f /plugdb/archive/%f'\n"),
+        "{archived}"
+    );
+    assert!(archived.contains("archive_timeout = '60s'\n"), "{archived}");
+    let mut quick = spec("17");
+    quick.parameters = vec![Parameter { name: "archive_timeout".into(), value: ParameterValue::Text("10s".into()) }];
+    let timeouts: Vec<String> =
+        conf(quick, Some("/plugdb/archive")).lines().filter(|l| l.starts_with("archive_timeout")).map(String::from).collect();
+    assert_eq!(timeouts, ["archive_timeout = '10s'"], "the user's setting replaces the default");
+
+    let location = |at: Option<&str>| BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster: cluster(None),
+        archive_directory: at.map(|_| "/backups/_archive".into()),
+        point_in_time: at.map(Into::into),
+    };
+    let env = |at| Postgres::restore(spec("17"), location(at)).expect("restore plan").env;
+    let named = |env: &[EnvVar], name: &str| env.iter().any(|e| e.name == name);
+    assert!(!named(&env(None), "POINT_IN_TIME"));
+    let pitr = env(Some("2026-11-23T10:15:30Z"));
+    assert!(named(&pitr, "POINT_IN_TIME") && named(&pitr, "ARCHIVE_DIR"), "{pitr:?}");
 }

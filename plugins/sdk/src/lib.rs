@@ -26,6 +26,10 @@ pub mod bindings {
     });
 }
 
+/// The contract version these bindings implement (`wit/engine.wit`): what
+/// `PluginInfo::contract_version` must say.
+pub const CONTRACT_VERSION: &str = "0.2.0";
+
 pub use bindings::exports::plugdb::engine::plugin::Guest as Engine;
 pub use bindings::plugdb::engine::host::log as host_log;
 pub use bindings::plugdb::engine::types::*;
@@ -36,3 +40,15 @@ pub use bindings::export_engine;
 mod helpers;
 pub mod parameters;
 pub use helpers::*;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_contract_version_is_the_wit_package_version() {
+        let wit = include_str!("../../../wit/engine.wit");
+        assert!(
+            wit.contains(&format!("\npackage plugdb:engine@{};\n", super::CONTRACT_VERSION)),
+            "wit/engine.wit declares another version"
+        );
+    }
+}

@@ -175,11 +175,11 @@ async fn baseline(client: &Client, count: usize) -> Result<Duration> {
                 let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
                 let created = dbs.create(&PostParams::default(), &db).await?;
                 let spec = build::engine_spec(&created, "17").map_err(|v| anyhow::anyhow!("{v:?}"))?;
-                let workload = plugin.render(&spec, &build::cluster_context(&created, &format!("db-{i}-0")))?;
+                let workload = plugin.render(&spec, &build::cluster_context(&created, &format!("db-{i}-0"), false))?;
                 let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("db-{i}-credentials"), "namespace": ns}, "stringData": {"superuser-password": "x", "replication-password": "y"}});
                 let secrets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()));
                 secrets.create(&PostParams::default(), &serde_json::from_value(secret)?).await?;
-                for child in build::children(&created, &workload, "postgres", &format!("db-{i}-0")) {
+                for child in build::children(&created, &workload, "postgres", &format!("db-{i}-0"), None) {
                     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &child.resource);
                     api.create(&PostParams::default(), &serde_json::from_value(child.object)?).await?;
                 }
@@ -519,7 +519,7 @@ async fn main() -> Result<()> {
     let plugin = runtime.load(&plugdb_tests::component("postgres"))?;
     let db = database("db-0", "bench-0");
     let spec = build::engine_spec(&db, "17").map_err(|v| anyhow::anyhow!("{v:?}"))?;
-    let cluster = build::cluster_context(&db, "db-0-0");
+    let cluster = build::cluster_context(&db, "db-0-0", false);
     let mut calls: Vec<Duration> = (0..2000)
         .map(|_| {
             let t = Instant::now();
