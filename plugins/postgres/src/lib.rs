@@ -113,6 +113,13 @@ fn parse_lsn(lsn: &str) -> Option<u64> {
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
 }
 
+/// The host's RFC 3339 UTC moment as `recovery_target_time` takes it at server start,
+/// when zone abbreviations such as `Z` are not loaded yet: `2026-11-23 10:15:30.5+00`.
+fn recovery_target_time(rfc3339: &str) -> String {
+    let utc = rfc3339.strip_suffix('Z').map(|t| format!("{t}+00")).unwrap_or_else(|| rfc3339.to_string());
+    utc.replacen('T', " ", 1)
+}
+
 fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
     let mut env = vec![
         env_value("BACKUP_DIR", location.directory.clone()),
@@ -124,7 +131,7 @@ fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
         env_value("PLUGDB_DATABASE", format!("{}/{}", spec.namespace, spec.name)),
     ];
     if let (Some(at), Some(dir)) = (&location.point_in_time, &location.archive_directory) {
-        env.push(env_value("POINT_IN_TIME", at.clone()));
+        env.push(env_value("POINT_IN_TIME", recovery_target_time(at)));
         env.push(env_value("ARCHIVE_DIR", dir.clone()));
     }
     env

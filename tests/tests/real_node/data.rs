@@ -131,7 +131,12 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     let ns = format!("{}-s3", engine.name());
     let copy_ns = format!("{}-s3-copy", engine.name());
     let target = |secret: &str, bucket: &str| json!({"endpoint": minio.endpoint, "bucket": bucket, "prefix": "plugdb-tests", "credentials": {"secretName": secret}});
-    let yearly = |s3: serde_json::Value| json!({"backup": {"schedule": "0 0 1 1 *", "retention": 2, "s3": s3}, "deletionPolicy": "Delete"});
+    // Postgres archives its WAL too (point-in-time recovery): often, for the test.
+    let parameters = match engine {
+        Engine::Postgres => json!({"archive_timeout": "5s"}),
+        Engine::Mysql => json!({}),
+    };
+    let yearly = |s3: serde_json::Value| json!({"backup": {"schedule": "0 0 1 1 *", "retention": 2, "s3": s3}, "deletionPolicy": "Delete", "parameters": parameters});
     cluster.apply_database(&ns, database("orders", engine, version, 1, yearly(target("s3", &bucket_name)))).await.expect("apply");
     for namespace in [&ns, &copy_ns] {
         s3_secret(&cluster, namespace, "s3", SECRET_KEY).await;
@@ -174,11 +179,16 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     let third = format!("orders-manual-{}", &hex("third")[..10]);
     assert!(kept.iter().all(|b| b.completed.is_some()), "{kept:?}");
     assert_eq!(objects::newest(&kept).map(|b| b.name.clone()), Some(third.clone()));
-    // Status says what a restore reaches: the two kept, oldest to newest.
-    let newest = objects::newest(&kept).and_then(|b| b.completed).map(|t| t.to_rfc3339());
+    // Status says what a restore reaches: the two kept, oldest to newest; with an archive
+    // (postgres), up to where the archived log ends.
+    let newest = objects::newest(&kept).and_then(|b| b.completed).expect("a newest backup");
+    let archives = engine == Engine::Postgres;
     let db = cluster
         .wait_database(&ns, "orders", "the recoverable window", WAIT, |d| {
-            d.status.as_ref().and_then(|s| s.recoverable.as_ref()).is_some_and(|r| r.backups == 2 && r.last == newest)
+            d.status.as_ref().and_then(|s| s.recoverable.as_ref()).is_some_and(|r| {
+                let last = r.last.as_deref().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+                r.backups == 2 && r.point_in_time == archives && last.is_some_and(|l| if archives { l >= newest } else { l == newest })
+            })
         })
         .await
         .expect("recoverable");
@@ -206,7 +216,12 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     copy.reachable(&copy_host).await;
     assert_eq!(copy.checksum(&copy_host).await, expected, "the copy holds exactly the rows of the newest backup");
 
-    // A wrong key, then a missing bucket: a condition names each; the Database runs on.
+    if archives {
+        point_in_time_recovery(&cluster, &client, &primary, &copy_ns, target("s3", &bucket_name), &ns, version).await;
+    }
+
+    // A wrong key, then a missing bucket: a condition names each; the Database runs on
+    // (with an archiver, its members restart once to take the new target).
     s3_secret(&cluster, &ns, "s3-wrong", "not-the-secret-key").await;
     let refusals: [(&str, &str, &[&str]); 2] = [
         ("s3-wrong", &bucket_name, &["SignatureDoesNotMatch", "Access Denied"]),
@@ -217,21 +232,21 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
         let annotate = json!({"metadata": {"annotations": {"plugdb.io/backup-now": format!("with-{secret}-{bucket}")}}});
         dbs.patch("orders", &PatchParams::default(), &Patch::Merge(annotate)).await.expect("annotate");
         let db = cluster
-            .wait_database(&ns, "orders", "a backup condition naming the problem", WAIT, |d| {
-                d.status.as_ref().is_some_and(|s| {
-                    s.conditions.iter().any(|c| {
-                        c.type_ == "BackupHealthy"
-                            && c.status == "False"
-                            && c.message.contains(bucket)
-                            && expect.iter().any(|e| c.message.contains(e))
+            .wait_database(&ns, "orders", "a backup condition naming the problem, running", WAIT, |d| {
+                is_running(d, 1)
+                    && d.status.as_ref().is_some_and(|s| {
+                        s.conditions.iter().any(|c| {
+                            c.type_ == "BackupHealthy"
+                                && c.status == "False"
+                                && c.message.contains(bucket)
+                                && expect.iter().any(|e| c.message.contains(e))
+                        })
                     })
-                })
             })
             .await
             .expect("condition");
         let message = db.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "BackupHealthy")).map(|c| c.message.clone());
         assert!(message.as_deref().is_some_and(|m| m.contains("spec.backup.s3")), "{message:?}");
-        assert!(is_running(&db, 1), "the Database runs on: {:?}", db.status);
     }
     // The node's CPU is shared with the other scenarios: their members go, with their pods.
     for (namespace, name) in [(ns.as_str(), "orders"), (copy_ns.as_str(), "copy")] {
@@ -253,6 +268,51 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
         }
     }
     drop(minio);
+}
+
+/// Rows written before and after a moment; the archived log replayed into a new
+/// Database up to that moment holds the first and not the second.
+async fn point_in_time_recovery(
+    cluster: &Cluster,
+    client: &Client,
+    primary: &str,
+    copy_ns: &str,
+    s3: serde_json::Value,
+    ns: &str,
+    version: &str,
+) {
+    let archive = Api::<Pod>::namespaced(cluster.client.clone(), ns).get("orders-0").await.expect("member 0");
+    let names: Vec<String> = archive.spec.iter().flat_map(|s| &s.containers).map(|c| c.name.clone()).collect();
+    assert_eq!(names, ["postgres", "archive"], "the archiver runs beside the engine");
+    client.insert(primary, 1000..1010).await;
+    let before = client.checksum(primary).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let moment = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    client.insert(primary, 2000..2010).await;
+    let after_second = chrono::Utc::now();
+    assert_ne!(client.checksum(primary).await, before);
+    // The window grows with the archive, past the second write, between backups.
+    cluster
+        .wait_database(ns, "orders", "the archive past the second write", WAIT, |d| {
+            d.status
+                .as_ref()
+                .and_then(|s| s.recoverable.as_ref())
+                .and_then(|r| r.last.as_deref())
+                .is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok_and(|t| t > after_second))
+        })
+        .await
+        .expect("the archive reaches past the second write");
+
+    let at = moment.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let restore = json!({"restoreFrom": {"database": "orders", "namespace": ns, "s3": s3, "pointInTime": at}, "deletionPolicy": "Delete"});
+    cluster.apply_database(copy_ns, database("moment", Engine::Postgres, version, 1, restore)).await.expect("apply");
+    cluster.wait_database(copy_ns, "moment", "Running at the moment", WAIT, |d| is_running(d, 1)).await.expect("recovered");
+    let copy = Client::new(cluster, Engine::Postgres, copy_ns, "moment").await;
+    let host = copy.service_ip("moment").await;
+    copy.reachable(&host).await;
+    assert_eq!(copy.checksum(&host).await, before, "the rows written before the moment, and not those after");
+    Api::<Database>::namespaced(cluster.client.clone(), copy_ns).delete("moment", &DeleteParams::default()).await.expect("delete");
 }
 
 fn hex(token: &str) -> String {
