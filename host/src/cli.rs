@@ -54,6 +54,14 @@ pub fn inspect(path: &Path) -> Result<String> {
     ))
 }
 
+/// `plugdb plugin build [DIR]`: the crate at `dir` built into a component, loaded and
+/// self-tested as the operator would.
+pub fn build(dir: &Path, out: Option<&Path>) -> Result<String> {
+    let built = xtask::build_dir(dir, out)?;
+    let plugin = load_plugin(&built.path)?;
+    Ok(format!("{} ({} bytes): {}, contract {}\n", built.path.display(), built.size, plugin.id(), plugin.info().contract_version))
+}
+
 /// `plugdb plugin pack FILE`: a ConfigMap that loads the plugin, gzip-compressed when
 /// that is what it takes to fit, with its digest pinned.
 pub fn pack(path: &Path, namespace: &str) -> Result<String> {

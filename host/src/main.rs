@@ -75,6 +75,16 @@ enum PluginCommand {
         #[arg(value_name = "PLUGIN.wasm")]
         file: PathBuf,
     },
+    /// Build a plugin crate (one that depends on plugdb-sdk) into a component, and
+    /// self-test it: `<target>/plugdb/<crate>.wasm` unless `--out` says otherwise.
+    Build {
+        /// The crate's directory.
+        #[arg(value_name = "DIR", default_value = ".")]
+        dir: PathBuf,
+        /// Where to write the component.
+        #[arg(long, value_name = "FILE.wasm")]
+        out: Option<PathBuf>,
+    },
     /// Print a ConfigMap that loads the plugin (compressed when needed to fit).
     Pack {
         /// The plugin component.
@@ -173,6 +183,10 @@ fn main() -> Result<()> {
         }
         Command::Plugin(PluginCommand::Inspect { file }) => {
             print!("{}", cli::inspect(&file)?);
+            Ok(())
+        }
+        Command::Plugin(PluginCommand::Build { dir, out }) => {
+            print!("{}", cli::build(&dir, out.as_deref())?);
             Ok(())
         }
         Command::Plugin(PluginCommand::Pack { file, namespace }) => {

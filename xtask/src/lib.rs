@@ -128,7 +128,7 @@ fn cargo(toolchain: &Toolchain) -> Command {
     // A build script's environment belongs to the outer build; start clean.
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
-        if key.starts_with("CARGO_") || key.starts_with("RUSTC") || key.starts_with("DEP_") {
+        if (key.starts_with("CARGO_") && key != "CARGO_HOME") || key.starts_with("RUSTC") || key.starts_with("DEP_") {
             cmd.env_remove(&*key);
         }
     }
@@ -180,6 +180,83 @@ pub fn build(root: &Path, crates: &[PluginCrate], target_dir: &Path, out_dir: &P
             Ok(Component { name: c.name.clone(), size: component.len() as u64, path })
         })
         .collect()
+}
+
+/// Builds the plugin crate at `dir` (any crate that depends on `plugdb-sdk`, inside this
+/// workspace or not) into a component: `out`, or `<target>/plugdb/<lib name>.wasm`.
+///
+/// The crate is compiled as a `cdylib` with the release profile tuned as the bundled
+/// plugins' `plugin` profile is (opt-level 3, fat LTO, one codegen unit, `panic =
+/// abort`, stripped), set through the environment so that the crate's own
+/// `Cargo.toml` needs nothing plugdb-specific; its target directory is cargo's usual
+/// one for it (`CARGO_TARGET_DIR` or `<workspace>/target`).
+pub fn build_dir(dir: &Path, out: Option<&Path>) -> Result<Component> {
+    let manifest = dir.join("Cargo.toml");
+    ensure!(manifest.is_file(), "{}: no Cargo.toml; run this in a plugin crate or name its directory", dir.display());
+    let toolchain = detect_toolchain()?;
+    // The caller's target directory, which `cargo` (made for build scripts) drops.
+    let with_target_dir = |mut cmd: Command| {
+        if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+            cmd.env("CARGO_TARGET_DIR", dir);
+        }
+        cmd
+    };
+    let metadata = with_target_dir(cargo(&toolchain))
+        .args(["metadata", "--no-deps", "--format-version", "1", "--manifest-path"])
+        .arg(&manifest)
+        .output()
+        .with_context(|| format!("running cargo metadata for {}", manifest.display()))?;
+    ensure!(metadata.status.success(), "cargo metadata for {}: {}", manifest.display(), String::from_utf8_lossy(&metadata.stderr));
+    let (package, lib, target_dir) = lib_of(&metadata.stdout, &manifest)?;
+
+    let mut cmd = with_target_dir(cargo(&toolchain));
+    cmd.args(["rustc", "--lib", "--crate-type", "cdylib", "--release", "--target", TARGET, "--manifest-path"])
+        .arg(&manifest)
+        .args(["-p", &package, "--", "-C", &format!("link-arg=-zstack-size={GUEST_STACK}")])
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+        .env("CARGO_PROFILE_RELEASE_LTO", "true")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+        .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "true")
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false");
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    ensure!(status.success(), "building plugin {package} failed ({status})");
+
+    let module = target_dir.join(TARGET).join("release").join(format!("{lib}.wasm"));
+    let bytes = std::fs::read(&module).with_context(|| format!("reading {}", module.display()))?;
+    let component = componentize(&bytes).with_context(|| format!("turning {} into a component", module.display()))?;
+    let path = match out {
+        Some(path) => path.to_path_buf(),
+        None => target_dir.join("plugdb").join(format!("{lib}.wasm")),
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(&path, &component).with_context(|| format!("writing {}", path.display()))?;
+    Ok(Component { name: lib, size: component.len() as u64, path })
+}
+
+/// The package at `manifest`, its library's name and the target directory, from
+/// `cargo metadata` output.
+fn lib_of(metadata: &[u8], manifest: &Path) -> Result<(String, String, PathBuf)> {
+    let json: serde_json::Value = serde_json::from_slice(metadata).context("reading cargo metadata")?;
+    let manifest = manifest.canonicalize().with_context(|| format!("resolving {}", manifest.display()))?;
+    let packages = json["packages"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let package = packages
+        .iter()
+        .find(|p| p["manifest_path"].as_str().and_then(|m| Path::new(m).canonicalize().ok()).is_some_and(|m| m == manifest))
+        .with_context(|| format!("{} is a workspace without a package; name the plugin crate's directory", manifest.display()))?;
+    let name = package["name"].as_str().context("a package without a name")?.to_string();
+    let lib = package["targets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "lib" || k == "cdylib")))
+        .and_then(|t| t["name"].as_str())
+        .with_context(|| format!("package {name} has no library target: a plugin is a `cargo new --lib` crate"))?
+        .replace('-', "_");
+    let target = json["target_directory"].as_str().context("cargo metadata names no target directory")?;
+    Ok((name, lib, PathBuf::from(target)))
 }
 
 /// Wraps a core module that carries wit-bindgen's component-type section into a component.

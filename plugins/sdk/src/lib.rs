@@ -18,7 +18,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         world: "engine",
-        path: "../../wit",
+        path: "wit",
         pub_export_macro: true,
         export_macro_name: "export_engine",
         default_bindings_module: "plugdb_sdk::bindings",
@@ -45,7 +45,7 @@ pub use helpers::*;
 mod tests {
     #[test]
     fn the_contract_version_is_the_wit_package_version() {
-        let wit = include_str!("../../../wit/engine.wit");
+        let wit = include_str!("../wit/engine.wit");
         assert!(
             wit.contains(&format!("\npackage plugdb:engine@{};\n", super::CONTRACT_VERSION)),
             "wit/engine.wit declares another version"
