@@ -362,8 +362,8 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
     ]
 }
 
-/// The StatefulSet running the members.
-pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: Option<Archiver<'_>>) -> Child {
+/// The members' StatefulSet, with `replicas` members (the spec's once a scale plan got there).
+pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: Option<Archiver<'_>>, replicas: u32) -> Child {
     let n = db.name_any();
     let names = Names(&n);
     let container = Container {
@@ -431,7 +431,7 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: O
         ..Default::default()
     };
     let spec = StatefulSetSpec {
-        replicas: Some(db.spec.replicas),
+        replicas: Some(replicas as i32),
         service_name: Some(names.headless()),
         pod_management_policy: Some("Parallel".into()),
         update_strategy: Some(StatefulSetUpdateStrategy { type_: Some("OnDelete".into()), rolling_update: None }),
@@ -466,10 +466,17 @@ pub fn disruption_budget(db: &Database) -> Child {
 }
 
 /// Every child rendered from the workload, in apply order.
-pub fn children(db: &Database, workload: &Workload, engine: &str, primary_pod: &str, archiver: Option<Archiver<'_>>) -> Vec<Child> {
+pub fn children(
+    db: &Database,
+    workload: &Workload,
+    engine: &str,
+    primary_pod: &str,
+    archiver: Option<Archiver<'_>>,
+    replicas: u32,
+) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine, archiver));
+    out.push(statefulset(db, workload, engine, archiver, replicas));
     out.push(disruption_budget(db));
     out
 }

@@ -335,6 +335,9 @@ pub struct DatabaseStatus {
     /// An upgrade in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeStatus>,
+    /// A change in the number of members in progress, following the plugin's plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleStatus>,
     /// The last `plugdb.io/backup-now` value acted on: each new value makes exactly one
     /// backup, whatever retention later removes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -422,6 +425,18 @@ pub struct BackupRecord {
     /// When it completed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed: Option<String>,
+}
+
+/// Progress of an accepted scale plan.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleStatus {
+    /// Members before.
+    pub from: i32,
+    /// Members asked for.
+    pub to: i32,
+    /// Index of the plan step in progress.
+    pub step: i32,
 }
 
 /// Progress of an accepted upgrade plan.

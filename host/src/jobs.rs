@@ -23,6 +23,8 @@ pub enum Purpose {
     Restore,
     /// A step of an upgrade plan.
     Upgrade,
+    /// A step of a scale plan.
+    Scale,
 }
 
 impl Purpose {
@@ -31,6 +33,7 @@ impl Purpose {
             Purpose::Backup => "backup",
             Purpose::Restore => "restore",
             Purpose::Upgrade => "upgrade",
+            Purpose::Scale => "scale",
         }
     }
 }

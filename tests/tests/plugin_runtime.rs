@@ -1,6 +1,8 @@
 //! Tier 2: real components, built from source, in the real wasmtime runtime.
 
-use plugdb::plugin::{BackupLocation, Capability, Contract, EngineSpec, Limits, ParameterValue, ProbeAction, ResourceAmounts, Runtime};
+use plugdb::plugin::{
+    BackupLocation, Capability, Contract, EngineSpec, Limits, ParameterValue, ProbeAction, ResourceAmounts, Runtime, ScaleStep,
+};
 
 fn spec(version: &str) -> EngineSpec {
     EngineSpec {
@@ -41,6 +43,11 @@ fn minimal_plugin_loads_and_answers_every_function() {
     assert_eq!(plugin.plan_upgrade(&spec("2"), "1").expect("upgrade 1→2").steps.len(), 1);
     let refusal = plugin.plan_upgrade(&spec("1"), "2").expect_err("downgrade refused");
     assert!(refusal.to_string().contains("cannot move from version 2 to 1"), "{refusal}");
+
+    // spec("1") asks for 3 members: from 1, one at a time; from 5, refused (no majority left).
+    assert_eq!(plugin.plan_scale(&spec("1"), 1).expect("scale up"), [ScaleStep::Members(2), ScaleStep::Members(3)]);
+    let refusal = plugin.plan_scale(&spec("1"), 7).expect_err("losing quorum is refused");
+    assert!(refusal.to_string().contains("would lose quorum"), "{refusal}");
 }
 
 #[test]
@@ -75,6 +82,11 @@ fn a_plugin_built_for_contract_0_1_is_adapted_and_asked_only_what_0_1_can_answer
     let job = plugin.backup(&s, &location).expect("backup plan");
     assert_eq!(job.command[2], "legacy-dump --host orders.shop.svc > /backups/orders-1");
     assert!(plugin.restore(&s, &location).expect("restore plan").command[2].starts_with("legacy-load"));
+
+    // 0.1 has no plan-scale: it scales in one step, as it always did.
+    let mut five = s.clone();
+    five.replicas = 5;
+    assert_eq!(plugin.plan_scale(&five, 1).expect("a plan"), [ScaleStep::Members(5)]);
 
     let current = runtime.load(&plugdb_tests::component("minimal")).expect("minimal loads");
     assert_eq!(current.contract(), Contract::V0_2);

@@ -200,3 +200,41 @@ async fn a_plugin_is_not_asked_for_what_it_does_not_declare() {
         "{restore:?}"
     );
 }
+
+/// A scale the plugin refuses (a quorum engine losing its majority) leaves the members
+/// as they are and says why; one it accepts goes ahead, as the plan says.
+#[tokio::test]
+async fn nothing_scales_before_the_plugin_accepts_the_plan() {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let sets: Api<StatefulSet> = Api::namespaced(cp.client.clone(), "default");
+    let apply = async |replicas: i32| {
+        let spec = serde_json::json!({"engine": "minimal", "storage": "1Gi", "replicas": replicas, "deletionPolicy": "Retain"});
+        let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "quorum"}, "spec": spec});
+        dbs.patch("quorum", &PatchParams::apply("test"), &Patch::Apply(db)).await.expect("apply");
+    };
+    let members = async || sets.get_opt("quorum").await.ok().flatten().and_then(|s| s.spec).and_then(|s| s.replicas);
+    // A new Database starts with the spec's members.
+    apply(3).await;
+    wait_for("3 members", Duration::from_secs(60), async || members().await == Some(3)).await;
+
+    // 3 → 1 loses quorum: refused, the members stay, Progressing says why.
+    apply(1).await;
+    let refused = async || {
+        let db = dbs.get("quorum").await.ok()?;
+        db.status?.conditions.into_iter().find(|c| c.type_ == "Progressing" && c.reason == "ScaleRefused")
+    };
+    wait_for("the refusal", Duration::from_secs(60), async || refused().await.is_some()).await;
+    let message = refused().await.expect("ScaleRefused").message;
+    assert!(message.contains("from 3 to 1") && message.contains("would lose quorum"), "{message}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(members().await, Some(3), "a refused plan changes nothing");
+
+    // 3 → 2 keeps a majority: accepted, the StatefulSet follows.
+    apply(2).await;
+    wait_for("2 members", Duration::from_secs(60), async || members().await == Some(2)).await;
+    wait_for("the refusal gone", Duration::from_secs(60), async || refused().await.is_none()).await;
+}

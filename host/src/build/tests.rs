@@ -87,7 +87,7 @@ fn engine_spec_names_each_bad_field() {
 #[test]
 fn statefulset_carries_the_workload_under_host_policy() {
     let db = database(DeletionPolicy::Snapshot);
-    let child = statefulset(&db, &workload("a = 1\n"), "postgres", None);
+    let child = statefulset(&db, &workload("a = 1\n"), "postgres", None, 3);
     let sts: StatefulSet = serde_json::from_value(child.object.clone()).expect("a valid StatefulSet");
     let spec = sts.spec.expect("spec");
     assert_eq!(spec.replicas, Some(3));
@@ -118,7 +118,7 @@ fn statefulset_carries_the_workload_under_host_policy() {
 #[test]
 fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     let mut db = database(DeletionPolicy::Snapshot);
-    let pod = |db: &Database| statefulset(db, &workload(""), "postgres", None).object["spec"]["template"]["spec"].clone();
+    let pod = |db: &Database| statefulset(db, &workload(""), "postgres", None, 3).object["spec"]["template"]["spec"].clone();
     let preferred = &pod(&db)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(preferred["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], "orders");
@@ -142,20 +142,20 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
 
 #[test]
 fn deletion_policy_delete_lets_volumes_go() {
-    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", None);
+    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", None, 3);
     assert_eq!(child.object["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Delete", "whenScaled": "Delete"}));
 }
 
 #[test]
 fn a_config_change_changes_the_pod_template_and_the_hash() {
     let db = database(DeletionPolicy::Snapshot);
-    let (a, b) = (statefulset(&db, &workload("a = 1\n"), "postgres", None), statefulset(&db, &workload("a = 2\n"), "postgres", None));
+    let (a, b) = (statefulset(&db, &workload("a = 1\n"), "postgres", None, 3), statefulset(&db, &workload("a = 2\n"), "postgres", None, 3));
     assert_ne!(
         a.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH],
         b.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
     );
     assert_ne!(a.hash(), b.hash());
-    assert_eq!(a.hash(), statefulset(&db, &workload("a = 1\n"), "postgres", None).hash(), "rendering is deterministic");
+    assert_eq!(a.hash(), statefulset(&db, &workload("a = 1\n"), "postgres", None, 3).hash(), "rendering is deterministic");
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn the_primary_service_follows_the_primary_pod() {
     assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
     assert_eq!(services[2].object["spec"]["clusterIP"], "None");
-    let all = children(&db, &workload(""), "postgres", "orders-0", None);
+    let all = children(&db, &workload(""), "postgres", "orders-0", None, 3);
     let kinds: Vec<String> = all.iter().map(|c| format!("{}/{}", c.resource.kind, c.name)).collect();
     assert_eq!(
         kinds,
@@ -191,7 +191,8 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     );
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
     let archiver = Archiver { target: &target, image: "plugdb/plugdb:1" };
-    let set: StatefulSet = serde_json::from_value(statefulset(&db, &workload(""), "postgres", Some(archiver)).object).expect("StatefulSet");
+    let set: StatefulSet =
+        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Some(archiver), 3).object).expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["postgres", "archive"]);

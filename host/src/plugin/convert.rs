@@ -64,6 +64,8 @@ pub(crate) struct Exports {
     choose_primary: ComponentExportIndex,
     backup: ComponentExportIndex,
     restore: ComponentExportIndex,
+    /// `None` for 0.1, which has no `plan-scale`.
+    plan_scale: Option<ComponentExportIndex>,
 }
 
 /// Dispatches a call to the module of the plugin's contract.
@@ -102,6 +104,10 @@ impl Exports {
             choose_primary: index("choose-primary")?,
             backup: index("backup")?,
             restore: index("restore")?,
+            plan_scale: match contract {
+                Contract::V0_2 => Some(index("plan-scale")?),
+                Contract::V0_1 => None,
+            },
         })
     }
 
@@ -151,6 +157,21 @@ impl Exports {
         members: &[host::Member],
     ) -> wasmtime::Result<host::FailoverDecision> {
         by_contract!(self, choose_primary(store, instance, spec, members))
+    }
+
+    /// How to go from `from` members to `spec.replicas`. A 0.1 plugin cannot say: it
+    /// scales in one step, as it always did.
+    pub(crate) fn plan_scale(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+        from: u32,
+    ) -> wasmtime::Result<Result<Vec<host::ScaleStep>, String>> {
+        match &self.plan_scale {
+            Some(index) => v0_2::plan_scale(store, instance, index, spec, from),
+            None => Ok(Ok(vec![host::ScaleStep::Members(spec.replicas)])),
+        }
     }
 
     /// The plugin's Job for a backup to, or a restore from, `location`.
@@ -440,6 +461,27 @@ pub(crate) mod v0_2 {
             archive_directory: l.archive_directory.clone(),
             point_in_time: l.point_in_time.clone(),
         }
+    }
+
+    pub(super) fn plan_scale(
+        store: impl AsContextMut,
+        instance: &Instance,
+        index: &ComponentExportIndex,
+        spec: &host::EngineSpec,
+        from: u32,
+    ) -> wasmtime::Result<Result<Vec<host::ScaleStep>, String>> {
+        let spec = database_spec(spec);
+        call::<(&w::DatabaseSpec, u32), (Result<Vec<w::ScaleStep>, String>,)>(store, instance, index, (&spec, from)).map(|(r,)| {
+            r.map(|steps| {
+                steps
+                    .into_iter()
+                    .map(|s| match s {
+                        w::ScaleStep::Job(j) => host::ScaleStep::Job(job_plan(j)),
+                        w::ScaleStep::Members(n) => host::ScaleStep::Members(n),
+                    })
+                    .collect()
+            })
+        })
     }
 
     fn probe_action(a: w::ProbeAction) -> host::ProbeAction {

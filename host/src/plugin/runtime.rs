@@ -619,6 +619,33 @@ impl Plugin {
         })
     }
 
+    /// How to go from `from` members to `spec.replicas`, checked: Jobs as any Job, and
+    /// member counts from 1 to 9 ending at `spec.replicas`.
+    pub fn plan_scale(&self, spec: &EngineSpec, from: u32) -> Result<Vec<ScaleStep>, CallError> {
+        self.counted("plan-scale", &(spec, from), || {
+            let steps = self.call("plan-scale", |s, i| self.exports.plan_scale(s, i, spec, from))?.map_err(|r| self.refused(r))?;
+            let mut violations: Vec<Violation> = steps
+                .iter()
+                .filter_map(|step| match step {
+                    ScaleStep::Job(job) => Some(super::policy::check_job(job, &spec.credentials_secret())),
+                    ScaleStep::Members(_) => None,
+                })
+                .flatten()
+                .collect();
+            let counts: Vec<u32> = steps.iter().filter_map(|s| if let ScaleStep::Members(n) = s { Some(*n) } else { None }).collect();
+            if counts.iter().any(|n| !(1..=9).contains(n)) {
+                violations.push(Violation { field: "plan-scale".into(), message: format!("member counts {counts:?} must be 1-9") });
+            }
+            if counts.last() != Some(&spec.replicas) {
+                violations.push(Violation {
+                    field: "plan-scale".into(),
+                    message: format!("the plan must end with members({}); it ends at {:?}", spec.replicas, counts.last()),
+                });
+            }
+            self.checked("plan-scale", super::policy::capped(violations), steps)
+        })
+    }
+
     /// Which member to promote.
     pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
         self.counted("choose-primary", &(spec, members), || {

@@ -311,6 +311,16 @@ pub struct BackupLocation {
     pub point_in_time: Option<String>,
 }
 
+/// One step of a change in the number of members.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ScaleStep {
+    /// Run a Job and wait for it.
+    Job(JobPlan),
+    /// Set the member count and wait until that many are ready.
+    Members(u32),
+}
+
 /// One step of an upgrade.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

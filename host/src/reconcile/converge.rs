@@ -36,9 +36,9 @@ use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
 use super::{Context, Error, apply, event, event_about, join, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
 use crate::build::{self, Names, ROLE_LABEL};
-use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, UpgradeStatus};
+use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, ScaleStatus, UpgradeStatus};
 use crate::jobs::{self, Purpose};
-use crate::plugin::{CallError, Capability, EngineSpec, FailoverDecision, Plugin, UpgradePlan, UpgradeStep, Workload};
+use crate::plugin::{CallError, Capability, EngineSpec, FailoverDecision, Plugin, ScaleStep, UpgradePlan, UpgradeStep, Workload};
 
 /// A stage's outcome: go on with its value, or end the pass with this action.
 type Flow<T> = Result<ControlFlow<Action, T>, Error>;
@@ -63,21 +63,25 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let members = pass.observe();
     let primary = pass.failover(&engine.plugin, &spec, &members).await?;
     let archiver = super::archiver(ctx, db, &engine.plugin);
-    let workload = proceed!(pass.render(&engine.plugin, &spec, &primary.name, archiver.is_some()).await);
+    let scale = pass.scale(&engine.plugin, &spec, &members).await?;
+    // The plugin renders the members there are in this step of a scale plan.
+    let members_now = EngineSpec { replicas: scale.granted, ..spec.clone() };
+    let workload = proceed!(pass.render(&engine.plugin, &members_now, &primary.name, archiver.is_some()).await);
+    pass.scale_job(&scale, &workload).await?;
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
-    let applied = pass.apply(&workload, &primary.name, &upgrade.version, archiver).await?;
+    let applied = pass.apply(&workload, &primary.name, &upgrade.version, archiver, scale.granted).await?;
     let rolled = pass.members(&members, &primary.name, &applied).await?;
     let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
     let progressing = pass
         .conclude(status::Pass {
             generation: db.metadata.generation,
-            desired: pass.desired(),
+            desired: scale.granted as usize,
             members: &members.observed,
             rolled: rolled.done,
-            moving: primary.failed_over || rolled.restarted || upgrading,
+            moving: primary.failed_over || rolled.restarted || upgrading || scale.under_way,
             growth: &applied.growth,
-            upgrade_refused: upgrade.refused,
+            plan_refused: upgrade.refused || scale.refused,
             restoring: restoring == restore::Restore::Running,
         })
         .await?;
@@ -128,6 +132,18 @@ struct Applied {
     /// The StatefulSet, as last written or cached.
     stateful_set: Option<Arc<StatefulSet>>,
     growth: Growth,
+}
+
+/// What the scale stage decided.
+struct Scale {
+    /// Members the StatefulSet has in this pass.
+    granted: u32,
+    /// The plan's Job to run now, by name.
+    job: Option<(String, crate::plugin::JobPlan)>,
+    /// A plan is being followed.
+    under_way: bool,
+    /// The plugin refused the change; `Progressing` says why.
+    refused: bool,
 }
 
 /// What the members stage found and did.
@@ -357,10 +373,11 @@ impl<'a> Pass<'a> {
         primary: &str,
         version: &str,
         archiver: Option<build::Archiver<'_>>,
+        replicas: u32,
     ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
-        for child in build::children(db, workload, &db.spec.engine, primary, archiver) {
+        for child in build::children(db, workload, &db.spec.engine, primary, archiver, replicas) {
             let applied = apply::apply(ctx, ns, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
                 stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
@@ -439,6 +456,63 @@ impl<'a> Pass<'a> {
         Ok(true)
     }
 
+    /// How many members the StatefulSet gets in this pass: the spec's count once the
+    /// plugin's scale plan got there, step by step; a refused plan keeps the count the
+    /// members have and says why in `Progressing` (an Event the first time). A new
+    /// Database starts with the spec's count.
+    async fn scale(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Scale, Error> {
+        let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
+        let desired = spec.replicas;
+        let set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
+        let Some(current) = set.and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)).map(|r| r.max(1) as u32) else {
+            self.status.scale = None;
+            return Ok(Scale { granted: desired, job: None, under_way: false, refused: false });
+        };
+        let progress = self.status.scale.clone().filter(|s| s.to as u32 == desired);
+        if progress.is_none() && current == desired {
+            self.status.scale = None;
+            return Ok(Scale { granted: current, job: None, under_way: false, refused: false });
+        }
+        let from = progress.as_ref().map(|p| p.from as u32).unwrap_or(current);
+        let plan = match ctx.call(plugin, "plan-scale", (spec.clone(), from), |p, (spec, from)| p.plan_scale(spec, *from)).await? {
+            Ok(steps) => steps,
+            Err(e) => {
+                let message = format!("scaling from {from} to {desired} members refused: {e}");
+                let said = db
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::ScaleRefused.as_str() && c.message == message));
+                if !said {
+                    event(ctx, db, true, Reason::ScaleRefused, message.clone()).await;
+                }
+                status::set(&mut self.status.conditions, kind::PROGRESSING, false, Reason::ScaleRefused, message, self.generation);
+                self.status.scale = None;
+                return Ok(Scale { granted: current, job: None, under_way: false, refused: true });
+            }
+        };
+        let progress = progress.unwrap_or(ScaleStatus { from: from as i32, to: desired as i32, step: 0 });
+        let job_name = |step: usize| format!("{}-scale-{from}-{desired}-{step}", self.name);
+        let job_done = |step: usize| backups::state(ctx.caches.job(ns, &job_name(step)).as_deref()) == JobState::Succeeded;
+        let ready = |n: u32| (0..n).all(|o| members.observed.iter().any(|m| m.ordinal == o && m.ready && !m.terminating));
+        let (step, granted) = scale_progress(&plan, from, progress.step as usize, ready, job_done);
+        let job = match plan.get(step) {
+            Some(ScaleStep::Job(job)) => Some((job_name(step), job.clone())),
+            _ => None,
+        };
+        let under_way = step < plan.len();
+        self.status.scale = under_way.then_some(ScaleStatus { step: step as i32, ..progress });
+        Ok(Scale { granted, job, under_way, refused: false })
+    }
+
+    /// Starts the scale plan's Job of this pass, once, as the engine's user.
+    async fn scale_job(&self, scale: &Scale, workload: &Workload) -> Result<(), Error> {
+        if let Some((name, job)) = &scale.job {
+            let child = jobs::job(self.db, name, Purpose::Scale, job, jobs::Storage::Scratch, "", None, workload.run_as_user);
+            apply::create_once(self.ctx, &self.ns, &child).await?;
+        }
+        Ok(())
+    }
+
     /// Scheduled and requested backups, and retention.
     async fn backups(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Result<BackupReport, Error> {
         let report = backups::reconcile(self.ctx, self.db, plugin, spec, workload.run_as_user).await?;
@@ -478,6 +552,36 @@ impl<'a> Pass<'a> {
             super::until_next_backup(report).min(settings.idle_requeue).min(report.recheck.unwrap_or(settings.idle_requeue))
         }
     }
+}
+
+/// Where a scale plan stands: the first step not done yet, from step `from` of a plan
+/// that started at `start` members, and the member count the StatefulSet has
+/// meanwhile. A `members(n)` step is done once members 0..n are ready (`ready(n)`), a
+/// Job once it succeeded (`job_done(step)`). Steps run in order.
+pub fn scale_progress(
+    steps: &[ScaleStep],
+    start: u32,
+    from: usize,
+    ready: impl Fn(u32) -> bool,
+    job_done: impl Fn(usize) -> bool,
+) -> (usize, u32) {
+    let count = |s: &ScaleStep| if let ScaleStep::Members(n) = s { Some(*n) } else { None };
+    let mut granted = steps[..from.min(steps.len())].iter().rev().find_map(count).unwrap_or(start);
+    let mut step = from;
+    while let Some(s) = steps.get(step) {
+        let done = match s {
+            ScaleStep::Members(n) => {
+                granted = *n;
+                ready(*n)
+            }
+            ScaleStep::Job(_) => job_done(step),
+        };
+        if !done {
+            break;
+        }
+        step += 1;
+    }
+    (step, granted)
 }
 
 /// The first step of an upgrade plan not done yet, starting at `from`: a rolling restart
@@ -558,5 +662,28 @@ mod tests {
             assert_eq!(next_step(&roll_then_job, from, rolled, |s| done.contains(&s)), expected, "{what}");
         }
         assert_eq!(next_step(&[], 0, false, |_| false), 0, "an empty plan has no step in progress");
+    }
+
+    #[test]
+    fn a_scale_plan_grants_members_step_by_step_and_waits_on_its_jobs() {
+        let add = ScaleStep::Job(JobPlan { image: "etcd:3.5".into(), command: vec!["etcdctl".into()], env: vec![], mounts_data: false });
+        // 1 → 3, one member at a time, each registered by a Job first.
+        let plan = [add.clone(), ScaleStep::Members(2), add, ScaleStep::Members(3)];
+        // (what, resumed at step, members ready, Jobs done, expected (step, granted))
+        type Row<'a> = (&'a str, usize, u32, &'a [usize], (usize, u32));
+        let rows: [Row; 6] = [
+            ("the first Job runs; the members stay", 0, 1, &[], (0, 1)),
+            ("the Job done: a second member, not yet ready", 0, 1, &[0], (1, 2)),
+            ("it is ready: the next Job", 0, 2, &[0], (2, 2)),
+            ("resumed at the second Job, done: the third member", 2, 2, &[0, 2], (3, 3)),
+            ("all ready: the plan is done", 2, 3, &[0, 2], (4, 3)),
+            ("a step done before is not looked at again", 1, 3, &[], (2, 2)),
+        ];
+        for (what, from, ready_members, done, expected) in rows {
+            let ready = |n: u32| n <= ready_members;
+            assert_eq!(scale_progress(&plan, 1, from, ready, |s| done.contains(&s)), expected, "{what}");
+        }
+        assert_eq!(scale_progress(&[ScaleStep::Members(5)], 3, 0, |_| false, |_| false), (0, 5), "one step: granted at once");
+        assert_eq!(scale_progress(&[], 3, 0, |_| true, |_| true), (0, 3), "an empty plan keeps the start");
     }
 }

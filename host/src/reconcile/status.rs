@@ -41,6 +41,8 @@ pub enum Reason {
     UpgradeStarted,
     /// The plugin refuses the version change.
     UpgradeRefused,
+    /// The plugin refused to change the number of members.
+    ScaleRefused,
     /// Every step of an upgrade plan is done.
     UpgradeCompleted,
     /// The backup an upgrade plan asks for cannot be taken.
@@ -109,6 +111,7 @@ impl Reason {
             Reason::RenderFailed => "RenderFailed",
             Reason::UpgradeStarted => "UpgradeStarted",
             Reason::UpgradeRefused => "UpgradeRefused",
+            Reason::ScaleRefused => "ScaleRefused",
             Reason::UpgradeCompleted => "UpgradeCompleted",
             Reason::PreUpgradeBackupImpossible => "PreUpgradeBackupImpossible",
             Reason::FailoverPromoted => "FailoverPromoted",
@@ -207,8 +210,8 @@ pub struct Pass<'a> {
     pub moving: bool,
     /// Growing the member volumes.
     pub growth: &'a Growth,
-    /// The pass refused an upgrade: `Progressing` already says why.
-    pub upgrade_refused: bool,
+    /// The pass refused an upgrade or a scale: `Progressing` already says why.
+    pub plan_refused: bool,
     /// A restore is loading data while the members run.
     pub restoring: bool,
 }
@@ -217,7 +220,8 @@ pub struct Pass<'a> {
 /// whether the Database is still progressing (and should be looked at again soon).
 pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     let (desired, generation) = (pass.desired, pass.generation);
-    let ready = pass.members.iter().filter(|m| m.ready).count();
+    // A member on its way out (a scale-down, a restart) is not counted.
+    let ready = pass.members.iter().filter(|m| m.ready && !m.terminating).count();
     let all_ready = ready == desired && pass.rolled;
     let progressing = pass.moving || pass.restoring || status.upgrade.is_some() || matches!(pass.growth, Growth::Waiting(_)) || !all_ready;
     status.ready_replicas = Some(ready as i32);
@@ -233,7 +237,7 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
         Growth::Failed(message) => {
             set(&mut status.conditions, kind::PROGRESSING, false, Reason::VolumeGrowFailed, message.clone(), generation)
         }
-        _ if pass.upgrade_refused => {}
+        _ if pass.plan_refused => {}
         growth => {
             let message = match growth {
                 Growth::Waiting(message) => message.clone(),
@@ -447,7 +451,7 @@ mod tests {
                 rolled: row.rolled,
                 moving: false,
                 growth: &row.growth,
-                upgrade_refused: false,
+                plan_refused: false,
                 restoring: row.restoring,
             };
             let progressing = conclude(&mut status, &pass);
@@ -467,14 +471,14 @@ mod tests {
     #[test]
     fn a_refusal_or_a_failed_grow_keeps_its_reason_and_no_safe_failover_lasts_until_all_are_back() {
         let members3 = members(&[false, true, true]);
-        let pass = |growth, upgrade_refused| Pass {
+        let pass = |growth, plan_refused| Pass {
             generation: Some(1),
             desired: 3,
             members: &members3,
             rolled: false,
             moving: false,
             growth,
-            upgrade_refused,
+            plan_refused,
             restoring: false,
         };
         let mut status = ran();
@@ -508,7 +512,7 @@ mod tests {
             rolled: false,
             moving: false,
             growth: &growth,
-            upgrade_refused: false,
+            plan_refused: false,
             restoring: false,
         };
         conclude(&mut status, &pass);

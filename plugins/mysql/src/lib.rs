@@ -222,6 +222,11 @@ impl Engine for Mysql {
         Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart, UpgradeStep::Job(upgrade)], backup_first: true })
     }
 
+    fn plan_scale(spec: DatabaseSpec, _from: u32) -> Result<Vec<ScaleStep>, String> {
+        // Members join and leave through replication alone: one step.
+        Ok(vec![ScaleStep::Members(spec.replicas)])
+    }
+
     fn choose_primary(_spec: DatabaseSpec, members: Vec<Member>) -> FailoverDecision {
         if let Some(primary) = members.iter().find(|m| m.primary && m.ready) {
             return FailoverDecision::NoSafeMember(format!("{} is primary and ready; nothing to fail over", primary.pod));

@@ -162,6 +162,7 @@ pub async fn plugins_arrive_and_change(cluster: Arc<Cluster>) {
     let build = plugdb::plugin::hex_digest(&plugdb_tests::component("minimal-v2"));
     assert!(message.contains(&format!("minimal@2.0.0 (sha256 {})", &build[..12])), "the serving build: {message}");
     assert!(is_running(&db, 1), "the running version keeps serving");
+    scales_as_its_plugin_plans(&cluster, ns).await;
 
     let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
     dbs.delete("cache", &DeleteParams::default()).await.expect("delete");
@@ -174,6 +175,39 @@ pub async fn plugins_arrive_and_change(cluster: Arc<Cluster>) {
     assert!(condition(&db, "BackupHealthy").expect("c").message.contains("deletionPolicy: Retain"));
     cluster.apply_database(ns, minimal(json!({"deletionPolicy": "Retain"}))).await.expect("policy");
     gone(&cluster, ns, "cache").await;
+}
+
+/// The minimal engine plans like a consensus engine: 1 → 3 grows one member at a time,
+/// the third only once the second is ready; 3 → 1 would lose quorum and is refused,
+/// the members staying. (An accepted scale-down: `tests/tests/reconciler.rs`.)
+async fn scales_as_its_plugin_plans(cluster: &Cluster, ns: &str) {
+    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    cluster.apply_database(ns, minimal(json!({"replicas": 3}))).await.expect("scale up");
+    let (mut saw_two, deadline) = (false, tokio::time::Instant::now() + WAIT);
+    loop {
+        let replicas = sets.get("cache").await.expect("StatefulSet").spec.and_then(|s| s.replicas);
+        let second_ready = pods.get_opt("cache-1").await.expect("get").is_some_and(|p| {
+            p.status.and_then(|s| s.conditions).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        });
+        saw_two |= replicas == Some(2);
+        if replicas == Some(3) {
+            assert!(saw_two && second_ready, "the third member came only after the second was ready");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "scaling to 3 did not reach the third member");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.wait_database(ns, "cache", "3 members", WAIT, |d| is_running(d, 3)).await.expect("3 running");
+
+    cluster.apply_database(ns, minimal(json!({"replicas": 1}))).await.expect("scale down");
+    let db = cluster
+        .wait_database(ns, "cache", "ScaleRefused", WAIT, |d| condition(d, "Progressing").is_some_and(|c| c.reason == "ScaleRefused"))
+        .await
+        .expect("refused");
+    assert!(condition(&db, "Progressing").expect("c").message.contains("would lose quorum"));
+    assert_eq!(sets.get("cache").await.expect("StatefulSet").spec.and_then(|s| s.replicas), Some(3), "the members stay");
+    assert_eq!(db.status.as_ref().and_then(|s| s.ready_replicas), Some(3));
 }
 
 /// A spec the plugin rejects: one condition naming every bad field, phase `Failed`,
