@@ -166,6 +166,7 @@ pub fn cluster_context(db: &Database, primary_pod: &str, archive: bool) -> Clust
         credentials_secret: n.credentials(),
         config_mount_path: CONFIG_MOUNT.into(),
         archive_directory: archive.then(|| ARCHIVE_MOUNT.into()),
+        restoring: false,
     }
 }
 
@@ -404,6 +405,21 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: O
         spec: Some(pod::data_claim_spec(db)),
         ..Default::default()
     };
+    // The plugin's init containers see what the engine sees, but the archive.
+    let init: Vec<Container> = workload
+        .init_containers
+        .iter()
+        .map(|c| Container {
+            name: format!("init-{}", c.name),
+            image: Some(c.image.clone()),
+            command: Some(c.command.clone()),
+            env: Some(pod::env(&c.env)),
+            resources: container.resources.clone(),
+            volume_mounts: container.volume_mounts.clone(),
+            security_context: Some(pod::container_security(Some(true))),
+            ..Default::default()
+        })
+        .collect();
     let mut containers = vec![container];
     let mut volumes = vec![
         Volume {
@@ -424,6 +440,7 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: O
         automount_service_account_token: Some(false),
         termination_grace_period_seconds: Some(60),
         security_context: Some(pod::pod_security(workload.run_as_user)),
+        init_containers: (!init.is_empty()).then_some(init),
         containers,
         volumes: Some(volumes),
         affinity: pod::affinity(db),

@@ -63,6 +63,7 @@ fn native_inputs() -> (plugdb_sdk::DatabaseSpec, plugdb_sdk::ClusterContext) {
             credentials_secret: c.credentials_secret,
             config_mount_path: c.config_mount_path,
             archive_directory: c.archive_directory,
+            restoring: c.restoring,
         },
     )
 }

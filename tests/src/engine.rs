@@ -86,6 +86,7 @@ impl EngineUnderTest {
             credentials_secret: format!("{}-credentials", spec.name),
             config_mount_path: CONFIG_MOUNT.into(),
             archive_directory: None,
+            restoring: false,
         };
         let workload = plugin.render(spec, &cluster).expect("render");
         let (env, args) = (self.plumbing)(&pod);

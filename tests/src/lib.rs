@@ -57,5 +57,6 @@ pub fn cluster(name: &str, namespace: &str) -> plugdb::plugin::ClusterContext {
         credentials_secret: format!("{name}-credentials"),
         config_mount_path: "/etc/plugdb".into(),
         archive_directory: None,
+        restoring: false,
     }
 }

@@ -98,6 +98,15 @@ fn a_500_kib_component_loads_and_answers() {
     assert!(bytes.len() >= 500 << 10, "the benchmark's large component is {} bytes", bytes.len());
     let runtime = Runtime::new(Limits::default()).expect("runtime");
     let plugin = runtime.load(&bytes).expect("bulky loads");
-    let workload = plugin.render(&spec("1"), &plugdb_tests::cluster("orders", "shop")).expect("render");
+    let mut cluster = plugdb_tests::cluster("orders", "shop");
+    cluster.restoring = true;
+    let workload = plugin.render(&spec("1"), &cluster).expect("render");
     assert!(workload.config_files[0].content.starts_with("checksum = "));
+    assert!(workload.config_files[0].content.ends_with("restoring = true\n"), "render is told a restore is under way");
+    let init = &workload.init_containers;
+    assert_eq!(init.len(), 1);
+    assert_eq!(
+        (init[0].name.as_str(), init[0].command.as_slice()),
+        ("prepare", ["bulky-prepare".to_string(), "/data".to_string()].as_slice())
+    );
 }

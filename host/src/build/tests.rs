@@ -53,6 +53,7 @@ fn workload(config: &str) -> Workload {
         credentials: vec![],
         recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
         run_as_user: 999,
+        init_containers: vec![],
     }
 }
 
@@ -215,4 +216,26 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     assert!(pod.volumes.unwrap_or_default().iter().any(|v| v.name == "archive" && v.empty_dir.is_some()));
     assert_eq!(cluster_context(&db, "orders-0", true).archive_directory.as_deref(), Some(ARCHIVE_MOUNT));
     assert_eq!(cluster_context(&db, "orders-0", false).archive_directory, None);
+}
+
+#[test]
+fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
+    let db = database(DeletionPolicy::Snapshot);
+    let plain: StatefulSet = serde_json::from_value(statefulset(&db, &workload(""), "postgres", None, 3).object).expect("StatefulSet");
+    assert!(plain.spec.and_then(|s| s.template.spec).expect("pod").init_containers.is_none());
+
+    let mut w = workload("");
+    w.init_containers = vec![crate::plugin::InitContainer {
+        name: "prepare".into(),
+        image: "busybox:1".into(),
+        command: vec!["mkdir".into(), "-p".into(), "/var/lib/postgresql/data/pgdata".into()],
+        env: vec![],
+    }];
+    let set: StatefulSet = serde_json::from_value(statefulset(&db, &w, "postgres", None, 3).object).expect("StatefulSet");
+    let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
+    let init = pod.init_containers.expect("init containers");
+    assert_eq!(init.len(), 1);
+    assert_eq!((init[0].name.as_str(), init[0].image.as_deref()), ("init-prepare", Some("busybox:1")));
+    assert_eq!(init[0].volume_mounts, pod.containers[0].volume_mounts, "the engine's data, config and /tmp");
+    assert_eq!(init[0].security_context, pod.containers[0].security_context);
 }

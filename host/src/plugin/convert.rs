@@ -349,6 +349,7 @@ macro_rules! conversions {
         }
 
         fn workload(w: w::Workload) -> host::Workload {
+            let init_containers = init_containers(&w);
             host::Workload {
                 image: w.image,
                 command: w.command,
@@ -362,6 +363,7 @@ macro_rules! conversions {
                 credentials: w.credentials.into_iter().map(|c| host::Credential { key: c.key, length: c.length }).collect(),
                 recommended: host::ResourceAmounts { cpu_millis: w.recommended.cpu_millis, memory_bytes: w.recommended.memory_bytes },
                 run_as_user: w.run_as_user,
+                init_containers,
             }
         }
 
@@ -448,7 +450,20 @@ pub(crate) mod v0_2 {
             credentials_secret: c.credentials_secret.clone(),
             config_mount_path: c.config_mount_path.clone(),
             archive_directory: c.archive_directory.clone(),
+            restoring: c.restoring,
         }
+    }
+
+    fn init_containers(w: &w::Workload) -> Vec<host::InitContainer> {
+        w.init_containers
+            .iter()
+            .map(|c| host::InitContainer {
+                name: c.name.clone(),
+                image: c.image.clone(),
+                command: c.command.clone(),
+                env: c.env.iter().cloned().map(env).collect(),
+            })
+            .collect()
     }
 
     fn backup_location(l: &host::BackupLocation) -> w::BackupLocation {
@@ -507,6 +522,10 @@ pub(crate) mod v0_1 {
 
     fn point_in_time(_: w::Capabilities) -> bool {
         false
+    }
+
+    fn init_containers(_: &w::Workload) -> Vec<host::InitContainer> {
+        Vec::new()
     }
 
     fn cluster_context(c: &host::ClusterContext) -> w::ClusterContext {

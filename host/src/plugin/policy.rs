@@ -12,6 +12,7 @@ const MAX_ENV: usize = 64;
 const MAX_PORTS: usize = 8;
 const MAX_CONFIG_BYTES: usize = 512 << 10;
 const MAX_CREDENTIALS: usize = 16;
+const MAX_INIT_CONTAINERS: usize = 4;
 /// Downward API fields a plugin may read.
 const ALLOWED_FIELDS: &[&str] = &["metadata.name", "metadata.namespace", "status.podIP", "spec.nodeName", "spec.serviceAccountName"];
 /// Paths a data volume must never shadow (nor any parent of them).
@@ -177,6 +178,22 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     }
     check_probe(&mut r, "readiness", &w.readiness);
     check_probe(&mut r, "liveness", &w.liveness);
+    check!(r, w.init_containers.len() <= MAX_INIT_CONTAINERS, "initContainers", format!("at most {MAX_INIT_CONTAINERS}"));
+    for (i, c) in w.init_containers.iter().enumerate() {
+        let field = |f: &str| format!("initContainers[{i}].{f}");
+        let name_ok = (1..=40).contains(&c.name.len())
+            && c.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !c.name.starts_with('-')
+            && !c.name.ends_with('-');
+        check!(r, name_ok, field("name"), format!("{} must be 1-40 characters of [a-z0-9-]", quoted(&c.name)));
+        check!(r, !w.init_containers[..i].iter().any(|d| d.name == c.name), field("name"), format!("{} appears twice", quoted(&c.name)));
+        check_image(&mut r, &field("image"), &c.image);
+        check!(r, !c.command.is_empty(), field("command"), "an init container needs a command");
+        check_argv(&mut r, &field("command"), &c.command);
+        let mut env = Report(Vec::new());
+        check_env(&mut env, &c.env, &cluster.credentials_secret);
+        r.0.extend(env.0.into_iter().map(|v| Violation { field: field(&v.field), ..v }));
+    }
     let total: usize = w.config_files.iter().map(|f| f.name.len() + f.content.len()).sum();
     check!(r, total <= MAX_CONFIG_BYTES, "configFiles", format!("{total} bytes in all, over {MAX_CONFIG_BYTES}"));
     for (i, f) in w.config_files.iter().enumerate() {
@@ -209,6 +226,14 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
         "dataMountPath",
         "must not overlap the config mount",
     );
+    if let Some(archive) = &cluster.archive_directory {
+        check!(
+            r,
+            !under(data, archive) && !under(archive, data),
+            "dataMountPath",
+            format!("must not overlap the archive directory {archive}")
+        );
+    }
     check!(r, w.credentials.len() <= MAX_CREDENTIALS, "credentials", format!("at most {MAX_CREDENTIALS} keys"));
     for (i, c) in w.credentials.iter().enumerate() {
         check!(
@@ -252,6 +277,7 @@ mod tests {
             credentials: vec![],
             recommended: ResourceAmounts::default(),
             run_as_user: 999,
+            init_containers: vec![],
         }
     }
 
@@ -263,6 +289,7 @@ mod tests {
             credentials_secret: "orders-credentials".into(),
             config_mount_path: "/etc/plugdb".into(),
             archive_directory: None,
+            restoring: false,
         }
     }
 
@@ -283,6 +310,44 @@ mod tests {
         }
         let problems = fields(&Workload { data_mount_path: "/var".into(), ..workload() });
         assert!(problems.iter().any(|p| p.contains("would shadow /var/run/secrets")), "{problems:?}");
+    }
+
+    #[test]
+    fn init_containers_are_held_to_the_engines_rules_and_named_in_each_violation() {
+        let init = |name: &str, image: &str, secret: &str| InitContainer {
+            name: name.into(),
+            image: image.into(),
+            command: vec!["prepare".into()],
+            env: vec![EnvVar { name: "P".into(), source: EnvSource::Secret(SecretRef { name: secret.into(), key: "k".into() }) }],
+        };
+        let good = Workload { init_containers: vec![init("prepare", "busybox:1", "orders-credentials")], ..workload() };
+        assert!(fields(&good).is_empty(), "{:?}", fields(&good));
+        let bad = Workload {
+            init_containers: vec![init("Prepare", "busy box", "someone-elses"), init("ok", "busybox:1", "orders-credentials")],
+            ..workload()
+        };
+        let problems = fields(&bad);
+        for field in ["initContainers[0].name", "initContainers[0].image", "initContainers[0].env[0]"] {
+            assert!(problems.iter().any(|p| p.starts_with(field)), "{field}: {problems:?}");
+        }
+        assert!(!problems.iter().any(|p| p.starts_with("initContainers[1]")), "{problems:?}");
+        let many = Workload {
+            init_containers: (0..5).map(|i| init(&format!("step-{i}"), "busybox:1", "orders-credentials")).collect(),
+            ..workload()
+        };
+        assert!(fields(&many).iter().any(|p| p.starts_with("initContainers: at most 4")), "{:?}", fields(&many));
+    }
+
+    #[test]
+    fn the_data_volume_may_not_cover_the_archive() {
+        let archived = ClusterContext { archive_directory: Some("/plugdb/archive".into()), ..cluster() };
+        for path in ["/plugdb", "/plugdb/archive/data"] {
+            let problems: Vec<String> = check_workload(&Workload { data_mount_path: path.into(), ..workload() }, &archived)
+                .into_iter()
+                .map(|v| format!("{}: {}", v.field, v.message))
+                .collect();
+            assert!(problems.iter().any(|p| p.contains("archive directory")), "{path}: {problems:?}");
+        }
     }
 
     #[test]

@@ -245,6 +245,22 @@ pub struct ClusterContext {
     pub config_mount_path: String,
     /// Where the engine places finished log segments for the host to archive.
     pub archive_directory: Option<String>,
+    /// A restore from a backup has not finished yet.
+    pub restoring: bool,
+}
+
+/// A container run to completion before the engine's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitContainer {
+    /// Its name.
+    pub name: String,
+    /// Its image.
+    pub image: String,
+    /// Its argv.
+    pub command: Vec<String>,
+    /// Its environment.
+    pub env: Vec<EnvVar>,
 }
 
 /// The engine container and what surrounds it.
@@ -275,6 +291,8 @@ pub struct Workload {
     pub recommended: ResourceAmounts,
     /// User and group the engine runs as.
     pub run_as_user: u32,
+    /// Run before the engine, in order.
+    pub init_containers: Vec<InitContainer>,
 }
 
 /// A command run to completion in a Job.

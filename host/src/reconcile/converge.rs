@@ -306,7 +306,8 @@ impl<'a> Pass<'a> {
     /// The plugin's workload for this version and primary; the credentials it asks for.
     async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str, archive: bool) -> Flow<Workload> {
         let (ctx, db) = (self.ctx, self.db);
-        let cluster = build::cluster_context(db, primary, archive);
+        let mut cluster = build::cluster_context(db, primary, archive);
+        cluster.restoring = db.spec.restore_from.is_some() && !status::is_true(&self.status.conditions, kind::RESTORED);
         let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
             Ok(w) => w,
             Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,

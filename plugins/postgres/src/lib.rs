@@ -215,6 +215,7 @@ impl Engine for Postgres {
             credentials: vec![Credential { key: SUPERUSER_KEY.into(), length: 32 }, Credential { key: REPLICATION_KEY.into(), length: 32 }],
             recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
             run_as_user: UID,
+            init_containers: vec![],
         })
     }
 

@@ -114,6 +114,7 @@ fn rendered_configuration_carries_derived_and_user_settings() {
         credentials_secret: "orders-credentials".into(),
         config_mount_path: "/etc/plugdb".into(),
         archive_directory: None,
+        restoring: false,
     };
     let w = Postgres::render(s, cluster).expect("renders");
     let conf = &w.config_files.iter().find(|f| f.name == "postgresql.conf").expect("postgresql.conf").content;
@@ -133,6 +134,7 @@ fn scaling_does_not_change_the_configuration() {
         credentials_secret: "orders-credentials".into(),
         config_mount_path: "/etc/plugdb".into(),
         archive_directory: None,
+        restoring: false,
     };
     let (mut three, mut five) = (spec("15"), spec("15"));
     three.replicas = 3;
@@ -150,6 +152,7 @@ fn an_archive_directory_turns_wal_archiving_on_and_a_point_in_time_restore_repla
         credentials_secret: "orders-credentials".into(),
         config_mount_path: "/etc/plugdb".into(),
         archive_directory: archive.map(Into::into),
+        restoring: false,
     };
     let conf = |s: DatabaseSpec, archive| {
         Postgres::render(s, cluster(archive))
