@@ -238,3 +238,51 @@ async fn nothing_scales_before_the_plugin_accepts_the_plan() {
     wait_for("2 members", Duration::from_secs(60), async || members().await == Some(2)).await;
     wait_for("the refusal gone", Duration::from_secs(60), async || refused().await.is_none()).await;
 }
+
+/// A bucket read that fails (a refused key) leaves the recoverable window unknown and is
+/// tried again on the next passes, not only after the next backup: once the key is
+/// right, the window appears and `BackupHealthy` clears, with no backup in between.
+#[tokio::test]
+async fn a_failed_bucket_read_is_retried_on_the_next_pass() {
+    use k8s_openapi::api::core::v1::Secret;
+    use plugdb_tests::minio::{ACCESS_KEY, Minio, SECRET_KEY};
+    let minio = Minio::on_loopback(&["backups"]).await.expect("minio");
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("postgres", "postgres")]).await.expect("CRD and plugins");
+    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let secrets: Api<Secret> = Api::namespaced(cp.client.clone(), "default");
+    let key = async |secret_key: &str| {
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta { name: Some("s3".into()), ..Default::default() },
+            string_data: Some(
+                [("accessKeyId".to_string(), ACCESS_KEY.to_string()), ("secretAccessKey".to_string(), secret_key.to_string())].into(),
+            ),
+            ..Default::default()
+        };
+        secrets.patch("s3", &PatchParams::apply("test").force(), &Patch::Apply(&secret)).await.expect("the S3 Secret");
+    };
+    key("not-the-secret-key").await;
+    let s3 = serde_json::json!({"endpoint": minio.endpoint, "bucket": "backups", "credentials": {"secretName": "s3"}});
+    let spec = serde_json::json!({"engine": "postgres", "storage": "1Gi", "deletionPolicy": "Delete",
+        "backup": {"schedule": "0 0 1 1 *", "s3": s3}});
+    let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "kept"}, "spec": spec});
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    dbs.patch("kept", &PatchParams::apply("test"), &Patch::Apply(db)).await.expect("apply");
+
+    let backup_healthy = async || {
+        let status = dbs.get("kept").await.ok()?.status?;
+        let healthy = status.conditions.iter().find(|c| c.type_ == "BackupHealthy")?.clone();
+        Some((healthy, status.recoverable))
+    };
+    wait_for("the refused key reported", Duration::from_secs(60), async || {
+        backup_healthy().await.is_some_and(|(c, _)| c.status == "False" && c.message.contains("SignatureDoesNotMatch"))
+    })
+    .await;
+    assert!(backup_healthy().await.and_then(|(_, r)| r).is_none(), "the window is unknown after a failed read");
+
+    key(SECRET_KEY).await;
+    wait_for("the window read again", Duration::from_secs(60), async || {
+        backup_healthy().await.is_some_and(|(c, r)| c.status == "True" && r.is_some_and(|r| r.backups == 0))
+    })
+    .await;
+}
