@@ -346,7 +346,8 @@ fn safe_relative(relative: &str) -> Result<PathBuf, Error> {
     Ok(path)
 }
 
-async fn download_file(store: &dyn ObjectStore, key: &Key, path: &Path, entry: &FileEntry) -> Result<(), Error> {
+/// Streams the object at `key` into the file `path`; returns its size and SHA-256.
+async fn fetch(store: &dyn ObjectStore, key: &Key, path: &Path) -> Result<(u64, String), Error> {
     let what = || format!("downloading {key} to {}", path.display());
     let mut stream = store.get(key).await.map_err(|e| error(what(), e))?.into_stream();
     let mut file = tokio::fs::File::create(path).await.map_err(|e| error(what(), e))?;
@@ -359,7 +360,11 @@ async fn download_file(store: &dyn ObjectStore, key: &Key, path: &Path, entry: &
         file.write_all(&chunk).await.map_err(|e| error(what(), e))?;
     }
     file.flush().await.map_err(|e| error(what(), e))?;
-    let sha256 = hex(&hash.finalize());
+    Ok((total, hex(&hash.finalize())))
+}
+
+async fn download_file(store: &dyn ObjectStore, key: &Key, path: &Path, entry: &FileEntry) -> Result<(), Error> {
+    let (total, sha256) = fetch(store, key, path).await?;
     if total != entry.bytes || sha256 != entry.sha256 {
         return Err(Error(format!(
             "{key} holds {total} bytes with SHA-256 {sha256}; the manifest says {} bytes, {}",
@@ -490,23 +495,15 @@ pub async fn ship(store: &dyn ObjectStore, dir: &Path, key: &Key) -> Result<usiz
     Ok(names.len())
 }
 
-/// Downloads the segments a restore from the backup at `backup` (started at `started`)
-/// replays, from its Database's archive into `dest`. Returns how many.
-pub async fn download_archive(store: &dyn ObjectStore, backup: &Key, started: DateTime<Utc>, dest: &Path) -> Result<usize, Error> {
-    let database: Key = backup.parts().collect::<Vec<_>>().split_last().map(|(_, rest)| rest.iter().cloned().collect()).unwrap_or_default();
-    let segments = archived(store, &database).await?;
+/// Downloads the segments a restore from a backup that started at `started` replays,
+/// from the archive of `database` (a [`database_key`]) into `dest`. Returns how many.
+pub async fn download_archive(store: &dyn ObjectStore, database: &Key, started: DateTime<Utc>, dest: &Path) -> Result<usize, Error> {
+    let segments = archived(store, database).await?;
     tokio::fs::create_dir_all(dest).await.map_err(|e| error(format!("creating {}", dest.display()), e))?;
     let mut count = 0;
     for segment in needed_since(&segments, started) {
         let key = database.clone().join(ARCHIVE).join(segment.name.as_str());
-        let path = dest.join(safe_relative(&segment.name)?);
-        let mut stream = store.get(&key).await.map_err(|e| error(format!("downloading {key}"), e))?.into_stream();
-        let mut file = tokio::fs::File::create(&path).await.map_err(|e| error(format!("creating {}", path.display()), e))?;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| error(format!("downloading {key}"), e))?;
-            file.write_all(&chunk).await.map_err(|e| error(format!("writing {}", path.display()), e))?;
-        }
-        file.flush().await.map_err(|e| error(format!("writing {}", path.display()), e))?;
+        fetch(store, &key, &dest.join(safe_relative(&segment.name)?)).await?;
         count += 1;
     }
     Ok(count)
@@ -580,7 +577,12 @@ pub async fn download_from_env(from: &str, to: &Path, archive: Option<&Path>) ->
     let key = Key::from(from);
     let manifest = download(store.as_ref(), &key, to).await?;
     let segments = match archive {
-        Some(dir) => download_archive(store.as_ref(), &key, manifest.started, dir).await?,
+        Some(dir) => {
+            // The backup's key is `<database>/<backup>`: the archive sits beside it.
+            let parts: Vec<_> = key.parts().collect();
+            let database = Key::from_iter(parts[..parts.len().saturating_sub(1)].iter().cloned());
+            download_archive(store.as_ref(), &database, manifest.started, dir).await?
+        }
         None => 0,
     };
     Ok((manifest, segments))

@@ -232,14 +232,14 @@ async fn the_archive_ships_finished_segments_only_and_a_restore_takes_what_its_b
 
     // A restore from the backup downloads the segments stored since it started.
     let replay = work.path().join("replay");
-    let count = objects::download_archive(store.as_ref(), &backup, manifest.started, &replay).await.expect("download");
+    let count = objects::download_archive(store.as_ref(), &database, manifest.started, &replay).await.expect("download");
     assert_eq!(count, 2);
     assert_eq!(tree(&replay).len(), 2);
     let expected: Vec<u8> = (0..70_000usize).map(|i| (i as u8).wrapping_mul(31).wrapping_add(2)).collect();
     assert_eq!(std::fs::read(replay.join("000000010000000000000002")).expect("segment"), expected, "byte for byte");
     // A backup that started long after them needs none, and retention removes them.
     let later = manifest.started + Duration::from_secs(3600);
-    assert_eq!(objects::download_archive(store.as_ref(), &backup, later, &work.path().join("none")).await.expect("download"), 0);
+    assert_eq!(objects::download_archive(store.as_ref(), &database, later, &work.path().join("none")).await.expect("download"), 0);
     assert_eq!(objects::prune_archive(store.as_ref(), &database, &segments, manifest.started).await.expect("prune"), 0);
     assert_eq!(objects::prune_archive(store.as_ref(), &database, &segments, later).await.expect("prune"), 2);
     assert!(objects::archived(store.as_ref(), &database).await.expect("archived").is_empty());

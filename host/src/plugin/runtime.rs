@@ -351,6 +351,11 @@ impl Runtime {
     }
 }
 
+/// Host policy over the Jobs of a plan for `spec`.
+fn check_jobs<'a>(jobs: impl Iterator<Item = &'a JobPlan>, spec: &EngineSpec) -> Vec<Violation> {
+    jobs.flat_map(|job| super::policy::check_job(job, &spec.credentials_secret())).collect()
+}
+
 fn placeholder_info() -> PluginInfo {
     PluginInfo {
         engine: "(loading)".into(),
@@ -606,15 +611,11 @@ impl Plugin {
     pub fn plan_upgrade(&self, spec: &EngineSpec, from: &str) -> Result<UpgradePlan, CallError> {
         self.counted("plan-upgrade", &(spec, from), || {
             let plan = self.call("plan-upgrade", |s, i| self.exports.plan_upgrade(s, i, spec, from))?.map_err(|r| self.refused(r))?;
-            let violations = plan
-                .steps
-                .iter()
-                .filter_map(|step| match step {
-                    UpgradeStep::Job(job) => Some(super::policy::check_job(job, &spec.credentials_secret())),
-                    UpgradeStep::RollingRestart => None,
-                })
-                .flatten()
-                .collect();
+            let jobs = plan.steps.iter().filter_map(|step| match step {
+                UpgradeStep::Job(job) => Some(job),
+                UpgradeStep::RollingRestart => None,
+            });
+            let violations = check_jobs(jobs, spec);
             self.checked("plan-upgrade", violations, plan)
         })
     }
@@ -624,14 +625,11 @@ impl Plugin {
     pub fn plan_scale(&self, spec: &EngineSpec, from: u32) -> Result<Vec<ScaleStep>, CallError> {
         self.counted("plan-scale", &(spec, from), || {
             let steps = self.call("plan-scale", |s, i| self.exports.plan_scale(s, i, spec, from))?.map_err(|r| self.refused(r))?;
-            let mut violations: Vec<Violation> = steps
-                .iter()
-                .filter_map(|step| match step {
-                    ScaleStep::Job(job) => Some(super::policy::check_job(job, &spec.credentials_secret())),
-                    ScaleStep::Members(_) => None,
-                })
-                .flatten()
-                .collect();
+            let jobs = steps.iter().filter_map(|step| match step {
+                ScaleStep::Job(job) => Some(job),
+                ScaleStep::Members(_) => None,
+            });
+            let mut violations = check_jobs(jobs, spec);
             let counts: Vec<u32> = steps.iter().filter_map(|s| if let ScaleStep::Members(n) = s { Some(*n) } else { None }).collect();
             if counts.iter().any(|n| !(1..=9).contains(n)) {
                 violations.push(Violation { field: "plan-scale".into(), message: format!("member counts {counts:?} must be 1-9") });
