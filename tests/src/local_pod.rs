@@ -56,10 +56,14 @@ impl LocalPod {
     /// A member named `name` whose config is mounted at `config_mount` and data at `data_mount`.
     pub fn new(name: &str, config_mount: &str, data_mount: &str) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("plugdb-pod-").tempdir()?;
-        for sub in ["config", "data", "run", "backups"] {
+        for sub in ["config", "data", "run", "backups", "archive"] {
             std::fs::create_dir_all(dir.path().join(sub))?;
         }
-        let remaps = vec![(config_mount.to_string(), dir.path().join("config")), (data_mount.to_string(), dir.path().join("data"))];
+        let remaps = vec![
+            (config_mount.to_string(), dir.path().join("config")),
+            (data_mount.to_string(), dir.path().join("data")),
+            (plugdb::build::ARCHIVE_MOUNT.to_string(), dir.path().join("archive")),
+        ];
         let pod = Self { name: name.into(), address: loopback_address(), dir, env: BTreeMap::new(), remaps, server: None };
         pod.chown_all()?;
         Ok(pod)
@@ -73,6 +77,11 @@ impl LocalPod {
     /// Where the engine's unix sockets go.
     pub fn run_dir(&self) -> PathBuf {
         self.dir.path().join("run")
+    }
+
+    /// Stands in for the archive volume the member shares with the archiver.
+    pub fn archive_dir(&self) -> PathBuf {
+        self.dir.path().join("archive")
     }
 
     /// A shared directory for backups (stands in for the backup volume).

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use plugdb::plugin::{BackupLocation, FailoverDecision, Member, ParameterValue};
-use plugdb_tests::engine::EngineUnderTest;
+use plugdb_tests::engine::{CONFIG_MOUNT, EngineUnderTest};
 use plugdb_tests::local_pod::LocalPod;
 
 const PATH: &str = "/usr/sbin:/usr/bin:/bin";
@@ -169,4 +169,109 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "0", "promoted");
     sql(&replica, &pw, "INSERT INTO shop.orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
     assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5002", "no data lost");
+}
+
+/// Every file in `dirs`, copied into `to`, readable by the members' user.
+fn gather(dirs: &[std::path::PathBuf], to: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(to).expect("archive copy");
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut names = Vec::new();
+    for dir in dirs {
+        for entry in std::fs::read_dir(dir).expect("archive").flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            std::fs::copy(entry.path(), to.join(&name)).expect("copy");
+            std::fs::set_permissions(to.join(&name), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+            names.push(name);
+        }
+    }
+    names.sort();
+    names
+}
+
+/// Point-in-time recovery across a failover: the binary logs both primaries handed to
+/// their archives (the new primary's repeat what it replicated from the old one),
+/// replayed from the dump's GTID position into a new Database, give every transaction
+/// before the moment once and none after it.
+#[test]
+fn a_point_in_time_restore_replays_the_archived_logs_of_both_primaries_once_each() {
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = db.spec("pitr", vec![("archive_timeout", ParameterValue::Text("1s".into()))]);
+    let secrets = db.secrets("pitr");
+    let pw = secrets["root-password"].clone();
+    let pod = |ordinal: u32| LocalPod::new(&format!("pitr-{ordinal}"), CONFIG_MOUNT, "/var/lib/mysql").expect("pod");
+    let mut primary = db.run_archiving(pod(0), &plugin, &s, None, &secrets);
+    sql(&primary, &pw, SAMPLE).expect("sample data");
+    let address = primary.address.clone();
+    let mut replica = db.run_archiving(pod(1), &plugin, &s, Some(("pitr-0", &address)), &secrets);
+
+    let location = BackupLocation {
+        directory: primary.backup_dir().to_string_lossy().into(),
+        artifact: "pitr-base".into(),
+        host: primary.address.clone(),
+        credentials_secret: "pitr-credentials".into(),
+        cluster: plugdb_tests::cluster("pitr", "default"),
+        archive_directory: None,
+        point_in_time: None,
+    };
+    let backup = plugin.backup(&s, &location).expect("backup plan");
+    primary.run_job(&backup, &secrets, &[("PATH", PATH.into())]).expect("backup job");
+    sql(&primary, &pw, "INSERT INTO shop.orders VALUES (6001, 'after the backup', 1)").expect("write");
+    let expected = sql(&primary, &pw, FINGERPRINT).expect("fingerprint");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sql(&replica, &pw, FINGERPRINT).ok().as_deref() != Some(expected.as_str()) {
+        assert!(Instant::now() < deadline, "the replica did not catch up:\n{}", replica.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Failover: the old primary stops (handing over its last log); member 1 restarts as
+    // the primary and hands over the logs it wrote as a replica.
+    primary.stop();
+    replica.stop();
+    let promoted = db.run_archiving(replica, &plugin, &s, None, &secrets);
+    sql(&promoted, &pw, "INSERT INTO shop.orders VALUES (6002, 'after the failover', 2)").expect("write on the new primary");
+    let before = sql(&promoted, &pw, FINGERPRINT).expect("fingerprint");
+    assert!(before.starts_with("5002:"), "{before}");
+    std::thread::sleep(Duration::from_secs(2));
+    let moment = chrono::Utc::now();
+    std::thread::sleep(Duration::from_secs(2));
+    sql(&promoted, &pw, "INSERT INTO shop.orders VALUES (6003, 'after the moment', 3)").expect("write after the moment");
+    let written = chrono::Utc::now().timestamp();
+    // The running primary closes its log within archive_timeout and hands it over.
+    let closed_at = |name: &str| name.split('-').nth(1).and_then(|t| t.parse::<i64>().ok()).unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_dir(promoted.archive_dir())
+        .expect("archive")
+        .flatten()
+        .any(|e| closed_at(&e.file_name().to_string_lossy()) >= written)
+    {
+        assert!(Instant::now() < deadline, "no log closed after the last write was archived:\n{}", promoted.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let target_spec = db.spec("moment", vec![]);
+    let target_secrets = db.secrets("moment");
+    let target = db.start_member(&plugin, &target_spec, 0, None, &target_secrets);
+    let download = target.dir().join("downloaded-archive");
+    let names = gather(&[primary.archive_dir(), promoted.archive_dir()], &download);
+    assert!(names.iter().any(|n| n.contains("-1-mysql-bin.")) && names.iter().any(|n| n.contains("-2-mysql-bin.")), "{names:?}");
+    let restore = plugin
+        .restore(
+            &target_spec,
+            &BackupLocation {
+                host: target.address.clone(),
+                credentials_secret: "moment-credentials".into(),
+                archive_directory: Some(download.to_string_lossy().into()),
+                point_in_time: Some(moment.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+                ..location
+            },
+        )
+        .expect("restore plan");
+    let said = target.run_job(&restore, &target_secrets, &[("PATH", PATH.into())]).expect("restore job");
+    assert!(said.contains("replayed"), "{said}");
+    let tpw = &target_secrets["root-password"];
+    assert_eq!(sql(&target, tpw, FINGERPRINT).expect("fingerprint after the restore"), before, "{said}");
+    let missing = sql(&target, tpw, "SELECT COUNT(*) FROM shop.orders WHERE id = 6003").expect("count");
+    assert_eq!(missing, "0", "the write after the moment is not replayed");
 }

@@ -70,7 +70,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     pass.scale_job(&scale, &workload).await?;
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, archiver, scale.granted).await?;
-    let rolled = pass.members(&members, &primary.name, &applied).await?;
+    let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
     let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
     let progressing = pass
@@ -164,10 +164,6 @@ impl<'a> Pass<'a> {
             generation: db.metadata.generation,
             status: db.status.clone().unwrap_or_default(),
         }
-    }
-
-    fn desired(&self) -> usize {
-        self.db.spec.replicas.max(1) as usize
     }
 
     /// Ends the pass with a permanent problem (see [`stop_with`]).
@@ -307,7 +303,7 @@ impl<'a> Pass<'a> {
     async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str, archive: bool) -> Flow<Workload> {
         let (ctx, db) = (self.ctx, self.db);
         let mut cluster = build::cluster_context(db, primary, archive);
-        cluster.restoring = db.spec.restore_from.is_some() && !status::is_true(&self.status.conditions, kind::RESTORED);
+        cluster.restoring = self.restore_unfinished();
         let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
             Ok(w) => w,
             Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
@@ -323,6 +319,11 @@ impl<'a> Pass<'a> {
         status::set(&mut self.status.conditions, kind::PLUGIN_READY, true, reason, message, self.generation);
         apply::ensure_credentials(ctx, db, &workload.credentials).await?;
         Ok(ControlFlow::Continue(workload))
+    }
+
+    /// Whether a restore was asked for and has not completed.
+    fn restore_unfinished(&self) -> bool {
+        self.db.spec.restore_from.is_some() && !status::is_true(&self.status.conditions, kind::RESTORED)
     }
 
     /// A restore asked for and not yet done (the `Restored` condition remembers it). A
@@ -402,8 +403,8 @@ impl<'a> Pass<'a> {
     }
 
     /// Role labels on the members, and the next member restart of a roll (one at a time,
-    /// replicas first, primary last).
-    async fn members(&mut self, members: &Members, primary: &str, applied: &Applied) -> Result<Rolled, Error> {
+    /// replicas first, primary last) among the `granted` members of this pass.
+    async fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Result<Rolled, Error> {
         let (ctx, db) = (self.ctx, self.db);
         let sts = applied.stateful_set.as_ref();
         // Revisions are only meaningful once the StatefulSet controller has seen the latest spec.
@@ -416,7 +417,7 @@ impl<'a> Pass<'a> {
                 pods.patch(&m.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
             }
         }
-        let desired = self.desired();
+        let desired = granted.max(1) as usize;
         let mut restarted = false;
         if let Some(next) = members::next_to_roll(&members.observed, &update_revision, primary, desired).filter(|_| current) {
             pods.delete(&next.name, &DeleteParams::default()).await?;
@@ -464,6 +465,12 @@ impl<'a> Pass<'a> {
     async fn scale(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Scale, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let desired = spec.replicas;
+        if self.restore_unfinished() {
+            // The restore reaches member 0 alone; the others join once it is done, as the
+            // plugin plans a scale from one member, and copy the restored data.
+            self.status.scale = None;
+            return Ok(Scale { granted: desired.min(1), job: None, under_way: desired > 1, refused: false });
+        }
         let set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
         let Some(current) = set.and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)).map(|r| r.max(1) as u32) else {
             self.status.scale = None;

@@ -32,12 +32,69 @@ SQL
 role_args="--read-only=OFF"
 [ "$POD_NAME" = "$PRIMARY_POD" ] || role_args="--read-only=ON"
 
+local_sql() { mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
+
+# Point-in-time recovery (ARCHIVE_DIR set): the primary hands each closed binary log to
+# the archiver, named <first GTID sequence number>-<closed at>-<server id>-<file> so
+# that names sort in the order a replay needs, also across failovers. Logs a member
+# wrote as a replica are handed over once it is primary: they hold what the old primary
+# may not have archived. Logs without transactions are skipped.
+archived="$volume/plugdb-archived"
+archiving=""
+[ -z "${ARCHIVE_DIR:-}" ] || [ "$POD_NAME" != "$PRIMARY_POD" ] || archiving=1
+archive_closed() {
+  index="$DATADIR/mysql-bin.index"
+  [ -f "$index" ] || return 0
+  sed '$d' "$index" | while read -r entry; do
+    file="$DATADIR/${entry##*/}"
+    [ -f "$file" ] || continue
+    closed="$(stat -c %Y "$file")"
+    key="${entry##*/} $closed"
+    ! grep -qxF "$key" "$archived" 2>/dev/null || continue
+    first="$(mariadb-binlog "$file" 2>/dev/null | grep -m1 -o 'GTID 0-[0-9]*-[0-9]*' | cut -d- -f3)"
+    if [ -n "$first" ]; then
+      name="$(printf '%020d-%s-%s-%s' "$first" "$closed" "$server_id" "${entry##*/}")"
+      cp "$file" "$ARCHIVE_DIR/.$name" && mv "$ARCHIVE_DIR/.$name" "$ARCHIVE_DIR/$name" || continue
+      echo "plugdb: handed ${entry##*/} to the archive as $name" >&2
+    fi
+    echo "$key" >> "$archived"
+  done
+}
+# Closes the current log at least every ARCHIVE_TIMEOUT seconds while transactions arrive.
+archive_loop() {
+  set +e
+  flushed_at="$(timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" -N -B -e 'SELECT @@gtid_binlog_pos')"
+  last_flush="$(date +%s)"
+  while kill -0 "$server" 2>/dev/null; do
+    archive_closed
+    now="$(date +%s)"
+    if [ $((now - last_flush)) -ge "${ARCHIVE_TIMEOUT:-60}" ]; then
+      position="$(timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" -N -B -e 'SELECT @@gtid_binlog_pos')"
+      if [ -n "$position" ] && [ "$position" != "$flushed_at" ] \
+        && timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" -e 'FLUSH BINARY LOGS'; then
+        echo "plugdb: closed the binary log at $position" >&2
+        flushed_at="$position"
+      fi
+      last_flush="$now"
+    fi
+    sleep 2
+  done
+}
+# On shutdown the primary closes and hands over its last log before the server stops.
+stop() {
+  if [ -n "$archiving" ]; then
+    local_sql -e 'FLUSH BINARY LOGS' >/dev/null 2>&1 && archive_closed || true
+  fi
+  kill -TERM "$server" 2>/dev/null
+  wait "$server"
+  exit 0
+}
+
 mkdir -p "$(dirname "$MARIADB_SOCKET")"
 mariadbd --defaults-file="$cnf" --datadir="$DATADIR" --socket="$MARIADB_SOCKET" --server-id="$server_id" --init-file="$volume/init.sql" $role_args "$@" &
 server=$!
-trap 'kill -TERM "$server" 2>/dev/null; wait "$server"; exit 0' TERM INT
+trap stop TERM INT
 
-local_sql() { mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
 until local_sql -e 'SELECT 1' >/dev/null 2>&1; do
   kill -0 "$server" 2>/dev/null || { wait "$server"; exit 1; }
   sleep 1
@@ -61,5 +118,6 @@ if [ "$POD_NAME" = "$PRIMARY_POD" ] && [ -f "$volume/plugdb-replica" ]; then
   rm -f "$volume/plugdb-replica"
 fi
 
+[ -z "$archiving" ] || archive_loop &
 touch "$volume/plugdb-ready"
 wait "$server"

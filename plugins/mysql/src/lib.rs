@@ -7,8 +7,16 @@
 //!   that initialises the data directory, keeps accounts in step with the credentials
 //!   Secret, and clones a fresh replica from the primary Service before starting
 //!   GTID replication (`MASTER_USE_GTID=slave_pos`).
-//! - Backups are logical (`mariadb-dump --all-databases`, gzip); a restore loads one
-//!   into the new primary and re-applies the new Database's passwords.
+//! - Backups are logical (`mariadb-dump --all-databases`, gzip, with the GTID position
+//!   they reach); a restore loads one into the new primary and re-applies the new
+//!   Database's passwords.
+//! - Point-in-time recovery: with an archive directory, the primary hands each closed
+//!   binary log to the archiver, and closes the current one at least every
+//!   `archive_timeout` (60 s unless set) while transactions arrive. A restore to a point
+//!   in time loads the dump, then replays the archived logs from the dump's GTID
+//!   position up to that moment; transactions that several members' logs repeat (after
+//!   a failover) apply once. Binary-log times have one-second resolution: what was
+//!   logged in the second of the moment is not replayed.
 //! - Failover promotes the ready replica whose GTID position covers all others.
 //! - Minor upgrades roll members; a major upgrade to the next LTS adds `mariadb-upgrade`;
 //!   skipping an LTS and downgrades are refused.
@@ -27,6 +35,10 @@ const ROOT_KEY: &str = "root-password";
 const REPLICATION_KEY: &str = "replication-password";
 const DATA_MOUNT: &str = "/var/lib/mysql";
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
+const RESTORE: &str = include_str!("restore.sh");
+/// A plugin setting, not a server variable: how often the primary closes its binary log
+/// for the archive while transactions arrive.
+const ARCHIVE_TIMEOUT: &str = "archive_timeout";
 
 struct Mysql;
 
@@ -46,7 +58,7 @@ fn my_cnf(spec: &DatabaseSpec) -> String {
     let mut settings: BTreeMap<String, String> = BTreeMap::new();
     settings.insert("innodb_buffer_pool_size".into(), format!("{}M", (memory / (1 << 20) / 2).max(64)));
     settings.insert("max_connections".into(), "151".into());
-    for p in &spec.parameters {
+    for p in spec.parameters.iter().filter(|p| p.name != ARCHIVE_TIMEOUT) {
         settings.insert(p.name.clone(), parameter_text(p));
     }
     let mut lines = vec![
@@ -84,15 +96,42 @@ fn covers(a: &BTreeMap<u32, u64>, b: &BTreeMap<u32, u64>) -> bool {
     b.iter().all(|(domain, seq)| a.get(domain).is_some_and(|s| s >= seq))
 }
 
+/// `archive_timeout` in seconds (`90`, `90s`, `2min`, `1h`; the catalogue checked the
+/// form), at least 1; 60 unless set.
+fn archive_timeout(spec: &DatabaseSpec) -> u64 {
+    let Some(p) = spec.parameters.iter().find(|p| p.name == ARCHIVE_TIMEOUT) else { return 60 };
+    let text = parameter_text(p);
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = match &text[digits.len()..] {
+        "min" => 60,
+        "h" => 3600,
+        _ => 1,
+    };
+    (digits.parse::<u64>().unwrap_or(60) * unit).max(1)
+}
+
+/// The host's RFC 3339 UTC moment as `mariadb-binlog --stop-datetime` takes it (in UTC):
+/// `2026-11-23T10:15:30.5Z` → `2026-11-23 10:15:30`. Binary-log times are whole seconds.
+fn stop_datetime(rfc3339: &str) -> String {
+    let utc = rfc3339.trim_end_matches('Z');
+    let whole = utc.split_once('.').map_or(utc, |(seconds, _)| seconds);
+    whole.replacen('T', " ", 1)
+}
+
 fn job_env(location: &BackupLocation) -> Vec<EnvVar> {
-    vec![
+    let mut env = vec![
         env_value("BACKUP_DIR", location.directory.clone()),
         env_value("BACKUP_NAME", location.artifact.clone()),
         env_value("DB_HOST", location.host.clone()),
         env_value("DB_PORT", PORT.to_string()),
         env_secret("MARIADB_ROOT_PASSWORD", &location.credentials_secret, ROOT_KEY),
         env_secret("REPLICATION_PASSWORD", &location.credentials_secret, REPLICATION_KEY),
-    ]
+    ];
+    if let (Some(at), Some(dir)) = (&location.point_in_time, &location.archive_directory) {
+        env.push(env_value("POINT_IN_TIME", stop_datetime(at)));
+        env.push(env_value("ARCHIVE_DIR", dir.clone()));
+    }
+    env
 }
 
 impl Engine for Mysql {
@@ -108,7 +147,8 @@ impl Engine for Mysql {
                 | Capabilities::RESTORE
                 | Capabilities::FAILOVER
                 | Capabilities::ONLINE_UPGRADE
-                | Capabilities::MAJOR_UPGRADE,
+                | Capabilities::MAJOR_UPGRADE
+                | Capabilities::POINT_IN_TIME,
         }
     }
 
@@ -134,21 +174,26 @@ impl Engine for Mysql {
             return Err(format!("{}: {}", v.field, v.message));
         }
         let s = &cluster.credentials_secret;
+        let mut env = vec![
+            env_value("DATADIR", format!("{DATA_MOUNT}/data")),
+            env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
+            env_value("MARIADB_SOCKET", "/run/mysqld/mysqld.sock"),
+            env_field("POD_NAME", "metadata.name"),
+            env_value("PRIMARY_POD", cluster.primary_pod.clone()),
+            env_value("PRIMARY_HOST", cluster.primary_host.clone()),
+            env_value("PRIMARY_PORT", PORT.to_string()),
+            env_secret("MARIADB_ROOT_PASSWORD", s, ROOT_KEY),
+            env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
+        ];
+        if let Some(dir) = &cluster.archive_directory {
+            env.push(env_value("ARCHIVE_DIR", dir.clone()));
+            env.push(env_value("ARCHIVE_TIMEOUT", archive_timeout(&spec).to_string()));
+        }
         Ok(Workload {
             image: image(&spec.version),
             command: vec!["sh".into(), format!("{}/bootstrap.sh", cluster.config_mount_path)],
             args: vec![],
-            env: vec![
-                env_value("DATADIR", format!("{DATA_MOUNT}/data")),
-                env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
-                env_value("MARIADB_SOCKET", "/run/mysqld/mysqld.sock"),
-                env_field("POD_NAME", "metadata.name"),
-                env_value("PRIMARY_POD", cluster.primary_pod.clone()),
-                env_value("PRIMARY_HOST", cluster.primary_host.clone()),
-                env_value("PRIMARY_PORT", PORT.to_string()),
-                env_secret("MARIADB_ROOT_PASSWORD", s, ROOT_KEY),
-                env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
-            ],
+            env,
             ports: vec![Port { name: "mysql".into(), port: PORT }],
             readiness: Some(Probe {
                 action: ProbeAction::Exec(shell(
@@ -258,7 +303,7 @@ impl Engine for Mysql {
             command: shell(
                 "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; mkdir -p \"$out.partial\"; \
                  mariadb-dump -h \"$DB_HOST\" -P \"$DB_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" --all-databases --single-transaction \
-                 --gtid --routines --events --triggers | gzip > \"$out.partial/dump.sql.gz\"; mv \"$out.partial\" \"$out\"",
+                 --gtid --master-data=2 --routines --events --triggers | gzip > \"$out.partial/dump.sql.gz\"; mv \"$out.partial\" \"$out\"",
             ),
             env: job_env(&location),
             mounts_data: false,
@@ -266,18 +311,7 @@ impl Engine for Mysql {
     }
 
     fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
-        Ok(JobPlan {
-            image: image(&spec.version),
-            command: shell(
-                "set -eu; src=\"$BACKUP_DIR/$BACKUP_NAME/dump.sql.gz\"; test -f \"$src\" || { echo \"backup $src not found\" >&2; exit 1; }; \
-                 { gunzip -c \"$src\"; \
-                   echo \"ALTER USER 'root'@'%' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD'; ALTER USER 'root'@'localhost' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';\"; \
-                   echo \"ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD'; FLUSH PRIVILEGES;\"; } \
-                 | mariadb -h \"$DB_HOST\" -P \"$DB_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\"",
-            ),
-            env: job_env(&location),
-            mounts_data: false,
-        })
+        Ok(JobPlan { image: image(&spec.version), command: shell(RESTORE), env: job_env(&location), mounts_data: false })
     }
 }
 

@@ -8,6 +8,8 @@ const SWITCH: Kind = Kind::Enum(&["ON", "OFF", "0", "1"]);
 /// What users may set; networking, identity, binary logging and replication are the plugin's.
 pub const CATALOG: Catalog = Catalog {
     settable: &[
+        // The plugin's own: how often the primary closes its binary log for the archive.
+        ("archive_timeout", Kind::WithUnit(&["s", "min", "h"], "60s")),
         ("binlog_expire_logs_seconds", Kind::Int(0, 8_553_600)),
         ("character_set_server", Kind::Enum(&["utf8mb4", "utf8mb3", "latin1", "ascii", "binary"])),
         ("collation_server", Kind::Text(64)),

@@ -127,3 +127,58 @@ fn configuration_derives_the_buffer_pool_and_takes_user_settings() {
     assert!(cnf.contains("max_connections = 300\n") && !cnf.contains("max_connections = 151"), "{cnf}");
     assert!(cnf.contains("gtid_strict_mode = ON"), "{cnf}");
 }
+
+#[test]
+fn an_archive_directory_hands_binary_logs_over_and_a_point_in_time_restore_replays_to_it() {
+    let cluster = |archive: Option<&str>| ClusterContext {
+        primary_host: "orders.shop.svc".into(),
+        headless_host: "orders-headless.shop.svc".into(),
+        primary_pod: "orders-0".into(),
+        credentials_secret: "orders-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+        archive_directory: archive.map(Into::into),
+        restoring: false,
+    };
+    let value = |env: &[EnvVar], name: &str| {
+        env.iter().find(|e| e.name == name).map(|e| match &e.source {
+            EnvSource::Value(v) => v.clone(),
+            other => panic!("{name}: {other:?}"),
+        })
+    };
+    let plain = Mysql::render(spec("11.8"), cluster(None)).expect("renders");
+    assert_eq!(value(&plain.env, "ARCHIVE_DIR"), None);
+    let archived = Mysql::render(spec("11.8"), cluster(Some("/plugdb/archive"))).expect("renders");
+    assert_eq!(value(&archived.env, "ARCHIVE_DIR").as_deref(), Some("/plugdb/archive"));
+    assert_eq!(value(&archived.env, "ARCHIVE_TIMEOUT").as_deref(), Some("60"));
+    for (setting, seconds) in [("5s", "5"), ("90", "90"), ("2min", "120"), ("1h", "3600"), ("0s", "1")] {
+        let mut quick = spec("11.8");
+        quick.parameters = vec![Parameter { name: ARCHIVE_TIMEOUT.into(), value: ParameterValue::Text(setting.into()) }];
+        assert!(Mysql::validate(quick.clone()).is_empty(), "{setting}");
+        let w = Mysql::render(quick.clone(), cluster(Some("/plugdb/archive"))).expect("renders");
+        assert_eq!(value(&w.env, "ARCHIVE_TIMEOUT").as_deref(), Some(seconds), "{setting}");
+        assert!(!my_cnf(&quick).contains("archive_timeout"), "a plugin setting, not a server variable");
+    }
+    let mut wrong = spec("11.8");
+    wrong.parameters = vec![Parameter { name: ARCHIVE_TIMEOUT.into(), value: ParameterValue::Text("soon".into()) }];
+    assert_eq!(Mysql::validate(wrong).first().map(|v| v.field.as_str()), Some("spec.parameters.archive_timeout"));
+
+    let location = |at: Option<&str>| BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster: cluster(None),
+        archive_directory: at.map(|_| "/backups/_archive".into()),
+        point_in_time: at.map(Into::into),
+    };
+    let backup = Mysql::backup(spec("11.8"), location(None)).expect("backup plan").command.join(" ");
+    assert!(backup.contains("--master-data=2"), "the dump records the GTID position a replay starts from: {backup}");
+    let env = |at| Mysql::restore(spec("11.8"), location(at)).expect("restore plan").env;
+    assert_eq!(value(&env(None), "POINT_IN_TIME"), None);
+    for (at, stop) in [("2026-11-23T10:15:30Z", "2026-11-23 10:15:30"), ("2026-11-23T10:15:30.750Z", "2026-11-23 10:15:30")] {
+        let pitr = env(Some(at));
+        assert_eq!(value(&pitr, "ARCHIVE_DIR").as_deref(), Some("/backups/_archive"));
+        assert_eq!(value(&pitr, "POINT_IN_TIME").as_deref(), Some(stop), "{at}");
+    }
+    assert!(Mysql::info().capabilities & Capabilities::POINT_IN_TIME == Capabilities::POINT_IN_TIME);
+}

@@ -13,7 +13,7 @@ use plugdb_tests::minio::{ACCESS_KEY, Minio, SECRET_KEY};
 use plugdb_tests::operator::{Backing, Cluster};
 use serde_json::json;
 
-use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, volume_path};
+use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip, signal_engine, volume_path};
 
 /// A backup on demand, then `restoreFrom` into a new Database: identical rows. Then the
 /// source is deleted under `Snapshot`: its final backup ran and the artefact exists.
@@ -131,11 +131,8 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     let ns = format!("{}-s3", engine.name());
     let copy_ns = format!("{}-s3-copy", engine.name());
     let target = |secret: &str, bucket: &str| json!({"endpoint": minio.endpoint, "bucket": bucket, "prefix": "plugdb-tests", "credentials": {"secretName": secret}});
-    // Postgres archives its WAL too (point-in-time recovery): often, for the test.
-    let parameters = match engine {
-        Engine::Postgres => json!({"archive_timeout": "5s"}),
-        Engine::Mysql => json!({}),
-    };
+    // Both archive their log (WAL, binary logs) for point-in-time recovery: often, for the test.
+    let parameters = json!({"archive_timeout": "5s"});
     let yearly = |s3: serde_json::Value| json!({"backup": {"schedule": "0 0 1 1 *", "retention": 2, "s3": s3}, "deletionPolicy": "Delete", "parameters": parameters});
     cluster.apply_database(&ns, database("orders", engine, version, 1, yearly(target("s3", &bucket_name)))).await.expect("apply");
     for namespace in [&ns, &copy_ns] {
@@ -179,15 +176,14 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     let third = format!("orders-manual-{}", &hex("third")[..10]);
     assert!(kept.iter().all(|b| b.completed.is_some()), "{kept:?}");
     assert_eq!(objects::newest(&kept).map(|b| b.name.clone()), Some(third.clone()));
-    // Status says what a restore reaches: the two kept, oldest to newest; with an archive
-    // (postgres), up to where the archived log ends.
+    // Status says what a restore reaches: from the oldest kept backup up to where the
+    // archived log ends.
     let newest = objects::newest(&kept).and_then(|b| b.completed).expect("a newest backup");
-    let archives = engine == Engine::Postgres;
     let db = cluster
         .wait_database(&ns, "orders", "the recoverable window", WAIT, |d| {
             d.status.as_ref().and_then(|s| s.recoverable.as_ref()).is_some_and(|r| {
                 let last = r.last.as_deref().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-                r.backups == 2 && r.point_in_time == archives && last.is_some_and(|l| if archives { l >= newest } else { l == newest })
+                r.backups == 2 && r.point_in_time && last.is_some_and(|l| l >= newest)
             })
         })
         .await
@@ -216,8 +212,9 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     copy.reachable(&copy_host).await;
     assert_eq!(copy.checksum(&copy_host).await, expected, "the copy holds exactly the rows of the newest backup");
 
-    if archives {
-        point_in_time_recovery(&cluster, &client, &primary, &copy_ns, target("s3", &bucket_name), &ns, version).await;
+    point_in_time_recovery(&cluster, engine, &client, &primary, &copy_ns, target("s3", &bucket_name), &ns, version).await;
+    if engine == Engine::Postgres {
+        interrupted_upload(&cluster, &minio, &client, &primary, &ns, &bucket_name).await;
     }
 
     // A wrong key, then a missing bucket: a condition names each; the Database runs on
@@ -271,9 +268,12 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
 }
 
 /// Rows written before and after a moment; the archived log replayed into a new
-/// Database up to that moment holds the first and not the second.
+/// Database of two members up to that moment holds the first and not the second, on
+/// both members: the second joins once the restore is done, and copies it.
+#[allow(clippy::too_many_arguments)]
 async fn point_in_time_recovery(
     cluster: &Cluster,
+    engine: Engine,
     client: &Client,
     primary: &str,
     copy_ns: &str,
@@ -283,7 +283,7 @@ async fn point_in_time_recovery(
 ) {
     let archive = Api::<Pod>::namespaced(cluster.client.clone(), ns).get("orders-0").await.expect("member 0");
     let names: Vec<String> = archive.spec.iter().flat_map(|s| &s.containers).map(|c| c.name.clone()).collect();
-    assert_eq!(names, ["postgres", "archive"], "the archiver runs beside the engine");
+    assert_eq!(names, [engine.name(), "archive"], "the archiver runs beside the engine");
     client.insert(primary, 1000..1010).await;
     let before = client.checksum(primary).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -292,27 +292,97 @@ async fn point_in_time_recovery(
     client.insert(primary, 2000..2010).await;
     let after_second = chrono::Utc::now();
     assert_ne!(client.checksum(primary).await, before);
-    // The window grows with the archive, past the second write, between backups.
-    cluster
-        .wait_database(ns, "orders", "the archive past the second write", WAIT, |d| {
-            d.status
-                .as_ref()
-                .and_then(|s| s.recoverable.as_ref())
-                .and_then(|r| r.last.as_deref())
-                .is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok_and(|t| t > after_second))
-        })
-        .await
-        .expect("the archive reaches past the second write");
+    // The window grows with the archive, past the second write, between backups. A log
+    // is archived once it is closed, and MariaDB closes one only while writes arrive:
+    // the source keeps taking a row every 5 s, as a live database does.
+    let past_second = |d: &Database| {
+        d.status
+            .as_ref()
+            .and_then(|s| s.recoverable.as_ref())
+            .and_then(|r| r.last.as_deref())
+            .is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok_and(|t| t > after_second))
+    };
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    for id in 3000.. {
+        let db = dbs.get("orders").await.expect("get");
+        if past_second(&db) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the archive does not reach past the second write: {:?}", db.status);
+        client.insert(primary, id..id + 1).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 
     let at = moment.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let restore = json!({"restoreFrom": {"database": "orders", "namespace": ns, "s3": s3, "pointInTime": at}, "deletionPolicy": "Delete"});
-    cluster.apply_database(copy_ns, database("moment", Engine::Postgres, version, 1, restore)).await.expect("apply");
-    cluster.wait_database(copy_ns, "moment", "Running at the moment", WAIT, |d| is_running(d, 1)).await.expect("recovered");
-    let copy = Client::new(cluster, Engine::Postgres, copy_ns, "moment").await;
+    cluster.apply_database(copy_ns, database("moment", engine, version, 2, restore)).await.expect("apply");
+    cluster.wait_database(copy_ns, "moment", "Running at the moment", WAIT, |d| is_running(d, 2)).await.expect("recovered");
+    let copy = Client::new(cluster, engine, copy_ns, "moment").await;
     let host = copy.service_ip("moment").await;
     copy.reachable(&host).await;
     assert_eq!(copy.checksum(&host).await, before, "the rows written before the moment, and not those after");
+    let restored = Api::<Job>::namespaced(cluster.client.clone(), copy_ns).get("moment-restore").await.expect("the restore Job");
+    let done = restored.status.and_then(|s| s.completion_time).expect("the restore completed");
+    let members = copy.members().await;
+    assert_eq!(members.len(), 2);
+    assert!(members[1].metadata.creation_timestamp.as_ref().is_some_and(|t| t.0 >= done.0), "member 1 joins after the restore");
+    copy.eventually(&pod_ip(&members[1]), "SELECT COUNT(*) FROM orders", WAIT, |rows| !rows.is_empty()).await;
+    assert_eq!(copy.checksum(&pod_ip(&members[1])).await, before, "member 1 holds the restored rows");
     Api::<Database>::namespaced(cluster.client.clone(), copy_ns).delete("moment", &DeleteParams::default()).await.expect("delete");
+}
+
+/// A backup Job's uploader killed mid-upload (its first file stored, the manifest not yet):
+/// the bucket holds no complete backup under that name, a restore would take the
+/// previous one, and the Job's next pod takes the backup again, whole.
+async fn interrupted_upload(cluster: &Cluster, minio: &Minio, client: &Client, primary: &str, ns: &str, bucket: &str) {
+    // Incompressible rows, so that uploading the base backup takes seconds.
+    let bulk = "CREATE TABLE bulk AS SELECT decode(md5(random()::text) || md5(random()::text) || md5(random()::text) \
+                || md5(random()::text), 'hex') AS b FROM generate_series(1, 1500000)";
+    client.query(primary, bulk).await.expect("bulk rows");
+    let store = minio.bucket(ACCESS_KEY, SECRET_KEY, bucket).store().expect("store");
+    let database_key = objects::database_key("plugdb-tests", ns, "orders");
+    let complete = |listed: &[objects::Listed]| objects::newest(listed).map(|b| b.name.clone());
+    let before = complete(&objects::list(store.as_ref(), &database_key).await.expect("list")).expect("a complete backup");
+
+    let token = "interrupted";
+    let name = format!("orders-manual-{}", &hex(token)[..10]);
+    let annotate = json!({"metadata": {"annotations": {"plugdb.io/backup-now": token}}});
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    dbs.patch("orders", &PatchParams::default(), &Patch::Merge(annotate)).await.expect("annotate");
+    let stored = minio.data.join(bucket).join("plugdb-tests").join(ns).join("orders").join(&name);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !std::fs::read_dir(stored.join("files")).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(tokio::time::Instant::now() < deadline, "no file of {name} reached the bucket");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // SIGKILL from the node, as a crash of the node or the pod would: no chance to finish.
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let selector = kube::api::ListParams::default().labels(&format!("job-name={name}"));
+    let uploading = pods.list(&selector).await.expect("pods").items;
+    assert_eq!(uploading.len(), 1, "one pod uploads");
+    signal_engine(&uploading[0], "plugdb", "KILL");
+    assert!(!stored.join(objects::MANIFEST).exists(), "the upload finished before it could be interrupted");
+
+    let key = database_key.clone().join(name.as_str());
+    let listed = objects::list(store.as_ref(), &database_key).await.expect("list");
+    let killed = listed.iter().find(|b| b.name == name).expect("the killed upload's first file is in the bucket");
+    assert_eq!(killed.completed, None, "listed as incomplete");
+    assert_eq!(complete(&listed), Some(before.clone()), "a restore takes the previous backup: {listed:?}");
+    assert!(objects::manifest(store.as_ref(), &key).await.expect("read").is_none(), "no manifest for the killed upload");
+    let db = dbs.get("orders").await.expect("get");
+    assert_eq!(db.status.and_then(|s| s.last_backup).map(|b| b.name), Some(before), "status still names the last complete backup");
+
+    // The Job's next pod runs the backup again and completes it.
+    cluster
+        .wait_database(ns, "orders", "the interrupted backup taken again", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.last_backup.as_ref()).is_some_and(|b| b.name == name)
+        })
+        .await
+        .expect("the retried backup");
+    let manifest = objects::manifest(store.as_ref(), &key).await.expect("read").expect("complete now");
+    let size: u64 = manifest.files.iter().map(|f| f.bytes).sum();
+    assert!(size > 64 << 20, "the whole base backup: {size} bytes");
 }
 
 fn hex(token: &str) -> String {
