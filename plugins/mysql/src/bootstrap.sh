@@ -33,6 +33,8 @@ role_args="--read-only=OFF"
 [ "$POD_NAME" = "$PRIMARY_POD" ] || role_args="--read-only=ON"
 
 local_sql() { mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
+# The same, given up after 30 s: the archive loop must not hang on the server.
+bounded_sql() { timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
 
 # Point-in-time recovery (ARCHIVE_DIR set): the primary hands each closed binary log to
 # the archiver, named <first GTID sequence number>-<closed at>-<server id>-<file> so
@@ -63,15 +65,14 @@ archive_closed() {
 # Closes the current log at least every ARCHIVE_TIMEOUT seconds while transactions arrive.
 archive_loop() {
   set +e
-  flushed_at="$(timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" -N -B -e 'SELECT @@gtid_binlog_pos')"
+  flushed_at="$(bounded_sql -N -B -e 'SELECT @@gtid_binlog_pos')"
   last_flush="$(date +%s)"
   while kill -0 "$server" 2>/dev/null; do
     archive_closed
     now="$(date +%s)"
     if [ $((now - last_flush)) -ge "${ARCHIVE_TIMEOUT:-60}" ]; then
-      position="$(timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" -N -B -e 'SELECT @@gtid_binlog_pos')"
-      if [ -n "$position" ] && [ "$position" != "$flushed_at" ] \
-        && timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" -e 'FLUSH BINARY LOGS'; then
+      position="$(bounded_sql -N -B -e 'SELECT @@gtid_binlog_pos')"
+      if [ -n "$position" ] && [ "$position" != "$flushed_at" ] && bounded_sql -e 'FLUSH BINARY LOGS'; then
         echo "plugdb: closed the binary log at $position" >&2
         flushed_at="$position"
       fi
