@@ -65,43 +65,20 @@ impl EngineUnderTest {
         secrets: &BTreeMap<String, String>,
     ) -> LocalPod {
         let pod = LocalPod::new(&format!("{}-{ordinal}", spec.name), CONFIG_MOUNT, self.data_mount).expect("pod sandbox");
-        self.run(pod, plugin, spec, primary, secrets)
+        self.run(pod, plugin, spec, primary, secrets, false)
     }
 
-    /// Runs the rendered workload in `pod` (which may already hold data).
+    /// Runs the rendered workload in `pod` (which may already hold data). With `archive`,
+    /// it is rendered with the archive directory the operator gives members when their
+    /// Database archives for point-in-time recovery ([`LocalPod::archive_dir`] stands in).
     pub fn run(
-        &self,
-        pod: LocalPod,
-        plugin: &Plugin,
-        spec: &EngineSpec,
-        primary: Option<(&str, &str)>,
-        secrets: &BTreeMap<String, String>,
-    ) -> LocalPod {
-        self.launch(pod, plugin, spec, primary, secrets, None)
-    }
-
-    /// As [`Self::run`], rendered with the archive directory the operator gives members
-    /// when their Database archives for point-in-time recovery (the pod's
-    /// [`LocalPod::archive_dir`] stands in for it).
-    pub fn run_archiving(
-        &self,
-        pod: LocalPod,
-        plugin: &Plugin,
-        spec: &EngineSpec,
-        primary: Option<(&str, &str)>,
-        secrets: &BTreeMap<String, String>,
-    ) -> LocalPod {
-        self.launch(pod, plugin, spec, primary, secrets, Some(plugdb::build::ARCHIVE_MOUNT))
-    }
-
-    fn launch(
         &self,
         mut pod: LocalPod,
         plugin: &Plugin,
         spec: &EngineSpec,
         primary: Option<(&str, &str)>,
         secrets: &BTreeMap<String, String>,
-        archive: Option<&str>,
+        archive: bool,
     ) -> LocalPod {
         let (primary_pod, primary_host) =
             primary.map(|(p, h)| (p.to_string(), h.to_string())).unwrap_or((pod.name.clone(), pod.address.clone()));
@@ -111,7 +88,7 @@ impl EngineUnderTest {
             primary_pod,
             credentials_secret: format!("{}-credentials", spec.name),
             config_mount_path: CONFIG_MOUNT.into(),
-            archive_directory: archive.map(Into::into),
+            archive_directory: archive.then(|| plugdb::build::ARCHIVE_MOUNT.into()),
             restoring: false,
         };
         let workload = plugin.render(spec, &cluster).expect("render");

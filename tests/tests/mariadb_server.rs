@@ -201,10 +201,10 @@ fn a_point_in_time_restore_replays_the_archived_logs_of_both_primaries_once_each
     let secrets = db.secrets("pitr");
     let pw = secrets["root-password"].clone();
     let pod = |ordinal: u32| LocalPod::new(&format!("pitr-{ordinal}"), CONFIG_MOUNT, "/var/lib/mysql").expect("pod");
-    let mut primary = db.run_archiving(pod(0), &plugin, &s, None, &secrets);
+    let mut primary = db.run(pod(0), &plugin, &s, None, &secrets, true);
     sql(&primary, &pw, SAMPLE).expect("sample data");
     let address = primary.address.clone();
-    let mut replica = db.run_archiving(pod(1), &plugin, &s, Some(("pitr-0", &address)), &secrets);
+    let mut replica = db.run(pod(1), &plugin, &s, Some(("pitr-0", &address)), &secrets, true);
 
     let location = BackupLocation {
         directory: primary.backup_dir().to_string_lossy().into(),
@@ -229,7 +229,7 @@ fn a_point_in_time_restore_replays_the_archived_logs_of_both_primaries_once_each
     // the primary and hands over the logs it wrote as a replica.
     primary.stop();
     replica.stop();
-    let promoted = db.run_archiving(replica, &plugin, &s, None, &secrets);
+    let promoted = db.run(replica, &plugin, &s, None, &secrets, true);
     sql(&promoted, &pw, "INSERT INTO shop.orders VALUES (6002, 'after the failover', 2)").expect("write on the new primary");
     let before = sql(&promoted, &pw, FINGERPRINT).expect("fingerprint");
     assert!(before.starts_with("5002:"), "{before}");

@@ -144,7 +144,7 @@ fn backup_then_restore_gives_identical_data() {
     let again = target.run_job(&restore, &target_secrets, &[("PATH", "/usr/bin:/bin".into())]).expect_err("second restore refused");
     assert!(again.to_string().contains("refusing to restore"), "{again}");
 
-    let mut target = pg.run(target, &plugin, &t, None, &target_secrets);
+    let mut target = pg.run(target, &plugin, &t, None, &target_secrets, false);
     // The restored cluster answers to the new Database's password, with the same data.
     with_password(&mut target, &target_secrets["superuser-password"]);
     assert_eq!(sql(&target, FINGERPRINT).expect("fingerprint after restore"), before);

@@ -5,24 +5,24 @@ set -eu
 src="$BACKUP_DIR/$BACKUP_NAME/dump.sql.gz"
 test -f "$src" || { echo "backup $src not found" >&2; exit 1; }
 sql() { mariadb -h "$DB_HOST" -P "$DB_PORT" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
+# To a point in time, the dump loads outside the binary log; afterwards the log restarts
+# at the source's GTID position when the dump was taken (a comment in the dump, noted on
+# the way through), so that the server's position says what has been replayed.
 unlogged=""
-if [ -n "${POINT_IN_TIME:-}" ]; then
-  # The source's GTID position when the dump was taken: the replay continues from it.
-  # The dump loads outside the binary log and the log restarts at that position, so
-  # that the server's position says what has been replayed.
-  start="$(gunzip -c "$src" | sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([0-9,-]*\)';\$/position:\1/p")"
-  case "$start" in
-    position:*) start="${start#position:}" ;;
-    *) echo "backup $BACKUP_NAME records no GTID position (it predates point-in-time recovery); restore it without pointInTime" >&2
-       exit 1 ;;
-  esac
-  sql -e "RESET MASTER; SET GLOBAL gtid_binlog_state = '$start';"
-  unlogged="SET SESSION sql_log_bin = 0;"
-fi
-{ echo "$unlogged"; gunzip -c "$src"
+[ -z "${POINT_IN_TIME:-}" ] || unlogged="SET SESSION sql_log_bin = 0;"
+noted="$(mktemp)"
+{ echo "$unlogged"
+  gunzip -c "$src" | awk -v noted="$noted" '{ print } /^-- SET GLOBAL gtid_slave_pos=/ { print > noted }'
   echo "ALTER USER 'root'@'%' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD'; ALTER USER 'root'@'localhost' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';"
   echo "ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD'; FLUSH PRIVILEGES;"; } | sql
 [ -n "${POINT_IN_TIME:-}" ] || exit 0
+start="$(sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([0-9,-]*\)';\$/position:\1/p" "$noted")"
+case "$start" in
+  position:*) start="${start#position:}" ;;
+  *) echo "backup $BACKUP_NAME records no GTID position (it predates point-in-time recovery); restore it without pointInTime" >&2
+     exit 1 ;;
+esac
+sql -e "RESET MASTER; SET GLOBAL gtid_binlog_state = '$start';"
 
 # Archived logs are named <first GTID sequence number>-<closed at>-<server id>-<file>:
 # in name order, each continues where the replay stands. Logs of several members
