@@ -166,6 +166,28 @@ mariadb() {
   add "$archive $(cat "$archive.digest") docker.io/library/mariadb:$series docker.io/library/mariadb:$patch"
 }
 
+# etcd SERIES SUITE: the project's etcd image (docker.io/plugdb/etcd), Debian's etcd-server
+# and etcd-client: a shell for the plugin's start script, etcdctl for its Jobs. The
+# scenarios' own etcdctl is copied out beside the archive.
+etcd() {
+  local series=$1 suite=$2 archive="$OUT/etcd-$1.tar"
+  if [[ ! -f $archive.digest ]]; then
+    engine_rootfs "etcd-$series" "$suite" "etcd-server etcd-client"
+    local dir="$OUT/etcd-$series.rootfs"
+    uid999 "$dir" etcd
+    rm -rf "$dir"/var/lib/etcd; mkdir -p "$dir/var/lib/etcd"; chown 999:999 "$dir/var/lib/etcd"
+    chroot "$dir" etcd --version | awk '/^etcd Version:/{print $3}' > "$archive.version"
+    local got; got=$(cut -d. -f1,2 "$archive.version")
+    [[ $got == "$series" ]] || { echo "node-images: $suite ships etcd $got, not $series" >&2; exit 1; }
+    install -m 755 "$dir/usr/bin/etcdctl" "$OUT/etcdctl-$series"
+    pack "$dir" "$archive" etcd '["etcd"]' "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "LANG=C.UTF-8" \
+      > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  local patch; patch=$(cat "$archive.version")
+  add "$archive $(cat "$archive.digest") docker.io/plugdb/etcd:$series docker.io/plugdb/etcd:$patch"
+}
+
 # The pod sandbox's pause process: a static program that sleeps and reaps.
 pause() {
   local archive="$OUT/pause.tar"
@@ -233,7 +255,7 @@ minimal
 # One suite at a time shares its base; the two suites build side by side.
 ( postgres 15 bookworm; mariadb 10.11 bookworm; printf '%s\n' "${entries[@]}" > "$OUT/bookworm.list" ) &
 bookworm=$!
-( postgres 17 trixie; mariadb 11.8 trixie; printf '%s\n' "${entries[@]}" > "$OUT/trixie.list" ) &
+( postgres 17 trixie; mariadb 11.8 trixie; etcd 3.5 trixie; printf '%s\n' "${entries[@]}" > "$OUT/trixie.list" ) &
 trixie=$!
 wait $bookworm || { echo "node-images: the bookworm images failed" >&2; exit 1; }
 wait $trixie || { echo "node-images: the trixie images failed" >&2; exit 1; }

@@ -5,9 +5,12 @@
 //! Containment:
 //! - every daemon starts as `nsenter --net=<namespace> CMD`, so iptables rules, the CNI
 //!   bridge, pod interfaces and listeners exist only in that namespace; the machine's
-//!   own namespace gains one veth end (`10.201.0.1/30`) and nothing else: no routes, no
-//!   rules. Clients reach the API server at `10.201.0.2:6443` over the veth; pod and
-//!   Service addresses are reached from inside the namespace ([`Node::command`]).
+//!   own namespace gains one veth end (`10.201.0.1/30`) with one route through it, to
+//!   the pod range (the operator, running in the test process, asks members of engines
+//!   that elect their leader who leads, as an in-cluster operator reaches its pods), and
+//!   nothing else: no rules. Both go with the veth. Clients reach the API server at
+//!   `10.201.0.2:6443` over the veth; Service addresses are reached from inside the
+//!   namespace ([`Node::command`]).
 //! - the global kernel settings the kubelet rewrites are saved first and put back;
 //! - processes are recorded with their start time and stopped by those PIDs; what they
 //!   left (containers' processes) is found by namespace and cgroup membership;
@@ -363,6 +366,8 @@ fn create_namespace() -> Result<()> {
     run("ip", &["link", "set", VETH_HOST, "up"])?;
     run("ip", &["-n", NETNS, "addr", "add", &format!("{NODE_ADDRESS}/30"), "dev", VETH_NODE])?;
     run("ip", &["-n", NETNS, "link", "set", VETH_NODE, "up"])?;
+    // The pod range, through the veth only (removed with it).
+    run("ip", &["route", "add", POD_CIDR, "via", NODE_ADDRESS, "dev", VETH_HOST])?;
     // Forwarding between the veth and the pod bridge, inside the namespace only.
     run("nsenter", &[&format!("--net=/run/netns/{NETNS}"), "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
     // The pod bridge up front (the CNI bridge plugin adopts it), so that Service

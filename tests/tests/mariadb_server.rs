@@ -157,8 +157,8 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
 
     primary.stop();
     let members = [
-        Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None },
-        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position) },
+        Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
+        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position), answer: None },
     ];
     let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote ha-1")

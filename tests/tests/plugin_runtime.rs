@@ -45,8 +45,8 @@ fn minimal_plugin_loads_and_answers_every_function() {
     assert!(refusal.to_string().contains("cannot move from version 2 to 1"), "{refusal}");
 
     // spec("1") asks for 3 members: from 1, one at a time; from 5, refused (no majority left).
-    assert_eq!(plugin.plan_scale(&spec("1"), 1).expect("scale up"), [ScaleStep::Members(2), ScaleStep::Members(3)]);
-    let refusal = plugin.plan_scale(&spec("1"), 7).expect_err("losing quorum is refused");
+    assert_eq!(plugin.plan_scale(&spec("1"), 1, &[]).expect("scale up"), [ScaleStep::Members(2), ScaleStep::Members(3)]);
+    let refusal = plugin.plan_scale(&spec("1"), 7, &[]).expect_err("losing quorum is refused");
     assert!(refusal.to_string().contains("would lose quorum"), "{refusal}");
 }
 
@@ -86,7 +86,7 @@ fn a_plugin_built_for_contract_0_1_is_adapted_and_asked_only_what_0_1_can_answer
     // 0.1 has no plan-scale: it scales in one step, as it always did.
     let mut five = s.clone();
     five.replicas = 5;
-    assert_eq!(plugin.plan_scale(&five, 1).expect("a plan"), [ScaleStep::Members(5)]);
+    assert_eq!(plugin.plan_scale(&five, 1, &[]).expect("a plan"), [ScaleStep::Members(5)]);
 
     let current = runtime.load(&plugdb_tests::component("minimal")).expect("minimal loads");
     assert_eq!(current.contract(), Contract::V0_2);
@@ -109,4 +109,39 @@ fn a_500_kib_component_loads_and_answers() {
         (init[0].name.as_str(), init[0].command.as_slice()),
         ("prepare", ["bulky-prepare".to_string(), "/data".to_string()].as_slice())
     );
+}
+
+#[test]
+fn an_engine_that_elects_its_leader_names_it_from_the_members_answers_and_is_never_asked_to_promote() {
+    use plugdb::plugin::{FailoverDecision, Member};
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    let plugin = runtime.load(&plugdb_tests::component("etcd")).expect("the etcd plugin loads");
+    assert!(plugin.info().capabilities.elects_leader);
+    let etcd = EngineSpec {
+        version: "3.5".into(),
+        parameters: vec![("quota-backend-bytes".into(), ParameterValue::Integer(4_294_967_296))],
+        ..spec("3.5")
+    };
+    // The host policy accepts its member query (only an engine that elects its leader may have one).
+    let workload = plugin.render(&etcd, &plugdb_tests::cluster("orders", "shop")).expect("render");
+    let query = workload.member_query.expect("a member query");
+    assert_eq!((query.port, query.path.as_str()), (2379, "/v3/maintenance/status"));
+
+    let status = |id: u64, leader: u64| Some(format!(r#"{{"header":{{"member_id":"{id}","raft_term":"2"}},"leader":"{leader}"}}"#));
+    let member = |ordinal: u32, answer| Member {
+        pod: format!("orders-{ordinal}"),
+        ordinal,
+        ready: true,
+        primary: ordinal == 0,
+        position: None,
+        answer,
+    };
+    let members = [member(0, status(10, 12)), member(1, None), member(2, status(12, 12))];
+    assert_eq!(plugin.choose_primary(&etcd, &members).expect("choose"), FailoverDecision::Elected("orders-2".into()));
+
+    // A host-chosen engine is not asked this way: postgres answers as before.
+    let postgres = runtime.load(&plugdb_tests::component("postgres")).expect("postgres loads");
+    assert!(!postgres.info().capabilities.elects_leader);
+    let pg = EngineSpec { version: "17".into(), parameters: vec![], ..spec("17") };
+    assert!(postgres.render(&pg, &plugdb_tests::cluster("orders", "shop")).expect("render").member_query.is_none());
 }

@@ -177,8 +177,8 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
 
     primary.stop();
     let members = [
-        Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None },
-        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position) },
+        Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
+        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position), answer: None },
     ];
     let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote ha-1")
@@ -193,6 +193,6 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     assert_eq!(after, "5002", "no data lost");
 
     // With no replica left, the plugin refuses to choose.
-    let lonely = [Member { pod: "ha-1".into(), ordinal: 1, ready: false, primary: true, position: None }];
+    let lonely = [Member { pod: "ha-1".into(), ordinal: 1, ready: false, primary: true, position: None, answer: None }];
     assert!(matches!(plugin.choose_primary(&s, &lonely).expect("choose"), FailoverDecision::NoSafeMember(_)));
 }

@@ -54,6 +54,7 @@ fn workload(config: &str) -> Workload {
         recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
         run_as_user: 999,
         init_containers: vec![],
+        member_query: None,
     }
 }
 

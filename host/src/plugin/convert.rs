@@ -167,9 +167,10 @@ impl Exports {
         instance: &Instance,
         spec: &host::EngineSpec,
         from: u32,
+        members: &[host::Member],
     ) -> wasmtime::Result<Result<Vec<host::ScaleStep>, String>> {
         match &self.plan_scale {
-            Some(index) => v0_2::plan_scale(store, instance, index, spec, from),
+            Some(index) => v0_2::plan_scale(store, instance, index, spec, from, members),
             None => Ok(Ok(vec![host::ScaleStep::Members(spec.replicas)])),
         }
     }
@@ -270,22 +271,9 @@ macro_rules! conversions {
             members: &[host::Member],
         ) -> wasmtime::Result<host::FailoverDecision> {
             let spec = database_spec(spec);
-            let members: Vec<w::Member> = members
-                .iter()
-                .map(|m| w::Member {
-                    pod: m.pod.clone(),
-                    ordinal: m.ordinal,
-                    ready: m.ready,
-                    primary: m.primary,
-                    position: m.position.clone(),
-                })
-                .collect();
-            call::<(&w::DatabaseSpec, &[w::Member]), (w::FailoverDecision,)>(store, instance, &e.choose_primary, (&spec, &members)).map(
-                |(d,)| match d {
-                    w::FailoverDecision::Promote(p) => host::FailoverDecision::Promote { pod: p.pod, command: p.command },
-                    w::FailoverDecision::NoSafeMember(reason) => host::FailoverDecision::NoSafeMember(reason),
-                },
-            )
+            let members: Vec<w::Member> = members.iter().map(member).collect();
+            call::<(&w::DatabaseSpec, &[w::Member]), (w::FailoverDecision,)>(store, instance, &e.choose_primary, (&spec, &members))
+                .map(|(d,)| decision(d))
         }
 
         pub(super) fn job(
@@ -349,7 +337,7 @@ macro_rules! conversions {
         }
 
         fn workload(w: w::Workload) -> host::Workload {
-            let init_containers = init_containers(&w);
+            let (init_containers, member_query) = (init_containers(&w), member_query(&w));
             host::Workload {
                 image: w.image,
                 command: w.command,
@@ -363,6 +351,7 @@ macro_rules! conversions {
                 credentials: w.credentials.into_iter().map(|c| host::Credential { key: c.key, length: c.length }).collect(),
                 recommended: host::ResourceAmounts { cpu_millis: w.recommended.cpu_millis, memory_bytes: w.recommended.memory_bytes },
                 run_as_user: w.run_as_user,
+                member_query,
                 init_containers,
             }
         }
@@ -411,6 +400,7 @@ macro_rules! conversions {
                 online_upgrade: c.contains(w::Capabilities::ONLINE_UPGRADE),
                 major_upgrade: c.contains(w::Capabilities::MAJOR_UPGRADE),
                 point_in_time: point_in_time(c),
+                elects_leader: elects_leader(c),
             }
         }
 
@@ -440,6 +430,33 @@ pub(crate) mod v0_2 {
 
     fn point_in_time(c: w::Capabilities) -> bool {
         c.contains(w::Capabilities::POINT_IN_TIME)
+    }
+
+    fn elects_leader(c: w::Capabilities) -> bool {
+        c.contains(w::Capabilities::ELECTS_LEADER)
+    }
+
+    fn member_query(w: &w::Workload) -> Option<host::MemberQuery> {
+        w.member_query.as_ref().map(|q| host::MemberQuery { port: q.port, path: q.path.clone(), body: q.body.clone() })
+    }
+
+    fn member(m: &host::Member) -> w::Member {
+        w::Member {
+            pod: m.pod.clone(),
+            ordinal: m.ordinal,
+            ready: m.ready,
+            primary: m.primary,
+            position: m.position.clone(),
+            answer: m.answer.clone(),
+        }
+    }
+
+    fn decision(d: w::FailoverDecision) -> host::FailoverDecision {
+        match d {
+            w::FailoverDecision::Promote(p) => host::FailoverDecision::Promote { pod: p.pod, command: p.command },
+            w::FailoverDecision::Elected(pod) => host::FailoverDecision::Elected(pod),
+            w::FailoverDecision::NoSafeMember(reason) => host::FailoverDecision::NoSafeMember(reason),
+        }
     }
 
     fn cluster_context(c: &host::ClusterContext) -> w::ClusterContext {
@@ -484,9 +501,12 @@ pub(crate) mod v0_2 {
         index: &ComponentExportIndex,
         spec: &host::EngineSpec,
         from: u32,
+        members: &[host::Member],
     ) -> wasmtime::Result<Result<Vec<host::ScaleStep>, String>> {
         let spec = database_spec(spec);
-        call::<(&w::DatabaseSpec, u32), (Result<Vec<w::ScaleStep>, String>,)>(store, instance, index, (&spec, from)).map(|(r,)| {
+        let members: Vec<w::Member> = members.iter().map(member).collect();
+        type Params<'a> = (&'a w::DatabaseSpec, u32, &'a [w::Member]);
+        call::<Params, (Result<Vec<w::ScaleStep>, String>,)>(store, instance, index, (&spec, from, &members)).map(|(r,)| {
             r.map(|steps| {
                 steps
                     .into_iter()
@@ -522,6 +542,25 @@ pub(crate) mod v0_1 {
 
     fn point_in_time(_: w::Capabilities) -> bool {
         false
+    }
+
+    fn elects_leader(_: w::Capabilities) -> bool {
+        false
+    }
+
+    fn member_query(_: &w::Workload) -> Option<host::MemberQuery> {
+        None
+    }
+
+    fn member(m: &host::Member) -> w::Member {
+        w::Member { pod: m.pod.clone(), ordinal: m.ordinal, ready: m.ready, primary: m.primary, position: m.position.clone() }
+    }
+
+    fn decision(d: w::FailoverDecision) -> host::FailoverDecision {
+        match d {
+            w::FailoverDecision::Promote(p) => host::FailoverDecision::Promote { pod: p.pod, command: p.command },
+            w::FailoverDecision::NoSafeMember(reason) => host::FailoverDecision::NoSafeMember(reason),
+        }
     }
 
     fn init_containers(_: &w::Workload) -> Vec<host::InitContainer> {

@@ -13,6 +13,7 @@ const MAX_PORTS: usize = 8;
 const MAX_CONFIG_BYTES: usize = 512 << 10;
 const MAX_CREDENTIALS: usize = 16;
 const MAX_INIT_CONTAINERS: usize = 4;
+const MAX_QUERY_BODY: usize = 4 << 10;
 /// Downward API fields a plugin may read.
 const ALLOWED_FIELDS: &[&str] = &["metadata.name", "metadata.namespace", "status.podIP", "spec.nodeName", "spec.serviceAccountName"];
 /// Paths a data volume must never shadow (nor any parent of them).
@@ -139,6 +140,10 @@ fn check_env(r: &mut Report, env: &[EnvVar], credentials_secret: &str) {
     }
 }
 
+fn http_path_ok(path: &str) -> bool {
+    path.starts_with('/') && path.len() <= 256 && path.bytes().all(|b| b.is_ascii_graphic())
+}
+
 fn check_probe(r: &mut Report, field: &str, probe: &Option<Probe>) {
     let Some(p) = probe else { return };
     match &p.action {
@@ -149,10 +154,9 @@ fn check_probe(r: &mut Report, field: &str, probe: &Option<Probe>) {
         ProbeAction::TcpSocket(port) | ProbeAction::Grpc(port) => check!(r, *port != 0, field, "probe port must not be 0"),
         ProbeAction::HttpGet { path, port, .. } => {
             check!(r, *port != 0, field, "probe port must not be 0");
-            let path_ok = path.starts_with('/') && path.len() <= 256 && path.bytes().all(|b| b.is_ascii_graphic());
             check!(
                 r,
-                path_ok,
+                http_path_ok(path),
                 field,
                 format!("http probe path {} must start with / and be at most 256 printable characters", quoted(path))
             );
@@ -178,6 +182,17 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     }
     check_probe(&mut r, "readiness", &w.readiness);
     check_probe(&mut r, "liveness", &w.liveness);
+    if let Some(q) = &w.member_query {
+        check!(r, q.port != 0, "memberQuery.port", "must not be 0");
+        check!(
+            r,
+            http_path_ok(&q.path),
+            "memberQuery.path",
+            format!("{} must start with / and be at most 256 printable characters", quoted(&q.path))
+        );
+        let body = q.body.as_deref().unwrap_or_default();
+        check!(r, body.len() <= MAX_QUERY_BODY, "memberQuery.body", format!("at most {MAX_QUERY_BODY} bytes, not {}", body.len()));
+    }
     check!(r, w.init_containers.len() <= MAX_INIT_CONTAINERS, "initContainers", format!("at most {MAX_INIT_CONTAINERS}"));
     for (i, c) in w.init_containers.iter().enumerate() {
         let field = |f: &str| format!("initContainers[{i}].{f}");
@@ -278,6 +293,7 @@ mod tests {
             recommended: ResourceAmounts::default(),
             run_as_user: 999,
             init_containers: vec![],
+            member_query: None,
         }
     }
 

@@ -603,7 +603,19 @@ impl Plugin {
     pub fn render(&self, spec: &EngineSpec, cluster: &ClusterContext) -> Result<Workload, CallError> {
         self.counted("render", &(spec, cluster), || {
             let workload = self.call("render", |s, i| self.exports.render(s, i, spec, cluster))?.map_err(|r| self.refused(r))?;
-            self.checked("render", super::policy::check_workload(&workload, cluster), workload)
+            let mut violations = super::policy::check_workload(&workload, cluster);
+            match (self.info.capabilities.elects_leader, workload.member_query.is_some()) {
+                (true, false) => violations.push(Violation {
+                    field: "memberQuery".into(),
+                    message: "the plugin declares elects-leader: the workload must say how members are asked who leads".into(),
+                }),
+                (false, true) => violations.push(Violation {
+                    field: "memberQuery".into(),
+                    message: "only a plugin that declares elects-leader asks its members who leads".into(),
+                }),
+                _ => {}
+            }
+            self.checked("render", super::policy::capped(violations), workload)
         })
     }
 
@@ -622,9 +634,9 @@ impl Plugin {
 
     /// How to go from `from` members to `spec.replicas`, checked: Jobs as any Job, and
     /// member counts from 1 to 9 ending at `spec.replicas`.
-    pub fn plan_scale(&self, spec: &EngineSpec, from: u32) -> Result<Vec<ScaleStep>, CallError> {
-        self.counted("plan-scale", &(spec, from), || {
-            let steps = self.call("plan-scale", |s, i| self.exports.plan_scale(s, i, spec, from))?.map_err(|r| self.refused(r))?;
+    pub fn plan_scale(&self, spec: &EngineSpec, from: u32, members: &[Member]) -> Result<Vec<ScaleStep>, CallError> {
+        self.counted("plan-scale", &(spec, from, members), || {
+            let steps = self.call("plan-scale", |s, i| self.exports.plan_scale(s, i, spec, from, members))?.map_err(|r| self.refused(r))?;
             let jobs = steps.iter().filter_map(|step| match step {
                 ScaleStep::Job(job) => Some(job),
                 ScaleStep::Members(_) => None,
@@ -644,13 +656,25 @@ impl Plugin {
         })
     }
 
-    /// Which member to promote.
+    /// Which member to promote (host-chosen leadership), or which member the engine
+    /// elected (`elects-leader`): each answer only where the plugin declared that model.
     pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
         self.counted("choose-primary", &(spec, members), || {
             let decision = self.call("choose-primary", |s, i| self.exports.choose_primary(s, i, spec, members))?;
+            let elects = self.info.capabilities.elects_leader;
+            let violation = |field: &str, message: String| vec![Violation { field: field.into(), message }];
             let violations = match &decision {
+                FailoverDecision::Promote { .. } if elects => {
+                    violation("promote", "the plugin declares elects-leader: the host never promotes; answer elected(pod)".into())
+                }
                 FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
-                    vec![Violation { field: "promote.pod".into(), message: format!("{pod:?} is not a replica of this Database") }]
+                    violation("promote.pod", format!("{pod:?} is not a replica of this Database"))
+                }
+                FailoverDecision::Elected(_) if !elects => {
+                    violation("elected", "the plugin does not declare elects-leader: the host chooses the primary".into())
+                }
+                FailoverDecision::Elected(pod) if !members.iter().any(|m| &m.pod == pod) => {
+                    violation("elected", format!("{pod:?} is not a member of this Database"))
                 }
                 _ => Vec::new(),
             };

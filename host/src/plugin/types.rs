@@ -39,6 +39,8 @@ pub struct Capabilities {
     pub major_upgrade: bool,
     /// The engine archives its log and restores to a point in time (contract 0.2).
     pub point_in_time: bool,
+    /// The engine elects its own leader; `choose-primary` names it (contract 0.2).
+    pub elects_leader: bool,
 }
 
 /// One optional behaviour a plugin may declare; the host asks only for what is declared.
@@ -293,6 +295,20 @@ pub struct Workload {
     pub run_as_user: u32,
     /// Run before the engine, in order.
     pub init_containers: Vec<InitContainer>,
+    /// How the host asks each member who leads (engine-elected leadership).
+    pub member_query: Option<MemberQuery>,
+}
+
+/// A request the host sends to every member of an engine that elects its leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberQuery {
+    /// Port on the member's pod address.
+    pub port: u16,
+    /// Absolute path.
+    pub path: String,
+    /// `None`: GET; otherwise POST of this JSON body.
+    pub body: Option<String>,
 }
 
 /// A command run to completion in a Job.
@@ -372,6 +388,8 @@ pub struct Member {
     pub primary: bool,
     /// Replication position, engine-specific.
     pub position: Option<String>,
+    /// Its answer to the workload's member query (engine-elected leadership).
+    pub answer: Option<String>,
 }
 
 /// The answer to a failover question.
@@ -385,6 +403,8 @@ pub enum FailoverDecision {
         /// Command to run in it.
         command: Vec<String>,
     },
+    /// The engine elected this pod (engine-elected leadership).
+    Elected(String),
     /// No member is safe; the reason.
     NoSafeMember(String),
 }

@@ -179,7 +179,7 @@ fn key_names_only(s: &mut Secret) {
 fn pod_essentials(p: &mut Pod) {
     no_managed_fields(p);
     p.spec = None;
-    p.status = p.status.take().map(|s| PodStatus { conditions: s.conditions, phase: s.phase, ..Default::default() });
+    p.status = p.status.take().map(|s| PodStatus { conditions: s.conditions, phase: s.phase, pod_ip: s.pod_ip, ..Default::default() });
 }
 
 fn no_pod_template(s: &mut StatefulSet) {

@@ -10,6 +10,7 @@
 //! observe    the members as the pod cache has them
 //! failover   who is primary: a lost primary is replaced before anything is rendered
 //! render     the plugin's workload for that version and primary; the credentials
+//! elected    an engine that elects its leader: who leads, from what the members answer
 //! restore    a restore into the data volume before the members start
 //! apply      the children, server-side; member volumes grown
 //! members    role labels and one rolling restart at a time
@@ -67,6 +68,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     // The plugin renders the members there are in this step of a scale plan.
     let members_now = EngineSpec { replicas: scale.granted, ..spec.clone() };
     let workload = proceed!(pass.render(&engine.plugin, &members_now, &primary.name, archiver.is_some()).await);
+    let primary = pass.elected(&engine.plugin, &spec, &members, &workload, primary).await?;
     pass.scale_job(&scale, &workload).await?;
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, archiver, scale.granted).await?;
@@ -85,7 +87,12 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
             restoring: restoring == restore::Restore::Running,
         })
         .await?;
-    Ok(Action::requeue(pass.requeue(progressing, &report, &applied.growth)))
+    let mut requeue = pass.requeue(progressing, &report, &applied.growth);
+    if workload.member_query.is_some() {
+        // Who leads can change without a pod changing: ask again soon.
+        requeue = requeue.min(ctx.settings.leader_poll);
+    }
+    Ok(Action::requeue(requeue))
 }
 
 /// What the stages share: the Database, and the status they build up.
@@ -266,6 +273,10 @@ impl<'a> Pass<'a> {
     async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
         let (ctx, db) = (self.ctx, self.db);
         let primary = self.status.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
+        if plugin.info().capabilities.elects_leader {
+            // The engine elects its leader; the host never promotes (see `elected`).
+            return Ok(Primary { name: primary, failed_over: false });
+        }
         if !members::primary_lost(&members.observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
             return Ok(Primary { name: primary, failed_over: false });
         }
@@ -285,9 +296,59 @@ impl<'a> Pass<'a> {
             Ok(FailoverDecision::NoSafeMember(reason)) => {
                 self.no_failover(format!("primary {primary} is not ready and no member is safe to promote: {reason}")).await;
             }
+            // The policy lets `elected` through only for an engine that elects its leader.
+            Ok(FailoverDecision::Elected(_)) => {}
             Err(e) => status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::FailoverFailed, e.to_string(), generation),
         }
         Ok(Primary { name: primary, failed_over: false })
+    }
+
+    /// An engine that elects its leader: every member is asked the workload's member
+    /// query and the plugin names the leader from the answers; the read-write Service
+    /// follows it. Nobody answering (members starting, or all down) keeps the last one.
+    async fn elected(
+        &mut self,
+        plugin: &Plugin,
+        spec: &EngineSpec,
+        members: &Members,
+        workload: &Workload,
+        primary: Primary,
+    ) -> Result<Primary, Error> {
+        let (ctx, db, generation) = (self.ctx, self.db, self.generation);
+        let Some(query) = workload.member_query.as_ref().filter(|_| plugin.info().capabilities.elects_leader) else {
+            return Ok(primary);
+        };
+        let answers = super::ask::answers(&ctx.members_client, query, &members.observed).await;
+        let mut candidates = members::for_plugin(&members.observed, &primary.name);
+        for (member, answer) in candidates.iter_mut().zip(answers) {
+            member.answer = answer;
+        }
+        if candidates.iter().all(|m| m.answer.is_none()) {
+            return Ok(primary);
+        }
+        match ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await? {
+            Ok(FailoverDecision::Elected(pod)) => {
+                if pod != primary.name {
+                    event(ctx, db, false, Reason::LeaderElected, format!("{} elected {pod} to lead (was {})", plugin.id(), primary.name))
+                        .await;
+                }
+                Ok(Primary { name: pod, failed_over: false })
+            }
+            Ok(FailoverDecision::NoSafeMember(reason)) => {
+                let message = format!("no member leads: {reason}");
+                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::NoLeader.as_str())) {
+                    event(ctx, db, true, Reason::NoLeader, message.clone()).await;
+                }
+                status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::NoLeader, message, generation);
+                Ok(primary)
+            }
+            // The policy lets only `elected` through for an engine that elects its leader.
+            Ok(FailoverDecision::Promote { .. }) => Ok(primary),
+            Err(e) => {
+                status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::FailoverFailed, e.to_string(), generation);
+                Ok(primary)
+            }
+        }
     }
 
     /// The primary is lost and stays so: `Degraded` says why (an Event the first time).
@@ -300,8 +361,12 @@ impl<'a> Pass<'a> {
     }
 
     /// The plugin's workload for this version and primary; the credentials it asks for.
+    /// An engine that elects its leader is always told member 0, so that a new leader
+    /// re-renders nothing.
     async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str, archive: bool) -> Flow<Workload> {
         let (ctx, db) = (self.ctx, self.db);
+        let bootstrap = Names(&self.name).pod(0);
+        let primary = if plugin.info().capabilities.elects_leader { bootstrap.as_str() } else { primary };
         let mut cluster = build::cluster_context(db, primary, archive);
         cluster.restoring = self.restore_unfinished();
         let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
@@ -482,7 +547,9 @@ impl<'a> Pass<'a> {
             return Ok(Scale { granted: current, job: None, under_way: false, refused: false });
         }
         let from = progress.as_ref().map(|p| p.from as u32).unwrap_or(current);
-        let plan = match ctx.call(plugin, "plan-scale", (spec.clone(), from), |p, (spec, from)| p.plan_scale(spec, *from)).await? {
+        let now = members::for_plugin(&members.observed, self.status.primary.as_deref().unwrap_or_default());
+        let input = (spec.clone(), from, now);
+        let plan = match ctx.call(plugin, "plan-scale", input, |p, (spec, from, members)| p.plan_scale(spec, *from, members)).await? {
             Ok(steps) => steps,
             Err(e) => {
                 let message = format!("scaling from {from} to {desired} members refused: {e}");

@@ -33,6 +33,8 @@ pub struct Observed {
     pub terminating: bool,
     /// Why the scheduler could not place it, while it cannot.
     pub unschedulable: Option<String>,
+    /// Its pod address, once it has one.
+    pub address: Option<String>,
 }
 
 /// The members of StatefulSet `sts` among `pods`, by ordinal.
@@ -61,6 +63,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 position: p.annotations().get(POSITION_ANNOTATION).cloned(),
                 terminating: p.metadata.deletion_timestamp.is_some(),
                 unschedulable,
+                address: p.status.as_ref().and_then(|s| s.pod_ip.clone()),
                 name,
             })
         })
@@ -109,6 +112,7 @@ pub fn for_plugin(members: &[Observed], primary: &str) -> Vec<Member> {
             ready: m.ready,
             primary: m.name == primary,
             position: m.position.clone(),
+            answer: None,
         })
         .collect()
 }
@@ -136,6 +140,7 @@ mod tests {
             position: None,
             terminating: false,
             unschedulable: None,
+            address: None,
         }
     }
 

@@ -11,6 +11,7 @@
 //! and the end of a pass); backups and restores have their own modules.
 
 mod apply;
+pub mod ask;
 pub mod backups;
 mod bucket;
 pub mod cache;
@@ -57,6 +58,8 @@ pub struct Settings {
     pub plugin_calls: usize,
     /// Plugin calls of one engine running at once.
     pub plugin_calls_per_engine: usize,
+    /// How often the members of an engine that elects its leader are asked who leads.
+    pub leader_poll: Duration,
 }
 
 impl Default for Settings {
@@ -68,6 +71,7 @@ impl Default for Settings {
             concurrency: 16,
             plugin_calls: 8,
             plugin_calls_per_engine: 2,
+            leader_poll: Duration::from_secs(10),
         }
     }
 }
@@ -93,6 +97,8 @@ pub struct Context {
     written: Mutex<HashMap<ObjectRef<Database>, Written>>,
     /// The operator's own image: backup and restore Jobs run `plugdb transfer` from it.
     operator_image: Option<String>,
+    /// Asks the members of engines that elect their leader (see [`ask`]).
+    members_client: reqwest::Client,
 }
 
 /// This operator's latest write to a Database, until the watch catches up with it.
@@ -120,6 +126,7 @@ impl Context {
             failures: Mutex::default(),
             written: Mutex::default(),
             operator_image: None,
+            members_client: ask::client(),
         }
     }
 

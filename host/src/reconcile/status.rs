@@ -53,6 +53,10 @@ pub enum Reason {
     NoSafeFailover,
     /// The plugin's choose-primary call failed.
     FailoverFailed,
+    /// The engine elected another member to lead (engine-elected leadership).
+    LeaderElected,
+    /// Members answer, but the plugin names none as leader (engine-elected leadership).
+    NoLeader,
     /// The serving plugin rendered the spec.
     Rendered,
     /// Rendered, but a newer build of the plugin was refused.
@@ -117,6 +121,8 @@ impl Reason {
             Reason::FailoverPromoted => "FailoverPromoted",
             Reason::NoSafeFailover => "NoSafeFailover",
             Reason::FailoverFailed => "FailoverFailed",
+            Reason::LeaderElected => "LeaderElected",
+            Reason::NoLeader => "NoLeader",
             Reason::Rendered => "Rendered",
             Reason::NewerVersionRejected => "NewerVersionRejected",
             Reason::Restoring => "Restoring",
@@ -247,10 +253,11 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
             set(&mut status.conditions, kind::PROGRESSING, progressing, reason, message, generation);
         }
     }
-    // No safe failover stays the word until every member is back.
-    let no_safe_failover =
-        status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.reason == Reason::NoSafeFailover.as_str() && c.status == "True");
-    if !no_safe_failover || ready == desired {
+    // No safe failover (or no leader) stays the word until every member is back.
+    let held = [Reason::NoSafeFailover, Reason::NoLeader];
+    let no_primary =
+        status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.status == "True" && held.iter().any(|r| c.reason == r.as_str()));
+    if !no_primary || ready == desired {
         let degraded = ready > 0 && ready < desired && status.current_version.is_some() && pass.members.len() == desired;
         let reason = if degraded { Reason::MembersDown } else { Reason::AllMembersUp };
         set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready"), generation);
@@ -314,6 +321,7 @@ mod tests {
             position: None,
             terminating: false,
             unschedulable: None,
+            address: None,
         }
     }
 

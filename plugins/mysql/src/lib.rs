@@ -220,6 +220,7 @@ impl Engine for Mysql {
             recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
             run_as_user: UID,
             init_containers: vec![],
+            member_query: None,
         })
     }
 
@@ -268,7 +269,7 @@ impl Engine for Mysql {
         Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart, UpgradeStep::Job(upgrade)], backup_first: true })
     }
 
-    fn plan_scale(spec: DatabaseSpec, _from: u32) -> Result<Vec<ScaleStep>, String> {
+    fn plan_scale(spec: DatabaseSpec, _from: u32, _members: Vec<Member>) -> Result<Vec<ScaleStep>, String> {
         // Members join and leave through replication alone: one step.
         Ok(vec![ScaleStep::Members(spec.replicas)])
     }

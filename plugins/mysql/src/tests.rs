@@ -46,7 +46,7 @@ fn plan_upgrade_cases() {
 }
 
 fn member(ordinal: u32, ready: bool, primary: bool, position: Option<&str>) -> Member {
-    Member { pod: format!("shop-{ordinal}"), ordinal, ready, primary, position: position.map(Into::into) }
+    Member { pod: format!("shop-{ordinal}"), ordinal, ready, primary, position: position.map(Into::into), answer: None }
 }
 
 #[test]

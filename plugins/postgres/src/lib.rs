@@ -216,6 +216,7 @@ impl Engine for Postgres {
             recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
             run_as_user: UID,
             init_containers: vec![],
+            member_query: None,
         })
     }
 
@@ -245,7 +246,7 @@ impl Engine for Postgres {
         Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart], backup_first: true })
     }
 
-    fn plan_scale(spec: DatabaseSpec, _from: u32) -> Result<Vec<ScaleStep>, String> {
+    fn plan_scale(spec: DatabaseSpec, _from: u32, _members: Vec<Member>) -> Result<Vec<ScaleStep>, String> {
         // Members join and leave through replication alone: one step.
         Ok(vec![ScaleStep::Members(spec.replicas)])
     }

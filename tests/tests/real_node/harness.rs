@@ -20,7 +20,7 @@ use tokio::signal::unix::{SignalKind, signal};
 pub type Scenario = fn(Arc<Cluster>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Engine plugins loaded into the shared cluster (engine, component).
-const PLUGINS: &[(&str, &str)] = &[("postgres", "postgres"), ("mysql", "mysql")];
+const PLUGINS: &[(&str, &str)] = &[("postgres", "postgres"), ("mysql", "mysql"), ("etcd", "etcd")];
 
 /// Runs the scenarios selected by the command line (substring filters; `--list`
 /// lists them) on one real node: those in `alone` first, one at a time with nothing

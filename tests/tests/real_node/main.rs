@@ -5,6 +5,7 @@
 //! Run with `cargo test -p plugdb-tests --test real_node [FILTER]` (as root); one node
 //! serves the whole run and is torn down at its end, also after a failure or Ctrl-C.
 
+mod consensus;
 mod data;
 mod faults;
 mod harness;
@@ -55,6 +56,9 @@ fn main() -> ExitCode {
             ("mysql_backups_in_a_bucket_retained_and_restored_in_another_namespace", |c| {
                 Box::pin(data::backups_in_object_storage(c, Engine::Mysql, "11.8"))
             }),
+            ("etcd_elects_its_leader_and_changes_membership_safely", |c| {
+                Box::pin(consensus::elects_its_leader_and_changes_membership_safely(c))
+            }),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
             ("postgres_members_spread_over_nodes_and_volumes_grow_when_allowed", |c| Box::pin(placement::spread_and_volume_growth(c))),
         ],
@@ -95,7 +99,8 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 }
 
 /// While the node runs, the machine's own network namespace holds only the harness's
-/// veth end and its /30 (no routes to pods or Services, no iptables rules), and the
+/// veth end, its /30 and the pod range through it (no route to Services, no iptables
+/// rules), and the
 /// kernel settings the kubelet rewrites are changed only while it runs.
 async fn contained(_cluster: Arc<Cluster>) {
     let before = harness::MACHINE_BEFORE.get().expect("taken before the node started");
@@ -110,4 +115,7 @@ async fn contained(_cluster: Arc<Cluster>) {
         .collect();
     assert!(unexpected.is_empty(), "the node changed the machine's namespace: {unexpected:#?}");
     assert!(difference.iter().any(|l| l.contains(plugdb_tests::node::VETH_HOST)), "the veth is there: {difference:#?}");
+    let routes: Vec<&String> = difference.iter().filter(|l| l.contains(" via ") || l.contains(plugdb_tests::node::SERVICE_CIDR)).collect();
+    let pods_through_the_veth = |l: &&String| l.contains(plugdb_tests::node::POD_CIDR) && l.contains(plugdb_tests::node::VETH_HOST);
+    assert!(routes.iter().all(pods_through_the_veth), "the only route added is the pod range through the veth: {routes:#?}");
 }

@@ -1,0 +1,118 @@
+//! Asking the members of an engine that elects its own leader what they know: the
+//! plugin's `member-query`, sent from the operator to each member's pod address, the
+//! way an in-cluster operator reaches its instances. Every request is bounded before
+//! anything is spent on it (one client, 2 s per request, 16 KiB per answer), and a
+//! member that does not answer in time is simply one without an answer.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+
+use super::members::Observed;
+use crate::plugin::MemberQuery;
+
+/// Time a member has to answer.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest answer read; a longer one is no answer.
+pub const MAX_ANSWER: usize = 16 << 10;
+
+/// The client every question goes through (plain HTTP, no proxy, no redirects).
+pub fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(ANSWER_TIMEOUT)
+        .connect_timeout(ANSWER_TIMEOUT)
+        .build()
+        .expect("an HTTP client with no TLS settings of its own builds")
+}
+
+/// Each member's answer to `query`, in the order of `members`: `None` for a member
+/// that has no address yet, is being deleted, or did not answer 2xx within bounds.
+pub async fn answers(client: &reqwest::Client, query: &MemberQuery, members: &[Observed]) -> Vec<Option<String>> {
+    join_all(members.iter().map(|m| async move {
+        let address = m.address.as_deref().filter(|_| !m.terminating)?;
+        ask(client, query, address).await.map_err(|e| tracing::debug!(member = %m.name, "no answer: {e}")).ok()
+    }))
+    .await
+}
+
+/// `query` sent to the member at `address`.
+async fn ask(client: &reqwest::Client, query: &MemberQuery, address: &str) -> Result<String, String> {
+    let host = if address.contains(':') { format!("[{address}]") } else { address.to_string() };
+    let url = format!("http://{host}:{}{}", query.port, query.path);
+    let request = match &query.body {
+        Some(body) => client.post(&url).header(http::header::CONTENT_TYPE, "application/json").body(body.clone()),
+        None => client.get(&url),
+    };
+    let mut response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
+    if !response.status().is_success() {
+        return Err(format!("{url}: status {}", response.status()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(format!("{url}: the answer is longer than {MAX_ANSWER} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).map_err(|_| format!("{url}: the answer is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-connection-at-a-time HTTP server on loopback answering `status` and `body`.
+    async fn server(status: &'static str, body: String) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = vec![0; 4096];
+                let _ = socket.read(&mut request).await;
+                let head = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                let _ = socket.write_all(head.as_bytes()).await;
+                let _ = socket.write_all(body.as_bytes()).await;
+            }
+        });
+        address.to_string()
+    }
+
+    fn member(name: &str, address: Option<String>) -> Observed {
+        Observed {
+            name: name.into(),
+            ordinal: 0,
+            ready: true,
+            since_seconds: 0,
+            revision: None,
+            role: None,
+            position: None,
+            terminating: false,
+            unschedulable: None,
+            address,
+        }
+    }
+
+    #[tokio::test]
+    async fn members_answer_within_bounds_or_not_at_all() {
+        let ok = server("200 OK", r#"{"leader":"7"}"#.into()).await;
+        let refused = server("503 Service Unavailable", "no leader".into()).await;
+        let long = server("200 OK", "x".repeat(MAX_ANSWER + 1)).await;
+        let (ok_ip, ok_port) = ok.split_once(':').expect("ip:port");
+        let gone = Observed { terminating: true, ..member("db-2", Some(ok_ip.into())) };
+        let members = [member("db-0", Some(ok_ip.into())), member("db-1", None), gone];
+        let query = MemberQuery { port: ok_port.parse().expect("port"), path: "/status".into(), body: Some("{}".into()) };
+        let said = answers(&client(), &query, &members).await;
+        assert_eq!(said, vec![Some(r#"{"leader":"7"}"#.to_string()), None, None], "no address, or being deleted: not asked");
+
+        for (address, what) in [(refused, "a 503"), (long, "an answer over 16 KiB")] {
+            let (ip, port) = address.split_once(':').expect("ip:port");
+            let query = MemberQuery { port: port.parse().expect("port"), path: "/status".into(), body: None };
+            let said = answers(&client(), &query, &[member("db-0", Some(ip.into()))]).await;
+            assert_eq!(said, vec![None], "{what} is no answer");
+        }
+    }
+}

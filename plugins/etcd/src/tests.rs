@@ -1,0 +1,182 @@
+use super::*;
+
+fn spec(replicas: u32, parameters: Vec<(&str, ParameterValue)>) -> DatabaseSpec {
+    DatabaseSpec {
+        name: "config".into(),
+        namespace: "infra".into(),
+        version: "3.5".into(),
+        replicas,
+        storage_bytes: 1 << 30,
+        requests: ResourceAmounts { cpu_millis: None, memory_bytes: None },
+        limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(512 << 20) },
+        parameters: parameters.into_iter().map(|(n, value)| Parameter { name: n.into(), value }).collect(),
+    }
+}
+
+fn member(ordinal: u32, ready: bool, answer: Option<String>) -> Member {
+    Member { pod: format!("config-{ordinal}"), ordinal, ready, primary: false, position: None, answer }
+}
+
+/// A status answer as etcd's gateway writes it.
+fn said(id: u64, leader: u64, term: u64) -> Option<String> {
+    Some(format!(
+        r#"{{"header":{{"cluster_id":"1","member_id":"{id}","revision":"7","raft_term":"{term}"}},"version":"3.5.16","leader":"{leader}","raftTerm":"{term}"}}"#
+    ))
+}
+
+fn cluster(primary: &str) -> ClusterContext {
+    ClusterContext {
+        primary_host: "config.infra.svc".into(),
+        headless_host: "config-headless.infra.svc".into(),
+        primary_pod: primary.into(),
+        credentials_secret: "config-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+        archive_directory: None,
+        restoring: false,
+    }
+}
+
+/// A plan as words: `+N` adds member N by a Job, `-N` removes it, `=N` sets the count.
+fn words(steps: &[ScaleStep]) -> Vec<String> {
+    steps
+        .iter()
+        .map(|s| match s {
+            ScaleStep::Members(n) => format!("={n}"),
+            ScaleStep::Job(job) => {
+                let member = job.env.iter().find(|e| e.name == "MEMBER").map(|e| match &e.source {
+                    EnvSource::Value(v) => v.trim_start_matches("config-").to_string(),
+                    _ => String::new(),
+                });
+                let script = job.command.join(" ");
+                let sign = if script.contains("member add") {
+                    "+"
+                } else if script.contains("member remove") {
+                    "-"
+                } else {
+                    "?"
+                };
+                format!("{sign}{}", member.unwrap_or_default())
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn membership_changes_one_member_at_a_time_and_never_below_quorum() {
+    let all_ready = |n: u32| (0..n).map(|o| member(o, true, None)).collect::<Vec<_>>();
+    let with_down = |n: u32, down: u32| (0..n).map(|o| member(o, o != down, None)).collect::<Vec<_>>();
+    type Row<'a> = (&'a str, u32, u32, Vec<Member>, Result<&'a [&'a str], &'a str>);
+    let rows: Vec<Row> = vec![
+        ("1 → 3: each member added before it starts", 1, 3, all_ready(1), Ok(&["+1", "=2", "+2", "=3"])),
+        ("5 → 3: each member removed before it goes", 5, 3, all_ready(5), Ok(&["-4", "=4", "-3", "=3"])),
+        ("3 → 1 on a healthy cluster", 3, 1, all_ready(3), Ok(&["-2", "=2", "-1", "=1"])),
+        ("nothing to change", 3, 3, all_ready(3), Ok(&["=3"])),
+        ("5 → 3 keeps quorum with one staying member down", 5, 3, with_down(5, 2), Ok(&["-4", "=4", "-3", "=3"])),
+        (
+            "3 → 2 with member 1 down: the two that stay have no quorum",
+            3,
+            2,
+            with_down(3, 1),
+            Err("would lose quorum: 1 of the 2 members that stay are ready (config-1 not ready), and a cluster of 2 needs 2"),
+        ),
+        (
+            "3 → 5 on a cluster without quorum",
+            3,
+            5,
+            vec![member(0, true, None), member(1, false, None), member(2, false, None)],
+            Err("adding members needs a quorum: 1 of the 3 members are ready"),
+        ),
+        ("1 → 3 with member 0 down", 1, 3, with_down(1, 0), Err("adding members needs a quorum")),
+    ];
+    for (what, from, to, members, expected) in rows {
+        let got = Etcd::plan_scale(spec(to, vec![]), from, members);
+        match (expected, &got) {
+            (Ok(plan), Ok(steps)) => assert_eq!(words(steps), plan.to_vec(), "{what}"),
+            (Err(reason), Err(text)) => assert!(text.contains(reason), "{what}: {text}"),
+            _ => panic!("{what}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_leader_is_the_member_whose_id_is_the_leader_it_reports_in_the_newest_term() {
+    type Row<'a> = (&'a str, Vec<Member>, Result<&'a str, &'a str>);
+    let rows: Vec<Row> = vec![
+        (
+            "all agree on member 1",
+            vec![member(0, true, said(10, 11, 3)), member(1, true, said(11, 11, 3)), member(2, true, said(12, 11, 3))],
+            Ok("config-1"),
+        ),
+        ("the leader alone answers", vec![member(0, false, None), member(1, true, None), member(2, true, said(12, 12, 5))], Ok("config-2")),
+        (
+            "a deposed leader still believes it leads: the newer term wins",
+            vec![member(0, true, said(10, 10, 3)), member(1, true, said(11, 12, 4)), member(2, true, said(12, 12, 4))],
+            Ok("config-2"),
+        ),
+        (
+            "followers of a leader that does not answer",
+            vec![member(0, true, said(10, 12, 4)), member(1, true, said(11, 12, 4)), member(2, false, None)],
+            Err("none of them leads"),
+        ),
+        ("nobody answers", vec![member(0, false, None), member(1, false, None)], Err("no member reports its status")),
+        ("an answer that is not a status", vec![member(0, true, Some("<html>".into()))], Err("no member reports its status")),
+    ];
+    for (what, members, expected) in rows {
+        let got = Etcd::choose_primary(spec(3, vec![]), members);
+        match (expected, &got) {
+            (Ok(pod), FailoverDecision::Elected(chosen)) => assert_eq!(chosen, pod, "{what}"),
+            (Err(reason), FailoverDecision::NoSafeMember(text)) => assert!(text.contains(reason), "{what}: {text}"),
+            _ => panic!("{what}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn parameters_are_etcds_own_variables_with_64_bit_integers_as_written() {
+    let quota = ("quota-backend-bytes", ParameterValue::Integer(4_294_967_296));
+    assert_eq!(Etcd::validate(spec(3, vec![quota.clone()])), vec![]);
+    let workload = Etcd::render(spec(3, vec![quota]), cluster("config-0")).expect("render");
+    let var = workload.env.iter().find(|e| e.name == "ETCD_QUOTA_BACKEND_BYTES").expect("the quota reaches etcd");
+    assert_eq!(var.source, EnvSource::Value("4294967296".into()));
+
+    let refused =
+        |parameters| Etcd::validate(spec(3, parameters)).into_iter().map(|v| format!("{}: {}", v.field, v.message)).collect::<Vec<_>>();
+    assert_eq!(
+        refused(vec![("heartbeat-interval", ParameterValue::Integer(200)), ("election-timeout", ParameterValue::Integer(500))]),
+        vec!["spec.parameters.election-timeout: 500 ms must be at least 5 heartbeat intervals (1000 ms)"]
+    );
+    assert_eq!(
+        refused(vec![("initial-cluster", ParameterValue::Text("x=http://y".into()))]),
+        vec!["spec.parameters.initial-cluster: is managed by plugdb and cannot be set"]
+    );
+    assert!(refused(vec![]).is_empty());
+}
+
+#[test]
+fn members_are_asked_their_status_and_a_new_leader_renders_nothing_new() {
+    let workload = Etcd::render(spec(3, vec![]), cluster("config-0")).expect("render");
+    assert_eq!(workload.member_query, Some(MemberQuery { port: 2379, path: "/v3/maintenance/status".into(), body: Some("{}".into()) }));
+    assert!(Etcd::info().capabilities & Capabilities::ELECTS_LEADER == Capabilities::ELECTS_LEADER);
+    assert_eq!(Etcd::render(spec(3, vec![]), cluster("config-2")), Ok(workload), "the workload does not depend on who leads");
+}
+
+#[test]
+fn a_snapshot_is_restored_into_member_0_only_and_never_to_a_moment() {
+    let location = |point_in_time: Option<&str>| BackupLocation {
+        directory: "/backups".into(),
+        artifact: "config-20261124".into(),
+        host: "config.infra.svc".into(),
+        credentials_secret: "config-credentials".into(),
+        cluster: cluster("config-0"),
+        archive_directory: None,
+        point_in_time: point_in_time.map(Into::into),
+    };
+    let job = Etcd::restore(spec(3, vec![]), location(None)).expect("restore");
+    assert!(job.mounts_data);
+    assert!(job.env.contains(&env_value("MEMBER", "config-0")));
+    assert!(job.command.join(" ").contains("snapshot restore"));
+    let refused = Etcd::restore(spec(3, vec![]), location(Some("2026-11-24T10:00:00Z"))).expect_err("no point in time");
+    assert!(refused.contains("no log to replay"), "{refused}");
+    let backup = Etcd::backup(spec(3, vec![]), location(None)).expect("backup");
+    assert!(backup.command.join(" ").contains("snapshot save"), "{:?}", backup.command);
+}

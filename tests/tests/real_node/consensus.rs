@@ -1,0 +1,210 @@
+//! etcd on the real node: a consensus engine that elects its own leader. The host asks
+//! the members who leads and never promotes; membership changes through the plugin's
+//! scale plan, one member at a time, and a change that would lose quorum is refused.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use plugdb::crd::Database;
+use plugdb_tests::node::Node;
+use plugdb_tests::operator::Cluster;
+use plugdb_tests::scenario::{WAIT, is_running, pod_ip, signal_engine};
+use serde_json::json;
+
+const NS: &str = "etcd-consensus";
+const NAME: &str = "config";
+
+/// The etcd client the image recipe copies out of Debian's etcd-client.
+fn etcdctl_binary() -> std::path::PathBuf {
+    let cache = std::env::var_os("PLUGDB_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/plugdb"));
+    cache.join("images-v1/etcdctl-3.5")
+}
+
+/// `etcdctl ARGS` against the member at `ip`, from inside the node's namespace.
+async fn etcdctl(ip: &str, args: &[&str]) -> Result<String, String> {
+    let mut command = Node::command(&etcdctl_binary().to_string_lossy());
+    command.arg(format!("--endpoints=http://{ip}:2379")).args(["--command-timeout=5s", "--dial-timeout=2s"]).args(args);
+    let out = tokio::task::spawn_blocking(move || command.output()).await.expect("join").map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() { Ok(text) } else { Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr))) }
+}
+
+/// `check` of what `etcdctl ARGS` says at `ip`, tried until it holds or `WAIT` ends.
+async fn eventually(ip: &str, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let said = etcdctl(ip, args).await;
+        if let Ok(text) = &said
+            && check(text)
+        {
+            return text.clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: etcdctl {args:?} at {ip} last said {said:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn database(replicas: i32) -> serde_json::Value {
+    json!({
+        "metadata": {"name": NAME},
+        "spec": {
+            "engine": "etcd", "version": "3.5", "replicas": replicas, "storage": "1Gi",
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+            // 4 GiB: a 64-bit integer, as written.
+            "parameters": {"quota-backend-bytes": 4294967296_i64},
+        },
+    })
+}
+
+async fn members(cluster: &Cluster) -> Vec<Pod> {
+    let selector = format!("app.kubernetes.io/instance={NAME},app.kubernetes.io/managed-by=plugdb");
+    let mut pods =
+        Api::<Pod>::namespaced(cluster.client.clone(), NS).list(&ListParams::default().labels(&selector)).await.expect("pods").items;
+    pods.retain(|p| p.owner_references().iter().any(|o| o.kind == "StatefulSet"));
+    pods.sort_by_key(|p| p.name_any().rsplit('-').next().and_then(|o| o.parse::<u32>().ok()));
+    pods
+}
+
+/// Waits until exactly `count` member pods are left (the others gone).
+async fn members_become(cluster: &Cluster, count: usize) {
+    let deadline = Instant::now() + WAIT;
+    while members(cluster).await.len() != count {
+        assert!(Instant::now() < deadline, "{count} member pods are left");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn running(cluster: &Cluster, replicas: i32) -> Database {
+    cluster.wait_database(NS, NAME, &format!("{replicas} etcd members Ready"), WAIT, |d| is_running(d, replicas)).await.expect("running")
+}
+
+/// The member that etcd itself says leads, asked at every member.
+async fn real_leader(pods: &[Pod]) -> Option<String> {
+    for pod in pods {
+        let Ok(text) = etcdctl(&pod_ip(pod), &["endpoint", "status", "-w", "json"]).await else { continue };
+        let status: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let status = &status[0]["Status"];
+        if status["header"]["member_id"] == status["leader"] && status["leader"].is_u64() {
+            return Some(pod.name_any());
+        }
+    }
+    None
+}
+
+/// Waits until `status.primary` names the member etcd says leads (other than `not`), and
+/// the pods' role labels agree; returns it.
+async fn leader_followed(cluster: &Cluster, not: Option<&str>) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let pods = members(cluster).await;
+        let db = Api::<Database>::namespaced(cluster.client.clone(), NS).get(NAME).await.expect("database");
+        let primary = db.status.and_then(|s| s.primary);
+        let leader = real_leader(&pods).await;
+        let labelled: Vec<String> =
+            pods.iter().filter(|p| p.labels().get("plugdb.io/role").map(String::as_str) == Some("primary")).map(|p| p.name_any()).collect();
+        if let Some(leader) = leader.clone().filter(|l| Some(l.as_str()) != not && primary.as_ref() == Some(l) && labelled == [l.clone()]) {
+            return leader;
+        }
+        assert!(Instant::now() < deadline, "status.primary {primary:?} and the labels {labelled:?} follow etcd's leader {leader:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Every member lists exactly `names` as the cluster's members and serves `key` = `value`
+/// from its own copy (a serializable read).
+async fn one_cluster_with(cluster: &Cluster, count: usize, key: &str, value: &str) {
+    let pods = members(cluster).await;
+    assert_eq!(pods.len(), count, "{count} member pods");
+    let names: Vec<String> = (0..count).map(|i| format!("{NAME}-{i}")).collect();
+    for pod in &pods {
+        let ip = pod_ip(pod);
+        eventually(&ip, &["member", "list"], &format!("{} lists {names:?}", pod.name_any()), |list| {
+            let mut listed: Vec<&str> = list.lines().filter_map(|l| l.split(", ").nth(2)).collect();
+            listed.sort();
+            listed == names.iter().map(String::as_str).collect::<Vec<_>>()
+        })
+        .await;
+        let got =
+            eventually(&ip, &["get", key, "--print-value-only", "--consistency=s"], &format!("{} holds {key}", pod.name_any()), |v| {
+                v == value
+            })
+            .await;
+        assert_eq!(got, value);
+    }
+}
+
+/// Created with one member; grows to 3; the leader's etcd is killed and another member
+/// is elected, followed by the Service, with every write kept; 3 → 5 → 3 keeps one
+/// cluster with the data; a scale-down that would lose quorum is refused until the
+/// member that was down is back.
+pub async fn elects_its_leader_and_changes_membership_safely(cluster: Arc<Cluster>) {
+    cluster.apply_database(NS, database(1)).await.expect("apply");
+    running(&cluster, 1).await;
+    let first = members(&cluster).await;
+    etcdctl(&pod_ip(&first[0]), &["put", "written-first", "1"]).await.expect("put");
+
+    cluster.apply_database(NS, database(3)).await.expect("scale to 3");
+    running(&cluster, 3).await;
+    one_cluster_with(&cluster, 3, "written-first", "1").await;
+    let leader = leader_followed(&cluster, None).await;
+
+    // The engine elects a new leader; the host follows and promotes nothing.
+    let pods = members(&cluster).await;
+    let old = pods.iter().find(|p| p.name_any() == leader).expect("the leader's pod");
+    signal_engine(old, "etcd", "KILL");
+    let elected = leader_followed(&cluster, Some(&leader)).await;
+    let new = members(&cluster).await.into_iter().find(|p| p.name_any() == elected).expect("the new leader's pod");
+    etcdctl(&pod_ip(&new), &["put", "written-after-the-kill", "2"]).await.expect("a write through the new leader");
+    running(&cluster, 3).await;
+    one_cluster_with(&cluster, 3, "written-first", "1").await;
+    one_cluster_with(&cluster, 3, "written-after-the-kill", "2").await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cluster.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    let reasons: Vec<String> = events.items.iter().filter_map(|e| e.reason.clone()).collect();
+    assert!(reasons.iter().any(|r| r == "LeaderElected"), "the new leader is announced: {reasons:?}");
+    assert!(!reasons.iter().any(|r| r == "FailoverPromoted"), "the host promotes nothing: {reasons:?}");
+
+    // 3 → 5 → 3: one cluster throughout, with the data.
+    cluster.apply_database(NS, database(5)).await.expect("scale to 5");
+    running(&cluster, 5).await;
+    one_cluster_with(&cluster, 5, "written-after-the-kill", "2").await;
+    cluster.apply_database(NS, database(3)).await.expect("scale to 3");
+    running(&cluster, 3).await;
+    members_become(&cluster, 3).await;
+    one_cluster_with(&cluster, 3, "written-first", "1").await;
+
+    // Member 1 hangs: 3 → 2 would leave the two that stay without a quorum.
+    let hung = members(&cluster).await.into_iter().find(|p| p.name_any() == format!("{NAME}-1")).expect("member 1");
+    signal_engine(&hung, "etcd", "STOP");
+    cluster
+        .wait_database(NS, NAME, "member 1 not ready", WAIT, |d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2))
+        .await
+        .expect("member 1 not ready");
+    cluster.apply_database(NS, database(2)).await.expect("ask for 2");
+    let refused = cluster
+        .wait_database(NS, NAME, "the scale-down refused", WAIT, |d| {
+            d.status
+                .as_ref()
+                .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "ScaleRefused" && c.message.contains("would lose quorum")))
+        })
+        .await
+        .expect("refused");
+    let message = refused.status.expect("status").conditions.into_iter().find(|c| c.reason == "ScaleRefused").expect("condition").message;
+    assert!(message.contains(&format!("{NAME}-1 not ready")), "the refusal names the member: {message}");
+    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), NS);
+    assert_eq!(sets.get(NAME).await.expect("set").spec.and_then(|s| s.replicas), Some(3), "nothing scales while refused");
+
+    // Back: the plan is accepted and member 2 leaves the cluster before its pod goes.
+    signal_engine(&hung, "etcd", "CONT");
+    running(&cluster, 2).await;
+    members_become(&cluster, 2).await;
+    one_cluster_with(&cluster, 2, "written-after-the-kill", "2").await;
+}
