@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
@@ -225,14 +226,7 @@ impl<'a> Pass<'a> {
             Ok(plan) => plan,
             Err(e) => {
                 let message = format!("upgrade from {current} to {desired} refused: {e}");
-                if !db
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::UpgradeRefused.as_str() && c.message == message))
-                {
-                    event(ctx, db, true, Reason::UpgradeRefused, message.clone()).await;
-                }
-                status::set(&mut self.status.conditions, kind::PROGRESSING, false, Reason::UpgradeRefused, message, self.generation);
+                self.warn_once(kind::PROGRESSING, false, Reason::UpgradeRefused, message, false).await;
                 self.status.upgrade = None;
                 return Ok(ControlFlow::Continue(Upgrade { version: current, plan: None, refused: true }));
             }
@@ -315,9 +309,8 @@ impl<'a> Pass<'a> {
         primary: Primary,
     ) -> Result<Primary, Error> {
         let (ctx, db, generation) = (self.ctx, self.db, self.generation);
-        let Some(query) = workload.member_query.as_ref().filter(|_| plugin.info().capabilities.elects_leader) else {
-            return Ok(primary);
-        };
+        // Host policy lets a workload carry a member query only with `elects-leader`.
+        let Some(query) = workload.member_query.as_ref() else { return Ok(primary) };
         let answers = super::ask::answers(&ctx.members_client, query, &members.observed).await;
         let mut candidates = members::for_plugin(&members.observed, &primary.name);
         for (member, answer) in candidates.iter_mut().zip(answers) {
@@ -335,11 +328,7 @@ impl<'a> Pass<'a> {
                 Ok(Primary { name: pod, failed_over: false })
             }
             Ok(FailoverDecision::NoSafeMember(reason)) => {
-                let message = format!("no member leads: {reason}");
-                if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::NoLeader.as_str())) {
-                    event(ctx, db, true, Reason::NoLeader, message.clone()).await;
-                }
-                status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::NoLeader, message, generation);
+                self.warn_once(kind::DEGRADED, true, Reason::NoLeader, format!("no member leads: {reason}"), true).await;
                 Ok(primary)
             }
             // The policy lets only `elected` through for an engine that elects its leader.
@@ -353,11 +342,23 @@ impl<'a> Pass<'a> {
 
     /// The primary is lost and stays so: `Degraded` says why (an Event the first time).
     async fn no_failover(&mut self, message: String) {
-        let (ctx, db) = (self.ctx, self.db);
-        if !db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::NoSafeFailover.as_str())) {
-            event(ctx, db, true, Reason::NoSafeFailover, message.clone()).await;
+        self.warn_once(kind::DEGRADED, true, Reason::NoSafeFailover, message, true).await;
+    }
+
+    /// Whether the Database's status already says `reason` (with `message`, when given).
+    fn said(&self, reason: Reason, message: Option<&str>) -> bool {
+        let says = |c: &Condition| c.reason == reason.as_str() && message.is_none_or(|m| c.message == m);
+        self.db.status.as_ref().is_some_and(|s| s.conditions.iter().any(says))
+    }
+
+    /// Sets `condition` with `reason` and `message`; the Warning Event goes out only when
+    /// the status did not say so already (the same reason, and the same message unless
+    /// `any_message`), not on every pass.
+    async fn warn_once(&mut self, condition: &str, status: bool, reason: Reason, message: String, any_message: bool) {
+        if !self.said(reason, (!any_message).then_some(message.as_str())) {
+            event(self.ctx, self.db, true, reason, message.clone()).await;
         }
-        status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::NoSafeFailover, message, self.generation);
+        status::set(&mut self.status.conditions, condition, status, reason, message, self.generation);
     }
 
     /// The plugin's workload for this version and primary; the credentials it asks for.
@@ -453,10 +454,7 @@ impl<'a> Pass<'a> {
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
         let growth = grow_volumes(ctx, db, ns).await?;
         if let Growth::Failed(message) = &growth
-            && !db
-                .status
-                .as_ref()
-                .is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::VolumeGrowFailed.as_str() && c.message == *message))
+            && !self.said(Reason::VolumeGrowFailed, Some(message))
         {
             event(ctx, db, true, Reason::VolumeGrowFailed, message.clone()).await;
         }
@@ -528,7 +526,7 @@ impl<'a> Pass<'a> {
     /// members have and says why in `Progressing` (an Event the first time). A new
     /// Database starts with the spec's count.
     async fn scale(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Scale, Error> {
-        let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
+        let (ctx, ns) = (self.ctx, self.ns.as_str());
         let desired = spec.replicas;
         if self.restore_unfinished() {
             // The restore reaches member 0 alone; the others join once it is done, as the
@@ -553,14 +551,7 @@ impl<'a> Pass<'a> {
             Ok(steps) => steps,
             Err(e) => {
                 let message = format!("scaling from {from} to {desired} members refused: {e}");
-                let said = db
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == Reason::ScaleRefused.as_str() && c.message == message));
-                if !said {
-                    event(ctx, db, true, Reason::ScaleRefused, message.clone()).await;
-                }
-                status::set(&mut self.status.conditions, kind::PROGRESSING, false, Reason::ScaleRefused, message, self.generation);
+                self.warn_once(kind::PROGRESSING, false, Reason::ScaleRefused, message, false).await;
                 self.status.scale = None;
                 return Ok(Scale { granted: current, job: None, under_way: false, refused: true });
             }
