@@ -28,6 +28,8 @@ pub const MANAGER: &str = "plugdb";
 pub const APPLIED_HASH: &str = "plugdb.io/applied-hash";
 /// Annotation on the pod template holding the hash of the config files.
 pub const CONFIG_HASH: &str = "plugdb.io/config-hash";
+/// Annotation on the pod template naming the TLS certificate the members use (its expiry).
+pub const TLS_STAMP: &str = "plugdb.io/tls-not-after";
 /// Label on member pods naming their role (`primary` or `replica`).
 pub const ROLE_LABEL: &str = "plugdb.io/role";
 /// Where config files are mounted in every member.
@@ -46,6 +48,14 @@ impl Names<'_> {
     /// Credentials Secret.
     pub fn credentials(&self) -> String {
         format!("{}-credentials", self.0)
+    }
+    /// TLS certificate Secret (`kubernetes.io/tls`, with `ca.crt`).
+    pub fn tls(&self) -> String {
+        format!("{}-tls", self.0)
+    }
+    /// The Database's certificate authority (its key).
+    pub fn authority(&self) -> String {
+        format!("{}-ca", self.0)
     }
     /// Config ConfigMap.
     pub fn config(&self) -> String {
@@ -149,6 +159,7 @@ pub fn engine_spec(db: &Database, version: &str) -> Result<EngineSpec, Vec<Viola
                 (k.clone(), value)
             })
             .collect(),
+        tls: db.spec.tls_enabled().then(crate::tls::files),
     };
     if problems.is_empty() { Ok(spec) } else { Err(problems) }
 }
@@ -363,8 +374,17 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
     ]
 }
 
-/// The members' StatefulSet, with `replicas` members (the spec's once a scale plan got there).
-pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: Option<Archiver<'_>>, replicas: u32) -> Child {
+/// The members' StatefulSet, with `replicas` members (the spec's once a scale plan got
+/// there); `tls`: the Database's certificate is mounted, and this stamp of it (its expiry)
+/// on the pod template rolls the members onto a renewed one.
+pub fn statefulset(
+    db: &Database,
+    workload: &Workload,
+    engine: &str,
+    archiver: Option<Archiver<'_>>,
+    replicas: u32,
+    tls: Option<&str>,
+) -> Child {
     let n = db.name_any();
     let names = Names(&n);
     let container = Container {
@@ -406,7 +426,7 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: O
         ..Default::default()
     };
     // The plugin's init containers see what the engine sees, but the archive.
-    let init: Vec<Container> = workload
+    let mut init: Vec<Container> = workload
         .init_containers
         .iter()
         .map(|c| Container {
@@ -421,6 +441,7 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: O
         })
         .collect();
     let mut containers = vec![container];
+    let mut template_annotations = BTreeMap::from([(CONFIG_HASH.to_string(), config_hash(workload))]);
     let mut volumes = vec![
         Volume {
             name: "config".into(),
@@ -435,6 +456,15 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: O
         containers.push(sidecar);
         volumes.push(Volume { name: "archive".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() });
         volumes.extend(ca);
+    }
+    if let Some(stamp) = tls {
+        let (volume, mount) = pod::tls_volume(db);
+        containers[0].volume_mounts.get_or_insert_default().push(mount.clone());
+        for c in &mut init {
+            c.volume_mounts.get_or_insert_default().push(mount.clone());
+        }
+        volumes.push(volume);
+        template_annotations.insert(TLS_STAMP.to_string(), stamp.to_string());
     }
     let pod = PodSpec {
         automount_service_account_token: Some(false),
@@ -458,11 +488,7 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, archiver: O
         }),
         selector: pod::member_selector(db),
         template: PodTemplateSpec {
-            metadata: Some(ObjectMeta {
-                labels: Some(labels(db)),
-                annotations: Some(BTreeMap::from([(CONFIG_HASH.to_string(), config_hash(workload))])),
-                ..Default::default()
-            }),
+            metadata: Some(ObjectMeta { labels: Some(labels(db)), annotations: Some(template_annotations), ..Default::default() }),
             spec: Some(pod),
         },
         volume_claim_templates: Some(vec![claim]),
@@ -490,10 +516,11 @@ pub fn children(
     primary_pod: &str,
     archiver: Option<Archiver<'_>>,
     replicas: u32,
+    tls: Option<&str>,
 ) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine, archiver, replicas));
+    out.push(statefulset(db, workload, engine, archiver, replicas, tls));
     out.push(disruption_budget(db));
     out
 }

@@ -84,6 +84,31 @@ pub struct DatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("restoreFrom cannot be changed after creation"))]
     pub restore_from: Option<RestoreSource>,
+
+    /// TLS for clients and between members. Unset or `enabled: false`: the engine's own
+    /// default (plaintext for most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// TLS for a Database: plugdb issues a certificate for every name of its Services and
+/// members from a certificate authority of the Database's own (Secret `<name>-ca`), keeps
+/// it in Secret `<name>-tls` (`tls.crt`, `tls.key`, `ca.crt`), renews it 30 days before
+/// it expires (rolling the members), and the engine's plugin configures the engine to
+/// require it. Clients verify the server against `ca.crt`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// Whether the engine serves (and requires) TLS.
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+}
+
+impl DatabaseSpec {
+    /// Whether the Database asks for TLS.
+    pub fn tls_enabled(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.enabled)
+    }
 }
 
 /// An engine parameter's value: a whole number (64-bit) or text.

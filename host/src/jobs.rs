@@ -103,6 +103,12 @@ pub fn job(
         mounts.push(pod::mount("data", path, false));
         volumes.push(pod::claim_volume("data", claim));
     }
+    if db.spec.tls_enabled() {
+        // The certificate the members serve: a Job verifies them against its authority.
+        let (volume, mount) = pod::tls_volume(db);
+        mounts.push(mount);
+        volumes.push(volume);
+    }
     let engine = Container {
         name: purpose.label().into(),
         image: Some(plan.image.clone()),

@@ -21,3 +21,4 @@ pub mod quantity;
 pub mod reconcile;
 pub mod schedule;
 pub mod serve;
+pub mod tls;

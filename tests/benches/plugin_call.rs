@@ -27,6 +27,7 @@ fn spec() -> EngineSpec {
             ("work_mem".into(), ParameterValue::Text("8MB".into())),
             ("statement_timeout".into(), ParameterValue::Text("30s".into())),
         ],
+        tls: None,
     }
 }
 
@@ -55,6 +56,7 @@ fn native_inputs() -> (plugdb_sdk::DatabaseSpec, plugdb_sdk::ClusterContext) {
                     },
                 })
                 .collect(),
+            tls: None,
         },
         plugdb_sdk::ClusterContext {
             primary_host: c.primary_host,

@@ -46,6 +46,7 @@ impl EngineUnderTest {
             requests: ResourceAmounts::default(),
             limits: ResourceAmounts { cpu_millis: Some(1000), memory_bytes: Some(1 << 30) },
             parameters: parameters.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            tls: None,
         }
     }
 

@@ -46,7 +46,7 @@ impl Engine {
     }
 
     /// The credentials Secret key of the administrator's password.
-    fn password_key(self) -> &'static str {
+    pub fn password_key(self) -> &'static str {
         match self {
             Engine::Postgres => "superuser-password",
             Engine::Mysql => "root-password",

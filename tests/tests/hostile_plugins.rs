@@ -77,6 +77,7 @@ fn spec(attack: &str) -> EngineSpec {
         requests: ResourceAmounts::default(),
         limits: ResourceAmounts::default(),
         parameters: vec![("attack".into(), ParameterValue::Text(attack.into()))],
+        tls: None,
     }
 }
 

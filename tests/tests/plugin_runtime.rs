@@ -14,6 +14,7 @@ fn spec(version: &str) -> EngineSpec {
         requests: ResourceAmounts::default(),
         limits: ResourceAmounts { cpu_millis: Some(2000), memory_bytes: Some(4 << 30) },
         parameters: vec![("greeting".into(), ParameterValue::Text("hi".into()))],
+        tls: None,
     }
 }
 
@@ -59,6 +60,7 @@ fn a_plugin_built_for_contract_0_1_is_adapted_and_asked_only_what_0_1_can_answer
     assert_eq!((info.engine.as_str(), info.contract_version.as_str()), ("legacy", "0.1.0"));
     assert!(info.capabilities.backup && info.capabilities.restore);
     assert!(!info.capabilities.point_in_time, "0.1 has no word for it");
+    assert!(plugin.lacks(plugdb::plugin::Capability::Tls).is_some_and(|why| why.contains("tls")), "nor for TLS");
     assert!(plugin.lacks(Capability::PointInTime).is_some());
 
     let mut s = spec("1");
@@ -144,4 +146,30 @@ fn an_engine_that_elects_its_leader_names_it_from_the_members_answers_and_is_nev
     assert!(!postgres.info().capabilities.elects_leader);
     let pg = EngineSpec { version: "17".into(), parameters: vec![], ..spec("17") };
     assert!(postgres.render(&pg, &plugdb_tests::cluster("orders", "shop")).expect("render").member_query.is_none());
+}
+
+/// With TLS, the real components configure their engines for it, and the host policy
+/// lets an engine ask its members over HTTPS only when the Database has TLS.
+#[test]
+fn with_tls_the_engines_are_configured_for_it_and_members_are_asked_over_https() {
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    let tls = Some(plugdb::tls::files());
+    let cluster = plugdb_tests::cluster("orders", "shop");
+
+    let etcd = runtime.load(&plugdb_tests::component("etcd")).expect("etcd loads");
+    assert!(etcd.info().capabilities.tls);
+    let secured = EngineSpec { version: "3.5".into(), parameters: vec![], tls: tls.clone(), ..spec("3.5") };
+    let workload = etcd.render(&secured, &cluster).expect("render with TLS passes host policy");
+    assert!(workload.member_query.is_some_and(|q| q.https));
+
+    let postgres = runtime.load(&plugdb_tests::component("postgres")).expect("postgres loads");
+    let pg = EngineSpec { version: "17".into(), parameters: vec![], tls: tls.clone(), ..spec("17") };
+    let conf = postgres.render(&pg, &cluster).expect("render").config_files;
+    let conf = &conf.iter().find(|f| f.name == "postgresql.conf").expect("postgresql.conf").content;
+    assert!(conf.contains(&format!("ssl_cert_file = '{}/tls.crt'", plugdb::tls::MOUNT)), "{conf}");
+
+    let mysql = runtime.load(&plugdb_tests::component("mysql")).expect("mysql loads");
+    let my = EngineSpec { version: "11.8".into(), parameters: vec![], tls, ..spec("11.8") };
+    let cnf = mysql.render(&my, &cluster).expect("render").config_files;
+    assert!(cnf.iter().any(|f| f.content.contains("require_secure_transport = ON")));
 }

@@ -183,14 +183,22 @@ async fn a_plugin_is_not_asked_for_what_it_does_not_declare() {
     // A yearly schedule: no backup is due, the condition comes from the spec alone.
     apply("kept", serde_json::json!({"backup": {"schedule": "0 0 1 1 *"}})).await;
     apply("copied", serde_json::json!({"restoreFrom": {"database": "kept", "backup": "kept-1"}})).await;
+    apply("secured", serde_json::json!({"tls": {"enabled": true}})).await;
     let condition = async |name: &str, type_: &str| {
         let db = dbs.get(name).await.ok()?;
         db.status?.conditions.into_iter().find(|c| c.type_ == type_ && c.status == "False")
     };
-    wait_for("both conditions", Duration::from_secs(60), async || {
-        condition("kept", "BackupHealthy").await.is_some() && condition("copied", "Progressing").await.is_some()
+    wait_for("the three conditions", Duration::from_secs(60), async || {
+        condition("kept", "BackupHealthy").await.is_some()
+            && condition("copied", "Progressing").await.is_some()
+            && condition("secured", "PluginReady").await.is_some()
     })
     .await;
+    let tls = condition("secured", "PluginReady").await.expect("PluginReady");
+    assert_eq!(tls.reason, "CapabilityMissing");
+    assert!(tls.message.starts_with("spec.tls: ") && tls.message.contains("does not declare the tls capability"), "{tls:?}");
+    let built = Api::<StatefulSet>::namespaced(cp.client.clone(), "default").get_opt("secured").await.expect("get");
+    assert!(built.is_none(), "nothing is built for a Database its plugin cannot serve as asked");
     let backup = condition("kept", "BackupHealthy").await.expect("BackupHealthy").message;
     assert!(backup.starts_with("spec.backup: ") && backup.contains("does not declare the backup capability"), "{backup}");
     let restore = condition("copied", "Progressing").await.expect("Progressing");

@@ -231,3 +231,19 @@ pub fn bucket_ca(target: &S3Target) -> Option<(Volume, VolumeMount)> {
     };
     Some((volume, mount("s3-ca", CA_MOUNT, true)))
 }
+
+/// The volume holding the Database's TLS certificate (`<name>-tls`), and its mount at
+/// [`crate::tls::MOUNT`]: readable by the workload's group (its fsGroup) only, as
+/// PostgreSQL requires of a key owned by root.
+pub fn tls_volume(db: &Database) -> (Volume, VolumeMount) {
+    let volume = Volume {
+        name: "tls".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(super::Names(&kube::ResourceExt::name_any(db)).tls()),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    (volume, mount("tls", crate::tls::MOUNT, true))
+}

@@ -89,7 +89,7 @@ fn engine_spec_names_each_bad_field() {
 #[test]
 fn statefulset_carries_the_workload_under_host_policy() {
     let db = database(DeletionPolicy::Snapshot);
-    let child = statefulset(&db, &workload("a = 1\n"), "postgres", None, 3);
+    let child = statefulset(&db, &workload("a = 1\n"), "postgres", None, 3, None);
     let sts: StatefulSet = serde_json::from_value(child.object.clone()).expect("a valid StatefulSet");
     let spec = sts.spec.expect("spec");
     assert_eq!(spec.replicas, Some(3));
@@ -120,7 +120,7 @@ fn statefulset_carries_the_workload_under_host_policy() {
 #[test]
 fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     let mut db = database(DeletionPolicy::Snapshot);
-    let pod = |db: &Database| statefulset(db, &workload(""), "postgres", None, 3).object["spec"]["template"]["spec"].clone();
+    let pod = |db: &Database| statefulset(db, &workload(""), "postgres", None, 3, None).object["spec"]["template"]["spec"].clone();
     let preferred = &pod(&db)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(preferred["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], "orders");
@@ -144,20 +144,23 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
 
 #[test]
 fn deletion_policy_delete_lets_volumes_go() {
-    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", None, 3);
+    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", None, 3, None);
     assert_eq!(child.object["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Delete", "whenScaled": "Delete"}));
 }
 
 #[test]
 fn a_config_change_changes_the_pod_template_and_the_hash() {
     let db = database(DeletionPolicy::Snapshot);
-    let (a, b) = (statefulset(&db, &workload("a = 1\n"), "postgres", None, 3), statefulset(&db, &workload("a = 2\n"), "postgres", None, 3));
+    let (a, b) = (
+        statefulset(&db, &workload("a = 1\n"), "postgres", None, 3, None),
+        statefulset(&db, &workload("a = 2\n"), "postgres", None, 3, None),
+    );
     assert_ne!(
         a.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH],
         b.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
     );
     assert_ne!(a.hash(), b.hash());
-    assert_eq!(a.hash(), statefulset(&db, &workload("a = 1\n"), "postgres", None, 3).hash(), "rendering is deterministic");
+    assert_eq!(a.hash(), statefulset(&db, &workload("a = 1\n"), "postgres", None, 3, None).hash(), "rendering is deterministic");
 }
 
 #[test]
@@ -167,7 +170,7 @@ fn the_primary_service_follows_the_primary_pod() {
     assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
     assert_eq!(services[2].object["spec"]["clusterIP"], "None");
-    let all = children(&db, &workload(""), "postgres", "orders-0", None, 3);
+    let all = children(&db, &workload(""), "postgres", "orders-0", None, 3, None);
     let kinds: Vec<String> = all.iter().map(|c| format!("{}/{}", c.resource.kind, c.name)).collect();
     assert_eq!(
         kinds,
@@ -194,7 +197,7 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
     let archiver = Archiver { target: &target, image: "plugdb/plugdb:1" };
     let set: StatefulSet =
-        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Some(archiver), 3).object).expect("StatefulSet");
+        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Some(archiver), 3, None).object).expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["postgres", "archive"]);
@@ -222,7 +225,8 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
 #[test]
 fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
     let db = database(DeletionPolicy::Snapshot);
-    let plain: StatefulSet = serde_json::from_value(statefulset(&db, &workload(""), "postgres", None, 3).object).expect("StatefulSet");
+    let plain: StatefulSet =
+        serde_json::from_value(statefulset(&db, &workload(""), "postgres", None, 3, None).object).expect("StatefulSet");
     assert!(plain.spec.and_then(|s| s.template.spec).expect("pod").init_containers.is_none());
 
     let mut w = workload("");
@@ -232,11 +236,48 @@ fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
         command: vec!["mkdir".into(), "-p".into(), "/var/lib/postgresql/data/pgdata".into()],
         env: vec![],
     }];
-    let set: StatefulSet = serde_json::from_value(statefulset(&db, &w, "postgres", None, 3).object).expect("StatefulSet");
+    let set: StatefulSet = serde_json::from_value(statefulset(&db, &w, "postgres", None, 3, None).object).expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let init = pod.init_containers.expect("init containers");
     assert_eq!(init.len(), 1);
     assert_eq!((init[0].name.as_str(), init[0].image.as_deref()), ("init-prepare", Some("busybox:1")));
     assert_eq!(init[0].volume_mounts, pod.containers[0].volume_mounts, "the engine's data, config and /tmp");
     assert_eq!(init[0].security_context, pod.containers[0].security_context);
+}
+
+#[test]
+fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_members() {
+    let mut db = database(DeletionPolicy::Snapshot);
+    db.spec.tls = Some(crate::crd::TlsSpec { enabled: true });
+    let mut w = workload("");
+    w.init_containers = vec![crate::plugin::InitContainer {
+        name: "prepare".into(),
+        image: "docker.io/library/busybox:1".into(),
+        command: vec!["true".into()],
+        env: vec![],
+    }];
+    let pod_of = |stamp: Option<&str>| -> (PodTemplateSpec, String) {
+        let child = statefulset(&db, &w, "postgres", None, 3, stamp);
+        let set: StatefulSet = serde_json::from_value(child.object.clone()).expect("StatefulSet");
+        (set.spec.expect("spec").template, child.hash().to_string())
+    };
+    let (template, first) = pod_of(Some("2027-11-24T10:00:00Z"));
+    assert_eq!(template.metadata.and_then(|m| m.annotations).expect("annotations")[TLS_STAMP], "2027-11-24T10:00:00Z");
+    let pod = template.spec.expect("pod");
+    let volume = pod.volumes.expect("volumes").into_iter().find(|v| v.name == "tls").expect("the tls volume");
+    let secret = volume.secret.expect("a Secret volume");
+    assert_eq!((secret.secret_name.as_deref(), secret.default_mode), (Some("orders-tls"), Some(0o440)));
+    let mounted = |c: &Container| c.volume_mounts.iter().flatten().any(|m| m.name == "tls" && m.mount_path == crate::tls::MOUNT);
+    assert!(mounted(&pod.containers[0]), "the engine has it");
+    assert!(pod.init_containers.iter().flatten().all(mounted), "and its init containers");
+    let (_, renewed) = pod_of(Some("2028-11-24T10:00:00Z"));
+    assert_ne!(first, renewed, "a renewed certificate changes the template: the members roll onto it");
+    let (plain, _) = pod_of(None);
+    assert!(plain.spec.expect("pod").volumes.expect("volumes").iter().all(|v| v.name != "tls"));
+
+    let plan = crate::plugin::JobPlan { image: "x".into(), command: vec!["true".into()], env: vec![], mounts_data: false };
+    let job = crate::jobs::job(&db, "orders-1", crate::jobs::Purpose::Backup, &plan, crate::jobs::Storage::Scratch, "orders-1", None, 999);
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(job.object).expect("Job");
+    let pod = job.spec.expect("spec").template.spec.expect("pod");
+    assert!(pod.containers.iter().chain(pod.init_containers.iter().flatten()).any(mounted), "a Job verifies the members too");
 }

@@ -292,27 +292,17 @@ macro_rules! conversions {
             w::ResourceAmounts { cpu_millis: a.cpu_millis, memory_bytes: a.memory_bytes }
         }
 
-        fn database_spec(s: &host::EngineSpec) -> w::DatabaseSpec {
-            w::DatabaseSpec {
-                name: s.name.clone(),
-                namespace: s.namespace.clone(),
-                version: s.version.clone(),
-                replicas: s.replicas,
-                storage_bytes: s.storage_bytes,
-                requests: amounts(&s.requests),
-                limits: amounts(&s.limits),
-                parameters: s
-                    .parameters
-                    .iter()
-                    .map(|(name, value)| w::Parameter {
-                        name: name.clone(),
-                        value: match value {
-                            host::ParameterValue::Text(t) => w::ParameterValue::Text(t.clone()),
-                            host::ParameterValue::Integer(n) => w::ParameterValue::Integer(*n),
-                        },
-                    })
-                    .collect(),
-            }
+        fn parameters(s: &host::EngineSpec) -> Vec<w::Parameter> {
+            s.parameters
+                .iter()
+                .map(|(name, value)| w::Parameter {
+                    name: name.clone(),
+                    value: match value {
+                        host::ParameterValue::Text(t) => w::ParameterValue::Text(t.clone()),
+                        host::ParameterValue::Integer(n) => w::ParameterValue::Integer(*n),
+                    },
+                })
+                .collect()
         }
 
         fn env(e: w::EnvVar) -> host::EnvVar {
@@ -401,6 +391,7 @@ macro_rules! conversions {
                 major_upgrade: c.contains(w::Capabilities::MAJOR_UPGRADE),
                 point_in_time: point_in_time(c),
                 elects_leader: elects_leader(c),
+                tls: tls(c),
             }
         }
 
@@ -428,6 +419,20 @@ pub(crate) mod v0_2 {
 
     conversions!();
 
+    fn database_spec(s: &host::EngineSpec) -> w::DatabaseSpec {
+        w::DatabaseSpec {
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            version: s.version.clone(),
+            replicas: s.replicas,
+            storage_bytes: s.storage_bytes,
+            requests: amounts(&s.requests),
+            limits: amounts(&s.limits),
+            parameters: parameters(s),
+            tls: s.tls.as_ref().map(|t| w::TlsFiles { certificate: t.certificate.clone(), key: t.key.clone(), ca: t.ca.clone() }),
+        }
+    }
+
     fn point_in_time(c: w::Capabilities) -> bool {
         c.contains(w::Capabilities::POINT_IN_TIME)
     }
@@ -436,8 +441,12 @@ pub(crate) mod v0_2 {
         c.contains(w::Capabilities::ELECTS_LEADER)
     }
 
+    fn tls(c: w::Capabilities) -> bool {
+        c.contains(w::Capabilities::TLS)
+    }
+
     fn member_query(w: &w::Workload) -> Option<host::MemberQuery> {
-        w.member_query.as_ref().map(|q| host::MemberQuery { port: q.port, path: q.path.clone(), body: q.body.clone() })
+        w.member_query.as_ref().map(|q| host::MemberQuery { port: q.port, path: q.path.clone(), body: q.body.clone(), https: q.https })
     }
 
     fn member(m: &host::Member) -> w::Member {
@@ -540,11 +549,28 @@ pub(crate) mod v0_1 {
 
     conversions!();
 
+    fn database_spec(s: &host::EngineSpec) -> w::DatabaseSpec {
+        w::DatabaseSpec {
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            version: s.version.clone(),
+            replicas: s.replicas,
+            storage_bytes: s.storage_bytes,
+            requests: amounts(&s.requests),
+            limits: amounts(&s.limits),
+            parameters: parameters(s),
+        }
+    }
+
     fn point_in_time(_: w::Capabilities) -> bool {
         false
     }
 
     fn elects_leader(_: w::Capabilities) -> bool {
+        false
+    }
+
+    fn tls(_: w::Capabilities) -> bool {
         false
     }
 

@@ -615,6 +615,12 @@ impl Plugin {
                 }),
                 _ => {}
             }
+            if workload.member_query.as_ref().is_some_and(|q| q.https) && spec.tls.is_none() {
+                violations.push(Violation {
+                    field: "memberQuery.https".into(),
+                    message: "members are asked over HTTPS only when the Database has TLS (spec.tls)".into(),
+                });
+            }
             self.checked("render", super::policy::capped(violations), workload)
         })
     }

@@ -41,6 +41,8 @@ pub struct Capabilities {
     pub point_in_time: bool,
     /// The engine elects its own leader; `choose-primary` names it (contract 0.2).
     pub elects_leader: bool,
+    /// The engine is configured for TLS when the Database asks (contract 0.2).
+    pub tls: bool,
 }
 
 /// One optional behaviour a plugin may declare; the host asks only for what is declared.
@@ -54,6 +56,8 @@ pub enum Capability {
     Failover,
     /// Archiving the engine's log and restoring to a point in time.
     PointInTime,
+    /// Serving TLS with the certificate the host issues.
+    Tls,
 }
 
 impl Capability {
@@ -64,6 +68,7 @@ impl Capability {
             Capability::Restore => "restore",
             Capability::Failover => "failover",
             Capability::PointInTime => "point-in-time",
+            Capability::Tls => "tls",
         }
     }
 }
@@ -76,6 +81,7 @@ impl Capabilities {
             Capability::Restore => self.restore,
             Capability::Failover => self.failover,
             Capability::PointInTime => self.point_in_time,
+            Capability::Tls => self.tls,
         }
     }
 }
@@ -120,6 +126,20 @@ pub struct EngineSpec {
     pub limits: ResourceAmounts,
     /// Engine parameters, sorted by name.
     pub parameters: Vec<(String, ParameterValue)>,
+    /// TLS files in every member and Job, when the Database asks for TLS (contract 0.2).
+    pub tls: Option<TlsFiles>,
+}
+
+/// Where the host mounts the Database's TLS certificate (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsFiles {
+    /// The certificate, for every Service and member name, server and client use.
+    pub certificate: String,
+    /// Its private key.
+    pub key: String,
+    /// The certificate authority that issued it.
+    pub ca: String,
 }
 
 /// One problem with a spec.
@@ -309,6 +329,8 @@ pub struct MemberQuery {
     pub path: String,
     /// `None`: GET; otherwise POST of this JSON body.
     pub body: Option<String>,
+    /// Over HTTPS (the Database's TLS certificate).
+    pub https: bool,
 }
 
 /// A command run to completion in a Job.

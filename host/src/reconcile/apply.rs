@@ -14,6 +14,7 @@ use super::{Context, Error};
 use crate::build::{Child, Kind, MANAGER, Names, labels};
 use crate::crd::{Database, DeletionPolicy};
 use crate::plugin::Credential;
+use crate::tls;
 
 /// Applies `child` unless the live object already has its hash. Returns the applied
 /// object when a write was made.
@@ -78,18 +79,10 @@ pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credenti
     for c in wanted.iter().filter(|c| !have.contains(&c.key)) {
         missing.insert(c.key.clone(), ByteString(generate(c.length)?.into_bytes()));
     }
-    let owned = db.spec.deletion_policy == DeletionPolicy::Delete;
-    let owners: Vec<_> = if owned { db.controller_owner_ref(&()).into_iter().collect() } else { vec![] };
     match live {
         None => {
             let secret = Secret {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(name),
-                    namespace: Some(ns),
-                    labels: Some(labels(db)),
-                    owner_references: Some(owners),
-                    ..Default::default()
-                },
+                metadata: secret_metadata(db, &name, db.spec.deletion_policy == DeletionPolicy::Delete),
                 data: Some(missing),
                 type_: Some("Opaque".into()),
                 ..Default::default()
@@ -115,6 +108,98 @@ pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credenti
             api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await?;
             Ok(true)
         }
+    }
+}
+
+/// The Database's TLS certificate, in Secret `<name>-tls`: issued by its own authority
+/// (`<name>-ca`, made once and kept like the credentials), again 30 days before it
+/// expires or when the names it must carry change. Returns its stamp (its expiry) for
+/// the pod template; `None` when the Database has no TLS.
+pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Option<String>, Error> {
+    if !db.spec.tls_enabled() {
+        return Ok(None);
+    }
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let n = Names(&name);
+    let names = tls::names(&name, &ns);
+    let hash = tls::names_hash(&names);
+    let now = chrono::Utc::now();
+    let current = |s: &Secret| {
+        let stamp = s.annotations().get(tls::NOT_AFTER);
+        (s.annotations().get(tls::NAMES) == Some(&hash) && !tls::due(stamp.map(String::as_str), now)).then(|| stamp.cloned()).flatten()
+    };
+    if let Some(stamp) = ctx.caches.secret(&ns, &n.tls()).and_then(|s| current(&s)) {
+        return Ok(Some(stamp));
+    }
+    // The cache may be behind a certificate issued a moment ago: ask before issuing.
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Some(stamp) = api.get_opt(&n.tls()).await?.and_then(|s| current(&s)) {
+        return Ok(Some(stamp));
+    }
+    let authority = authority(db, &api).await?;
+    let issued = tls::issue(&name, &ns, &authority.key, &names, now).map_err(Error::Tls)?;
+    let stamp = issued.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let data = BTreeMap::from([
+        (tls::CERTIFICATE.to_string(), ByteString(issued.certificate.into_bytes())),
+        (tls::KEY.to_string(), ByteString(issued.key.into_bytes())),
+        (tls::CA.to_string(), ByteString(authority.certificate.into_bytes())),
+    ]);
+    let annotations = BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone()), (tls::NAMES.to_string(), hash)]);
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta { annotations: Some(annotations), ..secret_metadata(db, &n.tls(), true) },
+        data: Some(data),
+        type_: Some("kubernetes.io/tls".into()),
+        ..Default::default()
+    };
+    api.patch(&n.tls(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await?;
+    tracing::info!(database = %format!("{ns}/{name}"), expires = %stamp, "issued the Database's TLS certificate");
+    Ok(Some(stamp))
+}
+
+/// The Database's certificate authority from its Secret, made the first time. It is kept
+/// like the credentials (owned by the Database only under `Delete`): clients that trust
+/// it keep trusting a Database created again over retained volumes.
+async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Issued, Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let secret_name = Names(&name).authority();
+    let read = |s: Secret| -> Result<tls::Issued, Error> {
+        let data = s.data.unwrap_or_default();
+        let text = |key: &str| {
+            data.get(key)
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                .ok_or_else(|| Error::Tls(format!("Secret {ns}/{secret_name} has no {key}")))
+        };
+        Ok(tls::Issued { certificate: text(tls::CA)?, key: text(tls::CA_KEY)?, not_after: chrono::Utc::now() })
+    };
+    if let Some(live) = api.get_opt(&secret_name).await? {
+        return read(live);
+    }
+    let made = tls::new_authority(&name, &ns, chrono::Utc::now()).map_err(Error::Tls)?;
+    let secret = Secret {
+        metadata: secret_metadata(db, &secret_name, db.spec.deletion_policy == DeletionPolicy::Delete),
+        data: Some(BTreeMap::from([
+            (tls::CA.to_string(), ByteString(made.certificate.clone().into_bytes())),
+            (tls::CA_KEY.to_string(), ByteString(made.key.clone().into_bytes())),
+        ])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &secret).await {
+        Ok(_) => Ok(made),
+        // Made by another pass a moment ago: that one is the authority.
+        Err(kube::Error::Api(e)) if e.code == 409 => read(api.get(&secret_name).await?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::api::ObjectMeta {
+    let owners: Vec<_> = if owned { db.controller_owner_ref(&()).into_iter().collect() } else { vec![] };
+    kube::api::ObjectMeta {
+        name: Some(name.into()),
+        namespace: db.namespace(),
+        labels: Some(labels(db)),
+        owner_references: Some(owners),
+        ..Default::default()
     }
 }
 

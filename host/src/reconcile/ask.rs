@@ -3,7 +3,12 @@
 //! way an in-cluster operator reaches its instances. Every request is bounded before
 //! anything is spent on it (one client, 2 s per request, 16 KiB per answer), and a
 //! member that does not answer in time is simply one without an answer.
+//!
+//! Over HTTPS each member is asked under its own DNS name (`<pod>.<headless Service>`,
+//! which its certificate carries), connected to at its pod address, and verified
+//! against the Database's certificate authority alone.
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -16,35 +21,80 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest answer read; a longer one is no answer.
 pub const MAX_ANSWER: usize = 16 << 10;
 
-/// The client every question goes through (plain HTTP, no proxy, no redirects).
-pub fn client() -> reqwest::Client {
+fn builder() -> reqwest::ClientBuilder {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(ANSWER_TIMEOUT)
         .connect_timeout(ANSWER_TIMEOUT)
-        .build()
-        .expect("an HTTP client with no TLS settings of its own builds")
+}
+
+/// The client every plain question goes through (HTTP, no proxy, no redirects).
+pub fn client() -> reqwest::Client {
+    builder().build().expect("an HTTP client with no TLS settings of its own builds")
+}
+
+/// How the members are reached.
+pub enum Transport<'a> {
+    /// Plain HTTP to each member's address, through the shared client.
+    Plain(&'a reqwest::Client),
+    /// HTTPS to `<pod>.<domain>` at the member's address, trusting only `ca` (PEM).
+    Tls {
+        /// The Database's certificate authority.
+        ca: &'a [u8],
+        /// The headless Service's name, under which each member has its own.
+        domain: &'a str,
+    },
 }
 
 /// Each member's answer to `query`, in the order of `members`: `None` for a member
 /// that has no address yet, is being deleted, or did not answer 2xx within bounds.
-pub async fn answers(client: &reqwest::Client, query: &MemberQuery, members: &[Observed]) -> Vec<Option<String>> {
-    join_all(members.iter().map(|m| async move {
-        let address = m.address.as_deref().filter(|_| !m.terminating)?;
-        ask(client, query, address).await.map_err(|e| tracing::debug!(member = %m.name, "no answer: {e}")).ok()
+pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[Observed]) -> Vec<Option<String>> {
+    let reachable = |m: &Observed| m.address.as_deref().filter(|_| !m.terminating)?.parse::<IpAddr>().ok();
+    let (client, domain) = match transport {
+        Transport::Plain(client) => (client.clone(), None),
+        Transport::Tls { ca, domain } => {
+            let ca = match reqwest::Certificate::from_pem(ca) {
+                Ok(ca) => ca,
+                Err(e) => {
+                    tracing::warn!("the Database's certificate authority is not PEM: {e}");
+                    return vec![None; members.len()];
+                }
+            };
+            let mut builder = builder().tls_certs_only([ca]);
+            for m in members {
+                if let Some(ip) = reachable(m) {
+                    builder = builder.resolve(&format!("{}.{domain}", m.name), SocketAddr::new(ip, query.port));
+                }
+            }
+            let Ok(client) = builder.build().map_err(|e| tracing::warn!("no HTTPS client for the members: {e}")) else {
+                return vec![None; members.len()];
+            };
+            (client, Some(domain))
+        }
+    };
+    join_all(members.iter().map(|m| {
+        let client = &client;
+        async move {
+            let ip = reachable(m)?;
+            let base = match domain {
+                Some(domain) => format!("https://{}.{domain}", m.name),
+                None if ip.is_ipv6() => format!("http://[{ip}]"),
+                None => format!("http://{ip}"),
+            };
+            let url = format!("{base}:{}{}", query.port, query.path);
+            ask(client, query, &url).await.map_err(|e| tracing::debug!(member = %m.name, "no answer: {e}")).ok()
+        }
     }))
     .await
 }
 
-/// `query` sent to the member at `address`.
-async fn ask(client: &reqwest::Client, query: &MemberQuery, address: &str) -> Result<String, String> {
-    let host = if address.contains(':') { format!("[{address}]") } else { address.to_string() };
-    let url = format!("http://{host}:{}{}", query.port, query.path);
+/// `query` sent to `url`.
+async fn ask(client: &reqwest::Client, query: &MemberQuery, url: &str) -> Result<String, String> {
     let request = match &query.body {
-        Some(body) => client.post(&url).header(http::header::CONTENT_TYPE, "application/json").body(body.clone()),
-        None => client.get(&url),
+        Some(body) => client.post(url).header(http::header::CONTENT_TYPE, "application/json").body(body.clone()),
+        None => client.get(url),
     };
     let mut response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
     if !response.status().is_success() {
@@ -104,14 +154,14 @@ mod tests {
         let (ok_ip, ok_port) = ok.split_once(':').expect("ip:port");
         let gone = Observed { terminating: true, ..member("db-2", Some(ok_ip.into())) };
         let members = [member("db-0", Some(ok_ip.into())), member("db-1", None), gone];
-        let query = MemberQuery { port: ok_port.parse().expect("port"), path: "/status".into(), body: Some("{}".into()) };
-        let said = answers(&client(), &query, &members).await;
+        let query = MemberQuery { port: ok_port.parse().expect("port"), path: "/status".into(), body: Some("{}".into()), https: false };
+        let said = answers(Transport::Plain(&client()), &query, &members).await;
         assert_eq!(said, vec![Some(r#"{"leader":"7"}"#.to_string()), None, None], "no address, or being deleted: not asked");
 
         for (address, what) in [(refused, "a 503"), (long, "an answer over 16 KiB")] {
             let (ip, port) = address.split_once(':').expect("ip:port");
-            let query = MemberQuery { port: port.parse().expect("port"), path: "/status".into(), body: None };
-            let said = answers(&client(), &query, &[member("db-0", Some(ip.into()))]).await;
+            let query = MemberQuery { port: port.parse().expect("port"), path: "/status".into(), body: None, https: false };
+            let said = answers(Transport::Plain(&client()), &query, &[member("db-0", Some(ip.into()))]).await;
             assert_eq!(said, vec![None], "{what} is no answer");
         }
     }

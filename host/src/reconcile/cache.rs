@@ -281,6 +281,11 @@ impl Caches {
         get(&self.secrets, namespace, name).map(|s| s.data.iter().flat_map(|d| d.keys().cloned()).collect())
     }
 
+    /// Secret `namespace/name`: its metadata and key names (values are not cached).
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
+        get(&self.secrets, namespace, name)
+    }
+
     /// StatefulSet `namespace/name`, without its pod template.
     pub fn stateful_set(&self, namespace: &str, name: &str) -> Option<Arc<StatefulSet>> {
         get(&self.stateful_sets, namespace, name)

@@ -104,6 +104,8 @@ struct Pass<'a> {
     ns: String,
     generation: Option<i64>,
     status: DatabaseStatus,
+    /// The stamp of the TLS certificate the members mount, once the render stage made sure of it.
+    tls: Option<String>,
 }
 
 /// The engine's plugin and the spec it accepted (at the desired version).
@@ -171,6 +173,7 @@ impl<'a> Pass<'a> {
             ns: db.namespace().unwrap_or_default(),
             generation: db.metadata.generation,
             status: db.status.clone().unwrap_or_default(),
+            tls: None,
         }
     }
 
@@ -196,6 +199,12 @@ impl<'a> Pass<'a> {
             return self.stop(kind::PLUGIN_READY, Reason::EngineNotFound, message).await;
         };
         self.status.plugin = Some(plugin.id());
+        if db.spec.tls_enabled()
+            && let Some(why) = plugin.lacks(Capability::Tls)
+        {
+            let message = format!("spec.tls: TLS cannot be configured: {why}");
+            return self.stop(kind::PLUGIN_READY, Reason::CapabilityMissing, message).await;
+        }
         let version = if db.spec.version.is_empty() { plugin.info().default_version.clone() } else { db.spec.version.clone() };
         let spec = match build::engine_spec(db, &version) {
             Ok(spec) => spec,
@@ -311,7 +320,18 @@ impl<'a> Pass<'a> {
         let (ctx, db, generation) = (self.ctx, self.db, self.generation);
         // Host policy lets a workload carry a member query only with `elects-leader`.
         let Some(query) = workload.member_query.as_ref() else { return Ok(primary) };
-        let answers = super::ask::answers(&ctx.members_client, query, &members.observed).await;
+        let ca = match (query.https, spec.tls.is_some()) {
+            (false, _) => None,
+            (true, true) => Some(self.authority_certificate().await?),
+            // Host policy refuses a member query over HTTPS without TLS.
+            (true, false) => return Ok(primary),
+        };
+        let domain = build::cluster_context(db, &primary.name, false).headless_host;
+        let transport = match &ca {
+            Some(ca) => super::ask::Transport::Tls { ca, domain: &domain },
+            None => super::ask::Transport::Plain(&ctx.members_client),
+        };
+        let answers = super::ask::answers(transport, query, &members.observed).await;
         let mut candidates = members::for_plugin(&members.observed, &primary.name);
         for (member, answer) in candidates.iter_mut().zip(answers) {
             member.answer = answer;
@@ -338,6 +358,14 @@ impl<'a> Pass<'a> {
                 Ok(primary)
             }
         }
+    }
+
+    /// The certificate of the Database's authority (PEM), from its TLS Secret; empty until
+    /// the Secret is there.
+    async fn authority_certificate(&self) -> Result<Vec<u8>, Error> {
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let secret = secrets.get_opt(&Names(&self.name).tls()).await?;
+        Ok(secret.and_then(|s| s.data).and_then(|mut d| d.remove(crate::tls::CA)).map(|b| b.0).unwrap_or_default())
     }
 
     /// The primary is lost and stays so: `Degraded` says why (an Event the first time).
@@ -384,6 +412,7 @@ impl<'a> Pass<'a> {
         };
         status::set(&mut self.status.conditions, kind::PLUGIN_READY, true, reason, message, self.generation);
         apply::ensure_credentials(ctx, db, &workload.credentials).await?;
+        self.tls = apply::ensure_tls(ctx, db).await?;
         Ok(ControlFlow::Continue(workload))
     }
 
@@ -445,7 +474,7 @@ impl<'a> Pass<'a> {
     ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
-        for child in build::children(db, workload, &db.spec.engine, primary, archiver, replicas) {
+        for child in build::children(db, workload, &db.spec.engine, primary, archiver, replicas, self.tls.as_deref()) {
             let applied = apply::apply(ctx, ns, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
                 stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));

@@ -227,6 +227,9 @@ pub enum Error {
     /// The CSPRNG failed.
     #[error("random source: {0}")]
     Random(String),
+    /// A TLS certificate could not be issued.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The engine's plugin calls are queued as deep as they may be: the pass ends and
     /// is tried again shortly, without holding a reconcile slot meanwhile.
     #[error(transparent)]

@@ -103,6 +103,8 @@ pub enum Reason {
     DeletedWithoutBackup,
     /// The API server refused a write for a reason a user can act on.
     WriteRefused,
+    /// The spec asks for something the engine's plugin does not declare it can do.
+    CapabilityMissing,
 }
 
 impl Reason {
@@ -146,6 +148,7 @@ impl Reason {
             Reason::FinalBackupImpossible => "FinalBackupImpossible",
             Reason::DeletedWithoutBackup => "DeletedWithoutBackup",
             Reason::WriteRefused => "WriteRefused",
+            Reason::CapabilityMissing => "CapabilityMissing",
         }
     }
 }

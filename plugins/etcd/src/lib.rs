@@ -11,6 +11,9 @@
 //!   new cluster from what the cluster lists.
 //! - Backups are snapshots (`etcdctl snapshot save`); a restore makes member 0's data
 //!   from one, and the other members join it.
+//! - TLS (`spec.tls`): clients and members reach each other over HTTPS with the
+//!   Database's certificate; members verify each other both ways. Chosen at creation:
+//!   a member's peer address, scheme included, is part of etcd's membership.
 //! - The image is the project's etcd image: Debian's `etcd-server` and `etcd-client`
 //!   (a shell for the start script, `etcdctl` for the Jobs).
 
@@ -59,13 +62,38 @@ fn integer(spec: &DatabaseSpec, name: &str) -> Option<i64> {
     spec.parameters.iter().find(|p| p.name == name).and_then(parameter_integer)
 }
 
-/// The cluster-wide variables of members and Jobs: who the members are.
+fn scheme(spec: &DatabaseSpec) -> &'static str {
+    if spec.tls.is_some() { "https" } else { "http" }
+}
+
+/// The cluster-wide variables of members and Jobs: who the members are, and how they
+/// are reached (`SCHEME`; with TLS, etcdctl verifies them against the Database's authority).
 fn cluster_env(spec: &DatabaseSpec, headless_host: &str) -> Vec<EnvVar> {
-    vec![
+    let mut env = vec![
         env_value("HEADLESS_HOST", headless_host),
         env_value("CLUSTER_TOKEN", format!("{}-{}", spec.namespace, spec.name)),
         env_value("DATA_DIR", format!("{DATA_MOUNT}/data")),
         env_value("ETCDCTL_API", "3"),
+        env_value("SCHEME", scheme(spec)),
+    ];
+    if let Some(tls) = &spec.tls {
+        env.push(env_value("ETCDCTL_CACERT", tls.ca.clone()));
+    }
+    env
+}
+
+/// A member's TLS, in etcd's own variables: clients verify the member; members verify
+/// each other both ways, trusting any certificate of the Database's authority (a peer
+/// connects from its pod address, which no certificate names).
+fn member_tls_env(tls: &TlsFiles) -> Vec<EnvVar> {
+    vec![
+        env_value("ETCD_CERT_FILE", tls.certificate.clone()),
+        env_value("ETCD_KEY_FILE", tls.key.clone()),
+        env_value("ETCD_PEER_CERT_FILE", tls.certificate.clone()),
+        env_value("ETCD_PEER_KEY_FILE", tls.key.clone()),
+        env_value("ETCD_PEER_TRUSTED_CA_FILE", tls.ca.clone()),
+        env_value("ETCD_PEER_CLIENT_CERT_AUTH", "true"),
+        env_value("ETCD_EXPERIMENTAL_PEER_SKIP_CLIENT_SAN_VERIFICATION", "true"),
     ]
 }
 
@@ -75,8 +103,8 @@ fn member_job(spec: &DatabaseSpec, ordinal: u32, script: &str) -> ScaleStep {
     let mut env = cluster_env(spec, &headless);
     env.push(env_value("MEMBER", format!("{}-{ordinal}", spec.name)));
     let script = format!(
-        "set -eu; peer=\"http://$MEMBER.$HEADLESS_HOST:{PEER_PORT}\"; \
-         ctl() {{ etcdctl --endpoints=\"http://$HEADLESS_HOST:{CLIENT_PORT}\" --command-timeout=10s \"$@\"; }}; \
+        "set -eu; peer=\"$SCHEME://$MEMBER.$HEADLESS_HOST:{PEER_PORT}\"; \
+         ctl() {{ etcdctl --endpoints=\"$SCHEME://$HEADLESS_HOST:{CLIENT_PORT}\" --command-timeout=10s \"$@\"; }}; \
          line=$(ctl member list | grep \", $peer, \" || true); {script}"
     );
     ScaleStep::Job(JobPlan { image: image(&spec.version), command: shell(&script), env, mounts_data: false })
@@ -116,7 +144,11 @@ impl Engine for Etcd {
             supported_versions: VERSIONS.iter().map(|v| v.to_string()).collect(),
             default_version: VERSIONS[0].into(),
             default_port: CLIENT_PORT,
-            capabilities: Capabilities::BACKUP | Capabilities::RESTORE | Capabilities::ELECTS_LEADER | Capabilities::ONLINE_UPGRADE,
+            capabilities: Capabilities::BACKUP
+                | Capabilities::RESTORE
+                | Capabilities::ELECTS_LEADER
+                | Capabilities::ONLINE_UPGRADE
+                | Capabilities::TLS,
         }
     }
 
@@ -146,6 +178,10 @@ impl Engine for Etcd {
         for p in &spec.parameters {
             env.push(env_value(&format!("ETCD_{}", p.name.to_uppercase().replace('-', "_")), parameter_text(p)));
         }
+        if let Some(tls) = &spec.tls {
+            env.extend(member_tls_env(tls));
+        }
+        let https = spec.tls.is_some();
         let probe = |action, initial_delay_seconds, failure_threshold| Probe {
             action,
             initial_delay_seconds,
@@ -160,7 +196,7 @@ impl Engine for Etcd {
             env,
             ports: vec![Port { name: "client".into(), port: CLIENT_PORT }, Port { name: "peer".into(), port: PEER_PORT }],
             // Ready while the member serves with a leader; alive while it listens.
-            readiness: Some(probe(ProbeAction::HttpGet(HttpGet { path: "/health".into(), port: CLIENT_PORT, https: false }), 2, 2)),
+            readiness: Some(probe(ProbeAction::HttpGet(HttpGet { path: "/health".into(), port: CLIENT_PORT, https }), 2, 2)),
             liveness: Some(probe(ProbeAction::TcpSocket(PEER_PORT), 60, 12)),
             config_files: vec![ConfigFile { name: "start.sh".into(), content: START.into() }],
             data_mount_path: DATA_MOUNT.into(),
@@ -168,7 +204,7 @@ impl Engine for Etcd {
             recommended: ResourceAmounts { cpu_millis: Some(250), memory_bytes: Some(512 << 20) },
             run_as_user: UID,
             init_containers: vec![],
-            member_query: Some(MemberQuery { port: CLIENT_PORT, path: "/v3/maintenance/status".into(), body: Some("{}".into()) }),
+            member_query: Some(MemberQuery { port: CLIENT_PORT, path: "/v3/maintenance/status".into(), body: Some("{}".into()), https }),
         })
     }
 
@@ -243,7 +279,7 @@ impl Engine for Etcd {
         env.extend([
             env_value("BACKUP_DIR", location.directory.clone()),
             env_value("BACKUP_NAME", location.artifact.clone()),
-            env_value("ENDPOINT", format!("http://{}:{CLIENT_PORT}", location.host)),
+            env_value("ENDPOINT", format!("{}://{}:{CLIENT_PORT}", scheme(&spec), location.host)),
         ]);
         Ok(JobPlan {
             image: image(&spec.version),
@@ -273,7 +309,7 @@ impl Engine for Etcd {
                 "set -eu; src=\"$BACKUP_DIR/$BACKUP_NAME/snapshot.db\"; \
                  test -f \"$src\" || {{ echo \"backup $src not found\" >&2; exit 1; }}; \
                  if [ -d \"$DATA_DIR/member\" ]; then echo \"refusing to restore over the existing data in $DATA_DIR\" >&2; exit 1; fi; \
-                 peer=\"http://$MEMBER.$HEADLESS_HOST:{PEER_PORT}\"; tmp=\"$DATA_DIR.restore\"; rm -rf \"$tmp\"; \
+                 peer=\"$SCHEME://$MEMBER.$HEADLESS_HOST:{PEER_PORT}\"; tmp=\"$DATA_DIR.restore\"; rm -rf \"$tmp\"; \
                  if command -v etcdutl >/dev/null; then tool=etcdutl; else tool=etcdctl; fi; \
                  \"$tool\" snapshot restore \"$src\" --data-dir \"$tmp\" --name \"$MEMBER\" --initial-cluster \"$MEMBER=$peer\" \
                    --initial-cluster-token \"$CLUSTER_TOKEN\" --initial-advertise-peer-urls \"$peer\"; \

@@ -17,12 +17,12 @@ trap 'exit 0' TERM INT
 pause() { sleep "$1" & wait $!; }
 me=$POD_NAME
 ordinal=${me##*-}
-peer="http://$me.$HEADLESS_HOST:2380"
-client="http://$me.$HEADLESS_HOST:2379"
+peer="$SCHEME://$me.$HEADLESS_HOST:2380"
+client="$SCHEME://$me.$HEADLESS_HOST:2379"
 data=$DATA_DIR
 mkdir -p "$data"
 chmod 700 "$data"
-ctl() { etcdctl --endpoints="http://$HEADLESS_HOST:2379" --dial-timeout=2s --command-timeout=5s "$@"; }
+ctl() { etcdctl --endpoints="$SCHEME://$HEADLESS_HOST:2379" --dial-timeout=2s --command-timeout=5s "$@"; }
 say() { echo "plugdb: $*" >&2; }
 
 # promote_when_caught_up ID: in the background, until etcd accepts it (a learner is
@@ -36,7 +36,7 @@ promote_when_caught_up() {
 
 start() { # start STATE [INITIAL_CLUSTER]
   exec etcd --name "$me" --data-dir "$data" \
-    --listen-peer-urls http://0.0.0.0:2380 --listen-client-urls http://0.0.0.0:2379 \
+    --listen-peer-urls "$SCHEME://0.0.0.0:2380" --listen-client-urls "$SCHEME://0.0.0.0:2379" \
     --initial-advertise-peer-urls "$peer" --advertise-client-urls "$client" \
     --initial-cluster-token "$CLUSTER_TOKEN" --initial-cluster-state "$1" --initial-cluster "${2:-$me=$peer}"
 }
@@ -63,6 +63,11 @@ while :; do
     elif [ -n "$line" ]; then
       say "$me lost its data: replacing its membership"
       ctl member remove "$(printf '%s\n' "$line" | cut -d, -f1)" || { pause 2; continue; }
+    elif [ -d "$data/member" ] && printf '%s\n' "$list" | grep -q ", $me, "; then
+      say "the cluster lists $me under another peer address than $peer: etcd cannot change a member's scheme in place," \
+        "so TLS is chosen when the Database is created (restore a backup into a new Database to change it)"
+      pause 30
+      continue
     elif [ -d "$data/member" ]; then
       say "$me was removed from the cluster; waiting to be added again"
       pause 5

@@ -10,6 +10,7 @@ fn spec(replicas: u32, parameters: Vec<(&str, ParameterValue)>) -> DatabaseSpec 
         requests: ResourceAmounts { cpu_millis: None, memory_bytes: None },
         limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(512 << 20) },
         parameters: parameters.into_iter().map(|(n, value)| Parameter { name: n.into(), value }).collect(),
+        tls: None,
     }
 }
 
@@ -155,7 +156,10 @@ fn parameters_are_etcds_own_variables_with_64_bit_integers_as_written() {
 #[test]
 fn members_are_asked_their_status_and_a_new_leader_renders_nothing_new() {
     let workload = Etcd::render(spec(3, vec![]), cluster("config-0")).expect("render");
-    assert_eq!(workload.member_query, Some(MemberQuery { port: 2379, path: "/v3/maintenance/status".into(), body: Some("{}".into()) }));
+    assert_eq!(
+        workload.member_query,
+        Some(MemberQuery { port: 2379, path: "/v3/maintenance/status".into(), body: Some("{}".into()), https: false })
+    );
     assert!(Etcd::info().capabilities & Capabilities::ELECTS_LEADER == Capabilities::ELECTS_LEADER);
     assert_eq!(Etcd::render(spec(3, vec![]), cluster("config-2")), Ok(workload), "the workload does not depend on who leads");
 }
@@ -179,4 +183,49 @@ fn a_snapshot_is_restored_into_member_0_only_and_never_to_a_moment() {
     assert!(refused.contains("no log to replay"), "{refused}");
     let backup = Etcd::backup(spec(3, vec![]), location(None)).expect("backup");
     assert!(backup.command.join(" ").contains("snapshot save"), "{:?}", backup.command);
+}
+
+fn tls() -> TlsFiles {
+    TlsFiles { certificate: "/etc/plugdb-tls/tls.crt".into(), key: "/etc/plugdb-tls/tls.key".into(), ca: "/etc/plugdb-tls/ca.crt".into() }
+}
+
+fn value(env: &[EnvVar], name: &str) -> Option<String> {
+    env.iter().find(|e| e.name == name).and_then(|e| match &e.source {
+        EnvSource::Value(v) => Some(v.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn with_tls_members_clients_and_jobs_speak_https_and_peers_verify_each_other() {
+    let plain = Etcd::render(spec(3, vec![]), cluster("config-0")).expect("render");
+    assert_eq!(value(&plain.env, "SCHEME").as_deref(), Some("http"));
+    assert_eq!(value(&plain.env, "ETCD_CERT_FILE"), None);
+
+    let secured = DatabaseSpec { tls: Some(tls()), ..spec(3, vec![]) };
+    let w = Etcd::render(secured.clone(), cluster("config-0")).expect("render");
+    assert_eq!(value(&w.env, "SCHEME").as_deref(), Some("https"));
+    assert_eq!(value(&w.env, "ETCD_CERT_FILE").as_deref(), Some("/etc/plugdb-tls/tls.crt"));
+    assert_eq!(value(&w.env, "ETCD_PEER_TRUSTED_CA_FILE").as_deref(), Some("/etc/plugdb-tls/ca.crt"));
+    assert_eq!(value(&w.env, "ETCD_PEER_CLIENT_CERT_AUTH").as_deref(), Some("true"));
+    assert_eq!(value(&w.env, "ETCDCTL_CACERT").as_deref(), Some("/etc/plugdb-tls/ca.crt"), "etcdctl verifies the members");
+    assert!(w.member_query.is_some_and(|q| q.https), "the host asks over HTTPS");
+    assert!(matches!(w.readiness.map(|p| p.action), Some(ProbeAction::HttpGet(HttpGet { https: true, .. }))));
+    assert!(Etcd::info().capabilities & Capabilities::TLS == Capabilities::TLS);
+
+    let added = Etcd::plan_scale(secured.clone(), 1, vec![member(0, true, None)]).expect("plan");
+    let ScaleStep::Job(job) = &added[0] else { panic!("a Job first: {added:?}") };
+    assert_eq!(value(&job.env, "SCHEME").as_deref(), Some("https"));
+    assert_eq!(value(&job.env, "ETCDCTL_CACERT").as_deref(), Some("/etc/plugdb-tls/ca.crt"));
+    let location = BackupLocation {
+        directory: "/backups".into(),
+        artifact: "config-1".into(),
+        host: "config.infra.svc".into(),
+        credentials_secret: "config-credentials".into(),
+        cluster: cluster("config-0"),
+        archive_directory: None,
+        point_in_time: None,
+    };
+    let backup = Etcd::backup(secured, location).expect("backup");
+    assert_eq!(value(&backup.env, "ENDPOINT").as_deref(), Some("https://config.infra.svc:2379"));
 }

@@ -102,7 +102,7 @@ until local_sql -e 'SELECT 1' >/dev/null 2>&1; do
 done
 
 if [ "$POD_NAME" != "$PRIMARY_POD" ] && [ ! -f "$volume/plugdb-replica" ]; then
-  until mariadb-dump -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" -uroot -p"$MARIADB_ROOT_PASSWORD" \
+  until mariadb-dump -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -uroot -p"$MARIADB_ROOT_PASSWORD" \
       --all-databases --single-transaction --gtid --master-data=1 --routines --events --triggers > "$volume/clone.sql"; do
     echo "waiting for the primary at $PRIMARY_HOST:$PRIMARY_PORT to be dumped" >&2
     sleep 2
@@ -110,8 +110,20 @@ if [ "$POD_NAME" != "$PRIMARY_POD" ] && [ ! -f "$volume/plugdb-replica" ]; then
   # The dump carries the primary's accounts; re-apply ours after loading it.
   cat "$volume/clone.sql" "$volume/init.sql" | local_sql --init-command='SET SESSION sql_log_bin = 0'
   rm -f "$volume/clone.sql"
-  local_sql -e "SET SESSION sql_log_bin = 0; FLUSH PRIVILEGES; CHANGE MASTER TO MASTER_HOST='$PRIMARY_HOST', MASTER_PORT=$PRIMARY_PORT, MASTER_USER='replicator', MASTER_PASSWORD='$REPLICATION_PASSWORD', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=2; START SLAVE;"
+  local_sql -e "SET SESSION sql_log_bin = 0; FLUSH PRIVILEGES; CHANGE MASTER TO MASTER_HOST='$PRIMARY_HOST', MASTER_PORT=$PRIMARY_PORT, MASTER_USER='replicator', MASTER_PASSWORD='$REPLICATION_PASSWORD', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=2${REPLICATION_TLS:+, $REPLICATION_TLS}; START SLAVE;"
   touch "$volume/plugdb-replica"
+  [ -z "${REPLICATION_TLS:-}" ] || touch "$volume/plugdb-replica-tls"
+elif [ "$POD_NAME" != "$PRIMARY_POD" ]; then
+  # TLS may have been turned on or off since this replica began to follow: follow the spec.
+  change=""
+  if [ -n "${REPLICATION_TLS:-}" ]; then
+    change="$REPLICATION_TLS"
+    touch "$volume/plugdb-replica-tls"
+  elif [ -f "$volume/plugdb-replica-tls" ]; then
+    change="MASTER_SSL_CA='', MASTER_SSL_VERIFY_SERVER_CERT=0"
+    rm -f "$volume/plugdb-replica-tls"
+  fi
+  [ -z "$change" ] || local_sql -e "STOP SLAVE; CHANGE MASTER TO $change; START SLAVE;"
 fi
 if [ "$POD_NAME" = "$PRIMARY_POD" ] && [ -f "$volume/plugdb-replica" ]; then
   # Promoted: this member no longer follows anyone.

@@ -73,8 +73,26 @@ fn my_cnf(spec: &DatabaseSpec) -> String {
         "gtid_strict_mode = ON".into(),
         "character_set_server = utf8mb4".into(),
     ];
+    if let Some(tls) = &spec.tls {
+        lines.push(format!("ssl_cert = {}", tls.certificate));
+        lines.push(format!("ssl_key = {}", tls.key));
+        lines.push(format!("ssl_ca = {}", tls.ca));
+        // Connections over the socket count as secure; every network one needs TLS.
+        lines.push("require_secure_transport = ON".into());
+    }
     lines.extend(settings.iter().map(|(k, v)| format!("{k} = {v}")));
     lines.join("\n") + "\n"
+}
+
+/// With TLS: `CLIENT_TLS`, the options every network client of a member or Job adds
+/// (verify the server against the Database's authority, and its name), and
+/// `REPLICATION_TLS`, the same for a replica's connection to the primary.
+fn tls_env(spec: &DatabaseSpec) -> Vec<EnvVar> {
+    let Some(tls) = &spec.tls else { return vec![] };
+    vec![
+        env_value("CLIENT_TLS", format!("--ssl-ca={} --ssl-verify-server-cert", tls.ca)),
+        env_value("REPLICATION_TLS", format!("MASTER_SSL=1, MASTER_SSL_CA='{}', MASTER_SSL_VERIFY_SERVER_CERT=1", tls.ca)),
+    ]
 }
 
 /// A GTID position (`0-1-42,1-2-7`) as sequence numbers by replication domain.
@@ -118,7 +136,7 @@ fn stop_datetime(rfc3339: &str) -> String {
     whole.replacen('T', " ", 1)
 }
 
-fn job_env(location: &BackupLocation) -> Vec<EnvVar> {
+fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
     let mut env = vec![
         env_value("BACKUP_DIR", location.directory.clone()),
         env_value("BACKUP_NAME", location.artifact.clone()),
@@ -127,6 +145,7 @@ fn job_env(location: &BackupLocation) -> Vec<EnvVar> {
         env_secret("MARIADB_ROOT_PASSWORD", &location.credentials_secret, ROOT_KEY),
         env_secret("REPLICATION_PASSWORD", &location.credentials_secret, REPLICATION_KEY),
     ];
+    env.extend(tls_env(spec));
     if let (Some(at), Some(dir)) = (&location.point_in_time, &location.archive_directory) {
         env.push(env_value("POINT_IN_TIME", stop_datetime(at)));
         env.push(env_value("ARCHIVE_DIR", dir.clone()));
@@ -148,7 +167,8 @@ impl Engine for Mysql {
                 | Capabilities::FAILOVER
                 | Capabilities::ONLINE_UPGRADE
                 | Capabilities::MAJOR_UPGRADE
-                | Capabilities::POINT_IN_TIME,
+                | Capabilities::POINT_IN_TIME
+                | Capabilities::TLS,
         }
     }
 
@@ -185,6 +205,7 @@ impl Engine for Mysql {
             env_secret("MARIADB_ROOT_PASSWORD", s, ROOT_KEY),
             env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
         ];
+        env.extend(tls_env(&spec));
         if let Some(dir) = &cluster.archive_directory {
             env.push(env_value("ARCHIVE_DIR", dir.clone()));
             env.push(env_value("ARCHIVE_TIMEOUT", archive_timeout(&spec).to_string()));
@@ -256,14 +277,17 @@ impl Engine for Mysql {
             // mariadb-upgrade (11.x) writes its info file under the datadir path the server
             // reports, also when the server is remote: give it that path in the Job.
             command: shell(
-                "set -eu; mkdir -p \"$DATADIR\"; mariadb-upgrade -h \"$PRIMARY_HOST\" -P \"$PRIMARY_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\"",
+                "set -eu; mkdir -p \"$DATADIR\"; mariadb-upgrade -h \"$PRIMARY_HOST\" -P \"$PRIMARY_PORT\" ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\"",
             ),
-            env: vec![
+            env: [
                 env_value("DATADIR", format!("{DATA_MOUNT}/data")),
                 env_value("PRIMARY_HOST", format!("{}.{}.svc", spec.name, spec.namespace)),
                 env_value("PRIMARY_PORT", PORT.to_string()),
                 env_secret("MARIADB_ROOT_PASSWORD", &format!("{}-credentials", spec.name), ROOT_KEY),
-            ],
+            ]
+            .into_iter()
+            .chain(tls_env(&spec))
+            .collect(),
             mounts_data: false,
         };
         Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart, UpgradeStep::Job(upgrade)], backup_first: true })
@@ -303,16 +327,16 @@ impl Engine for Mysql {
             image: image(&spec.version),
             command: shell(
                 "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; mkdir -p \"$out.partial\"; \
-                 mariadb-dump -h \"$DB_HOST\" -P \"$DB_PORT\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" --all-databases --single-transaction \
+                 mariadb-dump -h \"$DB_HOST\" -P \"$DB_PORT\" ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" --all-databases --single-transaction \
                  --gtid --master-data=2 --routines --events --triggers | gzip > \"$out.partial/dump.sql.gz\"; mv \"$out.partial\" \"$out\"",
             ),
-            env: job_env(&location),
+            env: job_env(&spec, &location),
             mounts_data: false,
         })
     }
 
     fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
-        Ok(JobPlan { image: image(&spec.version), command: shell(RESTORE), env: job_env(&location), mounts_data: false })
+        Ok(JobPlan { image: image(&spec.version), command: shell(RESTORE), env: job_env(&spec, &location), mounts_data: false })
     }
 }
 

@@ -4,7 +4,7 @@
 set -eu
 src="$BACKUP_DIR/$BACKUP_NAME/dump.sql.gz"
 test -f "$src" || { echo "backup $src not found" >&2; exit 1; }
-sql() { mariadb -h "$DB_HOST" -P "$DB_PORT" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
+sql() { mariadb -h "$DB_HOST" -P "$DB_PORT" ${CLIENT_TLS:-} -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
 # To a point in time, the dump loads outside the binary log; afterwards the log restarts
 # at the source's GTID position when the dump was taken (a comment in the dump, noted on
 # the way through), so that the server's position says what has been replayed.

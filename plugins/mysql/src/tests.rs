@@ -10,6 +10,7 @@ fn spec(version: &str) -> DatabaseSpec {
         requests: ResourceAmounts { cpu_millis: None, memory_bytes: None },
         limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(2 << 30) },
         parameters: vec![],
+        tls: None,
     }
 }
 
@@ -181,4 +182,54 @@ fn an_archive_directory_hands_binary_logs_over_and_a_point_in_time_restore_repla
         assert_eq!(value(&pitr, "POINT_IN_TIME").as_deref(), Some(stop), "{at}");
     }
     assert!(Mysql::info().capabilities & Capabilities::POINT_IN_TIME == Capabilities::POINT_IN_TIME);
+}
+
+#[test]
+fn with_tls_the_server_requires_it_and_replicas_and_jobs_verify_the_primary() {
+    let cluster = cluster();
+    let tls = TlsFiles {
+        certificate: "/etc/plugdb-tls/tls.crt".into(),
+        key: "/etc/plugdb-tls/tls.key".into(),
+        ca: "/etc/plugdb-tls/ca.crt".into(),
+    };
+    let named = |env: &[EnvVar], name: &str| env.iter().any(|e| e.name == name);
+    assert!(!my_cnf(&spec("11.8")).contains("ssl"), "no TLS unless asked");
+    let plain = Mysql::render(spec("11.8"), cluster.clone()).expect("renders");
+    assert!(!named(&plain.env, "CLIENT_TLS"));
+
+    let secured = DatabaseSpec { tls: Some(tls), ..spec("11.8") };
+    let cnf = my_cnf(&secured);
+    assert!(cnf.contains("ssl_cert = /etc/plugdb-tls/tls.crt\n") && cnf.contains("ssl_ca = /etc/plugdb-tls/ca.crt\n"), "{cnf}");
+    assert!(cnf.contains("require_secure_transport = ON\n"), "{cnf}");
+    let w = Mysql::render(secured.clone(), cluster.clone()).expect("renders");
+    assert!(w.env.contains(&env_value("CLIENT_TLS", "--ssl-ca=/etc/plugdb-tls/ca.crt --ssl-verify-server-cert")));
+    let replication = w.env.iter().find(|e| e.name == "REPLICATION_TLS").map(|e| format!("{:?}", e.source)).unwrap_or_default();
+    assert!(replication.contains("MASTER_SSL_VERIFY_SERVER_CERT=1"), "{replication}");
+
+    let location = BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster,
+        archive_directory: None,
+        point_in_time: None,
+    };
+    let backup = Mysql::backup(secured.clone(), location.clone()).expect("backup");
+    assert!(named(&backup.env, "CLIENT_TLS") && backup.command.join(" ").contains("${CLIENT_TLS:-}"));
+    assert!(named(&Mysql::restore(secured, location).expect("restore").env, "CLIENT_TLS"));
+    assert!(Mysql::info().capabilities & Capabilities::TLS == Capabilities::TLS);
+}
+
+/// The cluster facts of Database `shop/orders`, no archive, no restore.
+fn cluster() -> ClusterContext {
+    ClusterContext {
+        primary_host: "orders.shop.svc".into(),
+        headless_host: "orders-headless.shop.svc".into(),
+        primary_pod: "orders-0".into(),
+        credentials_secret: "orders-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+        archive_directory: None,
+        restoring: false,
+    }
 }

@@ -60,6 +60,15 @@ fn archive_command(dir: &str) -> String {
     format!("archive_command = 'cp %p {dir}/.%f && mv {dir}/.%f {dir}/%f'")
 }
 
+/// With TLS, libpq verifies the server's certificate and name on every connection a
+/// member or Job makes (clones, replication, rewinds, base backups).
+fn tls_env(spec: &DatabaseSpec) -> Vec<EnvVar> {
+    match &spec.tls {
+        Some(tls) => vec![env_value("PGSSLMODE", "verify-full"), env_value("PGSSLROOTCERT", tls.ca.clone())],
+        None => vec![],
+    }
+}
+
 fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
     let memory = spec.limits.memory_bytes.or(spec.requests.memory_bytes);
     let mut lines = vec![
@@ -78,6 +87,13 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
         "wal_keep_size = '512MB'".into(),
         format!("max_connections = {}", max_connections(spec)),
     ];
+    if let Some(tls) = &spec.tls {
+        lines.push("ssl = on".into());
+        lines.push(format!("ssl_cert_file = '{}'", tls.certificate));
+        lines.push(format!("ssl_key_file = '{}'", tls.key));
+        lines.push(format!("ssl_ca_file = '{}'", tls.ca));
+        lines.push("ssl_min_protocol_version = 'TLSv1.2'".into());
+    }
     let user: Vec<&str> = spec.parameters.iter().map(|p| p.name.as_str()).collect();
     if let Some(dir) = archive {
         lines.push("archive_mode = on".into());
@@ -97,15 +113,20 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
     lines.join("\n") + "\n"
 }
 
-const PG_HBA: &str = "\
-# Rendered by the plugdb postgres plugin: password (SCRAM) logins and replication only.
-# TYPE  DATABASE     USER        ADDRESS     METHOD
-local   all          all                     scram-sha-256
-host    replication  replicator  0.0.0.0/0   scram-sha-256
-host    replication  replicator  ::/0        scram-sha-256
-host    all          all         0.0.0.0/0   scram-sha-256
-host    all          all         ::/0        scram-sha-256
-";
+/// Password (SCRAM) logins and replication only; with TLS, network connections must use it.
+fn pg_hba(spec: &DatabaseSpec) -> String {
+    let host = if spec.tls.is_some() { "hostssl" } else { "host   " };
+    format!(
+        "# Rendered by the plugdb postgres plugin: password (SCRAM) logins and replication only{}.\n\
+         # TYPE  DATABASE     USER        ADDRESS     METHOD\n\
+         local   all          all                     scram-sha-256\n\
+         {host} replication  replicator  0.0.0.0/0   scram-sha-256\n\
+         {host} replication  replicator  ::/0        scram-sha-256\n\
+         {host} all          all         0.0.0.0/0   scram-sha-256\n\
+         {host} all          all         ::/0        scram-sha-256\n",
+        if spec.tls.is_some() { ", over TLS" } else { "" }
+    )
+}
 
 /// A PostgreSQL LSN (`16/B374D848`) as a number, for comparing replay positions.
 fn parse_lsn(lsn: &str) -> Option<u64> {
@@ -130,6 +151,7 @@ fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
         env_secret("PGPASSWORD", &location.credentials_secret, REPLICATION_KEY),
         env_value("PLUGDB_DATABASE", format!("{}/{}", spec.namespace, spec.name)),
     ];
+    env.extend(tls_env(spec));
     if let (Some(at), Some(dir)) = (&location.point_in_time, &location.archive_directory) {
         env.push(env_value("POINT_IN_TIME", recovery_target_time(at)));
         env.push(env_value("ARCHIVE_DIR", dir.clone()));
@@ -150,7 +172,8 @@ impl Engine for Postgres {
                 | Capabilities::RESTORE
                 | Capabilities::FAILOVER
                 | Capabilities::ONLINE_UPGRADE
-                | Capabilities::POINT_IN_TIME,
+                | Capabilities::POINT_IN_TIME
+                | Capabilities::TLS,
         }
     }
 
@@ -177,20 +200,22 @@ impl Engine for Postgres {
             return Err(format!("{}: {}", v.field, v.message));
         }
         let s = &cluster.credentials_secret;
+        let mut env = vec![
+            env_value("PGDATA", pgdata(DATA_MOUNT)),
+            env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
+            env_field("POD_NAME", "metadata.name"),
+            env_value("PRIMARY_POD", cluster.primary_pod.clone()),
+            env_value("PRIMARY_HOST", cluster.primary_host.clone()),
+            env_value("PRIMARY_PORT", PORT.to_string()),
+            env_secret("POSTGRES_PASSWORD", s, SUPERUSER_KEY),
+            env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
+        ];
+        env.extend(tls_env(&spec));
         Ok(Workload {
             image: image(&spec.version),
             command: vec!["sh".into(), format!("{}/bootstrap.sh", cluster.config_mount_path)],
             args: vec![],
-            env: vec![
-                env_value("PGDATA", pgdata(DATA_MOUNT)),
-                env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
-                env_field("POD_NAME", "metadata.name"),
-                env_value("PRIMARY_POD", cluster.primary_pod.clone()),
-                env_value("PRIMARY_HOST", cluster.primary_host.clone()),
-                env_value("PRIMARY_PORT", PORT.to_string()),
-                env_secret("POSTGRES_PASSWORD", s, SUPERUSER_KEY),
-                env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
-            ],
+            env,
             ports: vec![Port { name: "postgres".into(), port: PORT }],
             readiness: Some(Probe {
                 action: ProbeAction::Exec(vec!["pg_isready".into(), "-U".into(), "postgres".into()]),
@@ -208,7 +233,7 @@ impl Engine for Postgres {
             }),
             config_files: vec![
                 ConfigFile { name: "postgresql.conf".into(), content: postgresql_conf(&spec, cluster.archive_directory.as_deref()) },
-                ConfigFile { name: "pg_hba.conf".into(), content: PG_HBA.into() },
+                ConfigFile { name: "pg_hba.conf".into(), content: pg_hba(&spec) },
                 ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
             ],
             data_mount_path: DATA_MOUNT.into(),

@@ -10,6 +10,7 @@ fn spec(version: &str) -> DatabaseSpec {
         requests: ResourceAmounts { cpu_millis: None, memory_bytes: None },
         limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(2 << 30) },
         parameters: vec![],
+        tls: None,
     }
 }
 
@@ -107,16 +108,7 @@ fn rendered_configuration_carries_derived_and_user_settings() {
         Parameter { name: "max_connections".into(), value: ParameterValue::Integer(50) },
         Parameter { name: "work_mem".into(), value: ParameterValue::Text("8MB".into()) },
     ];
-    let cluster = ClusterContext {
-        primary_host: "orders.shop.svc".into(),
-        headless_host: "orders-headless.shop.svc".into(),
-        primary_pod: "orders-0".into(),
-        credentials_secret: "orders-credentials".into(),
-        config_mount_path: "/etc/plugdb".into(),
-        archive_directory: None,
-        restoring: false,
-    };
-    let w = Postgres::render(s, cluster).expect("renders");
+    let w = Postgres::render(s, cluster()).expect("renders");
     let conf = &w.config_files.iter().find(|f| f.name == "postgresql.conf").expect("postgresql.conf").content;
     assert!(conf.contains("max_connections = 50\n"), "{conf}");
     assert!(conf.contains("shared_buffers = '512MB'\n"), "{conf}");
@@ -127,15 +119,6 @@ fn rendered_configuration_carries_derived_and_user_settings() {
 
 #[test]
 fn scaling_does_not_change_the_configuration() {
-    let cluster = || ClusterContext {
-        primary_host: "orders.shop.svc".into(),
-        headless_host: "orders-headless.shop.svc".into(),
-        primary_pod: "orders-0".into(),
-        credentials_secret: "orders-credentials".into(),
-        config_mount_path: "/etc/plugdb".into(),
-        archive_directory: None,
-        restoring: false,
-    };
     let (mut three, mut five) = (spec("15"), spec("15"));
     three.replicas = 3;
     five.replicas = 5;
@@ -194,4 +177,60 @@ fn an_archive_directory_turns_wal_archiving_on_and_a_point_in_time_restore_repla
     assert!(named(&pitr, "ARCHIVE_DIR"), "{pitr:?}");
     let target = pitr.iter().find(|e| e.name == "POINT_IN_TIME").map(|e| e.source.clone());
     assert_eq!(target, Some(EnvSource::Value("2026-11-23 10:15:30+00".into())), "a form postgres parses before zone names are loaded");
+}
+
+#[test]
+fn with_tls_the_server_requires_it_and_every_client_verifies_the_server() {
+    let cluster = cluster();
+    let tls = TlsFiles {
+        certificate: "/etc/plugdb-tls/tls.crt".into(),
+        key: "/etc/plugdb-tls/tls.key".into(),
+        ca: "/etc/plugdb-tls/ca.crt".into(),
+    };
+    let file = |w: &Workload, name: &str| w.config_files.iter().find(|f| f.name == name).expect("file").content.clone();
+    let has = |env: &[EnvVar], name: &str, value: &str| env.contains(&env_value(name, value));
+
+    let plain = Postgres::render(spec("17"), cluster.clone()).expect("renders");
+    assert!(!file(&plain, "postgresql.conf").contains("ssl"), "no TLS unless asked");
+    assert!(!file(&plain, "pg_hba.conf").contains("hostssl"));
+
+    let secured = DatabaseSpec { tls: Some(tls), ..spec("17") };
+    let w = Postgres::render(secured.clone(), cluster.clone()).expect("renders");
+    let conf = file(&w, "postgresql.conf");
+    assert!(conf.contains("ssl = on\n") && conf.contains("ssl_cert_file = '/etc/plugdb-tls/tls.crt'\n"), "{conf}");
+    assert!(conf.contains("ssl_key_file = '/etc/plugdb-tls/tls.key'\n"), "{conf}");
+    let hba = file(&w, "pg_hba.conf");
+    let network: Vec<&str> = hba.lines().filter(|l| !l.starts_with('#') && !l.starts_with("local")).collect();
+    assert_eq!(network.len(), 4, "{hba}");
+    assert!(network.iter().all(|l| l.starts_with("hostssl ")), "network logins only over TLS: {hba}");
+    assert!(
+        has(&w.env, "PGSSLMODE", "verify-full") && has(&w.env, "PGSSLROOTCERT", "/etc/plugdb-tls/ca.crt"),
+        "clones and replication verify"
+    );
+
+    let location = BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster,
+        archive_directory: None,
+        point_in_time: None,
+    };
+    let backup = Postgres::backup(secured, location).expect("backup");
+    assert!(has(&backup.env, "PGSSLMODE", "verify-full"), "the backup Job verifies the primary");
+    assert!(Postgres::info().capabilities & Capabilities::TLS == Capabilities::TLS);
+}
+
+/// The cluster facts of Database `shop/orders`, no archive, no restore.
+fn cluster() -> ClusterContext {
+    ClusterContext {
+        primary_host: "orders.shop.svc".into(),
+        headless_host: "orders-headless.shop.svc".into(),
+        primary_pod: "orders-0".into(),
+        credentials_secret: "orders-credentials".into(),
+        config_mount_path: "/etc/plugdb".into(),
+        archive_directory: None,
+        restoring: false,
+    }
 }

@@ -19,7 +19,7 @@ const NS: &str = "etcd-consensus";
 const NAME: &str = "config";
 
 /// The etcd client the image recipe copies out of Debian's etcd-client.
-fn etcdctl_binary() -> std::path::PathBuf {
+pub fn etcdctl_binary() -> std::path::PathBuf {
     let cache = std::env::var_os("PLUGDB_CACHE")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/plugdb"));

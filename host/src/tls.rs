@@ -1,0 +1,190 @@
+//! TLS for a Database (`spec.tls`): a certificate authority of its own and one
+//! certificate for every name its Services and members answer to. Pure: the reconciler
+//! keeps them in Secrets (see `reconcile::apply::ensure_tls`).
+//!
+//! The authority's key never leaves its Secret (`<name>-ca`); the certificate, its key
+//! and the authority's certificate go to `<name>-tls` (a `kubernetes.io/tls` Secret
+//! with `ca.crt`), which members and Jobs mount at [`MOUNT`].
+
+use chrono::{DateTime, Utc};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
+
+use crate::build::Names;
+use crate::plugin::TlsFiles;
+
+/// Where members and Jobs find the certificate.
+pub const MOUNT: &str = "/etc/plugdb-tls";
+/// The certificate (PEM), in [`MOUNT`] and in the Secret.
+pub const CERTIFICATE: &str = "tls.crt";
+/// Its private key (PEM).
+pub const KEY: &str = "tls.key";
+/// The authority's certificate (PEM).
+pub const CA: &str = "ca.crt";
+/// The authority's private key, in its own Secret only.
+pub const CA_KEY: &str = "ca.key";
+/// Annotation on the certificate's Secret: when it expires (RFC 3339).
+pub const NOT_AFTER: &str = "plugdb.io/not-after";
+/// Annotation on the certificate's Secret: a hash of the names it carries.
+pub const NAMES: &str = "plugdb.io/names";
+/// How long a certificate is valid.
+pub const VALIDITY_DAYS: i64 = 365;
+/// How long before it expires a certificate is replaced.
+pub const RENEW_BEFORE_DAYS: i64 = 30;
+/// How long the authority is valid.
+pub const AUTHORITY_DAYS: i64 = 3650;
+
+/// The files as the plugin is told of them.
+pub fn files() -> TlsFiles {
+    TlsFiles { certificate: format!("{MOUNT}/{CERTIFICATE}"), key: format!("{MOUNT}/{KEY}"), ca: format!("{MOUNT}/{CA}") }
+}
+
+/// Every name the Database's Services and members answer to.
+pub fn names(name: &str, namespace: &str) -> Vec<String> {
+    let n = Names(name);
+    let mut out = vec!["localhost".to_string()];
+    for service in [n.primary(), n.replicas(), n.headless()] {
+        for suffix in ["", &format!(".{namespace}"), &format!(".{namespace}.svc"), &format!(".{namespace}.svc.cluster.local")] {
+            out.push(format!("{service}{suffix}"));
+        }
+    }
+    for suffix in [format!(".{namespace}.svc"), format!(".{namespace}.svc.cluster.local")] {
+        out.push(format!("*.{}{suffix}", n.headless()));
+    }
+    out
+}
+
+/// A hash of [`names`], recorded on the Secret so that a change of names re-issues.
+pub fn names_hash(names: &[String]) -> String {
+    crate::plugin::hex_digest(names.join(",").as_bytes())[..16].to_string()
+}
+
+/// A certificate and its key, PEM.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// The certificate.
+    pub certificate: String,
+    /// Its private key.
+    pub key: String,
+    /// When it expires.
+    pub not_after: DateTime<Utc>,
+}
+
+fn moment(t: DateTime<Utc>) -> Result<time::OffsetDateTime, String> {
+    time::OffsetDateTime::from_unix_timestamp(t.timestamp()).map_err(|e| e.to_string())
+}
+
+/// The authority's parameters: the same every time for a Database, so that its key
+/// alone (from the Secret) signs with the issuer name and key identifier its
+/// certificate carries.
+fn authority_params(name: &str, namespace: &str, now: DateTime<Utc>) -> Result<CertificateParams, String> {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "plugdb");
+    dn.push(DnType::CommonName, format!("plugdb {namespace}/{name} CA"));
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.not_before = moment(now - chrono::Duration::hours(1))?;
+    params.not_after = moment(now + chrono::Duration::days(AUTHORITY_DAYS))?;
+    Ok(params)
+}
+
+/// A new authority for Database `namespace/name`: its certificate and key.
+pub fn new_authority(name: &str, namespace: &str, now: DateTime<Utc>) -> Result<Issued, String> {
+    let key = KeyPair::generate().map_err(|e| format!("generating the authority's key: {e}"))?;
+    let params = authority_params(name, namespace, now)?;
+    let certificate = params.self_signed(&key).map_err(|e| format!("signing the authority's certificate: {e}"))?;
+    Ok(Issued { certificate: certificate.pem(), key: key.serialize_pem(), not_after: now + chrono::Duration::days(AUTHORITY_DAYS) })
+}
+
+/// A certificate for `names`, for servers and clients, signed by the authority whose key
+/// is `authority_key` (PEM).
+pub fn issue(name: &str, namespace: &str, authority_key: &str, names: &[String], now: DateTime<Utc>) -> Result<Issued, String> {
+    let signer = KeyPair::from_pem(authority_key).map_err(|e| format!("the authority's key in its Secret is unreadable: {e}"))?;
+    let issuer = Issuer::new(authority_params(name, namespace, now)?, signer);
+    let key = KeyPair::generate().map_err(|e| format!("generating a key: {e}"))?;
+    let mut params = CertificateParams::new(names.to_vec()).map_err(|e| format!("certificate names: {e}"))?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "plugdb");
+    dn.push(DnType::CommonName, Names(name).primary());
+    params.distinguished_name = dn;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let not_after = now + chrono::Duration::days(VALIDITY_DAYS);
+    params.not_before = moment(now - chrono::Duration::hours(1))?;
+    params.not_after = moment(not_after)?;
+    let certificate = params.signed_by(&key, &issuer).map_err(|e| format!("signing the certificate: {e}"))?;
+    Ok(Issued { certificate: certificate.pem(), key: key.serialize_pem(), not_after })
+}
+
+/// Whether a certificate expiring at `not_after` (as recorded on its Secret) is due for
+/// replacement at `now`; an unreadable record is.
+pub fn due(not_after: Option<&str>, now: DateTime<Utc>) -> bool {
+    let expires = not_after.and_then(|t| DateTime::parse_from_rfc3339(t).ok());
+    expires.is_none_or(|t| t.with_timezone(&Utc) - chrono::Duration::days(RENEW_BEFORE_DAYS) <= now)
+}
+
+#[cfg(test)]
+mod tests {
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls_pki_types::pem::PemObject;
+
+    use super::*;
+
+    #[test]
+    fn names_cover_every_service_and_member() {
+        let names = names("orders", "shop");
+        for wanted in
+            ["orders", "orders.shop.svc", "orders-replicas.shop.svc.cluster.local", "orders-headless", "*.orders-headless.shop.svc"]
+        {
+            assert!(names.iter().any(|n| n == wanted), "{wanted} in {names:?}");
+        }
+    }
+
+    #[test]
+    fn renewal_is_due_thirty_days_before_expiry_or_without_a_record() {
+        let now = Utc::now();
+        let at = |days: i64| (now + chrono::Duration::days(days)).to_rfc3339();
+        assert!(!due(Some(&at(31)), now));
+        assert!(due(Some(&at(29)), now));
+        assert!(due(None, now));
+        assert!(due(Some("yesterday"), now));
+    }
+
+    /// The certificate verifies against the authority for a member's name, for server
+    /// use, and a second certificate signed with the authority's key alone (as after a
+    /// restart) verifies too.
+    #[test]
+    fn certificates_chain_to_the_database_authority() {
+        let now = Utc::now();
+        let authority = new_authority("orders", "shop", now).expect("authority");
+        let names = names("orders", "shop");
+        let first = issue("orders", "shop", &authority.key, &names, now).expect("issued");
+        let later = issue("orders", "shop", &authority.key, &names, now + chrono::Duration::days(300)).expect("issued later");
+        let der = |pem: &str| rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem");
+        let roots = {
+            let mut store = rustls::RootCertStore::empty();
+            store.add(der(&authority.certificate)).expect("root");
+            std::sync::Arc::new(store)
+        };
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let verifier = rustls::client::WebPkiServerVerifier::builder(roots).build().expect("verifier");
+        for (issued, at) in [(&first, now), (&later, now + chrono::Duration::days(300))] {
+            let name = rustls_pki_types::ServerName::try_from("orders-1.orders-headless.shop.svc").expect("name");
+            let when = rustls_pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(at.timestamp() as u64));
+            verifier.verify_server_cert(&der(&issued.certificate), &[], &name, &[], when).expect("verifies for a member's name");
+            let other = rustls_pki_types::ServerName::try_from("orders-1.elsewhere.shop.svc").expect("name");
+            assert!(verifier.verify_server_cert(&der(&issued.certificate), &[], &other, &[], when).is_err(), "not for another name");
+        }
+        let stranger = new_authority("orders", "shop", now).expect("another authority");
+        let forged = issue("orders", "shop", &stranger.key, &names, now).expect("issued");
+        let name = rustls_pki_types::ServerName::try_from("orders.shop.svc").expect("name");
+        let when = rustls_pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(now.timestamp() as u64));
+        assert!(
+            verifier.verify_server_cert(&der(&forged.certificate), &[], &name, &[], when).is_err(),
+            "another authority's is not trusted"
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! TLS on the real node (`spec.tls`): the operator issues each Database a certificate
+//! from an authority of its own; the engines serve it, refuse plaintext, and their
+//! members replicate over it, verifying each other.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use plugdb::crd::Database;
+use plugdb_tests::node::Node;
+use plugdb_tests::operator::Cluster;
+use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip};
+use serde_json::json;
+
+const NAME: &str = "secure";
+
+/// Runs `program ARGS` inside the node's namespace.
+async fn run(program: impl AsRef<str>, args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {
+    let mut command = Node::command(program.as_ref());
+    command.args(args).envs(env).stdin(std::process::Stdio::null());
+    tokio::task::spawn_blocking(move || command.output()).await.expect("join").expect("the client runs")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout).trim(), String::from_utf8_lossy(&out.stderr).trim())
+}
+
+/// Writes `pem` to a file of the scenario's own and returns its path.
+fn pem_file(ns: &str, name: &str, pem: &[u8]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("plugdb-{ns}-{name}.pem"));
+    std::fs::write(&path, pem).expect("write the PEM file");
+    path
+}
+
+/// A TLS handshake with `ip:port` (after the engine's STARTTLS, if any) that verifies
+/// the server's certificate against `ca` and for `name`.
+async fn handshake(ip: &str, port: u16, starttls: Option<&str>, ca: &std::path::Path, name: &str) -> Output {
+    let mut args: Vec<String> = vec!["s_client".into(), "-connect".into(), format!("{ip}:{port}")];
+    if let Some(protocol) = starttls {
+        args.extend(["-starttls".into(), protocol.into()]);
+    }
+    args.extend(["-CAfile".into(), ca.display().to_string(), "-verify_hostname".into(), name.into(), "-verify_return_error".into()]);
+    run("openssl", args, vec![]).await
+}
+
+/// The Database's certificate Secret and its authority's certificate in a file, and a
+/// stranger authority's certificate in another.
+async fn authorities(cluster: &Cluster, ns: &str) -> (PathBuf, PathBuf) {
+    let secret = Api::<Secret>::namespaced(cluster.client.clone(), ns).get(&format!("{NAME}-tls")).await.expect("the TLS Secret");
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = secret.data.expect("data");
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        assert!(data.contains_key(key), "{key} in the TLS Secret");
+    }
+    let stranger = plugdb::tls::new_authority(NAME, ns, chrono::Utc::now()).expect("another authority");
+    (pem_file(ns, "ca", &data["ca.crt"].0), pem_file(ns, "stranger", stranger.certificate.as_bytes()))
+}
+
+/// Asks until `check` holds, for up to `WAIT`.
+async fn eventually<F>(what: &str, mut ask: impl FnMut() -> F, check: impl Fn(&Output) -> bool) -> Output
+where
+    F: std::future::Future<Output = Output>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let out = ask().await;
+        if check(&out) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "{what}: last {}", text(&out));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A two-member Database with `tls.enabled`: the server presents a certificate of the
+/// Database's authority for its Service name (and not of another authority), plaintext
+/// is refused, a client that verifies the server writes, and the replica follows over
+/// TLS, having verified the primary.
+pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, version: &str) {
+    let ns = format!("{}-tls", engine.name());
+    cluster.apply_database(&ns, database(NAME, engine, version, 2, json!({"tls": {"enabled": true}}))).await.expect("apply");
+    cluster.wait_database(&ns, NAME, "2 members Ready over TLS", WAIT, |d| is_running(d, 2)).await.expect("running");
+    let (ca, stranger) = authorities(&cluster, &ns).await;
+    let client = Client::new(&cluster, engine, &ns, NAME).await;
+    let ip = client.service_ip(NAME).await;
+    let service = format!("{NAME}.{ns}.svc");
+    let (port, starttls) = match engine {
+        Engine::Postgres => (5432, "postgres"),
+        Engine::Mysql => (3306, "mysql"),
+    };
+
+    let verified = handshake(&ip, port, Some(starttls), &ca, &service).await;
+    assert!(verified.status.success(), "the server's certificate verifies for {service}: {}", text(&verified));
+    let foreign = handshake(&ip, port, Some(starttls), &stranger, &service).await;
+    assert!(!foreign.status.success(), "another authority's clients do not trust it");
+    let misnamed = handshake(&ip, port, Some(starttls), &ca, &format!("{NAME}.elsewhere.svc")).await;
+    assert!(!misnamed.status.success(), "it names this Database only");
+
+    let secret = Api::<Secret>::namespaced(cluster.client.clone(), &ns).get(&format!("{NAME}-credentials")).await.expect("credentials");
+    let password = String::from_utf8(secret.data.expect("data")[engine.password_key()].0.clone()).expect("text");
+    let members = client.members().await;
+    let replica = pod_ip(&members[1]);
+    match engine {
+        Engine::Postgres => {
+            let psql = |conninfo: String, sql: &str| {
+                let args = vec![conninfo, "-XAtq".into(), "-v".into(), "ON_ERROR_STOP=1".into(), "-c".into(), sql.into()];
+                run("psql", args, vec![("PGPASSWORD", password.clone())])
+            };
+            let plain = psql(format!("host={ip} user=postgres dbname=postgres sslmode=disable connect_timeout=5"), "SELECT 1").await;
+            assert!(!plain.status.success(), "plaintext is refused: {}", text(&plain));
+            let secure = format!(
+                "host={service} hostaddr={ip} user=postgres dbname=postgres sslmode=verify-full sslrootcert={} connect_timeout=5",
+                ca.display()
+            );
+            let wrote = psql(
+                secure.clone(),
+                "CREATE TABLE sealed (id int PRIMARY KEY); INSERT INTO sealed VALUES (7); \
+                 SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            )
+            .await;
+            assert_eq!(text(&wrote), "t", "a verifying client writes over TLS");
+            let replication = "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid) WHERE s.ssl";
+            eventually("the replica streams over TLS", || psql(secure.clone(), replication), |o| text(o) == "1").await;
+            let on_replica = format!("host={replica} user=postgres dbname=postgres sslmode=require connect_timeout=5");
+            eventually("the row reaches the replica", || psql(on_replica.clone(), "SELECT id FROM sealed"), |o| text(o) == "7").await;
+        }
+        Engine::Mysql => {
+            let mariadb = |host: String, tls: bool, sql: &str| {
+                let mut args = vec!["-h".into(), host, "-uroot".into(), "--connect-timeout=5".into()];
+                // Rows alone, but a vertical answer (`\G`) keeps its field names.
+                if !sql.ends_with("\\G") {
+                    args.extend(["-N".into(), "-B".into()]);
+                }
+                args.push(if tls { format!("--ssl-ca={}", ca.display()) } else { "--skip-ssl".into() });
+                args.extend(["-e".into(), sql.into()]);
+                run("mariadb", args, vec![("MYSQL_PWD", password.clone())])
+            };
+            let plain = mariadb(ip.clone(), false, "SELECT 1").await;
+            assert!(!plain.status.success(), "plaintext is refused: {}", text(&plain));
+            let wrote = mariadb(
+                ip.clone(),
+                true,
+                "CREATE DATABASE sealed; CREATE TABLE sealed.t (id int PRIMARY KEY); INSERT INTO sealed.t VALUES (7); \
+                 SHOW SESSION STATUS LIKE 'Ssl_version'",
+            )
+            .await;
+            assert!(wrote.status.success() && text(&wrote).contains("TLSv1."), "written over TLS: {}", text(&wrote));
+            let status = eventually(
+                "the replica follows over TLS",
+                || mariadb(replica.clone(), true, "SHOW SLAVE STATUS\\G"),
+                |o| text(o).contains("Slave_IO_Running: Yes"),
+            )
+            .await;
+            let status = text(&status);
+            assert!(status.contains("Master_SSL_Allowed: Yes"), "{status}");
+            assert!(status.contains("Master_SSL_Verify_Server_Cert: Yes"), "the replica verified the primary: {status}");
+            eventually("the row reaches the replica", || mariadb(replica.clone(), true, "SELECT id FROM sealed.t"), |o| text(o) == "7")
+                .await;
+        }
+    }
+}
+
+/// Three etcd members with `tls.enabled`: they joined one another over HTTPS (the
+/// scale plan's Jobs and the members' own etcdctl verify them), the operator asks
+/// them who leads over HTTPS and follows the leader, clients must use TLS, and each
+/// member's certificate verifies for its own name.
+pub async fn etcd_serves_tls(cluster: Arc<Cluster>) {
+    let ns = "etcd-tls";
+    let manifest = json!({
+        "metadata": {"name": NAME},
+        "spec": {
+            "engine": "etcd", "version": "3.5", "replicas": 3, "storage": "1Gi",
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+            "tls": {"enabled": true},
+        },
+    });
+    cluster.apply_database(ns, manifest).await.expect("apply");
+    let db = cluster.wait_database(ns, NAME, "3 members Ready over TLS", WAIT, |d| is_running(d, 3)).await.expect("running");
+    let (ca, stranger) = authorities(&cluster, ns).await;
+    let selector = format!("app.kubernetes.io/instance={NAME},app.kubernetes.io/managed-by=plugdb");
+    let mut client = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client.clone(), ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .expect("pods")
+        .items;
+    client.retain(|p| p.metadata.owner_references.iter().flatten().any(|o| o.kind == "StatefulSet"));
+    let etcdctl = |ip: String, scheme: &'static str, args: Vec<&'static str>| {
+        let mut all = vec![format!("--endpoints={scheme}://{ip}:2379"), "--command-timeout=5s".into(), "--dial-timeout=2s".into()];
+        // The handshakes below verify the certificates for the members' names; etcdctl
+        // reaches them by address, which no certificate names.
+        if scheme == "https" {
+            all.extend([format!("--cacert={}", ca.display()), "--insecure-skip-tls-verify".into()]);
+        }
+        all.extend(args.into_iter().map(String::from));
+        run(crate::consensus::etcdctl_binary().display().to_string(), all, vec![])
+    };
+
+    for (i, pod) in client.iter().enumerate() {
+        let name = format!("{NAME}-{i}.{NAME}-headless.{ns}.svc");
+        let verified = handshake(&pod_ip(pod), 2379, None, &ca, &name).await;
+        assert!(verified.status.success(), "{name}'s certificate verifies: {}", text(&verified));
+        assert!(!handshake(&pod_ip(pod), 2379, None, &stranger, &name).await.status.success(), "not for another authority");
+    }
+    let first = pod_ip(&client[0]);
+    let plain = etcdctl(first.clone(), "http", vec!["get", "k"]).await;
+    assert!(!plain.status.success(), "plaintext clients are refused: {}", text(&plain));
+    let list = etcdctl(first.clone(), "https", vec!["member", "list"]).await;
+    let list = text(&list);
+    let peers: Vec<&str> = list.lines().collect();
+    assert_eq!(peers.len(), 3, "{list}");
+    assert!(
+        peers.iter().all(|l| l.contains(", started, ") && l.contains(", https://") && l.ends_with("false")),
+        "voters over HTTPS: {list}"
+    );
+    let put = etcdctl(first.clone(), "https", vec!["put", "sealed", "7"]).await;
+    assert!(put.status.success(), "{}", text(&put));
+    for pod in &client {
+        let got = eventually(
+            "the key on every member",
+            || etcdctl(pod_ip(pod), "https", vec!["get", "--consistency=s", "sealed", "--print-value-only"]),
+            |o| text(o) == "7",
+        )
+        .await;
+        assert!(got.status.success());
+    }
+
+    // The operator asked over HTTPS: status.primary is the member etcd says leads.
+    let mut leader = None;
+    for pod in &client {
+        let status = etcdctl(pod_ip(pod), "https", vec!["endpoint", "status", "-w", "json"]).await;
+        let said: serde_json::Value = serde_json::from_str(&String::from_utf8_lossy(&status.stdout)).expect("json");
+        if said[0]["Status"]["header"]["member_id"] == said[0]["Status"]["leader"] {
+            leader = pod.metadata.name.clone();
+        }
+    }
+    let leader = leader.expect("a member leads");
+    assert!(db.status.is_some());
+    cluster
+        .wait_database(ns, NAME, "status.primary names the leader", WAIT, |d: &Database| {
+            d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(leader.as_str())
+        })
+        .await
+        .expect("the operator follows the leader over HTTPS");
+}
