@@ -91,12 +91,21 @@ fn authority_params(name: &str, namespace: &str, now: DateTime<Utc>) -> Result<C
     Ok(params)
 }
 
+/// A Database's certificate authority, PEM.
+#[derive(Debug, Clone)]
+pub struct Authority {
+    /// Its certificate, which clients trust.
+    pub certificate: String,
+    /// Its private key, which signs.
+    pub key: String,
+}
+
 /// A new authority for Database `namespace/name`: its certificate and key.
-pub fn new_authority(name: &str, namespace: &str, now: DateTime<Utc>) -> Result<Issued, String> {
+pub fn new_authority(name: &str, namespace: &str, now: DateTime<Utc>) -> Result<Authority, String> {
     let key = KeyPair::generate().map_err(|e| format!("generating the authority's key: {e}"))?;
     let params = authority_params(name, namespace, now)?;
     let certificate = params.self_signed(&key).map_err(|e| format!("signing the authority's certificate: {e}"))?;
-    Ok(Issued { certificate: certificate.pem(), key: key.serialize_pem(), not_after: now + chrono::Duration::days(AUTHORITY_DAYS) })
+    Ok(Authority { certificate: certificate.pem(), key: key.serialize_pem() })
 }
 
 /// A certificate for `names`, for servers and clients, signed by the authority whose key

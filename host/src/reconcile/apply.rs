@@ -159,17 +159,17 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Option<String>, 
 /// The Database's certificate authority from its Secret, made the first time. It is kept
 /// like the credentials (owned by the Database only under `Delete`): clients that trust
 /// it keep trusting a Database created again over retained volumes.
-async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Issued, Error> {
+async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Authority, Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let secret_name = Names(&name).authority();
-    let read = |s: Secret| -> Result<tls::Issued, Error> {
+    let read = |s: Secret| -> Result<tls::Authority, Error> {
         let data = s.data.unwrap_or_default();
         let text = |key: &str| {
             data.get(key)
                 .and_then(|v| String::from_utf8(v.0.clone()).ok())
                 .ok_or_else(|| Error::Tls(format!("Secret {ns}/{secret_name} has no {key}")))
         };
-        Ok(tls::Issued { certificate: text(tls::CA)?, key: text(tls::CA_KEY)?, not_after: chrono::Utc::now() })
+        Ok(tls::Authority { certificate: text(tls::CA)?, key: text(tls::CA_KEY)? })
     };
     if let Some(live) = api.get_opt(&secret_name).await? {
         return read(live);
