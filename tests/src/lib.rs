@@ -10,6 +10,7 @@ pub mod minio;
 pub mod node;
 pub mod operator;
 pub mod proxy;
+pub mod release;
 pub mod scenario;
 
 use std::path::{Path, PathBuf};

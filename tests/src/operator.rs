@@ -288,6 +288,7 @@ impl Cluster {
 
     /// Applies a Database from JSON (`metadata` + `spec`) in `namespace`, creating the namespace.
     pub async fn apply_database(&self, namespace: &str, db: serde_json::Value) -> Result<Database> {
+        crate::release::note(namespace);
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         if namespaces.get_opt(namespace).await?.is_none() {
             namespaces

@@ -26,6 +26,8 @@ const PEER_PORT: u16 = 2380;
 const UID: u32 = 999;
 const DATA_MOUNT: &str = "/var/lib/etcd";
 const START: &str = include_str!("start.sh");
+/// `ctl`: etcdctl against the other members; shared by `start.sh` and the Jobs.
+const CTL: &str = include_str!("ctl.sh");
 
 /// What users may set; each becomes etcd's own `ETCD_<NAME>` variable.
 const CATALOG: Catalog = Catalog {
@@ -103,8 +105,7 @@ fn member_job(spec: &DatabaseSpec, ordinal: u32, script: &str) -> ScaleStep {
     let mut env = cluster_env(spec, &headless);
     env.push(env_value("MEMBER", format!("{}-{ordinal}", spec.name)));
     let script = format!(
-        "set -eu; peer=\"$SCHEME://$MEMBER.$HEADLESS_HOST:{PEER_PORT}\"; \
-         ctl() {{ etcdctl --endpoints=\"$SCHEME://$HEADLESS_HOST:{CLIENT_PORT}\" --command-timeout=10s \"$@\"; }}; \
+        "set -eu\n{CTL}\nSELF=$MEMBER; peer=\"$SCHEME://$MEMBER.$HEADLESS_HOST:{PEER_PORT}\"; \
          line=$(ctl member list | grep \", $peer, \" || true); {script}"
     );
     ScaleStep::Job(JobPlan { image: image(&spec.version), command: shell(&script), env, mounts_data: false })
@@ -198,7 +199,7 @@ impl Engine for Etcd {
             // Ready while the member serves with a leader; alive while it listens.
             readiness: Some(probe(ProbeAction::HttpGet(HttpGet { path: "/health".into(), port: CLIENT_PORT, https }), 2, 2)),
             liveness: Some(probe(ProbeAction::TcpSocket(PEER_PORT), 60, 12)),
-            config_files: vec![ConfigFile { name: "start.sh".into(), content: START.into() }],
+            config_files: vec![ConfigFile { name: "start.sh".into(), content: format!("{CTL}\n{START}") }],
             data_mount_path: DATA_MOUNT.into(),
             credentials: vec![],
             recommended: ResourceAmounts { cpu_millis: Some(250), memory_bytes: Some(512 << 20) },

@@ -16,13 +16,13 @@ set -eu
 trap 'exit 0' TERM INT
 pause() { sleep "$1" & wait $!; }
 me=$POD_NAME
+SELF=$me
 ordinal=${me##*-}
 peer="$SCHEME://$me.$HEADLESS_HOST:2380"
 client="$SCHEME://$me.$HEADLESS_HOST:2379"
 data=$DATA_DIR
 mkdir -p "$data"
 chmod 700 "$data"
-ctl() { etcdctl --endpoints="$SCHEME://$HEADLESS_HOST:2379" --dial-timeout=2s --command-timeout=5s "$@"; }
 say() { echo "plugdb: $*" >&2; }
 
 # promote_when_caught_up ID: in the background, until etcd accepts it (a learner is

@@ -229,3 +229,34 @@ fn with_tls_members_clients_and_jobs_speak_https_and_peers_verify_each_other() {
     let backup = Etcd::backup(secured, location).expect("backup");
     assert_eq!(value(&backup.env, "ENDPOINT").as_deref(), Some("https://config.infra.svc:2379"));
 }
+
+/// `ctl` as `sh` runs it, with `getent` answering for the pods in `pods`: the endpoints it
+/// gives etcdctl when it runs in member `me`.
+fn endpoints_from(me: &str, pods: &[u32]) -> String {
+    let known = pods.iter().map(|i| format!("config-{i}.*")).collect::<Vec<_>>().join("|");
+    let script = format!(
+        "{CTL}\ngetent() {{ case \"$2\" in {known}) return 0;; *) return 2;; esac; }}\n\
+         SCHEME=https HEADLESS_HOST=config-headless.infra.svc SELF={me}; others"
+    );
+    let out = std::process::Command::new("sh").arg("-c").arg(script).output().expect("sh runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn members_and_jobs_reach_every_other_member_by_its_own_name_not_one_through_the_service() {
+    // A learner refuses nearly every request, its own promotion included: through the
+    // headless Service's name etcdctl is pinned to whichever member the name resolves
+    // to first, so each member is named, and the one asking is left out.
+    let w = Etcd::render(spec(3, vec![]), cluster("config-0")).expect("render");
+    let start = &w.config_files.iter().find(|f| f.name == "start.sh").expect("start.sh").content;
+    assert!(start.starts_with(CTL), "start.sh defines ctl first");
+    let added = Etcd::plan_scale(spec(3, vec![]), 2, vec![member(0, true, None), member(1, true, None)]).expect("plan");
+    let ScaleStep::Job(job) = &added[0] else { panic!("a Job first: {added:?}") };
+    assert!(job.command.join(" ").contains(CTL), "the Job's script defines ctl");
+
+    let url = |i: u32| format!("https://config-{i}.config-headless.infra.svc:2379");
+    assert_eq!(endpoints_from("config-1", &[0, 1, 2]), format!("{},{}", url(0), url(2)));
+    assert_eq!(endpoints_from("config-3", &[0, 1, 2, 4]), format!("{},{},{},{}", url(0), url(1), url(2), url(4)), "a gap is skipped");
+    assert_eq!(endpoints_from("config-0", &[0]), "https://config-headless.infra.svc:2379", "alone: the Service's name");
+}

@@ -14,6 +14,7 @@ use std::time::Instant;
 use futures::FutureExt;
 use plugdb_tests::node::{Node, machine_state, run_dir, state_difference, teardown};
 use plugdb_tests::operator::{Backing, Cluster};
+use plugdb_tests::release;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// A scenario: an async function of the shared cluster.
@@ -98,12 +99,28 @@ pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario
 }
 
 /// Runs one scenario, reports it the way libtest does, and says whether it passed.
+/// Afterwards its namespaces are released (described first when it failed): what it
+/// ran must not starve the scenarios after it of the node's CPU.
 async fn run_one(name: &str, scenario: Scenario, cluster: Arc<Cluster>) -> bool {
     let started = Instant::now();
-    let ok = AssertUnwindSafe(scenario(cluster)).catch_unwind().await.is_ok();
+    let (outcome, namespaces) = release::noting_namespaces(AssertUnwindSafe(scenario(cluster.clone())).catch_unwind()).await;
+    let ok = outcome.is_ok();
+    if !ok {
+        for ns in &namespaces {
+            eprintln!("{name} failed; what it left:\n{}", release::describe(&cluster, ns).await);
+        }
+    }
+    for ns in &namespaces {
+        if let Err(e) = release::release(&cluster, ns, RELEASE_WAIT).await {
+            eprintln!("{name}: releasing namespace {ns}: {e:#}");
+        }
+    }
     println!("test {name} ... {} ({:.1} s)", if ok { "ok" } else { "FAILED" }, started.elapsed().as_secs_f64());
     ok
 }
+
+/// How long a scenario's namespace may take to go once it is deleted.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// The machine's state before the node started, for the containment checks.
 pub static MACHINE_BEFORE: std::sync::OnceLock<String> = std::sync::OnceLock::new();

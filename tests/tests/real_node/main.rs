@@ -66,6 +66,7 @@ fn main() -> ExitCode {
             ("mysql_serves_tls_with_its_own_authority_and_replicates_over_it", |c| {
                 Box::pin(tls::sql_engine_serves_tls(c, Engine::Mysql, "11.8"))
             }),
+            ("etcd_members_and_clients_speak_tls_and_the_leader_is_asked_over_it", |c| Box::pin(tls::etcd_serves_tls(c))),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
             ("postgres_members_spread_over_nodes_and_volumes_grow_when_allowed", |c| Box::pin(placement::spread_and_volume_growth(c))),
         ],
