@@ -6,17 +6,43 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use plugdb::crd::Database;
 use plugdb_tests::node::Node;
 use plugdb_tests::operator::Cluster;
 use plugdb_tests::scenario::{WAIT, is_running, pod_ip, signal_engine};
 use serde_json::json;
 
-const NS: &str = "etcd-consensus";
-const NAME: &str = "config";
+/// An etcd Database of a scenario: its namespace and name.
+#[derive(Debug, Clone, Copy)]
+struct Etcd {
+    ns: &'static str,
+    name: &'static str,
+}
+
+impl Etcd {
+    /// Its manifest with `replicas` members and `extra` in its spec.
+    fn manifest(self, replicas: i32, extra: serde_json::Value) -> serde_json::Value {
+        let mut manifest = json!({
+            "metadata": {"name": self.name},
+            "spec": {
+                "engine": "etcd", "version": "3.5", "replicas": replicas, "storage": "1Gi",
+                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+                // 4 GiB: a 64-bit integer, as written.
+                "parameters": {"quota-backend-bytes": 4294967296_i64},
+            },
+        });
+        if let (Some(spec), Some(extra)) = (manifest["spec"].as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        manifest
+    }
+}
+
+const CONSENSUS: Etcd = Etcd { ns: "etcd-consensus", name: "config" };
 
 /// The etcd client the image recipe copies out of Debian's etcd-client.
 pub fn etcdctl_binary() -> std::path::PathBuf {
@@ -50,38 +76,27 @@ async fn eventually(ip: &str, args: &[&str], what: &str, check: impl Fn(&str) ->
     }
 }
 
-fn database(replicas: i32) -> serde_json::Value {
-    json!({
-        "metadata": {"name": NAME},
-        "spec": {
-            "engine": "etcd", "version": "3.5", "replicas": replicas, "storage": "1Gi",
-            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-            // 4 GiB: a 64-bit integer, as written.
-            "parameters": {"quota-backend-bytes": 4294967296_i64},
-        },
-    })
-}
-
-async fn members(cluster: &Cluster) -> Vec<Pod> {
-    let selector = format!("app.kubernetes.io/instance={NAME},app.kubernetes.io/managed-by=plugdb");
+async fn members(cluster: &Cluster, etcd: Etcd) -> Vec<Pod> {
+    let selector = format!("app.kubernetes.io/instance={},app.kubernetes.io/managed-by=plugdb", etcd.name);
     let mut pods =
-        Api::<Pod>::namespaced(cluster.client.clone(), NS).list(&ListParams::default().labels(&selector)).await.expect("pods").items;
+        Api::<Pod>::namespaced(cluster.client.clone(), etcd.ns).list(&ListParams::default().labels(&selector)).await.expect("pods").items;
     pods.retain(|p| p.owner_references().iter().any(|o| o.kind == "StatefulSet"));
     pods.sort_by_key(|p| p.name_any().rsplit('-').next().and_then(|o| o.parse::<u32>().ok()));
     pods
 }
 
 /// Waits until exactly `count` member pods are left (the others gone).
-async fn members_become(cluster: &Cluster, count: usize) {
+async fn members_become(cluster: &Cluster, etcd: Etcd, count: usize) {
     let deadline = Instant::now() + WAIT;
-    while members(cluster).await.len() != count {
+    while members(cluster, etcd).await.len() != count {
         assert!(Instant::now() < deadline, "{count} member pods are left");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
-async fn running(cluster: &Cluster, replicas: i32) -> Database {
-    cluster.wait_database(NS, NAME, &format!("{replicas} etcd members Ready"), WAIT, |d| is_running(d, replicas)).await.expect("running")
+async fn running(cluster: &Cluster, etcd: Etcd, replicas: i32) -> Database {
+    let what = format!("{replicas} etcd members Ready");
+    cluster.wait_database(etcd.ns, etcd.name, &what, WAIT, |d| is_running(d, replicas)).await.expect("running")
 }
 
 /// The member that etcd itself says leads, asked at every member.
@@ -99,11 +114,11 @@ async fn real_leader(pods: &[Pod]) -> Option<String> {
 
 /// Waits until `status.primary` names the member etcd says leads (other than `not`), and
 /// the pods' role labels agree; returns it.
-async fn leader_followed(cluster: &Cluster, not: Option<&str>) -> String {
+async fn leader_followed(cluster: &Cluster, etcd: Etcd, not: Option<&str>) -> String {
     let deadline = Instant::now() + WAIT;
     loop {
-        let pods = members(cluster).await;
-        let db = Api::<Database>::namespaced(cluster.client.clone(), NS).get(NAME).await.expect("database");
+        let pods = members(cluster, etcd).await;
+        let db = Api::<Database>::namespaced(cluster.client.clone(), etcd.ns).get(etcd.name).await.expect("database");
         let primary = db.status.and_then(|s| s.primary);
         let leader = real_leader(&pods).await;
         let labelled: Vec<String> =
@@ -118,10 +133,10 @@ async fn leader_followed(cluster: &Cluster, not: Option<&str>) -> String {
 
 /// Every member lists exactly `names` as the cluster's members and serves `key` = `value`
 /// from its own copy (a serializable read).
-async fn one_cluster_with(cluster: &Cluster, count: usize, key: &str, value: &str) {
-    let pods = members(cluster).await;
+async fn one_cluster_with(cluster: &Cluster, etcd: Etcd, count: usize, key: &str, value: &str) {
+    let pods = members(cluster, etcd).await;
     assert_eq!(pods.len(), count, "{count} member pods");
-    let names: Vec<String> = (0..count).map(|i| format!("{NAME}-{i}")).collect();
+    let names: Vec<String> = (0..count).map(|i| format!("{}-{i}", etcd.name)).collect();
     for pod in &pods {
         let ip = pod_ip(pod);
         eventually(&ip, &["member", "list"], &format!("{} lists {names:?}", pod.name_any()), |list| {
@@ -144,27 +159,28 @@ async fn one_cluster_with(cluster: &Cluster, count: usize, key: &str, value: &st
 /// cluster with the data; a scale-down that would lose quorum is refused until the
 /// member that was down is back.
 pub async fn elects_its_leader_and_changes_membership_safely(cluster: Arc<Cluster>) {
-    cluster.apply_database(NS, database(1)).await.expect("apply");
-    running(&cluster, 1).await;
-    let first = members(&cluster).await;
+    let etcd = CONSENSUS;
+    cluster.apply_database(etcd.ns, etcd.manifest(1, json!({}))).await.expect("apply");
+    running(&cluster, etcd, 1).await;
+    let first = members(&cluster, etcd).await;
     etcdctl(&pod_ip(&first[0]), &["put", "written-first", "1"]).await.expect("put");
 
-    cluster.apply_database(NS, database(3)).await.expect("scale to 3");
-    running(&cluster, 3).await;
-    one_cluster_with(&cluster, 3, "written-first", "1").await;
-    let leader = leader_followed(&cluster, None).await;
+    cluster.apply_database(etcd.ns, etcd.manifest(3, json!({}))).await.expect("scale to 3");
+    running(&cluster, etcd, 3).await;
+    one_cluster_with(&cluster, etcd, 3, "written-first", "1").await;
+    let leader = leader_followed(&cluster, etcd, None).await;
 
     // The engine elects a new leader; the host follows and promotes nothing.
-    let pods = members(&cluster).await;
+    let pods = members(&cluster, etcd).await;
     let old = pods.iter().find(|p| p.name_any() == leader).expect("the leader's pod");
     signal_engine(old, "etcd", "KILL");
-    let elected = leader_followed(&cluster, Some(&leader)).await;
-    let new = members(&cluster).await.into_iter().find(|p| p.name_any() == elected).expect("the new leader's pod");
+    let elected = leader_followed(&cluster, etcd, Some(&leader)).await;
+    let new = members(&cluster, etcd).await.into_iter().find(|p| p.name_any() == elected).expect("the new leader's pod");
     etcdctl(&pod_ip(&new), &["put", "written-after-the-kill", "2"]).await.expect("a write through the new leader");
-    running(&cluster, 3).await;
-    one_cluster_with(&cluster, 3, "written-first", "1").await;
-    one_cluster_with(&cluster, 3, "written-after-the-kill", "2").await;
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cluster.client.clone(), NS)
+    running(&cluster, etcd, 3).await;
+    one_cluster_with(&cluster, etcd, 3, "written-first", "1").await;
+    one_cluster_with(&cluster, etcd, 3, "written-after-the-kill", "2").await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cluster.client.clone(), etcd.ns)
         .list(&ListParams::default())
         .await
         .expect("events");
@@ -173,24 +189,24 @@ pub async fn elects_its_leader_and_changes_membership_safely(cluster: Arc<Cluste
     assert!(!reasons.iter().any(|r| r == "FailoverPromoted"), "the host promotes nothing: {reasons:?}");
 
     // 3 → 5 → 3: one cluster throughout, with the data.
-    cluster.apply_database(NS, database(5)).await.expect("scale to 5");
-    running(&cluster, 5).await;
-    one_cluster_with(&cluster, 5, "written-after-the-kill", "2").await;
-    cluster.apply_database(NS, database(3)).await.expect("scale to 3");
-    running(&cluster, 3).await;
-    members_become(&cluster, 3).await;
-    one_cluster_with(&cluster, 3, "written-first", "1").await;
+    cluster.apply_database(etcd.ns, etcd.manifest(5, json!({}))).await.expect("scale to 5");
+    running(&cluster, etcd, 5).await;
+    one_cluster_with(&cluster, etcd, 5, "written-after-the-kill", "2").await;
+    cluster.apply_database(etcd.ns, etcd.manifest(3, json!({}))).await.expect("scale to 3");
+    running(&cluster, etcd, 3).await;
+    members_become(&cluster, etcd, 3).await;
+    one_cluster_with(&cluster, etcd, 3, "written-first", "1").await;
 
     // Member 1 hangs: 3 → 2 would leave the two that stay without a quorum.
-    let hung = members(&cluster).await.into_iter().find(|p| p.name_any() == format!("{NAME}-1")).expect("member 1");
+    let hung = members(&cluster, etcd).await.into_iter().find(|p| p.name_any() == format!("{}-1", etcd.name)).expect("member 1");
     signal_engine(&hung, "etcd", "STOP");
     cluster
-        .wait_database(NS, NAME, "member 1 not ready", WAIT, |d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2))
+        .wait_database(etcd.ns, etcd.name, "member 1 not ready", WAIT, |d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2))
         .await
         .expect("member 1 not ready");
-    cluster.apply_database(NS, database(2)).await.expect("ask for 2");
+    cluster.apply_database(etcd.ns, etcd.manifest(2, json!({}))).await.expect("ask for 2");
     let refused = cluster
-        .wait_database(NS, NAME, "the scale-down refused", WAIT, |d| {
+        .wait_database(etcd.ns, etcd.name, "the scale-down refused", WAIT, |d| {
             d.status
                 .as_ref()
                 .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "ScaleRefused" && c.message.contains("would lose quorum")))
@@ -198,13 +214,58 @@ pub async fn elects_its_leader_and_changes_membership_safely(cluster: Arc<Cluste
         .await
         .expect("refused");
     let message = refused.status.expect("status").conditions.into_iter().find(|c| c.reason == "ScaleRefused").expect("condition").message;
-    assert!(message.contains(&format!("{NAME}-1 not ready")), "the refusal names the member: {message}");
-    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), NS);
-    assert_eq!(sets.get(NAME).await.expect("set").spec.and_then(|s| s.replicas), Some(3), "nothing scales while refused");
+    assert!(message.contains(&format!("{}-1 not ready", etcd.name)), "the refusal names the member: {message}");
+    let sets: Api<StatefulSet> = Api::namespaced(cluster.client.clone(), etcd.ns);
+    assert_eq!(sets.get(etcd.name).await.expect("set").spec.and_then(|s| s.replicas), Some(3), "nothing scales while refused");
 
     // Back: the plan is accepted and member 2 leaves the cluster before its pod goes.
     signal_engine(&hung, "etcd", "CONT");
-    running(&cluster, 2).await;
-    members_become(&cluster, 2).await;
-    one_cluster_with(&cluster, 2, "written-after-the-kill", "2").await;
+    running(&cluster, etcd, 2).await;
+    members_become(&cluster, etcd, 2).await;
+    one_cluster_with(&cluster, etcd, 2, "written-after-the-kill", "2").await;
+}
+
+/// A snapshot of a 3-member cluster, taken by a backup Job, restores into a new
+/// 3-member Database: member 0 is made from the snapshot before any member starts, the
+/// others join it, and every member serves the keys written before the backup, not the
+/// one written after, in one cluster.
+pub async fn snapshot_restores_into_a_new_cluster(cluster: Arc<Cluster>) {
+    let source = Etcd { ns: "etcd-backups", name: "config" };
+    cluster.apply_database(source.ns, source.manifest(3, json!({}))).await.expect("apply");
+    running(&cluster, source, 3).await;
+    let leader = leader_followed(&cluster, source, None).await;
+    let pods = members(&cluster, source).await;
+    let at = pod_ip(pods.iter().find(|p| p.name_any() == leader).expect("the leader's pod"));
+    for i in 0..20 {
+        etcdctl(&at, &["put", &format!("key-{i:02}"), &format!("value-{i}")]).await.expect("put");
+    }
+
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), source.ns);
+    let token = json!({"metadata": {"annotations": {"plugdb.io/backup-now": "before-copy"}}});
+    dbs.patch(source.name, &PatchParams::default(), &Patch::Merge(token)).await.expect("annotate");
+    let backed_up = cluster
+        .wait_database(source.ns, source.name, "a backup", WAIT, |d| d.status.as_ref().and_then(|s| s.last_backup.as_ref()).is_some())
+        .await
+        .expect("backup");
+    let backup = backed_up.status.and_then(|s| s.last_backup).expect("last backup").name;
+    etcdctl(&at, &["put", "written-after-the-backup", "1"]).await.expect("put");
+
+    let copy = Etcd { ns: source.ns, name: "copy" };
+    let restore = json!({"restoreFrom": {"database": source.name, "backup": backup}});
+    cluster.apply_database(copy.ns, copy.manifest(3, restore)).await.expect("apply the copy");
+    let restored = running(&cluster, copy, 3).await;
+    assert!(restored.status.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Restored" && c.status == "True")));
+    let job = Api::<Job>::namespaced(cluster.client.clone(), copy.ns).get("copy-restore").await.expect("the restore Job");
+    let set = Api::<StatefulSet>::namespaced(cluster.client.clone(), copy.ns).get(copy.name).await.expect("set");
+    assert!(set.metadata.creation_timestamp >= job.status.and_then(|s| s.completion_time), "members start only after the restore");
+
+    one_cluster_with(&cluster, copy, 3, "key-19", "value-19").await;
+    for pod in members(&cluster, copy).await {
+        let ip = pod_ip(&pod);
+        let keys = etcdctl(&ip, &["get", "key-", "--prefix", "--keys-only", "--consistency=s"]).await.expect("keys");
+        assert_eq!(keys.lines().filter(|l| !l.is_empty()).count(), 20, "{} holds every key backed up", pod.name_any());
+        let later = etcdctl(&ip, &["get", "written-after-the-backup", "--print-value-only", "--consistency=s"]).await.expect("get");
+        assert_eq!(later, "", "{} holds nothing written after the backup", pod.name_any());
+    }
+    leader_followed(&cluster, copy, None).await;
 }

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
             ("etcd_elects_its_leader_and_changes_membership_safely", |c| {
                 Box::pin(consensus::elects_its_leader_and_changes_membership_safely(c))
             }),
+            ("etcd_snapshot_restores_into_a_new_three_member_cluster", |c| Box::pin(consensus::snapshot_restores_into_a_new_cluster(c))),
             ("postgres_serves_tls_with_its_own_authority_and_replicates_over_it", |c| {
                 Box::pin(tls::sql_engine_serves_tls(c, Engine::Postgres, "17"))
             }),
