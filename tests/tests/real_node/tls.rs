@@ -59,20 +59,6 @@ async fn authorities(cluster: &Cluster, ns: &str) -> (PathBuf, PathBuf) {
     (pem_file(ns, "ca", &data["ca.crt"].0), pem_file(ns, "stranger", stranger.certificate.as_bytes()))
 }
 
-/// Deletes the Database (its policy is `Delete`) and waits until its members are gone,
-/// so that the node's CPU goes back to the scenarios still running.
-async fn release(cluster: &Cluster, ns: &str) {
-    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
-    dbs.delete(NAME, &kube::api::DeleteParams::default()).await.expect("delete");
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let selector = kube::api::ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}"));
-    let deadline = Instant::now() + WAIT;
-    while dbs.get_opt(NAME).await.expect("get").is_some() || !pods.list(&selector).await.expect("pods").items.is_empty() {
-        assert!(Instant::now() < deadline, "{ns}/{NAME} and its members go");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// Asks until `check` holds, for up to `WAIT`.
 async fn eventually<F>(what: &str, mut ask: impl FnMut() -> F, check: impl Fn(&Output) -> bool) -> Output
 where
@@ -95,10 +81,7 @@ where
 /// TLS, having verified the primary.
 pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, version: &str) {
     let ns = format!("{}-tls", engine.name());
-    cluster
-        .apply_database(&ns, database(NAME, engine, version, 2, json!({"tls": {"enabled": true}, "deletionPolicy": "Delete"})))
-        .await
-        .expect("apply");
+    cluster.apply_database(&ns, database(NAME, engine, version, 2, json!({"tls": {"enabled": true}}))).await.expect("apply");
     cluster.wait_database(&ns, NAME, "2 members Ready over TLS", WAIT, |d| is_running(d, 2)).await.expect("running");
     let (ca, stranger) = authorities(&cluster, &ns).await;
     let client = Client::new(&cluster, engine, &ns, NAME).await;
@@ -178,7 +161,6 @@ pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, versio
                 .await;
         }
     }
-    release(&cluster, &ns).await;
 }
 
 /// Three etcd members with `tls.enabled`: they joined one another over HTTPS (the
@@ -193,7 +175,6 @@ pub async fn etcd_serves_tls(cluster: Arc<Cluster>) {
             "engine": "etcd", "version": "3.5", "replicas": 3, "storage": "1Gi",
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
             "tls": {"enabled": true},
-            "deletionPolicy": "Delete",
         },
     });
     cluster.apply_database(ns, manifest).await.expect("apply");
@@ -263,5 +244,4 @@ pub async fn etcd_serves_tls(cluster: Arc<Cluster>) {
         })
         .await
         .expect("the operator follows the leader over HTTPS");
-    release(&cluster, ns).await;
 }
