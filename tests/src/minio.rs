@@ -2,6 +2,11 @@
 //! `scripts/minio.sh`, started on loopback or inside the test node's network namespace
 //! (where pods reach it at the node's address), with its buckets made as directories of
 //! its data directory before it starts. Stopped by the PID it was started with.
+//!
+//! MinIO refuses every write once the drive under its data directory is nearly full,
+//! judged on the whole drive: on a shared disk with little room left, uploads fail
+//! however small. Its data directory is therefore a tmpfs of its own ([`DATA_SIZE`]),
+//! unmounted when the server is dropped (and by the node's teardown on the node).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,6 +22,10 @@ pub const ACCESS_KEY: &str = "plugdb-test";
 /// The server's secret key.
 pub const SECRET_KEY: &str = "plugdb-test-secret-key";
 
+/// The size of the tmpfs holding a server's data: room for every backup and archived
+/// log a test writes. Memory is spent only for what is written.
+pub const DATA_SIZE: &str = "4g";
+
 /// A running MinIO server.
 pub struct Minio {
     /// `http://ADDRESS:PORT`.
@@ -26,7 +35,33 @@ pub struct Minio {
     /// PEM of the CA that signed its certificate, when it serves HTTPS.
     pub ca_pem: Option<Vec<u8>>,
     child: Child,
+    // Dropped in this order: the server stops, its tmpfs is unmounted, the directory goes.
+    _mount: Tmpfs,
     _dir: Option<tempfile::TempDir>,
+}
+
+/// A tmpfs mounted at a directory, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Result<Self> {
+        std::fs::create_dir_all(at)?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={DATA_SIZE},mode=0700"), "plugdb-minio"])
+            .arg(at)
+            .output()
+            .context("running mount")?;
+        if !out.status.success() {
+            bail!("mounting a tmpfs at {} for MinIO's data failed: {}", at.display(), String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+    }
 }
 
 fn binary() -> Result<PathBuf> {
@@ -65,6 +100,7 @@ impl Minio {
         let minio = binary()?;
         let dir = tempfile::tempdir()?;
         let data = dir.path().join("data");
+        let mount = Tmpfs::mount(&data)?;
         make_buckets(&data, buckets)?;
         let port = crate::control_plane::free_port()?;
         let log = std::fs::File::create(dir.path().join("minio.log"))?;
@@ -80,7 +116,7 @@ impl Minio {
         };
         let child = command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).spawn().context("starting minio")?;
         let scheme = if tls { "https" } else { "http" };
-        let server = Self { endpoint: format!("{scheme}://127.0.0.1:{port}"), data, ca_pem, child, _dir: Some(dir) };
+        let server = Self { endpoint: format!("{scheme}://127.0.0.1:{port}"), data, ca_pem, child, _mount: mount, _dir: Some(dir) };
         server.wait_live(&server.log_at()).await?;
         Ok(server)
     }
@@ -92,12 +128,13 @@ impl Minio {
         let minio = binary()?;
         let data = node.dir().join(format!("minio-{port}"));
         let _ = std::fs::remove_dir_all(&data);
+        let mount = Tmpfs::mount(&data)?;
         make_buckets(&data, buckets)?;
         let mut command = Node::command(&minio.to_string_lossy());
         server(&mut command, &data, NODE_ADDRESS, port);
         let name = format!("minio-{port}");
         let child = node.spawn_recorded(&name, &mut command)?;
-        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:{port}"), data, ca_pem: None, child, _dir: None };
+        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:{port}"), data, ca_pem: None, child, _mount: mount, _dir: None };
         server.wait_live(&node.dir().join(format!("{name}.log"))).await?;
         Ok(server)
     }
