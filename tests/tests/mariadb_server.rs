@@ -123,8 +123,9 @@ fn backup_then_restore_gives_identical_data() {
     let target_secrets = db.secrets("target");
     let target = db.start_member(&plugin, &t, 0, None, &target_secrets);
     let restore = plugin
-        .restore(&t, &BackupLocation { host: target.address.clone(), credentials_secret: "target-credentials".into(), ..location })
-        .expect("restore plan");
+        .restore(&t, &BackupLocation { host: target.address.clone(), credentials_secret: "target-credentials".into(), ..location }, 0)
+        .expect("restore plan")
+        .expect("member 0 restores");
     target.run_job(&restore, &target_secrets, &[("PATH", PATH.into())]).expect("restore job");
     assert_eq!(sql(&target, &target_secrets["root-password"], FINGERPRINT).expect("fingerprint after restore"), before);
     assert!(sql(&target, &source_secrets["root-password"], "SELECT 1").is_err(), "the source's password does not open the target");
@@ -266,8 +267,10 @@ fn a_point_in_time_restore_replays_the_archived_logs_of_both_primaries_once_each
                 point_in_time: Some(moment.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
                 ..location
             },
+            0,
         )
-        .expect("restore plan");
+        .expect("restore plan")
+        .expect("member 0 restores");
     let said = target.run_job(&restore, &target_secrets, &[("PATH", PATH.into())]).expect("restore job");
     assert!(said.contains("replayed"), "{said}");
     let tpw = &target_secrets["root-password"];

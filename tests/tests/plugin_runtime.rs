@@ -83,7 +83,8 @@ fn a_plugin_built_for_contract_0_1_is_adapted_and_asked_only_what_0_1_can_answer
     };
     let job = plugin.backup(&s, &location).expect("backup plan");
     assert_eq!(job.command[2], "legacy-dump --host orders.shop.svc > /backups/orders-1");
-    assert!(plugin.restore(&s, &location).expect("restore plan").command[2].starts_with("legacy-load"));
+    assert!(plugin.restore(&s, &location, 0).expect("restore plan").expect("member 0").command[2].starts_with("legacy-load"));
+    assert_eq!(plugin.restore(&s, &location, 1).expect("restore plan"), None, "0.1 restores member 0 alone; the others join it");
 
     // 0.1 has no plan-scale: it scales in one step, as it always did.
     let mut five = s.clone();

@@ -138,7 +138,8 @@ fn backup_then_restore_gives_identical_data() {
     let target_secrets = pg.secrets("target");
     let target = LocalPod::new("target-0", CONFIG_MOUNT, pg.data_mount).expect("pod");
     let restore =
-        plugin.restore(&t, &BackupLocation { credentials_secret: "target-credentials".into(), ..location }).expect("restore plan");
+        plugin.restore(&t, &BackupLocation { credentials_secret: "target-credentials".into(), ..location }, 0).expect("restore plan");
+    let restore = restore.expect("member 0 restores");
     target.run_job(&restore, &target_secrets, &[("PATH", "/usr/bin:/bin".into())]).expect("restore job");
     // Restoring twice over the same volume is refused, not a silent overwrite.
     let again = target.run_job(&restore, &target_secrets, &[("PATH", "/usr/bin:/bin".into())]).expect_err("second restore refused");

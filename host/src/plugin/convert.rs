@@ -175,31 +175,36 @@ impl Exports {
         }
     }
 
-    /// The plugin's Job for a backup to, or a restore from, `location`.
-    pub(crate) fn job(
+    /// The plugin's Job for a backup to `location`.
+    pub(crate) fn backup(
         &self,
         store: impl AsContextMut,
         instance: &Instance,
-        kind: JobKind,
         spec: &host::EngineSpec,
         location: &host::BackupLocation,
     ) -> wasmtime::Result<Result<host::JobPlan, String>> {
-        let index = match kind {
-            JobKind::Backup => &self.backup,
-            JobKind::Restore => &self.restore,
-        };
         match self.contract {
-            Contract::V0_2 => v0_2::job(store, instance, index, spec, location),
-            Contract::V0_1 => v0_1::job(store, instance, index, spec, location),
+            Contract::V0_2 => v0_2::job(store, instance, &self.backup, spec, location),
+            Contract::V0_1 => v0_1::job(store, instance, &self.backup, spec, location),
         }
     }
-}
 
-/// Which of the contract's Job functions to call.
-#[derive(Clone, Copy)]
-pub(crate) enum JobKind {
-    Backup,
-    Restore,
+    /// The plugin's Job restoring member `member` from `location`, or `None` when that
+    /// member joins the restored ones instead. 0.1 restores member 0 alone.
+    pub(crate) fn restore(
+        &self,
+        store: impl AsContextMut,
+        instance: &Instance,
+        spec: &host::EngineSpec,
+        location: &host::BackupLocation,
+        member: u32,
+    ) -> wasmtime::Result<Result<Option<host::JobPlan>, String>> {
+        match self.contract {
+            Contract::V0_2 => v0_2::restore(store, instance, &self.restore, spec, location, member),
+            Contract::V0_1 if member == 0 => v0_1::job(store, instance, &self.restore, spec, location).map(|r| r.map(Some)),
+            Contract::V0_1 => Ok(Ok(None)),
+        }
+    }
 }
 
 /// Runs the export at `index` of `instance` with `params`, type-checked as `P -> R`.
@@ -502,6 +507,20 @@ pub(crate) mod v0_2 {
             archive_directory: l.archive_directory.clone(),
             point_in_time: l.point_in_time.clone(),
         }
+    }
+
+    pub(super) fn restore(
+        store: impl AsContextMut,
+        instance: &Instance,
+        index: &ComponentExportIndex,
+        spec: &host::EngineSpec,
+        location: &host::BackupLocation,
+        member: u32,
+    ) -> wasmtime::Result<Result<Option<host::JobPlan>, String>> {
+        let (spec, location) = (database_spec(spec), backup_location(location));
+        type Params<'a> = (&'a w::DatabaseSpec, &'a w::BackupLocation, u32);
+        call::<Params, (Result<Option<w::JobPlan>, String>,)>(store, instance, index, (&spec, &location, member))
+            .map(|(r,)| r.map(|plan| plan.map(job_plan)))
     }
 
     pub(super) fn plan_scale(

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
-use super::convert::{self, Contract, Exports, JobKind};
+use super::convert::{self, Contract, Exports};
 use super::memo::Memo;
 use super::shape::{Shape, ShapeLimits};
 use super::types::*;
@@ -691,17 +691,22 @@ impl Plugin {
     /// A Job that backs the Database up to `location`.
     pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
         self.counted("backup", &(spec, location), || {
-            let job = self.call("backup", |s, i| self.exports.job(s, i, JobKind::Backup, spec, location))?.map_err(|r| self.refused(r))?;
+            let job = self.call("backup", |s, i| self.exports.backup(s, i, spec, location))?.map_err(|r| self.refused(r))?;
             self.checked("backup", super::policy::check_job(&job, &location.credentials_secret), job)
         })
     }
 
-    /// A Job that restores the backup at `location`.
-    pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
-        self.counted("restore", &(spec, location), || {
-            let job =
-                self.call("restore", |s, i| self.exports.job(s, i, JobKind::Restore, spec, location))?.map_err(|r| self.refused(r))?;
-            self.checked("restore", super::policy::check_job(&job, &location.credentials_secret), job)
+    /// A Job that restores the backup at `location` into member `member`, or `None`
+    /// when that member joins the restored ones instead (never for member 0).
+    pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation, member: u32) -> Result<Option<JobPlan>, CallError> {
+        self.counted("restore", &(spec, location, member), || {
+            let plan = self.call("restore", |s, i| self.exports.restore(s, i, spec, location, member))?.map_err(|r| self.refused(r))?;
+            let violations = match &plan {
+                Some(job) => super::policy::check_job(job, &location.credentials_secret),
+                None if member == 0 => vec![Violation { field: "restore".into(), message: "member 0 must be restored".into() }],
+                None => Vec::new(),
+            };
+            self.checked("restore", violations, plan)
         })
     }
 

@@ -334,7 +334,7 @@ pub struct MemberQuery {
 }
 
 /// A command run to completion in a Job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobPlan {
     /// Container image.

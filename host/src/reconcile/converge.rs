@@ -452,7 +452,7 @@ impl<'a> Pass<'a> {
             }
             restore::Restore::HoldMembers => {
                 self.status.phase = Some(Phase::Restoring);
-                let message = format!("restoring into the data volume ({})", restore::job_name(db));
+                let message = format!("restoring into the members' data volumes (Jobs {}*)", restore::job_name(db, 0));
                 status::set(&mut self.status.conditions, kind::PROGRESSING, true, Reason::Restoring, message, generation);
                 self.status.observed_generation = generation;
                 write_status(ctx, db, std::mem::take(&mut self.status)).await?;
@@ -558,10 +558,11 @@ impl<'a> Pass<'a> {
         let (ctx, ns) = (self.ctx, self.ns.as_str());
         let desired = spec.replicas;
         if self.restore_unfinished() {
-            // The restore reaches member 0 alone; the others join once it is done, as the
-            // plugin plans a scale from one member, and copy the restored data.
+            // The members the restore writes start together; the others join once it is
+            // done, as the plugin plans a scale from that many, and copy the restored data.
             self.status.scale = None;
-            return Ok(Scale { granted: desired.min(1), job: None, under_way: desired > 1, refused: false });
+            let granted = desired.min(restore::members_restored(ctx, self.db, desired));
+            return Ok(Scale { granted, job: None, under_way: desired > granted, refused: false });
         }
         let set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
         let Some(current) = set.and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)).map(|r| r.max(1) as u32) else {

@@ -14,7 +14,7 @@ use crate::build::{self, BACKUP_MOUNT, Child, Names, labels, metadata_with};
 use crate::crd::Database;
 use crate::jobs::{self, Purpose, Storage, Transfer};
 use crate::objects::{self, Listed, Segment};
-use crate::plugin::{BackupLocation, Capability, EngineSpec, Plugin, Workload};
+use crate::plugin::{BackupLocation, Capability, EngineSpec, JobPlan, Plugin, Workload};
 
 /// Where the restore stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,22 +31,60 @@ pub enum Restore {
     Waiting(String),
 }
 
-/// Name of the restore Job of `db`.
-pub fn job_name(db: &Database) -> String {
-    format!("{}-restore", db.name_any())
+/// Name of the Job restoring member `ordinal` of `db` (member 0's: `<name>-restore`).
+pub fn job_name(db: &Database, ordinal: u32) -> String {
+    match ordinal {
+        0 => format!("{}-restore", db.name_any()),
+        n => format!("{}-restore-{n}", db.name_any()),
+    }
 }
 
-/// Where a restore stands, from its Job `job` alone (`None`: not started yet). A restore
-/// into the data volume (`writes_data`) holds the members until it is done; one over the
-/// network runs beside them.
-pub fn progress(state: JobState, writes_data: bool, job: &str) -> Option<Restore> {
-    match state {
-        JobState::Succeeded => Some(Restore::Done),
-        JobState::Failed => Some(Restore::Failed(format!("restore Job {job} failed; see its logs"))),
-        JobState::Running if writes_data => Some(Restore::HoldMembers),
-        JobState::Running => Some(Restore::Running),
-        JobState::Missing => None,
+/// How many members a restore of `db` writes: those with a restore Job, from member 0
+/// on (at least 1: before its Jobs exist, and for a load over the network).
+pub fn members_restored(ctx: &Context, db: &Database, replicas: u32) -> u32 {
+    let ns = db.namespace().unwrap_or_default();
+    (0..replicas).take_while(|&ordinal| ctx.caches.job(&ns, &job_name(db, ordinal)).is_some()).count().max(1) as u32
+}
+
+/// Where a restore stands, from its Jobs alone: each with its name, state and whether
+/// it writes a data volume (`None`: not started yet). Restores into data volumes hold
+/// the members until every one is done; one over the network runs beside them.
+pub fn progress(jobs: &[(String, JobState, bool)]) -> Option<Restore> {
+    if jobs.is_empty() || jobs.iter().all(|(_, state, _)| *state == JobState::Missing) {
+        return None;
     }
+    if let Some((name, ..)) = jobs.iter().find(|(_, state, _)| *state == JobState::Failed) {
+        return Some(Restore::Failed(format!("restore Job {name} failed; see its logs")));
+    }
+    if jobs.iter().all(|(_, state, _)| *state == JobState::Succeeded) {
+        return Some(Restore::Done);
+    }
+    Some(if jobs.iter().any(|(_, _, writes_data)| *writes_data) { Restore::HoldMembers } else { Restore::Running })
+}
+
+/// The plans of the members that restore (member 0 first), from the plugin's answer for
+/// every member: restored members come first, and a load over the network (member 0's)
+/// is the only one.
+pub fn restored_members(answers: Vec<Option<JobPlan>>) -> Result<Vec<JobPlan>, String> {
+    let mut plans = Vec::new();
+    let mut joins_from = None;
+    for (ordinal, answer) in answers.into_iter().enumerate() {
+        match (answer, joins_from) {
+            (None, None) if ordinal == 0 => return Err("the plugin restores no member 0".into()),
+            (None, None) => joins_from = Some(ordinal),
+            (None, Some(_)) => {}
+            (Some(_), Some(first)) => {
+                return Err(format!("the plugin restores member {ordinal} but not member {first}: restored members must come first"));
+            }
+            (Some(plan), None) => plans.push(plan),
+        }
+    }
+    if plans.len() > 1 && plans.iter().any(|p| !p.mounts_data) {
+        return Err(
+            "the plugin loads member 0 over the network and restores other members' volumes: a network load restores member 0 alone".into(),
+        );
+    }
+    Ok(plans)
 }
 
 /// Advances the restore of a new Database. `members_ready`: whether the cluster is up
@@ -62,9 +100,15 @@ pub async fn reconcile(
     let Some(source) = &db.spec.restore_from else { return Ok(Restore::Done) };
     let ns = db.namespace().unwrap_or_default();
     let name = db.name_any();
-    let job = ctx.caches.job(&ns, &job_name(db));
-    if let Some(restore) = progress(backups::state(job.as_deref()), job.as_deref().is_some_and(writes_data), &job_name(db)) {
-        return Ok(restore);
+    // Member 0's Job is made last: once it exists, every other member's does too.
+    if ctx.caches.job(&ns, &job_name(db, 0)).is_some() {
+        let jobs: Vec<(String, JobState, bool)> = (0..spec.replicas.max(1))
+            .map(|ordinal| job_name(db, ordinal))
+            .filter_map(|name| ctx.caches.job(&ns, &name).map(|job| (name, backups::state(Some(job.as_ref())), writes_data(&job))))
+            .collect();
+        if let Some(restore) = progress(&jobs) {
+            return Ok(restore);
+        }
     }
     if let Some(why) = plugin.lacks(Capability::Restore) {
         return Ok(Restore::Failed(format!("spec.restoreFrom: {why}")));
@@ -107,33 +151,37 @@ pub async fn reconcile(
         archive_directory: point_in_time.map(|_| jobs::RESTORE_ARCHIVE.into()),
         point_in_time: point_in_time.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
     };
-    let plan = match ctx.call(plugin, "restore", (spec.clone(), location), |p, (spec, location)| p.restore(spec, location)).await? {
-        Ok(plan) => plan,
+    let mut answers = Vec::new();
+    for member in 0..spec.replicas.max(1) {
+        let input = (spec.clone(), location.clone(), member);
+        match ctx.call(plugin, "restore", input, |p, (spec, location, member)| p.restore(spec, location, *member)).await? {
+            Ok(answer) => answers.push(answer),
+            Err(e) => return Ok(Restore::Failed(format!("spec.restoreFrom: {e}"))),
+        }
+    }
+    let plans = match restored_members(answers) {
+        Ok(plans) => plans,
         Err(e) => return Ok(Restore::Failed(format!("spec.restoreFrom: {e}"))),
     };
-    if !plan.mounts_data && !members_ready {
+    let into_volumes = plans.iter().all(|p| p.mounts_data);
+    if !into_volumes && !members_ready {
         return Ok(Restore::Running);
     }
-    let claim = Names(&name).data_claim(0);
-    if plan.mounts_data {
-        apply::create_once(ctx, &ns, &data_claim(db, &claim)).await?;
-    }
-    let storage = match &transfer {
+    let storage = || match &transfer {
         Some((target, key, image)) => Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: point_in_time.is_some() }),
         None => Storage::Volume { of: &source.database },
     };
-    let job = jobs::job(
-        db,
-        &job_name(db),
-        Purpose::Restore,
-        &plan,
-        storage,
-        &backup,
-        Some((&claim, &workload.data_mount_path)),
-        workload.run_as_user,
-    );
-    apply::create_once(ctx, &ns, &job).await?;
-    Ok(if plan.mounts_data { Restore::HoldMembers } else { Restore::Running })
+    for (ordinal, plan) in plans.iter().enumerate().rev() {
+        let claim = Names(&name).data_claim(ordinal as u32);
+        if plan.mounts_data {
+            apply::create_once(ctx, &ns, &data_claim(db, &claim)).await?;
+        }
+        let job_name = job_name(db, ordinal as u32);
+        let volume = Some((claim.as_str(), workload.data_mount_path.as_str()));
+        let job = jobs::job(db, &job_name, Purpose::Restore, plan, storage(), &backup, volume, workload.run_as_user);
+        apply::create_once(ctx, &ns, &job).await?;
+    }
+    Ok(if into_volumes { Restore::HoldMembers } else { Restore::Running })
 }
 
 /// `spec.restoreFrom.pointInTime` as a moment.
@@ -197,7 +245,7 @@ pub fn choose(listed: &[Listed], archive: &[Segment], named: Option<&str>, point
 /// The backup a restore read, as its Job records it (`database/backup`), for messages.
 pub fn restored_from(ctx: &Context, db: &Database) -> String {
     let source = db.spec.restore_from.as_ref().map(|s| s.database.as_str()).unwrap_or_default();
-    let job = ctx.caches.job(&db.namespace().unwrap_or_default(), &job_name(db));
+    let job = ctx.caches.job(&db.namespace().unwrap_or_default(), &job_name(db, 0));
     let backup = job.as_ref().and_then(|j| j.annotations().get(jobs::ARTIFACT).cloned()).unwrap_or_default();
     format!("{source}/{backup}")
 }
@@ -210,7 +258,7 @@ fn writes_data(job: &Job) -> bool {
         .is_some_and(|v| v.iter().any(|v| v.name == "data"))
 }
 
-/// Member 0's data claim, made ahead of the StatefulSet (which adopts it by name).
+/// A member's data claim, made ahead of the StatefulSet (which adopts it by name).
 fn data_claim(db: &Database, name: &str) -> Child {
     // Not owned by the Database: the StatefulSet's retention policy decides its fate.
     let claim = PersistentVolumeClaim {
@@ -253,17 +301,45 @@ mod tests {
     }
 
     #[test]
-    fn a_restore_into_the_volume_holds_the_members_and_one_over_the_network_runs_beside_them() {
-        let rows = [
-            (JobState::Missing, true, None),
-            (JobState::Running, true, Some(Restore::HoldMembers)),
-            (JobState::Running, false, Some(Restore::Running)),
-            (JobState::Succeeded, true, Some(Restore::Done)),
-            (JobState::Succeeded, false, Some(Restore::Done)),
-            (JobState::Failed, false, Some(Restore::Failed("restore Job orders-restore failed; see its logs".into()))),
+    fn restores_into_volumes_hold_the_members_until_every_one_is_done_and_one_over_the_network_runs_beside_them() {
+        use JobState::*;
+        let jobs = |rows: &[(JobState, bool)]| -> Vec<(String, JobState, bool)> {
+            rows.iter().enumerate().map(|(i, (state, data))| (format!("orders-restore-{i}"), *state, *data)).collect()
+        };
+        let failed = |i: usize| Some(Restore::Failed(format!("restore Job orders-restore-{i} failed; see its logs")));
+        type Row = (&'static [(JobState, bool)], Option<Restore>);
+        let rows: &[Row] = &[
+            (&[], None),
+            (&[(Missing, true)], None),
+            (&[(Running, true)], Some(Restore::HoldMembers)),
+            (&[(Running, false)], Some(Restore::Running)),
+            (&[(Succeeded, true)], Some(Restore::Done)),
+            (&[(Succeeded, false)], Some(Restore::Done)),
+            (&[(Failed, false)], failed(0)),
+            // Every member's volume: done only when all are.
+            (&[(Succeeded, true), (Running, true), (Succeeded, true)], Some(Restore::HoldMembers)),
+            (&[(Succeeded, true), (Succeeded, true), (Succeeded, true)], Some(Restore::Done)),
+            (&[(Running, true), (Failed, true), (Succeeded, true)], failed(1)),
         ];
-        for (state, writes_data, expected) in rows {
-            assert_eq!(progress(state, writes_data, "orders-restore"), expected, "{state:?}, writes data {writes_data}");
+        for (states, expected) in rows {
+            assert_eq!(&progress(&jobs(states)), expected, "{states:?}");
         }
+    }
+
+    #[test]
+    fn the_restored_members_come_first_and_a_network_load_restores_member_0_alone() {
+        let plan = |mounts_data: bool| JobPlan { mounts_data, ..Default::default() };
+        let count = |answers: Vec<Option<JobPlan>>| restored_members(answers).map(|p| p.len());
+        assert_eq!(count(vec![Some(plan(true)), None, None]), Ok(1), "member 0 restored, the others join it");
+        assert_eq!(count(vec![Some(plan(true)), Some(plan(true)), Some(plan(true))]), Ok(3), "every member restored");
+        assert_eq!(count(vec![Some(plan(false)), None]), Ok(1), "member 0 loaded over the network");
+        assert_eq!(count(vec![Some(plan(true)), Some(plan(true)), None]), Ok(2));
+        let refused = |answers: Vec<Option<JobPlan>>, words: &str| {
+            let e = restored_members(answers).expect_err("refused");
+            assert!(e.contains(words), "{e}");
+        };
+        refused(vec![None, Some(plan(true))], "no member 0");
+        refused(vec![Some(plan(true)), None, Some(plan(true))], "member 2 but not member 1");
+        refused(vec![Some(plan(false)), Some(plan(true))], "network");
     }
 }

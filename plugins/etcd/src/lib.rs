@@ -9,8 +9,8 @@
 //!   leave the cluster without a quorum is refused.
 //! - Members start from `start.sh` (a config file), which joins, rejoins or starts a
 //!   new cluster from what the cluster lists.
-//! - Backups are snapshots (`etcdctl snapshot save`); a restore makes member 0's data
-//!   from one, and the other members join it.
+//! - Backups are snapshots (`etcdctl snapshot save`); a restore makes every member's
+//!   data from one, as members of a new cluster that start together.
 //! - TLS (`spec.tls`): clients and members reach each other over HTTPS with the
 //!   Database's certificate; members verify each other both ways. Chosen at creation:
 //!   a member's peer address, scheme included, is part of etcd's membership.
@@ -294,32 +294,38 @@ impl Engine for Etcd {
         })
     }
 
-    fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
+    /// Every member restores the snapshot into its own volume as a member of a new
+    /// cluster of `spec.replicas` (etcd's own way), so they start together with the data.
+    fn restore(spec: DatabaseSpec, location: BackupLocation, member: u32) -> Result<Option<JobPlan>, String> {
         if location.point_in_time.is_some() {
             return Err("etcd restores snapshots as they were taken; it keeps no log to replay to a moment".into());
         }
+        let peer = |i: u32| format!("{}://{}-{i}.{}:{PEER_PORT}", scheme(&spec), spec.name, location.cluster.headless_host);
+        let initial: Vec<String> = (0..spec.replicas).map(|i| format!("{}-{i}={}", spec.name, peer(i))).collect();
         let mut env = cluster_env(&spec, &location.cluster.headless_host);
         env.extend([
             env_value("BACKUP_DIR", location.directory.clone()),
             env_value("BACKUP_NAME", location.artifact.clone()),
-            env_value("MEMBER", location.cluster.primary_pod.clone()),
+            env_value("MEMBER", format!("{}-{member}", spec.name)),
+            env_value("PEER", peer(member)),
+            env_value("INITIAL_CLUSTER", initial.join(",")),
         ]);
-        Ok(JobPlan {
+        Ok(Some(JobPlan {
             image: image(&spec.version),
-            command: shell(&format!(
+            command: shell(
                 "set -eu; src=\"$BACKUP_DIR/$BACKUP_NAME/snapshot.db\"; \
-                 test -f \"$src\" || {{ echo \"backup $src not found\" >&2; exit 1; }}; \
+                 test -f \"$src\" || { echo \"backup $src not found\" >&2; exit 1; }; \
                  if [ -d \"$DATA_DIR/member\" ]; then echo \"refusing to restore over the existing data in $DATA_DIR\" >&2; exit 1; fi; \
-                 peer=\"$SCHEME://$MEMBER.$HEADLESS_HOST:{PEER_PORT}\"; tmp=\"$DATA_DIR.restore\"; rm -rf \"$tmp\"; \
+                 tmp=\"$DATA_DIR.restore\"; rm -rf \"$tmp\"; \
                  if command -v etcdutl >/dev/null; then tool=etcdutl; else tool=etcdctl; fi; \
-                 \"$tool\" snapshot restore \"$src\" --data-dir \"$tmp\" --name \"$MEMBER\" --initial-cluster \"$MEMBER=$peer\" \
-                   --initial-cluster-token \"$CLUSTER_TOKEN\" --initial-advertise-peer-urls \"$peer\"; \
+                 \"$tool\" snapshot restore \"$src\" --data-dir \"$tmp\" --name \"$MEMBER\" --initial-cluster \"$INITIAL_CLUSTER\" \
+                   --initial-cluster-token \"$CLUSTER_TOKEN\" --initial-advertise-peer-urls \"$PEER\"; \
                  mkdir -p \"$DATA_DIR\"; chmod 700 \"$DATA_DIR\"; mv \"$tmp/member\" \"$DATA_DIR/member\"; rm -rf \"$tmp\"; \
-                 echo \"restored $BACKUP_NAME into $MEMBER\""
-            )),
+                 echo \"restored $BACKUP_NAME into $MEMBER\"",
+            ),
             env,
             mounts_data: true,
-        })
+        }))
     }
 }
 

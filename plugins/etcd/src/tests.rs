@@ -165,7 +165,7 @@ fn members_are_asked_their_status_and_a_new_leader_renders_nothing_new() {
 }
 
 #[test]
-fn a_snapshot_is_restored_into_member_0_only_and_never_to_a_moment() {
+fn a_snapshot_is_restored_into_every_member_of_one_new_cluster_and_never_to_a_moment() {
     let location = |point_in_time: Option<&str>| BackupLocation {
         directory: "/backups".into(),
         artifact: "config-20261124".into(),
@@ -175,11 +175,17 @@ fn a_snapshot_is_restored_into_member_0_only_and_never_to_a_moment() {
         archive_directory: None,
         point_in_time: point_in_time.map(Into::into),
     };
-    let job = Etcd::restore(spec(3, vec![]), location(None)).expect("restore");
-    assert!(job.mounts_data);
-    assert!(job.env.contains(&env_value("MEMBER", "config-0")));
-    assert!(job.command.join(" ").contains("snapshot restore"));
-    let refused = Etcd::restore(spec(3, vec![]), location(Some("2026-11-24T10:00:00Z"))).expect_err("no point in time");
+    let peer = |i: u32| format!("http://config-{i}.config-headless.infra.svc:2380");
+    let initial = (0..3).map(|i| format!("config-{i}={}", peer(i))).collect::<Vec<_>>().join(",");
+    for member in 0..3 {
+        let job = Etcd::restore(spec(3, vec![]), location(None), member).expect("restore").expect("every member restores");
+        assert!(job.mounts_data, "into the member's own volume, before it starts");
+        assert!(job.env.contains(&env_value("MEMBER", format!("config-{member}"))), "{:?}", job.env);
+        assert!(job.env.contains(&env_value("PEER", peer(member))), "{:?}", job.env);
+        assert!(job.env.contains(&env_value("INITIAL_CLUSTER", initial.clone())), "{:?}", job.env);
+        assert!(job.command.join(" ").contains("snapshot restore"));
+    }
+    let refused = Etcd::restore(spec(3, vec![]), location(Some("2026-11-24T10:00:00Z")), 0).expect_err("no point in time");
     assert!(refused.contains("no log to replay"), "{refused}");
     let backup = Etcd::backup(spec(3, vec![]), location(None)).expect("backup");
     assert!(backup.command.join(" ").contains("snapshot save"), "{:?}", backup.command);

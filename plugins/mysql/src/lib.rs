@@ -335,8 +335,12 @@ impl Engine for Mysql {
         })
     }
 
-    fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
-        Ok(JobPlan { image: image(&spec.version), command: shell(RESTORE), env: job_env(&spec, &location), mounts_data: false })
+    /// A load into the running primary (member 0); the replicas clone it afterwards.
+    fn restore(spec: DatabaseSpec, location: BackupLocation, member: u32) -> Result<Option<JobPlan>, String> {
+        if member > 0 {
+            return Ok(None);
+        }
+        Ok(Some(JobPlan { image: image(&spec.version), command: shell(RESTORE), env: job_env(&spec, &location), mounts_data: false }))
     }
 }
 

@@ -174,7 +174,8 @@ fn an_archive_directory_hands_binary_logs_over_and_a_point_in_time_restore_repla
     };
     let backup = Mysql::backup(spec("11.8"), location(None)).expect("backup plan").command.join(" ");
     assert!(backup.contains("--master-data=2"), "the dump records the GTID position a replay starts from: {backup}");
-    let env = |at| Mysql::restore(spec("11.8"), location(at)).expect("restore plan").env;
+    let env = |at| Mysql::restore(spec("11.8"), location(at), 0).expect("restore plan").expect("member 0").env;
+    assert_eq!(Mysql::restore(spec("11.8"), location(None), 1), Ok(None), "the replicas clone the restored primary");
     assert_eq!(value(&env(None), "POINT_IN_TIME"), None);
     for (at, stop) in [("2026-11-23T10:15:30Z", "2026-11-23 10:15:30"), ("2026-11-23T10:15:30.750Z", "2026-11-23 10:15:30")] {
         let pitr = env(Some(at));
@@ -217,7 +218,7 @@ fn with_tls_the_server_requires_it_and_replicas_and_jobs_verify_the_primary() {
     };
     let backup = Mysql::backup(secured.clone(), location.clone()).expect("backup");
     assert!(named(&backup.env, "CLIENT_TLS") && backup.command.join(" ").contains("${CLIENT_TLS:-}"));
-    assert!(named(&Mysql::restore(secured, location).expect("restore").env, "CLIENT_TLS"));
+    assert!(named(&Mysql::restore(secured, location, 0).expect("restore").expect("member 0").env, "CLIENT_TLS"));
     assert!(Mysql::info().capabilities & Capabilities::TLS == Capabilities::TLS);
 }
 

@@ -303,8 +303,12 @@ impl Engine for Postgres {
         })
     }
 
-    fn restore(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
-        Ok(JobPlan {
+    /// Member 0 only: the replicas clone the restored primary as they do any primary.
+    fn restore(spec: DatabaseSpec, location: BackupLocation, member: u32) -> Result<Option<JobPlan>, String> {
+        if member > 0 {
+            return Ok(None);
+        }
+        Ok(Some(JobPlan {
             image: image(&spec.version),
             command: shell(
                 "set -eu; src=\"$BACKUP_DIR/$BACKUP_NAME/base.tar.gz\"; \
@@ -321,7 +325,7 @@ impl Engine for Postgres {
             ),
             env: job_env(&spec, &location),
             mounts_data: true,
-        })
+        }))
     }
 }
 

@@ -170,7 +170,8 @@ fn an_archive_directory_turns_wal_archiving_on_and_a_point_in_time_restore_repla
         archive_directory: at.map(|_| "/backups/_archive".into()),
         point_in_time: at.map(Into::into),
     };
-    let env = |at| Postgres::restore(spec("17"), location(at)).expect("restore plan").env;
+    let env = |at| Postgres::restore(spec("17"), location(at), 0).expect("restore plan").expect("member 0").env;
+    assert_eq!(Postgres::restore(spec("17"), location(None), 1), Ok(None), "the replicas clone the restored primary");
     let named = |env: &[EnvVar], name: &str| env.iter().any(|e| e.name == name);
     assert!(!named(&env(None), "POINT_IN_TIME"));
     let pitr = env(Some("2026-11-23T10:15:30Z"));

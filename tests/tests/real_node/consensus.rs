@@ -226,9 +226,9 @@ pub async fn elects_its_leader_and_changes_membership_safely(cluster: Arc<Cluste
 }
 
 /// A snapshot of a 3-member cluster, taken by a backup Job, restores into a new
-/// 3-member Database: member 0 is made from the snapshot before any member starts, the
-/// others join it, and every member serves the keys written before the backup, not the
-/// one written after, in one cluster.
+/// 3-member Database: every member is made from the snapshot (one Job each) before any
+/// member starts, as a member of one new cluster, and every member serves the keys
+/// written before the backup, not the one written after.
 pub async fn snapshot_restores_into_a_new_cluster(cluster: Arc<Cluster>) {
     let source = Etcd { ns: "etcd-backups", name: "config" };
     cluster.apply_database(source.ns, source.manifest(3, json!({}))).await.expect("apply");
@@ -255,9 +255,12 @@ pub async fn snapshot_restores_into_a_new_cluster(cluster: Arc<Cluster>) {
     cluster.apply_database(copy.ns, copy.manifest(3, restore)).await.expect("apply the copy");
     let restored = running(&cluster, copy, 3).await;
     assert!(restored.status.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Restored" && c.status == "True")));
-    let job = Api::<Job>::namespaced(cluster.client.clone(), copy.ns).get("copy-restore").await.expect("the restore Job");
     let set = Api::<StatefulSet>::namespaced(cluster.client.clone(), copy.ns).get(copy.name).await.expect("set");
-    assert!(set.metadata.creation_timestamp >= job.status.and_then(|s| s.completion_time), "members start only after the restore");
+    for job in ["copy-restore", "copy-restore-1", "copy-restore-2"] {
+        let job = Api::<Job>::namespaced(cluster.client.clone(), copy.ns).get(job).await.expect("a restore Job for every member");
+        let done = job.status.and_then(|s| s.completion_time);
+        assert!(done.is_some() && set.metadata.creation_timestamp >= done, "members start only after every restore");
+    }
 
     one_cluster_with(&cluster, copy, 3, "key-19", "value-19").await;
     for pod in members(&cluster, copy).await {
