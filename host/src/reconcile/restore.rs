@@ -2,6 +2,8 @@
 //! into the data volume run before the members exist; plans that load over the
 //! network run once the new primary is up. Read only while the Database is new.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
@@ -39,11 +41,22 @@ pub fn job_name(db: &Database, ordinal: u32) -> String {
     }
 }
 
-/// How many members a restore of `db` writes: those with a restore Job, from member 0
-/// on (at least 1: before its Jobs exist, and for a load over the network).
-pub fn members_restored(ctx: &Context, db: &Database, replicas: u32) -> u32 {
+/// The restore Jobs of `db` with their names, member 0's first. Member 0's is made
+/// last, so there are none until every one exists.
+fn restore_jobs(ctx: &Context, db: &Database, replicas: u32) -> Vec<(String, Arc<Job>)> {
     let ns = db.namespace().unwrap_or_default();
-    (0..replicas).take_while(|&ordinal| ctx.caches.job(&ns, &job_name(db, ordinal)).is_some()).count().max(1) as u32
+    (0..replicas.max(1))
+        .map_while(|ordinal| {
+            let name = job_name(db, ordinal);
+            ctx.caches.job(&ns, &name).map(|job| (name, job))
+        })
+        .collect()
+}
+
+/// How many members a restore of `db` writes: those with a restore Job (at least 1:
+/// before its Jobs exist, and for a load over the network).
+pub fn members_restored(ctx: &Context, db: &Database, replicas: u32) -> u32 {
+    restore_jobs(ctx, db, replicas).len().max(1) as u32
 }
 
 /// Where a restore stands, from its Jobs alone: each with its name, state and whether
@@ -100,15 +113,12 @@ pub async fn reconcile(
     let Some(source) = &db.spec.restore_from else { return Ok(Restore::Done) };
     let ns = db.namespace().unwrap_or_default();
     let name = db.name_any();
-    // Member 0's Job is made last: once it exists, every other member's does too.
-    if ctx.caches.job(&ns, &job_name(db, 0)).is_some() {
-        let jobs: Vec<(String, JobState, bool)> = (0..spec.replicas.max(1))
-            .map(|ordinal| job_name(db, ordinal))
-            .filter_map(|name| ctx.caches.job(&ns, &name).map(|job| (name, backups::state(Some(job.as_ref())), writes_data(&job))))
-            .collect();
-        if let Some(restore) = progress(&jobs) {
-            return Ok(restore);
-        }
+    let jobs: Vec<(String, JobState, bool)> = restore_jobs(ctx, db, spec.replicas)
+        .into_iter()
+        .map(|(name, job)| (name, backups::state(Some(job.as_ref())), writes_data(&job)))
+        .collect();
+    if let Some(restore) = progress(&jobs) {
+        return Ok(restore);
     }
     if let Some(why) = plugin.lacks(Capability::Restore) {
         return Ok(Restore::Failed(format!("spec.restoreFrom: {why}")));
