@@ -1,22 +1,25 @@
 //! One pass over a Database that is not being deleted: a short driver over named
-//! stages. Each stage reads the watch caches or asks the plugin, makes the writes it
-//! owns, and hands the next stage what it decided; the pass ends with
-//! [`status::conclude`], a pure function of what the stages found and did, and one
-//! status write.
+//! stages. Each stage observes (the watch caches, as values), asks the plugin the
+//! question the decide stage names, lets [`decide`] choose (pure, table-tested), and
+//! carries the decision out: the Jobs it names, the pods it restarts, the conditions
+//! and Events it notes. The pass ends with [`status::conclude`], a pure function of what
+//! the stages found and did, and one status write.
 //!
 //! ```text
-//! engine     the plugin serving spec.engine; the spec, checked by the host and the plugin
-//! upgrade    which version this pass renders: the plugin's plan, a pre-upgrade backup first
-//! observe    the members as the pod cache has them
-//! failover   who is primary: a lost primary is replaced before anything is rendered
-//! render     the plugin's workload for that version and primary; the credentials
-//! elected    an engine that elects its leader: who leads, from what the members answer
-//! restore    a restore into the data volume before the members start
-//! apply      the children, server-side; member volumes grown
-//! members    role labels and one rolling restart at a time
-//! steps      the upgrade plan's steps (Jobs, rolling restarts) in order
-//! backups    scheduled and requested backups, retention
-//! conclude   Ready, Progressing, Degraded and the phase (pure); the status written
+//!            observe          ask the plugin      decide (pure)         carry out
+//! engine     spec             validate            (host checks)         -
+//! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job
+//! observe    member pods      -                   members::observe      -
+//! failover   members          choose-primary      decide::failover      Event, Degraded
+//! scale      StatefulSet      plan-scale          decide::scale         scale Job
+//! render     -                render              -                     credentials, TLS Secret
+//! elected    member answers   choose-primary      decide::elected       Event, Degraded
+//! restore    restore Jobs     restore             restore::progress     claims, restore Jobs
+//! apply      -                -                   build::children       server-side apply, claims grown
+//! members    StatefulSet      -                   decide::roll          role labels, one restart
+//! steps      Jobs             -                   decide::steps         upgrade Jobs
+//! backups    backup Jobs      backup              schedule, retention   backup Jobs, deletions
+//! conclude   -                -                   status::conclude      the status written
 //! ```
 //!
 //! A stage that finds a permanent problem ends the pass with a condition
@@ -34,13 +37,14 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::backups::{self, BackupReport, JobState};
+use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
 use super::{Context, Error, apply, event, event_about, join, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
 use crate::build::{self, Names, ROLE_LABEL};
-use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase, ScaleStatus, UpgradeStatus};
+use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
-use crate::plugin::{CallError, Capability, EngineSpec, FailoverDecision, Plugin, ScaleStep, UpgradePlan, UpgradeStep, Workload};
+use crate::plugin::{CallError, Capability, EngineSpec, Plugin, Workload};
 
 /// A stage's outcome: go on with its value, or end the pass with this action.
 type Flow<T> = Result<ControlFlow<Action, T>, Error>;
@@ -114,27 +118,10 @@ struct Engine {
     spec: EngineSpec,
 }
 
-/// What the upgrade stage decided.
-struct Upgrade {
-    /// The version this pass renders: the desired one, or the running one while a
-    /// pre-upgrade backup runs or after a refusal.
-    version: String,
-    /// The plugin's plan, when an upgrade is under way.
-    plan: Option<UpgradePlan>,
-    /// The plugin refused the upgrade in this pass; `Progressing` says why.
-    refused: bool,
-}
-
 /// The members' pods and what they say.
 struct Members {
     pods: Vec<Arc<Pod>>,
     observed: Vec<Observed>,
-}
-
-/// Who is primary after the failover stage.
-struct Primary {
-    name: String,
-    failed_over: bool,
 }
 
 /// What the apply stage left.
@@ -142,18 +129,6 @@ struct Applied {
     /// The StatefulSet, as last written or cached.
     stateful_set: Option<Arc<StatefulSet>>,
     growth: Growth,
-}
-
-/// What the scale stage decided.
-struct Scale {
-    /// Members the StatefulSet has in this pass.
-    granted: u32,
-    /// The plan's Job to run now, by name.
-    job: Option<(String, crate::plugin::JobPlan)>,
-    /// A plan is being followed.
-    under_way: bool,
-    /// The plugin refused the change; `Progressing` says why.
-    refused: bool,
 }
 
 /// What the members stage found and did.
@@ -226,42 +201,37 @@ impl<'a> Pass<'a> {
     async fn upgrade(&mut self, engine: &Engine) -> Flow<Upgrade> {
         let (ctx, db) = (self.ctx, self.db);
         let desired = engine.spec.version.clone();
-        let Some(current) = self.status.current_version.clone().filter(|c| *c != desired) else {
+        let Some(running) = decide::upgrade_from(self.status.current_version.as_deref(), &desired).map(str::to_string) else {
             self.status.upgrade = None;
-            return Ok(ControlFlow::Continue(Upgrade { version: desired, plan: None, refused: false }));
+            return Ok(ControlFlow::Continue(Upgrade::none(&desired)));
         };
-        let input = (engine.spec.clone(), current.clone());
-        let plan = match ctx.call(&engine.plugin, "plan-upgrade", input, |p, (spec, from)| p.plan_upgrade(spec, from)).await? {
-            Ok(plan) => plan,
-            Err(e) => {
-                let message = format!("upgrade from {current} to {desired} refused: {e}");
-                self.warn_once(kind::PROGRESSING, false, Reason::UpgradeRefused, message, false).await;
-                self.status.upgrade = None;
-                return Ok(ControlFlow::Continue(Upgrade { version: current, plan: None, refused: true }));
-            }
+        let input = (engine.spec.clone(), running.clone());
+        let answer = ctx.call(&engine.plugin, "plan-upgrade", input, |p, (spec, from)| p.plan_upgrade(spec, from)).await?;
+        let backup = decide::pre_upgrade_backup(&self.name, &desired);
+        let backup_state = backups::state(ctx.caches.job(&self.ns, &backup).as_deref());
+        let facts = decide::UpgradeFacts {
+            name: &self.name,
+            running: &running,
+            desired: &desired,
+            progress: self.status.upgrade.as_ref(),
+            backups: db.spec.backup.as_ref().is_some_and(|b| b.enabled),
+            backup: backup_state,
         };
-        if self.status.upgrade.as_ref().is_none_or(|u| u.to != desired) {
-            let note = format!("upgrading from {current} to {desired}: {} step(s)", plan.steps.len());
-            event(ctx, db, false, Reason::UpgradeStarted, note).await;
-            self.status.upgrade = Some(UpgradeStatus { from: current.clone(), to: desired.clone(), step: 0 });
-        }
-        let mut version = desired.clone();
-        // A pre-upgrade backup first, when the plugin asks and backups are configured;
-        // until it succeeds the running version is rendered.
-        if plan.backup_first && db.spec.backup.as_ref().is_some_and(|b| b.enabled) {
-            let backup = format!("{}-pre-{}", self.name, &crate::plugin::hex_digest(desired.as_bytes())[..10]);
-            let current_spec = EngineSpec { version: current.clone(), ..engine.spec.clone() };
+        let upgrade = decide::upgrade(facts, answer.map_err(|e| e.to_string()));
+        self.say(&upgrade.notes).await;
+        self.status.upgrade = upgrade.progress.clone();
+        if let Some(backup) = upgrade.backup_first.as_deref().filter(|_| backup_state == JobState::Missing) {
+            // Taken at the running version, before anything is rendered at the new one.
+            let current_spec = EngineSpec { version: running.clone(), ..engine.spec.clone() };
             let uid = match plugin_uid(ctx, &engine.plugin, &current_spec, db).await? {
                 Ok(uid) => uid,
                 Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
             };
-            match backups::ensure_backup(ctx, db, &engine.plugin, &current_spec, &backup, uid).await? {
-                Ok(JobState::Succeeded) => {}
-                Ok(_) => version = current,
-                Err(reason) => return self.stop(kind::PROGRESSING, Reason::PreUpgradeBackupImpossible, reason).await,
+            if let Err(reason) = backups::ensure_backup(ctx, db, &engine.plugin, &current_spec, backup, uid).await? {
+                return self.stop(kind::PROGRESSING, Reason::PreUpgradeBackupImpossible, reason).await;
             }
         }
-        Ok(ControlFlow::Continue(Upgrade { version, plan: Some(plan), refused: false }))
+        Ok(ControlFlow::Continue(upgrade))
     }
 
     /// The members as the pod cache has them.
@@ -274,36 +244,21 @@ impl<'a> Pass<'a> {
     /// The primary: the one in status, or the member the plugin chooses when it has been
     /// lost for longer than the failover delay.
     async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
-        let (ctx, db) = (self.ctx, self.db);
+        let ctx = self.ctx;
         let primary = self.status.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
-        if plugin.info().capabilities.elects_leader {
-            // The engine elects its leader; the host never promotes (see `elected`).
-            return Ok(Primary { name: primary, failed_over: false });
-        }
-        if !members::primary_lost(&members.observed, &primary, ctx.settings.failover_after.as_secs() as i64) {
-            return Ok(Primary { name: primary, failed_over: false });
-        }
-        let generation = self.generation;
-        if let Some(why) = plugin.lacks(Capability::Failover) {
-            self.no_failover(format!("primary {primary} is not ready and no member is promoted: {why}")).await;
-            return Ok(Primary { name: primary, failed_over: false });
-        }
-        let candidates = members::for_plugin(&members.observed, &primary);
-        match ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await? {
-            Ok(FailoverDecision::Promote { pod, command }) => {
-                let after = ctx.settings.failover_after;
-                let note = format!("primary {primary} not ready for {after:?}; promoting {pod} (promotion: {})", command.join(" "));
-                event(ctx, db, true, Reason::FailoverPromoted, note).await;
-                return Ok(Primary { name: pod, failed_over: true });
+        let after = ctx.settings.failover_after;
+        let elects = plugin.info().capabilities.elects_leader;
+        let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {
+            FailoverQuestion::Keep => Primary::keep(&primary),
+            FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
+            FailoverQuestion::Ask(candidates) => {
+                let input = (spec.clone(), candidates);
+                let answer = ctx.call(plugin, "choose-primary", input, |p, (spec, members)| p.choose_primary(spec, members)).await?;
+                decide::failover(&primary, after, answer.map_err(|e| e.to_string()))
             }
-            Ok(FailoverDecision::NoSafeMember(reason)) => {
-                self.no_failover(format!("primary {primary} is not ready and no member is safe to promote: {reason}")).await;
-            }
-            // The policy lets `elected` through only for an engine that elects its leader.
-            Ok(FailoverDecision::Elected(_)) => {}
-            Err(e) => status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::FailoverFailed, e.to_string(), generation),
-        }
-        Ok(Primary { name: primary, failed_over: false })
+        };
+        self.say(&chosen.notes).await;
+        Ok(chosen)
     }
 
     /// An engine that elects its leader: every member is asked the workload's member
@@ -317,7 +272,7 @@ impl<'a> Pass<'a> {
         workload: &Workload,
         primary: Primary,
     ) -> Result<Primary, Error> {
-        let (ctx, db, generation) = (self.ctx, self.db, self.generation);
+        let (ctx, db) = (self.ctx, self.db);
         // Host policy lets a workload carry a member query only with `elects-leader`.
         let Some(query) = workload.member_query.as_ref() else { return Ok(primary) };
         let ca = match (query.https, spec.tls.is_some()) {
@@ -339,25 +294,11 @@ impl<'a> Pass<'a> {
         if candidates.iter().all(|m| m.answer.is_none()) {
             return Ok(primary);
         }
-        match ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await? {
-            Ok(FailoverDecision::Elected(pod)) => {
-                if pod != primary.name {
-                    event(ctx, db, false, Reason::LeaderElected, format!("{} elected {pod} to lead (was {})", plugin.id(), primary.name))
-                        .await;
-                }
-                Ok(Primary { name: pod, failed_over: false })
-            }
-            Ok(FailoverDecision::NoSafeMember(reason)) => {
-                self.warn_once(kind::DEGRADED, true, Reason::NoLeader, format!("no member leads: {reason}"), true).await;
-                Ok(primary)
-            }
-            // The policy lets only `elected` through for an engine that elects its leader.
-            Ok(FailoverDecision::Promote { .. }) => Ok(primary),
-            Err(e) => {
-                status::set(&mut self.status.conditions, kind::DEGRADED, true, Reason::FailoverFailed, e.to_string(), generation);
-                Ok(primary)
-            }
-        }
+        let answer =
+            ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await?;
+        let leader = decide::elected(&primary.name, &plugin.id(), answer.map_err(|e| e.to_string()));
+        self.say(&leader.notes).await;
+        Ok(leader)
     }
 
     /// The certificate of the Database's authority (PEM), from its TLS Secret; empty until
@@ -366,11 +307,6 @@ impl<'a> Pass<'a> {
         let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let secret = secrets.get_opt(&Names(&self.name).tls()).await?;
         Ok(secret.and_then(|s| s.data).and_then(|mut d| d.remove(crate::tls::CA)).map(|b| b.0).unwrap_or_default())
-    }
-
-    /// The primary is lost and stays so: `Degraded` says why (an Event the first time).
-    async fn no_failover(&mut self, message: String) {
-        self.warn_once(kind::DEGRADED, true, Reason::NoSafeFailover, message, true).await;
     }
 
     /// Whether the Database's status already says `reason` (with `message`, when given).
@@ -387,6 +323,25 @@ impl<'a> Pass<'a> {
             event(self.ctx, self.db, true, reason, message.clone()).await;
         }
         status::set(&mut self.status.conditions, condition, status, reason, message, self.generation);
+    }
+
+    /// Tells the user what a decision noted: conditions set, Events sent.
+    async fn say(&mut self, notes: &[Note]) {
+        for note in notes {
+            let Note { condition, reason, message, event: sent } = note.clone();
+            match (condition, sent) {
+                (Some((condition, status)), Event::WarningOnce { any_message }) => {
+                    self.warn_once(condition, status, reason, message, any_message).await;
+                    continue;
+                }
+                (None, Event::WarningOnce { .. }) => event(self.ctx, self.db, true, reason, message.clone()).await,
+                (_, Event::Warning | Event::Normal) => event(self.ctx, self.db, sent == Event::Warning, reason, message.clone()).await,
+                (_, Event::None) => {}
+            }
+            if let Some((condition, status)) = condition {
+                status::set(&mut self.status.conditions, condition, status, reason, message, self.generation);
+            }
+        }
     }
 
     /// The plugin's workload for this version and primary; the credentials it asks for.
@@ -498,56 +453,40 @@ impl<'a> Pass<'a> {
     /// replicas first, primary last) among the `granted` members of this pass.
     async fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Result<Rolled, Error> {
         let (ctx, db) = (self.ctx, self.db);
-        let sts = applied.stateful_set.as_ref();
-        // Revisions are only meaningful once the StatefulSet controller has seen the latest spec.
-        let current = sts.is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
-        let update_revision = sts.and_then(|s| s.status.as_ref()).and_then(|s| s.update_revision.clone()).unwrap_or_default();
+        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_deref(), granted);
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
-        for m in &members.observed {
-            let role = if m.name == primary { "primary" } else { "replica" };
-            if m.role.as_deref() != Some(role) && !m.terminating {
-                pods.patch(&m.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
-            }
+        for (name, role) in &roll.labels {
+            pods.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
         }
-        let desired = granted.max(1) as usize;
-        let mut restarted = false;
-        if let Some(next) = members::next_to_roll(&members.observed, &update_revision, primary, desired).filter(|_| current) {
-            pods.delete(&next.name, &DeleteParams::default()).await?;
-            let pod = members.pods.iter().find(|p| p.name_any() == next.name).map(|p| p.object_ref(&()));
-            event_about(ctx, db, pod, false, Reason::MemberRestarted, format!("restarted {} onto the current revision", next.name)).await;
-            restarted = true;
+        if let Some(next) = &roll.restart {
+            pods.delete(next, &DeleteParams::default()).await?;
+            let pod = members.pods.iter().find(|p| p.name_any() == *next).map(|p| p.object_ref(&()));
+            event_about(ctx, db, pod, false, Reason::MemberRestarted, format!("restarted {next} onto the current revision")).await;
         }
-        Ok(Rolled { done: current && members::rolled(&members.observed, &update_revision, desired), restarted })
+        Ok(Rolled { done: roll.done, restarted: roll.restart.is_some() })
     }
 
     /// The upgrade plan's steps, in order, once the new version is rendered (until then a
     /// pre-upgrade backup runs). Returns whether an upgrade is under way in this pass.
     async fn steps(&mut self, upgrade: &Upgrade, workload: &Workload, rolled: bool) -> Result<bool, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
-        let under_way = self.status.upgrade.is_some();
-        let (Some(progress), Some(plan)) = (self.status.upgrade.clone().filter(|u| u.to == upgrade.version), &upgrade.plan) else {
-            return Ok(under_way);
-        };
-        let job_name = |step: usize| format!("{}-upgrade-{}-{step}", self.name, &crate::plugin::hex_digest(progress.to.as_bytes())[..8]);
-        let job_done = |step: usize| backups::state(ctx.caches.job(ns, &job_name(step)).as_deref()) == JobState::Succeeded;
-        let step = next_step(&plan.steps, progress.step as usize, rolled, job_done);
-        if let Some(UpgradeStep::Job(job)) = plan.steps.get(step) {
+        let jobs = |name: &str| backups::state(ctx.caches.job(ns, name).as_deref());
+        let steps = decide::steps(&self.name, self.status.upgrade.as_ref(), &upgrade.version, upgrade.plan.as_ref(), rolled, &jobs);
+        if let Some((name, job)) = &steps.job {
             // Upgrade steps keep no artefact: the backup volume when there is one, else scratch.
             let storage = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
                 Some(_) => jobs::Storage::Scratch,
                 None => jobs::Storage::Volume { of: &self.name },
             };
-            let child = jobs::job(db, &job_name(step), Purpose::Upgrade, job, storage, "", None, workload.run_as_user);
+            let child = jobs::job(db, name, Purpose::Upgrade, job, storage, "", None, workload.run_as_user);
             apply::create_once(ctx, ns, &child).await?;
         }
-        if step >= plan.steps.len() && rolled {
-            event(ctx, db, false, Reason::UpgradeCompleted, format!("upgraded from {} to {}", progress.from, progress.to)).await;
-            self.status.current_version = Some(progress.to.clone());
-            self.status.upgrade = None;
-        } else {
-            self.status.upgrade = Some(UpgradeStatus { step: step as i32, ..progress });
+        self.say(&steps.notes).await;
+        if let Some(version) = steps.completed {
+            self.status.current_version = Some(version);
         }
-        Ok(true)
+        self.status.upgrade = steps.progress;
+        Ok(steps.under_way)
     }
 
     /// How many members the StatefulSet gets in this pass: the spec's count once the
@@ -557,47 +496,32 @@ impl<'a> Pass<'a> {
     async fn scale(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Scale, Error> {
         let (ctx, ns) = (self.ctx, self.ns.as_str());
         let desired = spec.replicas;
-        if self.restore_unfinished() {
-            // The members the restore writes start together; the others join once it is
-            // done, as the plugin plans a scale from that many, and copy the restored data.
-            self.status.scale = None;
-            let granted = desired.min(restore::members_restored(ctx, self.db, desired));
-            return Ok(Scale { granted, job: None, under_way: desired > granted, refused: false });
-        }
+        let restored = self.restore_unfinished().then(|| restore::members_restored(ctx, self.db, desired));
         let set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
-        let Some(current) = set.and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)).map(|r| r.max(1) as u32) else {
-            self.status.scale = None;
-            return Ok(Scale { granted: desired, job: None, under_way: false, refused: false });
-        };
-        let progress = self.status.scale.clone().filter(|s| s.to as u32 == desired);
-        if progress.is_none() && current == desired {
-            self.status.scale = None;
-            return Ok(Scale { granted: current, job: None, under_way: false, refused: false });
-        }
-        let from = progress.as_ref().map(|p| p.from as u32).unwrap_or(current);
-        let now = members::for_plugin(&members.observed, self.status.primary.as_deref().unwrap_or_default());
-        let input = (spec.clone(), from, now);
-        let plan = match ctx.call(plugin, "plan-scale", input, |p, (spec, from, members)| p.plan_scale(spec, *from, members)).await? {
-            Ok(steps) => steps,
-            Err(e) => {
-                let message = format!("scaling from {from} to {desired} members refused: {e}");
-                self.warn_once(kind::PROGRESSING, false, Reason::ScaleRefused, message, false).await;
-                self.status.scale = None;
-                return Ok(Scale { granted: current, job: None, under_way: false, refused: true });
+        let current = set.and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)).map(|r| r.max(1) as u32);
+        let progress = self.status.scale.clone();
+        let scale = match decide::scale_question(desired, restored, current, progress.as_ref()) {
+            ScaleQuestion::Settled(scale) => scale,
+            ScaleQuestion::Ask { from } => {
+                let now = members::for_plugin(&members.observed, self.status.primary.as_deref().unwrap_or_default());
+                let input = (spec.clone(), from, now);
+                let answer = ctx.call(plugin, "plan-scale", input, |p, (spec, from, members)| p.plan_scale(spec, *from, members)).await?;
+                let current = current.unwrap_or(desired);
+                let facts = decide::ScaleFacts {
+                    name: &self.name,
+                    from,
+                    desired,
+                    current,
+                    progress: progress.as_ref(),
+                    members: &members.observed,
+                };
+                let jobs = |name: &str| backups::state(ctx.caches.job(ns, name).as_deref());
+                decide::scale(facts, answer.map_err(|e| e.to_string()), &jobs)
             }
         };
-        let progress = progress.unwrap_or(ScaleStatus { from: from as i32, to: desired as i32, step: 0 });
-        let job_name = |step: usize| format!("{}-scale-{from}-{desired}-{step}", self.name);
-        let job_done = |step: usize| backups::state(ctx.caches.job(ns, &job_name(step)).as_deref()) == JobState::Succeeded;
-        let ready = |n: u32| (0..n).all(|o| members.observed.iter().any(|m| m.ordinal == o && m.ready && !m.terminating));
-        let (step, granted) = scale_progress(&plan, from, progress.step as usize, ready, job_done);
-        let job = match plan.get(step) {
-            Some(ScaleStep::Job(job)) => Some((job_name(step), job.clone())),
-            _ => None,
-        };
-        let under_way = step < plan.len();
-        self.status.scale = under_way.then_some(ScaleStatus { step: step as i32, ..progress });
-        Ok(Scale { granted, job, under_way, refused: false })
+        self.say(&scale.notes).await;
+        self.status.scale = scale.progress.clone();
+        Ok(scale)
     }
 
     /// Starts the scale plan's Job of this pass, once, as the engine's user.
@@ -650,54 +574,6 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// Where a scale plan stands: the first step not done yet, from step `from` of a plan
-/// that started at `start` members, and the member count the StatefulSet has
-/// meanwhile. A `members(n)` step is done once members 0..n are ready (`ready(n)`), a
-/// Job once it succeeded (`job_done(step)`). Steps run in order.
-pub fn scale_progress(
-    steps: &[ScaleStep],
-    start: u32,
-    from: usize,
-    ready: impl Fn(u32) -> bool,
-    job_done: impl Fn(usize) -> bool,
-) -> (usize, u32) {
-    let count = |s: &ScaleStep| if let ScaleStep::Members(n) = s { Some(*n) } else { None };
-    let mut granted = steps[..from.min(steps.len())].iter().rev().find_map(count).unwrap_or(start);
-    let mut step = from;
-    while let Some(s) = steps.get(step) {
-        let done = match s {
-            ScaleStep::Members(n) => {
-                granted = *n;
-                ready(*n)
-            }
-            ScaleStep::Job(_) => job_done(step),
-        };
-        if !done {
-            break;
-        }
-        step += 1;
-    }
-    (step, granted)
-}
-
-/// The first step of an upgrade plan not done yet, starting at `from`: a rolling restart
-/// is done once every member runs the current revision, a Job once it succeeded
-/// (`job_done`). Steps run in order; a step waits for the one before it.
-pub fn next_step(steps: &[UpgradeStep], from: usize, rolled: bool, job_done: impl Fn(usize) -> bool) -> usize {
-    let mut step = from;
-    while let Some(s) = steps.get(step) {
-        let done = match s {
-            UpgradeStep::RollingRestart => rolled,
-            UpgradeStep::Job(_) => job_done(step),
-        };
-        if !done {
-            break;
-        }
-        step += 1;
-    }
-    step
-}
-
 /// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
 /// claim templates cannot change, so the claims themselves are patched.
 async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Result<Growth, Error> {
@@ -731,55 +607,4 @@ async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Result<Growth, 
         }
     }
     Ok(growth)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plugin::JobPlan;
-
-    fn job() -> UpgradeStep {
-        UpgradeStep::Job(JobPlan { image: "mariadb:11.8".into(), command: vec!["mariadb-upgrade".into()], env: vec![], mounts_data: false })
-    }
-
-    #[test]
-    fn upgrade_steps_run_in_order_each_waiting_for_the_one_before() {
-        let roll_then_job = [UpgradeStep::RollingRestart, job()];
-        // (what, from, rolled, jobs done, the step in progress after)
-        let rows: [(&str, usize, bool, &[usize], usize); 6] = [
-            ("members still rolling", 0, false, &[], 0),
-            ("rolled: on to the Job", 0, true, &[], 1),
-            ("the Job succeeded: the plan is done", 0, true, &[1], 2),
-            ("a Job done early does not skip the roll", 0, false, &[1], 0),
-            ("picks up where the status left off", 1, true, &[], 1),
-            ("past the end stays there", 2, true, &[1], 2),
-        ];
-        for (what, from, rolled, done, expected) in rows {
-            assert_eq!(next_step(&roll_then_job, from, rolled, |s| done.contains(&s)), expected, "{what}");
-        }
-        assert_eq!(next_step(&[], 0, false, |_| false), 0, "an empty plan has no step in progress");
-    }
-
-    #[test]
-    fn a_scale_plan_grants_members_step_by_step_and_waits_on_its_jobs() {
-        let add = ScaleStep::Job(JobPlan { image: "etcd:3.5".into(), command: vec!["etcdctl".into()], env: vec![], mounts_data: false });
-        // 1 → 3, one member at a time, each registered by a Job first.
-        let plan = [add.clone(), ScaleStep::Members(2), add, ScaleStep::Members(3)];
-        // (what, resumed at step, members ready, Jobs done, expected (step, granted))
-        type Row<'a> = (&'a str, usize, u32, &'a [usize], (usize, u32));
-        let rows: [Row; 6] = [
-            ("the first Job runs; the members stay", 0, 1, &[], (0, 1)),
-            ("the Job done: a second member, not yet ready", 0, 1, &[0], (1, 2)),
-            ("it is ready: the next Job", 0, 2, &[0], (2, 2)),
-            ("resumed at the second Job, done: the third member", 2, 2, &[0, 2], (3, 3)),
-            ("all ready: the plan is done", 2, 3, &[0, 2], (4, 3)),
-            ("a step done before is not looked at again", 1, 3, &[], (2, 2)),
-        ];
-        for (what, from, ready_members, done, expected) in rows {
-            let ready = |n: u32| n <= ready_members;
-            assert_eq!(scale_progress(&plan, 1, from, ready, |s| done.contains(&s)), expected, "{what}");
-        }
-        assert_eq!(scale_progress(&[ScaleStep::Members(5)], 3, 0, |_| false, |_| false), (0, 5), "one step: granted at once");
-        assert_eq!(scale_progress(&[], 3, 0, |_| true, |_| true), (0, 3), "an empty plan keeps the start");
-    }
 }

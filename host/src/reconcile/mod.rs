@@ -16,6 +16,7 @@ pub mod backups;
 mod bucket;
 pub mod cache;
 mod converge;
+pub mod decide;
 mod delete;
 pub mod members;
 pub mod restore;

@@ -1,0 +1,365 @@
+//! Table tests of the decide stage: no API server, no plugin; the plugin's answers are
+//! rows of the tables.
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
+
+use super::*;
+
+/// Member `ordinal` of Database `db`: ready or not (for `since` seconds), on `revision`.
+fn member(ordinal: u32, ready: bool, since: i64, revision: &str) -> Observed {
+    Observed {
+        name: format!("db-{ordinal}"),
+        ordinal,
+        ready,
+        since_seconds: since,
+        revision: Some(revision.into()),
+        role: Some(if ordinal == 0 { "primary" } else { "replica" }.into()),
+        position: None,
+        terminating: false,
+        unschedulable: None,
+        address: None,
+    }
+}
+
+fn job(command: &str) -> JobPlan {
+    JobPlan { image: "engine:1".into(), command: vec![command.into()], env: vec![], mounts_data: false }
+}
+
+/// The reasons of `notes`, with whether each sends an Event.
+fn said(notes: &[Note]) -> Vec<(Reason, bool)> {
+    notes.iter().map(|n| (n.reason, n.event != Event::None)).collect()
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn an_upgrade_starts_once_waits_for_its_backup_and_a_refusal_keeps_the_running_version() {
+    let plan = |backup_first| UpgradePlan { steps: vec![UpgradeStep::RollingRestart], backup_first };
+    let started = UpgradeStatus { from: "16".into(), to: "17".into(), step: 0 };
+    let elsewhere = UpgradeStatus { from: "16".into(), to: "18".into(), step: 2 };
+    struct Row<'a> {
+        what: &'a str,
+        progress: Option<&'a UpgradeStatus>,
+        backups: bool,
+        backup: JobState,
+        answer: Result<UpgradePlan, String>,
+        // The version rendered, the backup to take, refused, what is said.
+        expect: (&'a str, bool, bool, &'a [(Reason, bool)]),
+    }
+    let rows = [
+        Row {
+            what: "accepted: starts, with an Event",
+            progress: None,
+            backups: false,
+            backup: JobState::Missing,
+            answer: Ok(plan(false)),
+            expect: ("17", false, false, &[(Reason::UpgradeStarted, true)]),
+        },
+        Row {
+            what: "under way: not started again",
+            progress: Some(&started),
+            backups: false,
+            backup: JobState::Missing,
+            answer: Ok(plan(false)),
+            expect: ("17", false, false, &[]),
+        },
+        Row {
+            what: "the spec changed its mind: a new upgrade starts",
+            progress: Some(&elsewhere),
+            backups: false,
+            backup: JobState::Missing,
+            answer: Ok(plan(false)),
+            expect: ("17", false, false, &[(Reason::UpgradeStarted, true)]),
+        },
+        Row {
+            what: "a backup first: the running version until it is taken",
+            progress: Some(&started),
+            backups: true,
+            backup: JobState::Missing,
+            answer: Ok(plan(true)),
+            expect: ("16", true, false, &[]),
+        },
+        Row {
+            what: "the backup runs: still the running version",
+            progress: Some(&started),
+            backups: true,
+            backup: JobState::Running,
+            answer: Ok(plan(true)),
+            expect: ("16", true, false, &[]),
+        },
+        Row {
+            what: "a failed backup does not let the upgrade through",
+            progress: Some(&started),
+            backups: true,
+            backup: JobState::Failed,
+            answer: Ok(plan(true)),
+            expect: ("16", true, false, &[]),
+        },
+        Row {
+            what: "the backup succeeded: the new version",
+            progress: Some(&started),
+            backups: true,
+            backup: JobState::Succeeded,
+            answer: Ok(plan(true)),
+            expect: ("17", false, false, &[]),
+        },
+        Row {
+            what: "a backup asked for without backups configured: not waited for",
+            progress: None,
+            backups: false,
+            backup: JobState::Missing,
+            answer: Ok(plan(true)),
+            expect: ("17", false, false, &[(Reason::UpgradeStarted, true)]),
+        },
+        Row {
+            what: "refused: the running version, Progressing says why, once",
+            progress: Some(&started),
+            backups: true,
+            backup: JobState::Missing,
+            answer: Err("no downgrades".into()),
+            expect: ("16", false, true, &[(Reason::UpgradeRefused, true)]),
+        },
+    ];
+    for row in rows {
+        let facts =
+            UpgradeFacts { name: "db", running: "16", desired: "17", progress: row.progress, backups: row.backups, backup: row.backup };
+        let up = upgrade(facts, row.answer);
+        let (version, backup_first, refused, notes) = row.expect;
+        assert_eq!(up.version, version, "{}", row.what);
+        assert_eq!(up.backup_first, backup_first.then(|| pre_upgrade_backup("db", "17")), "{}", row.what);
+        assert_eq!(up.refused, refused, "{}", row.what);
+        assert_eq!(said(&up.notes), notes, "{}", row.what);
+        match refused {
+            true => assert_eq!((up.plan, up.progress), (None, None), "{}: a refusal leaves no upgrade in the status", row.what),
+            false => assert_eq!(up.progress.map(|p| (p.from, p.to)), Some(("16".into(), "17".into())), "{}", row.what),
+        }
+    }
+    assert_eq!(upgrade_from(Some("16"), "17"), Some("16"));
+    assert_eq!(upgrade_from(Some("17"), "17"), None, "the running version is the desired one");
+    assert_eq!(upgrade_from(None, "17"), None, "a new Database runs the desired version");
+    assert_ne!(pre_upgrade_backup("db", "17"), pre_upgrade_backup("db", "18"), "one backup per target version");
+}
+
+#[test]
+fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_chooses() {
+    let up = [member(0, true, 600, "r"), member(1, true, 600, "r")];
+    let down_briefly = [member(0, false, 10, "r"), member(1, true, 600, "r")];
+    let down = [member(0, false, 120, "r"), member(1, true, 600, "r")];
+    // (what, members, elects its leader, lacks failover, expected question)
+    type Row<'a> = (&'a str, &'a [Observed], bool, Option<&'a str>, &'a str);
+    let rows: [Row; 6] = [
+        ("all up", &up, false, None, "keep"),
+        ("down for less than the delay", &down_briefly, false, None, "keep"),
+        ("down past the delay: the plugin is asked", &down, false, None, "ask"),
+        ("the engine elects its leader: never promoted", &down, true, None, "keep"),
+        ("no failover in the plugin: Degraded says so", &down, false, Some("no choose-primary"), "refuse"),
+        ("a primary that is not a member is not lost", &up[1..], false, None, "keep"),
+    ];
+    for (what, members, elects, lacks, expected) in rows {
+        let question = failover_question(members, "db-0", MINUTE, elects, lacks.map(str::to_string));
+        let got = match &question {
+            FailoverQuestion::Keep => "keep",
+            FailoverQuestion::Ask(candidates) => {
+                assert_eq!(candidates.iter().map(|m| (m.pod.as_str(), m.primary)).collect::<Vec<_>>(), [("db-0", true), ("db-1", false)]);
+                "ask"
+            }
+            FailoverQuestion::Refuse(note) => {
+                assert_eq!((note.reason, note.condition), (Reason::NoSafeFailover, Some((kind::DEGRADED, true))), "{what}");
+                assert!(note.message.contains("no choose-primary"), "{what}: {}", note.message);
+                "refuse"
+            }
+        };
+        assert_eq!(got, expected, "{what}");
+    }
+
+    // (what, the plugin's answer, expected primary, failed over, what is said)
+    type Answer<'a> = (&'a str, Result<FailoverDecision, String>, &'a str, bool, &'a [(Reason, bool)]);
+    let answers: [Answer; 4] = [
+        (
+            "promotes a member",
+            Ok(FailoverDecision::Promote { pod: "db-1".into(), command: vec![] }),
+            "db-1",
+            true,
+            &[(Reason::FailoverPromoted, true)],
+        ),
+        (
+            "no safe member: kept, Degraded",
+            Ok(FailoverDecision::NoSafeMember("behind".into())),
+            "db-0",
+            false,
+            &[(Reason::NoSafeFailover, true)],
+        ),
+        ("the call failed: kept, Degraded without an Event", Err("trap".into()), "db-0", false, &[(Reason::FailoverFailed, false)]),
+        ("an election answer is not a promotion", Ok(FailoverDecision::Elected("db-1".into())), "db-0", false, &[]),
+    ];
+    for (what, answer, primary, failed_over, notes) in answers {
+        let chosen = failover("db-0", MINUTE, answer);
+        assert_eq!((chosen.name.as_str(), chosen.failed_over, said(&chosen.notes).as_slice()), (primary, failed_over, notes), "{what}");
+    }
+}
+
+#[test]
+fn an_engine_that_elects_its_leader_is_followed_never_promoted() {
+    // (what, the plugin's answer, expected leader, what is said)
+    type Row<'a> = (&'a str, Result<FailoverDecision, String>, &'a str, &'a [(Reason, bool)]);
+    let rows: [Row; 5] = [
+        ("the same leader: nothing to say", Ok(FailoverDecision::Elected("db-0".into())), "db-0", &[]),
+        ("a new leader: followed, with an Event", Ok(FailoverDecision::Elected("db-2".into())), "db-2", &[(Reason::LeaderElected, true)]),
+        ("nobody leads: kept, Degraded", Ok(FailoverDecision::NoSafeMember("no quorum".into())), "db-0", &[(Reason::NoLeader, true)]),
+        ("a promotion is not an election", Ok(FailoverDecision::Promote { pod: "db-1".into(), command: vec![] }), "db-0", &[]),
+        ("the call failed: kept", Err("deadline".into()), "db-0", &[(Reason::FailoverFailed, false)]),
+    ];
+    for (what, answer, leader, notes) in rows {
+        let chosen = elected("db-0", "etcd 0.2.0", answer);
+        assert_eq!((chosen.name.as_str(), chosen.failed_over, said(&chosen.notes).as_slice()), (leader, false, notes), "{what}");
+    }
+}
+
+#[test]
+fn nothing_scales_until_the_plugin_plans_it_and_a_restore_starts_only_its_members() {
+    let resumed = ScaleStatus { from: 1, to: 3, step: 2 };
+    let abandoned = ScaleStatus { from: 1, to: 5, step: 1 };
+    // (what, desired, members restored, StatefulSet members, progress, expected)
+    type Row<'a> = (&'a str, u32, Option<u32>, Option<u32>, Option<&'a ScaleStatus>, ScaleQuestion);
+    let settled =
+        |granted, under_way| ScaleQuestion::Settled(Scale { granted, job: None, progress: None, under_way, refused: false, notes: vec![] });
+    let rows: [Row; 7] = [
+        ("a new Database starts with its members", 3, None, None, None, settled(3, false)),
+        ("as many as asked: nothing to plan", 3, None, Some(3), None, settled(3, false)),
+        ("more asked: planned from the members there are", 3, None, Some(1), None, ScaleQuestion::Ask { from: 1 }),
+        ("fewer asked: planned too", 1, None, Some(3), None, ScaleQuestion::Ask { from: 3 }),
+        ("a plan under way resumes from where it started", 3, None, Some(2), Some(&resumed), ScaleQuestion::Ask { from: 1 }),
+        ("a plan for another count is dropped", 3, None, Some(2), Some(&abandoned), ScaleQuestion::Ask { from: 2 }),
+        ("restoring one member of three: one starts", 3, Some(1), Some(3), None, settled(1, true)),
+    ];
+    for (what, desired, restored, current, progress, expected) in rows {
+        assert_eq!(scale_question(desired, restored, current, progress), expected, "{what}");
+    }
+    assert_eq!(scale_question(3, Some(3), None, None), settled(3, false), "every member restored: all start together");
+
+    let members = [member(0, true, 600, "r"), member(1, true, 5, "r")];
+    let facts = ScaleFacts { name: "db", from: 1, desired: 3, current: 2, progress: None, members: &members };
+    let plan = vec![ScaleStep::Members(2), ScaleStep::Job(job("member-add")), ScaleStep::Members(3)];
+    let none_done = |_: &str| JobState::Missing;
+    let scale_now = scale(facts, Ok(plan.clone()), &none_done);
+    assert_eq!(scale_now.granted, 2, "two ready: on to the Job");
+    assert_eq!(scale_now.job, Some(("db-scale-1-3-1".into(), job("member-add"))));
+    assert_eq!(scale_now.progress, Some(ScaleStatus { from: 1, to: 3, step: 1 }));
+    assert!(scale_now.under_way && !scale_now.refused && scale_now.notes.is_empty());
+
+    let added = |name: &str| if name == "db-scale-1-3-1" { JobState::Succeeded } else { JobState::Missing };
+    let scale_now = scale(facts, Ok(plan.clone()), &added);
+    assert_eq!((scale_now.granted, scale_now.job.is_none()), (3, true), "the Job done: the third member");
+
+    let members = [member(0, true, 600, "r"), member(1, true, 600, "r"), member(2, true, 1, "r")];
+    let done = scale(ScaleFacts { members: &members, ..facts }, Ok(plan), &added);
+    assert_eq!((done.granted, done.under_way, done.progress), (3, false, None), "all ready: the plan is done");
+
+    let refused = scale(ScaleFacts { from: 3, desired: 1, current: 3, ..facts }, Err("losing quorum".into()), &none_done);
+    assert_eq!((refused.granted, refused.refused, refused.progress), (3, true, None), "refused: the members stay");
+    assert_eq!(said(&refused.notes), [(Reason::ScaleRefused, true)]);
+    assert!(refused.notes[0].message.contains("from 3 to 1") && refused.notes[0].message.contains("losing quorum"));
+}
+
+#[test]
+fn a_scale_plan_grants_members_step_by_step_and_waits_on_its_jobs() {
+    let add = ScaleStep::Job(job("etcdctl"));
+    // 1 → 3, one member at a time, each registered by a Job first.
+    let plan = [add.clone(), ScaleStep::Members(2), add, ScaleStep::Members(3)];
+    // (what, resumed at step, members ready, Jobs done, expected (step, granted))
+    type Row<'a> = (&'a str, usize, u32, &'a [usize], (usize, u32));
+    let rows: [Row; 6] = [
+        ("the first Job runs; the members stay", 0, 1, &[], (0, 1)),
+        ("the Job done: a second member, not yet ready", 0, 1, &[0], (1, 2)),
+        ("it is ready: the next Job", 0, 2, &[0], (2, 2)),
+        ("resumed at the second Job, done: the third member", 2, 2, &[0, 2], (3, 3)),
+        ("all ready: the plan is done", 2, 3, &[0, 2], (4, 3)),
+        ("a step done before is not looked at again", 1, 3, &[], (2, 2)),
+    ];
+    for (what, from, ready_members, done, expected) in rows {
+        let ready = |n: u32| n <= ready_members;
+        assert_eq!(scale_progress(&plan, 1, from, ready, |s| done.contains(&s)), expected, "{what}");
+    }
+    assert_eq!(scale_progress(&[ScaleStep::Members(5)], 3, 0, |_| false, |_| false), (0, 5), "one step: granted at once");
+    assert_eq!(scale_progress(&[], 3, 0, |_| true, |_| true), (0, 3), "an empty plan keeps the start");
+}
+
+#[test]
+fn members_roll_one_at_a_time_only_once_the_stateful_set_is_observed() {
+    let set = |observed: i64, revision: &str| StatefulSet {
+        metadata: kube::api::ObjectMeta { generation: Some(2), ..Default::default() },
+        status: Some(StatefulSetStatus {
+            observed_generation: Some(observed),
+            update_revision: Some(revision.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let (seen, unseen) = (set(2, "new"), set(1, "new"));
+    let old = [member(0, true, 600, "old"), member(1, true, 600, "old"), member(2, true, 600, "old")];
+    let new = [member(0, true, 600, "new"), member(1, true, 600, "new"), member(2, true, 600, "new")];
+    let one_down = [member(0, true, 600, "new"), member(1, false, 600, "old"), member(2, true, 600, "new")];
+    // (what, members, StatefulSet, granted, expected restart, rolled)
+    type Row<'a> = (&'a str, &'a [Observed], Option<&'a StatefulSet>, u32, Option<&'a str>, bool);
+    let rows: [Row; 7] = [
+        ("replicas first, highest ordinal", &old, Some(&seen), 3, Some("db-2"), false),
+        ("the controller has not seen the spec: nothing moves", &old, Some(&unseen), 3, None, false),
+        ("no StatefulSet yet", &old, None, 3, None, false),
+        ("all on the new revision: rolled", &new, Some(&seen), 3, None, true),
+        ("a member down on the old revision restarts first", &one_down, Some(&seen), 3, Some("db-1"), false),
+        ("fewer members than granted: not rolled", &new[..2], Some(&seen), 3, None, false),
+        ("granted fewer during a scale: rolled at that count", &new[..2], Some(&seen), 2, None, true),
+    ];
+    for (what, members, set, granted, restart, done) in rows {
+        let roll = roll(members, "db-0", set, granted);
+        assert_eq!((roll.restart.as_deref(), roll.done), (restart, done), "{what}");
+        assert!(roll.labels.is_empty(), "{what}: the labels already say each role");
+    }
+    let after_failover = roll(&new, "db-1", Some(&seen), 3);
+    assert_eq!(after_failover.labels, [("db-0".to_string(), "replica"), ("db-1".to_string(), "primary")], "roles follow the primary");
+    let mut leaving = new.clone();
+    leaving[0].terminating = true;
+    assert_eq!(roll(&leaving, "db-1", Some(&seen), 3).labels, [("db-1".to_string(), "primary")], "a terminating pod is not labelled");
+}
+
+#[test]
+fn upgrade_steps_run_in_order_each_waiting_for_the_one_before() {
+    let roll_then_job = [UpgradeStep::RollingRestart, UpgradeStep::Job(job("mariadb-upgrade"))];
+    // (what, from, rolled, jobs done, the step in progress after)
+    let rows: [(&str, usize, bool, &[usize], usize); 6] = [
+        ("members still rolling", 0, false, &[], 0),
+        ("rolled: on to the Job", 0, true, &[], 1),
+        ("the Job succeeded: the plan is done", 0, true, &[1], 2),
+        ("a Job done early does not skip the roll", 0, false, &[1], 0),
+        ("picks up where the status left off", 1, true, &[], 1),
+        ("past the end stays there", 2, true, &[1], 2),
+    ];
+    for (what, from, rolled, done, expected) in rows {
+        assert_eq!(next_step(&roll_then_job, from, rolled, |s| done.contains(&s)), expected, "{what}");
+    }
+    assert_eq!(next_step(&[], 0, false, |_| false), 0, "an empty plan has no step in progress");
+}
+
+#[test]
+fn an_upgrade_runs_its_jobs_by_name_and_completes_once_the_members_rolled() {
+    let plan = UpgradePlan { steps: vec![UpgradeStep::RollingRestart, UpgradeStep::Job(job("mariadb-upgrade"))], backup_first: false };
+    let at = |step| UpgradeStatus { from: "11.4".into(), to: "11.8".into(), step };
+    let job_name = format!("db-upgrade-{}-1", &hex_digest(b"11.8")[..8]);
+    let upgraded = |name: &str| if name.ends_with("-1") { JobState::Succeeded } else { JobState::Running };
+    let running = |_: &str| JobState::Running;
+
+    let rolling = steps("db", Some(&at(0)), "11.8", Some(&plan), false, &running);
+    assert_eq!((rolling.job, rolling.progress, rolling.under_way), (None, Some(at(0)), true), "the members roll first");
+
+    let job_now = steps("db", Some(&at(0)), "11.8", Some(&plan), true, &running);
+    assert_eq!(job_now.job, Some((job_name, job("mariadb-upgrade"))), "rolled: the Job runs");
+    assert_eq!(job_now.progress, Some(at(1)));
+
+    let done = steps("db", Some(&at(1)), "11.8", Some(&plan), true, &upgraded);
+    assert_eq!((done.completed.as_deref(), done.progress, said(&done.notes)), (Some("11.8"), None, vec![(Reason::UpgradeCompleted, true)]));
+
+    let backing_up = steps("db", Some(&at(0)), "11.4", Some(&plan), true, &upgraded);
+    assert_eq!((backing_up.job, backing_up.progress, backing_up.under_way), (None, Some(at(0)), true), "the old version renders: waiting");
+    let none = steps("db", None, "11.8", None, true, &upgraded);
+    assert_eq!((none.progress, none.under_way, none.completed), (None, false, None), "no upgrade");
+}
