@@ -80,19 +80,33 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
     let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
+    let moving = primary.failed_over || rolled.restarted || upgrading || scale.under_way;
+    let in_motion = moving
+        || restoring == restore::Restore::Running
+        || matches!(applied.growth, Growth::Waiting(_))
+        || report.running
+        || pass.status.upgrade.is_some();
     let progressing = pass
         .conclude(status::Pass {
             generation: db.metadata.generation,
             desired: scale.granted as usize,
             members: &members.observed,
             rolled: rolled.done,
-            moving: primary.failed_over || rolled.restarted || upgrading || scale.under_way,
+            moving,
             growth: &applied.growth,
             plan_refused: upgrade.refused || scale.refused,
             restoring: restoring == restore::Restore::Running,
         })
         .await?;
-    let mut requeue = pass.requeue(progressing, &report, &applied.growth);
+    let elects = engine.plugin.info().capabilities.elects_leader;
+    let settled = decide::Settled {
+        moving: in_motion,
+        waiting_for_members: progressing && !in_motion,
+        primary_down_for: (!elects).then(|| decide::down_for(&members.observed, &primary.name)).flatten(),
+        grow_failed: matches!(applied.growth, Growth::Failed(_)),
+        next: pass.next_look(&report),
+    };
+    let mut requeue = decide::requeue(&ctx.settings, &settled);
     if workload.member_query.is_some() {
         // Who leads can change without a pod changing: ask again soon.
         requeue = requeue.min(ctx.settings.leader_poll);
@@ -560,17 +574,11 @@ impl<'a> Pass<'a> {
         Ok(progressing)
     }
 
-    /// When to look again: soon while something moves, a while after a refused volume
-    /// grow, else at the next backup (or the idle resync).
-    fn requeue(&self, progressing: bool, report: &BackupReport, growth: &Growth) -> std::time::Duration {
-        let settings = &self.ctx.settings;
-        if progressing || report.running {
-            settings.progress_requeue
-        } else if matches!(growth, Growth::Failed(_)) {
-            settings.progress_requeue * 6
-        } else {
-            super::until_next_backup(report).min(settings.idle_requeue).min(report.recheck.unwrap_or(settings.idle_requeue))
-        }
+    /// When a steady Database is looked at again: at the next backup, the next read of
+    /// its archive's window, or the idle resync.
+    fn next_look(&self, report: &BackupReport) -> std::time::Duration {
+        let idle = self.ctx.settings.idle_requeue;
+        super::until_next_backup(report).min(idle).min(report.recheck.unwrap_or(idle))
     }
 }
 

@@ -11,12 +11,14 @@
 //! scale              scale_question → the plugin's plan → scale: how many members now, which Job
 //! roll               roll: role labels, the one member to restart, whether all are rolled
 //! steps              steps: the upgrade plan's step in progress, its Job, the end of the upgrade
+//! requeue            requeue: when the Database is looked at again
 //! ```
 
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 
+use super::Settings;
 use super::backups::JobState;
 use super::members::{self, Observed};
 use super::status::{Reason, kind};
@@ -475,6 +477,52 @@ pub fn next_step(steps: &[UpgradeStep], from: usize, rolled: bool, job_done: imp
         step += 1;
     }
     step
+}
+
+/// How a pass left the Database, for when to look at it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// The pass set something in motion that no watch reports the end of in time: a
+    /// failover, a restart, an upgrade or scale step, a restore, a volume growing, a backup.
+    pub moving: bool,
+    /// Nothing in motion, but not every member is ready yet.
+    pub waiting_for_members: bool,
+    /// How long the primary has been down, on an engine whose host chooses it.
+    pub primary_down_for: Option<Duration>,
+    /// The API server refused to grow a volume.
+    pub grow_failed: bool,
+    /// When a steady Database is looked at again.
+    pub next: Duration,
+}
+
+/// How much longer than `progress_requeue` a Database waiting for its members waits:
+/// a member that becomes ready changes its StatefulSet's status, which wakes the pass
+/// at once; the requeue is only a safety net.
+pub const MEMBER_WAIT: u32 = 6;
+
+/// When to look again: soon while something moves; while members are only coming up,
+/// when the primary's failover delay runs out (or after the safety net); a while after
+/// a refused volume grow; else when a steady Database is due.
+pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
+    let progress = settings.progress_requeue;
+    if settled.moving {
+        return progress;
+    }
+    if settled.waiting_for_members {
+        let net = progress * MEMBER_WAIT;
+        return match settled.primary_down_for {
+            // Looked at again once the primary counts as lost, not before or much after.
+            Some(down) => net.min(settings.failover_after.saturating_sub(down).max(progress)),
+            None => net,
+        };
+    }
+    if settled.grow_failed { progress * 6 } else { settled.next }
+}
+
+/// How long primary `primary` has been not ready, when it is a member that is not ready.
+pub fn down_for(members: &[Observed], primary: &str) -> Option<Duration> {
+    let m = members.iter().find(|m| m.name == primary && !m.ready && !m.terminating)?;
+    Some(Duration::from_secs(m.since_seconds.max(0) as u64))
 }
 
 #[cfg(test)]

@@ -363,3 +363,31 @@ fn an_upgrade_runs_its_jobs_by_name_and_completes_once_the_members_rolled() {
     let none = steps("db", None, "11.8", None, true, &upgraded);
     assert_eq!((none.progress, none.under_way, none.completed), (None, false, None), "no upgrade");
 }
+
+#[test]
+fn a_database_waiting_only_for_its_members_is_looked_at_again_when_its_primary_would_count_as_lost() {
+    let settings = Settings::default();
+    let (progress, after) = (settings.progress_requeue, settings.failover_after);
+    let steady = Settled { moving: false, waiting_for_members: false, primary_down_for: None, grow_failed: false, next: MINUTE * 5 };
+    let waiting = Settled { waiting_for_members: true, ..steady };
+    let secs = Duration::from_secs;
+    // (what, how the pass left it, expected requeue)
+    let rows = [
+        ("something moves: soon", Settled { moving: true, ..waiting }, progress),
+        ("a backup runs while steady: soon", Settled { moving: true, ..steady }, progress),
+        ("members coming up: the StatefulSet's status wakes it; a safety net after", waiting, progress * MEMBER_WAIT),
+        ("the primary down for 10 s: when its delay runs out", Settled { primary_down_for: Some(secs(10)), ..waiting }, after - secs(10)),
+        ("down for 28 s: not sooner than a progress requeue", Settled { primary_down_for: Some(secs(28)), ..waiting }, progress),
+        ("down past the delay, no failover possible: soon", Settled { primary_down_for: Some(secs(300)), ..waiting }, progress),
+        ("just down: no later than the safety net", Settled { primary_down_for: Some(secs(0)), ..waiting }, progress * MEMBER_WAIT),
+        ("a refused volume grow: a while", Settled { grow_failed: true, ..steady }, progress * 6),
+        ("steady: when due", steady, MINUTE * 5),
+    ];
+    for (what, settled, expected) in rows {
+        assert_eq!(requeue(&settings, &settled), expected, "{what}");
+    }
+    let members = [member(0, false, 12, "r"), member(1, true, 600, "r")];
+    assert_eq!(down_for(&members, "db-0"), Some(secs(12)));
+    assert_eq!(down_for(&members, "db-1"), None, "a ready primary is not down");
+    assert_eq!(down_for(&members, "db-5"), None, "a primary that is not a member yet is not down");
+}
