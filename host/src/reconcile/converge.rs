@@ -222,7 +222,7 @@ impl<'a> Pass<'a> {
         let input = (engine.spec.clone(), running.clone());
         let answer = ctx.call(&engine.plugin, "plan-upgrade", input, |p, (spec, from)| p.plan_upgrade(spec, from)).await?;
         let backup = decide::pre_upgrade_backup(&self.name, &desired);
-        let backup_state = backups::state(ctx.caches.job(&self.ns, &backup).as_deref());
+        let backup_state = self.job_state(&backup);
         let facts = decide::UpgradeFacts {
             name: &self.name,
             running: &running,
@@ -329,28 +329,24 @@ impl<'a> Pass<'a> {
         self.db.status.as_ref().is_some_and(|s| s.conditions.iter().any(says))
     }
 
-    /// Sets `condition` with `reason` and `message`; the Warning Event goes out only when
-    /// the status did not say so already (the same reason, and the same message unless
-    /// `any_message`), not on every pass.
-    async fn warn_once(&mut self, condition: &str, status: bool, reason: Reason, message: String, any_message: bool) {
-        if !self.said(reason, (!any_message).then_some(message.as_str())) {
-            event(self.ctx, self.db, true, reason, message.clone()).await;
-        }
-        status::set(&mut self.status.conditions, condition, status, reason, message, self.generation);
+    /// The state of the Database's Job `name`, as the cache has it.
+    fn job_state(&self, name: &str) -> JobState {
+        backups::state(self.ctx.caches.job(&self.ns, name).as_deref())
     }
 
     /// Tells the user what a decision noted: conditions set, Events sent.
     async fn say(&mut self, notes: &[Note]) {
         for note in notes {
             let Note { condition, reason, message, event: sent } = note.clone();
-            match (condition, sent) {
-                (Some((condition, status)), Event::WarningOnce { any_message }) => {
-                    self.warn_once(condition, status, reason, message, any_message).await;
-                    continue;
-                }
-                (None, Event::WarningOnce { .. }) => event(self.ctx, self.db, true, reason, message.clone()).await,
-                (_, Event::Warning | Event::Normal) => event(self.ctx, self.db, sent == Event::Warning, reason, message.clone()).await,
-                (_, Event::None) => {}
+            let warning = match sent {
+                Event::None => None,
+                Event::Normal => Some(false),
+                Event::Warning => Some(true),
+                // The Warning goes out only when the status did not say so already.
+                Event::WarningOnce { any_message } => (!self.said(reason, (!any_message).then_some(message.as_str()))).then_some(true),
+            };
+            if let Some(warning) = warning {
+                event(self.ctx, self.db, warning, reason, message.clone()).await;
             }
             if let Some((condition, status)) = condition {
                 status::set(&mut self.status.conditions, condition, status, reason, message, self.generation);
@@ -484,7 +480,7 @@ impl<'a> Pass<'a> {
     /// pre-upgrade backup runs). Returns whether an upgrade is under way in this pass.
     async fn steps(&mut self, upgrade: &Upgrade, workload: &Workload, rolled: bool) -> Result<bool, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
-        let jobs = |name: &str| backups::state(ctx.caches.job(ns, name).as_deref());
+        let jobs = |name: &str| self.job_state(name);
         let steps = decide::steps(&self.name, self.status.upgrade.as_ref(), &upgrade.version, upgrade.plan.as_ref(), rolled, &jobs);
         if let Some((name, job)) = &steps.job {
             // Upgrade steps keep no artefact: the backup volume when there is one, else scratch.
@@ -529,7 +525,7 @@ impl<'a> Pass<'a> {
                     progress: progress.as_ref(),
                     members: &members.observed,
                 };
-                let jobs = |name: &str| backups::state(ctx.caches.job(ns, name).as_deref());
+                let jobs = |name: &str| self.job_state(name);
                 decide::scale(facts, answer.map_err(|e| e.to_string()), &jobs)
             }
         };
