@@ -8,7 +8,9 @@
 //!   up) before its pod starts, or removes it before its pod goes. A change that would
 //!   leave the cluster without a quorum is refused.
 //! - Members start from `start.sh` (a config file), which joins, rejoins or starts a
-//!   new cluster from what the cluster lists.
+//!   new cluster from what the cluster lists. A member is alive (`alive.sh`) while that
+//!   script waits to join, then while etcd listens to its peers: waiting is never
+//!   restarted into a crash loop.
 //! - Backups are snapshots (`etcdctl snapshot save`); a restore makes every member's
 //!   data from one, as members of a new cluster that start together.
 //! - TLS (`spec.tls`): clients and members reach each other over HTTPS with the
@@ -26,6 +28,8 @@ const PEER_PORT: u16 = 2380;
 const UID: u32 = 999;
 const DATA_MOUNT: &str = "/var/lib/etcd";
 const START: &str = include_str!("start.sh");
+/// The liveness probe: a member still waiting to join is alive.
+const ALIVE: &str = include_str!("alive.sh");
 /// `ctl`: etcdctl against the other members; shared by `start.sh` and the Jobs.
 const CTL: &str = include_str!("ctl.sh");
 
@@ -183,6 +187,7 @@ impl Engine for Etcd {
             env.extend(member_tls_env(tls));
         }
         let https = spec.tls.is_some();
+        let config = &cluster.config_mount_path;
         let probe = |action, initial_delay_seconds, failure_threshold| Probe {
             action,
             initial_delay_seconds,
@@ -192,14 +197,18 @@ impl Engine for Etcd {
         };
         Ok(Workload {
             image: image(&spec.version),
-            command: vec!["sh".into(), format!("{}/start.sh", cluster.config_mount_path)],
+            command: vec!["sh".into(), format!("{config}/start.sh")],
             args: vec![],
             env,
             ports: vec![Port { name: "client".into(), port: CLIENT_PORT }, Port { name: "peer".into(), port: PEER_PORT }],
-            // Ready while the member serves with a leader; alive while it listens.
+            // Ready while the member serves with a leader; alive while it waits to join
+            // or listens to its peers.
             readiness: Some(probe(ProbeAction::HttpGet(HttpGet { path: "/health".into(), port: CLIENT_PORT, https }), 2, 2)),
-            liveness: Some(probe(ProbeAction::TcpSocket(PEER_PORT), 60, 12)),
-            config_files: vec![ConfigFile { name: "start.sh".into(), content: format!("{CTL}\n{START}") }],
+            liveness: Some(probe(ProbeAction::Exec(vec!["sh".into(), format!("{config}/alive.sh")]), 10, 12)),
+            config_files: vec![
+                ConfigFile { name: "start.sh".into(), content: format!("{CTL}\n{START}") },
+                ConfigFile { name: "alive.sh".into(), content: ALIVE.into() },
+            ],
             data_mount_path: DATA_MOUNT.into(),
             credentials: vec![],
             recommended: ResourceAmounts { cpu_millis: Some(250), memory_bytes: Some(512 << 20) },

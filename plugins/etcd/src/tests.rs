@@ -266,3 +266,34 @@ fn members_and_jobs_reach_every_other_member_by_its_own_name_not_one_through_the
     assert_eq!(endpoints_from("config-3", &[0, 1, 2, 4]), format!("{},{},{},{}", url(0), url(1), url(2), url(4)), "a gap is skipped");
     assert_eq!(endpoints_from("config-0", &[0]), "https://config-headless.infra.svc:2379", "alone: the Service's name");
 }
+
+/// The member's liveness probe as the kubelet runs it, against a `/proc` in which the
+/// container's first process is `comm` and the kernel lists `tcp6` sockets: whether it
+/// succeeds.
+fn alive(comm: &str, tcp6: &str) -> bool {
+    let w = Etcd::render(spec(3, vec![]), cluster("config-0")).expect("render");
+    let ProbeAction::Exec(command) = &w.liveness.as_ref().expect("a liveness probe").action else { panic!("an exec probe") };
+    assert_eq!(command, &["sh", "/etc/plugdb/alive.sh"], "the probe runs the script it ships");
+    let script = &w.config_files.iter().find(|f| f.name == "alive.sh").expect("alive.sh").content;
+    let proc = std::env::temp_dir().join(format!("plugdb-etcd-alive-{}-{comm}-{}", std::process::id(), tcp6.len()));
+    std::fs::create_dir_all(proc.join("1")).and_then(|_| std::fs::create_dir_all(proc.join("net"))).expect("a made-up /proc");
+    std::fs::write(proc.join("1/comm"), format!("{comm}\n")).expect("comm");
+    let header = "  sl  local_address                         remote_address                        st\n";
+    std::fs::write(proc.join("net/tcp6"), format!("{header}{tcp6}")).expect("tcp6");
+    let status = std::process::Command::new("sh").arg("-c").arg(script).env("PROC", &proc).status().expect("sh runs");
+    std::fs::remove_dir_all(&proc).expect("cleaned up");
+    status.success()
+}
+
+#[test]
+fn a_member_waiting_to_join_is_alive_and_etcd_is_alive_while_it_listens_to_its_peers() {
+    let any = "00000000000000000000000000000000";
+    let peer_listening = format!("   0: {any}:094C {any}:0000 0A 00000000:00000000 00:00000000 00000000   999\n");
+    let client_listening = format!("   0: {any}:094B {any}:0000 0A 00000000:00000000 00:00000000 00000000   999\n");
+    let peer_connected = format!("   1: {any}:094C 0100007F000000000000000000000000:A1B2 01 00000000:00000000 00:00000000 00000000   999\n");
+    assert!(alive("sh", ""), "the start script waiting to be added (nothing listening) is not restarted");
+    assert!(alive("etcd", &peer_listening), "etcd listening to its peers");
+    assert!(!alive("etcd", ""), "etcd listening to nothing");
+    assert!(!alive("etcd", &client_listening), "etcd listening to clients only");
+    assert!(!alive("etcd", &peer_connected), "a connection on the peer port is not a listener");
+}
