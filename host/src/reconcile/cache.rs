@@ -4,7 +4,9 @@
 //! Only objects labelled `app.kubernetes.io/managed-by=plugdb` are watched, and each
 //! cache keeps just what a pass reads: no managed fields, no Secret values, no pod or
 //! StatefulSet pod templates; ConfigMaps, Services and PodDisruptionBudgets are
-//! watched as metadata only (their applied hash is all a pass needs).
+//! watched as metadata only and kept as their name and applied hash (all a pass
+//! needs); Databases are kept without the manifest `kubectl apply` copies into an
+//! annotation.
 //!
 //! A watch learns what already exists as a stream of events, one object at a time,
 //! where the API server offers it (Kubernetes 1.32, and 1.34 onwards): a restarted
@@ -21,6 +23,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PartialObjectMeta, WatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -29,6 +32,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
 use crate::build::{APPLIED_HASH, Kind, MANAGER};
+use crate::crd::Database;
+
+/// Where `kubectl apply` keeps the whole manifest it last applied.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// What a cache knows of one child.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +175,28 @@ fn no_managed_fields<K: Resource>(o: &mut K) {
     o.meta_mut().managed_fields = None;
 }
 
+/// A Database as the reconciler reads it: without who manages which field, and
+/// without the copy of the whole manifest `kubectl apply` keeps in an annotation.
+pub(super) fn database_essentials(db: &mut Database) {
+    no_managed_fields(db);
+    if let Some(annotations) = &mut db.metadata.annotations {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// A child a pass only asks whether it holds what would be applied (ConfigMaps,
+/// Services, PodDisruptionBudgets): its name and the hash of what was applied.
+fn applied_hash_only<K: Resource>(o: &mut K) {
+    let meta = o.meta_mut();
+    let hash = meta.annotations.as_mut().and_then(|a| a.remove(APPLIED_HASH));
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        annotations: hash.map(|h| [(APPLIED_HASH.to_string(), h)].into()),
+        ..Default::default()
+    };
+}
+
 fn key_names_only(s: &mut Secret) {
     no_managed_fields(s);
     s.string_data = None;
@@ -221,9 +250,9 @@ impl Caches {
         let (job_tx, job_rx) = mpsc::unbounded();
         let listing = Listing::new(client, namespace);
         let l = &listing;
-        let (config_maps, t1) = cache(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, no_managed_fields, None);
-        let (services, t2) = cache(api::<PartialObjectMeta<Service>>(client, namespace), l, no_managed_fields, None);
-        let (budgets, t3) = cache(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, no_managed_fields, None);
+        let (config_maps, t1) = cache(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, applied_hash_only, None);
+        let (services, t2) = cache(api::<PartialObjectMeta<Service>>(client, namespace), l, applied_hash_only, None);
+        let (budgets, t3) = cache(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, applied_hash_only, None);
         let (secrets, t4) = cache(api(client, namespace), l, key_names_only, None);
         let (stateful_sets, t5) = cache(api(client, namespace), l, no_pod_template, Some(sts_tx));
         let (pods, t6) = cache(api(client, namespace), l, pod_essentials, None);
@@ -310,5 +339,54 @@ impl Caches {
     /// conditions only.
     pub fn pods(&self, namespace: &str, selector: &std::collections::BTreeMap<String, String>) -> Vec<Arc<Pod>> {
         in_namespace(&self.pods, namespace, |p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
+
+    fn meta(annotations: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("orders".into()),
+            namespace: Some("shop".into()),
+            uid: Some("3f1c".into()),
+            resource_version: Some("42".into()),
+            labels: Some([("app.kubernetes.io/instance".to_string(), "orders".to_string())].into()),
+            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            owner_references: Some(vec![OwnerReference { name: "orders".into(), ..Default::default() }]),
+            managed_fields: Some(vec![ManagedFieldsEntry { manager: Some("plugdb".into()), ..Default::default() }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn metadata_only_children_keep_their_name_and_applied_hash_alone() {
+        let mut service = PartialObjectMeta::<Service> { metadata: meta(&[(APPLIED_HASH, "b790"), ("note", "x")]), ..Default::default() };
+        applied_hash_only(&mut service);
+        let expected = ObjectMeta {
+            name: Some("orders".into()),
+            namespace: Some("shop".into()),
+            annotations: Some([(APPLIED_HASH.to_string(), "b790".to_string())].into()),
+            ..Default::default()
+        };
+        assert_eq!(service.metadata, expected);
+
+        let mut unhashed = PartialObjectMeta::<Service> { metadata: meta(&[]), ..Default::default() };
+        applied_hash_only(&mut unhashed);
+        assert_eq!(unhashed.metadata.annotations, None, "no hash: nothing to compare with, so applied again");
+    }
+
+    #[test]
+    fn databases_are_kept_without_managed_fields_or_the_last_applied_manifest() {
+        let mut db =
+            Database::new("orders", serde_json::from_value(serde_json::json!({"engine": "postgres", "storage": "1Gi"})).expect("spec"));
+        db.metadata = meta(&[(LAST_APPLIED, "{\"spec\":{}}"), ("plugdb.io/backup-now", "2026-11-24T10:00:00Z")]);
+        database_essentials(&mut db);
+        assert_eq!(db.metadata.managed_fields, None);
+        let annotations: Vec<&str> = db.annotations().keys().map(String::as_str).collect();
+        assert_eq!(annotations, ["plugdb.io/backup-now"], "the operator's own annotations stay");
+        assert_eq!(db.metadata.resource_version.as_deref(), Some("42"), "the rest of the metadata stays");
     }
 }

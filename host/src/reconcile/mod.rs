@@ -199,7 +199,8 @@ impl Context {
     }
 
     /// Records that `before` was replaced by `after`, which this operator wrote.
-    fn wrote(&self, before: &Database, after: Database) {
+    fn wrote(&self, before: &Database, mut after: Database) {
+        cache::database_essentials(&mut after);
         let key = ObjectRef::from_obj(before);
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         // What this write replaced, and whatever the previous one had replaced or written.
@@ -272,6 +273,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let (keeper, known) = (ctx.clone(), reader.clone());
     let databases = watcher(dbs, ctx.caches.listing().config().await)
         .default_backoff()
+        .modify(cache::database_essentials)
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(db)) => keeper.forget(db),

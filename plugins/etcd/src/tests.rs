@@ -290,7 +290,8 @@ fn a_member_waiting_to_join_is_alive_and_etcd_is_alive_while_it_listens_to_its_p
     let any = "00000000000000000000000000000000";
     let peer_listening = format!("   0: {any}:094C {any}:0000 0A 00000000:00000000 00:00000000 00000000   999\n");
     let client_listening = format!("   0: {any}:094B {any}:0000 0A 00000000:00000000 00:00000000 00000000   999\n");
-    let peer_connected = format!("   1: {any}:094C 0100007F000000000000000000000000:A1B2 01 00000000:00000000 00:00000000 00000000   999\n");
+    let peer_connected =
+        format!("   1: {any}:094C 0100007F000000000000000000000000:A1B2 01 00000000:00000000 00:00000000 00000000   999\n");
     assert!(alive("sh", ""), "the start script waiting to be added (nothing listening) is not restarted");
     assert!(alive("etcd", &peer_listening), "etcd listening to its peers");
     assert!(!alive("etcd", ""), "etcd listening to nothing");
