@@ -37,6 +37,7 @@ pub use bindings::plugdb::engine::types::*;
 /// Exports a type that implements [`Engine`] as the plugin of this component.
 pub use bindings::export_engine;
 
+mod allocator;
 mod helpers;
 pub mod parameters;
 pub use helpers::*;
