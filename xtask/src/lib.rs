@@ -20,6 +20,17 @@ const PROFILE: &str = "plugin";
 /// one keeps everything a call touches (stack, statics, heap) in the first few hundred
 /// KiB, the part of a pool slot the host keeps mapped between calls.
 pub const GUEST_STACK: usize = 128 << 10;
+/// The linear memory a plugin starts with: room for its stack, statics and the heap a
+/// call uses, so that a typical call never grows memory (growing is cheap, but the
+/// grown pages must be made accessible, and hidden again before the slot's next call).
+/// It is the part of a pool slot the host keeps mapped between calls; a call that
+/// needs more still grows, up to the host's memory cap.
+pub const GUEST_INITIAL_MEMORY: usize = 512 << 10;
+
+/// The linker arguments every plugin is built with.
+fn link_args() -> [String; 4] {
+    ["-C".into(), format!("link-arg=-zstack-size={GUEST_STACK}"), "-C".into(), format!("link-arg=--initial-memory={GUEST_INITIAL_MEMORY}")]
+}
 
 /// A crate to build into a component.
 #[derive(Debug, Clone)]
@@ -162,7 +173,8 @@ pub fn build(root: &Path, crates: &[PluginCrate], target_dir: &Path, out_dir: &P
         cmd.current_dir(root)
             .args(["rustc", "--lib", "--crate-type", "cdylib", "--profile", PROFILE, "--target", TARGET, "-p", &c.package, "--target-dir"])
             .arg(target_dir)
-            .args(["--", "-C", &format!("link-arg=-zstack-size={GUEST_STACK}")]);
+            .arg("--")
+            .args(link_args());
         let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
         ensure!(status.success(), "building plugin {} failed ({status}): {cmd:?}", c.package);
     }
@@ -212,7 +224,8 @@ pub fn build_dir(dir: &Path, out: Option<&Path>) -> Result<Component> {
     let mut cmd = with_target_dir(cargo(&toolchain));
     cmd.args(["rustc", "--lib", "--crate-type", "cdylib", "--release", "--target", TARGET, "--manifest-path"])
         .arg(&manifest)
-        .args(["-p", &package, "--", "-C", &format!("link-arg=-zstack-size={GUEST_STACK}")])
+        .args(["-p", &package, "--"])
+        .args(link_args())
         .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
         .env("CARGO_PROFILE_RELEASE_LTO", "true")
         .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")

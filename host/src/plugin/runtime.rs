@@ -29,6 +29,10 @@ const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// 128 KiB stack first, then statics and the heap) touch less than this in a call;
 /// the dirty pages are found by scanning it on every call, so it costs time to grow.
 const KEEP_RESIDENT: usize = 512 << 10;
+/// Address space each memory reserves: all a 32-bit address can reach.
+const MEMORY_RESERVATION: u64 = 1 << 32;
+/// Unmapped address space after each memory's reservation (for an offset added to an address).
+const MEMORY_GUARD: u64 = 32 << 20;
 /// How wasmtime says a copy out of the guest went past the store's hostcall fuel.
 const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
 /// Core instances, memories and tables one call may create.
@@ -199,15 +203,14 @@ impl Runtime {
     pub fn with_tier(limits: Limits, tier: Tier) -> anyhow::Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true).epoch_interruption(true).max_wasm_stack(limits.stack_bytes).generate_address_map(false);
-        // Linear memory never grows past the cap: reserve no more address space than
-        // that. Bounds are checked by the code itself, not by guard pages and signals:
-        // memory a call grew then stays read-write in its pool slot (reset page by
-        // page like the rest), instead of costing two `mprotect`s on every call.
+        // Each memory reserves the 4 GiB a 32-bit address reaches, plus a guard, so the
+        // compiled code checks no bounds: an access outside the memory faults, and the
+        // fault becomes a trap. Only what the memory cap allows is ever made accessible.
         config
-            .memory_reservation(limits.memory_bytes as u64)
-            .memory_guard_size(0)
+            .memory_reservation(MEMORY_RESERVATION)
+            .memory_guard_size(MEMORY_GUARD)
             .memory_reservation_for_growth(0)
-            .signals_based_traps(false);
+            .signals_based_traps(true);
         if limits.instance_slots > 0 {
             let slots = limits.instance_slots;
             let mut pool = wasmtime::PoolingAllocationConfig::new();
@@ -294,16 +297,16 @@ impl Runtime {
         self.limits
     }
 
-    /// A fresh store for one call of `engine`'s plugin: its allocations limited, its
+    /// A fresh store for one call of the plugin `info` describes: its allocations limited, its
     /// deadline set.
-    fn store(&self, engine: &str) -> Store<CallState> {
+    fn store(&self, info: Arc<PluginInfo>) -> Store<CallState> {
         let state = CallState {
             limits: CallLimiter {
                 memory_cap: self.limits.memory_bytes,
                 memory_left: self.limits.memory_bytes,
                 table_elements_left: MAX_TABLE_ELEMENTS,
             },
-            engine: engine.to_string(),
+            info,
             log_lines: 0,
         };
         let mut store = Store::new(&self.engine, state);
@@ -507,7 +510,8 @@ impl ResourceLimiter for CallLimiter {
 /// Per-call state: the resource limiter and log accounting.
 pub(crate) struct CallState {
     limits: CallLimiter,
-    engine: String,
+    /// Whose call it is (its engine name tags the log lines).
+    info: Arc<PluginInfo>,
     log_lines: u32,
 }
 
@@ -526,7 +530,7 @@ impl CallState {
             }
             message.truncate(cut);
         }
-        let engine = self.engine.as_str();
+        let engine = self.info.engine.as_str();
         match level {
             tracing::Level::ERROR => tracing::error!(engine, "{message}"),
             tracing::Level::WARN => tracing::warn!(engine, "{message}"),
@@ -778,7 +782,7 @@ impl Plugin {
         function: &'static str,
         f: impl FnOnce(&mut Store<CallState>, &wasmtime::component::Instance) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        let mut store = self.runtime.store(&self.info.engine);
+        let mut store = self.runtime.store(self.info.clone());
         let result = self.pre.instantiate(&mut store).and_then(|instance| f(&mut store, &instance));
         result.map_err(|e| self.classify(function, e))
     }
@@ -860,7 +864,7 @@ mod tests {
 
     fn instantiate(runtime: &Runtime, bytes: &[u8]) -> Result<(), String> {
         let module = wasmtime::Module::new(&runtime.engine, bytes).map_err(|e| format!("{e:#}"))?;
-        let mut store = runtime.store("test");
+        let mut store = runtime.store(Arc::new(placeholder_info()));
         wasmtime::Instance::new(&mut store, &module, &[]).map(|_| ()).map_err(|e| format!("{e:#}"))
     }
 
