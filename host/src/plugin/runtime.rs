@@ -54,8 +54,9 @@ pub struct Limits {
     /// is referred to); also bounds one log line's copy.
     pub output_bytes: usize,
     /// Instances kept ready in a pool (the pooling allocator: no mapping per call,
-    /// memory images copied on write), each reserving `memory_bytes` of address space
-    /// per memory; 0 allocates every instance on demand. Calls beyond it fail.
+    /// memory images copied on write), each reserving 4 GiB + 32 MiB of address space
+    /// per memory (of which at most `memory_bytes` is ever made accessible); 0
+    /// allocates every instance on demand. Calls beyond it fail.
     pub instance_slots: u32,
     /// Bounds on a component's code, checked before it is compiled.
     pub shape: ShapeLimits,
