@@ -25,7 +25,7 @@ const HOLES: usize = 32;
 pub(crate) struct Bump {
     next: usize,
     end: usize,
-    /// `(start, end)` of freed blocks below `next`, in the order they were freed.
+    /// `(start, end)` of freed blocks below `next`, in no particular order.
     holes: [(usize, usize); HOLES],
     len: usize,
 }
@@ -43,8 +43,8 @@ impl Bump {
     }
 
     /// The start of a new block of `size` bytes aligned to `align` (a power of two),
-    /// asking `grow` for at least `more` bytes beyond `end` when it does not fit
-    /// (`grow` answers how many it added, 0 when it could not).
+    /// asking `grow` for the bytes missing beyond `end` when it does not fit (`grow`
+    /// answers how many it added, 0 when it could not).
     pub(crate) fn alloc(&mut self, size: usize, align: usize, grow: impl FnOnce(usize) -> usize) -> Option<usize> {
         let start = self.next.checked_add(align - 1)? & !(align - 1);
         let end = start.checked_add(size)?;
@@ -140,8 +140,8 @@ mod wasm {
     }
 
     // SAFETY: blocks are handed out once, never overlapping (`Bump` only moves `next`
-    // past them, or back over the last one when it is freed), aligned as asked, and
-    // inside memory 0 (grown before `next` passes its end).
+    // past them, or back over blocks that are all freed), aligned as asked, and inside
+    // memory 0 (grown before `next` passes its end).
     unsafe impl GlobalAlloc for CallAllocator {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             self.with(|b| b.alloc(layout.size(), layout.align(), grow)).map_or(core::ptr::null_mut(), |at| at as *mut u8)
