@@ -1,8 +1,14 @@
-//! Plugin calls off the async executor. Each call runs on a blocking thread, at most
-//! `total` at once and at most `per_engine` for one engine: a plugin that spends its
-//! whole deadline on every call delays only its own engine's reconciles, never the
+//! Plugin calls off the async executor. Each call runs on one of `total` threads kept
+//! for plugin calls, at most `per_engine` of them for one engine: a plugin that spends
+//! its whole deadline on every call delays only its own engine's reconciles, never the
 //! others', the health endpoints or the lease renewal. The bound also caps the memory
 //! plugin calls can hold at once (`total` × the per-call memory cap).
+//!
+//! Those threads run at a lower scheduling priority (nice [`CALL_NICENESS`]) than the
+//! operator's own: where the CPU is short, a plugin burning its deadline gets what the
+//! executor (watches, lease, health, API requests) and, on a shared node, its other
+//! processes leave, instead of an equal share. A call of a few microseconds does not
+//! notice; a call that spins is still stopped at its wall-clock deadline.
 //!
 //! Callers are reconciles, and a reconcile waiting here holds one of the controller's
 //! reconcile slots: a slow engine with more Databases than slots must not hold every
@@ -17,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 
 use super::Plugin;
 
@@ -28,12 +34,65 @@ const QUEUE_PER_THREAD: usize = 2;
 /// The longest expected wait beyond that depth: a queue that would wait longer is full.
 const QUEUE_WAIT: Duration = Duration::from_millis(20);
 
+/// The nice value of the threads plugin calls run on (the operator's own run at 0;
+/// 19 is the lowest priority).
+pub const CALL_NICENESS: i32 = 19;
+
 /// The bounded set of threads plugin calls run on.
 #[derive(Debug)]
 pub struct CallPool {
     total: Arc<Semaphore>,
     per_engine: usize,
     engines: Mutex<HashMap<String, Share>>,
+    workers: Workers,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads that run plugin calls, started with the pool and ended with it (when the
+/// sender goes, each thread's next receive fails). A call is handed over only once it
+/// holds a slot of the pool, so a thread is always free for it.
+#[derive(Debug)]
+struct Workers {
+    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+}
+
+impl Workers {
+    fn start(count: usize) -> Self {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..count {
+            let queue = queue.clone();
+            let spawned = std::thread::Builder::new().name(format!("plugdb-call-{i}")).spawn(move || {
+                // Linux keeps a nice value per thread: this lowers only this one.
+                if let Err(e) = rustix::process::setpriority_process(None, CALL_NICENESS) {
+                    tracing::warn!(error = %e, "plugin call thread keeps the operator's priority");
+                }
+                loop {
+                    let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                }
+            });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "could not start a plugin call thread");
+            }
+        }
+        Self { jobs: Mutex::new(jobs) }
+    }
+
+    /// Runs `call` on a worker; its panic, if any, comes back as the error.
+    async fn run<T: Send + 'static>(&self, call: impl FnOnce() -> T + Send + 'static) -> std::thread::Result<T> {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)));
+        });
+        let sent = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job);
+        assert!(sent.is_ok(), "the plugin call threads are gone");
+        rx.await.expect("a plugin call thread ended during a call")
+    }
 }
 
 /// One engine's share of the pool: its threads, and how its calls are going.
@@ -98,7 +157,13 @@ fn lock(load: &Mutex<Load>) -> std::sync::MutexGuard<'_, Load> {
 impl CallPool {
     /// At most `total` calls at once, `per_engine` of them for one engine (both ≥ 1).
     pub fn new(total: usize, per_engine: usize) -> Self {
-        Self { total: Arc::new(Semaphore::new(total.max(1))), per_engine: per_engine.max(1), engines: Mutex::default() }
+        let total = total.max(1);
+        Self {
+            total: Arc::new(Semaphore::new(total)),
+            per_engine: per_engine.max(1),
+            engines: Mutex::default(),
+            workers: Workers::start(total),
+        }
     }
 
     fn share(&self, engine: &str) -> Share {
@@ -109,7 +174,7 @@ impl CallPool {
             .clone()
     }
 
-    /// Runs `call` on `plugin` on a blocking thread once its engine and the pool have
+    /// Runs `call` on `plugin` on a call thread once its engine and the pool have
     /// room, or says the engine is [`Busy`] when its queue is full. The slots are held
     /// until the call itself ends, even if the caller gives up.
     pub async fn run<T: Send + 'static>(&self, plugin: &Plugin, call: impl FnOnce(&Plugin) -> T + Send + 'static) -> Result<T, Busy> {
@@ -131,7 +196,7 @@ impl CallPool {
         };
         let thread = share.threads.acquire_owned().await.expect("the engine's semaphore is never closed");
         let slot = self.total.clone().acquire_owned().await.expect("the pool's semaphore is never closed");
-        let task = tokio::task::spawn_blocking(move || {
+        let ran = self.workers.run(move || {
             let _held = (ticket, thread, slot);
             let started = Instant::now();
             lock(&share.load).running.push(started);
@@ -139,10 +204,9 @@ impl CallPool {
             lock(&share.load).ended(started, started.elapsed());
             value
         });
-        match task.await {
+        match ran.await {
             Ok(value) => Ok(value),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => panic!("a plugin call was cancelled: {e}"),
+            Err(panic) => std::panic::resume_unwind(panic),
         }
     }
 }
@@ -180,6 +244,23 @@ mod tests {
         assert_eq!(burst(&pool, "slow", 1, Duration::from_millis(50)).await, 0);
         let slow = burst(&pool, "slow", 16, Duration::from_millis(50)).await;
         assert_eq!(slow, 12, "calls of 50 ms queue 4 deep");
+    }
+
+    /// Calls run on the pool's own threads, below the operator's priority, and a
+    /// panicking call leaves its thread serving the next one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_run_below_the_operators_priority() {
+        let pool = Arc::new(CallPool::new(1, 1));
+        let caller = rustix::process::getpriority_process(None).expect("the caller's nice value");
+        let nice = || rustix::process::getpriority_process(None).expect("nice value");
+        assert_eq!(pool.run_for("e", nice).await, Ok(CALL_NICENESS));
+        assert_eq!(rustix::process::getpriority_process(None).expect("nice value"), caller, "the caller keeps its own");
+        let panicked = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.run_for("e", || panic!("a plugin call panicked")).await }
+        });
+        assert!(panicked.await.expect_err("the panic reaches the caller").is_panic());
+        assert_eq!(pool.run_for("e", nice).await, Ok(CALL_NICENESS), "the one thread still serves");
     }
 
     /// A call that has been running long marks its engine slow before it ends.

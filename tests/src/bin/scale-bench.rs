@@ -191,9 +191,14 @@ async fn baseline(client: &Client, count: usize) -> Result<Duration> {
         .buffer_unordered(IN_FLIGHT)
         .try_collect::<Vec<_>>()
         .await?;
-    let elapsed = started.elapsed();
-    // Gone before the operator starts, so that it serves the benchmark's Databases only.
-    for ns in &namespaces {
+    Ok(started.elapsed())
+}
+
+/// Deletes what `baseline` made, so that the operator serves the benchmark's
+/// Databases only.
+async fn clear_baseline(client: &Client, count: usize) -> Result<()> {
+    for i in 0..namespaces_for(count) {
+        let ns = format!("direct-{i}");
         let resources = [
             ApiResource::erase::<Database>(&()),
             ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()),
@@ -203,11 +208,11 @@ async fn baseline(client: &Client, count: usize) -> Result<Duration> {
             ApiResource::erase::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(&()),
         ];
         for resource in &resources {
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, resource);
             api.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
         }
     }
-    Ok(elapsed)
+    Ok(())
 }
 
 /// Waits until `count` Databases carry a status written by the operator.
@@ -342,6 +347,7 @@ async fn measure(binary: &Path, count: usize, extra: &[String]) -> Result<Run> {
 
     eprintln!("[{count}] baseline: a plain client creates {count} Databases with their children and status…");
     let (direct, api_direct, etcd_direct) = with_server_cpu(&cp, baseline(&cp.client, count)).await?;
+    clear_baseline(&cp.client, count).await?;
 
     let namespaces = create_namespaces(&cp.client, "bench", namespaces_for(count)).await?;
     eprintln!("[{count}] operator: {count} Databases across {} namespaces…", namespaces.len());
