@@ -54,7 +54,7 @@ type Job = Box<dyn FnOnce() + Send>;
 /// holds a slot of the pool, so a thread is always free for it.
 #[derive(Debug)]
 struct Workers {
-    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+    jobs: std::sync::mpsc::Sender<Job>,
 }
 
 impl Workers {
@@ -80,7 +80,7 @@ impl Workers {
                 tracing::error!(error = %e, "could not start a plugin call thread");
             }
         }
-        Self { jobs: Mutex::new(jobs) }
+        Self { jobs }
     }
 
     /// Runs `call` on a worker; its panic, if any, comes back as the error.
@@ -89,8 +89,7 @@ impl Workers {
         let job: Job = Box::new(move || {
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)));
         });
-        let sent = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job);
-        assert!(sent.is_ok(), "the plugin call threads are gone");
+        assert!(self.jobs.send(job).is_ok(), "the plugin call threads are gone");
         rx.await.expect("a plugin call thread ended during a call")
     }
 }

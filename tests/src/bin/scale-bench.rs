@@ -454,12 +454,11 @@ async fn measure(binary: &Path, count: usize, extra: &[String]) -> Result<Run> {
         again.operator.stop().await?;
         times.push((again.direct, again.operator_time));
     }
-    let seconds = |pick: fn(&(Duration, Duration)) -> Duration| median(times.iter().map(|t| pick(t).as_secs_f64()).collect());
     Ok(Run {
         count,
         namespaces,
-        operator: seconds(|t| t.1),
-        direct: seconds(|t| t.0),
+        operator: median(times.iter().map(|(_, o)| o.as_secs_f64()).collect()),
+        direct: median(times.iter().map(|(d, _)| d.as_secs_f64()).collect()),
         ratios: times.iter().map(|(d, o)| o.as_secs_f64() / d.as_secs_f64()).collect(),
         server_cpu_direct,
         server_cpu_operator,
