@@ -91,23 +91,60 @@ pub struct DatabaseSpec {
     pub tls: Option<TlsSpec>,
 }
 
-/// TLS for a Database: plugdb issues a certificate for every name of its Services and
-/// members from a certificate authority of the Database's own (Secret `<name>-ca`), keeps
-/// it in Secret `<name>-tls` (`tls.crt`, `tls.key`, `ca.crt`), renews it 30 days before
-/// it expires (rolling the members), and the engine's plugin configures the engine to
-/// require it. Clients verify the server against `ca.crt`.
+/// TLS for a Database: a certificate for every name of its Services and members in
+/// Secret `<name>-tls` (`tls.crt`, `tls.key`, `ca.crt`), renewed 30 days before it
+/// expires (rolling the members); the engine's plugin configures the engine to require
+/// it. Clients verify the server against `ca.crt`. plugdb issues it from a certificate
+/// authority of the Database's own (Secret `<name>-ca`), or cert-manager does from the
+/// issuer `issuerRef` names.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TlsSpec {
     /// Whether the engine serves (and requires) TLS.
     #[serde(default = "enabled")]
     pub enabled: bool,
+    /// A cert-manager issuer to issue the certificate: plugdb then keeps a cert-manager
+    /// `Certificate` `<name>-tls` instead of issuing it. The issuer must put its CA
+    /// certificate in `ca.crt` (cert-manager's CA and Vault issuers do): members verify
+    /// each other with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+}
+
+/// A cert-manager issuer, as a `Certificate`'s `spec.issuerRef` names it.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    /// The issuer's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// `Issuer` (in the Database's namespace), `ClusterIssuer`, or an external issuer's kind.
+    #[serde(default = "issuer_kind")]
+    #[schemars(length(min = 1))]
+    pub kind: String,
+    /// The issuer's API group: `cert-manager.io`, or an external issuer's.
+    #[serde(default = "issuer_group")]
+    #[schemars(length(min = 1))]
+    pub group: String,
+}
+
+fn issuer_kind() -> String {
+    "Issuer".into()
+}
+
+fn issuer_group() -> String {
+    "cert-manager.io".into()
 }
 
 impl DatabaseSpec {
     /// Whether the Database asks for TLS.
     pub fn tls_enabled(&self) -> bool {
         self.tls.as_ref().is_some_and(|t| t.enabled)
+    }
+
+    /// The cert-manager issuer of the Database's certificate, when TLS is on and one is named.
+    pub fn tls_issuer(&self) -> Option<&IssuerRef> {
+        self.tls.as_ref().filter(|t| t.enabled).and_then(|t| t.issuer_ref.as_ref())
     }
 }
 
@@ -381,7 +418,8 @@ pub struct DatabaseStatus {
 /// final backup). The conditions say why.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 pub enum Phase {
-    /// Waiting for its engine's plugin, which may still be on its way.
+    /// Waiting for its engine's plugin, which may still be on its way, or for the
+    /// certificate cert-manager is to issue it.
     Pending,
     /// Members are being created and have not all been ready yet.
     Creating,

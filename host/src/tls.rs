@@ -1,17 +1,24 @@
 //! TLS for a Database (`spec.tls`): a certificate authority of its own and one
-//! certificate for every name its Services and members answer to. Pure: the reconciler
-//! keeps them in Secrets (see `reconcile::apply::ensure_tls`).
+//! certificate for every name its Services and members answer to, or the cert-manager
+//! `Certificate` that has an issuer of the user's issue it. Pure: the reconciler keeps
+//! them in Secrets (see `reconcile::apply::ensure_tls`).
 //!
 //! The authority's key never leaves its Secret (`<name>-ca`); the certificate, its key
 //! and the authority's certificate go to `<name>-tls` (a `kubernetes.io/tls` Secret
 //! with `ca.crt`), which members and Jobs mount at [`MOUNT`].
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
+use serde::Serialize;
 
 use crate::build::Names;
+use crate::crd::{Database, IssuerRef};
 use crate::plugin::TlsFiles;
 
 /// Where members and Jobs find the certificate.
@@ -135,6 +142,89 @@ pub fn due(not_after: Option<&str>, now: DateTime<Utc>) -> bool {
     expires.is_none_or(|t| t.with_timezone(&Utc) - chrono::Duration::days(RENEW_BEFORE_DAYS) <= now)
 }
 
+/// cert-manager's `Certificate` (`cert-manager.io/v1`), the fields plugdb sets.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Certificate {
+    /// `cert-manager.io/v1`.
+    pub api_version: &'static str,
+    /// `Certificate`.
+    pub kind: &'static str,
+    /// Name `<name>-tls`, owned by the Database.
+    pub metadata: ObjectMeta,
+    /// What to issue.
+    pub spec: CertificateSpec,
+}
+
+/// The `spec` of a [`Certificate`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateSpec {
+    /// The Secret cert-manager writes: `<name>-tls`, the one members mount.
+    pub secret_name: String,
+    /// Labels for that Secret, so that plugdb's watch sees it.
+    pub secret_template: SecretTemplate,
+    /// The Database's primary Service.
+    pub common_name: String,
+    /// Every name of [`names`].
+    pub dns_names: Vec<String>,
+    /// How long a certificate is valid (Go duration).
+    pub duration: String,
+    /// How long before it expires it is replaced (Go duration).
+    pub renew_before: String,
+    /// For servers and clients, as plugdb's own certificates.
+    pub usages: Vec<&'static str>,
+    /// A new ECDSA P-256 key at every issuance.
+    pub private_key: PrivateKey,
+    /// The issuer `spec.tls.issuerRef` names.
+    pub issuer_ref: IssuerRef,
+}
+
+/// `spec.secretTemplate` of a [`Certificate`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SecretTemplate {
+    /// The Database's labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `spec.privateKey` of a [`Certificate`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrivateKey {
+    /// `ECDSA`.
+    pub algorithm: &'static str,
+    /// 256.
+    pub size: u16,
+    /// `Always`: every renewal makes a new key.
+    pub rotation_policy: &'static str,
+}
+
+/// The cert-manager `Certificate` that has Database `db`'s certificate issued by
+/// `issuer`, into the Secret members mount: the same names, uses and lifetime as a
+/// certificate plugdb issues itself.
+pub fn certificate(db: &Database, issuer: &IssuerRef) -> Certificate {
+    let (name, ns) = (db.name_any(), db.namespace().unwrap_or_default());
+    let n = Names(&name);
+    let mut metadata = crate::build::metadata_with(db, &n.tls(), true, &crate::build::labels(db));
+    metadata.annotations = None;
+    Certificate {
+        api_version: "cert-manager.io/v1",
+        kind: "Certificate",
+        metadata,
+        spec: CertificateSpec {
+            secret_name: n.tls(),
+            secret_template: SecretTemplate { labels: crate::build::labels(db) },
+            common_name: n.primary(),
+            dns_names: names(&name, &ns),
+            duration: format!("{}h", VALIDITY_DAYS * 24),
+            renew_before: format!("{}h", RENEW_BEFORE_DAYS * 24),
+            usages: vec!["digital signature", "key encipherment", "server auth", "client auth"],
+            private_key: PrivateKey { algorithm: "ECDSA", size: 256, rotation_policy: "Always" },
+            issuer_ref: issuer.clone(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rustls::client::danger::ServerCertVerifier;
@@ -150,6 +240,31 @@ mod tests {
         {
             assert!(names.iter().any(|n| n == wanted), "{wanted} in {names:?}");
         }
+    }
+
+    /// The Certificate asks cert-manager for what plugdb would issue itself (the same
+    /// names, uses, lifetime and Secret), from the issuer named, owned by the Database,
+    /// with the Secret labelled for plugdb's watch.
+    #[test]
+    fn a_cert_manager_certificate_asks_for_what_plugdb_would_issue() {
+        let mut db =
+            Database::new("orders", serde_json::from_value(serde_json::json!({"engine": "postgres", "storage": "1Gi"})).expect("spec"));
+        db.metadata.namespace = Some("shop".into());
+        db.metadata.uid = Some("3f1c".into());
+        let issuer = IssuerRef { name: "corp-ca".into(), kind: "ClusterIssuer".into(), group: "cert-manager.io".into() };
+        let certificate = serde_json::to_value(certificate(&db, &issuer)).expect("json");
+        assert_eq!(certificate["apiVersion"], "cert-manager.io/v1");
+        assert_eq!(certificate["metadata"]["name"], "orders-tls");
+        assert_eq!(certificate["metadata"]["ownerReferences"][0]["uid"], "3f1c");
+        let spec = &certificate["spec"];
+        assert_eq!(spec["secretName"], "orders-tls", "the Secret members mount");
+        assert_eq!(spec["secretTemplate"]["labels"]["app.kubernetes.io/managed-by"], "plugdb", "seen by plugdb's Secret watch");
+        assert_eq!(spec["dnsNames"], serde_json::json!(names("orders", "shop")));
+        assert_eq!(spec["issuerRef"], serde_json::json!({"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}));
+        assert_eq!(spec["duration"], "8760h");
+        assert_eq!(spec["renewBefore"], "720h");
+        assert_eq!(spec["usages"], serde_json::json!(["digital signature", "key encipherment", "server auth", "client auth"]));
+        assert_eq!(spec["privateKey"]["rotationPolicy"], "Always");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! and the plugin components that `build.rs` built from source.
 
 pub mod bomb;
+pub mod cert_manager;
 pub mod control_plane;
 pub mod engine;
 pub mod local_pod;

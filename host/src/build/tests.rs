@@ -248,7 +248,7 @@ fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
 #[test]
 fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_members() {
     let mut db = database(DeletionPolicy::Snapshot);
-    db.spec.tls = Some(crate::crd::TlsSpec { enabled: true });
+    db.spec.tls = Some(crate::crd::TlsSpec { enabled: true, issuer_ref: None });
     let mut w = workload("");
     w.init_containers = vec![crate::plugin::InitContainer {
         name: "prepare".into(),

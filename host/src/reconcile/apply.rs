@@ -5,14 +5,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::cache::Seen;
+use super::status::Reason;
 use super::{Context, Error};
-use crate::build::{Child, Kind, MANAGER, Names, labels};
-use crate::crd::{Database, DeletionPolicy};
+use crate::build::{APPLIED_HASH, Child, Kind, MANAGER, Names, labels};
+use crate::crd::{Database, DeletionPolicy, IssuerRef};
 use crate::plugin::Credential;
 use crate::tls;
 
@@ -111,30 +112,56 @@ pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credenti
     }
 }
 
-/// The Database's TLS certificate, in Secret `<name>-tls`: issued by its own authority
-/// (`<name>-ca`, made once and kept like the credentials), again 30 days before it
-/// expires or when the names it must carry change. Returns its stamp (its expiry) for
-/// the pod template; `None` when the Database has no TLS.
-pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Option<String>, Error> {
+/// Where the Database's TLS certificate stands after [`ensure_tls`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Certified {
+    /// The Database has no TLS.
+    Off,
+    /// Issued, in Secret `<name>-tls`; its stamp (its expiry) goes on the pod template,
+    /// so that a renewal rolls the members.
+    Issued(String),
+    /// Not issued yet, and why: nothing is built until it is.
+    Waiting(Reason, String),
+}
+
+/// The Database's TLS certificate, in Secret `<name>-tls`: from the cert-manager issuer
+/// `spec.tls.issuerRef` names, else issued by the Database's own authority (`<name>-ca`,
+/// made once and kept like the credentials), again 30 days before it expires or when
+/// the names it must carry change.
+pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error> {
     if !db.spec.tls_enabled() {
-        return Ok(None);
+        return Ok(Certified::Off);
+    }
+    if let Some(issuer) = db.spec.tls_issuer() {
+        return ensure_certificate(ctx, db, issuer).await;
     }
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let n = Names(&name);
     let names = tls::names(&name, &ns);
     let hash = tls::names_hash(&names);
     let now = chrono::Utc::now();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let current = |s: &Secret| {
         let stamp = s.annotations().get(tls::NOT_AFTER);
-        (s.annotations().get(tls::NAMES) == Some(&hash) && !tls::due(stamp.map(String::as_str), now)).then(|| stamp.cloned()).flatten()
+        let ours = !s.annotations().contains_key(CERTIFICATE_NAME);
+        (ours && s.annotations().get(tls::NAMES) == Some(&hash) && !tls::due(stamp.map(String::as_str), now))
+            .then(|| stamp.cloned())
+            .flatten()
     };
     if let Some(stamp) = ctx.caches.secret(&ns, &n.tls()).and_then(|s| current(&s)) {
-        return Ok(Some(stamp));
+        return Ok(Certified::Issued(stamp));
     }
     // The cache may be behind a certificate issued a moment ago: ask before issuing.
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    if let Some(stamp) = api.get_opt(&n.tls()).await?.and_then(|s| current(&s)) {
-        return Ok(Some(stamp));
+    let live = api.get_opt(&n.tls()).await?;
+    if let Some(stamp) = live.as_ref().and_then(current) {
+        return Ok(Certified::Issued(stamp));
+    }
+    if let Some(certificate) = live.as_ref().and_then(|s| s.annotations().get(CERTIFICATE_NAME)) {
+        // cert-manager issued it while `issuerRef` was set: its Certificate goes first
+        // (or it would write the Secret again), then the Secret with its annotations.
+        let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
+        ignore_missing(certificates.delete(certificate, &Default::default()).await.map(|_| ()))?;
+        ignore_missing(api.delete(&n.tls(), &Default::default()).await.map(|_| ()))?;
     }
     let authority = authority(db, &api).await?;
     let issued = tls::issue(&name, &ns, &authority.key, &names, now).map_err(Error::Tls)?;
@@ -153,7 +180,79 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Option<String>, 
     };
     api.patch(&n.tls(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await?;
     tracing::info!(database = %format!("{ns}/{name}"), expires = %stamp, "issued the Database's TLS certificate");
-    Ok(Some(stamp))
+    Ok(Certified::Issued(stamp))
+}
+
+/// The annotation cert-manager puts on the Secrets it writes: the Certificate's name.
+const CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
+
+/// cert-manager's `Certificate` resource.
+fn certificate_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate"))
+}
+
+fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), Error> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// The Database's certificate from cert-manager: its `Certificate` `<name>-tls` is
+/// applied when it differs from what it should be (one read a pass otherwise), and the
+/// certificate counts as issued once cert-manager has written the Secret with all three
+/// files. Renewals are cert-manager's; its `status.notAfter` is the stamp.
+async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) -> Result<Certified, Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let n = Names(&name);
+    let wanted = tls::certificate(db, issuer);
+    let mut object = serde_json::to_value(&wanted)?;
+    let hash = crate::plugin::hex_digest(&serde_json::to_vec(&object)?)[..32].to_string();
+    object["metadata"]["annotations"] = json!({ APPLIED_HASH: hash });
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
+    let issuer_named = format!("{} {}", issuer.kind, issuer.name);
+    // A 404 to a read or an apply is the resource missing, not the object (an object
+    // missing is `None` to a read, and an apply creates it).
+    let unserved = || {
+        let message = format!(
+            "spec.tls.issuerRef: {issuer_named} cannot issue the certificate: this cluster does not serve cert-manager's \
+             Certificate (cert-manager.io/v1); install cert-manager, or remove issuerRef to have plugdb issue it"
+        );
+        Ok(Certified::Waiting(Reason::CertificateUnavailable, message))
+    };
+    let live = match api.get_opt(&n.tls()).await {
+        Ok(Some(live)) if live.annotations().get(APPLIED_HASH) == Some(&hash) => live,
+        Ok(_) => match api.patch(&n.tls(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await {
+            Ok(live) => live,
+            Err(kube::Error::Api(e)) if e.code == 404 => return unserved(),
+            Err(e) => return Err(e.into()),
+        },
+        Err(kube::Error::Api(e)) if e.code == 404 => return unserved(),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(not_after) = live.data["status"]["notAfter"].as_str().map(str::to_string) else {
+        let ready = live.data["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).cloned();
+        let said = ready.and_then(|c| c["message"].as_str().map(str::to_string)).unwrap_or_else(|| "not looked at yet".into());
+        let message = format!("waiting for cert-manager to issue Certificate {ns}/{} from {issuer_named}: {said}", n.tls());
+        return Ok(Certified::Waiting(Reason::CertificatePending, message));
+    };
+    let files = [tls::CERTIFICATE, tls::KEY, tls::CA];
+    let complete = |keys: &[String]| files.iter().all(|f| keys.iter().any(|k| k == f));
+    let mut keys = ctx.caches.secret_keys(&ns, &n.tls()).unwrap_or_default();
+    if !complete(&keys) {
+        // The cache may be behind the Secret cert-manager wrote a moment ago.
+        let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&n.tls()).await?;
+        keys = secret.and_then(|s| s.data).map(|d| d.into_keys().collect()).unwrap_or_default();
+    }
+    if !complete(&keys) {
+        let message = format!(
+            "spec.tls.issuerRef: Secret {ns}/{} from {issuer_named} holds {keys:?}, not {files:?}: members verify each other \
+             with ca.crt, so the issuer must provide its CA (cert-manager's CA and Vault issuers do)",
+            n.tls()
+        );
+        return Ok(Certified::Waiting(Reason::CertificateUnavailable, message));
+    }
+    Ok(Certified::Issued(not_after))
 }
 
 /// The Database's certificate authority from its Secret, made the first time. It is kept

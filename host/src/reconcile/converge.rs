@@ -377,8 +377,29 @@ impl<'a> Pass<'a> {
         };
         status::set(&mut self.status.conditions, kind::PLUGIN_READY, true, reason, message, self.generation);
         apply::ensure_credentials(ctx, db, &workload.credentials).await?;
-        self.tls = apply::ensure_tls(ctx, db).await?;
+        self.tls = match apply::ensure_tls(ctx, db).await? {
+            apply::Certified::Off => None,
+            apply::Certified::Issued(stamp) => Some(stamp),
+            apply::Certified::Waiting(reason, message) => return self.wait(reason, message).await,
+        };
         Ok(ControlFlow::Continue(workload))
+    }
+
+    /// Ends the pass until something outside plugdb is done (a certificate being
+    /// issued): `Progressing=False` says what, a Warning Event says it once, and the pass
+    /// is tried again shortly. Members that run go on running.
+    async fn wait<T>(&mut self, reason: Reason, message: String) -> Flow<T> {
+        let (ctx, db, generation) = (self.ctx, self.db, self.generation);
+        if !self.said(reason, Some(&message)) {
+            event(ctx, db, true, reason, message.clone()).await;
+        }
+        status::set(&mut self.status.conditions, kind::PROGRESSING, false, reason, message, generation);
+        if self.status.current_version.is_none() {
+            self.status.phase = Some(Phase::Pending);
+        }
+        self.status.observed_generation = generation;
+        write_status(ctx, db, std::mem::take(&mut self.status)).await?;
+        Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)))
     }
 
     /// Whether a restore was asked for and has not completed.

@@ -105,6 +105,11 @@ pub enum Reason {
     WriteRefused,
     /// The spec asks for something the engine's plugin does not declare it can do.
     CapabilityMissing,
+    /// The certificate `spec.tls.issuerRef` asks cert-manager for is not issued yet.
+    CertificatePending,
+    /// The certificate cannot come from `spec.tls.issuerRef`: cert-manager is not
+    /// installed, or its issuer gives no `ca.crt`.
+    CertificateUnavailable,
 }
 
 impl Reason {
@@ -149,6 +154,8 @@ impl Reason {
             Reason::DeletedWithoutBackup => "DeletedWithoutBackup",
             Reason::WriteRefused => "WriteRefused",
             Reason::CapabilityMissing => "CapabilityMissing",
+            Reason::CertificatePending => "CertificatePending",
+            Reason::CertificateUnavailable => "CertificateUnavailable",
         }
     }
 }
