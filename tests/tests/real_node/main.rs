@@ -62,10 +62,13 @@ fn main() -> ExitCode {
             }),
             ("etcd_snapshot_restores_into_a_new_three_member_cluster", |c| Box::pin(consensus::snapshot_restores_into_a_new_cluster(c))),
             ("postgres_serves_tls_with_its_own_authority_and_replicates_over_it", |c| {
-                Box::pin(tls::sql_engine_serves_tls(c, Engine::Postgres, "17"))
+                Box::pin(tls::sql_engine_serves_tls(c, Engine::Postgres, "17", tls::Issuer::Own))
             }),
             ("mysql_serves_tls_with_its_own_authority_and_replicates_over_it", |c| {
-                Box::pin(tls::sql_engine_serves_tls(c, Engine::Mysql, "11.8"))
+                Box::pin(tls::sql_engine_serves_tls(c, Engine::Mysql, "11.8", tls::Issuer::Own))
+            }),
+            ("postgres_serves_tls_from_a_cert_manager_issuer_and_replicates_over_it", |c| {
+                Box::pin(tls::sql_engine_serves_tls(c, Engine::Postgres, "17", tls::Issuer::CertManager))
             }),
             ("etcd_members_and_clients_speak_tls_and_the_leader_is_asked_over_it", |c| Box::pin(tls::etcd_serves_tls(c))),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),

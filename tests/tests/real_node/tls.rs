@@ -1,15 +1,17 @@
 //! TLS on the real node (`spec.tls`): the operator issues each Database a certificate
-//! from an authority of its own; the engines serve it, refuse plaintext, and their
-//! members replicate over it, verifying each other.
+//! from an authority of its own, or cert-manager does from the issuer the Database
+//! names; the engines serve it, refuse plaintext, and their members replicate over it,
+//! verifying each other.
 
 use std::path::PathBuf;
 use std::process::Output;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use plugdb::crd::Database;
+use plugdb_tests::cert_manager::CertManager;
 use plugdb_tests::node::Node;
 use plugdb_tests::operator::Cluster;
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip};
@@ -75,15 +77,40 @@ where
     }
 }
 
+/// Who issues the Database's certificate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Issuer {
+    /// The operator, from the Database's own authority.
+    Own,
+    /// cert-manager (started for the scenario), from a CA `Issuer` named in `spec.tls.issuerRef`.
+    CertManager,
+}
+
 /// A two-member Database with `tls.enabled`: the server presents a certificate of the
-/// Database's authority for its Service name (and not of another authority), plaintext
+/// issuer's authority for its Service name (and not of another authority), plaintext
 /// is refused, a client that verifies the server writes, and the replica follows over
 /// TLS, having verified the primary.
-pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, version: &str) {
-    let ns = format!("{}-tls", engine.name());
-    cluster.apply_database(&ns, database(NAME, engine, version, 2, json!({"tls": {"enabled": true}}))).await.expect("apply");
+pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, version: &str, issuer: Issuer) {
+    let ns = match issuer {
+        Issuer::Own => format!("{}-tls", engine.name()),
+        Issuer::CertManager => format!("{}-cert-manager", engine.name()),
+    };
+    let (tls, cert_manager) = match issuer {
+        Issuer::Own => (json!({"enabled": true}), None),
+        Issuer::CertManager => {
+            let namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("a Namespace");
+            Api::<Namespace>::all(cluster.client.clone()).create(&Default::default(), &namespace).await.expect("the namespace");
+            let cert_manager = CertManager::start(&cluster.client, cluster.backing.kubeconfig()).await.expect("cert-manager");
+            let ca = cert_manager.ca_issuer(&cluster.client, &ns, "corp").await.expect("a CA Issuer");
+            (json!({"enabled": true, "issuerRef": {"name": "corp"}}), Some((cert_manager, ca)))
+        }
+    };
+    cluster.apply_database(&ns, database(NAME, engine, version, 2, json!({"tls": tls}))).await.expect("apply");
     cluster.wait_database(&ns, NAME, "2 members Ready over TLS", WAIT, |d| is_running(d, 2)).await.expect("running");
     let (ca, stranger) = authorities(&cluster, &ns).await;
+    if let Some((_, issuer_ca)) = &cert_manager {
+        assert_eq!(&std::fs::read(&ca).expect("read"), issuer_ca, "the members' ca.crt is the cert-manager Issuer's CA");
+    }
     let client = Client::new(&cluster, engine, &ns, NAME).await;
     let ip = client.service_ip(NAME).await;
     let service = format!("{NAME}.{ns}.svc");
