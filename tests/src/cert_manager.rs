@@ -23,12 +23,7 @@ pub struct CertManager {
 
 /// What `scripts/cert-manager.sh` built: the directory with the controller and `crds/`.
 fn built() -> Result<PathBuf> {
-    let script = crate::workspace_root().join("scripts/cert-manager.sh");
-    let out = Command::new("bash").arg(&script).stderr(Stdio::inherit()).output().context("running scripts/cert-manager.sh")?;
-    if !out.status.success() {
-        bail!("scripts/cert-manager.sh failed ({}): cert-manager is missing and could not be built", out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    crate::cached_build("cert-manager.sh", "cert-manager")
 }
 
 /// The API resource of cert-manager kind `kind` (`Certificate`, `Issuer`, …).

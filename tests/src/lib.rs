@@ -45,6 +45,22 @@ pub fn plugdb_binary() -> PathBuf {
     binary
 }
 
+/// Runs `scripts/<script>`, which builds `what` once into a cache outside the work tree
+/// and prints where it is, and returns that path; fails loudly when it cannot be built.
+pub fn cached_build(script: &str, what: &str) -> anyhow::Result<PathBuf> {
+    use anyhow::Context as _;
+    let path = workspace_root().join("scripts").join(script);
+    let out = std::process::Command::new("bash")
+        .arg(&path)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running scripts/{script}"))?;
+    if !out.status.success() {
+        anyhow::bail!("scripts/{script} failed ({}): {what} is missing and could not be built", out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits below the workspace root").to_path_buf()

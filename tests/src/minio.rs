@@ -65,12 +65,7 @@ impl Drop for Tmpfs {
 }
 
 fn binary() -> Result<PathBuf> {
-    let script = crate::workspace_root().join("scripts/minio.sh");
-    let out = Command::new("bash").arg(&script).stderr(Stdio::inherit()).output().context("running scripts/minio.sh")?;
-    if !out.status.success() {
-        bail!("scripts/minio.sh failed ({}): MinIO is missing and could not be built", out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    crate::cached_build("minio.sh", "MinIO")
 }
 
 /// Adds the server's arguments and settings to `command` (MinIO's own command line).

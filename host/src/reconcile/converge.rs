@@ -380,22 +380,26 @@ impl<'a> Pass<'a> {
         self.tls = match apply::ensure_tls(ctx, db).await? {
             apply::Certified::Off => None,
             apply::Certified::Issued(stamp) => Some(stamp),
-            apply::Certified::Waiting(reason, message) => return self.wait(reason, message).await,
+            apply::Certified::Waiting(reason, message) => {
+                let phase = self.status.current_version.is_none().then_some(Phase::Pending);
+                return self.wait(reason, message, phase).await;
+            }
         };
         Ok(ControlFlow::Continue(workload))
     }
 
-    /// Ends the pass until something outside plugdb is done (a certificate being
-    /// issued): `Progressing=False` says what, a Warning Event says it once, and the pass
-    /// is tried again shortly. Members that run go on running.
-    async fn wait<T>(&mut self, reason: Reason, message: String) -> Flow<T> {
+    /// Ends the pass until something outside plugdb is done (a certificate being issued,
+    /// a backup to restore appearing): `Progressing=False` says what, a Warning Event says
+    /// it once, `phase` (when given) is the phase, and the pass is tried again shortly.
+    /// Members that run go on running.
+    async fn wait<T>(&mut self, reason: Reason, message: String, phase: Option<Phase>) -> Flow<T> {
         let (ctx, db, generation) = (self.ctx, self.db, self.generation);
         if !self.said(reason, Some(&message)) {
             event(ctx, db, true, reason, message.clone()).await;
         }
         status::set(&mut self.status.conditions, kind::PROGRESSING, false, reason, message, generation);
-        if self.status.current_version.is_none() {
-            self.status.phase = Some(Phase::Pending);
+        if phase.is_some() {
+            self.status.phase = phase;
         }
         self.status.observed_generation = generation;
         write_status(ctx, db, std::mem::take(&mut self.status)).await?;
@@ -423,19 +427,8 @@ impl<'a> Pass<'a> {
                 status::set(&mut self.status.conditions, kind::RESTORED, true, Reason::Restored, message, generation);
             }
             restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, Reason::RestoreFailed, reason.clone()).await,
-            restore::Restore::Waiting(reason) => {
-                // Nothing starts before the data is there; the pass is tried again.
-                self.status.phase = Some(Phase::Restoring);
-                let said =
-                    db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.message == *reason));
-                if !said {
-                    event(ctx, db, true, Reason::RestoreWaiting, reason.clone()).await;
-                }
-                status::set(&mut self.status.conditions, kind::PROGRESSING, false, Reason::RestoreWaiting, reason.clone(), generation);
-                self.status.observed_generation = generation;
-                write_status(ctx, db, std::mem::take(&mut self.status)).await?;
-                return Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)));
-            }
+            // Nothing starts before the data is there; the pass is tried again.
+            restore::Restore::Waiting(reason) => return self.wait(Reason::RestoreWaiting, reason.clone(), Some(Phase::Restoring)).await,
             restore::Restore::HoldMembers => {
                 self.status.phase = Some(Phase::Restoring);
                 let message = format!("restoring into the members' data volumes (Jobs {}*)", restore::job_name(db, 0));
