@@ -136,17 +136,22 @@ impl Term {
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (registry, health) = (registry.clone(), health.clone());
-        // One waiter on the caches: a cache's first listing wakes only one task.
         let controller = Task(tokio::spawn(async move {
-            let mut stopped = stopped;
-            tokio::select! {
-                _ = async { ctx.caches.ready().await; registry.synced().await } => health.set_synced(),
-                _ = &mut stopped => return,
-            }
-            reconcile::run(ctx, async move {
+            // Synced once every cache has listed: the controller itself reads the
+            // watches that wake it, so it runs meanwhile (reconciling nothing yet).
+            let synced = async {
+                ctx.caches.ready().await;
+                registry.synced().await;
+                health.set_synced();
+                std::future::pending::<()>().await
+            };
+            let controller = reconcile::run(ctx.clone(), async move {
                 let _ = stopped.await;
-            })
-            .await;
+            });
+            tokio::select! {
+                _ = synced => {}
+                _ = controller => {}
+            }
         }));
         Self { _watch: watch, controller, stop: Some(stop) }
     }

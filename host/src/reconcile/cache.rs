@@ -16,8 +16,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures::channel::mpsc;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -60,6 +59,7 @@ pub struct Caches {
     pods: Store<Pod>,
     jobs: Store<Job>,
     claims: Store<PersistentVolumeClaim>,
+    listed: tokio::sync::watch::Receiver<bool>,
     _tasks: Vec<AbortOnDrop>,
 }
 
@@ -69,17 +69,21 @@ impl std::fmt::Debug for Caches {
     }
 }
 
-/// Changed StatefulSets and Jobs, sent once their cache holds the change: what wakes
-/// their owner's reconcile. Deleted ones too: a StatefulSet deleted by hand is made
-/// again at once. (kube's shared-store subscriptions would serve here but for that: they
-/// announce no deletions, and hold the watch when the controller is not reading.) The
-/// channels are drained by the controller of the same term and dropped with it.
+/// The watches of StatefulSets and Jobs, as the controller reads them: each change,
+/// deletions included, wakes the owning Database once the cache holds it, so a
+/// StatefulSet deleted by hand is made again at once. These watches fill their caches
+/// only while the controller reads them (kube-runtime's own `owns_stream` input, with no
+/// channel between). kube's shared-store subscriptions do not fit here: they announce
+/// no deletions.
 pub struct Triggers {
     /// StatefulSets, including deleted ones.
-    pub stateful_sets: mpsc::UnboundedReceiver<StatefulSet>,
+    pub stateful_sets: Watch<StatefulSet>,
     /// Jobs, including deleted ones.
-    pub jobs: mpsc::UnboundedReceiver<Job>,
+    pub jobs: Watch<Job>,
 }
+
+/// A watch that fills a cache as it is read, yielding each touched object.
+pub type Watch<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -138,37 +142,45 @@ fn managed() -> String {
     format!("app.kubernetes.io/managed-by={MANAGER}")
 }
 
-/// Runs a reflector for `K` into a new store, trimming each object with `trim`;
-/// `notify` hears of every touched object after the store has it.
-fn cache<K>(api: Api<K>, listing: &Listing, trim: fn(&mut K), notify: Option<mpsc::UnboundedSender<K>>) -> (Store<K>, AbortOnDrop)
+/// A reflector for `K` into a new store, trimming each object with `trim`: a stream
+/// that fills the store as it is read and yields every touched object after the store
+/// has it. Failed watches are logged and retried.
+fn cache<K>(api: Api<K>, listing: &Listing, trim: fn(&mut K)) -> (Store<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
     let listing = listing.clone();
-    let task = tokio::spawn(async move {
+    let watch = futures::stream::once(async move {
         let config = listing.config().await.labels(&managed());
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim)).touched_objects();
-        drive(stream, notify).await
-    });
-    (reader, AbortOnDrop(task))
+        reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim))
+    })
+    .flatten()
+    .touched_objects()
+    .inspect_err(|e| tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"))
+    .boxed();
+    (reader, watch)
 }
 
-async fn drive<K: Resource<DynamicType = ()>>(
-    stream: impl Stream<Item = Result<K, watcher::Error>>,
-    notify: Option<mpsc::UnboundedSender<K>>,
-) {
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(object) => {
-                if let Some(tx) = &notify {
-                    let _ = tx.unbounded_send(object);
-                }
-            }
-            Err(e) => tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"),
-        }
+/// A cache that fills itself, for as long as the returned task lives.
+fn filled<K>(api: Api<K>, listing: &Listing, trim: fn(&mut K)) -> (Store<K>, AbortOnDrop)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, watch) = cache(api, listing, trim);
+    (reader, AbortOnDrop(tokio::spawn(watch.for_each(|_| async {}))))
+}
+
+/// When `store` has first listed.
+fn listing_done<K>(store: &Store<K>) -> futures::future::BoxFuture<'static, ()>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let store = store.clone();
+    async move {
+        let _ = store.wait_until_ready().await;
     }
+    .boxed()
 }
 
 fn no_managed_fields<K: Resource>(o: &mut K) {
@@ -246,18 +258,33 @@ where
 impl Caches {
     /// Starts watching managed objects in `namespace` (all when `None`).
     pub fn start(client: &Client, namespace: Option<&str>) -> (Self, Triggers) {
-        let (sts_tx, sts_rx) = mpsc::unbounded();
-        let (job_tx, job_rx) = mpsc::unbounded();
         let listing = Listing::new(client, namespace);
         let l = &listing;
-        let (config_maps, t1) = cache(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, applied_hash_only, None);
-        let (services, t2) = cache(api::<PartialObjectMeta<Service>>(client, namespace), l, applied_hash_only, None);
-        let (budgets, t3) = cache(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, applied_hash_only, None);
-        let (secrets, t4) = cache(api(client, namespace), l, key_names_only, None);
-        let (stateful_sets, t5) = cache(api(client, namespace), l, no_pod_template, Some(sts_tx));
-        let (pods, t6) = cache(api(client, namespace), l, pod_essentials, None);
-        let (jobs, t7) = cache(api(client, namespace), l, no_managed_fields, Some(job_tx));
-        let (claims, t8) = cache(api(client, namespace), l, no_managed_fields, None);
+        let (config_maps, t1) = filled(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, applied_hash_only);
+        let (services, t2) = filled(api::<PartialObjectMeta<Service>>(client, namespace), l, applied_hash_only);
+        let (budgets, t3) = filled(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, applied_hash_only);
+        let (secrets, t4) = filled(api(client, namespace), l, key_names_only);
+        let (pods, t5) = filled(api(client, namespace), l, pod_essentials);
+        let (claims, t6) = filled(api(client, namespace), l, no_managed_fields);
+        let (stateful_sets, sts_watch) = cache(api(client, namespace), l, no_pod_template);
+        let (jobs, job_watch) = cache(api(client, namespace), l, no_managed_fields);
+        // One waiter on the stores, many on `listed`: a store's first listing wakes only
+        // the waker that polled it last.
+        let (tell, listed) = tokio::sync::watch::channel(false);
+        let waits = vec![
+            listing_done(&config_maps),
+            listing_done(&services),
+            listing_done(&budgets),
+            listing_done(&secrets),
+            listing_done(&pods),
+            listing_done(&claims),
+            listing_done(&stateful_sets),
+            listing_done(&jobs),
+        ];
+        let t7 = AbortOnDrop(tokio::spawn(async move {
+            futures::future::join_all(waits).await;
+            let _ = tell.send(true);
+        }));
         let caches = Self {
             listing,
             config_maps,
@@ -268,23 +295,17 @@ impl Caches {
             pods,
             jobs,
             claims,
-            _tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8],
+            listed,
+            _tasks: vec![t1, t2, t3, t4, t5, t6, t7],
         };
-        (caches, Triggers { stateful_sets: sts_rx, jobs: job_rx })
+        (caches, Triggers { stateful_sets: sts_watch, jobs: job_watch })
     }
 
-    /// Waits until every cache has listed once.
+    /// Waits until every cache has listed once. The StatefulSet and Job caches list
+    /// only while their [`Triggers`] are read. Any number of tasks may wait.
     pub async fn ready(&self) {
-        let _ = futures::join!(
-            self.config_maps.wait_until_ready(),
-            self.services.wait_until_ready(),
-            self.budgets.wait_until_ready(),
-            self.secrets.wait_until_ready(),
-            self.stateful_sets.wait_until_ready(),
-            self.pods.wait_until_ready(),
-            self.jobs.wait_until_ready(),
-            self.claims.wait_until_ready(),
-        );
+        let mut listed = self.listed.clone();
+        let _ = listed.wait_for(|listed| *listed).await;
     }
 
     /// How watches list what exists when they start.

@@ -254,7 +254,9 @@ impl Error {
 }
 
 /// Runs the controller until `shutdown` completes; in-flight reconciles finish first.
-/// Reconciles start once every cache has listed and the plugins present at start are loaded.
+/// The controller reads the StatefulSet and Job watches from the start (they fill
+/// their caches as it reads); Databases are watched, and so reconciled, once every cache
+/// has listed and the plugins present at start are loaded.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let Some(triggers) = ctx.triggers.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         tracing::error!("this context's controller already ran");
@@ -262,16 +264,22 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     };
     let dbs: Api<Database> = cache::api(&ctx.client, ctx.namespace.as_deref());
     // Nothing is judged before the caches and the plugins are loaded: a restarted
-    // operator must not report engines missing that are merely still loading.
-    ctx.caches.ready().await;
-    ctx.registry.synced().await;
+    // operator must not report engines missing that are merely still loading. Until the
+    // Databases have listed, kube holds every reconcile the other watches ask for.
+    let loaded = ctx.clone();
+    let watched = futures::stream::once(async move {
+        loaded.caches.ready().await;
+        loaded.registry.synced().await;
+        watcher(dbs, loaded.caches.listing().config().await)
+    });
     // A Database's own status and finalizer writes do not start another pass: only its
     // spec (generation, which deletion also bumps) and annotations (backup-now) do.
     let (reader, writer) = reflector::store();
     // What is kept about a Database goes with it: when its deletion is seen, and for
     // any a relist no longer finds (deleted while the watch was down).
     let (keeper, known) = (ctx.clone(), reader.clone());
-    let databases = watcher(dbs, ctx.caches.listing().config().await)
+    let databases = watched
+        .flatten()
         .default_backoff()
         .modify(cache::database_essentials)
         .reflect(writer)
@@ -286,8 +294,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
     Controller::for_stream(databases, reader)
         .with_config(config)
-        .owns_stream(triggers.stateful_sets.map(Ok))
-        .owns_stream(triggers.jobs.map(Ok))
+        .owns_stream(triggers.stateful_sets)
+        .owns_stream(triggers.jobs)
         .reconcile_on(plugin_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
