@@ -73,8 +73,9 @@ impl std::fmt::Debug for Caches {
 /// deletions included, wakes the owning Database once the cache holds it, so a
 /// StatefulSet deleted by hand is made again at once. These watches fill their caches
 /// only while the controller reads them (kube-runtime's own `owns_stream` input, with no
-/// channel between). kube's shared-store subscriptions do not fit here: they announce
-/// no deletions.
+/// channel between). kube's shared-store subscriptions (kube-runtime 5.0) do not fit
+/// here: they announce no deletions, and a subscriber whose object is already gone from
+/// the store when it reads the announcement waits without being woken again.
 pub struct Triggers {
     /// StatefulSets, including deleted ones.
     pub stateful_sets: Watch<StatefulSet>,
