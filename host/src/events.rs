@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::{Event, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use tokio::sync::Mutex;
 
 /// How long a repeat joins the earlier Event's series.
@@ -55,6 +55,18 @@ impl Recorder {
     pub fn new(client: Client, controller: &str, action: &str) -> Self {
         let instance = std::env::var("POD_NAME").unwrap_or_else(|_| controller.to_string());
         Self { client, controller: controller.into(), instance, action: action.into(), published: Mutex::default() }
+    }
+
+    /// The note of the newest Event with `reason` about `regarding` (that exact object:
+    /// its uid), whoever published it: one list of the Events with that reason in its
+    /// namespace.
+    pub async fn newest_note(&self, regarding: &ObjectReference, reason: &str) -> Result<Option<String>, kube::Error> {
+        let namespace = regarding.namespace.clone().unwrap_or_else(|| "default".into());
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let events = api.list(&ListParams::default().fields(&format!("reason={reason}"))).await?;
+        let about = |e: &Event| e.regarding.as_ref().is_some_and(|r| r.uid.is_some() && r.uid == regarding.uid);
+        let seen = |e: &Event| e.series.as_ref().map(|s| s.last_observed_time.0).or(e.event_time.as_ref().map(|t| t.0));
+        Ok(events.items.into_iter().filter(about).max_by_key(seen).and_then(|e| e.note))
     }
 
     /// Publishes an Event about `regarding` (and optionally `related`); `note` is cut to

@@ -203,3 +203,45 @@ async fn a_slow_compile_holds_up_no_other_config_map() {
     assert!(registry.compiling().is_empty());
     watch.abort();
 }
+
+/// The PluginLoaded Events about `config_map` (by name) in the plugin namespace.
+async fn loaded_events(events: &Api<Event>, config_map: &str) -> Vec<Event> {
+    let all = events.list(&ListParams::default()).await.expect("events").items;
+    all.into_iter()
+        .filter(|e| e.reason.as_deref() == Some("PluginLoaded"))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(config_map))
+        .collect()
+}
+
+/// An operator that starts again loads every plugin again, but announces only what is
+/// new: a plugin an earlier run already announced gets no second Event, while one whose
+/// ConfigMap was made meanwhile does.
+#[tokio::test]
+async fn a_restarted_registry_announces_only_what_it_had_not_announced() {
+    let cp = control_plane().await;
+    let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
+    let events: Api<Event> = Api::namespaced(cp.client.clone(), NS);
+    let start = || {
+        let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), Arc::new(Metrics::default()));
+        (registry.clone(), tokio::spawn(registry.watch(cp.client.clone(), NS.into())))
+    };
+    let minimal = plugdb_tests::component("minimal");
+    cms.create(&PostParams::default(), &plugin_config_map("engine-minimal", "minimal", &minimal, false, None)).await.expect("ConfigMap");
+    let (first, watch) = start();
+    tokio::time::timeout(Duration::from_secs(60), first.synced()).await.expect("first run synced");
+    let announced = loaded_events(&events, "engine-minimal").await;
+    assert_eq!(announced.len(), 1, "the first run announces the plugin: {announced:?}");
+    watch.abort();
+
+    // While no operator runs, a second engine arrives.
+    let postgres = plugdb_tests::component("postgres");
+    cms.create(&PostParams::default(), &plugin_config_map("engine-postgres", "postgres", &postgres, false, None)).await.expect("ConfigMap");
+    let (second, _watch) = start();
+    tokio::time::timeout(Duration::from_secs(60), second.synced()).await.expect("second run synced");
+    assert!(second.get("minimal").is_some() && second.get("postgres").is_some(), "the restarted registry serves both");
+    let again = loaded_events(&events, "engine-minimal").await;
+    assert_eq!(again.len(), 1, "no second Event for what was announced: {again:?}");
+    assert_eq!(again[0].series, None, "nor a repeat counted on the first");
+    let new = loaded_events(&events, "engine-postgres").await;
+    assert_eq!(new.len(), 1, "the plugin new to the cluster is announced: {new:?}");
+}

@@ -531,7 +531,18 @@ impl Registry {
             Outcome::Rejected(problem) => (true, "PluginRejected", problem.reason.clone()),
             Outcome::Unchanged | Outcome::Unloaded { .. } => return,
         };
-        if let Err(e) = recorder.publish(&cm.object_ref(&()), None, warning, reason, &note).await {
+        let regarding = cm.object_ref(&());
+        if let Outcome::Loaded { engine, id, replaced: None } = &outcome {
+            // A plugin first loaded by this process may be one an earlier run (or another
+            // replica) already announced: an operator that starts again says nothing new.
+            let announced = format!("{id} now serves engine {engine}");
+            match recorder.newest_note(&regarding, reason).await {
+                Ok(Some(newest)) if newest.starts_with(&announced) => return,
+                Ok(_) => {}
+                Err(e) => tracing::debug!(config_map = %cm.name_any(), error = %e, "could not read earlier plugin events"),
+            }
+        }
+        if let Err(e) = recorder.publish(&regarding, None, warning, reason, &note).await {
             tracing::warn!(config_map = %cm.name_any(), error = %e, "could not record plugin event");
         }
     }
