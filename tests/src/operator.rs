@@ -30,7 +30,8 @@ pub fn metric_sum(text: &str, name: &str, keep: impl Fn(&str) -> bool) -> f64 {
     text.lines()
         .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')) && keep(l))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        // Not `sum()`: a float sum of nothing is -0, printed "-0".
+        .fold(0.0, |total, n| total + n)
 }
 
 /// Requests a client made, as the operator's own `api_requests` metric counts them.
