@@ -135,13 +135,12 @@ impl Term {
                 .with_operator_image(options.operator_image.clone()),
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (registry, health) = (registry.clone(), health.clone());
+        let health = health.clone();
         let controller = Task(tokio::spawn(async move {
             // Synced once every cache has listed: the controller itself reads the
             // watches that wake it, so it runs meanwhile (reconciling nothing yet).
             let synced = async {
-                ctx.caches.ready().await;
-                registry.synced().await;
+                ctx.loaded().await;
                 health.set_synced();
                 std::future::pending::<()>().await
             };

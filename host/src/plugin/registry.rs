@@ -532,12 +532,12 @@ impl Registry {
             Outcome::Unchanged | Outcome::Unloaded { .. } => return,
         };
         let regarding = cm.object_ref(&());
-        if let Outcome::Loaded { engine, id, replaced: None } = &outcome {
+        if let Outcome::Loaded { replaced: None, .. } = &outcome {
             // A plugin first loaded by this process may be one an earlier run (or another
-            // replica) already announced: an operator that starts again says nothing new.
-            let announced = format!("{id} now serves engine {engine}");
+            // replica) already announced, first or as a replacement: an operator that
+            // starts again says nothing new.
             match recorder.newest_note(&regarding, reason).await {
-                Ok(Some(newest)) if newest.starts_with(&announced) => return,
+                Ok(Some(newest)) if newest.starts_with(&note) => return,
                 Ok(_) => {}
                 Err(e) => tracing::debug!(config_map = %cm.name_any(), error = %e, "could not read earlier plugin events"),
             }

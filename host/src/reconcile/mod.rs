@@ -131,6 +131,13 @@ impl Context {
         }
     }
 
+    /// Waits until every cache has listed and the plugins present at start are loaded:
+    /// before that, nothing is judged.
+    pub async fn loaded(&self) {
+        self.caches.ready().await;
+        self.registry.synced().await;
+    }
+
     /// The same context, whose backup and restore Jobs move artefacts to and from object
     /// storage with the `plugdb` binary of `image` (the operator's own image).
     pub fn with_operator_image(mut self, image: Option<String>) -> Self {
@@ -268,8 +275,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // Databases have listed, kube holds every reconcile the other watches ask for.
     let loaded = ctx.clone();
     let watched = futures::stream::once(async move {
-        loaded.caches.ready().await;
-        loaded.registry.synced().await;
+        loaded.loaded().await;
         watcher(dbs, loaded.caches.listing().config().await)
     });
     // A Database's own status and finalizer writes do not start another pass: only its
