@@ -96,6 +96,21 @@ fn a_plugin_built_for_contract_0_1_is_adapted_and_asked_only_what_0_1_can_answer
 }
 
 #[test]
+fn built_plugins_carry_no_post_return_functions_and_still_answer() {
+    // Every call runs in an instance of its own that is thrown away afterwards, so a
+    // function that frees a call's result has nothing to do: the build leaves them out.
+    let runtime = Runtime::new(Limits::default()).expect("runtime");
+    for name in ["postgres", "mysql", "etcd", "minimal"] {
+        let bytes = plugdb_tests::component(name);
+        assert!(!bytes.windows(10).any(|w| w == b"cabi_post_"), "{name} still exports a post-return function");
+        let plugin = runtime.load(&bytes).unwrap_or_else(|e| panic!("{name} loads: {e}"));
+        let cluster = plugdb_tests::cluster("orders", "shop");
+        let spec = EngineSpec { parameters: Vec::new(), ..spec(&plugin.info().default_version) };
+        plugin.render(&spec, &cluster).unwrap_or_else(|e| panic!("{name} renders: {e}"));
+    }
+}
+
+#[test]
 fn a_500_kib_component_loads_and_answers() {
     let bytes = plugdb_tests::component("bulky");
     assert!(bytes.len() >= 500 << 10, "the benchmark's large component is {} bytes", bytes.len());

@@ -19,13 +19,13 @@ const PROFILE: &str = "plugin";
 /// comes first in memory, so an overflow traps instead of overwriting data; a small
 /// one keeps everything a call touches (stack, statics, heap) in the first few hundred
 /// KiB, the part of a pool slot the host keeps mapped between calls.
-pub const GUEST_STACK: usize = 128 << 10;
+pub const GUEST_STACK: usize = 64 << 10;
 /// The linear memory a plugin starts with: room for its stack, statics and the heap a
 /// call uses, so that a typical call never grows memory (growing is cheap, but the
 /// grown pages must be made accessible, and hidden again before the slot's next call).
 /// It is the part of a pool slot the host keeps mapped between calls; a call that
 /// needs more still grows, up to the host's memory cap.
-pub const GUEST_INITIAL_MEMORY: usize = 512 << 10;
+pub const GUEST_INITIAL_MEMORY: usize = 192 << 10;
 
 /// The linker arguments every plugin is built with.
 fn link_args() -> [String; 4] {
@@ -272,7 +272,142 @@ fn lib_of(metadata: &[u8], manifest: &Path) -> Result<(String, String, PathBuf)>
     Ok((name, lib, PathBuf::from(target)))
 }
 
-/// Wraps a core module that carries wit-bindgen's component-type section into a component.
+/// Wraps a core module that carries wit-bindgen's component-type section into a
+/// component, without its post-return functions (see [`without_post_returns`]).
 pub fn componentize(module: &[u8]) -> Result<Vec<u8>> {
-    wit_component::ComponentEncoder::default().module(module)?.validate(true).encode()
+    let module = without_post_returns(module).context("reading the core module's sections")?;
+    wit_component::ComponentEncoder::default().module(&module)?.validate(true).encode()
+}
+
+/// What wit-bindgen names the export that frees a call's result once it has been copied out.
+const POST_RETURN_PREFIX: &[u8] = b"cabi_post_";
+
+/// `module` without wit-bindgen's post-return exports. A post-return function frees
+/// what a call returned once the host has copied it out; plugdb gives every call an
+/// instance of its own and throws it away afterwards, so there is nothing to free.
+/// Without them the host neither looks them up on every instantiation nor calls one
+/// after every call. Every other byte of the module is kept as it is.
+fn without_post_returns(module: &[u8]) -> Result<Vec<u8>> {
+    ensure!(module.len() >= 8 && module[..4] == *b"\0asm", "not a WebAssembly module");
+    let mut out = module[..8].to_vec();
+    let mut at = 8;
+    while at < module.len() {
+        let (start, id) = (at, module[at]);
+        let (size, body_at) = leb_u32(module, at + 1)?;
+        let body = module.get(body_at..body_at + size as usize).context("a section runs past the end of the module")?;
+        at = body_at + body.len();
+        if id != EXPORT_SECTION {
+            out.extend_from_slice(&module[start..at]);
+            continue;
+        }
+        let (count, mut entry_at) = leb_u32(body, 0)?;
+        let (mut kept, mut entries) = (0, Vec::with_capacity(body.len()));
+        for _ in 0..count {
+            let (name_len, name_at) = leb_u32(body, entry_at)?;
+            let name = body.get(name_at..name_at + name_len as usize).context("an export name runs past its section")?;
+            // The kind (one byte), then the index.
+            let (_, end) = leb_u32(body, name_at + name.len() + 1)?;
+            if !name.starts_with(POST_RETURN_PREFIX) {
+                entries.extend_from_slice(&body[entry_at..end]);
+                kept += 1;
+            }
+            entry_at = end;
+        }
+        let mut section = Vec::with_capacity(entries.len() + 5);
+        push_leb_u32(&mut section, kept);
+        section.extend_from_slice(&entries);
+        out.push(EXPORT_SECTION);
+        push_leb_u32(&mut out, section.len() as u32);
+        out.extend_from_slice(&section);
+    }
+    Ok(out)
+}
+
+/// The id of a core module's export section.
+const EXPORT_SECTION: u8 = 7;
+
+/// The unsigned LEB128 number at `at` in `bytes`, and where what follows it starts.
+fn leb_u32(bytes: &[u8], mut at: usize) -> Result<(u32, usize)> {
+    let mut value: u64 = 0;
+    for shift in (0..35).step_by(7) {
+        let byte = *bytes.get(at).context("a number runs past the end of the module")?;
+        at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return u32::try_from(value).map(|v| (v, at)).context("a number too big for 32 bits");
+        }
+    }
+    bail!("a number longer than 5 bytes")
+}
+
+fn push_leb_u32(out: &mut Vec<u8>, mut value: u32) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A section: its id, its size, its bytes.
+    fn section(id: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![id];
+        push_leb_u32(&mut out, body.len() as u32);
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// An export section entry naming memory 0.
+    fn memory_export(name: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        push_leb_u32(&mut out, name.len() as u32);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&[2, 0]);
+        out
+    }
+
+    fn module(exports: &[&str]) -> Vec<u8> {
+        let mut out = b"\0asm\x01\0\0\0".to_vec();
+        // One memory of one page, then the exports, then a custom section after them.
+        out.extend(section(5, &[1, 0, 1]));
+        let mut body = vec![exports.len() as u8];
+        exports.iter().for_each(|name| body.extend(memory_export(name)));
+        out.extend(section(EXPORT_SECTION, &body));
+        out.extend(section(0, b"\x04note kept as it is"));
+        out
+    }
+
+    #[test]
+    fn post_return_exports_are_dropped_and_every_other_byte_kept() {
+        let long_name = "x".repeat(200); // a name whose length takes two LEB bytes
+        let original = module(&["memory", "cabi_post_plugdb:engine/plugin@0.2.0#render", &long_name, "cabi_post_info"]);
+        assert_eq!(without_post_returns(&original).expect("a valid module"), module(&["memory", &long_name]));
+        let untouched = module(&["memory", "cabi_realloc"]);
+        assert_eq!(without_post_returns(&untouched).expect("a valid module"), untouched);
+    }
+
+    #[test]
+    fn a_truncated_module_is_an_error() {
+        let original = module(&["memory", "cabi_post_info"]);
+        for cut in [3, 9, original.len() - 1] {
+            assert!(without_post_returns(&original[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn numbers_read_back_as_written() {
+        for value in [0, 1, 127, 128, 16_383, 16_384, u32::MAX] {
+            let mut bytes = Vec::new();
+            push_leb_u32(&mut bytes, value);
+            assert_eq!(leb_u32(&bytes, 0).expect("a number"), (value, bytes.len()));
+        }
+        assert!(leb_u32(&[0x80, 0x80, 0x80, 0x80, 0x80, 0x01], 0).is_err());
+    }
 }

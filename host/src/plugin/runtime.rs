@@ -26,10 +26,9 @@ const MAX_LOG_BYTES: usize = 2048;
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Memory each pool slot keeps mapped between calls: the resident cost of the pool is
 /// at most `instance_slots` × this (per compile tier). Plugins built by `xtask` (a
-/// 128 KiB stack first, then statics and the heap) touch less than this in a call;
-/// the dirty pages are found by scanning it on every call, so it costs time to grow.
+/// 64 KiB stack first, then statics and the heap) touch less than this in a call.
 /// `xtask::GUEST_INITIAL_MEMORY`, the memory plugins start with, is the same size.
-const KEEP_RESIDENT: usize = 512 << 10;
+const KEEP_RESIDENT: usize = 192 << 10;
 /// Address space each memory reserves: all a 32-bit address can reach.
 const MEMORY_RESERVATION: u64 = 1 << 32;
 /// Unmapped address space after each memory's reservation (for an offset added to an address).
