@@ -24,11 +24,13 @@ const MAX_LOG_BYTES: usize = 2048;
 /// Table elements one call may have, over all its tables (function tables of real
 /// plugins hold a few hundred).
 const MAX_TABLE_ELEMENTS: usize = 100_000;
-/// Memory each pool slot keeps mapped between calls: the resident cost of the pool is
-/// at most `instance_slots` × this (per compile tier). Plugins built by `xtask` (a
-/// 64 KiB stack first, then statics and the heap) touch less than this in a call.
-/// `xtask::GUEST_INITIAL_MEMORY`, the memory plugins start with, is the same size.
-const KEEP_RESIDENT: usize = 192 << 10;
+/// Memory each pool slot keeps mapped between calls, and resets by copying after every
+/// call: the resident cost of the pool is at most `instance_slots` × this (per compile
+/// tier), and each call's reset copies this much. Plugins built by `xtask` (a 64 KiB
+/// stack first, then statics and the heap) start with this much memory,
+/// `xtask::GUEST_INITIAL_MEMORY`; pages a call touches beyond it are unmapped after the
+/// call.
+const KEEP_RESIDENT: usize = 128 << 10;
 /// Address space each memory reserves: all a 32-bit address can reach.
 const MEMORY_RESERVATION: u64 = 1 << 32;
 /// Unmapped address space after each memory's reservation (for an offset added to an address).
@@ -227,13 +229,14 @@ impl Runtime {
                 .max_memory_size(limits.memory_bytes)
                 .table_elements(MAX_TABLE_ELEMENTS)
                 .max_unused_warm_slots(slots)
-                // The first pages a call touches (stack, statics, the start of the heap)
-                // stay mapped between calls and are reset by copying only the dirty ones
-                // (found with PAGEMAP_SCAN where the kernel has it), instead of being
-                // unmapped and faulted in again by every call.
+                // The pages a call touches (stack, statics, the heap) stay mapped between
+                // calls and are reset by copying the memory's initial image over them,
+                // instead of being unmapped and faulted in again by every call. Asking
+                // the kernel which pages are dirty (PAGEMAP_SCAN) costs more than
+                // copying 128 KiB.
                 .linear_memory_keep_resident(KEEP_RESIDENT)
                 .table_keep_resident(KEEP_RESIDENT)
-                .pagemap_scan(wasmtime::Enabled::Auto);
+                .pagemap_scan(wasmtime::Enabled::No);
             config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         }
         if tier == Tier::Quick {
