@@ -26,11 +26,9 @@ const MAX_LOG_BYTES: usize = 2048;
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Memory each pool slot keeps mapped between calls, and resets by copying after every
 /// call: the resident cost of the pool is at most `instance_slots` × this (per compile
-/// tier), and each call's reset copies this much. Plugins built by `xtask` (a 64 KiB
-/// stack first, then statics and the heap) start with this much memory,
-/// `xtask::GUEST_INITIAL_MEMORY`; pages a call touches beyond it are unmapped after the
-/// call.
-const KEEP_RESIDENT: usize = 128 << 10;
+/// tier), and each call's reset copies this much. It is the memory plugins built by
+/// `xtask` start with; pages a call touches beyond it are unmapped after the call.
+const KEEP_RESIDENT: usize = xtask::GUEST_INITIAL_MEMORY;
 /// Address space each memory reserves: all a 32-bit address can reach.
 const MEMORY_RESERVATION: u64 = 1 << 32;
 /// Unmapped address space after each memory's reservation (for an offset added to an address).
