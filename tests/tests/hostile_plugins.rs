@@ -140,6 +140,14 @@ fn unbounded_recursion_overflows_the_bounded_stack() {
 }
 
 #[test]
+fn a_plugin_stack_run_below_its_memory_is_named_a_stack_overflow() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "stack");
+    assert!(matches!(err, CallError::Trap { .. }), "{err}");
+    assert!(err.to_string().contains("its own stack there overflowed"), "{err}");
+}
+
+#[test]
 fn panic_becomes_a_trap_error() {
     let (rt, hostile, good) = plugins();
     let err = attack(&rt, &hostile, &good, "panic");

@@ -16,22 +16,25 @@ use anyhow::{Context, Result, bail, ensure};
 const TARGET: &str = "wasm32-unknown-unknown";
 const PROFILE: &str = "plugin";
 /// The plugin's own stack in its linear memory (Rust's default is 1 MiB). The stack
-/// comes first in memory, so an overflow traps instead of overwriting data; a small
-/// one keeps everything a call touches (stack, statics, heap) in the first 128 KiB,
-/// the part of a pool slot the host keeps mapped between calls.
-pub const GUEST_STACK: usize = 64 << 10;
-/// The linear memory a plugin starts with: room for its stack, statics and the heap a
-/// call uses, so that a typical call never grows memory (growing is cheap, but the
-/// grown pages must be made accessible, and hidden again before the slot's next call).
-/// It is the part of a pool slot the host keeps mapped and resets by copying it whole
-/// after every call, so each KiB costs time. The bundled plugins' statics end at 94-98
-/// KiB, which leaves about 30 KiB of heap, three times what a render uses; a call that
-/// needs more still grows, up to the host's memory cap.
-pub const GUEST_INITIAL_MEMORY: usize = 128 << 10;
+/// comes first in memory, so an overflow traps instead of overwriting data. The
+/// bundled plugins' deepest call (a render) uses under 4 KiB of it; a small stack keeps
+/// everything a call touches (stack, statics, heap) in the first [`GUEST_RESIDENT`]
+/// bytes, the part of a pool slot the host keeps mapped and resets by copying it whole
+/// after every call, so each KiB costs time.
+pub const GUEST_STACK: usize = 16 << 10;
+/// The memory of a plugin built here that a call touches when it does not grow: one
+/// 64 KiB page with the bundled plugins. The host keeps this much of each pool slot
+/// mapped. A plugin starts with the whole pages its stack and statics need (the
+/// linker's default), and its heap is the rest of the last one: the bundled plugins'
+/// statics end at 45-50 KiB, which leaves 15-20 KiB, more than twice what a render
+/// uses. A call that needs more grows memory, up to the host's cap (growing is cheap,
+/// but the grown pages must be made accessible, and hidden again before the slot's
+/// next call).
+pub const GUEST_RESIDENT: usize = 64 << 10;
 
 /// The linker arguments every plugin is built with.
-fn link_args() -> [String; 4] {
-    ["-C".into(), format!("link-arg=-zstack-size={GUEST_STACK}"), "-C".into(), format!("link-arg=--initial-memory={GUEST_INITIAL_MEMORY}")]
+fn link_args() -> [String; 2] {
+    ["-C".into(), format!("link-arg=-zstack-size={GUEST_STACK}")]
 }
 
 /// A crate to build into a component.

@@ -26,9 +26,9 @@ const MAX_LOG_BYTES: usize = 2048;
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Memory each pool slot keeps mapped between calls, and resets by copying after every
 /// call: the resident cost of the pool is at most `instance_slots` × this (per compile
-/// tier), and each call's reset copies this much. It is the memory plugins built by
-/// `xtask` start with; pages a call touches beyond it are unmapped after the call.
-const KEEP_RESIDENT: usize = xtask::GUEST_INITIAL_MEMORY;
+/// tier), and each call's reset copies this much. It is the memory a call of a plugin
+/// built by `xtask` touches; pages a call touches beyond it are unmapped after the call.
+const KEEP_RESIDENT: usize = xtask::GUEST_RESIDENT;
 /// Address space each memory reserves: all a 32-bit address can reach.
 const MEMORY_RESERVATION: u64 = 1 << 32;
 /// Unmapped address space after each memory's reservation (for an offset added to an address).
@@ -231,7 +231,7 @@ impl Runtime {
                 // calls and are reset by copying the memory's initial image over them,
                 // instead of being unmapped and faulted in again by every call. Asking
                 // the kernel which pages are dirty (PAGEMAP_SCAN) costs more than
-                // copying 128 KiB.
+                // copying 64 KiB.
                 .linear_memory_keep_resident(KEEP_RESIDENT)
                 .table_keep_resident(KEEP_RESIDENT)
                 .pagemap_scan(wasmtime::Enabled::No);
@@ -792,17 +792,28 @@ impl Plugin {
     fn classify(&self, function: &'static str, error: wasmtime::Error) -> CallError {
         let engine = self.info.engine.clone();
         let trap = error.downcast_ref::<Trap>().or_else(|| error.chain().find_map(|e| e.downcast_ref::<Trap>()));
+        let message = format!("{error:#}");
         match trap {
             Some(Trap::Interrupt) => CallError::Timeout { engine, function, timeout: self.runtime.limits.call_timeout },
             Some(Trap::StackOverflow) => CallError::Trap { engine, function, message: "wasm stack overflow (unbounded recursion?)".into() },
             Some(Trap::UnreachableCodeReached) => {
                 CallError::Trap { engine, function, message: "the plugin panicked or aborted (unreachable executed)".into() }
             }
-            _ if format!("{error:#}").contains(HOSTCALL_FUEL_EXHAUSTED) => {
+            // Safe Rust reaches outside its memory only when the stack it keeps there
+            // (below its statics, as `xtask` links plugins) runs past the start.
+            Some(Trap::MemoryOutOfBounds) => CallError::Trap {
+                engine,
+                function,
+                message: format!(
+                    "an access outside the plugin's linear memory: its own stack there overflowed (`plugdb plugin build` \
+                     links a {} KiB stack), or unsafe code went astray: {message}",
+                    xtask::GUEST_STACK >> 10
+                ),
+            },
+            _ if message.contains(HOSTCALL_FUEL_EXHAUSTED) => {
                 CallError::OutputTooLarge { engine, function, limit: self.runtime.limits.output_bytes }
             }
             _ => {
-                let message = format!("{error:#}");
                 let message = if message.contains("growing memory") || message.contains("memory") && message.contains("limit") {
                     format!("memory limit of {} bytes reached: {message}", self.runtime.limits.memory_bytes)
                 } else {
