@@ -121,6 +121,46 @@ async fn a_write_the_api_server_refuses_is_reported_once_as_an_event_and_a_condi
     .await;
 }
 
+/// Children are created (cheaper for the API server than an apply) and applied from
+/// then on: a field a later render leaves out still goes, as from an applied object,
+/// and the operator ends up owning its fields through one apply entry.
+#[tokio::test]
+async fn a_field_a_later_render_leaves_out_goes_from_a_created_child() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let db = |resources: serde_json::Value| {
+        serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "cache"},
+                           "spec": {"engine": "minimal", "storage": "1Gi", "resources": resources}})
+    };
+    dbs.patch("cache", &PatchParams::apply("test"), &Patch::Apply(db(serde_json::json!({"limits": {"memory": "512Mi"}}))))
+        .await
+        .expect("database");
+    let sets: Api<StatefulSet> = Api::namespaced(cp.client.clone(), "default");
+    let limits = async || {
+        let set = sets.get_opt("cache").await.ok().flatten()?;
+        let container = set.spec?.template.spec?.containers.into_iter().next()?;
+        Some(container.resources.and_then(|r| r.limits).unwrap_or_default())
+    };
+    wait_for("the StatefulSet is made with the limit", Duration::from_secs(60), async || {
+        limits().await.is_some_and(|l| l.contains_key("memory"))
+    })
+    .await;
+    let created = sets.get("cache").await.expect("the StatefulSet");
+    let operations: Vec<_> =
+        created.managed_fields().iter().filter(|e| e.manager.as_deref() == Some("plugdb")).map(|e| e.operation.clone()).collect();
+    assert_eq!(operations, [Some("Update".to_string())], "made by a create");
+
+    dbs.patch("cache", &PatchParams::apply("test"), &Patch::Apply(db(serde_json::json!({})))).await.expect("limit removed");
+    wait_for("the limit is gone from the StatefulSet", Duration::from_secs(60), async || limits().await.is_some_and(|l| l.is_empty()))
+        .await;
+    let applied = sets.get("cache").await.expect("the StatefulSet");
+    let ours: Vec<_> = applied.managed_fields().iter().filter(|e| e.manager.as_deref() == Some("plugdb")).collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!(ours[0].operation.as_deref(), Some("Apply"));
+}
+
 /// With no requeue due, a deleted child still wakes its Database: the StatefulSet is
 /// made again from the deletion alone.
 #[tokio::test]
