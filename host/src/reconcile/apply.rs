@@ -29,16 +29,16 @@ use crate::tls;
 pub async fn apply(ctx: &Context, namespace: &str, child: &Child) -> Result<Option<DynamicObject>, Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
     match ctx.caches.seen(child.kind, namespace, &child.name) {
-        Seen::Present { hash } if hash.as_deref() == Some(child.hash()) => return Ok(None),
-        Seen::Present { .. } => {}
+        Seen::Present { hash, .. } if hash.as_deref() == Some(child.hash()) => return Ok(None),
+        Seen::Present { created: true, .. } => take_over_created_fields(&api, &child.name).await?,
+        Seen::Present { created: false, .. } => {}
         Seen::Absent => match api.create(&post_params(), &serde_json::from_value(child.object.clone())?).await {
             Ok(created) => return Ok(Some(created)),
             // The cache was behind an object made a moment ago: apply over it.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => take_over_created_fields(&api, &child.name).await?,
             Err(e) => return Err(e.into()),
         },
     }
-    take_over_created_fields(&api, &child.name).await?;
     let mut object = child.object.clone();
     // A StatefulSet's claim templates are immutable: keep the live ones (volumes grow
     // by expanding their claims instead).
@@ -57,8 +57,9 @@ fn post_params() -> PostParams {
 }
 
 /// Moves the fields `MANAGER` set by creating the object into its apply entry, as
-/// `kubectl` does when an object moves from client-side to server-side apply. A
-/// no-op (one read) once moved; the write fails if the object changed since the read.
+/// `kubectl` does when an object moves from client-side to server-side apply. Asked
+/// only when the cache shows such a create (one read, and nothing more once moved);
+/// the write fails if the object changed since the read.
 async fn take_over_created_fields(api: &Api<DynamicObject>, name: &str) -> Result<(), Error> {
     let Some(live) = api.get_opt(name).await? else { return Ok(()) };
     let Some(entries) = created_fields_applied(live.managed_fields()) else { return Ok(()) };
@@ -70,9 +71,6 @@ async fn take_over_created_fields(api: &Api<DynamicObject>, name: &str) -> Resul
 /// `entries` with `MANAGER`'s `Update` entries merged into its `Apply` entry (made
 /// when there is none); `None` when there is nothing to merge.
 fn created_fields_applied(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedFieldsEntry>> {
-    let ours = |e: &ManagedFieldsEntry, operation: &str| {
-        e.manager.as_deref() == Some(MANAGER) && e.operation.as_deref() == Some(operation) && e.subresource.is_none()
-    };
     if !entries.iter().any(|e| ours(e, "Update")) {
         return None;
     }
@@ -92,6 +90,12 @@ fn created_fields_applied(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedF
         ..first
     });
     Some(others)
+}
+
+/// Whether `entry` holds the fields `MANAGER` set on the object itself (not a
+/// subresource) by `operation` (`Update` for a create, or `Apply`).
+pub(super) fn ours(entry: &ManagedFieldsEntry, operation: &str) -> bool {
+    entry.manager.as_deref() == Some(MANAGER) && entry.operation.as_deref() == Some(operation) && entry.subresource.is_none()
 }
 
 /// Adds the field set `from` to `into` (both in the `FieldsV1` form: a tree of path

@@ -45,6 +45,8 @@ pub enum Seen {
     Present {
         /// Its `plugdb.io/applied-hash` annotation.
         hash: Option<String>,
+        /// Whether plugdb made it by a create whose fields no apply has taken over yet.
+        created: bool,
     },
 }
 
@@ -197,15 +199,26 @@ pub(super) fn database_essentials(db: &mut Database) {
     }
 }
 
+/// Managed fields reduced to what a pass asks of them: whether plugdb's create still
+/// holds fields no apply has taken over. An empty list says it does (and allocates
+/// nothing); none says it does not.
+fn created_mark(meta: &mut ObjectMeta) {
+    let created = meta.managed_fields.take().into_iter().flatten().any(|e| super::apply::ours(&e, "Update"));
+    meta.managed_fields = created.then(Vec::new);
+}
+
 /// A child a pass only asks whether it holds what would be applied (ConfigMaps,
-/// Services, PodDisruptionBudgets): its name and the hash of what was applied.
+/// Services, PodDisruptionBudgets): its name, the hash of what was applied and whether
+/// a create's fields await their first apply.
 fn applied_hash_only<K: Resource>(o: &mut K) {
     let meta = o.meta_mut();
+    created_mark(meta);
     let hash = meta.annotations.as_mut().and_then(|a| a.remove(APPLIED_HASH));
     *meta = ObjectMeta {
         name: meta.name.take(),
         namespace: meta.namespace.take(),
         annotations: hash.map(|h| [(APPLIED_HASH.to_string(), h)].into()),
+        managed_fields: meta.managed_fields.take(),
         ..Default::default()
     };
 }
@@ -225,7 +238,7 @@ fn pod_essentials(p: &mut Pod) {
 }
 
 fn no_pod_template(s: &mut StatefulSet) {
-    no_managed_fields(s);
+    created_mark(&mut s.metadata);
     if let Some(spec) = &mut s.spec {
         spec.template = Default::default();
     }
@@ -244,7 +257,7 @@ where
 {
     match get(store, namespace, name) {
         None => Seen::Absent,
-        Some(o) => Seen::Present { hash: o.annotations().get(APPLIED_HASH).cloned() },
+        Some(o) => Seen::Present { hash: o.annotations().get(APPLIED_HASH).cloned(), created: o.meta().managed_fields.is_some() },
     }
 }
 
@@ -398,6 +411,27 @@ mod tests {
         let mut unhashed = PartialObjectMeta::<Service> { metadata: meta(&[]), ..Default::default() };
         applied_hash_only(&mut unhashed);
         assert_eq!(unhashed.metadata.annotations, None, "no hash: nothing to compare with, so applied again");
+    }
+
+    #[test]
+    fn a_child_made_by_a_create_is_marked_until_an_apply_takes_its_fields_over() {
+        let entry = |operation: &str, subresource: Option<&str>| ManagedFieldsEntry {
+            manager: Some(MANAGER.into()),
+            operation: Some(operation.into()),
+            subresource: subresource.map(Into::into),
+            ..Default::default()
+        };
+        let seen_with = |entries: Vec<ManagedFieldsEntry>| {
+            let mut set = StatefulSet { metadata: ObjectMeta { managed_fields: Some(entries), ..meta(&[]) }, ..Default::default() };
+            no_pod_template(&mut set);
+            let store = reflector::store::<StatefulSet>();
+            let mut writer = store.1;
+            writer.apply_watcher_event(&watcher::Event::Apply(set));
+            seen(&store.0, "shop", "orders")
+        };
+        assert_eq!(seen_with(vec![entry("Update", None)]), Seen::Present { hash: None, created: true });
+        assert_eq!(seen_with(vec![entry("Apply", None), entry("Update", Some("status"))]), Seen::Present { hash: None, created: false });
+        assert_eq!(seen_with(vec![]), Seen::Present { hash: None, created: false });
     }
 
     #[test]
