@@ -174,6 +174,50 @@ pub async fn prepare(client: &Client, plugins: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// Installs the chart's MutatingAdmissionPolicy and its binding from `deploy/plugdb.yaml`
+/// (the API server then puts the final-backup finalizer on a Database as it is created)
+/// and waits until the API server acts on them: a dry-run create comes back with it.
+pub async fn install_finalizer_policy(client: &Client) -> Result<()> {
+    let text = std::fs::read_to_string(crate::workspace_root().join("deploy/plugdb.yaml"))?;
+    let resource =
+        |kind: &str| kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind));
+    let mut installed = 0;
+    for doc in text.split("\n---\n") {
+        let object: kube::api::DynamicObject = match yaml_serde::from_str(doc) {
+            Ok(object) => object,
+            Err(_) => continue,
+        };
+        let Some(kind) = object.types.as_ref().map(|t| t.kind.clone()).filter(|k| k.starts_with("MutatingAdmissionPolicy")) else {
+            continue;
+        };
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource(&kind));
+        let name = object.metadata.name.clone().context("the policy's name")?;
+        api.patch(&name, &PatchParams::apply("plugdb-admin"), &Patch::Apply(&object))
+            .await
+            .with_context(|| format!("applying {kind} {name}"))?;
+        installed += 1;
+    }
+    if installed != 2 {
+        bail!("deploy/plugdb.yaml holds {installed} of the policy's two objects (MutatingAdmissionPolicy and its binding)");
+    }
+    let probe: Database = serde_json::from_value(serde_json::json!({
+        "apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "finalizer-policy-probe", "namespace": "default"},
+        "spec": {"engine": "postgres", "storage": "1Gi"},
+    }))?;
+    let dbs: Api<Database> = Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let created = dbs.create(&PostParams { dry_run: true, ..Default::default() }, &probe).await;
+        if created.is_ok_and(|db| db.metadata.finalizers.iter().flatten().any(|f| f == reconcile::FINALIZER)) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the API server did not act on the finalizer policy within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// The whole operator (`operator::run`: plugin registry, reconciler, no leader
 /// election) in this process against the cluster behind `kubeconfig`; stopped when
 /// dropped.

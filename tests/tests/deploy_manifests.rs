@@ -183,3 +183,42 @@ async fn children(admin: &Client) -> Vec<(&'static str, bool)> {
         ("backup Job", !jobs.items.is_empty()),
     ]
 }
+
+/// The chart's MutatingAdmissionPolicy: a Database whose deletion takes a final backup
+/// carries the finalizer from the request that creates it, keeps it through updates
+/// that drop it, and loses it only when its policy no longer takes a backup. No
+/// operator runs here: what is seen is the API server's doing.
+#[tokio::test]
+async fn the_admission_policy_puts_the_finalizer_on_as_a_database_is_created() {
+    let cp = ControlPlane::start_with(plugdb_tests::control_plane::Options { controller_manager: false, ..Default::default() })
+        .await
+        .expect("control plane");
+    let admin = cp.client.clone();
+    for doc in documents("crds/plugdb.io_databases.yaml").iter().chain(&documents("deploy/namespace.yaml")) {
+        apply(&admin, doc, false).await.expect("CRD and namespace");
+    }
+    plugdb_tests::operator::install_finalizer_policy(&admin).await.expect("the policy, acted on");
+    let dbs: Api<Database> = Api::namespaced(admin.clone(), "default");
+    let database = |name: &str, deletion: &str| -> Database {
+        serde_json::from_value(json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": name},
+                                      "spec": {"engine": "postgres", "storage": "1Gi", "deletionPolicy": deletion}}))
+        .expect("a Database")
+    };
+    let has_finalizer = |db: &Database| db.metadata.finalizers.iter().flatten().any(|f| f == reconcile::FINALIZER);
+
+    let kept = dbs.create(&PostParams::default(), &database("kept", "Snapshot")).await.expect("create");
+    assert!(has_finalizer(&kept), "created with the finalizer: {:?}", kept.metadata.finalizers);
+    let retained = dbs.create(&PostParams::default(), &database("retained", "Retain")).await.expect("create");
+    assert!(!has_finalizer(&retained), "no final backup, no finalizer: {:?}", retained.metadata.finalizers);
+
+    // An update that drops it gets it back, as long as deletion takes a backup.
+    let dropped =
+        dbs.patch("kept", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.expect("patch");
+    assert!(has_finalizer(&dropped), "put back on update: {:?}", dropped.metadata.finalizers);
+    let retain = json!({"metadata": {"finalizers": null}, "spec": {"deletionPolicy": "Retain"}});
+    let now_retained = dbs.patch("kept", &PatchParams::default(), &Patch::Merge(retain)).await.expect("patch");
+    assert!(!has_finalizer(&now_retained), "left off once deletion keeps the volumes: {:?}", now_retained.metadata.finalizers);
+
+    dbs.delete("retained", &Default::default()).await.expect("delete");
+    assert!(dbs.get_opt("retained").await.expect("get").is_none(), "nothing holds a Database the policy left alone");
+}
