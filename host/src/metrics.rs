@@ -83,6 +83,8 @@ pub struct Metrics {
     pub plugin_loads: Family<LoadLabels, Counter>,
     /// Engines currently loaded.
     pub plugins_loaded: Gauge,
+    /// Loaded engines whose optimised build serves (the rest serve their quick build).
+    pub plugins_optimized: Gauge,
     /// Plugin calls by outcome.
     pub plugin_calls: Family<CallLabels, Counter>,
     /// Plugin calls answered from the memo (hit) or made (miss).
@@ -112,6 +114,7 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("plugdb");
         let plugin_loads = Family::<LoadLabels, Counter>::default();
         let plugins_loaded = Gauge::default();
+        let plugins_optimized = Gauge::default();
         let plugin_calls = Family::<CallLabels, Counter>::default();
         let plugin_memo = Family::<MemoLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
@@ -121,6 +124,11 @@ impl Default for Metrics {
             Family::<ReconcileLabels, Histogram>::new_with_constructor(|| Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]));
         registry.register("plugin_loads", "Plugin loads from ConfigMaps by outcome", plugin_loads.clone());
         registry.register("plugins_loaded", "Engine plugins currently loaded", plugins_loaded.clone());
+        registry.register(
+            "plugins_optimized",
+            "Loaded engine plugins served by their optimised build (the others by their quick build, until it is ready)",
+            plugins_optimized.clone(),
+        );
         registry.register("plugin_calls", "Plugin calls by function and outcome", plugin_calls.clone());
         registry.register("plugin_memo", "Plugin calls answered from remembered results (hit) or made (miss)", plugin_memo.clone());
         registry.register("reconciles", "Reconciles by engine", reconciles.clone());
@@ -143,6 +151,7 @@ impl Default for Metrics {
             registry,
             plugin_loads,
             plugins_loaded,
+            plugins_optimized,
             plugin_calls,
             plugin_memo,
             reconciles,

@@ -339,7 +339,7 @@ impl Registry {
         if let Some((old, _)) = &previous {
             self.memo.forget(old);
         }
-        self.metrics.plugins_loaded.set(state.engines.len() as i64);
+        self.count(&state);
         drop(state);
         self.optimize(&engine, source, &digest);
         let _ = self.changes.send(engine.clone());
@@ -376,9 +376,16 @@ impl Registry {
                     );
                 }
                 loaded.plugin = optimized;
+                registry.count(&state);
                 tracing::debug!(engine, "optimised build now serves");
             }
         });
+    }
+
+    /// Sets the gauges of loaded engines and of those served by their optimised build.
+    fn count(&self, state: &State) {
+        self.metrics.plugins_loaded.set(state.engines.len() as i64);
+        self.metrics.plugins_optimized.set(state.engines.values().filter(|l| l.plugin.optimized()).count() as i64);
     }
 
     /// Waits until every loaded plugin runs its optimised build (for tests and benchmarks).
@@ -438,7 +445,7 @@ impl Registry {
                 Outcome::Unloaded { engine: engine.clone() }
             }
         };
-        self.metrics.plugins_loaded.set(self.state.read().unwrap_or_else(lock_poisoned).engines.len() as i64);
+        self.count(&self.state.read().unwrap_or_else(lock_poisoned));
         let _ = self.changes.send(engine);
         Some(outcome)
     }
