@@ -61,6 +61,25 @@ pub fn cached_build(script: &str, what: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// Server-side applies every document of `yaml` as `manager`, each kind found by discovery.
+pub async fn apply_yaml(client: &kube::Client, manager: &str, yaml: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    for doc in yaml.split("\n---\n") {
+        let object: DynamicObject = yaml_serde::from_str(doc).with_context(|| format!("parsing {doc}"))?;
+        let types = object.types.clone().context("apiVersion and kind")?;
+        let gvk = kube::api::GroupVersionKind::try_from(&types)?;
+        let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await?;
+        let name = object.metadata.name.clone().context("metadata.name")?;
+        let api: Api<DynamicObject> = match (&object.metadata.namespace, caps.scope) {
+            (Some(ns), kube::discovery::Scope::Namespaced) => Api::namespaced_with(client.clone(), ns, &resource),
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(&name, &PatchParams::apply(manager).force(), &Patch::Apply(&object)).await?;
+    }
+    Ok(())
+}
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits below the workspace root").to_path_buf()

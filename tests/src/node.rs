@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 
 use crate::control_plane::{ControlPlane, Network, Options, Processes};
 
@@ -582,22 +582,6 @@ conntrack: {{maxPerCore: 0, min: 0}}
     daemons.spawn("kube-proxy", &bin_dir.join("kube-proxy"), &args)
 }
 
-async fn apply_yaml(client: &Client, yaml: &str) -> Result<()> {
-    for doc in yaml.split("\n---\n") {
-        let object: kube::api::DynamicObject = yaml_serde::from_str(doc).with_context(|| format!("parsing {doc}"))?;
-        let types = object.types.clone().context("apiVersion and kind")?;
-        let gvk = kube::api::GroupVersionKind::try_from(&types)?;
-        let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await?;
-        let name = object.metadata.name.clone().context("metadata.name")?;
-        let api: Api<kube::api::DynamicObject> = match (&object.metadata.namespace, caps.scope) {
-            (Some(ns), kube::discovery::Scope::Namespaced) => Api::namespaced_with(client.clone(), ns, &resource),
-            _ => Api::all_with(client.clone(), &resource),
-        };
-        api.patch(&name, &PatchParams::apply("plugdb-node").force(), &Patch::Apply(&object)).await?;
-    }
-    Ok(())
-}
-
 /// CoreDNS as a node process inside the namespace, serving the standard kube-dns Service.
 async fn start_coredns(
     daemons: &mut Processes,
@@ -613,8 +597,9 @@ async fn start_coredns(
     std::fs::write(dir.join("Corefile"), corefile)?;
     let coredns = tools.get("coredns").context("scripts/node-tools.sh did not report coredns")?;
     daemons.spawn("coredns", coredns, &["-conf".into(), dir.join("Corefile").to_string_lossy().to_string()])?;
-    apply_yaml(
+    crate::apply_yaml(
         client,
+        "plugdb-node",
         &format!(
             r#"apiVersion: v1
 kind: Service
@@ -648,8 +633,9 @@ async fn start_local_path(
     let config = serde_json::json!({"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [volumes]}]});
     std::fs::write(dir.join("local-path.json"), config.to_string())?;
     let indent = |s: &str| s.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n");
-    apply_yaml(
+    crate::apply_yaml(
         client,
+        "plugdb-node",
         &format!(
             r#"apiVersion: v1
 kind: Namespace

@@ -179,27 +179,11 @@ pub async fn prepare(client: &Client, plugins: &[(&str, &str)]) -> Result<()> {
 /// and waits until the API server acts on them: a dry-run create comes back with it.
 pub async fn install_finalizer_policy(client: &Client) -> Result<()> {
     let text = std::fs::read_to_string(crate::workspace_root().join("deploy/plugdb.yaml"))?;
-    let resource =
-        |kind: &str| kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind));
-    let mut installed = 0;
-    for doc in text.split("\n---\n") {
-        let object: kube::api::DynamicObject = match yaml_serde::from_str(doc) {
-            Ok(object) => object,
-            Err(_) => continue,
-        };
-        let Some(kind) = object.types.as_ref().map(|t| t.kind.clone()).filter(|k| k.starts_with("MutatingAdmissionPolicy")) else {
-            continue;
-        };
-        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource(&kind));
-        let name = object.metadata.name.clone().context("the policy's name")?;
-        api.patch(&name, &PatchParams::apply("plugdb-admin"), &Patch::Apply(&object))
-            .await
-            .with_context(|| format!("applying {kind} {name}"))?;
-        installed += 1;
+    let policy: Vec<&str> = text.split("\n---\n").filter(|doc| doc.contains("\nkind: MutatingAdmissionPolicy")).collect();
+    if policy.len() != 2 {
+        bail!("deploy/plugdb.yaml holds {} of the policy's two objects (MutatingAdmissionPolicy and its binding)", policy.len());
     }
-    if installed != 2 {
-        bail!("deploy/plugdb.yaml holds {installed} of the policy's two objects (MutatingAdmissionPolicy and its binding)");
-    }
+    crate::apply_yaml(client, "plugdb-admin", &policy.join("\n---\n")).await.context("applying the finalizer policy")?;
     let probe: Database = serde_json::from_value(serde_json::json!({
         "apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "finalizer-policy-probe", "namespace": "default"},
         "spec": {"engine": "postgres", "storage": "1Gi"},
