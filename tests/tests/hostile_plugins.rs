@@ -116,6 +116,31 @@ fn no_state_outlives_a_call_in_the_instance_pool() {
     }
 }
 
+/// On the operator's call threads a call answers before its instance is reset: the
+/// slot stays taken until the reset runs (or the thread's next call runs it first),
+/// and what the call wrote is still gone before the slot serves again.
+#[test]
+fn a_deferred_reset_holds_the_slot_until_it_runs_and_no_state_outlives_it() {
+    let rt = Runtime::new(Limits { instance_slots: 1, ..Limits::default() }).expect("runtime");
+    let hostile = rt.load(&plugdb_tests::component("hostile")).expect("hostile loads");
+    let calls = || {
+        let w = hostile.render(&spec("count"), &plugdb_tests::cluster("victim", "default"))?;
+        Ok::<_, CallError>(w.config_files.iter().find(|f| f.name == "calls.conf").map(|f| f.content.clone()))
+    };
+    let elsewhere = || std::thread::scope(|s| s.spawn(calls).join().expect("no panic"));
+    plugdb::plugin::defer_resets(true);
+    for _ in 0..3 {
+        assert_eq!(calls().expect("this thread's next call resets its last instance first").as_deref(), Some("calls = 1\n"));
+        let err = elsewhere().expect_err("the one slot is held until its reset");
+        assert!(err.to_string().contains("concurrent"), "{err}");
+    }
+    plugdb::plugin::defer_resets(false);
+    plugdb::plugin::reset_spent();
+    assert_eq!(elsewhere().expect("the slot is back once reset").as_deref(), Some("calls = 1\n"));
+    assert_eq!(calls().expect("answers").as_deref(), Some("calls = 1\n"));
+    assert_eq!(elsewhere().expect("without deferral the slot is back at once").as_deref(), Some("calls = 1\n"));
+}
+
 #[test]
 fn endless_loop_is_stopped_at_the_deadline() {
     let (rt, hostile, good) = plugins();

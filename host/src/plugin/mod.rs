@@ -16,6 +16,6 @@ pub use convert::Contract;
 pub use memo::Memo;
 pub use pool::{Busy, CallPool};
 pub use registry::{Outcome, Registry};
-pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, hex_digest};
+pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, defer_resets, hex_digest, reset_spent};
 pub use shape::{Shape, ShapeLimits};
 pub use types::*;

@@ -68,6 +68,7 @@ impl Workers {
                 if let Err(e) = rustix::process::setpriority_process(None, CALL_NICENESS) {
                     tracing::warn!(error = %e, "plugin call thread keeps the operator's priority");
                 }
+                super::defer_resets(true);
                 loop {
                     let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     match job {
@@ -83,11 +84,15 @@ impl Workers {
         Self { jobs }
     }
 
-    /// Runs `call` on a worker; its panic, if any, comes back as the error.
-    async fn run<T: Send + 'static>(&self, call: impl FnOnce() -> T + Send + 'static) -> std::thread::Result<T> {
+    /// Runs `call` on a worker; its panic, if any, comes back as the error. The
+    /// answer is sent before the instance the call used is reset (the caller goes on
+    /// meanwhile), and `held` is dropped once that is done.
+    async fn run<T: Send + 'static>(&self, held: impl Send + 'static, call: impl FnOnce() -> T + Send + 'static) -> std::thread::Result<T> {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move || {
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)));
+            super::reset_spent();
+            drop(held);
         });
         assert!(self.jobs.send(job).is_ok(), "the plugin call threads are gone");
         rx.await.expect("a plugin call thread ended during a call")
@@ -195,8 +200,9 @@ impl CallPool {
         };
         let thread = share.threads.acquire_owned().await.expect("the engine's semaphore is never closed");
         let slot = self.total.clone().acquire_owned().await.expect("the pool's semaphore is never closed");
-        let ran = self.workers.run(move || {
-            let _held = (ticket, thread, slot);
+        // The thread's slots are given back once its instance is reset: a call handed
+        // over always finds a thread free.
+        let ran = self.workers.run((ticket, thread, slot), move || {
             let started = Instant::now();
             lock(&share.load).running.push(started);
             let value = call();
@@ -245,10 +251,11 @@ mod tests {
         assert_eq!(slow, 12, "calls of 50 ms queue 4 deep");
     }
 
-    /// Calls run on the pool's own threads, below the operator's priority, and a
-    /// panicking call leaves its thread serving the next one.
+    /// Calls run on the pool's own threads, below the operator's priority, answering
+    /// before their instance is reset, and a panicking call leaves its thread serving
+    /// the next one.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn calls_run_below_the_operators_priority() {
+    async fn calls_run_below_the_operators_priority_and_answer_before_their_reset() {
         let pool = Arc::new(CallPool::new(1, 1));
         let caller = rustix::process::getpriority_process(None).expect("the caller's nice value");
         let nice = || rustix::process::getpriority_process(None).expect("nice value");
@@ -260,6 +267,9 @@ mod tests {
         });
         assert!(panicked.await.expect_err("the panic reaches the caller").is_panic());
         assert_eq!(pool.run_for("e", nice).await, Ok(CALL_NICENESS), "the one thread still serves");
+        // The caller gets each answer before the call's instance is reset.
+        assert_eq!(pool.run_for("e", crate::plugin::runtime::resets_deferred).await, Ok(true));
+        assert!(!crate::plugin::runtime::resets_deferred(), "the caller's own calls reset before they return");
     }
 
     /// A call that has been running long marks its engine slow before it ends.
