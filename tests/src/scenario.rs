@@ -181,6 +181,12 @@ impl Client {
     }
 }
 
+/// Whether a client's error says it never reached the server (so it ran nothing).
+fn not_connected(error: &str) -> bool {
+    // psql: `connection to server at "…", port 5432 failed: …`; mariadb: ERROR 2002 or 2003.
+    (error.contains("connection to server") && error.contains("failed")) || ["ERROR 2002", "ERROR 2003"].iter().any(|c| error.contains(c))
+}
+
 /// The pod's IP.
 pub fn pod_ip(pod: &Pod) -> String {
     pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_else(|| panic!("{} has no IP", pod.name_any()))
@@ -215,10 +221,22 @@ impl Client {
         self.query(host, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)").await.expect("create through the primary");
     }
 
-    /// Inserts rows `ids` through `host`.
+    /// Inserts rows `ids` through `host`. A client that could not connect sent nothing:
+    /// it tries again for up to 30 s (a busy node can take longer than the client's 5 s
+    /// to answer a new connection); any other error fails at once.
     pub async fn insert(&self, host: &str, ids: std::ops::Range<i64>) {
         let values: Vec<String> = ids.map(|i| format!("({i}, 'item {i}')")).collect();
-        self.query(host, &format!("INSERT INTO orders VALUES {}", values.join(", "))).await.expect("insert through the primary");
+        let sql = format!("INSERT INTO orders VALUES {}", values.join(", "));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.query(host, &sql).await {
+                Ok(_) => return,
+                Err(e) if not_connected(&e) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("insert through the primary: {e:?}"),
+            }
+        }
     }
 
     /// A checksum of every row of the scenarios' table at `host`.
