@@ -165,6 +165,21 @@ impl Client {
         self.query_as(host, &self.password.clone(), sql).await
     }
 
+    /// Runs `sql` at `host`, again while the client could not connect (it sent nothing)
+    /// for up to 30 s: a busy node can take longer than the client's 5 s to answer a new
+    /// connection. Any other error is the answer at once.
+    async fn query_reaching(&self, host: &str, sql: &str) -> Result<String, String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.query(host, sql).await {
+                Err(e) if not_connected(&e) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
     /// Runs `sql` at `host` until it succeeds and `check` accepts its rows, for up to `timeout`.
     pub async fn eventually(&self, host: &str, sql: &str, timeout: Duration, check: impl Fn(&str) -> bool) -> String {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -218,25 +233,15 @@ impl Client {
     /// Creates the scenarios' table through `host` (the primary), once it answers.
     pub async fn create_table(&self, host: &str) {
         self.reachable(host).await;
-        self.query(host, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)").await.expect("create through the primary");
+        self.query_reaching(host, "CREATE TABLE IF NOT EXISTS orders (id INT PRIMARY KEY, item TEXT)")
+            .await
+            .expect("create through the primary");
     }
 
-    /// Inserts rows `ids` through `host`. A client that could not connect sent nothing:
-    /// it tries again for up to 30 s (a busy node can take longer than the client's 5 s
-    /// to answer a new connection); any other error fails at once.
+    /// Inserts rows `ids` through `host`.
     pub async fn insert(&self, host: &str, ids: std::ops::Range<i64>) {
         let values: Vec<String> = ids.map(|i| format!("({i}, 'item {i}')")).collect();
-        let sql = format!("INSERT INTO orders VALUES {}", values.join(", "));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.query(host, &sql).await {
-                Ok(_) => return,
-                Err(e) if not_connected(&e) && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => panic!("insert through the primary: {e:?}"),
-            }
-        }
+        self.query_reaching(host, &format!("INSERT INTO orders VALUES {}", values.join(", "))).await.expect("insert through the primary");
     }
 
     /// A checksum of every row of the scenarios' table at `host`.
@@ -245,7 +250,7 @@ impl Client {
             Engine::Postgres => "SELECT count(*) || ' ' || md5(string_agg(id || ':' || item, ',' ORDER BY id)) FROM orders",
             Engine::Mysql => "SELECT CONCAT(COUNT(*), ' ', MD5(GROUP_CONCAT(CONCAT(id, ':', item) ORDER BY id SEPARATOR ','))) FROM orders",
         };
-        self.query(host, sql).await.expect("checksum")
+        self.query_reaching(host, sql).await.expect("checksum")
     }
 
     /// The ids in the scenarios' table at `host`.
