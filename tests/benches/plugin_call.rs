@@ -1,5 +1,5 @@
 //! Plugin call cost: a fresh instance (from the instance pool, and allocated on demand
-//! for comparison) + `render` of a typical spec per iteration, the same render natively
+//! for comparison) or a call thread's instance, reset, + `render` of a typical spec per iteration, the same render natively
 //! for the ratio, and a cold compile of each bundled plugin. Then each call timed on
 //! its own, for the median, the p99 and the ratio to native of one run, written beside
 //! `$CRITERION_HOME` as `plugin-call.md`.
@@ -82,9 +82,10 @@ fn render(c: &mut Criterion) {
     group.bench_function("postgres plugin (fresh instance + render + policy, then reset)", |b| {
         b.iter(|| postgres.render(black_box(&s), black_box(&cl)).expect("render"))
     });
-    // As the operator's call threads run it: the answer is handed on before the
-    // instance is reset, so the reset (run after each call, untimed) is not waited for.
-    group.bench_function("postgres plugin, answer only (reset after it, as on the call threads)", |b| {
+    // As the operator's call threads run it: the thread keeps its instance, and the
+    // answer is handed on before the instance is reset, so the reset (run after each
+    // call, untimed) is not waited for.
+    group.bench_function("postgres plugin on a call thread, answer only (its instance, reset after each call)", |b| {
         plugdb::plugin::defer_resets(true);
         b.iter_custom(|calls| {
             let mut answering = Duration::ZERO;
@@ -97,6 +98,7 @@ fn render(c: &mut Criterion) {
             answering
         });
         plugdb::plugin::defer_resets(false);
+        plugdb::plugin::reset_spent();
     });
     group.bench_function("mysql plugin (fresh instance + render + policy, then reset)", |b| {
         b.iter(|| mysql.render(black_box(&mysql_spec), black_box(&cl)).expect("render"))
@@ -172,21 +174,32 @@ fn latency() {
     let render = || {
         black_box(postgres.render(&s, &cl).expect("render"));
     };
+    // As on the operator's call threads: the thread keeps its instance between calls,
+    // reset after each (untimed in the answer, timed in the whole call).
+    let call_thread = |whole: bool| {
+        plugdb::plugin::defer_resets(true);
+        render();
+        if whole {
+            plugdb::plugin::reset_spent();
+        }
+    };
     let times = timed(
         CALLS,
         &mut [
+            &mut || call_thread(false),
+            &mut || call_thread(true),
             &mut || {
-                plugdb::plugin::defer_resets(true);
-                render();
+                // Elsewhere: a fresh instance per call, dropped (slot reset) before it returns.
                 plugdb::plugin::defer_resets(false);
+                plugdb::plugin::reset_spent();
+                render();
             },
-            &mut { render },
             &mut || {
                 black_box(plugdb_plugin_postgres::Postgres::render(ns.clone(), nc.clone()).expect("render"));
             },
         ],
     );
-    let [answer, whole, native] = &times[..] else { unreachable!("three series") };
+    let [answer, whole, fresh, native] = &times[..] else { unreachable!("four series") };
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
     let row = |what: &str, t: &[Duration]| {
         format!(
@@ -197,9 +210,10 @@ fn latency() {
         )
     };
     let table = format!(
-        "| postgres `render`, {CALLS} calls timed one by one | median | p99 | median ÷ native median |\n| --- | --- | --- | --- |\n{}{}{}",
-        row("sandboxed, answer: instance from the pool + call + host policy (reset after, as on the call threads)", answer),
-        row("sandboxed, whole call: the same, then the instance's reset", whole),
+        "| postgres `render`, {CALLS} calls timed one by one | median | p99 | median ÷ native median |\n| --- | --- | --- | --- |\n{}{}{}{}",
+        row("sandboxed on a call thread, answer: the thread's instance (reset after its last call) + call + host policy", answer),
+        row("sandboxed on a call thread, whole call: the same, then the instance's reset", whole),
+        row("sandboxed, fresh instance: instance from the pool + call + host policy, then the slot's reset", fresh),
         row("native: the same render, no sandbox", native),
     );
     println!("\n{table}");

@@ -1,19 +1,22 @@
-//! The sandbox: compile once per digest, a fresh `Store` per call from an
-//! `InstancePre`, a wall-clock deadline by epoch interruption, a memory cap, a
-//! bounded wasm stack and a bounded output. Failures are values, never panics.
+//! The sandbox: compile once per digest, a fresh instance per call from an
+//! `InstancePre` (or, on the call threads, the thread's last instance of the same plugin,
+//! reset to its initial state: `reuse`), a wall-clock deadline by epoch interruption, a
+//! memory cap, a bounded wasm stack and a bounded output. Failures are values, never panics.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, ComponentExportIndex, Instance, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use super::convert::{self, Contract, Exports};
 use super::memo::Memo;
+use super::reuse;
 use super::shape::{Shape, ShapeLimits};
 use super::types::*;
-use crate::metrics::{CallLabels, MemoLabels, Metrics};
+use crate::metrics::{CallLabels, InstanceLabels, MemoLabels, Metrics};
 
 /// The contract version this host implements (`wit/engine.wit`); it also serves 0.1 plugins.
 pub const CONTRACT_VERSION: &str = "0.2.0";
@@ -56,7 +59,9 @@ pub struct Limits {
     /// Instances kept ready in a pool (the pooling allocator: no mapping per call,
     /// memory images copied on write), each reserving 4 GiB + 32 MiB of address space
     /// per memory (of which at most `memory_bytes` is ever made accessible); 0
-    /// allocates every instance on demand. Calls beyond it fail.
+    /// allocates every instance on demand. Calls beyond it fail. Half of them at most
+    /// are kept between calls by the call threads, for their next call (see
+    /// [`defer_resets`]).
     pub instance_slots: u32,
     /// Bounds on a component's code, checked before it is compiled.
     pub shape: ShapeLimits,
@@ -175,6 +180,8 @@ pub struct Runtime {
     memo: Option<Arc<Memo>>,
     /// The `plugdb` binary that compiles in a process of its own; in this process when `None`.
     compiler: Option<Arc<std::path::Path>>,
+    /// Instances kept between calls now, over all threads (see [`Warm`]).
+    warm: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -251,7 +258,16 @@ impl Runtime {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Self { engine, linker: Arc::new(linker), limits, tier, metrics: None, memo: None, compiler: None })
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            limits,
+            tier,
+            metrics: None,
+            memo: None,
+            compiler: None,
+            warm: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// The same runtime, compiling each plugin in a child `plugdb compile` run from
@@ -315,11 +331,16 @@ impl Runtime {
         store.limiter(|s| &mut s.limits);
         // Bounds what the host copies out of the guest in one go (a result, a log
         // line) while it copies, aliased strings counted each time they are referred to.
+        self.start_call(&mut store);
+        store.epoch_deadline_trap();
+        store
+    }
+
+    /// Sets a call's bounds on `store`: its deadline, and what it may copy out.
+    fn start_call(&self, store: &mut Store<CallState>) {
         store.set_hostcall_fuel(self.limits.output_bytes);
         let ticks = self.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
         store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
-        store
     }
 
     /// Compiles `bytes`, checks the contract, links it and runs `info()` as a self-test.
@@ -335,23 +356,40 @@ impl Runtime {
         if !excess.is_empty() {
             return Err(LoadError::TooBig(excess.join("; ")));
         }
-        let component = self.compile(bytes)?;
+        // Where the host can prove what state an instance keeps, it adds a reset to
+        // the component, so that call threads reuse instances (`reuse`).
+        let (component, reusable) = match reuse::with_reset(bytes) {
+            Ok(with_reset) => (self.compile(&with_reset)?, true),
+            Err(why) => {
+                tracing::debug!(%why, "each call of this plugin gets a fresh instance");
+                (self.compile(bytes)?, false)
+            }
+        };
         let (interface, contract) = check_contract(&self.engine, &component)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Imports(format!("{e:#}")))?;
         // Type-checks every export of the contract, once.
         let exports = Exports::find(&component, &interface, contract, &pre).map_err(LoadError::Contract)?;
+        let reset = if reusable { component.get_export(None, reuse::RESET_EXPORT).map(|(_, index)| index) } else { None };
         let mut plugin = Plugin {
             info: Arc::new(placeholder_info()),
             digest: hex_digest(bytes),
             bytes: bytes.into(),
             pre,
             exports,
+            reset: None,
+            identity: Arc::new(()),
             runtime: self.clone(),
         };
         let info: PluginInfo =
             plugin.call("info", |store, i| plugin.exports.info(store, i)).map_err(|e| LoadError::SelfTest(e.to_string()))?;
         check_info(&info, plugin.exports.contract())?;
         plugin.info = Arc::new(info);
+        if let Some(reset) = reset {
+            match plugin.reset_answers_alike(reset) {
+                Ok(()) => plugin.reset = Some(reset),
+                Err(why) => tracing::warn!(engine = %plugin.info.engine, %why, "each call of this plugin gets a fresh instance"),
+            }
+        }
         Ok(plugin)
     }
 }
@@ -441,8 +479,9 @@ fn check_info(info: &PluginInfo, contract: Contract) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// A loaded plugin: compiled, linked and self-tested. Cheap to clone; each call
-/// instantiates afresh, so nothing leaks from one call into the next.
+/// A loaded plugin: compiled, linked and self-tested. Cheap to clone; each call runs in
+/// a fresh instance, or in one reset to its initial state, so nothing leaks from one
+/// call into the next.
 #[derive(Clone)]
 pub struct Plugin {
     info: Arc<PluginInfo>,
@@ -450,6 +489,10 @@ pub struct Plugin {
     bytes: Arc<[u8]>,
     pre: wasmtime::component::InstancePre<CallState>,
     exports: Exports,
+    /// The reset the host added (`reuse`), once the self-test showed it works.
+    reset: Option<ComponentExportIndex>,
+    /// This load, which the instances a thread keeps belong to.
+    identity: Arc<()>,
     runtime: Runtime,
 }
 
@@ -466,17 +509,21 @@ impl std::fmt::Debug for Plugin {
 thread_local! {
     /// Whether this thread's calls leave their instance to [`reset_spent`].
     static DEFER_RESETS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The store of this thread's last call, while its reset is deferred.
-    static SPENT: std::cell::RefCell<Option<Store<CallState>>> = const { std::cell::RefCell::new(None) };
+    /// The instance of this thread's last call, while its reset is deferred or kept for
+    /// the thread's next call.
+    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Makes this thread's plugin calls answer before their instance is reset (`true`),
-/// or reset it before they return (`false`, the default). Dropping a call's store
-/// gives its pool slot back, resetting the slot's memory (copying its initial image
-/// over the pages kept resident: about a quarter of a call's time); a thread that
-/// hands each answer on before it calls [`reset_spent`] lets its caller go on
-/// meanwhile. The thread's next call resets the last one's instance first, so a
-/// thread never holds more than one.
+/// or reset it before they return (`false`, the default). A thread that hands each
+/// answer on before it calls [`reset_spent`] lets its caller go on meanwhile.
+///
+/// Such a thread also keeps its last instance, reset, for its next call of the same
+/// plugin, where the plugin allows it (`reuse`) and fewer than half of the pool's
+/// slots are kept so; otherwise the reset drops the instance, which gives its pool
+/// slot back (copying the memory's initial image over the pages kept resident). A
+/// call of another plugin drops the kept instance first, so a thread never holds
+/// more than one. Turning deferral off drops it at the next [`reset_spent`].
 pub fn defer_resets(on: bool) {
     DEFER_RESETS.set(on);
 }
@@ -486,12 +533,69 @@ pub(crate) fn resets_deferred() -> bool {
     DEFER_RESETS.get()
 }
 
-/// Resets the instance of this thread's last call and gives its slot back to the
-/// pool, if a deferred reset is pending (see [`defer_resets`]).
+/// Resets the instance of this thread's last call, if a deferred reset is pending, and
+/// keeps it for the thread's next call or gives its slot back to the pool (see
+/// [`defer_resets`]).
 pub fn reset_spent() {
-    // Taken out before it is dropped: the borrow ends before the store's drop runs.
-    let spent = SPENT.with_borrow_mut(Option::take);
-    drop(spent);
+    if let Some(held) = settle() {
+        HELD.set(Some(held));
+    }
+}
+
+/// This thread's held instance, reset if a call ran in it since; `None` when there is
+/// none or it is not kept (it is dropped then, which gives its slot back).
+fn settle() -> Option<Held> {
+    // Taken out before anything is dropped: the borrow ends before a store's drop runs.
+    let mut held = HELD.with_borrow_mut(Option::take)?;
+    if !resets_deferred() {
+        return None;
+    }
+    if held.dirty {
+        let (reset, _) = held.reset.as_ref()?;
+        let func = held.instance.get_func(&mut held.store, reset)?;
+        // SAFETY: `Plugin::reset_answers_alike` called this export as `() -> ()` at load.
+        #[allow(unsafe_code)]
+        let typed = unsafe { wasmtime::component::TypedFunc::<(), ()>::new_unchecked(func) };
+        held.store.set_epoch_deadline(held.reset_ticks);
+        typed.call(&mut held.store, ()).ok()?;
+        held.dirty = false;
+    }
+    Some(held)
+}
+
+/// An instance a thread holds between calls (see [`defer_resets`]).
+struct Held {
+    /// The plugin load it belongs to (`Plugin::identity`).
+    owner: Arc<()>,
+    store: Store<CallState>,
+    instance: Instance,
+    /// The reset export, when this instance is reset and kept rather than dropped,
+    /// with the place it takes among the kept ones.
+    reset: Option<(ComponentExportIndex, Warm)>,
+    /// Whether a call ran in it since it was instantiated or reset.
+    dirty: bool,
+    /// What the call limiter allowed right after instantiation, given back at each reuse.
+    fresh: (usize, usize),
+    /// The reset's own deadline, in epoch ticks.
+    reset_ticks: u64,
+}
+
+/// A place among the instances call threads keep between calls: at most half of the
+/// pool's slots, so that the rest serve everything else (loads, other threads).
+struct Warm(Arc<AtomicUsize>);
+
+impl Warm {
+    fn take(kept: &Arc<AtomicUsize>, slots: u32) -> Option<Self> {
+        let most = slots as usize / 2;
+        kept.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1)).ok()?;
+        Some(Self(kept.clone()))
+    }
+}
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What one call may allocate, checked before each allocation: linear memory over
@@ -808,21 +912,79 @@ impl Plugin {
         }
     }
 
-    /// Runs `f` against a fresh instance under the call limits (its result bounded
-    /// while it is copied out: the store's hostcall fuel).
+    /// Runs `f` against a fresh instance, or this thread's kept instance of this plugin
+    /// once reset, under the call limits (its result bounded while it is copied out:
+    /// the store's hostcall fuel).
     fn call<R>(
         &self,
         function: &'static str,
-        f: impl FnOnce(&mut Store<CallState>, &wasmtime::component::Instance) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut Store<CallState>, &Instance) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        // A thread holds one instance at most: the last call's goes back first.
-        reset_spent();
-        let mut store = self.runtime.store(self.info.clone());
-        let result = self.pre.instantiate(&mut store).and_then(|instance| f(&mut store, &instance));
+        // A thread holds one instance at most: the last call's is reset, and dropped
+        // unless it is this plugin's to reuse.
+        let mut held = match settle() {
+            Some(mut held) if Arc::ptr_eq(&held.owner, &self.identity) => {
+                let state = held.store.data_mut();
+                (state.limits.memory_left, state.limits.table_elements_left) = held.fresh;
+                state.log_lines = 0;
+                state.info = self.info.clone();
+                self.runtime.start_call(&mut held.store);
+                self.count_instance("reused");
+                held
+            }
+            other => {
+                drop(other);
+                let held = self.instantiate().map_err(|e| self.classify(function, e))?;
+                self.count_instance("new");
+                held
+            }
+        };
+        let result = f(&mut held.store, &held.instance);
+        held.dirty = true;
+        if result.is_err() {
+            // Whatever failed (a trap, the deadline, a result too large) may have left
+            // the instance anywhere: it is dropped, never reused.
+            held.reset = None;
+        }
         if resets_deferred() {
-            SPENT.with_borrow_mut(|spent| *spent = Some(store));
+            HELD.set(Some(held));
         }
         result.map_err(|e| self.classify(function, e))
+    }
+
+    /// A fresh instance of this plugin, kept between calls where this thread defers
+    /// resets, the plugin has a reset and a place among the kept instances is free.
+    fn instantiate(&self) -> wasmtime::Result<Held> {
+        let mut store = self.runtime.store(self.info.clone());
+        let instance = self.pre.instantiate(&mut store)?;
+        let limits = &store.data().limits;
+        let fresh = (limits.memory_left, limits.table_elements_left);
+        let reset = match self.reset {
+            Some(reset) if resets_deferred() => Warm::take(&self.runtime.warm, self.runtime.limits.instance_slots).map(|w| (reset, w)),
+            _ => None,
+        };
+        let reset_ticks = self.runtime.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
+        Ok(Held { owner: self.identity.clone(), store, instance, reset, dirty: false, fresh, reset_ticks })
+    }
+
+    /// Checks at load that `reset` gives an instance back its initial state as far as
+    /// `info` can tell: called before and after a reset, on one instance, it answers alike.
+    fn reset_answers_alike(&self, reset: ComponentExportIndex) -> Result<(), String> {
+        let mut store = self.runtime.store(self.info.clone());
+        let instance = self.pre.instantiate(&mut store).map_err(|e| format!("{e:#}"))?;
+        let first = self.exports.info(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
+        let func = instance.get_func(&mut store, reset).ok_or("the reset is not a function")?;
+        let typed = func.typed::<(), ()>(&store).map_err(|e| format!("{e:#}"))?;
+        typed.call(&mut store, ()).map_err(|e| format!("the reset failed: {e:#}"))?;
+        self.runtime.start_call(&mut store);
+        let again = self.exports.info(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
+        if first == again { Ok(()) } else { Err("info() answers differently after a reset".into()) }
+    }
+
+    fn count_instance(&self, how: &str) {
+        if let Some(metrics) = &self.runtime.metrics {
+            metrics.plugin_instances.get_or_create(&InstanceLabels { engine: self.info.engine.clone(), how: how.into() }).inc();
+        }
     }
 
     fn classify(&self, function: &'static str, error: wasmtime::Error) -> CallError {
