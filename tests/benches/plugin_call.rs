@@ -1,8 +1,9 @@
-//! Plugin call cost: a fresh instance (from the instance pool, and allocated on demand
-//! for comparison) or a call thread's instance, reset, + `render` of a typical spec per iteration, the same render natively
-//! for the ratio, and a cold compile of each bundled plugin. Then each call timed on
-//! its own, for the median, the p99 and the ratio to native of one run, written beside
-//! `$CRITERION_HOME` as `plugin-call.md`.
+//! Plugin call cost: `render` of a typical spec per iteration in a fresh instance (from
+//! the instance pool, and allocated on demand for comparison) or, as on the operator's
+//! call threads, in the thread's instance reset after each call; the same render
+//! natively for the ratio, and a cold compile of each bundled plugin. Then each call
+//! timed on its own, for the median, the p99 and the ratio to native of one run,
+//! written beside `$CRITERION_HOME` as `plugin-call.md`.
 //!
 //! `cargo bench -p plugdb-tests --bench plugin_call`
 
