@@ -339,8 +339,12 @@ impl Runtime {
     /// Sets a call's bounds on `store`: its deadline, and what it may copy out.
     fn start_call(&self, store: &mut Store<CallState>) {
         store.set_hostcall_fuel(self.limits.output_bytes);
-        let ticks = self.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
-        store.set_epoch_deadline(ticks);
+        store.set_epoch_deadline(self.deadline_ticks());
+    }
+
+    /// A call's deadline in epoch ticks: the ticks that cover it, and one more.
+    fn deadline_ticks(&self) -> u64 {
+        self.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1
     }
 
     /// Compiles `bytes`, checks the contract, links it and runs `info()` as a self-test.
@@ -963,8 +967,7 @@ impl Plugin {
             Some(reset) if resets_deferred() => Warm::take(&self.runtime.warm, self.runtime.limits.instance_slots).map(|w| (reset, w)),
             _ => None,
         };
-        let reset_ticks = self.runtime.limits.call_timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64 + 1;
-        Ok(Held { owner: self.identity.clone(), store, instance, reset, dirty: false, fresh, reset_ticks })
+        Ok(Held { owner: self.identity.clone(), store, instance, reset, dirty: false, fresh, reset_ticks: self.runtime.deadline_ticks() })
     }
 
     /// Checks at load that `reset` gives an instance back its initial state as far as
