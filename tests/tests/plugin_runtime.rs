@@ -189,3 +189,33 @@ fn with_tls_the_engines_are_configured_for_it_and_members_are_asked_over_https()
     let cnf = mysql.render(&my, &cluster).expect("render").config_files;
     assert!(cnf.iter().any(|f| f.content.contains("require_secure_transport = ON")));
 }
+
+/// The bundled engine plugins meet every condition for reuse: on a thread that defers
+/// resets (as the operator's call threads do), one instance serves call after call, and
+/// each answer is the one a fresh instance gives.
+#[test]
+fn the_bundled_plugins_reuse_their_instance_on_a_call_thread() {
+    let metrics = std::sync::Arc::new(plugdb::metrics::Metrics::default());
+    let runtime = Runtime::new(Limits::default()).expect("runtime").with_metrics(metrics.clone());
+    for (engine, version) in [("postgres", "17"), ("mysql", "11.8"), ("etcd", "3.5")] {
+        let plugin = runtime.load(&plugdb_tests::component(engine)).expect("loads");
+        let (database, cluster) = (EngineSpec { parameters: Vec::new(), ..spec(version) }, plugdb_tests::cluster("orders", "shop"));
+        let fresh = plugin.render(&database, &cluster).expect("render in a fresh instance");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                plugdb::plugin::defer_resets(true);
+                for _ in 0..5 {
+                    assert_eq!(plugin.render(&database, &cluster).expect("render"), fresh, "{engine}");
+                    plugdb::plugin::reset_spent();
+                }
+                plugdb::plugin::defer_resets(false);
+                plugdb::plugin::reset_spent();
+            });
+        });
+        let count = |how: &str| {
+            let labels = plugdb::metrics::InstanceLabels { engine: engine.into(), how: how.into() };
+            metrics.plugin_instances.get_or_create(&labels).get()
+        };
+        assert_eq!((count("new"), count("reused")), (2, 4), "{engine}: one fresh call, then one instance for five calls");
+    }
+}

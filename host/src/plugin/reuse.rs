@@ -52,11 +52,21 @@ pub(crate) fn with_reset(component: &[u8]) -> Result<Vec<u8>, String> {
             }
             _ => {}
         }
+        // Canonical functions other than lifts and lowers (resources, tasks) keep
+        // state in the component instance itself, which no reset reaches.
+        if let Payload::ComponentCanonicalSection(reader) = &payload {
+            for function in reader.clone() {
+                match function.map_err(|e| e.to_string())? {
+                    wasmparser::CanonicalFunction::Lift { .. } | wasmparser::CanonicalFunction::Lower { .. } => {}
+                    _ => return Err("it uses canonical functions other than lifts and lowers (resources or tasks)".into()),
+                }
+            }
+        }
         if depth > 0 {
             // Nested components (the type-ascribing shims of exports) are fine as long
-            // as they hold no core code.
-            if matches!(payload, Payload::ModuleSection { .. }) {
-                return Err("a nested component has a core module".into());
+            // as they hold no core code and instantiate none (not even an outer module).
+            if matches!(payload, Payload::ModuleSection { .. } | Payload::InstanceSection(_)) {
+                return Err("a nested component has or instantiates a core module".into());
             }
             continue;
         }
@@ -92,6 +102,9 @@ pub(crate) fn with_reset(component: &[u8]) -> Result<Vec<u8>, String> {
     };
     let types = wasmparser::Validator::new().validate_all(component).map_err(|e| e.to_string())?;
     let types = types.as_ref();
+    if types.module_count() as usize != modules.len() {
+        return Err("it imports or aliases a core module".into());
+    }
     let rewritten = found.with_reset(&component[module.clone()])?;
 
     let mut out = wasm_encoder::Component::new();
@@ -533,6 +546,35 @@ mod tests {
         assert!(refused(module(1, None, true)).contains("start function"));
         assert!(refused(module(17, None, false)).contains("initial memory is 1088 KiB"));
         reset_module(&module(16, Some(&[Instruction::Nop]), false)).expect("a table nothing changes is fine");
+    }
+
+    /// A component around [`module`], with a resource whose handles `resource.new` makes
+    /// when `resources` is set.
+    fn component(resources: bool) -> Vec<u8> {
+        let module = module(1, None, false);
+        let mut component = wasm_encoder::Component::new();
+        component.section(&RawSection { id: 1, data: &module });
+        let mut instances = wasm_encoder::InstanceSection::new();
+        instances.instantiate(0, std::iter::empty::<(&str, wasm_encoder::ModuleArg)>());
+        component.section(&instances);
+        if resources {
+            let mut types = ComponentTypeSection::new();
+            types.resource(ValType::I32, None);
+            component.section(&types);
+            let mut canon = CanonicalFunctionSection::new();
+            canon.resource_new(0);
+            component.section(&canon);
+        }
+        component.finish()
+    }
+
+    #[test]
+    fn a_component_gets_its_reset_unless_it_keeps_state_in_the_component_itself() {
+        let with = with_reset(&component(false)).expect("reusable");
+        let types = wasmparser::Validator::new().validate_all(&with).expect("valid");
+        assert!(types.as_ref().component_item_for_export(RESET_EXPORT).is_some(), "the reset is exported");
+        let refused = with_reset(&component(true)).expect_err("a resource's handles outlive a call");
+        assert!(refused.contains("canonical functions other than lifts and lowers"), "{refused}");
     }
 
     #[test]
