@@ -16,9 +16,12 @@
 //! [`MAX_RESET_MEMORY`] at most, whose mutable globals start as `i32`/`i64` constants;
 //! its other core modules (the adapters a component has for its imports) keep no
 //! state at all: no memory, no mutable global, no data; no start function anywhere;
-//! and no instruction anywhere that changes a table or drops a segment (`table.set`,
+//! no instruction anywhere that changes a table or drops a segment (`table.set`,
 //! `table.grow`, `table.fill`, `table.copy`, `table.init`, `elem.drop`, `data.drop`), so
-//! tables and segments stay as instantiation left them.
+//! tables and segments stay as instantiation left them; and no state in the component
+//! itself: no canonical functions but lifts and lowers (resources keep handles there),
+//! no imported or aliased core module, and nested components that hold or instantiate
+//! no core module.
 
 use std::ops::Range;
 
