@@ -314,14 +314,13 @@ impl<'a> CoreModule<'a> {
         let reset_index = imported_funcs + defined_funcs;
         let data_count = data_segments + segments.len() as u32;
 
+        let data_count_section = encoded(&data_count);
         let mut out = wasm_encoder::Module::new();
         let mut wrote_data_count = false;
         for payload in Parser::new(0).parse_all(module) {
             let payload = payload.map_err(err)?;
             let Some((id, range)) = payload.as_section() else { continue };
             let body = &module[range];
-            let mut data_count_section = Vec::new();
-            data_count.encode(&mut data_count_section);
             let replaced = match id {
                 1 => appended(body, &[0x60, 0, 0])?,
                 3 => appended(body, &encoded(&types))?,
@@ -349,7 +348,7 @@ impl<'a> CoreModule<'a> {
                 }
                 12 => {
                     wrote_data_count = true;
-                    data_count_section
+                    data_count_section.clone()
                 }
                 _ => body.to_vec(),
             };
