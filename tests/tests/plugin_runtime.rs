@@ -219,3 +219,33 @@ fn the_bundled_plugins_reuse_their_instance_on_a_call_thread() {
         assert_eq!((count("new"), count("reused")), (2, 4), "{engine}: one fresh call, then one instance for five calls");
     }
 }
+
+/// The operator's call threads: one after another, calls run on the thread that
+/// finished last, so they share its instance; a thread idle for the pool's release
+/// time lets go of its instance, and the next call instantiates afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_threads_share_the_last_threads_instance_and_let_go_of_it_when_idle() {
+    let metrics = std::sync::Arc::new(plugdb::metrics::Metrics::default());
+    let runtime = Runtime::new(Limits::default()).expect("runtime").with_metrics(metrics.clone());
+    let plugin = runtime.load(&plugdb_tests::component("postgres")).expect("loads");
+    let release_after = std::time::Duration::from_secs(2);
+    // One call of the engine at a time, among four threads.
+    let pool = plugdb::plugin::CallPool::releasing_after(4, 1, release_after);
+    let database = EngineSpec { parameters: Vec::new(), ..spec("17") };
+    let count = |how: &str| {
+        let labels = plugdb::metrics::InstanceLabels { engine: "postgres".into(), how: how.into() };
+        metrics.plugin_instances.get_or_create(&labels).get()
+    };
+    for _ in 0..5 {
+        let database = database.clone();
+        pool.run(&plugin, move |p| render_with(p, &database)).await.expect("a slot").expect("render");
+    }
+    assert_eq!((count("new"), count("reused")), (1, 4), "five calls in a row on one thread and one instance");
+    tokio::time::sleep(release_after * 2).await;
+    pool.run(&plugin, move |p| render_with(p, &database)).await.expect("a slot").expect("render");
+    assert_eq!((count("new"), count("reused")), (2, 4), "the idle thread let go of its instance");
+}
+
+fn render_with(plugin: &plugdb::plugin::Plugin, database: &EngineSpec) -> Result<(), plugdb::plugin::CallError> {
+    plugin.render(database, &plugdb_tests::cluster("orders", "shop")).map(drop)
+}

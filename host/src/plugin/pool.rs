@@ -20,6 +20,7 @@
 //! turn (microseconds), and a slow engine's is turned away.
 
 use std::collections::HashMap;
+use std::sync::mpsc::{RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,20 +50,30 @@ pub struct CallPool {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Threads that run plugin calls, started with the pool and ended with it (when the
-/// sender goes, each thread's next receive fails). A call is handed over only once it
-/// holds a slot of the pool, so a thread is always free for it.
+/// How long a call thread waits for a call before it lets go of the instance it keeps
+/// (its pool slot, and the compiled code of a plugin that may since have been replaced).
+pub const IDLE_RELEASE: Duration = Duration::from_secs(10);
+
+/// Threads that run plugin calls, started with the pool and ended with it (a thread
+/// whose sender is gone ends). A call is handed over only once it holds a slot of the
+/// pool, so a thread is always free for it.
+///
+/// The thread that finished last takes the next call: its caches are warm, and the
+/// instance it keeps is likely the one the next call needs. The others stay idle, and
+/// one idle for [`IDLE_RELEASE`] lets go of its instance.
 #[derive(Debug)]
 struct Workers {
-    jobs: std::sync::mpsc::Sender<Job>,
+    /// The idle threads, the one that finished last on top.
+    idle: Arc<Mutex<Vec<Sender<Job>>>>,
+    /// Threads started.
+    started: usize,
 }
 
 impl Workers {
-    fn start(count: usize) -> Self {
-        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
-        let queue = Arc::new(Mutex::new(queue));
-        for i in 0..count {
-            let queue = queue.clone();
+    fn start(count: usize, release_after: Duration) -> Self {
+        let mut idle = Vec::with_capacity(count);
+        for i in (0..count).rev() {
+            let (jobs, queue) = std::sync::mpsc::channel::<Job>();
             let spawned = std::thread::Builder::new().name(format!("plugdb-call-{i}")).spawn(move || {
                 // Linux keeps a nice value per thread: this lowers only this one.
                 if let Err(e) = rustix::process::setpriority_process(None, CALL_NICENESS) {
@@ -70,31 +81,36 @@ impl Workers {
                 }
                 super::defer_resets(true);
                 loop {
-                    let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    match job {
+                    match queue.recv_timeout(release_after) {
                         Ok(job) => job(),
-                        Err(_) => return,
+                        Err(RecvTimeoutError::Timeout) => super::runtime::release_held(),
+                        Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
             });
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "could not start a plugin call thread");
+            match spawned {
+                Ok(_) => idle.push(jobs),
+                Err(e) => tracing::error!(error = %e, "could not start a plugin call thread"),
             }
         }
-        Self { jobs }
+        Self { started: idle.len(), idle: Arc::new(Mutex::new(idle)) }
     }
 
-    /// Runs `call` on a worker; its panic, if any, comes back as the error. The
+    /// Runs `call` on an idle worker; its panic, if any, comes back as the error. The
     /// answer is sent before the instance the call used is reset (the caller goes on
-    /// meanwhile), and `held` is dropped once that is done.
+    /// meanwhile); then the worker is idle again, and `held` is dropped.
     async fn run<T: Send + 'static>(&self, held: impl Send + 'static, call: impl FnOnce() -> T + Send + 'static) -> std::thread::Result<T> {
         let (tx, rx) = oneshot::channel();
+        let worker = lock(&self.idle).pop().expect("a call that holds a pool slot finds a plugin call thread idle");
+        let (idle, back) = (self.idle.clone(), worker.clone());
         let job: Job = Box::new(move || {
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)));
             super::reset_spent();
+            // Idle before the slot is given back: the next holder of the slot finds it.
+            lock(&idle).push(back);
             drop(held);
         });
-        assert!(self.jobs.send(job).is_ok(), "the plugin call threads are gone");
+        assert!(worker.send(job).is_ok(), "a plugin call thread is gone");
         rx.await.expect("a plugin call thread ended during a call")
     }
 }
@@ -154,20 +170,21 @@ impl Drop for Ticket {
     }
 }
 
-fn lock(load: &Mutex<Load>) -> std::sync::MutexGuard<'_, Load> {
-    load.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl CallPool {
     /// At most `total` calls at once, `per_engine` of them for one engine (both ≥ 1).
     pub fn new(total: usize, per_engine: usize) -> Self {
-        let total = total.max(1);
-        Self {
-            total: Arc::new(Semaphore::new(total)),
-            per_engine: per_engine.max(1),
-            engines: Mutex::default(),
-            workers: Workers::start(total),
-        }
+        Self::releasing_after(total, per_engine, IDLE_RELEASE)
+    }
+
+    /// The same, with threads that let go of their kept instance once idle for
+    /// `release_after`.
+    pub fn releasing_after(total: usize, per_engine: usize, release_after: Duration) -> Self {
+        let workers = Workers::start(total.max(1), release_after);
+        Self { total: Arc::new(Semaphore::new(workers.started)), per_engine: per_engine.max(1), engines: Mutex::default(), workers }
     }
 
     fn share(&self, engine: &str) -> Share {

@@ -546,6 +546,13 @@ pub fn reset_spent() {
     }
 }
 
+/// Drops the instance this thread keeps, if any, which gives its pool slot back (a
+/// call thread that has been idle a while: see `pool::IDLE_RELEASE`).
+pub(crate) fn release_held() {
+    // Taken out before it is dropped: the borrow ends before the store's drop runs.
+    drop(HELD.with_borrow_mut(Option::take));
+}
+
 /// This thread's held instance, reset if a call ran in it since; `None` when there is
 /// none or it is not kept (it is dropped then, which gives its slot back).
 fn settle() -> Option<Held> {
