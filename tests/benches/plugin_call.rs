@@ -101,6 +101,15 @@ fn render(c: &mut Criterion) {
         plugdb::plugin::defer_resets(false);
         plugdb::plugin::reset_spent();
     });
+    group.bench_function("postgres plugin on a call thread, whole call (its instance + render + policy, then its reset)", |b| {
+        plugdb::plugin::defer_resets(true);
+        b.iter(|| {
+            black_box(postgres.render(black_box(&s), black_box(&cl)).expect("render"));
+            plugdb::plugin::reset_spent();
+        });
+        plugdb::plugin::defer_resets(false);
+        plugdb::plugin::reset_spent();
+    });
     group.bench_function("mysql plugin (fresh instance + render + policy, then reset)", |b| {
         b.iter(|| mysql.render(black_box(&mysql_spec), black_box(&cl)).expect("render"))
     });
