@@ -212,10 +212,7 @@ fn the_bundled_plugins_reuse_their_instance_on_a_call_thread() {
                 plugdb::plugin::reset_spent();
             });
         });
-        let count = |how: &str| {
-            let labels = plugdb::metrics::InstanceLabels { engine: engine.into(), how: how.into() };
-            metrics.plugin_instances.get_or_create(&labels).get()
-        };
+        let count = |how| instances(&metrics, engine, how);
         assert_eq!((count("new"), count("reused")), (2, 4), "{engine}: one fresh call, then one instance for five calls");
     }
 }
@@ -232,10 +229,7 @@ async fn call_threads_share_the_last_threads_instance_and_let_go_of_it_when_idle
     // One call of the engine at a time, among four threads.
     let pool = plugdb::plugin::CallPool::releasing_after(4, 1, release_after);
     let database = EngineSpec { parameters: Vec::new(), ..spec("17") };
-    let count = |how: &str| {
-        let labels = plugdb::metrics::InstanceLabels { engine: "postgres".into(), how: how.into() };
-        metrics.plugin_instances.get_or_create(&labels).get()
-    };
+    let count = |how| instances(&metrics, "postgres", how);
     for _ in 0..5 {
         let database = database.clone();
         pool.run(&plugin, move |p| render_with(p, &database)).await.expect("a slot").expect("render");
@@ -248,4 +242,10 @@ async fn call_threads_share_the_last_threads_instance_and_let_go_of_it_when_idle
 
 fn render_with(plugin: &plugdb::plugin::Plugin, database: &EngineSpec) -> Result<(), plugdb::plugin::CallError> {
     plugin.render(database, &plugdb_tests::cluster("orders", "shop")).map(drop)
+}
+
+/// `plugdb_plugin_instances_total{engine, how}`.
+fn instances(metrics: &plugdb::metrics::Metrics, engine: &str, how: &str) -> u64 {
+    let labels = plugdb::metrics::InstanceLabels { engine: engine.into(), how: how.into() };
+    metrics.plugin_instances.get_or_create(&labels).get()
 }

@@ -65,8 +65,6 @@ pub const IDLE_RELEASE: Duration = Duration::from_secs(10);
 struct Workers {
     /// The idle threads, the one that finished last on top.
     idle: Arc<Mutex<Vec<Sender<Job>>>>,
-    /// Threads started.
-    started: usize,
 }
 
 impl Workers {
@@ -93,7 +91,7 @@ impl Workers {
                 Err(e) => tracing::error!(error = %e, "could not start a plugin call thread"),
             }
         }
-        Self { started: idle.len(), idle: Arc::new(Mutex::new(idle)) }
+        Self { idle: Arc::new(Mutex::new(idle)) }
     }
 
     /// Runs `call` on an idle worker; its panic, if any, comes back as the error. The
@@ -184,11 +182,13 @@ impl CallPool {
     /// `release_after`.
     pub fn releasing_after(total: usize, per_engine: usize, release_after: Duration) -> Self {
         let workers = Workers::start(total.max(1), release_after);
-        Self { total: Arc::new(Semaphore::new(workers.started)), per_engine: per_engine.max(1), engines: Mutex::default(), workers }
+        // As many slots as threads started: a call that holds one always finds a thread.
+        let started = lock(&workers.idle).len();
+        Self { total: Arc::new(Semaphore::new(started)), per_engine: per_engine.max(1), engines: Mutex::default(), workers }
     }
 
     fn share(&self, engine: &str) -> Share {
-        let mut engines = self.engines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut engines = lock(&self.engines);
         engines
             .entry(engine.to_string())
             .or_insert_with(|| Share { threads: Arc::new(Semaphore::new(self.per_engine)), load: Arc::default() })
