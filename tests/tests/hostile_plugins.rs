@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use plugdb::metrics::{InstanceLabels, Metrics};
 use plugdb::plugin::{
-    CallError, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime, Shape, ShapeLimits, Tier,
+    CallError, CallPool, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime, SLOW_CALL_NICENESS, Shape,
+    ShapeLimits, Tier,
 };
 
 const DEADLINE: Duration = Duration::from_millis(200);
@@ -186,6 +187,37 @@ fn endless_loop_is_stopped_at_the_deadline() {
     let err = attack(&rt, &hostile, &good, "loop");
     assert!(matches!(err, CallError::Timeout { function: "render", .. }), "{err}");
     assert!(err.to_string().contains("deadline"), "{err}");
+}
+
+/// On the operator's call threads a quick call runs at the operator's priority; a
+/// plugin that spins drops to the lowest priority once its call is slow, is still
+/// stopped at the deadline, and the next call runs at the operator's priority again
+/// (on a new thread: the lowered one cannot rise again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_call_drops_to_the_lowest_priority_and_the_next_call_does_not() {
+    let (_rt, hostile, good) = plugins();
+    let pool = CallPool::new(1, 1);
+    let caller = nice();
+    assert!(caller < SLOW_CALL_NICENESS, "the test runs above the lowest priority");
+    let answer = |p: &Plugin, attack: &str| {
+        let mut database = spec(attack);
+        database.parameters.retain(|_| !attack.is_empty());
+        p.render(&database, &plugdb_tests::cluster("victim", "default")).map(drop)
+    };
+    let quick = pool.run(&good, move |p| (answer(p, "").is_ok(), nice())).await.expect("a slot");
+    assert_eq!(quick, (true, caller), "a quick call runs at the operator's priority");
+    let (spun, at) = pool.run(&hostile, move |p| (answer(p, "loop"), nice())).await.expect("a slot");
+    assert!(matches!(spun, Err(CallError::Timeout { .. })), "{spun:?}");
+    assert_eq!(at, SLOW_CALL_NICENESS, "the spinning call ran on at the lowest priority");
+    let next = pool.run(&good, move |p| (answer(p, "").is_ok(), nice())).await.expect("a slot");
+    assert_eq!(next, (true, caller), "the next call runs at the operator's priority again");
+}
+
+/// This thread's nice value, as Linux reports it (`/proc/thread-self/stat`, field 19).
+fn nice() -> i32 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("/proc/thread-self/stat");
+    let fields: Vec<&str> = stat.rsplit_once(") ").expect("a stat line").1.split_whitespace().collect();
+    fields[16].parse().expect("a nice value")
 }
 
 #[test]

@@ -17,6 +17,9 @@ pub use convert::Contract;
 pub use memo::Memo;
 pub use pool::{Busy, CallPool};
 pub use registry::{Outcome, Registry};
-pub use runtime::{CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, Tier, defer_resets, hex_digest, reset_spent};
+pub use runtime::{
+    CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, SLOW_CALL, SLOW_CALL_NICENESS, Tier, defer_resets, hex_digest,
+    lower_priority_when_slow, priority_lowered, reset_spent,
+};
 pub use shape::{Shape, ShapeLimits};
 pub use types::*;

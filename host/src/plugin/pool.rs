@@ -4,11 +4,15 @@
 //! others', the health endpoints or the lease renewal. The bound also caps the memory
 //! plugin calls can hold at once (`total` × the per-call memory cap).
 //!
-//! Those threads run at a lower scheduling priority (nice [`CALL_NICENESS`]) than the
-//! operator's own: where the CPU is short, a plugin burning its deadline gets what the
-//! executor (watches, lease, health, API requests) and, on a shared node, its other
-//! processes leave, instead of an equal share. A call of a few microseconds does not
-//! notice; a call that spins is still stopped at its wall-clock deadline.
+//! A call runs at the operator's own priority while it is quick. One still running
+//! after [`SLOW_CALL`] lowers its thread to nice [`SLOW_CALL_NICENESS`] for the rest of
+//! it: where the CPU is short, a plugin burning its deadline gets what the executor
+//! (watches, lease, health, API requests) and, on a shared node, its other processes
+//! leave, instead of an equal share, while the microsecond calls of every other engine
+//! never wait behind anything for the CPU. An unprivileged thread cannot raise its
+//! priority again, so a lowered thread retires after that call and a new thread, at the
+//! operator's priority, takes its place. A call that spins is still stopped at its
+//! wall-clock deadline.
 //!
 //! Callers are reconciles, and a reconcile waiting here holds one of the controller's
 //! reconcile slots: a slow engine with more Databases than slots must not hold every
@@ -20,13 +24,15 @@
 //! turn (microseconds), and a slow engine's is turned away.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{RecvTimeoutError, Sender};
+use std::sync::mpsc::{RecvTimeoutError, SendError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::Plugin;
+#[cfg(doc)]
+use super::{SLOW_CALL, SLOW_CALL_NICENESS};
 
 /// Calls of one engine running or waiting, per thread the engine may use, that are
 /// always let in.
@@ -34,10 +40,6 @@ const QUEUE_PER_THREAD: usize = 2;
 
 /// The longest expected wait beyond that depth: a queue that would wait longer is full.
 const QUEUE_WAIT: Duration = Duration::from_millis(20);
-
-/// The nice value of the threads plugin calls run on (the operator's own run at 0;
-/// 19 is the lowest priority).
-pub const CALL_NICENESS: i32 = 19;
 
 /// The bounded set of threads plugin calls run on.
 #[derive(Debug)]
@@ -48,7 +50,8 @@ pub struct CallPool {
     workers: Workers,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A call for a thread, which says whether the thread serves on after it.
+type Job = Box<dyn FnOnce() -> bool + Send>;
 
 /// How long a call thread waits for a call before it lets go of the instance it keeps
 /// (its pool slot, and the compiled code of a plugin that may since have been replaced).
@@ -65,48 +68,102 @@ pub const IDLE_RELEASE: Duration = Duration::from_secs(10);
 struct Workers {
     /// The idle threads, the one that finished last on top.
     idle: Arc<Mutex<Vec<Sender<Job>>>>,
+    /// Where a thread a slow call lowered hands over its slot when it retires: a thread
+    /// inherits its creator's priority, so its successor is started by a thread that
+    /// never runs a plugin. `None` if that thread could not start (lowered threads then
+    /// serve on).
+    successors: Option<Sender<Retired>>,
+}
+
+/// A retired thread's name and pool slot, and what else its last call held: the slot is
+/// given back once a successor is idle in its place.
+struct Retired {
+    name: String,
+    slot: OwnedSemaphorePermit,
+    held: Box<dyn Send>,
+}
+
+/// Starts a call thread named `name`, at the priority of the thread that calls this.
+fn serve(name: String, release_after: Duration) -> std::io::Result<Sender<Job>> {
+    let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new().name(name).spawn(move || {
+        super::defer_resets(true);
+        super::lower_priority_when_slow(true);
+        loop {
+            match queue.recv_timeout(release_after) {
+                Ok(job) => {
+                    if !job() {
+                        return super::runtime::release_held();
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => super::runtime::release_held(),
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    })?;
+    Ok(jobs)
 }
 
 impl Workers {
     fn start(count: usize, release_after: Duration) -> Self {
-        let mut idle = Vec::with_capacity(count);
+        let idle = Arc::new(Mutex::new(Vec::with_capacity(count)));
         for i in (0..count).rev() {
-            let (jobs, queue) = std::sync::mpsc::channel::<Job>();
-            let spawned = std::thread::Builder::new().name(format!("plugdb-call-{i}")).spawn(move || {
-                // Linux keeps a nice value per thread: this lowers only this one.
-                if let Err(e) = rustix::process::setpriority_process(None, CALL_NICENESS) {
-                    tracing::warn!(error = %e, "plugin call thread keeps the operator's priority");
-                }
-                super::defer_resets(true);
-                loop {
-                    match queue.recv_timeout(release_after) {
-                        Ok(job) => job(),
-                        Err(RecvTimeoutError::Timeout) => super::runtime::release_held(),
-                        Err(RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-            });
-            match spawned {
-                Ok(_) => idle.push(jobs),
+            match serve(format!("plugdb-call-{i}"), release_after) {
+                Ok(jobs) => lock(&idle).push(jobs),
                 Err(e) => tracing::error!(error = %e, "could not start a plugin call thread"),
             }
         }
-        Self { idle: Arc::new(Mutex::new(idle)) }
+        let (successors, retired) = std::sync::mpsc::channel::<Retired>();
+        let to = idle.clone();
+        let starter = std::thread::Builder::new().name("plugdb-call-start".into()).spawn(move || {
+            for Retired { name, slot, held } in retired {
+                match serve(name, release_after) {
+                    Ok(jobs) => lock(&to).push(jobs),
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not start a plugin call thread: the pool keeps one fewer");
+                        slot.forget();
+                    }
+                }
+                drop(held);
+            }
+        });
+        if let Err(e) = &starter {
+            tracing::error!(error = %e, "could not start the thread that replaces plugin call threads");
+        }
+        Self { idle, successors: starter.ok().map(|_| successors) }
     }
 
     /// Runs `call` on an idle worker; its panic, if any, comes back as the error. The
     /// answer is sent before the instance the call used is reset (the caller goes on
-    /// meanwhile); then the worker is idle again, and `held` is dropped.
-    async fn run<T: Send + 'static>(&self, held: impl Send + 'static, call: impl FnOnce() -> T + Send + 'static) -> std::thread::Result<T> {
+    /// meanwhile); then the worker is idle again (or, lowered, hands its place on), and
+    /// `slot` and `held` are dropped.
+    async fn run<T: Send + 'static>(
+        &self,
+        slot: OwnedSemaphorePermit,
+        held: impl Send + 'static,
+        call: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::Result<T> {
         let (tx, rx) = oneshot::channel();
         let worker = lock(&self.idle).pop().expect("a call that holds a pool slot finds a plugin call thread idle");
-        let (idle, back) = (self.idle.clone(), worker.clone());
+        let (idle, back, successors) = (self.idle.clone(), worker.clone(), self.successors.clone());
         let job: Job = Box::new(move || {
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)));
             super::reset_spent();
-            // Idle before the slot is given back: the next holder of the slot finds it.
-            lock(&idle).push(back);
-            drop(held);
+            match successors.filter(|_| super::priority_lowered()) {
+                Some(successors) => {
+                    let name = std::thread::current().name().unwrap_or("plugdb-call").to_string();
+                    if let Err(SendError(retired)) = successors.send(Retired { name, slot, held: Box::new(held) }) {
+                        retired.slot.forget();
+                    }
+                    false
+                }
+                None => {
+                    // Idle before the slot is given back: the next holder of the slot finds it.
+                    lock(&idle).push(back);
+                    drop((held, slot));
+                    true
+                }
+            }
         });
         assert!(worker.send(job).is_ok(), "a plugin call thread is gone");
         rx.await.expect("a plugin call thread ended during a call")
@@ -219,7 +276,7 @@ impl CallPool {
         let slot = self.total.clone().acquire_owned().await.expect("the pool's semaphore is never closed");
         // The thread's slots are given back once its instance is reset: a call handed
         // over always finds a thread free.
-        let ran = self.workers.run((ticket, thread, slot), move || {
+        let ran = self.workers.run(slot, (ticket, thread), move || {
             let started = Instant::now();
             lock(&share.load).running.push(started);
             let value = call();
@@ -236,6 +293,7 @@ impl CallPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::SLOW_CALL_NICENESS;
 
     async fn burst(pool: &Arc<CallPool>, engine: &'static str, calls: usize, each: Duration) -> usize {
         let tasks: Vec<_> = (0..calls)
@@ -268,22 +326,35 @@ mod tests {
         assert_eq!(slow, 12, "calls of 50 ms queue 4 deep");
     }
 
-    /// Calls run on the pool's own threads, below the operator's priority, answering
-    /// before their instance is reset, and a panicking call leaves its thread serving
-    /// the next one.
+    /// Calls run on the pool's own threads at the operator's priority, answering before
+    /// their instance is reset; a thread a slow call lowered gives way to a new one at
+    /// the operator's priority; and a panicking call leaves its thread serving the next.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn calls_run_below_the_operators_priority_and_answer_before_their_reset() {
+    async fn calls_answer_before_their_reset_and_a_lowered_thread_gives_way_to_a_new_one() {
         let pool = Arc::new(CallPool::new(1, 1));
-        let caller = rustix::process::getpriority_process(None).expect("the caller's nice value");
         let nice = || rustix::process::getpriority_process(None).expect("nice value");
-        assert_eq!(pool.run_for("e", nice).await, Ok(CALL_NICENESS));
-        assert_eq!(rustix::process::getpriority_process(None).expect("nice value"), caller, "the caller keeps its own");
+        let caller = nice();
+        assert!(caller < SLOW_CALL_NICENESS, "the test runs above the lowest priority");
+        let on = move || (std::thread::current().id(), nice());
+        let (first, at) = pool.run_for("e", on).await.expect("a slot");
+        assert_eq!(at, caller, "a quick call runs at the operator's priority");
+        let slow = pool
+            .run_for("e", move || {
+                crate::plugin::runtime::lower_priority();
+                on()
+            })
+            .await;
+        assert_eq!(slow, Ok((first, SLOW_CALL_NICENESS)), "the slow call lowered its own thread");
+        assert_eq!(nice(), caller, "the caller keeps its own priority");
+        let (next, at) = pool.run_for("e", on).await.expect("a slot");
+        assert_ne!(next, first, "a new thread took the lowered one's place");
+        assert_eq!(at, caller, "at the operator's priority");
         let panicked = tokio::spawn({
             let pool = pool.clone();
             async move { pool.run_for("e", || panic!("a plugin call panicked")).await }
         });
         assert!(panicked.await.expect_err("the panic reaches the caller").is_panic());
-        assert_eq!(pool.run_for("e", nice).await, Ok(CALL_NICENESS), "the one thread still serves");
+        assert_eq!(pool.run_for("e", on).await.map(|(id, _)| id), Ok(next), "the one thread still serves");
         // The caller gets each answer before the call's instance is reset.
         assert_eq!(pool.run_for("e", crate::plugin::runtime::resets_deferred).await, Ok(true));
         assert!(!crate::plugin::runtime::resets_deferred(), "the caller's own calls reset before they return");

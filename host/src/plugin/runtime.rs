@@ -22,6 +22,12 @@ use crate::metrics::{CallLabels, InstanceLabels, MemoLabels, Metrics};
 pub const CONTRACT_VERSION: &str = "0.2.0";
 const CONTRACT_EXPORT: &str = "plugdb:engine/plugin@";
 const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// How long a call runs at its thread's priority where the thread asks for it
+/// ([`lower_priority_when_slow`]): a call still running past it (plus up to one epoch
+/// tick) lowers its thread to nice [`SLOW_CALL_NICENESS`] for the rest of the call.
+pub const SLOW_CALL: Duration = Duration::from_millis(10);
+/// The nice value a slow call's thread is lowered to (19, the lowest priority).
+pub const SLOW_CALL_NICENESS: i32 = 19;
 const MAX_LOG_LINES: u32 = 64;
 const MAX_LOG_BYTES: usize = 2048;
 /// Table elements one call may have, over all its tables (function tables of real
@@ -326,20 +332,35 @@ impl Runtime {
             },
             info,
             log_lines: 0,
+            slow_after: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         // Bounds what the host copies out of the guest in one go (a result, a log
         // line) while it copies, aliased strings counted each time they are referred to.
         self.start_call(&mut store);
-        store.epoch_deadline_trap();
+        store.epoch_deadline_callback(|mut store| {
+            Ok(match store.data_mut().slow_after.take() {
+                Some(rest) => {
+                    lower_priority();
+                    wasmtime::UpdateDeadline::Continue(rest)
+                }
+                None => wasmtime::UpdateDeadline::Interrupt,
+            })
+        });
         store
     }
 
-    /// Sets a call's bounds on `store`: its deadline, and what it may copy out.
+    /// Sets a call's bounds on `store`: its deadline, and what it may copy out. On a
+    /// thread that lowers its priority for slow calls, the epoch first stops the call
+    /// at [`SLOW_CALL`] to lower it, then lets it run on to the deadline.
     fn start_call(&self, store: &mut Store<CallState>) {
         store.set_hostcall_fuel(self.limits.output_bytes);
-        store.set_epoch_deadline(self.deadline_ticks());
+        let deadline = self.deadline_ticks();
+        let slow = SLOW_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis()) as u64;
+        let lower = LOWER_WHEN_SLOW.get() && !LOWERED.get() && slow < deadline;
+        store.data_mut().slow_after = lower.then(|| deadline - slow);
+        store.set_epoch_deadline(if lower { slow } else { deadline });
     }
 
     /// A call's deadline in epoch ticks: the ticks that cover it, and one more.
@@ -516,6 +537,32 @@ thread_local! {
     /// The instance of this thread's last call, while its reset is deferred or kept for
     /// the thread's next call.
     static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+    /// Whether this thread's slow calls lower its priority.
+    static LOWER_WHEN_SLOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether a slow call has lowered this thread's priority.
+    static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes a call on this thread that is still running after [`SLOW_CALL`] lower the
+/// thread's priority to nice [`SLOW_CALL_NICENESS`]: where CPU is short, a plugin that
+/// spins until its deadline then gets only what everything else leaves, while quick
+/// calls keep the thread's priority. An unprivileged thread cannot raise its priority
+/// again: a thread once lowered ([`priority_lowered`]) should leave its work to a new one.
+pub fn lower_priority_when_slow(on: bool) {
+    LOWER_WHEN_SLOW.set(on);
+}
+
+/// Whether a slow call lowered this thread's priority (see [`lower_priority_when_slow`]).
+pub fn priority_lowered() -> bool {
+    LOWERED.get()
+}
+
+/// Lowers this thread's priority (Linux keeps a nice value per thread).
+pub(crate) fn lower_priority() {
+    match rustix::process::setpriority_process(None, SLOW_CALL_NICENESS) {
+        Ok(()) => LOWERED.set(true),
+        Err(e) => tracing::warn!(error = %e, "a slow plugin call keeps its thread's priority"),
+    }
 }
 
 /// Makes this thread's plugin calls answer before their instance is reset (`true`),
@@ -567,6 +614,7 @@ fn settle() -> Option<Held> {
         // SAFETY: `Plugin::reset_answers_alike` called this export as `() -> ()` at load.
         #[allow(unsafe_code)]
         let typed = unsafe { wasmtime::component::TypedFunc::<(), ()>::new_unchecked(func) };
+        held.store.data_mut().slow_after = None;
         held.store.set_epoch_deadline(held.reset_ticks);
         typed.call(&mut held.store, ()).ok()?;
         held.dirty = false;
@@ -661,6 +709,8 @@ pub(crate) struct CallState {
     /// Whose call it is (its engine name tags the log lines).
     info: Arc<PluginInfo>,
     log_lines: u32,
+    /// Epoch ticks the call may run on once it is found slow, until then.
+    slow_after: Option<u64>,
 }
 
 impl CallState {
