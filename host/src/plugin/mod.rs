@@ -19,7 +19,7 @@ pub use pool::{Busy, CallPool};
 pub use registry::{Outcome, Registry};
 pub use runtime::{
     CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, SLOW_CALL, SLOW_CALL_NICENESS, Tier, defer_resets, hex_digest,
-    lower_priority_when_slow, priority_lowered, reset_spent,
+    reset_spent,
 };
 pub use shape::{Shape, ShapeLimits};
 pub use types::*;

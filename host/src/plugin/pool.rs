@@ -75,12 +75,11 @@ struct Workers {
     successors: Option<Sender<Retired>>,
 }
 
-/// A retired thread's name and pool slot, and what else its last call held: the slot is
-/// given back once a successor is idle in its place.
+/// A retired thread's name and pool slot: the slot is given back once a successor is
+/// idle in its place.
 struct Retired {
     name: String,
     slot: OwnedSemaphorePermit,
-    held: Box<dyn Send>,
 }
 
 /// Starts a call thread named `name`, at the priority of the thread that calls this.
@@ -88,7 +87,7 @@ fn serve(name: String, release_after: Duration) -> std::io::Result<Sender<Job>> 
     let (jobs, queue) = std::sync::mpsc::channel::<Job>();
     std::thread::Builder::new().name(name).spawn(move || {
         super::defer_resets(true);
-        super::lower_priority_when_slow(true);
+        super::runtime::lower_priority_when_slow(true);
         loop {
             match queue.recv_timeout(release_after) {
                 Ok(job) => {
@@ -116,7 +115,7 @@ impl Workers {
         let (successors, retired) = std::sync::mpsc::channel::<Retired>();
         let to = idle.clone();
         let starter = std::thread::Builder::new().name("plugdb-call-start".into()).spawn(move || {
-            for Retired { name, slot, held } in retired {
+            for Retired { name, slot } in retired {
                 match serve(name, release_after) {
                     Ok(jobs) => lock(&to).push(jobs),
                     Err(e) => {
@@ -124,7 +123,6 @@ impl Workers {
                         slot.forget();
                     }
                 }
-                drop(held);
             }
         });
         if let Err(e) = &starter {
@@ -135,8 +133,8 @@ impl Workers {
 
     /// Runs `call` on an idle worker; its panic, if any, comes back as the error. The
     /// answer is sent before the instance the call used is reset (the caller goes on
-    /// meanwhile); then the worker is idle again (or, lowered, hands its place on), and
-    /// `slot` and `held` are dropped.
+    /// meanwhile); then the worker is idle again and `slot` and `held` are dropped, or,
+    /// lowered, the worker drops `held` and hands `slot` on to its successor.
     async fn run<T: Send + 'static>(
         &self,
         slot: OwnedSemaphorePermit,
@@ -149,16 +147,18 @@ impl Workers {
         let job: Job = Box::new(move || {
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)));
             super::reset_spent();
-            match successors.filter(|_| super::priority_lowered()) {
+            match successors.filter(|_| super::runtime::priority_lowered()) {
                 Some(successors) => {
+                    drop(held);
                     let name = std::thread::current().name().unwrap_or("plugdb-call").to_string();
-                    if let Err(SendError(retired)) = successors.send(Retired { name, slot, held: Box::new(held) }) {
+                    if let Err(SendError(retired)) = successors.send(Retired { name, slot }) {
                         retired.slot.forget();
                     }
                     false
                 }
                 None => {
-                    // Idle before the slot is given back: the next holder of the slot finds it.
+                    // Idle before the slots are given back: the next call of the engine
+                    // finds this thread on top.
                     lock(&idle).push(back);
                     drop((held, slot));
                     true

@@ -22,12 +22,14 @@ use crate::metrics::{CallLabels, InstanceLabels, MemoLabels, Metrics};
 pub const CONTRACT_VERSION: &str = "0.2.0";
 const CONTRACT_EXPORT: &str = "plugdb:engine/plugin@";
 const EPOCH_TICK: Duration = Duration::from_millis(5);
-/// How long a call runs at its thread's priority where the thread asks for it
-/// ([`lower_priority_when_slow`]): a call still running past it (plus up to one epoch
-/// tick) lowers its thread to nice [`SLOW_CALL_NICENESS`] for the rest of the call.
+/// How long a call on one of the operator's plugin call threads runs at the thread's
+/// priority: a call still running past it (plus up to one epoch tick) lowers its thread
+/// to nice [`SLOW_CALL_NICENESS`] for the rest of the call.
 pub const SLOW_CALL: Duration = Duration::from_millis(10);
 /// The nice value a slow call's thread is lowered to (19, the lowest priority).
 pub const SLOW_CALL_NICENESS: i32 = 19;
+/// [`SLOW_CALL`] in epoch ticks.
+const SLOW_TICKS: u64 = SLOW_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis()) as u64;
 const MAX_LOG_LINES: u32 = 64;
 const MAX_LOG_BYTES: usize = 2048;
 /// Table elements one call may have, over all its tables (function tables of real
@@ -357,10 +359,9 @@ impl Runtime {
     fn start_call(&self, store: &mut Store<CallState>) {
         store.set_hostcall_fuel(self.limits.output_bytes);
         let deadline = self.deadline_ticks();
-        let slow = SLOW_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis()) as u64;
-        let lower = LOWER_WHEN_SLOW.get() && !LOWERED.get() && slow < deadline;
-        store.data_mut().slow_after = lower.then(|| deadline - slow);
-        store.set_epoch_deadline(if lower { slow } else { deadline });
+        let lower = LOWER_WHEN_SLOW.get() && !LOWERED.get() && SLOW_TICKS < deadline;
+        store.data_mut().slow_after = lower.then(|| deadline - SLOW_TICKS);
+        store.set_epoch_deadline(if lower { SLOW_TICKS } else { deadline });
     }
 
     /// A call's deadline in epoch ticks: the ticks that cover it, and one more.
@@ -548,12 +549,12 @@ thread_local! {
 /// spins until its deadline then gets only what everything else leaves, while quick
 /// calls keep the thread's priority. An unprivileged thread cannot raise its priority
 /// again: a thread once lowered ([`priority_lowered`]) should leave its work to a new one.
-pub fn lower_priority_when_slow(on: bool) {
+pub(crate) fn lower_priority_when_slow(on: bool) {
     LOWER_WHEN_SLOW.set(on);
 }
 
 /// Whether a slow call lowered this thread's priority (see [`lower_priority_when_slow`]).
-pub fn priority_lowered() -> bool {
+pub(crate) fn priority_lowered() -> bool {
     LOWERED.get()
 }
 
