@@ -9,7 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-cargo build --release --locked -p plugdb -p plugdb-tests --bins
+# The benches in the same build: their dev-dependencies change the features of crates
+# the operator shares (wasmtime's), so building the binaries alone would have
+# `cargo bench` build the operator's dependencies a second time.
+cargo build --release --locked -p plugdb -p plugdb-tests --bins --benches
 # criterion writes beside the crate unless told: keep its results in the build tree.
 CRITERION_HOME="$PWD/target/criterion" cargo bench --locked -p plugdb-tests --bench plugin_call
 target/release/scale-bench "${1:-100,1000,10000}" target/scale-bench.md

@@ -86,7 +86,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
         || matches!(applied.growth, Growth::Waiting(_))
         || report.running
         || pass.status.upgrade.is_some();
-    let progressing = pass
+    let (progressing, waited) = pass
         .conclude(status::Pass {
             generation: db.metadata.generation,
             desired: scale.granted as usize,
@@ -102,6 +102,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let settled = decide::Settled {
         moving: in_motion,
         waiting_for_members: progressing && !in_motion,
+        waited,
         primary_down_for: (!elects).then(|| decide::down_for(&members.observed, &primary.name)).flatten(),
         grow_failed: matches!(applied.growth, Growth::Failed(_)),
         next: pass.next_look(&report),
@@ -578,10 +579,13 @@ impl<'a> Pass<'a> {
 
     /// The end of the pass: the status follows from what the stages found and did.
     /// Returns whether something still moves.
-    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<bool, Error> {
+    /// Ends the pass: the status written. Returns whether the Database is still
+    /// progressing, and how long it has not been Ready.
+    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, std::time::Duration), Error> {
         let progressing = status::conclude(&mut self.status, &pass);
+        let waited = status::not_ready_for(&self.status, k8s_openapi::jiff::Timestamp::now());
         write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
-        Ok(progressing)
+        Ok((progressing, waited))
     }
 
     /// When a steady Database is looked at again: at the next backup, the next read of

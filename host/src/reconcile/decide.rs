@@ -487,6 +487,8 @@ pub struct Settled {
     pub moving: bool,
     /// Nothing in motion, but not every member is ready yet.
     pub waiting_for_members: bool,
+    /// How long the Database has not been Ready.
+    pub waited: Duration,
     /// How long the primary has been down, on an engine whose host chooses it.
     pub primary_down_for: Option<Duration>,
     /// The API server refused to grow a volume.
@@ -495,21 +497,25 @@ pub struct Settled {
     pub next: Duration,
 }
 
-/// How much longer than `progress_requeue` a Database waiting for its members waits:
-/// a member that becomes ready changes its StatefulSet's status, which wakes the pass
-/// at once; the requeue is only a safety net.
+/// How much longer than `progress_requeue` a Database waiting for its members waits at
+/// least: a member that becomes ready changes its StatefulSet's status, which wakes the
+/// pass at once; the requeue is only a safety net.
 pub const MEMBER_WAIT: u32 = 6;
 
 /// When to look again: soon while something moves; while members are only coming up,
-/// when the primary's failover delay runs out (or after the safety net); a while after
-/// a refused volume grow; else when a steady Database is due.
+/// when the primary's failover delay runs out, or after the safety net, which grows with
+/// the wait (as long again as the Database has not been Ready, from `MEMBER_WAIT`
+/// progress requeues up to the idle one), so members that stay down for long cost a
+/// few passes, not one every half minute; a while after a refused volume grow; else
+/// when a steady Database is due.
 pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
     let progress = settings.progress_requeue;
     if settled.moving {
         return progress;
     }
     if settled.waiting_for_members {
-        let net = progress * MEMBER_WAIT;
+        let least = progress * MEMBER_WAIT;
+        let net = settled.waited.clamp(least, settings.idle_requeue.max(least));
         return match settled.primary_down_for {
             // Looked at again once the primary counts as lost, not before or much after.
             Some(down) => net.min(settings.failover_after.saturating_sub(down).max(progress)),

@@ -200,6 +200,13 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
 }
 
+/// How long `Ready` has been False, as of `now`: how long the members have been coming
+/// up (or down). Zero when it is True or not set yet.
+pub fn not_ready_for(status: &DatabaseStatus, now: k8s_openapi::jiff::Timestamp) -> std::time::Duration {
+    let since = status.conditions.iter().find(|c| c.type_ == kind::READY && c.status == "False").map(|c| c.last_transition_time.0);
+    since.and_then(|t| now.duration_since(t).try_into().ok()).unwrap_or_default()
+}
+
 /// How growing the member volumes stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Growth {
@@ -316,6 +323,18 @@ mod tests {
         set(&mut c, kind::READY, true, Reason::AllMembersReady, "3/3 ready", Some(1));
         assert_ne!(c[0].last_transition_time, first);
         assert!(is_true(&c, kind::READY));
+    }
+
+    #[test]
+    fn not_ready_for_counts_from_when_ready_turned_false() {
+        let mut status = DatabaseStatus::default();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        assert_eq!(not_ready_for(&status, now), std::time::Duration::ZERO, "no Ready condition yet");
+        set(&mut status.conditions, kind::READY, false, Reason::MembersNotReady, "0/3 ready", Some(1));
+        status.conditions[0].last_transition_time = Time(now - k8s_openapi::jiff::SignedDuration::from_secs(90));
+        assert_eq!(not_ready_for(&status, now), std::time::Duration::from_secs(90));
+        set(&mut status.conditions, kind::READY, true, Reason::AllMembersReady, "3/3 ready", Some(1));
+        assert_eq!(not_ready_for(&status, now), std::time::Duration::ZERO, "Ready");
     }
 
     use crate::crd::UpgradeStatus;

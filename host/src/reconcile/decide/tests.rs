@@ -365,10 +365,17 @@ fn an_upgrade_runs_its_jobs_by_name_and_completes_once_the_members_rolled() {
 }
 
 #[test]
-fn a_database_waiting_only_for_its_members_is_looked_at_again_when_its_primary_would_count_as_lost() {
+fn a_database_waiting_only_for_its_members_is_looked_at_again_when_its_primary_would_count_as_lost_or_less_often_the_longer_it_waits() {
     let settings = Settings::default();
     let (progress, after) = (settings.progress_requeue, settings.failover_after);
-    let steady = Settled { moving: false, waiting_for_members: false, primary_down_for: None, grow_failed: false, next: MINUTE * 5 };
+    let steady = Settled {
+        moving: false,
+        waiting_for_members: false,
+        waited: Duration::ZERO,
+        primary_down_for: None,
+        grow_failed: false,
+        next: MINUTE * 5,
+    };
     let waiting = Settled { waiting_for_members: true, ..steady };
     let secs = Duration::from_secs;
     // (what, how the pass left it, expected requeue)
@@ -376,6 +383,14 @@ fn a_database_waiting_only_for_its_members_is_looked_at_again_when_its_primary_w
         ("something moves: soon", Settled { moving: true, ..waiting }, progress),
         ("a backup runs while steady: soon", Settled { moving: true, ..steady }, progress),
         ("members coming up: the StatefulSet's status wakes it; a safety net after", waiting, progress * MEMBER_WAIT),
+        ("coming up for 10 s: the shortest net", Settled { waited: secs(10), ..waiting }, progress * MEMBER_WAIT),
+        ("coming up for 100 s: as long again", Settled { waited: secs(100), ..waiting }, secs(100)),
+        ("coming up for an hour: as often as a steady Database", Settled { waited: MINUTE * 60, ..waiting }, settings.idle_requeue),
+        (
+            "long down, primary down 10 s: its delay still counts",
+            Settled { waited: MINUTE * 60, primary_down_for: Some(secs(10)), ..waiting },
+            after - secs(10),
+        ),
         ("the primary down for 10 s: when its delay runs out", Settled { primary_down_for: Some(secs(10)), ..waiting }, after - secs(10)),
         ("down for 28 s: not sooner than a progress requeue", Settled { primary_down_for: Some(secs(28)), ..waiting }, progress),
         ("down past the delay, no failover possible: soon", Settled { primary_down_for: Some(secs(300)), ..waiting }, progress),
