@@ -578,9 +578,8 @@ impl<'a> Pass<'a> {
     }
 
     /// The end of the pass: the status follows from what the stages found and did.
-    /// Returns whether something still moves.
-    /// Ends the pass: the status written. Returns whether the Database is still
-    /// progressing, and how long it has not been Ready.
+    /// Returns whether the Database is still progressing, and how long it has not
+    /// been Ready.
     async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, std::time::Duration), Error> {
         let progressing = status::conclude(&mut self.status, &pass);
         let waited = status::not_ready_for(&self.status, k8s_openapi::jiff::Timestamp::now());
