@@ -26,8 +26,10 @@ use serde_json::json;
 /// reconcile that queued behind the hostile engine would take at least this long.
 const DEADLINE: Duration = Duration::from_millis(4000);
 const HOSTILE: usize = 8;
-/// Reconcile slots: fewer than the hostile Databases, more than its engine's queue.
-const SLOTS: u16 = 6;
+/// Reconcile slots: fewer than the hostile Databases, and as many as its engine's
+/// calls may queue (running or waiting): reconciles that waited for those calls while
+/// holding their slots would leave none to `orders`.
+const SLOTS: u16 = 4;
 
 fn timeouts(metrics: &Metrics) -> u64 {
     metric_sum(&metrics.encode(), "plugdb_plugin_calls_total", |l| l.contains("engine=\"hostile\"") && l.contains("outcome=\"timeout\""))
@@ -37,8 +39,9 @@ fn timeouts(metrics: &Metrics) -> u64 {
 /// One executor thread for everything, as a plugin call on the executor would block
 /// it: timers stay on time, the lease is never lost, and a postgres Database is
 /// reconciled before any of the hostile engine's calls has run out its deadline, though
-/// the hostile Databases outnumber the reconcile slots (their reconciles may not all
-/// wait for their engine while holding a slot).
+/// the hostile Databases outnumber the reconcile slots and its calls may queue as deep
+/// as there are slots (its calls go on without their reconciles, which let go of their
+/// slots and come back for the answers).
 #[tokio::test(flavor = "current_thread")]
 async fn a_plugin_that_uses_its_whole_deadline_delays_only_its_own_engine() {
     let cp = ControlPlane::start().await.expect("control plane");

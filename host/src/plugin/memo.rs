@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-type Key = [u8; 32];
+/// What a result is remembered under: the plugin build, the function and the input.
+pub(crate) type Key = [u8; 32];
 
 /// The remembered results of every plugin's calls.
 #[derive(Debug)]

@@ -15,24 +15,35 @@
 //! wall-clock deadline.
 //!
 //! Callers are reconciles, and a reconcile waiting here holds one of the controller's
-//! reconcile slots: a slow engine with more Databases than slots must not hold every
-//! slot. So an engine's calls queue (running or waiting) only `QUEUE_PER_THREAD` ×
+//! reconcile slots: a slow engine must not hold the slots other engines' Databases
+//! need. So an engine's calls queue (running or waiting) only `QUEUE_PER_THREAD` ×
 //! `per_engine` deep, unless the engine is known to be quick: deeper only while the
 //! expected wait — the calls ahead, each as long as the engine's recent calls and its
 //! oldest running one — stays within `QUEUE_WAIT`. A caller beyond that is told its
-//! engine is [`Busy`] at once instead of waiting. A fast engine's burst thus waits its
-//! turn (microseconds), and a slow engine's is turned away.
+//! engine is [`Busy::Full`] at once instead of waiting. A fast engine's burst thus
+//! waits its turn (microseconds), and a slow engine's is turned away.
+//!
+//! And a caller waits for a call of an engine not known to be quick for
+//! [`DETACH_AFTER`] only ([`CallPool::run_keyed`]). A call still running or queued
+//! then goes on without it, kept under the key of its function and input; the caller
+//! is told [`Busy::Running`] and when to come back, and whoever asks again with the
+//! same key takes the answer (or learns it is still coming). So a slow engine holds
+//! no reconcile slot while its calls run, and its Databases still see every answer,
+//! the deadline's failure included.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::mpsc::{RecvTimeoutError, SendError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::{AbortHandle, JoinHandle};
 
-use super::Plugin;
 #[cfg(doc)]
-use super::{SLOW_CALL, SLOW_CALL_NICENESS};
+use super::SLOW_CALL_NICENESS;
+use super::memo::{Key, Memo};
+use super::{Plugin, SLOW_CALL};
 
 /// Calls of one engine running or waiting, per thread the engine may use, that are
 /// always let in.
@@ -41,6 +52,20 @@ const QUEUE_PER_THREAD: usize = 2;
 /// The longest expected wait beyond that depth: a queue that would wait longer is full.
 const QUEUE_WAIT: Duration = Duration::from_millis(20);
 
+/// How long a caller waits for a call of an engine whose calls are not known to be
+/// quick before the call goes on without it.
+pub const DETACH_AFTER: Duration = SLOW_CALL;
+
+/// When a caller turned away from a full queue is expected back.
+pub const FULL_RETRY: Duration = Duration::from_secs(1);
+
+/// How long the answer of a call that went on without its caller waits to be taken.
+const KEEP_ANSWER: Duration = Duration::from_secs(30);
+
+/// Answers of calls that went on without their callers kept at most (the calls still
+/// running are bounded by the queues).
+const MAX_KEPT: usize = 256;
+
 /// The bounded set of threads plugin calls run on.
 #[derive(Debug)]
 pub struct CallPool {
@@ -48,6 +73,23 @@ pub struct CallPool {
     per_engine: usize,
     engines: Mutex<HashMap<String, Share>>,
     workers: Workers,
+    detached: Mutex<HashMap<Key, Detached>>,
+}
+
+/// A call that went on without its caller.
+struct Detached {
+    /// When a caller last stopped waiting for it.
+    since: Instant,
+    /// Whether it has ended.
+    done: AbortHandle,
+    /// Its `JoinHandle<T>`.
+    answer: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for Detached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detached").field("since", &self.since).field("done", &self.done.is_finished()).finish()
+    }
 }
 
 /// A call for a thread, which says whether the thread serves on after it.
@@ -206,14 +248,38 @@ impl Load {
     }
 }
 
-/// An engine already has as many calls running or waiting as it may: try again later.
+/// A call's answer is not here yet: ask again after [`Busy::retry_in`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the {engine} plugin already has {queued} calls running or waiting; tried again shortly")]
-pub struct Busy {
-    /// Engine name.
-    pub engine: String,
-    /// Its calls running or waiting.
-    pub queued: usize,
+pub enum Busy {
+    /// The engine already has as many calls running or waiting as it may.
+    #[error("the {engine} plugin already has {queued} calls running or waiting; tried again shortly")]
+    Full {
+        /// Engine name.
+        engine: String,
+        /// Its calls running or waiting.
+        queued: usize,
+    },
+    /// The call runs (or waits for a thread) without its caller; asking again with the
+    /// same input takes its answer.
+    #[error("the {engine} plugin's {function} call is still running; its answer is taken in {retry_in:?}")]
+    Running {
+        /// Engine name.
+        engine: String,
+        /// The function called.
+        function: &'static str,
+        /// When the answer is expected.
+        retry_in: Duration,
+    },
+}
+
+impl Busy {
+    /// When to ask again.
+    pub fn retry_in(&self) -> Duration {
+        match self {
+            Busy::Full { .. } => FULL_RETRY,
+            Busy::Running { retry_in, .. } => *retry_in,
+        }
+    }
 }
 
 /// A place in an engine's queue, given back when dropped.
@@ -241,11 +307,20 @@ impl CallPool {
         let workers = Workers::start(total.max(1), release_after);
         // As many slots as threads started: a call that holds one always finds a thread.
         let started = lock(&workers.idle).len();
-        Self { total: Arc::new(Semaphore::new(started)), per_engine: per_engine.max(1), engines: Mutex::default(), workers }
+        Self {
+            total: Arc::new(Semaphore::new(started)),
+            per_engine: per_engine.max(1),
+            engines: Mutex::default(),
+            workers,
+            detached: Mutex::default(),
+        }
     }
 
     fn share(&self, engine: &str) -> Share {
         let mut engines = lock(&self.engines);
+        if let Some(share) = engines.get(engine) {
+            return share.clone();
+        }
         engines
             .entry(engine.to_string())
             .or_insert_with(|| Share { threads: Arc::new(Semaphore::new(self.per_engine)), load: Arc::default() })
@@ -253,26 +328,109 @@ impl CallPool {
     }
 
     /// Runs `call` on `plugin` on a call thread once its engine and the pool have
-    /// room, or says the engine is [`Busy`] when its queue is full. The slots are held
-    /// until the call itself ends, even if the caller gives up.
+    /// room, or says the engine is [`Busy::Full`] when its queue is full. The slots are
+    /// held until the call itself ends, even if the caller gives up.
     pub async fn run<T: Send + 'static>(&self, plugin: &Plugin, call: impl FnOnce(&Plugin) -> T + Send + 'static) -> Result<T, Busy> {
         let plugin = plugin.clone();
         self.run_for(&plugin.info().engine.clone(), move || call(&plugin)).await
     }
 
+    /// `call` of `plugin`'s `function` for `input`, as [`CallPool::run`] when the
+    /// engine's calls are known to be quick. Otherwise the caller waits
+    /// [`DETACH_AFTER`] at most: a call still running then goes on without it and the
+    /// caller is told [`Busy::Running`]; asking again for the same function and input
+    /// takes its answer once it has ended (a panic in the call comes back then).
+    pub async fn run_keyed<I, T>(
+        self: &Arc<Self>,
+        plugin: &Plugin,
+        function: &'static str,
+        input: I,
+        call: fn(&Plugin, &I) -> T,
+    ) -> Result<T, Busy>
+    where
+        I: serde::Serialize + Send + 'static,
+        T: Send + 'static,
+    {
+        let engine = plugin.info().engine.clone();
+        let share = self.share(&engine);
+        let quick = lock(&share.load).expected_wait(self.per_engine, Instant::now()).is_some_and(|wait| wait <= DETACH_AFTER);
+        let key = if quick { None } else { Memo::key(plugin.digest(), function, &input) };
+        let plugin = plugin.clone();
+        let call = move || call(&plugin, &input);
+        match key {
+            Some(key) => self.run_detaching(&engine, share, function, key, call).await,
+            None => {
+                let ticket = self.admit(&engine, &share)?;
+                Ok(self.run_admitted(share, ticket, call).await)
+            }
+        }
+    }
+
+    async fn run_detaching<T: Send + 'static>(
+        self: &Arc<Self>,
+        engine: &str,
+        share: Share,
+        function: &'static str,
+        key: Key,
+        call: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Busy> {
+        let load = share.load.clone();
+        let running = || {
+            let wait = lock(&load).expected_wait(self.per_engine, Instant::now()).unwrap_or(FULL_RETRY);
+            Busy::Running { engine: engine.to_string(), function, retry_in: wait.clamp(DETACH_AFTER, FULL_RETRY) }
+        };
+        let kept = lock(&self.detached).remove(&key);
+        let mut answer = match kept.map(|kept| (kept.done.clone(), kept.answer.downcast::<JoinHandle<T>>())) {
+            Some((done, Ok(answer))) if done.is_finished() => answer,
+            Some((done, Ok(answer))) => {
+                lock(&self.detached).insert(key, Detached { since: Instant::now(), done, answer });
+                return Err(running());
+            }
+            // The same key with another answer type: a call of another function.
+            Some((_, Err(_))) | None => {
+                let ticket = self.admit(engine, &share)?;
+                let pool = self.clone();
+                Box::new(tokio::spawn(async move { pool.run_admitted(share, ticket, call).await }))
+            }
+        };
+        match tokio::time::timeout(DETACH_AFTER, &mut *answer).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(joined)) => match joined.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Cancelled: the runtime is shutting down.
+                Err(_) => Err(running()),
+            },
+            Err(_) => {
+                let busy = running();
+                let done = answer.abort_handle();
+                let mut detached = lock(&self.detached);
+                detached.insert(key, Detached { since: Instant::now(), done, answer });
+                forget_unclaimed(&mut detached);
+                Err(busy)
+            }
+        }
+    }
+
     async fn run_for<T: Send + 'static>(&self, engine: &str, call: impl FnOnce() -> T + Send + 'static) -> Result<T, Busy> {
         let share = self.share(engine);
-        let ticket = {
-            let mut load = lock(&share.load);
-            let always = QUEUE_PER_THREAD * self.per_engine;
-            let quick = || load.expected_wait(self.per_engine, Instant::now()).is_some_and(|wait| wait <= QUEUE_WAIT);
-            if load.queued >= always && !quick() {
-                return Err(Busy { engine: engine.to_string(), queued: load.queued });
-            }
-            load.queued += 1;
-            Ticket(share.load.clone())
-        };
-        let thread = share.threads.acquire_owned().await.expect("the engine's semaphore is never closed");
+        let ticket = self.admit(engine, &share)?;
+        Ok(self.run_admitted(share, ticket, call).await)
+    }
+
+    /// A place in `engine`'s queue, or [`Busy::Full`].
+    fn admit(&self, engine: &str, share: &Share) -> Result<Ticket, Busy> {
+        let mut load = lock(&share.load);
+        let always = QUEUE_PER_THREAD * self.per_engine;
+        let quick = || load.expected_wait(self.per_engine, Instant::now()).is_some_and(|wait| wait <= QUEUE_WAIT);
+        if load.queued >= always && !quick() {
+            return Err(Busy::Full { engine: engine.to_string(), queued: load.queued });
+        }
+        load.queued += 1;
+        Ok(Ticket(share.load.clone()))
+    }
+
+    async fn run_admitted<T: Send + 'static>(&self, share: Share, ticket: Ticket, call: impl FnOnce() -> T + Send + 'static) -> T {
+        let thread = share.threads.clone().acquire_owned().await.expect("the engine's semaphore is never closed");
         let slot = self.total.clone().acquire_owned().await.expect("the pool's semaphore is never closed");
         // The thread's slots are given back once its instance is reset: a call handed
         // over always finds a thread free.
@@ -284,8 +442,22 @@ impl CallPool {
             value
         });
         match ran.await {
-            Ok(value) => Ok(value),
+            Ok(value) => value,
             Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+/// Drops the answers nobody came back for within [`KEEP_ANSWER`], and beyond
+/// [`MAX_KEPT`] the oldest answers. Calls still running are kept: their number is
+/// bounded by the queues.
+fn forget_unclaimed(detached: &mut HashMap<Key, Detached>) {
+    detached.retain(|_, d| !d.done.is_finished() || d.since.elapsed() < KEEP_ANSWER);
+    let mut ended: Vec<(Instant, Key)> = detached.iter().filter(|(_, d)| d.done.is_finished()).map(|(k, d)| (d.since, *k)).collect();
+    if let Some(excess) = detached.len().checked_sub(MAX_KEPT).filter(|n| *n > 0) {
+        ended.sort_unstable();
+        for (_, key) in ended.into_iter().take(excess) {
+            detached.remove(&key);
         }
     }
 }
@@ -358,6 +530,72 @@ mod tests {
         // The caller gets each answer before the call's instance is reset.
         assert_eq!(pool.run_for("e", crate::plugin::runtime::resets_deferred).await, Ok(true));
         assert!(!crate::plugin::runtime::resets_deferred(), "the caller's own calls reset before they return");
+    }
+
+    /// A caller of an engine not known to be quick waits [`DETACH_AFTER`] at most: the
+    /// call goes on without it, and whoever asks again with the same key takes its
+    /// answer, from the one call that ran.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_call_goes_on_without_its_caller_who_takes_its_answer_later() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let pool = Arc::new(CallPool::new(4, 2));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let call = |ran: &Arc<AtomicUsize>| {
+            let ran = ran.clone();
+            move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(600));
+                42
+            }
+        };
+        let ask = |key: Key| pool.run_detaching("slow", pool.share("slow"), "render", key, call(&ran));
+        let asked = Instant::now();
+        assert!(matches!(ask([1; 32]).await, Err(Busy::Running { function: "render", .. })), "the first caller is let go");
+        assert!(asked.elapsed() < Duration::from_millis(300), "the caller waited {:?} for a 600 ms call", asked.elapsed());
+        assert!(matches!(ask([1; 32]).await, Err(Busy::Running { .. })), "asked again while it runs: still running");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(ask([1; 32]).await, Ok(42), "the answer is taken");
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "one call ran for the three asks");
+        assert!(lock(&pool.detached).is_empty(), "a taken answer is not kept");
+
+        // A quick engine's caller waits for its answer as before.
+        assert_eq!(pool.run_detaching("quick", pool.share("quick"), "render", [2; 32], || 7).await, Ok(7));
+    }
+
+    /// Answers nobody comes back for are dropped after [`KEEP_ANSWER`] and beyond
+    /// [`MAX_KEPT`]; calls still running are kept.
+    #[tokio::test]
+    async fn unclaimed_answers_are_bounded() {
+        let ended = || {
+            let task = tokio::spawn(async {});
+            (task.abort_handle(), Box::new(task) as Box<dyn Any + Send>)
+        };
+        let (running, never) = {
+            let task = tokio::spawn(std::future::pending::<()>());
+            (task.abort_handle(), Box::new(task) as Box<dyn Any + Send>)
+        };
+        tokio::task::yield_now().await;
+        let key = |i: usize| {
+            let mut key = [0; 32];
+            key[..8].copy_from_slice(&i.to_le_bytes());
+            key
+        };
+        let mut detached = HashMap::new();
+        let long_ago = Instant::now() - KEEP_ANSWER - Duration::from_secs(1);
+        detached.insert(key(0), Detached { since: long_ago, done: running.clone(), answer: never });
+        for i in 1..=MAX_KEPT + 10 {
+            let (done, answer) = ended();
+            let since = if i <= 5 { long_ago } else { Instant::now() };
+            detached.insert(key(i), Detached { since, done, answer });
+        }
+        while detached.values().filter(|d| d.done.is_finished()).count() < MAX_KEPT + 10 {
+            tokio::task::yield_now().await;
+        }
+        forget_unclaimed(&mut detached);
+        assert_eq!(detached.len(), MAX_KEPT);
+        assert!(detached.contains_key(&key(0)), "a call still running is kept, however old");
+        assert!(detached.values().filter(|d| d.done.is_finished()).all(|d| d.since > long_ago), "old answers went first");
+        running.abort();
     }
 
     /// A call that has been running long marks its engine slow before it ends.

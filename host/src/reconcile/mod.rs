@@ -91,7 +91,7 @@ pub struct Context {
     pub settings: Settings,
     /// What the managed objects look like now.
     pub caches: Caches,
-    calls: CallPool,
+    calls: Arc<CallPool>,
     namespace: Option<String>,
     triggers: Mutex<Option<Triggers>>,
     failures: Mutex<HashMap<ObjectRef<Database>, u32>>,
@@ -121,7 +121,7 @@ impl Context {
             recorder,
             settings,
             caches,
-            calls: CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine),
+            calls: Arc::new(CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine)),
             namespace,
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::default(),
@@ -148,7 +148,8 @@ impl Context {
     /// `function` of `plugin` for `input`: answered from the plugin's memo when it can
     /// be (no thread), else run by `call` in the plugin call pool, never on the async
     /// executor. `input` is what the plugin method keys its memo by. The outer error
-    /// is the pool's: the engine is busy, and the pass ends to be tried again.
+    /// is the pool's: the engine is busy, or the call goes on without this pass, which
+    /// ends to be tried again when the answer is expected.
     pub async fn call<I, T>(
         &self,
         plugin: &Plugin,
@@ -163,7 +164,7 @@ impl Context {
         if let Some(answer) = plugin.remembered(function, &input) {
             return Ok(answer);
         }
-        Ok(self.calls.run(plugin, move |p| call(p, &input)).await?)
+        Ok(self.calls.run_keyed(plugin, function, input, call).await?)
     }
 
     /// `db`, or this operator's own later write to it when the cache has not seen that
@@ -239,8 +240,9 @@ pub enum Error {
     /// A TLS certificate could not be issued.
     #[error("TLS: {0}")]
     Tls(String),
-    /// The engine's plugin calls are queued as deep as they may be: the pass ends and
-    /// is tried again shortly, without holding a reconcile slot meanwhile.
+    /// The engine's plugin calls are queued as deep as they may be, or a slow call goes
+    /// on without the pass: the pass ends and is tried again when the answer is
+    /// expected, without holding a reconcile slot meanwhile.
     #[error(transparent)]
     Busy(#[from] crate::plugin::Busy),
 }
@@ -341,7 +343,7 @@ pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Acti
         // Not a failure of this Database: no backoff, no warning.
         tracing::debug!(database = %db.name_any(), %busy, "engine busy");
         ctx.metrics.reconciles_busy.get_or_create(&ReconcileLabels { engine: db.spec.engine.clone() }).inc();
-        return Action::requeue(BUSY_REQUEUE);
+        return Action::requeue(busy.retry_in());
     }
     let key = ObjectRef::from_obj(db.as_ref());
     let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
@@ -354,9 +356,6 @@ pub fn error_policy(db: Arc<Database>, error: &Error, ctx: Arc<Context>) -> Acti
     ctx.metrics.reconcile_errors.get_or_create(&ReconcileLabels { engine: db.spec.engine.clone() }).inc();
     Action::requeue(delay)
 }
-
-/// When a pass that found its engine's plugin calls queued full is tried again.
-const BUSY_REQUEUE: Duration = Duration::from_secs(1);
 
 /// Reconciles one Database.
 #[tracing::instrument(skip_all, fields(database = %db.name_any(), namespace = db.namespace().unwrap_or_default(), engine = %db.spec.engine))]
