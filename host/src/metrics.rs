@@ -104,7 +104,8 @@ pub struct Metrics {
     pub reconciles: Family<ReconcileLabels, Counter>,
     /// Failed reconciles by engine.
     pub reconcile_errors: Family<ReconcileLabels, Counter>,
-    /// Reconciles that ended at once because their engine's plugin calls were queued full.
+    /// Reconciles that ended early, to come back, because their engine's plugin calls
+    /// were queued full or a slow call went on without them.
     pub reconciles_busy: Family<ReconcileLabels, Counter>,
     /// Reconcile durations in seconds by engine.
     pub reconcile_seconds: Family<ReconcileLabels, Histogram>,
@@ -152,7 +153,7 @@ impl Default for Metrics {
         registry.register("reconcile_errors", "Failed reconciles by engine", reconcile_errors.clone());
         registry.register(
             "reconciles_busy",
-            "Reconciles by engine that ended at once, to be tried again, because the engine's plugin calls were queued full",
+            "Reconciles by engine that ended early, to come back, because the engine's plugin calls were queued full or a slow call went on without them",
             reconciles_busy.clone(),
         );
         registry.register("reconcile_duration_seconds", "Reconcile durations by engine", reconcile_seconds.clone());

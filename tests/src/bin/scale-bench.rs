@@ -337,7 +337,8 @@ struct Run {
     server_cpu_operator: (f64, f64),
     requests: f64,
     reconciles: f64,
-    /// Of the reconciles, those that ended at once as their engine's calls were queued full.
+    /// Of the reconciles, those that ended early as their engine's calls were queued full
+    /// or a slow call went on without them.
     busy: f64,
     cpu_per_reconcile: f64,
     operator_cpu: f64,
@@ -527,7 +528,7 @@ fn table(runs: &[Run]) -> String {
         &format!("≤ {} on the first pass", children + 1),
     );
     out += &row(
-        "reconciles per Database until reconciled (of which ended at once: engine busy)",
+        "reconciles per Database until reconciled (of which ended early: engine busy)",
         runs,
         |_, r| format!("{:.2} ({:.2})", r.reconciles / r.count as f64, r.busy / r.count as f64),
         "",
