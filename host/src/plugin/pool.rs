@@ -453,8 +453,8 @@ impl CallPool {
 /// bounded by the queues.
 fn forget_unclaimed(detached: &mut HashMap<Key, Detached>) {
     detached.retain(|_, d| !d.done.is_finished() || d.since.elapsed() < KEEP_ANSWER);
-    let mut ended: Vec<(Instant, Key)> = detached.iter().filter(|(_, d)| d.done.is_finished()).map(|(k, d)| (d.since, *k)).collect();
     if let Some(excess) = detached.len().checked_sub(MAX_KEPT).filter(|n| *n > 0) {
+        let mut ended: Vec<(Instant, Key)> = detached.iter().filter(|(_, d)| d.done.is_finished()).map(|(k, d)| (d.since, *k)).collect();
         ended.sort_unstable();
         for (_, key) in ended.into_iter().take(excess) {
             detached.remove(&key);
@@ -558,8 +558,9 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 1, "one call ran for the three asks");
         assert!(lock(&pool.detached).is_empty(), "a taken answer is not kept");
 
-        // A quick engine's caller waits for its answer as before.
+        // A call that ends within the wait is answered at once, and nothing is kept.
         assert_eq!(pool.run_detaching("quick", pool.share("quick"), "render", [2; 32], || 7).await, Ok(7));
+        assert!(lock(&pool.detached).is_empty(), "an answer given at once is not kept");
     }
 
     /// Answers nobody comes back for are dropped after [`KEEP_ANSWER`] and beyond
