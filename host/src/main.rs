@@ -132,6 +132,11 @@ struct RunArgs {
     /// Databases reconciled at once (0: no limit).
     #[arg(long, env = "PLUGDB_CONCURRENCY", default_value_t = operator::Options::default().settings.concurrency)]
     concurrency: u16,
+    /// Call-thread seconds a second one engine's plugin calls may take on average
+    /// (e.g. 0.5: half a thread); an engine past it waits, the others do not.
+    #[arg(long, env = "PLUGDB_PLUGIN_CPU", value_name = "THREADS", value_parser = cpu_share,
+          default_value_t = operator::Options::default().settings.plugin_cpu_per_engine)]
+    plugin_cpu: f64,
     /// Act alone, without contending for the leader Lease (one replica only).
     #[arg(long, env = "PLUGDB_NO_LEADER_ELECTION")]
     no_leader_election: bool,
@@ -145,6 +150,14 @@ struct RunArgs {
     /// to move artefacts to and from object storage (`spec.backup.s3`).
     #[arg(long, env = "PLUGDB_IMAGE")]
     image: Option<String>,
+}
+
+/// `--plugin-cpu`: a positive number of threads.
+fn cpu_share(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(threads) if threads > 0.0 && threads.is_finite() => Ok(threads),
+        _ => Err(format!("{value:?} is not a positive number of threads (e.g. 0.5)")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -256,6 +269,7 @@ async fn run(args: RunArgs) -> Result<()> {
         ..Default::default()
     };
     options.settings.concurrency = args.concurrency;
+    options.settings.plugin_cpu_per_engine = args.plugin_cpu;
 
     let metrics = Arc::new(Metrics::default());
     let health = if options.identity.is_some() { Health::elected(options.lease_duration) } else { Health::default() };

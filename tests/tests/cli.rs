@@ -76,12 +76,15 @@ fn every_command_has_help_and_unknown_flags_are_errors() {
     }
     // Flags a Deployment sets are also read from the environment, and say so.
     let help = String::from_utf8_lossy(&plugdb(&["run", "--help"]).stdout).into_owned();
-    for variable in ["POD_NAMESPACE", "PLUGDB_WATCH_NAMESPACE", "PLUGDB_LISTEN", "PLUGDB_CONCURRENCY", "PLUGDB_LOG_FORMAT"] {
+    for variable in
+        ["POD_NAMESPACE", "PLUGDB_WATCH_NAMESPACE", "PLUGDB_LISTEN", "PLUGDB_CONCURRENCY", "PLUGDB_PLUGIN_CPU", "PLUGDB_LOG_FORMAT"]
+    {
         assert!(help.contains(&format!("env: {variable}")), "{variable} missing from: {help}");
     }
     for (args, complaint) in [
         (&["run", "--listn", ":0"][..], "unexpected argument '--listn'"),
         (&["run", "--concurrency", "many"], "invalid value 'many' for '--concurrency <CONCURRENCY>'"),
+        (&["run", "--plugin-cpu", "0"], "invalid value '0' for '--plugin-cpu <THREADS>': \"0\" is not a positive number of threads"),
         (&["plugin", "unpack", "x.wasm"], "unrecognized subcommand 'unpack'"),
         (&["render", "--plugin", "x.wasm"], "--filename <DATABASE.yaml>"),
     ] {

@@ -53,7 +53,9 @@ async fn a_plugin_that_uses_its_whole_deadline_delays_only_its_own_engine() {
     let options = Options {
         identity: Some("only-replica".into()),
         lease_duration: lease,
-        settings: Settings { concurrency: SLOTS, ..test_settings() },
+        // Both of the hostile engine's threads spin throughout (its CPU share is not
+        // what this test is about): every hostile Database reports within the wait.
+        settings: Settings { concurrency: SLOTS, plugin_cpu_per_engine: 2.0, ..test_settings() },
         limits: Limits { call_timeout: DEADLINE, ..Limits::default() },
         ..Default::default()
     };

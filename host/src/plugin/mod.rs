@@ -15,7 +15,7 @@ pub mod types;
 
 pub use convert::Contract;
 pub use memo::Memo;
-pub use pool::{Busy, CallPool};
+pub use pool::{Busy, CallPool, DEFAULT_CPU_PER_ENGINE};
 pub use registry::{Outcome, Registry};
 pub use runtime::{
     CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, SLOW_CALL, SLOW_CALL_NICENESS, Tier, defer_resets, hex_digest,

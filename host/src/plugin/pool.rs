@@ -30,6 +30,15 @@
 //! same key takes the answer (or learns it is still coming). So a slow engine holds
 //! no reconcile slot while its calls run, and its Databases still see every answer,
 //! the deadline's failure included.
+//!
+//! Last, the CPU: a lowered thread still spins wherever the CPU would otherwise idle
+//! between the operator's and the API server's turns, and on a small node that alone
+//! slows everything else. So each engine has an allowance of call-thread time: it
+//! earns [`DEFAULT_CPU_PER_ENGINE`] (or [`CallPool::with_cpu_per_engine`]) seconds a
+//! second, up to [`CPU_BURST`], and each call spends what it ran. While the allowance
+//! is overdrawn the engine's next call waits for it to be earned back, holding only its
+//! engine's thread. Microsecond calls never come near it; a plugin that spends its
+//! deadline on every call is held to that share of one thread.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -66,11 +75,20 @@ const KEEP_ANSWER: Duration = Duration::from_secs(30);
 /// running are bounded by the queues).
 const MAX_KEPT: usize = 256;
 
+/// The call-thread seconds a second one engine's calls may take, on average, unless
+/// the pool is told otherwise.
+pub const DEFAULT_CPU_PER_ENGINE: f64 = 0.5;
+
+/// The call-thread time an engine may take ahead of its allowance: a burst of calls
+/// after a quiet spell runs at once.
+pub const CPU_BURST: Duration = Duration::from_secs(1);
+
 /// The bounded set of threads plugin calls run on.
 #[derive(Debug)]
 pub struct CallPool {
     total: Arc<Semaphore>,
     per_engine: usize,
+    cpu_per_engine: f64,
     engines: Mutex<HashMap<String, Share>>,
     workers: Workers,
     detached: Mutex<HashMap<Key, Detached>>,
@@ -220,7 +238,7 @@ struct Share {
 }
 
 /// An engine's calls in the pool and how long they take.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Load {
     /// Calls running or waiting.
     queued: usize,
@@ -228,15 +246,21 @@ struct Load {
     running: Vec<Instant>,
     /// A moving average of how long its calls ran; `None` until one has ended.
     typical: Option<Duration>,
+    /// Its allowance of call-thread time.
+    allowance: Allowance,
 }
 
 impl Load {
+    fn new(cpu: f64) -> Self {
+        Self { queued: 0, running: Vec::new(), typical: None, allowance: Allowance::new(cpu) }
+    }
+
     /// How long a call let in now would wait, if the engine's calls are known.
     fn expected_wait(&self, threads: usize, now: Instant) -> Option<Duration> {
         let oldest = self.running.iter().map(|started| now.saturating_duration_since(*started)).max().unwrap_or_default();
         let each = self.typical?.max(oldest);
         let rounds = (self.queued + 1).div_ceil(threads) as u32;
-        Some(each.saturating_mul(rounds))
+        Some(each.saturating_mul(rounds) + self.allowance.wait(now))
     }
 
     fn ended(&mut self, started: Instant, ran: Duration) {
@@ -245,6 +269,39 @@ impl Load {
         }
         // Each call weighs a quarter: a plugin that turns slow is seen within a few calls.
         self.typical = Some(self.typical.map_or(ran, |t| (t * 3 + ran) / 4));
+        self.allowance.spend(ran, Instant::now());
+    }
+}
+
+/// Call-thread time an engine may still take: it earns `rate` seconds a second, up to
+/// [`CPU_BURST`], and is overdrawn (negative) after calls that ran longer.
+#[derive(Debug)]
+struct Allowance {
+    rate: f64,
+    /// Seconds, as of `at`.
+    balance: f64,
+    at: Instant,
+}
+
+impl Allowance {
+    fn new(rate: f64) -> Self {
+        Self { rate, balance: CPU_BURST.as_secs_f64(), at: Instant::now() }
+    }
+
+    fn balance(&self, now: Instant) -> f64 {
+        let earned = self.rate * now.saturating_duration_since(self.at).as_secs_f64();
+        (self.balance + earned).min(CPU_BURST.as_secs_f64())
+    }
+
+    /// How long until the engine's next call may start.
+    fn wait(&self, now: Instant) -> Duration {
+        let owed = -self.balance(now);
+        if owed > 0.0 { Duration::from_secs_f64(owed / self.rate) } else { Duration::ZERO }
+    }
+
+    fn spend(&mut self, ran: Duration, now: Instant) {
+        self.balance = self.balance(now) - ran.as_secs_f64();
+        self.at = self.at.max(now);
     }
 }
 
@@ -310,10 +367,19 @@ impl CallPool {
         Self {
             total: Arc::new(Semaphore::new(started)),
             per_engine: per_engine.max(1),
+            cpu_per_engine: DEFAULT_CPU_PER_ENGINE,
             engines: Mutex::default(),
             workers,
             detached: Mutex::default(),
         }
+    }
+
+    /// Each engine's calls take `threads` call-thread seconds a second on average at
+    /// most (> 0; `per_engine` or more leaves only the threads as the bound).
+    pub fn with_cpu_per_engine(mut self, threads: f64) -> Self {
+        assert!(threads > 0.0 && threads.is_finite(), "an engine's CPU share is a positive number of threads, not {threads}");
+        self.cpu_per_engine = threads;
+        self
     }
 
     fn share(&self, engine: &str) -> Share {
@@ -323,7 +389,10 @@ impl CallPool {
         }
         engines
             .entry(engine.to_string())
-            .or_insert_with(|| Share { threads: Arc::new(Semaphore::new(self.per_engine)), load: Arc::default() })
+            .or_insert_with(|| Share {
+                threads: Arc::new(Semaphore::new(self.per_engine)),
+                load: Arc::new(Mutex::new(Load::new(self.cpu_per_engine))),
+            })
             .clone()
     }
 
@@ -431,6 +500,15 @@ impl CallPool {
 
     async fn run_admitted<T: Send + 'static>(&self, share: Share, ticket: Ticket, call: impl FnOnce() -> T + Send + 'static) -> T {
         let thread = share.threads.clone().acquire_owned().await.expect("the engine's semaphore is never closed");
+        // An engine that has taken more than its share of CPU waits, holding only its
+        // own engine's thread.
+        loop {
+            let owed = lock(&share.load).allowance.wait(Instant::now());
+            if owed.is_zero() {
+                break;
+            }
+            tokio::time::sleep(owed).await;
+        }
         let slot = self.total.clone().acquire_owned().await.expect("the pool's semaphore is never closed");
         // The thread's slots are given back once its instance is reset: a call handed
         // over always finds a thread free.
@@ -597,6 +675,42 @@ mod tests {
         assert!(detached.contains_key(&key(0)), "a call still running is kept, however old");
         assert!(detached.values().filter(|d| d.done.is_finished()).all(|d| d.since > long_ago), "old answers went first");
         running.abort();
+    }
+
+    /// An allowance is earned at its rate up to the burst, and overdrawn by what the
+    /// calls ran: the next call waits until it is earned back.
+    #[test]
+    fn an_allowance_is_earned_back_at_its_rate() {
+        let start = Instant::now();
+        let mut allowance = Allowance { rate: 0.5, balance: 1.0, at: start };
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        assert_eq!(allowance.wait(start), Duration::ZERO, "a full allowance");
+        allowance.spend(Duration::from_secs(2), start);
+        assert_eq!(allowance.wait(start), Duration::from_secs(2), "1 s overdrawn at half a second a second");
+        assert_eq!(allowance.wait(at(1)), Duration::from_secs(1));
+        assert_eq!(allowance.wait(at(2)), Duration::ZERO);
+        assert_eq!(allowance.balance(at(100)), CPU_BURST.as_secs_f64(), "earned up to the burst only");
+    }
+
+    /// An engine whose calls have taken more than its share of CPU waits for it to be
+    /// earned back, and is no longer taken for quick; another engine's call is not held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_engine_past_its_cpu_share_waits_and_the_others_do_not() {
+        let pool = Arc::new(CallPool::new(4, 2).with_cpu_per_engine(0.25));
+        // 1.5 s of calls against a 1 s burst and 0.25 s earned a second: 0.125 s
+        // overdrawn when the fifth ends, half a second to earn back.
+        for _ in 0..5 {
+            pool.run_for("spins", || std::thread::sleep(Duration::from_millis(300))).await.expect("a slot");
+        }
+        let owed = lock(&pool.share("spins").load).expected_wait(2, Instant::now());
+        assert!(owed.is_some_and(|wait| wait > DETACH_AFTER), "the engine is not quick while it owes: {owed:?}");
+        let asked = Instant::now();
+        pool.run_for("other", || ()).await.expect("a slot");
+        let other = asked.elapsed();
+        pool.run_for("spins", || ()).await.expect("a slot");
+        let spins = asked.elapsed();
+        assert!(spins >= Duration::from_millis(400), "the engine past its share waited only {spins:?}");
+        assert!(other < Duration::from_millis(200), "another engine's call waited {other:?}");
     }
 
     /// A call that has been running long marks its engine slow before it ends.

@@ -59,6 +59,8 @@ pub struct Settings {
     pub plugin_calls: usize,
     /// Plugin calls of one engine running at once.
     pub plugin_calls_per_engine: usize,
+    /// Call-thread seconds a second one engine's plugin calls may take on average.
+    pub plugin_cpu_per_engine: f64,
     /// How often the members of an engine that elects its leader are asked who leads.
     pub leader_poll: Duration,
 }
@@ -72,6 +74,7 @@ impl Default for Settings {
             concurrency: 16,
             plugin_calls: 8,
             plugin_calls_per_engine: 2,
+            plugin_cpu_per_engine: crate::plugin::DEFAULT_CPU_PER_ENGINE,
             leader_poll: Duration::from_secs(10),
         }
     }
@@ -121,7 +124,9 @@ impl Context {
             recorder,
             settings,
             caches,
-            calls: Arc::new(CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine)),
+            calls: Arc::new(
+                CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine).with_cpu_per_engine(settings.plugin_cpu_per_engine),
+            ),
             namespace,
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::default(),
