@@ -38,6 +38,10 @@ pub const CONFIG_MOUNT: &str = "/etc/plugdb";
 pub const BACKUP_MOUNT: &str = "/backups";
 /// Where members place finished log segments for `plugdb archive` to ship (point-in-time recovery).
 pub const ARCHIVE_MOUNT: &str = "/plugdb/archive";
+/// Label naming the Database a child or member belongs to.
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Label naming who manages a child: [`MANAGER`].
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Longest Database name: pod names `<name>-<ordinal>` must stay valid label values.
 pub const MAX_NAME: usize = 52;
 
@@ -91,15 +95,15 @@ impl Names<'_> {
 pub fn labels(db: &Database) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), db.spec.engine.clone()),
-        ("app.kubernetes.io/instance".to_string(), db.name_any()),
-        ("app.kubernetes.io/managed-by".to_string(), MANAGER.to_string()),
+        (INSTANCE_LABEL.to_string(), db.name_any()),
+        (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
     ])
 }
 
 /// Selector matching the member pods of a Database.
 pub fn selector(db: &Database) -> BTreeMap<String, String> {
     let mut l = labels(db);
-    l.remove("app.kubernetes.io/managed-by");
+    l.remove(MANAGED_BY_LABEL);
     l
 }
 
@@ -247,6 +251,10 @@ pub enum Kind {
 pub trait Owned: Resource<DynamicType = ()> {
     /// Its kind.
     const KIND: Kind;
+}
+
+impl<K: Owned> Owned for kube::api::PartialObjectMeta<K> {
+    const KIND: Kind = K::KIND;
 }
 
 macro_rules! owned {

@@ -14,19 +14,22 @@ use crate::crd::Database;
 use crate::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
 use crate::plugin::{Limits, Plugin, Runtime};
 
-/// The most a ConfigMap can hold, less room for its metadata.
-const CONFIG_MAP_BUDGET: usize = 1_000_000;
+/// The most a ConfigMap's data can hold: its keys and decoded values together (the API
+/// server's limit; base64 in the request does not count).
+const CONFIG_MAP_BYTES: usize = 1 << 20;
 
-/// Loads and self-tests the plugin component at `path`.
-pub fn load_plugin(path: &Path) -> Result<Plugin> {
+/// Loads and self-tests the plugin component at `path` as the operator does: compiled
+/// by `compiler` (the `plugdb` binary) in a child process held to the operator's time
+/// and memory limits, then checked and self-tested under the same bounds.
+pub fn load_plugin(path: &Path, compiler: &Path) -> Result<Plugin> {
     let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let runtime = Runtime::new(Limits::default())?;
+    let runtime = Runtime::new(Limits::default())?.with_compiler(compiler);
     runtime.load(&bytes).with_context(|| format!("{}: not a usable plugin", path.display()))
 }
 
 /// `plugdb plugin inspect FILE`: what the plugin says about itself.
-pub fn inspect(path: &Path) -> Result<String> {
-    let plugin = load_plugin(path)?;
+pub fn inspect(path: &Path, compiler: &Path) -> Result<String> {
+    let plugin = load_plugin(path, compiler)?;
     let i = plugin.info();
     let c = i.capabilities;
     let caps: Vec<&str> = [
@@ -56,27 +59,27 @@ pub fn inspect(path: &Path) -> Result<String> {
 
 /// `plugdb plugin build [DIR]`: the crate at `dir` built into a component, loaded and
 /// self-tested as the operator would.
-pub fn build(dir: &Path, out: Option<&Path>) -> Result<String> {
+pub fn build(dir: &Path, out: Option<&Path>, compiler: &Path) -> Result<String> {
     let built = xtask::build_dir(dir, out)?;
-    let plugin = load_plugin(&built.path)?;
+    let plugin = load_plugin(&built.path, compiler)?;
     Ok(format!("{} ({} bytes): {}, contract {}\n", built.path.display(), built.size, plugin.id(), plugin.info().contract_version))
 }
 
 /// `plugdb plugin pack FILE`: a ConfigMap that loads the plugin, gzip-compressed when
 /// that is what it takes to fit, with its digest pinned.
-pub fn pack(path: &Path, namespace: &str) -> Result<String> {
-    let plugin = load_plugin(path)?;
+pub fn pack(path: &Path, namespace: &str, compiler: &Path) -> Result<String> {
+    let plugin = load_plugin(path, compiler)?;
     let bytes = std::fs::read(path)?;
     let engine = plugin.info().engine.clone();
-    let (key, data) = if bytes.len() <= CONFIG_MAP_BUDGET * 3 / 4 {
+    let fits = |key: &str, data: &[u8]| key.len() + data.len() <= CONFIG_MAP_BYTES;
+    let (key, data) = if fits("plugin.wasm", &bytes) {
         ("plugin.wasm", bytes)
     } else {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         gz.write_all(&bytes)?;
         ("plugin.wasm.gz", gz.finish()?)
     };
-    // binaryData is base64 in the object: 4 bytes per 3.
-    if data.len() * 4 / 3 > CONFIG_MAP_BUDGET {
+    if !fits(key, &data) {
         bail!("{}: {} bytes even compressed; a ConfigMap holds at most 1 MiB", path.display(), data.len());
     }
     let cm = ConfigMap {
@@ -100,13 +103,13 @@ pub fn pack(path: &Path, namespace: &str) -> Result<String> {
 }
 
 /// `plugdb render -f db.yaml --plugin FILE`: the objects plugdb would apply, offline.
-pub fn render(database: &Path, plugin: &Path) -> Result<String> {
+pub fn render(database: &Path, plugin: &Path, compiler: &Path) -> Result<String> {
     let text = std::fs::read_to_string(database).with_context(|| format!("{}: cannot read", database.display()))?;
     let mut db: Database = yaml_serde::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", database.display()))?;
     if db.metadata.namespace.is_none() {
         db.metadata.namespace = Some("default".into());
     }
-    let plugin = load_plugin(plugin)?;
+    let plugin = load_plugin(plugin, compiler)?;
     let file = database.display();
     if db.spec.engine != plugin.info().engine {
         bail!("{file}: spec.engine is {:?} but the plugin serves {:?}", db.spec.engine, plugin.info().engine);

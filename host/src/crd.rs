@@ -23,7 +23,14 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    // Checked when a Database is created (an existing one keeps its name and children).
+    validation = Rule::new("oldSelf.hasValue() || !(self.metadata.name.endsWith('-replicas') || self.metadata.name.endsWith('-headless'))")
+        .optional_old_self(true)
+        .message("metadata.name must not end in -replicas or -headless: another Database's read-only and headless Services are named so"),
+    validation = Rule::new("oldSelf.hasValue() || size(self.metadata.name) <= 52")
+        .optional_old_self(true)
+        .message("metadata.name must be at most 52 characters: member pod names <name>-<ordinal> must stay valid label values")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName cannot be changed after creation"))]

@@ -13,6 +13,10 @@ use crate::plugin::JobPlan;
 pub const BACKUP_OF: &str = "plugdb.io/backup-of";
 /// Label on every Job naming its purpose: `backup`, `restore`, `upgrade`.
 pub const PURPOSE: &str = "plugdb.io/purpose";
+/// Label on a Job's pods naming its Database. Those pods never carry the members'
+/// `app.kubernetes.io/instance`: nothing that selects members (the Services, the
+/// disruption budget, the spreading rules) selects them.
+pub const JOB_OF: &str = "plugdb.io/job-of";
 
 /// What a Job is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +141,7 @@ pub fn job(
     let spec = JobSpec {
         backoff_limit: Some(2),
         template: PodTemplateSpec {
-            metadata: Some(ObjectMeta { labels: Some(labels.clone()), ..Default::default() }),
+            metadata: Some(ObjectMeta { labels: Some(pod_labels(&labels, db)), ..Default::default() }),
             spec: Some(PodSpec {
                 restart_policy: Some("Never".into()),
                 automount_service_account_token: Some(false),
@@ -156,6 +160,15 @@ pub fn job(
         metadata.annotations.get_or_insert_default().insert(ARTIFACT.into(), artifact.into());
     }
     Child::new(name.to_string(), Job { metadata, spec: Some(spec), ..Default::default() })
+}
+
+/// The labels of a Job's pods: the Job's, with its Database named by [`JOB_OF`] instead
+/// of the members' instance label.
+fn pod_labels(job: &std::collections::BTreeMap<String, String>, db: &Database) -> std::collections::BTreeMap<String, String> {
+    let mut labels = job.clone();
+    labels.remove(crate::build::INSTANCE_LABEL);
+    labels.insert(JOB_OF.into(), db.name_any());
+    labels
 }
 
 /// Annotation on every backup and restore Job naming the backup it writes or reads.
@@ -299,5 +312,21 @@ mod tests {
         let download = pod.init_containers.unwrap_or_default().remove(0);
         let command = download.command.unwrap_or_default();
         assert_eq!(command[command.len() - 2..], ["--archive".to_string(), RESTORE_ARCHIVE.to_string()]);
+    }
+
+    #[test]
+    fn no_job_pod_is_selected_as_a_member() {
+        let db = database();
+        let members = crate::build::selector(&db);
+        for purpose in [Purpose::Backup, Purpose::Restore, Purpose::Upgrade, Purpose::Scale] {
+            let child = job(&db, "orders-x", purpose, &plan(), Storage::Scratch, "", None, 999);
+            let job: Job = serde_json::from_value(child.object.clone()).expect("a valid Job");
+            let labels = job.spec.and_then(|s| s.template.metadata).and_then(|m| m.labels).unwrap_or_default();
+            assert!(
+                !members.iter().all(|(k, v)| labels.get(k) == Some(v)),
+                "{purpose:?}: its pods match the members' selector {members:?}"
+            );
+            assert_eq!(labels.get(JOB_OF).map(String::as_str), Some("orders"), "{purpose:?}");
+        }
     }
 }

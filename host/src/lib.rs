@@ -13,6 +13,7 @@ pub mod events;
 pub mod health;
 pub mod jobs;
 pub mod leader;
+pub mod logging;
 pub mod metrics;
 pub mod objects;
 pub mod operator;

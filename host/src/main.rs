@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use kube::CustomResourceExt;
 use plugdb::cli;
 use plugdb::crd::Database;
 use plugdb::health::Health;
+use plugdb::logging::{self, LogFormat};
 use plugdb::metrics::Metrics;
 use plugdb::operator;
 use plugdb::plugin::compiler;
@@ -160,12 +161,6 @@ fn cpu_share(value: &str) -> Result<f64, String> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Debug, Args)]
 struct CompileArgs {
     #[arg(long, value_parser = ["quick", "optimized"])]
@@ -183,6 +178,11 @@ fn listen_address(listen: &str) -> String {
     if listen.starts_with(':') { format!("0.0.0.0{listen}") } else { listen.to_string() }
 }
 
+/// This binary: the tools compile plugins with it, in a child process, as the operator does.
+fn compiler() -> Result<PathBuf> {
+    std::env::current_exe().context("finding the plugdb binary to compile plugins with")
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Run(args) => tokio::runtime::Runtime::new().context("starting the async runtime")?.block_on(run(args)),
@@ -191,19 +191,19 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Render { database, plugin } => {
-            print!("{}", cli::render(&database, &plugin)?);
+            print!("{}", cli::render(&database, &plugin, &compiler()?)?);
             Ok(())
         }
         Command::Plugin(PluginCommand::Inspect { file }) => {
-            print!("{}", cli::inspect(&file)?);
+            print!("{}", cli::inspect(&file, &compiler()?)?);
             Ok(())
         }
         Command::Plugin(PluginCommand::Build { dir, out }) => {
-            print!("{}", cli::build(&dir, out.as_deref())?);
+            print!("{}", cli::build(&dir, out.as_deref(), &compiler()?)?);
             Ok(())
         }
         Command::Plugin(PluginCommand::Pack { file, namespace }) => {
-            print!("{}", cli::pack(&file, &namespace)?);
+            print!("{}", cli::pack(&file, &namespace, &compiler()?)?);
             Ok(())
         }
         Command::Transfer(command) => transfer(command),
@@ -249,13 +249,15 @@ fn archive(args: ArchiveArgs) -> Result<()> {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
-    match args.log_format {
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
-        LogFormat::Text => {
-            tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())).init()
-        }
-    }
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    // Also takes in records of crates that log through `log`.
+    tracing_subscriber::util::SubscriberInitExt::try_init(logging::subscriber(
+        args.log_format,
+        logging::default_filter(),
+        std::io::stdout,
+        ansi,
+    ))
+    .context("setting up the log")?;
     let listen = listen_address(&args.listen);
     // Each replica contends for the lease under its pod name (or a unique local name).
     let identity = args.identity.unwrap_or_else(|| format!("plugdb-{}", std::process::id()));
@@ -264,7 +266,7 @@ async fn run(args: RunArgs) -> Result<()> {
         watch_namespace: args.watch_namespace,
         identity: (!args.no_leader_election).then_some(identity),
         // Plugins are compiled by this same binary in a child process with its own limits.
-        compiler: Some(std::env::current_exe().context("finding the plugdb binary to compile plugins with")?),
+        compiler: Some(compiler()?),
         operator_image: args.image,
         ..Default::default()
     };

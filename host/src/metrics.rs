@@ -100,6 +100,8 @@ pub struct Metrics {
     pub plugin_memo: Family<MemoLabels, Counter>,
     /// Plugin calls by the instance they ran in: instantiated for them, or reused.
     pub plugin_instances: Family<InstanceLabels, Counter>,
+    /// Plugin log lines dropped, by engine: the engine logged more than its allowance.
+    pub plugin_log_lines_dropped: Family<ReconcileLabels, Counter>,
     /// Reconciles by engine.
     pub reconciles: Family<ReconcileLabels, Counter>,
     /// Failed reconciles by engine.
@@ -130,6 +132,7 @@ impl Default for Metrics {
         let plugin_calls = Family::<CallLabels, Counter>::default();
         let plugin_memo = Family::<MemoLabels, Counter>::default();
         let plugin_instances = Family::<InstanceLabels, Counter>::default();
+        let plugin_log_lines_dropped = Family::<ReconcileLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let reconcile_errors = Family::<ReconcileLabels, Counter>::default();
         let reconciles_busy = Family::<ReconcileLabels, Counter>::default();
@@ -148,6 +151,11 @@ impl Default for Metrics {
             "plugin_instances",
             "Plugin calls by the instance they ran in: instantiated for the call (new) or an earlier call's, reset (reused)",
             plugin_instances.clone(),
+        );
+        registry.register(
+            "plugin_log_lines_dropped",
+            "Plugin log lines dropped by engine: the engine logged more than its allowance of bytes over time",
+            plugin_log_lines_dropped.clone(),
         );
         registry.register("reconciles", "Reconciles by engine", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by engine", reconcile_errors.clone());
@@ -173,6 +181,7 @@ impl Default for Metrics {
             plugin_calls,
             plugin_memo,
             plugin_instances,
+            plugin_log_lines_dropped,
             reconciles,
             reconcile_errors,
             reconciles_busy,

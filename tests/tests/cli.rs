@@ -11,16 +11,16 @@ fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
 #[test]
 fn inspect_and_pack_describe_a_real_plugin() {
     let plugin = plugdb_tests::component_path("postgres");
-    let text = cli::inspect(&plugin).expect("inspect");
+    let text = cli::inspect(&plugin, &plugdb_tests::plugdb_binary()).expect("inspect");
     assert!(text.contains("engine:            postgres"), "{text}");
     assert!(text.contains("contract:          plugdb:engine@0.2.0"), "{text}");
     assert!(text.contains("point-in-time"), "{text}");
-    let yaml = cli::pack(&plugin, "plugdb-system").expect("pack");
+    let yaml = cli::pack(&plugin, "plugdb-system", &plugdb_tests::plugdb_binary()).expect("pack");
     let cm: k8s_openapi::api::core::v1::ConfigMap = yaml_serde::from_str(&yaml).expect("a ConfigMap");
     assert_eq!(cm.metadata.labels.expect("labels")["plugdb.io/engine-plugin"], "postgres");
     let bytes = &cm.binary_data.expect("data")["plugin.wasm"].0;
     assert_eq!(cm.metadata.annotations.expect("annotations")["plugdb.io/sha256"], plugdb::plugin::hex_digest(bytes));
-    let err = cli::inspect(std::path::Path::new("Cargo.toml")).expect_err("not a plugin");
+    let err = cli::inspect(std::path::Path::new("Cargo.toml"), &plugdb_tests::plugdb_binary()).expect_err("not a plugin");
     assert!(format!("{err:#}").contains("Cargo.toml: not a usable plugin"), "{err:#}");
 }
 
@@ -33,7 +33,7 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
         "db.yaml",
         "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"15\", replicas: 2, storage: 5Gi}\n",
     );
-    let out = cli::render(&good, &plugin).expect("render");
+    let out = cli::render(&good, &plugin, &plugdb_tests::plugdb_binary()).expect("render");
     for kind in ["kind: ConfigMap", "kind: Service", "kind: StatefulSet", "kind: PodDisruptionBudget"] {
         assert!(out.contains(kind), "{kind} missing");
     }
@@ -44,7 +44,7 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
         "bad.yaml",
         "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"9\", storage: 5Gi, parameters: {max_connections: lots}}\n",
     );
-    let err = format!("{:#}", cli::render(&bad, &plugin).expect_err("invalid"));
+    let err = format!("{:#}", cli::render(&bad, &plugin, &plugdb_tests::plugdb_binary()).expect_err("invalid"));
     assert!(err.contains("bad.yaml") && err.contains("spec.version") && err.contains("spec.parameters.max_connections"), "{err}");
 
     let typo = write(
@@ -52,7 +52,7 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
         "typo.yaml",
         "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, replicas: many, storage: 5Gi}\n",
     );
-    let err = format!("{:#}", cli::render(&typo, &plugin).expect_err("ill-typed"));
+    let err = format!("{:#}", cli::render(&typo, &plugin, &plugdb_tests::plugdb_binary()).expect_err("ill-typed"));
     assert!(err.contains("typo.yaml") && err.contains("replicas"), "{err}");
 }
 
@@ -157,4 +157,70 @@ async fn the_readme_drop_in_command_loads_a_plugin_of_any_size_up_to_the_configm
     let digest = plugdb::plugin::hex_digest(&std::fs::read(&plugin).expect("read"));
     assert_eq!(cm.metadata.annotations.expect("annotations")["plugdb.io/sha256"], digest);
     assert!(cm.binary_data.expect("data").contains_key("plugin.wasm.gz"), "compressed to fit");
+}
+
+/// `inspect`, `render`, `pack` and `build` compile as the operator does: a plugin whose
+/// code makes the compiler spend without bound is stopped at the operator's limits, in a
+/// child process, and named as such.
+#[test]
+fn the_tools_compile_a_plugin_within_the_operators_bounds() {
+    let dir = tempfile::tempdir().expect("dir");
+    let bomb = dir.path().join("bomb.wasm");
+    std::fs::write(&bomb, plugdb_tests::bomb::component("branches", &plugdb::plugin::Limits::default().shape)).expect("write");
+    let err = format!("{:#}", cli::inspect(&bomb, &plugdb_tests::plugdb_binary()).expect_err("a compile bomb is refused"));
+    assert!(err.contains("bomb.wasm: not a usable plugin") && err.contains("the compiler was stopped"), "{err}");
+}
+
+/// A component with a custom section of `extra` bytes appended (a component may carry
+/// custom sections; they are not code).
+fn with_custom_section(component: &[u8], extra: Vec<u8>) -> Vec<u8> {
+    let mut section = Vec::new();
+    let name = b"padding";
+    leb128(&mut section, name.len() as u64);
+    section.extend_from_slice(name);
+    section.extend(extra);
+    let mut out = component.to_vec();
+    out.push(0);
+    leb128(&mut out, section.len() as u64);
+    out.extend(section);
+    out
+}
+
+fn leb128(out: &mut Vec<u8>, mut n: u64) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// `pack` takes what the API server and the operator take: up to 1 MiB of data as it
+/// is, and gzip-compressed up to 1 MiB beyond that.
+#[test]
+fn pack_accepts_whatever_fits_a_configmap_as_is_or_compressed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let minimal = plugdb_tests::component("minimal");
+    let mut noise = vec![0u8; 900 << 10];
+    let mut seed = 0x9e37_79b9_u32;
+    for b in &mut noise {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        *b = seed as u8;
+    }
+    for (name, extra, key) in [("raw.wasm", noise, "plugin.wasm"), ("zeros.wasm", vec![0u8; 2 << 20], "plugin.wasm.gz")] {
+        let path = dir.path().join(name);
+        let bytes = with_custom_section(&minimal, extra);
+        std::fs::write(&path, &bytes).expect("write");
+        plugdb::plugin::Runtime::new(plugdb::plugin::Limits::default()).expect("runtime").load(&bytes).expect("the operator loads it");
+        let yaml = cli::pack(&path, "plugdb-system", &plugdb_tests::plugdb_binary()).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let cm: k8s_openapi::api::core::v1::ConfigMap = yaml_serde::from_str(&yaml).expect("a ConfigMap");
+        let data = cm.binary_data.expect("data");
+        assert!(data.contains_key(key), "{name}: {:?}", data.keys());
+        assert!(data.values().map(|v| v.0.len()).sum::<usize>() <= 1 << 20, "{name}");
+    }
 }

@@ -393,3 +393,80 @@ fn a_compile_bomb_within_the_shape_limits_is_stopped_by_the_compilers_bounds() {
     assert!(said.contains("longer than 5s") || said.contains(&memory), "{said}");
     rt.load(&plugdb_tests::component("minimal")).expect("the next plugin loads");
 }
+
+/// A shared buffer the operator's log subscriber writes into.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What `f` logs through the operator's own subscriber in `format`.
+fn operator_log(format: plugdb::logging::LogFormat, f: impl FnOnce()) -> String {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = plugdb::logging::subscriber(format, plugdb::logging::filter("info"), move || writer.clone(), false);
+    tracing::subscriber::with_default(subscriber, f);
+    String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("UTF-8")
+}
+
+/// A plugin's log line is one record of the operator's log, in text and in JSON: its
+/// newlines, carriage returns, NULs, escape sequences and line separators are escaped,
+/// and it is tagged with its engine.
+#[test]
+fn a_plugin_cannot_forge_a_line_of_the_operators_log() {
+    let (_rt, hostile, _good) = plugins();
+    let forge = || {
+        hostile.render(&spec("log-forge"), &plugdb_tests::cluster("victim", "default")).expect("renders");
+    };
+    let text = operator_log(plugdb::logging::LogFormat::Text, forge);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "two plugin lines, two records:\n{text}");
+    for line in &lines {
+        assert!(line.contains("engine=\"hostile\"") || line.contains("engine=hostile"), "untagged: {line}");
+        assert!(!line.chars().any(|c| c.is_control() || c == '\u{2028}'), "a control character passed: {line:?}");
+        assert!(line.contains("FORGED"), "{line}");
+    }
+    assert!(lines[0].contains("ok\\n2026-11-27T08:00:00.000000Z  INFO plugdb::reconcile: FORGED"), "{}", lines[0]);
+
+    let json = operator_log(plugdb::logging::LogFormat::Json, forge);
+    let records: Vec<serde_json::Value> =
+        json.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON record: {l}: {e}"))).collect();
+    assert_eq!(records.len(), 2, "{json}");
+    for record in &records {
+        assert_eq!(record["fields"]["engine"], "hostile", "{record}");
+        assert_eq!(record["target"], "plugdb::plugin::runtime", "{record}");
+    }
+}
+
+/// An engine that logs without pause is held to its allowance of bytes over time; what
+/// it loses is counted per engine.
+#[test]
+fn a_chatty_plugin_is_bounded_over_time_and_the_lines_dropped_are_counted() {
+    let metrics = std::sync::Arc::new(Metrics::default());
+    let rt = runtime().with_metrics(metrics.clone());
+    let hostile = rt.load(&plugdb_tests::component("hostile")).expect("hostile loads");
+    let started = Instant::now();
+    let log = operator_log(plugdb::logging::LogFormat::Text, || {
+        for _ in 0..5 {
+            let _ = hostile.render(&spec("log-flood"), &plugdb_tests::cluster("victim", "default"));
+        }
+    });
+    let allowed = plugdb::plugin::logs::BURST_BYTES + plugdb::plugin::logs::BYTES_PER_SECOND * started.elapsed().as_secs_f64();
+    let flood: usize = log.lines().filter(|l| l.contains("flood line")).map(str::len).sum();
+    assert!(flood > 0, "some lines get through");
+    // Each line as printed carries a timestamp, level, target and tag beside the message.
+    assert!((flood as f64) < allowed * 1.2, "{flood} bytes of flood logged, allowance {allowed}");
+    let dropped = plugdb_tests::operator::metric_sum(&metrics.encode(), "plugdb_plugin_log_lines_dropped_total", |l| {
+        l.contains("engine=\"hostile\"")
+    });
+    // Five calls of 64 lines each (the per-call cap), about 2 KiB a line after the cut.
+    assert!(dropped >= 5.0 * 64.0 - allowed / 2048.0 - 1.0, "dropped {dropped}");
+}

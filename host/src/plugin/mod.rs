@@ -4,6 +4,7 @@
 
 pub mod compiler;
 mod convert;
+pub mod logs;
 mod memo;
 pub mod policy;
 mod pool;

@@ -64,8 +64,9 @@ impl Report {
         self.0.push(Violation { field: field.into(), message: message.into() });
     }
 
+    /// Every violation found: the caller caps the list once, with whatever it adds.
     fn done(self) -> Vec<Violation> {
-        capped(self.0)
+        self.0
     }
 }
 
@@ -377,9 +378,11 @@ mod tests {
     #[test]
     fn violation_lists_and_quoted_strings_are_capped() {
         let ports = (0..20_000).map(|i| Port { name: format!("BAD_{i}"), port: 1 }).collect();
-        let problems = check_workload(&Workload { ports, ..workload() }, &cluster());
+        let mut problems = check_workload(&Workload { ports, ..workload() }, &cluster());
+        problems.push(Violation { field: "memberQuery".into(), message: "one found after the workload's".into() });
+        let problems = capped(problems);
         assert_eq!(problems.len(), MAX_VIOLATIONS + 1);
-        assert_eq!(problems.last().map(|v| v.message.as_str()), Some("and 19981 more"));
+        assert_eq!(problems.last().map(|v| v.message.as_str()), Some("and 19982 more"), "every violation past the cap is counted");
         let long = "x".repeat(100_000);
         let problems = fields(&Workload { env: vec![EnvVar { name: long, source: EnvSource::Value(String::new()) }], ..workload() });
         assert!(problems.iter().all(|p| p.len() < 200), "{problems:?}");

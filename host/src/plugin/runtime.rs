@@ -12,6 +12,7 @@ use wasmtime::component::{Component, ComponentExportIndex, Instance, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use super::convert::{self, Contract, Exports};
+use super::logs::{Admitted, LogRate};
 use super::memo::Memo;
 use super::reuse;
 use super::shape::{Shape, ShapeLimits};
@@ -190,6 +191,8 @@ pub struct Runtime {
     compiler: Option<Arc<std::path::Path>>,
     /// Instances kept between calls now, over all threads (see [`Warm`]).
     warm: Arc<AtomicUsize>,
+    /// Each engine's allowance of log bytes over time.
+    logs: Arc<LogRate>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -275,6 +278,7 @@ impl Runtime {
             memo: None,
             compiler: None,
             warm: Arc::new(AtomicUsize::new(0)),
+            logs: Arc::default(),
         })
     }
 
@@ -334,6 +338,8 @@ impl Runtime {
             },
             info,
             log_lines: 0,
+            logs: self.logs.clone(),
+            metrics: self.metrics.clone(),
             slow_after: None,
         };
         let mut store = Store::new(&self.engine, state);
@@ -710,12 +716,16 @@ pub(crate) struct CallState {
     /// Whose call it is (its engine name tags the log lines).
     info: Arc<PluginInfo>,
     log_lines: u32,
+    /// Its engine's allowance of log bytes over time, and where what is dropped is counted.
+    logs: Arc<LogRate>,
+    metrics: Option<Arc<Metrics>>,
     /// Epoch ticks the call may run on once it is found slow, until then.
     slow_after: Option<u64>,
 }
 
 impl CallState {
-    /// A line the plugin logs: counted, cut and tagged with its engine.
+    /// A line the plugin logs: counted, cut, escaped to one line and tagged with its
+    /// engine; dropped (and counted) when the engine is past its allowance over time.
     pub(crate) fn log_line(&mut self, level: tracing::Level, message: String) {
         self.log_lines += 1;
         if self.log_lines > MAX_LOG_LINES {
@@ -729,7 +739,20 @@ impl CallState {
             }
             message.truncate(cut);
         }
+        let message = super::logs::escaped(&message);
         let engine = self.info.engine.as_str();
+        match self.logs.admit(engine, message.len(), std::time::Instant::now()) {
+            Admitted::No => {
+                if let Some(m) = &self.metrics {
+                    m.plugin_log_lines_dropped.get_or_create(&crate::metrics::ReconcileLabels { engine: engine.to_string() }).inc();
+                }
+                return;
+            }
+            Admitted::Yes { after_dropping: 0 } => {}
+            Admitted::Yes { after_dropping } => {
+                tracing::warn!(engine, dropped = after_dropping, "the plugin logged past its allowance; lines were dropped");
+            }
+        }
         match level {
             tracing::Level::ERROR => tracing::error!(engine, "{message}"),
             tracing::Level::WARN => tracing::warn!(engine, "{message}"),
@@ -824,7 +847,7 @@ impl Plugin {
                     message: "members are asked over HTTPS only when the Database has TLS (spec.tls)".into(),
                 });
             }
-            self.checked("render", super::policy::capped(violations), workload)
+            self.checked("render", violations, workload)
         })
     }
 
@@ -861,7 +884,7 @@ impl Plugin {
                     message: format!("the plan must end with members({}); it ends at {:?}", spec.replicas, counts.last()),
                 });
             }
-            self.checked("plan-scale", super::policy::capped(violations), steps)
+            self.checked("plan-scale", violations, steps)
         })
     }
 
@@ -914,8 +937,12 @@ impl Plugin {
         CallError::Refused { engine: self.info.engine.clone(), reason }
     }
 
+    /// `value` when host policy found no violation, else the violations, capped once.
     fn checked<T>(&self, function: &'static str, violations: Vec<Violation>, value: T) -> Result<T, CallError> {
-        if violations.is_empty() { Ok(value) } else { Err(CallError::Policy { engine: self.info.engine.clone(), function, violations }) }
+        if violations.is_empty() {
+            return Ok(value);
+        }
+        Err(CallError::Policy { engine: self.info.engine.clone(), function, violations: super::policy::capped(violations) })
     }
 
     /// Answers `function` of `input` from the memo when it was answered before;

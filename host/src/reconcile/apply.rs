@@ -11,6 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::cache::Seen;
+use super::owner;
 use super::status::Reason;
 use super::{Context, Error};
 use crate::build::{APPLIED_HASH, Child, Kind, MANAGER, Names, labels};
@@ -26,16 +27,22 @@ use crate::tls;
 /// `MANAGER`'s `Update`; the first apply afterwards moves them to `MANAGER`'s `Apply`
 /// entry ([`take_over_created_fields`]), so that a field a later render leaves out goes
 /// from the object as it would from one applied from the start.
-pub async fn apply(ctx: &Context, namespace: &str, child: &Child) -> Result<Option<DynamicObject>, Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
-    match ctx.caches.seen(child.kind, namespace, &child.name) {
+///
+/// Only the Database's own object is written ([`owner`]): anything else with the
+/// child's name stops the pass with [`Error::Taken`], untouched.
+pub async fn apply(ctx: &Context, db: &Database, child: &Child) -> Result<Option<DynamicObject>, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &db.namespace().unwrap_or_default(), &child.resource);
+    match ctx.caches.seen(child.kind, db, &child.name) {
         Seen::Present { hash, .. } if hash.as_deref() == Some(child.hash()) => return Ok(None),
-        Seen::Present { created: true, .. } => take_over_created_fields(&api, &child.name).await?,
+        Seen::Present { created: true, .. } => take_over_created_fields(&api, db, child).await?,
         Seen::Present { created: false, .. } => {}
+        // The cache may be behind a change of hands: the live object decides.
+        Seen::Foreign => take_over_created_fields(&api, db, child).await?,
         Seen::Absent => match api.create(&post_params(), &serde_json::from_value(child.object.clone())?).await {
             Ok(created) => return Ok(Some(created)),
-            // The cache was behind an object made a moment ago: apply over it.
-            Err(kube::Error::Api(e)) if e.code == 409 => take_over_created_fields(&api, &child.name).await?,
+            // Not in the cache, which sees only plugdb's objects: made a moment ago, or
+            // not plugdb's at all. Applied over only when it is the Database's.
+            Err(kube::Error::Api(e)) if e.code == 409 => take_over_created_fields(&api, db, child).await?,
             Err(e) => return Err(e.into()),
         },
     }
@@ -43,7 +50,7 @@ pub async fn apply(ctx: &Context, namespace: &str, child: &Child) -> Result<Opti
     // A StatefulSet's claim templates are immutable: keep the live ones (volumes grow
     // by expanding their claims instead).
     if child.kind == Kind::StatefulSet
-        && let Some(live) = ctx.caches.stateful_set(namespace, &child.name)
+        && let Some(live) = ctx.caches.stateful_set(db)
         && let Some(templates) = live.spec.as_ref().and_then(|s| s.volume_claim_templates.as_ref())
     {
         object["spec"]["volumeClaimTemplates"] = serde_json::to_value(templates)?;
@@ -58,14 +65,23 @@ fn post_params() -> PostParams {
 
 /// Moves the fields `MANAGER` set by creating the object into its apply entry, as
 /// `kubectl` does when an object moves from client-side to server-side apply. Asked
-/// only when the cache shows such a create (one read, and nothing more once moved);
-/// the write fails if the object changed since the read.
-async fn take_over_created_fields(api: &Api<DynamicObject>, name: &str) -> Result<(), Error> {
-    let Some(live) = api.get_opt(name).await? else { return Ok(()) };
+/// only when the cache shows such a create or does not show the object as the
+/// Database's (one read, and nothing more once moved); the write fails if the object
+/// changed since the read. An object that is not the Database's is [`Error::Taken`].
+async fn take_over_created_fields(api: &Api<DynamicObject>, db: &Database, child: &Child) -> Result<(), Error> {
+    let Some(live) = live_own(api, db, child).await? else { return Ok(()) };
     let Some(entries) = created_fields_applied(live.managed_fields()) else { return Ok(()) };
     let patch = json!({"metadata": {"managedFields": entries, "resourceVersion": live.resource_version()}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    api.patch(&child.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     Ok(())
+}
+
+/// The live object with `child`'s name, read from the API server, when there is one and
+/// it is `db`'s; [`Error::Taken`] when it is not.
+async fn live_own(api: &Api<DynamicObject>, db: &Database, child: &Child) -> Result<Option<DynamicObject>, Error> {
+    let Some(live) = api.get_opt(&child.name).await? else { return Ok(None) };
+    owner::check(db, child.kind, &live.metadata)?;
+    Ok(Some(live))
 }
 
 /// `entries` with `MANAGER`'s `Update` entries merged into its `Apply` entry (made
@@ -108,16 +124,19 @@ fn union(into: &mut Value, from: &Value) {
     }
 }
 
-/// Creates a child only when it does not exist (claims, Jobs): never updates it.
-pub async fn create_once(ctx: &Context, namespace: &str, child: &Child) -> Result<bool, Error> {
-    if let Seen::Present { .. } = ctx.caches.seen(child.kind, namespace, &child.name) {
-        return Ok(false);
+/// Creates a child only when it does not exist (claims, Jobs): never updates it. An
+/// object of that name that is not the Database's is [`Error::Taken`].
+pub async fn create_once(ctx: &Context, db: &Database, child: &Child) -> Result<bool, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &db.namespace().unwrap_or_default(), &child.resource);
+    match ctx.caches.seen(child.kind, db, &child.name) {
+        Seen::Present { .. } => return Ok(false),
+        Seen::Foreign => return live_own(&api, db, child).await.map(|_| false),
+        Seen::Absent => {}
     }
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &child.resource);
     let object: DynamicObject = serde_json::from_value(child.object.clone())?;
     match api.create(&post_params(), &object).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(kube::Error::Api(e)) if e.code == 409 => live_own(&api, db, child).await.map(|_| false),
         Err(e) => Err(e.into()),
     }
 }
@@ -143,7 +162,7 @@ pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credenti
     let ns = db.namespace().unwrap_or_default();
     let name = Names(&db.name_any()).credentials();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let live = ctx.caches.secret_keys(&ns, &name);
+    let live = ctx.caches.secret_keys(db, &name);
     let have = live.clone().unwrap_or_default();
     let mut missing = BTreeMap::new();
     for c in wanted.iter().filter(|c| !have.contains(&c.key)) {
@@ -159,7 +178,12 @@ pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credenti
             };
             match api.create(&post_params(), &secret).await {
                 Ok(_) => Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                // Made a moment ago by another pass, or not plugdb's: used only when it is
+                // the Database's (or kept for a Database of its name).
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    own_secret(db, api.get_opt(&name).await?)?;
+                    Ok(false)
+                }
                 Err(e) => Err(e.into()),
             }
         }
@@ -167,7 +191,7 @@ pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credenti
         Some(_) => {
             // The cache may be behind a key added a moment ago: ask the API server before
             // adding, so a generated value is never replaced by another.
-            let Some(live) = api.get_opt(&name).await? else { return Ok(false) };
+            let Some(live) = own_secret(db, api.get_opt(&name).await?)? else { return Ok(false) };
             missing.retain(|k, _| !live.data.as_ref().is_some_and(|d| d.contains_key(k)));
             if missing.is_empty() {
                 return Ok(false);
@@ -217,19 +241,22 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error
             .then(|| stamp.cloned())
             .flatten()
     };
-    if let Some(stamp) = ctx.caches.secret(&ns, &n.tls()).and_then(|s| current(&s)) {
+    if let Some(stamp) = ctx.caches.secret(db, &n.tls()).and_then(|s| current(&s)) {
         return Ok(Certified::Issued(stamp));
     }
     // The cache may be behind a certificate issued a moment ago: ask before issuing.
-    let live = api.get_opt(&n.tls()).await?;
+    let live = own_secret(db, api.get_opt(&n.tls()).await?)?;
     if let Some(stamp) = live.as_ref().and_then(current) {
         return Ok(Certified::Issued(stamp));
     }
-    if let Some(certificate) = live.as_ref().and_then(|s| s.annotations().get(CERTIFICATE_NAME)) {
+    if live.as_ref().and_then(|s| s.annotations().get(CERTIFICATE_NAME)) == Some(&n.tls()) {
         // cert-manager issued it while `issuerRef` was set: its Certificate goes first
         // (or it would write the Secret again), then the Secret with its annotations.
         let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
-        ignore_missing(certificates.delete(certificate, &Default::default()).await.map(|_| ()))?;
+        if let Some(certificate) = certificates.get_opt(&n.tls()).await? {
+            owner::check_as(db, "Certificate", false, &certificate.metadata)?;
+            ignore_missing(certificates.delete(&n.tls(), &Default::default()).await.map(|_| ()))?;
+        }
         ignore_missing(api.delete(&n.tls(), &Default::default()).await.map(|_| ()))?;
     }
     let authority = authority(db, &api).await?;
@@ -289,7 +316,11 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) ->
         );
         Ok(Certified::Waiting(Reason::CertificateUnavailable, message))
     };
-    let live = match api.get_opt(&n.tls()).await {
+    let read = api.get_opt(&n.tls()).await;
+    if let Ok(Some(live)) = &read {
+        owner::check_as(db, "Certificate", false, &live.metadata)?;
+    }
+    let live = match read {
         Ok(Some(live)) if live.annotations().get(APPLIED_HASH) == Some(&hash) => live,
         Ok(_) => match api.patch(&n.tls(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await {
             Ok(live) => live,
@@ -307,10 +338,10 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) ->
     };
     let files = [tls::CERTIFICATE, tls::KEY, tls::CA];
     let complete = |keys: &[String]| files.iter().all(|f| keys.iter().any(|k| k == f));
-    let mut keys = ctx.caches.secret_keys(&ns, &n.tls()).unwrap_or_default();
+    let mut keys = ctx.caches.secret_keys(db, &n.tls()).unwrap_or_default();
     if !complete(&keys) {
         // The cache may be behind the Secret cert-manager wrote a moment ago.
-        let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&n.tls()).await?;
+        let secret = own_secret(db, Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&n.tls()).await?)?;
         keys = secret.and_then(|s| s.data).map(|d| d.into_keys().collect()).unwrap_or_default();
     }
     if !complete(&keys) {
@@ -339,7 +370,7 @@ async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Authority, E
         };
         Ok(tls::Authority { certificate: text(tls::CA)?, key: text(tls::CA_KEY)? })
     };
-    if let Some(live) = api.get_opt(&secret_name).await? {
+    if let Some(live) = own_secret(db, api.get_opt(&secret_name).await?)? {
         return read(live);
     }
     let made = tls::new_authority(&name, &ns, chrono::Utc::now()).map_err(Error::Tls)?;
@@ -355,9 +386,20 @@ async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Authority, E
     match api.create(&post_params(), &secret).await {
         Ok(_) => Ok(made),
         // Made by another pass a moment ago: that one is the authority.
-        Err(kube::Error::Api(e)) if e.code == 409 => read(api.get(&secret_name).await?),
+        Err(kube::Error::Api(e)) if e.code == 409 => match own_secret(db, api.get_opt(&secret_name).await?)? {
+            Some(live) => read(live),
+            None => Err(Error::Tls(format!("Secret {ns}/{secret_name} went away while it was made; tried again"))),
+        },
         Err(e) => Err(e.into()),
     }
+}
+
+/// `secret` when it is `db`'s ([`Error::Taken`] when it is not).
+fn own_secret(db: &Database, secret: Option<Secret>) -> Result<Option<Secret>, Error> {
+    if let Some(s) = &secret {
+        owner::check(db, Kind::Secret, &s.metadata)?;
+    }
+    Ok(secret)
 }
 
 fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::api::ObjectMeta {

@@ -54,7 +54,7 @@ pub async fn ensure_backup(
     run_as_user: u32,
 ) -> Result<Result<JobState, String>, Error> {
     let ns = db.namespace().unwrap_or_default();
-    if let Some(job) = ctx.caches.job(&ns, name) {
+    if let Some(job) = ctx.caches.job(db, name) {
         return Ok(Ok(state(Some(&job))));
     }
     if let Some(why) = plugin.lacks(Capability::Backup) {
@@ -86,11 +86,11 @@ pub async fn ensure_backup(
             jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user)
         }
         None => {
-            apply::create_once(ctx, &ns, &jobs::backup_claim(db)).await?;
+            apply::create_once(ctx, db, &jobs::backup_claim(db)).await?;
             jobs::job(db, name, Purpose::Backup, &plan, Storage::Volume { of: &db.name_any() }, name, None, run_as_user)
         }
     };
-    apply::create_once(ctx, &ns, &job).await?;
+    apply::create_once(ctx, db, &job).await?;
     Ok(Ok(JobState::Running))
 }
 
@@ -200,7 +200,7 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         report.problem = Some(format!("spec.backup: {why}"));
         wanted.clear();
     }
-    let mut backups = ctx.caches.jobs_labelled(&ns, BACKUP_OF, &name);
+    let mut backups = ctx.caches.jobs_labelled(db, BACKUP_OF, &name);
     for job_name in &wanted {
         if !backups.iter().any(|j| j.name_any() == *job_name) {
             if let Err(reason) = ensure_backup(ctx, db, plugin, spec, job_name, run_as_user).await? {

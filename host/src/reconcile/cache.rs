@@ -22,7 +22,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, PartialObjectMeta, WatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -30,24 +30,27 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
+use super::owner;
 use crate::build::{APPLIED_HASH, Kind, MANAGER};
 use crate::crd::Database;
 
 /// Where `kubectl apply` keeps the whole manifest it last applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// What a cache knows of one child.
+/// What a cache knows of one child of a Database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seen {
     /// No such object.
     Absent,
-    /// The object, with the hash it was last applied with.
+    /// The Database's own object, with the hash it was last applied with.
     Present {
         /// Its `plugdb.io/applied-hash` annotation.
         hash: Option<String>,
         /// Whether plugdb made it by a create whose fields no apply has taken over yet.
         created: bool,
     },
+    /// An object with that name that is not the Database's (see [`super::owner`]).
+    Foreign,
 }
 
 /// Caches of the managed objects, filled by watches that run as long as this value.
@@ -208,17 +211,19 @@ fn created_mark(meta: &mut ObjectMeta) {
 }
 
 /// A child a pass only asks whether it holds what would be applied (ConfigMaps,
-/// Services, PodDisruptionBudgets): its name, the hash of what was applied and whether
-/// a create's fields await their first apply.
+/// Services, PodDisruptionBudgets): its name, its controller's uid (whose it is), the
+/// hash of what was applied and whether a create's fields await their first apply.
 fn applied_hash_only<K: Resource>(o: &mut K) {
     let meta = o.meta_mut();
     created_mark(meta);
     let hash = meta.annotations.as_mut().and_then(|a| a.remove(APPLIED_HASH));
+    let controller = owner::controller(meta).map(|c| OwnerReference { uid: c.uid.clone(), controller: Some(true), ..Default::default() });
     *meta = ObjectMeta {
         name: meta.name.take(),
         namespace: meta.namespace.take(),
         annotations: hash.map(|h| [(APPLIED_HASH.to_string(), h)].into()),
         managed_fields: meta.managed_fields.take(),
+        owner_references: controller.map(|c| vec![c]),
         ..Default::default()
     };
 }
@@ -251,14 +256,23 @@ where
     store.get(&ObjectRef::new(name).within(namespace))
 }
 
-fn seen<K>(store: &Store<K>, namespace: &str, name: &str) -> Seen
+fn seen<K>(store: &Store<K>, db: &Database, name: &str) -> Seen
 where
-    K: Resource<DynamicType = ()> + Clone,
+    K: Resource<DynamicType = ()> + Clone + crate::build::Owned,
 {
-    match get(store, namespace, name) {
+    match get(store, &db.namespace().unwrap_or_default(), name) {
         None => Seen::Absent,
+        Some(o) if !owner::is_ours(db, K::KIND, o.meta()) => Seen::Foreign,
         Some(o) => Seen::Present { hash: o.annotations().get(APPLIED_HASH).cloned(), created: o.meta().managed_fields.is_some() },
     }
+}
+
+/// `o` when it is `db`'s own.
+fn own<K>(db: &Database, o: Arc<K>) -> Option<Arc<K>>
+where
+    K: Resource + crate::build::Owned,
+{
+    owner::is_ours(db, K::KIND, o.meta()).then_some(o)
 }
 
 fn in_namespace<K, P>(store: &Store<K>, namespace: &str, predicate: P) -> Vec<Arc<K>>
@@ -327,53 +341,59 @@ impl Caches {
         &self.listing
     }
 
-    /// What the cache knows of the child `kind` `namespace/name`.
-    pub fn seen(&self, kind: Kind, namespace: &str, name: &str) -> Seen {
+    /// What the cache knows of `db`'s child `kind` `name`.
+    pub fn seen(&self, kind: Kind, db: &Database, name: &str) -> Seen {
         match kind {
-            Kind::ConfigMap => seen(&self.config_maps, namespace, name),
-            Kind::Service => seen(&self.services, namespace, name),
-            Kind::PodDisruptionBudget => seen(&self.budgets, namespace, name),
-            Kind::Secret => seen(&self.secrets, namespace, name),
-            Kind::StatefulSet => seen(&self.stateful_sets, namespace, name),
-            Kind::Job => seen(&self.jobs, namespace, name),
-            Kind::PersistentVolumeClaim => seen(&self.claims, namespace, name),
+            Kind::ConfigMap => seen(&self.config_maps, db, name),
+            Kind::Service => seen(&self.services, db, name),
+            Kind::PodDisruptionBudget => seen(&self.budgets, db, name),
+            Kind::Secret => seen(&self.secrets, db, name),
+            Kind::StatefulSet => seen(&self.stateful_sets, db, name),
+            Kind::Job => seen(&self.jobs, db, name),
+            Kind::PersistentVolumeClaim => seen(&self.claims, db, name),
         }
     }
 
-    /// The key names of Secret `namespace/name` (values are not cached).
-    pub fn secret_keys(&self, namespace: &str, name: &str) -> Option<Vec<String>> {
-        get(&self.secrets, namespace, name).map(|s| s.data.iter().flat_map(|d| d.keys().cloned()).collect())
+    /// `db`'s Secret `name`: its metadata and key names (values are not cached). A
+    /// Secret of that name that is not the Database's is not returned.
+    pub fn secret(&self, db: &Database, name: &str) -> Option<Arc<Secret>> {
+        get(&self.secrets, &db.namespace().unwrap_or_default(), name).and_then(|s| own(db, s))
     }
 
-    /// Secret `namespace/name`: its metadata and key names (values are not cached).
-    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
-        get(&self.secrets, namespace, name)
+    /// The key names of `db`'s Secret `name` (see [`Caches::secret`]).
+    pub fn secret_keys(&self, db: &Database, name: &str) -> Option<Vec<String>> {
+        self.secret(db, name).map(|s| s.data.iter().flat_map(|d| d.keys().cloned()).collect())
     }
 
-    /// StatefulSet `namespace/name`, without its pod template.
-    pub fn stateful_set(&self, namespace: &str, name: &str) -> Option<Arc<StatefulSet>> {
-        get(&self.stateful_sets, namespace, name)
+    /// `db`'s StatefulSet, without its pod template.
+    pub fn stateful_set(&self, db: &Database) -> Option<Arc<StatefulSet>> {
+        get(&self.stateful_sets, &db.namespace().unwrap_or_default(), &db.name_any()).and_then(|s| own(db, s))
     }
 
-    /// Job `namespace/name`.
-    pub fn job(&self, namespace: &str, name: &str) -> Option<Arc<Job>> {
-        get(&self.jobs, namespace, name)
+    /// `db`'s Job `name`; a Job of that name that is not the Database's is not returned.
+    pub fn job(&self, db: &Database, name: &str) -> Option<Arc<Job>> {
+        get(&self.jobs, &db.namespace().unwrap_or_default(), name).and_then(|j| own(db, j))
     }
 
-    /// Jobs in `namespace` labelled `key=value`.
-    pub fn jobs_labelled(&self, namespace: &str, key: &str, value: &str) -> Vec<Arc<Job>> {
-        in_namespace(&self.jobs, namespace, |j| j.labels().get(key).map(String::as_str) == Some(value))
+    /// `db`'s Jobs labelled `key=value`.
+    pub fn jobs_labelled(&self, db: &Database, key: &str, value: &str) -> Vec<Arc<Job>> {
+        let ns = db.namespace().unwrap_or_default();
+        in_namespace(&self.jobs, &ns, |j| j.labels().get(key).map(String::as_str) == Some(value) && owner::is_ours(db, Kind::Job, j.meta()))
     }
 
-    /// Claim `namespace/name`.
-    pub fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        get(&self.claims, namespace, name)
+    /// `db`'s volume claim `name`.
+    pub fn claim(&self, db: &Database, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        get(&self.claims, &db.namespace().unwrap_or_default(), name).and_then(|c| own(db, c))
     }
 
-    /// Pods in `namespace` whose labels include all of `selector`: metadata and
-    /// conditions only.
-    pub fn pods(&self, namespace: &str, selector: &std::collections::BTreeMap<String, String>) -> Vec<Arc<Pod>> {
-        in_namespace(&self.pods, namespace, |p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
+    /// `db`'s member pods: those its StatefulSet made, whose labels include all of
+    /// `selector`; metadata and conditions only.
+    pub fn pods(&self, db: &Database, selector: &std::collections::BTreeMap<String, String>) -> Vec<Arc<Pod>> {
+        let name = db.name_any();
+        let members = |p: &Pod| owner::controller(p.meta()).is_some_and(|c| c.kind == "StatefulSet" && c.name == name);
+        in_namespace(&self.pods, &db.namespace().unwrap_or_default(), |p| {
+            members(p) && selector.iter().all(|(k, v)| p.labels().get(k) == Some(v))
+        })
     }
 }
 
@@ -406,6 +426,19 @@ mod tests {
             annotations: Some([(APPLIED_HASH.to_string(), "b790".to_string())].into()),
             ..Default::default()
         };
+        assert_eq!(service.metadata, expected, "no controller: none kept");
+        let mut service = PartialObjectMeta::<Service> { metadata: meta(&[(APPLIED_HASH, "b790")]), ..Default::default() };
+        let controller = OwnerReference {
+            kind: "Database".into(),
+            name: "orders".into(),
+            uid: "db-1".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        service.metadata.owner_references.get_or_insert_default().push(controller);
+        applied_hash_only(&mut service);
+        let kept = OwnerReference { uid: "db-1".into(), controller: Some(true), ..Default::default() };
+        let expected = ObjectMeta { owner_references: Some(vec![kept]), ..expected };
         assert_eq!(service.metadata, expected);
 
         let mut unhashed = PartialObjectMeta::<Service> { metadata: meta(&[]), ..Default::default() };
@@ -421,17 +454,31 @@ mod tests {
             subresource: subresource.map(Into::into),
             ..Default::default()
         };
-        let seen_with = |entries: Vec<ManagedFieldsEntry>| {
-            let mut set = StatefulSet { metadata: ObjectMeta { managed_fields: Some(entries), ..meta(&[]) }, ..Default::default() };
+        let mut db =
+            Database::new("orders", serde_json::from_value(serde_json::json!({"engine": "postgres", "storage": "1Gi"})).expect("spec"));
+        db.metadata.namespace = Some("shop".into());
+        db.metadata.uid = Some("db-1".into());
+        let seen_with = |entries: Vec<ManagedFieldsEntry>, controller: &str| {
+            let owner = OwnerReference {
+                kind: "Database".into(),
+                name: "orders".into(),
+                uid: controller.into(),
+                controller: Some(true),
+                ..Default::default()
+            };
+            let metadata = ObjectMeta { managed_fields: Some(entries), owner_references: Some(vec![owner]), ..meta(&[]) };
+            let mut set = StatefulSet { metadata, ..Default::default() };
             no_pod_template(&mut set);
             let store = reflector::store::<StatefulSet>();
             let mut writer = store.1;
             writer.apply_watcher_event(&watcher::Event::Apply(set));
-            seen(&store.0, "shop", "orders")
+            seen(&store.0, &db, "orders")
         };
-        assert_eq!(seen_with(vec![entry("Update", None)]), Seen::Present { hash: None, created: true });
-        assert_eq!(seen_with(vec![entry("Apply", None), entry("Update", Some("status"))]), Seen::Present { hash: None, created: false });
-        assert_eq!(seen_with(vec![]), Seen::Present { hash: None, created: false });
+        assert_eq!(seen_with(vec![entry("Update", None)], "db-1"), Seen::Present { hash: None, created: true });
+        let applied = vec![entry("Apply", None), entry("Update", Some("status"))];
+        assert_eq!(seen_with(applied, "db-1"), Seen::Present { hash: None, created: false });
+        assert_eq!(seen_with(vec![], "db-1"), Seen::Present { hash: None, created: false });
+        assert_eq!(seen_with(vec![], "db-0"), Seen::Foreign, "an earlier Database's of the same name is not this one's");
     }
 
     #[test]

@@ -251,7 +251,7 @@ impl<'a> Pass<'a> {
 
     /// The members as the pod cache has them.
     fn observe(&self) -> Members {
-        let pods = self.ctx.caches.pods(&self.ns, &build::selector(self.db));
+        let pods = self.ctx.caches.pods(self.db, &build::selector(self.db));
         let observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
         Members { pods, observed }
     }
@@ -332,7 +332,7 @@ impl<'a> Pass<'a> {
 
     /// The state of the Database's Job `name`, as the cache has it.
     fn job_state(&self, name: &str) -> JobState {
-        backups::state(self.ctx.caches.job(&self.ns, name).as_deref())
+        backups::state(self.ctx.caches.job(self.db, name).as_deref())
     }
 
     /// Tells the user what a decision noted: conditions set, Events sent.
@@ -453,9 +453,9 @@ impl<'a> Pass<'a> {
         replicas: u32,
     ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
-        let mut stateful_set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
+        let mut stateful_set = ctx.caches.stateful_set(db);
         for child in build::children(db, workload, &db.spec.engine, primary, archiver, replicas, self.tls.as_deref()) {
-            let applied = apply::apply(ctx, ns, &child).await?;
+            let applied = apply::apply(ctx, db, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
                 stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
             }
@@ -494,7 +494,7 @@ impl<'a> Pass<'a> {
     /// The upgrade plan's steps, in order, once the new version is rendered (until then a
     /// pre-upgrade backup runs). Returns whether an upgrade is under way in this pass.
     async fn steps(&mut self, upgrade: &Upgrade, workload: &Workload, rolled: bool) -> Result<bool, Error> {
-        let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
+        let (ctx, db) = (self.ctx, self.db);
         let jobs = |name: &str| self.job_state(name);
         let steps = decide::steps(&self.name, self.status.upgrade.as_ref(), &upgrade.version, upgrade.plan.as_ref(), rolled, &jobs);
         if let Some((name, job)) = &steps.job {
@@ -504,7 +504,7 @@ impl<'a> Pass<'a> {
                 None => jobs::Storage::Volume { of: &self.name },
             };
             let child = jobs::job(db, name, Purpose::Upgrade, job, storage, "", None, workload.run_as_user);
-            apply::create_once(ctx, ns, &child).await?;
+            apply::create_once(ctx, db, &child).await?;
         }
         self.say(&steps.notes).await;
         if let Some(version) = steps.completed {
@@ -519,10 +519,10 @@ impl<'a> Pass<'a> {
     /// members have and says why in `Progressing` (an Event the first time). A new
     /// Database starts with the spec's count.
     async fn scale(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Scale, Error> {
-        let (ctx, ns) = (self.ctx, self.ns.as_str());
+        let ctx = self.ctx;
         let desired = spec.replicas;
         let restored = self.restore_unfinished().then(|| restore::members_restored(ctx, self.db, desired));
-        let set = ctx.caches.stateful_set(ns, &Names(&self.name).primary());
+        let set = ctx.caches.stateful_set(self.db);
         let current = set.and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)).map(|r| r.max(1) as u32);
         let progress = self.status.scale.clone();
         let scale = match decide::scale_question(desired, restored, current, progress.as_ref()) {
@@ -553,7 +553,7 @@ impl<'a> Pass<'a> {
     async fn scale_job(&self, scale: &Scale, workload: &Workload) -> Result<(), Error> {
         if let Some((name, job)) = &scale.job {
             let child = jobs::job(self.db, name, Purpose::Scale, job, jobs::Storage::Scratch, "", None, workload.run_as_user);
-            apply::create_once(self.ctx, &self.ns, &child).await?;
+            apply::create_once(self.ctx, self.db, &child).await?;
         }
         Ok(())
     }
@@ -605,7 +605,7 @@ async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Result<Growth, 
     for ordinal in 0..db.spec.replicas.max(1) as u32 {
         let claim = Names(&name).data_claim(ordinal);
         // An unbound claim cannot change; it is grown once it is bound.
-        let Some(pvc) = ctx.caches.claim(ns, &claim).filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) else {
+        let Some(pvc) = ctx.caches.claim(db, &claim).filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) else {
             continue;
         };
         let storage = |map: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {

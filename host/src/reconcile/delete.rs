@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use super::backups::{self, JobState};
 use super::status::{self, Reason, kind};
 use super::{Context, Error, FINALIZER, event, join, plugin_uid, set_finalizer, stop_with, write_status};
-use crate::build::{self, Names};
+use crate::build;
 use crate::crd::{Database, DeletionPolicy, Phase};
 
 /// What deleting a Database takes.
@@ -42,8 +42,7 @@ pub fn ending(db: &Database, has_members: bool) -> Ending {
 /// Deletion: under Snapshot, a final backup must succeed before the finalizer goes.
 pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error> {
     let name = db.name_any();
-    let ns = db.namespace().unwrap_or_default();
-    match ending(db, ctx.caches.stateful_set(&ns, &Names(&name).primary()).is_some()) {
+    match ending(db, ctx.caches.stateful_set(db).is_some()) {
         Ending::Gone => return Ok(Action::await_change()),
         Ending::Release => {
             set_finalizer(ctx, db, false).await?;

@@ -19,6 +19,7 @@ mod converge;
 pub mod decide;
 mod delete;
 pub mod members;
+pub mod owner;
 pub mod restore;
 pub mod status;
 
@@ -250,18 +251,24 @@ pub enum Error {
     /// expected, without holding a reconcile slot meanwhile.
     #[error(transparent)]
     Busy(#[from] crate::plugin::Busy),
+    /// An object with the name of one of the Database's children is not the Database's:
+    /// nothing of it is touched, and the pass stops until it goes.
+    #[error(transparent)]
+    Taken(#[from] owner::Taken),
 }
 
 impl Error {
-    /// What the API server said when it refused a write for a reason a user can act on
-    /// (an invalid object, a quota, a policy): retrying alone will not fix it. Conflicts,
-    /// throttling, missing objects and server errors are passing and are only retried.
-    pub fn refusal(&self) -> Option<String> {
+    /// Why a pass could not go on, for a reason a user can act on, when retrying alone
+    /// will not fix it: the API server refused a write (an invalid object, a quota, a
+    /// policy), or a child's name is taken. Conflicts, throttling, missing objects and
+    /// server errors are passing and are only retried.
+    pub fn refusal(&self) -> Option<(Reason, String)> {
         match self {
             Error::Kube(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 413 | 422) => {
                 let said = crate::events::truncate(&e.message, crate::events::MAX_NOTE / 2);
-                Some(format!("the API server refused a write ({} {}): {said}", e.code, e.reason))
+                Some((Reason::WriteRefused, format!("the API server refused a write ({} {}): {said}", e.code, e.reason)))
             }
+            Error::Taken(taken) => Some((Reason::NameTaken, taken.to_string())),
             _ => None,
         }
     }
@@ -372,8 +379,8 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
     let result =
         if db.metadata.deletion_timestamp.is_some() { delete::delete(&db, &ctx).await } else { converge::converge(&db, &ctx).await };
     ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
-    if let Some(message) = result.as_ref().err().and_then(Error::refusal) {
-        refused(&ctx, &db, message).await;
+    if let Some((reason, message)) = result.as_ref().err().and_then(Error::refusal) {
+        refused(&ctx, &db, reason, message).await;
     }
     if result.is_ok() && ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&ObjectRef::from_obj(db.as_ref())).is_some() {
         ctx.count_state();
@@ -381,16 +388,21 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
     result
 }
 
-/// A write the API server refused for a reason the user can act on: a Warning Event and
-/// `Progressing=False` say it once, not once per retry (the retries keep their backoff).
-/// The next pass that succeeds sets `Progressing` anew.
-async fn refused(ctx: &Context, db: &Database, message: String) {
+/// A pass stopped for a reason the user can act on ([`Error::refusal`]): a Warning Event
+/// and `Progressing=False` say it once, not once per retry (the retries keep their
+/// backoff); a taken name also makes the Database not `Ready`. The next pass that
+/// succeeds sets the conditions anew.
+async fn refused(ctx: &Context, db: &Database, reason: Reason, message: String) {
     let mut status = db.status.clone().unwrap_or_default();
-    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == Reason::WriteRefused.as_str() && c.message == message) {
+    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == reason.as_str() && c.message == message) {
         return;
     }
-    event(ctx, db, true, Reason::WriteRefused, message.clone()).await;
-    status::set(&mut status.conditions, kind::PROGRESSING, false, Reason::WriteRefused, message, db.metadata.generation);
+    tracing::warn!(database = %db.name_any(), reason = reason.as_str(), %message, "the pass cannot go on");
+    event(ctx, db, true, reason, message.clone()).await;
+    if reason == Reason::NameTaken {
+        status::set(&mut status.conditions, kind::READY, false, reason, message.clone(), db.metadata.generation);
+    }
+    status::set(&mut status.conditions, kind::PROGRESSING, false, reason, message, db.metadata.generation);
     if let Err(e) = write_status(ctx, db, status).await {
         tracing::warn!(error = %e, "could not record the refusal in the status");
     }

@@ -44,11 +44,10 @@ pub fn job_name(db: &Database, ordinal: u32) -> String {
 /// The restore Jobs of `db` with their names, member 0's first. Member 0's is made
 /// last, so there are none until every one exists.
 fn restore_jobs(ctx: &Context, db: &Database, replicas: u32) -> Vec<(String, Arc<Job>)> {
-    let ns = db.namespace().unwrap_or_default();
     (0..replicas.max(1))
         .map_while(|ordinal| {
             let name = job_name(db, ordinal);
-            ctx.caches.job(&ns, &name).map(|job| (name, job))
+            ctx.caches.job(db, &name).map(|job| (name, job))
         })
         .collect()
 }
@@ -184,12 +183,12 @@ pub async fn reconcile(
     for (ordinal, plan) in plans.iter().enumerate().rev() {
         let claim = Names(&name).data_claim(ordinal as u32);
         if plan.mounts_data {
-            apply::create_once(ctx, &ns, &data_claim(db, &claim)).await?;
+            apply::create_once(ctx, db, &data_claim(db, &claim)).await?;
         }
         let job_name = job_name(db, ordinal as u32);
         let volume = Some((claim.as_str(), workload.data_mount_path.as_str()));
         let job = jobs::job(db, &job_name, Purpose::Restore, plan, storage(), &backup, volume, workload.run_as_user);
-        apply::create_once(ctx, &ns, &job).await?;
+        apply::create_once(ctx, db, &job).await?;
     }
     Ok(if into_volumes { Restore::HoldMembers } else { Restore::Running })
 }
@@ -255,7 +254,7 @@ pub fn choose(listed: &[Listed], archive: &[Segment], named: Option<&str>, point
 /// The backup a restore read, as its Job records it (`database/backup`), for messages.
 pub fn restored_from(ctx: &Context, db: &Database) -> String {
     let source = db.spec.restore_from.as_ref().map(|s| s.database.as_str()).unwrap_or_default();
-    let job = ctx.caches.job(&db.namespace().unwrap_or_default(), &job_name(db, 0));
+    let job = ctx.caches.job(db, &job_name(db, 0));
     let backup = job.as_ref().and_then(|j| j.annotations().get(jobs::ARTIFACT).cloned()).unwrap_or_default();
     format!("{source}/{backup}")
 }

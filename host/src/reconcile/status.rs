@@ -110,6 +110,8 @@ pub enum Reason {
     /// The certificate cannot come from `spec.tls.issuerRef`: cert-manager is not
     /// installed, or its issuer gives no `ca.crt`.
     CertificateUnavailable,
+    /// An object with the name of one of the Database's children is not the Database's.
+    NameTaken,
 }
 
 impl Reason {
@@ -156,6 +158,7 @@ impl Reason {
             Reason::CapabilityMissing => "CapabilityMissing",
             Reason::CertificatePending => "CertificatePending",
             Reason::CertificateUnavailable => "CertificateUnavailable",
+            Reason::NameTaken => "NameTaken",
         }
     }
 }
