@@ -156,6 +156,7 @@ async fn of_two_config_maps_for_one_engine_the_first_by_name_serves_and_the_othe
     let problem = registry.problem("minimal").expect("minimal-b stands by");
     assert_eq!(problem.config_map, "minimal-b");
     assert!(problem.reason.contains("\"minimal-a\", whose name sorts first"), "{problem:?}");
+    assert_eq!(registry.builds_held(), 1, "a plugin standing by keeps its bytes, not a compiled build");
 
     // A restart lists them in whatever order: the same one serves.
     watch.abort();
@@ -167,6 +168,10 @@ async fn of_two_config_maps_for_one_engine_the_first_by_name_serves_and_the_othe
     cms.delete("minimal-a", &DeleteParams::default()).await.expect("delete a");
     eventually("minimal-b takes over", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@2.0.0")).await;
     assert!(registry.problem("minimal").is_none(), "{:?}", registry.problem("minimal"));
+    eventually("the removed plugin's build is freed", || registry.builds_held() == 1).await;
+    cms.delete("minimal-b", &DeleteParams::default()).await.expect("delete b");
+    eventually("minimal is unloaded", || registry.get("minimal").is_none()).await;
+    eventually("nothing is held for a ConfigMap that is gone", || registry.builds_held() == 0).await;
     watch.abort();
 }
 

@@ -115,12 +115,26 @@ pub struct LoadProblem {
     pub reason: String,
 }
 
+/// A valid plugin standing by for an engine another ConfigMap serves: only its bytes are
+/// kept (a compiled plugin holds megabytes), compiled again if it takes over.
+#[derive(Debug, Clone)]
+struct Rival {
+    engine: String,
+    bytes: Arc<[u8]>,
+}
+
+impl Rival {
+    fn of(plugin: &Plugin) -> Self {
+        Self { engine: plugin.info().engine.clone(), bytes: plugin.bytes() }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     engines: BTreeMap<String, Loaded>,
     /// Valid plugins of ConfigMaps whose engine another ConfigMap serves, by ConfigMap
     /// name: the first of them by name takes over when the serving one goes.
-    rivals: BTreeMap<String, Loaded>,
+    rivals: BTreeMap<String, Rival>,
     /// Last problem per ConfigMap; cleared by a successful load or a delete.
     problems: BTreeMap<String, LoadProblem>,
 }
@@ -249,6 +263,17 @@ impl Registry {
         self.state.read().unwrap_or_else(lock_poisoned).problems.values().find(|p| p.engine.as_deref() == Some(engine)).cloned()
     }
 
+    /// Compiled builds the registry holds: those serving, and the cache of builds by
+    /// digest. A plugin standing by, replaced or removed holds none.
+    pub fn builds_held(&self) -> usize {
+        let mut digests: Vec<String> =
+            self.state.read().unwrap_or_else(lock_poisoned).engines.values().map(|l| l.plugin.digest().to_string()).collect();
+        digests.extend(self.compiled.read().unwrap_or_else(lock_poisoned).keys().cloned());
+        digests.sort();
+        digests.dedup();
+        digests.len()
+    }
+
     /// ConfigMaps whose plugin is being compiled right now.
     pub fn compiling(&self) -> Vec<String> {
         self.compiling.read().unwrap_or_else(lock_poisoned).clone()
@@ -315,15 +340,19 @@ impl Registry {
         {
             if other.config_map.as_str() < source {
                 let reason = standing_by(&other.config_map);
-                state.rivals.insert(source.to_string(), Loaded { plugin, config_map: source.to_string() });
-                return reject(&mut state, reason);
+                state.rivals.insert(source.to_string(), Rival::of(&plugin));
+                let outcome = reject(&mut state, reason);
+                drop(state);
+                self.forget_unused_builds();
+                return outcome;
             }
             if let Some(other) = state.engines.remove(&engine) {
                 let problem =
                     LoadProblem { config_map: other.config_map.clone(), engine: Some(engine.clone()), reason: standing_by(source) };
                 state.problems.insert(other.config_map.clone(), problem);
                 displaced = Some(other.plugin.id());
-                state.rivals.insert(other.config_map.clone(), other);
+                self.memo.forget(other.plugin.digest());
+                state.rivals.insert(other.config_map.clone(), Rival::of(&other.plugin));
             }
         }
         // This source may have served another engine before (its plugin changed engine).
@@ -341,6 +370,7 @@ impl Registry {
         }
         self.count(&state);
         drop(state);
+        self.forget_unused_builds();
         self.optimize(&engine, source, &digest);
         let _ = self.changes.send(engine.clone());
         Outcome::Loaded { engine, id, replaced: previous.map(|(_, id)| id).or(displaced) }
@@ -420,32 +450,37 @@ impl Registry {
         Ok(plugin)
     }
 
+    /// Drops compiled builds no engine serves any more: what a replaced, removed or
+    /// standing-by plugin held is freed.
+    fn forget_unused_builds(&self) {
+        let in_use: Vec<String> =
+            self.state.read().unwrap_or_else(lock_poisoned).engines.values().map(|l| l.plugin.digest().to_string()).collect();
+        self.compiled.write().unwrap_or_else(lock_poisoned).retain(|d, _| in_use.contains(d));
+    }
+
     /// Forgets a ConfigMap: unloads the engine it served (a standing-by rival, the
-    /// first by name, takes over), clears its problems.
-    pub fn remove(&self, config_map: &str) -> Option<Outcome> {
-        let mut state = self.state.write().unwrap_or_else(lock_poisoned);
-        state.problems.remove(config_map);
-        state.rivals.remove(config_map);
-        let engine = state.engines.iter().find(|(_, l)| l.config_map == config_map).map(|(e, _)| e.clone())?;
-        let gone = state.engines.remove(&engine)?;
-        self.memo.forget(gone.plugin.digest());
-        let rival = state.rivals.iter().find(|(_, l)| l.plugin.info().engine == engine).map(|(name, _)| name.clone());
-        let outcome = match rival.and_then(|name| state.rivals.remove(&name)) {
-            Some(rival) => {
-                state.problems.remove(&rival.config_map);
-                let id = rival.plugin.id();
-                let (source, digest) = (rival.config_map.clone(), rival.plugin.digest().to_string());
-                state.engines.insert(engine.clone(), rival);
-                drop(state);
-                self.optimize(&engine, &source, &digest);
-                Outcome::Loaded { engine: engine.clone(), id, replaced: Some(gone.plugin.id()) }
-            }
-            None => {
-                drop(state);
-                Outcome::Unloaded { engine: engine.clone() }
-            }
+    /// first by name, is compiled again and takes over), clears its problems.
+    pub async fn remove(&self, config_map: &str) -> Option<Outcome> {
+        let (engine, gone, rival) = {
+            let mut state = self.state.write().unwrap_or_else(lock_poisoned);
+            state.problems.remove(config_map);
+            state.rivals.remove(config_map);
+            let engine = state.engines.iter().find(|(_, l)| l.config_map == config_map).map(|(e, _)| e.clone())?;
+            let gone = state.engines.remove(&engine)?;
+            self.memo.forget(gone.plugin.digest());
+            let rival = state.rivals.iter().find(|(_, r)| r.engine == engine).map(|(name, _)| name.clone());
+            let rival = rival.and_then(|name| state.rivals.remove(&name).map(|r| (name, r)));
+            self.count(&state);
+            (engine, gone, rival)
         };
-        self.count(&self.state.read().unwrap_or_else(lock_poisoned));
+        self.forget_unused_builds();
+        let outcome = match rival {
+            Some((source, rival)) => match self.apply_bytes(&source, Some(engine.clone()), Ok(rival.bytes.to_vec())).await {
+                Outcome::Loaded { engine, id, .. } => Outcome::Loaded { engine, id, replaced: Some(gone.plugin.id()) },
+                other => other,
+            },
+            None => Outcome::Unloaded { engine: engine.clone() },
+        };
         let _ = self.changes.send(engine);
         Some(outcome)
     }
@@ -513,7 +548,7 @@ impl Registry {
                 match job {
                     Job::Apply(cm) => registry.handle(&recorder, &cm).await,
                     Job::Remove(name) => {
-                        if let Some(outcome) = registry.remove(&name) {
+                        if let Some(outcome) = registry.remove(&name).await {
                             registry.report(&name, &outcome);
                         }
                     }
