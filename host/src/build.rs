@@ -89,7 +89,21 @@ impl Names<'_> {
     pub fn data_claim(&self, ordinal: u32) -> String {
         format!("data-{}-{ordinal}", self.0)
     }
+    /// Job `<name>-<suffix>`. Where that passes the 63 characters a Job's name may have,
+    /// the Database's part is shortened and told apart by a hash of the whole name.
+    pub fn job(&self, suffix: &str) -> String {
+        let whole = format!("{}-{suffix}", self.0);
+        if whole.len() <= MAX_JOB_NAME {
+            return whole;
+        }
+        let tag = &hex(self.0.as_bytes())[..6];
+        let keep = MAX_JOB_NAME.saturating_sub(suffix.len() + tag.len() + 2).min(self.0.len());
+        format!("{}-{tag}-{suffix}", self.0[..keep].trim_end_matches(['-', '.']))
+    }
 }
+
+/// The longest name a Job may have (its pods carry it as a label value).
+pub const MAX_JOB_NAME: usize = 63;
 
 /// Labels every child and member pod carries.
 pub fn labels(db: &Database) -> BTreeMap<String, String> {

@@ -189,6 +189,7 @@ pub struct BackupSpec {
     /// days of week `0`-`7`, `0` and `7` being Sunday, or `SUN`-`SAT`), or six with
     /// seconds first (`*/30 * * * * *`).
     #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new("self.matches('^[[:space:]]*[^[:space:]]+([[:space:]]+[^[:space:]]+){4,6}[[:space:]]*$')").message("schedule must be five cron fields (minute hour day-of-month month day-of-week, e.g. \"0 2 * * *\" for 02:00 UTC daily), or six with seconds first"))]
     pub schedule: String,
     /// How many successful backups to keep; older ones are deleted.
     #[serde(default = "default_retention")]

@@ -120,6 +120,9 @@ pub fn job(
         env: Some(pod::env(&plan.env)),
         volume_mounts: Some(mounts),
         security_context: Some(pod::container_security(None)),
+        // A failed container's last log lines become its termination message: the cause
+        // a failed backup's condition quotes.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
     // Init containers run in order, each to completion: an upload starts only after the
@@ -198,6 +201,7 @@ fn transfer_container(transfer: &Transfer<'_>, direction: &str, path: &str, arch
         env: Some(pod::bucket_env(transfer.target)),
         volume_mounts: Some(mounts),
         security_context: Some(pod::container_security(None)),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     }
 }

@@ -5,6 +5,8 @@ use std::str::FromStr;
 use chrono::{DateTime, Duration, Utc};
 use cron::Schedule;
 
+use crate::build::Names;
+
 /// Missed fire times older than this are skipped rather than run late.
 const STARTING_DEADLINE: Duration = Duration::hours(24);
 
@@ -92,11 +94,11 @@ pub fn next(schedule: &Schedule, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
 
 /// The deterministic name of the backup for a fire time: the same after any restart.
 /// Minute precision (`orders-2611210200`), seconds when the schedule has them; the
-/// Database name is shortened when needed to keep within a Job name's 63 characters.
+/// Database name is shortened when needed to keep within a Job name's 63 characters
+/// (see [`Names::job`]).
 pub fn backup_name(database: &str, at: DateTime<Utc>) -> String {
     let stamp = if at.timestamp() % 60 == 0 { at.format("%y%m%d%H%M").to_string() } else { at.format("%y%m%d%H%M%S").to_string() };
-    let keep = database.len().min(62 - stamp.len());
-    format!("{}-{stamp}", database[..keep].trim_end_matches('-'))
+    Names(database).job(&stamp)
 }
 
 #[cfg(test)]
@@ -157,5 +159,8 @@ mod tests {
         assert_eq!(name.len(), 63);
         assert!(name.ends_with("-261121020030"));
         assert_eq!(backup_name("orders", at("2026-11-21T02:00:30Z")), "orders-261121020030");
+        let (a, b) = (format!("{}a", "d".repeat(51)), format!("{}b", "d".repeat(51)));
+        let at_two = at("2026-11-21T02:00:00Z");
+        assert_ne!(backup_name(&a, at_two), backup_name(&b, at_two), "long names that share a beginning keep apart");
     }
 }

@@ -80,6 +80,11 @@ async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
     let read = dbs.get("big").await.expect("read");
     assert_eq!(read.spec.parameters.get("quota"), Some(&plugdb::crd::Parameter::Integer(4_294_967_296)));
     assert_eq!(read.spec.parameters.get("mem"), Some(&plugdb::crd::Parameter::Text("8MB".into())));
+    for schedule in ["daily", "0 2 * *", "1 2 3 4 5 6 7 8"] {
+        let unscheduled = database("unscheduled", json!({"engine": "postgres", "storage": "1Gi", "backup": {"schedule": schedule}}));
+        let err = dbs.create(&PostParams::default(), &unscheduled).await.expect_err(schedule);
+        assert!(err.to_string().contains("spec.backup.schedule") && err.to_string().contains("five cron fields"), "{schedule}: {err}");
+    }
     let nothing = database("nothing", json!({"engine": "postgres", "storage": "0"}));
     let err = dbs.create(&PostParams::default(), &nothing).await.expect_err("an empty volume is refused");
     assert!(err.to_string().contains("spec.storage") && err.to_string().contains("positive quantity"), "{err}");

@@ -281,3 +281,16 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
     let pod = job.spec.expect("spec").template.spec.expect("pod");
     assert!(pod.containers.iter().chain(pod.init_containers.iter().flatten()).any(mounted), "a Job verifies the members too");
 }
+
+#[test]
+fn job_names_fit_whatever_the_database_name_and_long_ones_keep_apart() {
+    let longest = "d".repeat(MAX_NAME);
+    for suffix in ["final", "restore-8", "manual-0123456789", "pre-0123456789", "scale-1-9-12", "upgrade-01234567-12", "261121020030"] {
+        let name = Names(&longest).job(suffix);
+        assert!(name.len() <= MAX_JOB_NAME, "{name}: {} characters", name.len());
+        assert!(name.ends_with(&format!("-{suffix}")), "{name}");
+        let other = Names(&format!("{}e", &longest[..MAX_NAME - 1])).job(suffix);
+        assert_ne!(name, other, "two long names that share a beginning name the same Job");
+    }
+    assert_eq!(Names("orders").job("final"), "orders-final", "short names are as they were");
+}

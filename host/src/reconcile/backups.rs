@@ -90,7 +90,9 @@ pub async fn ensure_backup(
             jobs::job(db, name, Purpose::Backup, &plan, Storage::Volume { of: &db.name_any() }, name, None, run_as_user)
         }
     };
-    apply::create_once(ctx, db, &job).await?;
+    if apply::create_once(ctx, db, &job).await? {
+        tracing::info!(database = %db.name_any(), namespace = %ns, backup = name, "backup started");
+    }
     Ok(Ok(JobState::Running))
 }
 
@@ -186,7 +188,7 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
             Err(e) => report.problem = Some(format!("spec.backup.schedule: {e}")),
         }
     }
-    let manual = |token: &str| format!("{name}-manual-{}", &crate::plugin::hex_digest(token.as_bytes())[..10]);
+    let manual = |token: &str| Names(&name).job(&format!("manual-{}", &crate::plugin::hex_digest(token.as_bytes())[..10]));
     let request = db.annotations().get(BACKUP_NOW).filter(|t| report.request.as_ref() != Some(*t)).cloned();
     if let Some(token) = &request {
         wanted.push(manual(token));
@@ -223,7 +225,17 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         backups.iter().filter(|j| state(Some(j)) == JobState::Failed).max_by_key(|j| j.metadata.creation_timestamp.clone())
         && failed.metadata.creation_timestamp > succeeded.first().and_then(|j| j.metadata.creation_timestamp.clone())
     {
-        report.problem.get_or_insert(format!("backup {} failed", failed.name_any()));
+        let said = format!("backup {} failed", failed.name_any());
+        // The cause is read once, when the failure is first seen; the status keeps it.
+        let known = previous.conditions.iter().find(|c| c.type_ == super::status::kind::BACKUP_HEALTHY).map(|c| &c.message);
+        let problem = match known.filter(|m| m.starts_with(&said)) {
+            Some(known) => known.clone(),
+            None => match failure_cause(ctx, &ns, &failed.name_any()).await {
+                Some(cause) => format!("{said}: {cause}"),
+                None => said,
+            },
+        };
+        report.problem.get_or_insert(problem);
     }
 
     // Retention counts every successful backup Job. In a bucket it acts on the artefacts
@@ -288,6 +300,38 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         }
     }
     Ok(report)
+}
+
+/// The longest cause of a failed Job the status and its Event quote.
+const MAX_CAUSE: usize = 400;
+
+/// Why Job `name` failed, in its failed container's own words: the end of its
+/// termination message (its log's last lines: Jobs' containers fall back to them), on one
+/// line, control characters escaped and bounded. `None` when no pod says.
+async fn failure_cause(ctx: &Context, ns: &str, name: &str) -> Option<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = pods.list(&kube::api::ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"))).await.ok()?;
+    let mut pods = listed.items;
+    pods.sort_by_key(|p| std::cmp::Reverse(p.metadata.creation_timestamp.clone()));
+    let status = pods.iter().filter_map(|p| p.status.as_ref()).find_map(|s| {
+        s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten()).find_map(|c| {
+            let t = c.state.as_ref()?.terminated.as_ref()?;
+            (t.exit_code != 0).then(|| (c.name.clone(), t.exit_code, t.message.clone().or(t.reason.clone()).unwrap_or_default()))
+        })
+    })?;
+    let (container, code, message) = status;
+    let lines: Vec<&str> = message.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let mut tail = String::new();
+    for line in lines.iter().rev() {
+        if tail.len() + line.len() > MAX_CAUSE {
+            break;
+        }
+        tail = if tail.is_empty() { line.to_string() } else { format!("{line} | {tail}") };
+    }
+    if tail.is_empty() {
+        tail = crate::events::truncate(lines.last().copied().unwrap_or_default(), MAX_CAUSE).to_string();
+    }
+    Some(crate::plugin::logs::escaped(&format!("container {container} exited {code}: {tail}")))
 }
 
 /// Deletes a Job and its pods.

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use super::backups::{self, JobState};
 use super::status::{self, Reason, kind};
 use super::{Context, Error, FINALIZER, event, join, plugin_uid, set_finalizer, stop_with, write_status};
-use crate::build;
+use crate::build::{self, Names};
 use crate::crd::{Database, DeletionPolicy, Phase};
 
 /// What deleting a Database takes.
@@ -58,7 +58,7 @@ pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error
     }
     let mut status = db.status.clone().unwrap_or_default();
     status.phase = Some(Phase::Deleting);
-    let final_name = format!("{name}-final");
+    let final_name = Names(&name).job("final");
     let outcome = match ctx.registry.get(&db.spec.engine) {
         None => Err(format!(
             "no plugin serves engine {:?}, so no final backup can be taken; set deletionPolicy: Retain to delete without one",

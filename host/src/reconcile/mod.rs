@@ -397,7 +397,6 @@ async fn refused(ctx: &Context, db: &Database, reason: Reason, message: String) 
     if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == reason.as_str() && c.message == message) {
         return;
     }
-    tracing::warn!(database = %db.name_any(), reason = reason.as_str(), %message, "the pass cannot go on");
     event(ctx, db, true, reason, message.clone()).await;
     if reason == Reason::NameTaken {
         status::set(&mut status.conditions, kind::READY, false, reason, message.clone(), db.metadata.generation);
@@ -421,6 +420,14 @@ async fn event_about(
     reason: Reason,
     note: String,
 ) {
+    // Every decision that changed a Database is an Event; the operator's log says it too.
+    let (database, namespace) = (db.name_any(), db.namespace().unwrap_or_default());
+    let member = related.as_ref().and_then(|r| r.name.as_deref()).unwrap_or_default();
+    if warning {
+        tracing::warn!(%database, %namespace, reason = reason.as_str(), member, "{note}");
+    } else {
+        tracing::info!(%database, %namespace, reason = reason.as_str(), member, "{note}");
+    }
     if let Err(e) = ctx.recorder.publish(&db.object_ref(&()), related.as_ref(), warning, reason.as_str(), &note).await {
         tracing::warn!(error = %e, reason = reason.as_str(), "could not record event");
     }

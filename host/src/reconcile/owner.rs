@@ -63,6 +63,9 @@ pub fn check(db: &Database, kind: Kind, meta: &ObjectMeta) -> Result<(), Taken> 
 pub fn check_as(db: &Database, kind: &'static str, kept: bool, meta: &ObjectMeta) -> Result<(), Taken> {
     let why = match controller(meta) {
         Some(c) if db.uid().is_some_and(|uid| uid == c.uid) => return Ok(()),
+        // A member's data claim, which the Database's StatefulSet may own (its claim
+        // retention policy `Delete`).
+        Some(c) if kept && c.kind == "StatefulSet" && c.name == db.name_any() => return Ok(()),
         Some(c) => format!("it is controlled by {} {}", c.kind, c.name),
         None => {
             let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str);
@@ -125,7 +128,7 @@ mod tests {
         let mine = Some(("Database", "orders", "u-1"));
         let earlier = Some(("Database", "orders", "u-0"));
         let neighbour = Some(("Database", "coll", "u-2"));
-        let rows: [Row; 9] = [
+        let rows: [Row; 10] = [
             ("its own Service", Kind::Service, mine, &ours, None),
             ("a user's Service", Kind::Service, None, &[], Some("nothing controls it (not made by plugdb)")),
             ("another Database's Service", Kind::Service, neighbour, &other, Some("it is controlled by Database coll")),
@@ -135,6 +138,7 @@ mod tests {
             ("a user's Secret", Kind::Secret, None, &[], Some("nothing controls it (not made by plugdb)")),
             ("credentials kept for another name", Kind::Secret, None, &other, Some("plugdb made it for Database orders-replicas")),
             ("a kept volume claim", Kind::PersistentVolumeClaim, None, &ours, None),
+            ("a claim of its StatefulSet", Kind::PersistentVolumeClaim, Some(("StatefulSet", "orders", "s-1")), &ours, None),
         ];
         for (what, kind, controller, labels, expected) in rows {
             let got = check(&db, kind, &meta(controller, labels)).err().map(|t| t.why);

@@ -36,8 +36,8 @@ pub enum Restore {
 /// Name of the Job restoring member `ordinal` of `db` (member 0's: `<name>-restore`).
 pub fn job_name(db: &Database, ordinal: u32) -> String {
     match ordinal {
-        0 => format!("{}-restore", db.name_any()),
-        n => format!("{}-restore-{n}", db.name_any()),
+        0 => Names(&db.name_any()).job("restore"),
+        n => Names(&db.name_any()).job(&format!("restore-{n}")),
     }
 }
 

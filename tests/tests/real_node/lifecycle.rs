@@ -250,7 +250,8 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
 /// Backups on a schedule (every 5 s here) run as real Jobs named after their fire time;
 /// retention keeps the newest 2 successful ones. A `backup-now` value makes exactly one
 /// backup, remembered in status: retention removing its Job does not make another, and
-/// no fire time is backed up twice. A bad schedule is a condition naming the field.
+/// no fire time is backed up twice. A failed backup's condition says why, in its
+/// container's words. A bad schedule is a condition naming the field.
 pub async fn scheduled_backups(cluster: Arc<Cluster>) {
     let ns = "postgres-schedule";
     let backup = json!({"backup": {"schedule": "*/5 * * * * *", "retention": 2}});
@@ -305,6 +306,23 @@ pub async fn scheduled_backups(cluster: Arc<Cluster>) {
     assert!(twice.is_empty(), "backups made twice: {twice:?}");
     let db = dbs.get("orders").await.expect("db");
     assert_eq!(db.status.and_then(|s| s.backup_request).as_deref(), Some("before-migration"), "the request is remembered");
+
+    // A backup that fails says why, in the failed container's own words: here the
+    // password backup Jobs log in with no longer matches the server's.
+    let wrong = json!({"stringData": {"replication-password": "not-the-password"}});
+    Api::<Secret>::namespaced(cluster.client.clone(), ns)
+        .patch("orders-credentials", &PatchParams::default(), &Patch::Merge(wrong))
+        .await
+        .expect("password changed");
+    let db = cluster
+        .wait_database(ns, "orders", "a failed backup's condition naming its cause", WAIT, |d| {
+            condition(d, "BackupHealthy").is_some_and(|c| c.status == "False" && c.message.contains("password authentication failed"))
+        })
+        .await
+        .expect("the cause");
+    let message = &condition(&db, "BackupHealthy").expect("c").message;
+    assert!(message.starts_with("backup orders-") && message.contains("failed: container "), "{message}");
+    assert!(!message.contains('\n') && message.len() < 700, "one bounded line: {message}");
 
     cluster
         .apply_database(ns, database("orders", Engine::Postgres, "15", 1, json!({"backup": {"schedule": "61 * * * *"}})))
