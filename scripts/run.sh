@@ -21,10 +21,16 @@ work=$(mktemp -d -t plugdb-run-XXXXXX)
 export KUBECONFIG="$work/kubeconfig"
 node_pid=""
 operator_pid=""
+# Runs to the end whatever is already gone (an operator that died, a node that never
+# started): nothing here may stop it.
 cleanup() {
-  [[ -n $operator_pid ]] && kill "$operator_pid" 2>/dev/null
+  set +e
+  if [[ -n $operator_pid ]]; then kill "$operator_pid" 2>/dev/null; fi
   # The node tears itself down (containers, namespace, kernel settings) on SIGTERM.
-  if [[ -n $node_pid ]]; then kill -TERM "$node_pid" 2>/dev/null; wait "$node_pid" 2>/dev/null; fi
+  if [[ -n $node_pid ]]; then
+    kill -TERM "$node_pid" 2>/dev/null
+    wait "$node_pid" 2>/dev/null
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT

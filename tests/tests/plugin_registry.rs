@@ -250,3 +250,45 @@ async fn a_restarted_registry_announces_only_what_it_had_not_announced() {
     let new = loaded_events(&events, "engine-postgres").await;
     assert_eq!(new.len(), 1, "the plugin new to the cluster is announced: {new:?}");
 }
+
+/// A storm of updates to one ConfigMap, good and bad builds mixed, 50 in a few
+/// seconds: once it settles, the newest build serves when it loads; when the newest is
+/// bad, a good build keeps serving and the problem says the ConfigMap's newest version
+/// was refused and why.
+#[tokio::test]
+async fn after_a_storm_of_updates_the_newest_good_build_serves_or_the_problem_says_why() {
+    let cp = control_plane().await;
+    let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
+    let registry = Registry::new(Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime"), Arc::new(Metrics::default()));
+    let watch = tokio::spawn(registry.clone().watch(cp.client.clone(), NS.into()));
+    let (v1, v2) = (plugdb_tests::component("minimal"), plugdb_tests::component("minimal-v2"));
+    let garbage = b"\0asm not a component at all".to_vec();
+    cms.create(&PostParams::default(), &plugin_config_map("storm", "minimal", &v1, false, None)).await.expect("storm");
+    eventually("minimal serves", || registry.get("minimal").is_some()).await;
+
+    let storm = |last: &[u8]| {
+        let mut builds: Vec<Vec<u8>> = (0..49).map(|i| [&v1, &v2, &garbage][i % 3].clone()).collect();
+        builds.push(last.to_vec());
+        builds
+    };
+    for (ending, last, id) in [("good", &v2, "minimal@2.0.0"), ("bad", &garbage, "")] {
+        for build in storm(last) {
+            let cm = plugin_config_map("storm", "minimal", &build, false, None);
+            cms.patch("storm", &PatchParams::apply("storm").force(), &Patch::Apply(&cm)).await.expect("update");
+        }
+        match ending {
+            "good" => {
+                eventually("the newest build serves", || registry.get("minimal").is_some_and(|p| p.id() == id)).await;
+                eventually("no problem is left", || registry.problem("minimal").is_none()).await;
+            }
+            _ => {
+                eventually("the newest build's refusal is the problem", || {
+                    registry.problem("minimal").is_some_and(|p| p.config_map == "storm" && p.reason.contains("component"))
+                })
+                .await;
+                assert!(registry.get("minimal").is_some(), "a good build keeps serving");
+            }
+        }
+    }
+    watch.abort();
+}

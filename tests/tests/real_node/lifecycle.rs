@@ -329,7 +329,9 @@ pub async fn scheduled_backups(cluster: Arc<Cluster>) {
         .await
         .expect("apply");
     let db = cluster
-        .wait_database(ns, "orders", "BackupHealthy=False", WAIT, |d| condition(d, "BackupHealthy").is_some_and(|c| c.status == "False"))
+        .wait_database(ns, "orders", "BackupHealthy=False naming the schedule", WAIT, |d| {
+            condition(d, "BackupHealthy").is_some_and(|c| c.status == "False" && c.message.contains("spec.backup.schedule"))
+        })
         .await
         .expect("condition");
     let message = &condition(&db, "BackupHealthy").expect("c").message;
