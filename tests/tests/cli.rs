@@ -174,28 +174,10 @@ fn the_tools_compile_a_plugin_within_the_operators_bounds() {
 /// A component with a custom section of `extra` bytes appended (a component may carry
 /// custom sections; they are not code).
 fn with_custom_section(component: &[u8], extra: Vec<u8>) -> Vec<u8> {
-    let mut section = Vec::new();
-    let name = b"padding";
-    leb128(&mut section, name.len() as u64);
-    section.extend_from_slice(name);
-    section.extend(extra);
+    use wasm_encoder::Section;
     let mut out = component.to_vec();
-    out.push(0);
-    leb128(&mut out, section.len() as u64);
-    out.extend(section);
+    wasm_encoder::CustomSection { name: "padding".into(), data: extra.into() }.append_to(&mut out);
     out
-}
-
-fn leb128(out: &mut Vec<u8>, mut n: u64) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
 }
 
 /// `pack` takes what the API server and the operator take: up to 1 MiB of data as it

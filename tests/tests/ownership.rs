@@ -73,14 +73,18 @@ async fn objects_a_database_did_not_make_are_never_adopted_overwritten_or_delete
     .expect("job");
     jobs.create(&pp, &job).await.expect("user Job");
 
-    let before = (
-        fingerprint(&services.get("kubernetes").await.expect("the API server's Service")),
-        fingerprint(&config_maps.get("cfg-config").await.expect("cm")),
-        fingerprint(&secrets.get("sec-credentials").await.expect("secret")),
-        fingerprint(&secrets.get("tlsdb-ca").await.expect("secret")),
-        fingerprint(&claims.get("claimdb-backups").await.expect("claim")),
-        fingerprint(&jobs.get(&job_name).await.expect("job")),
-    );
+    // Every foreign object, as it must stay; each read fails the test if it is gone.
+    let fingerprints = async || {
+        vec![
+            fingerprint(&services.get("kubernetes").await.expect("the API server's Service")),
+            fingerprint(&config_maps.get("cfg-config").await.expect("the user's ConfigMap")),
+            fingerprint(&secrets.get("sec-credentials").await.expect("the user's Secret")),
+            fingerprint(&secrets.get("tlsdb-ca").await.expect("the user's Secret named like an authority")),
+            fingerprint(&claims.get("claimdb-backups").await.expect("the user's claim")),
+            fingerprint(&jobs.get(&job_name).await.expect("the user's Job")),
+        ]
+    };
+    let before = fingerprints().await;
 
     let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
     let minimal = json!({"engine": "minimal", "storage": "1Gi", "deletionPolicy": "Retain"});
@@ -152,14 +156,7 @@ async fn objects_a_database_did_not_make_are_never_adopted_overwritten_or_delete
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns);
     assert!(sets.get_opt("sec").await.expect("read").is_none(), "members of sec were made over a Secret that is not theirs");
 
-    let now = (
-        fingerprint(&services.get("kubernetes").await.expect("the API server's Service")),
-        fingerprint(&config_maps.get("cfg-config").await.expect("cm")),
-        fingerprint(&secrets.get("sec-credentials").await.expect("secret")),
-        fingerprint(&secrets.get("tlsdb-ca").await.expect("secret")),
-        fingerprint(&claims.get("claimdb-backups").await.expect("claim")),
-        fingerprint(&jobs.get(&job_name).await.expect("job")),
-    );
+    let now = fingerprints().await;
     assert_eq!(now, before, "an object a Database did not make changed");
 
     // Deleted, the Databases take none of them along.
@@ -176,14 +173,7 @@ async fn objects_a_database_did_not_make_are_never_adopted_overwritten_or_delete
         config_maps.get_opt("kubernetes-config").await.is_ok_and(|c| c.is_none())
     })
     .await;
-    let after = (
-        fingerprint(&services.get("kubernetes").await.expect("the API server's Service survives")),
-        fingerprint(&config_maps.get("cfg-config").await.expect("cm survives")),
-        fingerprint(&secrets.get("sec-credentials").await.expect("secret survives")),
-        fingerprint(&secrets.get("tlsdb-ca").await.expect("secret survives")),
-        fingerprint(&claims.get("claimdb-backups").await.expect("claim survives")),
-        fingerprint(&jobs.get(&job_name).await.expect("job survives")),
-    );
+    let after = fingerprints().await;
     assert_eq!(after, before, "deleting the Databases touched an object they did not make");
 }
 
