@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Runs plugdb end to end on this machine, for real: a throwaway control plane and a
-# real node (containerd + runc + kubelet, in the network namespace `plugdb-node`), the
+# Runs plugdb end to end on this machine, for real: a throwaway control plane and three
+# real nodes (containerd + runc + kubelet each, in network namespaces `plugdb-node-a`,
+# `-b` and `-c`, zones a, b and c), the
 # CRD, the bundled engine plugins loaded as ConfigMaps, the operator, and the sample
 # Database from examples/. Ends with `kubectl get db` and a round trip through the
-# Services: a row written through the read-write Service is read back through the
-# read-only one (a replica). Then it keeps the cluster up until Ctrl-C.
+# Services (and where each member runs): a row written through the read-write Service
+# is read back through the read-only one (a replica). Then it keeps the cluster up until Ctrl-C.
 #
 #   scripts/run.sh            keep running; Ctrl-C tears everything down
 #   scripts/run.sh --check    exit after the round trip
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 check=0
 [[ ${1:-} == --check ]] && check=1
-[[ $(id -u) == 0 ]] || { echo "run: the real node needs root (network namespace, mounts, cgroups)" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || { echo "run: the real nodes need root (network namespace, mounts, cgroups)" >&2; exit 1; }
 scripts/install-deps.sh
 bins=$(scripts/control-plane.sh)
 export PATH="$bins:$PATH"
@@ -40,7 +41,7 @@ echo "== building plugdb and the engine plugins"
 cargo build -q -p plugdb -p plugdb-tests --bins
 cargo run -q -p xtask -- plugins "$work/plugins" >/dev/null
 
-echo "== starting a control plane and a real node (containerd, kubelet, kube-proxy, CoreDNS, local-path)"
+echo "== starting a control plane and three real nodes (containerd, kubelet, kube-proxy; CoreDNS, local-path)"
 target/debug/node "$KUBECONFIG" 2>"$work/node.log" &
 node_pid=$!
 for _ in $(seq 1800); do
@@ -48,8 +49,8 @@ for _ in $(seq 1800); do
   kill -0 "$node_pid" 2>/dev/null || break
   sleep 0.1
 done
-[[ -f $KUBECONFIG ]] || { cat "$work/node.log" >&2; echo "run: the node did not start" >&2; exit 1; }
-kubectl get nodes
+[[ -f $KUBECONFIG ]] || { cat "$work/node.log" >&2; echo "run: the nodes did not start" >&2; exit 1; }
+kubectl get nodes -L topology.kubernetes.io/zone
 
 echo "== installing the CRD and the bundled plugins"
 kubectl apply -f crds/
@@ -72,7 +73,9 @@ if ! kubectl wait --for=jsonpath='{.status.phase}'=Running db/orders --timeout=3
   exit 1
 fi
 echo "orders Running with its members Ready after $((SECONDS - started)) s"
-kubectl get statefulsets,services,pods -l app.kubernetes.io/instance=orders
+kubectl get statefulsets,services -l app.kubernetes.io/instance=orders
+echo
+kubectl get pods -o wide -l app.kubernetes.io/instance=orders
 echo
 kubectl get db
 
@@ -81,7 +84,7 @@ echo "== a round trip through the Services"
 password=$(kubectl get secret orders-credentials -o jsonpath='{.data.superuser-password}' | base64 -d)
 rw=$(kubectl get service orders -o jsonpath='{.spec.clusterIP}')
 ro=$(kubectl get service orders-replicas -o jsonpath='{.spec.clusterIP}')
-in_node() { nsenter --net=/run/netns/plugdb-node "$@"; }
+in_node() { nsenter --net=/run/netns/plugdb-node-a "$@"; }
 sql() { PGPASSWORD="$password" in_node psql "host=$1 user=postgres dbname=postgres connect_timeout=5" -XAtq -v ON_ERROR_STOP=1 -c "$2"; }
 sql "$rw" "CREATE TABLE IF NOT EXISTS greetings (id serial PRIMARY KEY, said text); INSERT INTO greetings (said) VALUES ('hello from $(hostname) at $(date -u +%FT%TZ)')"
 echo "wrote a row through orders ($rw, read-write)"
@@ -105,8 +108,8 @@ cat <<EOF
   kubectl get db,pods
   # the password is in the Secret orders-credentials, key superuser-password:
   PGPASSWORD=\$(kubectl get secret orders-credentials -o jsonpath='{.data.superuser-password}' | base64 -d) \\
-    nsenter --net=/run/netns/plugdb-node psql -h $rw -U postgres      # read-write; $ro is read-only
-  # Service and pod addresses live in the node's network namespace, hence nsenter;
+    nsenter --net=/run/netns/plugdb-node-a psql -h $rw -U postgres    # read-write; $ro is read-only
+  # Service and pod addresses live in the nodes' network namespaces, hence nsenter;
   # or: kubectl port-forward svc/orders 5432 and psql -h 127.0.0.1
   operator log: $work/operator.log
 EOF

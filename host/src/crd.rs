@@ -293,6 +293,40 @@ pub struct Spread {
     /// (members only on nodes that carry the zone label, kept even across zones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zones: Option<SpreadRule>,
+    /// How long a member's node may stay lost (`NotReady`) before the member is made
+    /// again on a node that runs, from a fresh copy of the primary as a new replica joins
+    /// (e.g. `10m`; at least `30s`). Its volume on the lost node is deleted: set it where
+    /// volumes cannot follow a member to another node (node-local storage) and a fresh
+    /// copy is worth more than waiting for the node. Unset (default): a member waits for
+    /// its node. Never the primary, and not for engines that elect their own leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+[smh])+$') && duration(self) >= duration('30s')").message("moveFromLostNodeAfter must be a duration of at least 30s, such as 10m"))]
+    #[schemars(length(max = 16))]
+    pub move_from_lost_node_after: Option<String>,
+}
+
+impl Spread {
+    /// `moveFromLostNodeAfter` as a duration, when set and well-formed.
+    pub fn move_after(&self) -> Option<std::time::Duration> {
+        let text = self.move_from_lost_node_after.as_deref()?;
+        let (mut total, mut number) = (0u64, String::new());
+        for c in text.chars() {
+            match c {
+                '0'..='9' => number.push(c),
+                's' | 'm' | 'h' => {
+                    let unit = match c {
+                        's' => 1,
+                        'm' => 60,
+                        _ => 3600,
+                    };
+                    total = total.checked_add(number.parse::<u64>().ok()?.checked_mul(unit)?)?;
+                    number.clear();
+                }
+                _ => return None,
+            }
+        }
+        (number.is_empty() && total > 0).then(|| std::time::Duration::from_secs(total))
+    }
 }
 
 /// How strictly members are kept apart.

@@ -1,6 +1,6 @@
 //! A real S3 server for the backup tests: MinIO, built once from its Go module by
 //! `scripts/minio.sh`, started on loopback or inside the test node's network namespace
-//! (where pods reach it at the node's address), with its buckets made as directories of
+//! (where pods reach it at the hub's address), with its buckets made as directories of
 //! its data directory before it starts. Stopped by the PID it was started with.
 //!
 //! MinIO refuses every write once the drive under its data directory is nearly full,
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use plugdb::objects::Bucket;
 
-use crate::node::{NODE_ADDRESS, Node};
+use crate::node::{HUB_ADDRESS, Nodes};
 
 /// The server's access key.
 pub const ACCESS_KEY: &str = "plugdb-test";
@@ -116,20 +116,20 @@ impl Minio {
         Ok(server)
     }
 
-    /// A server inside `node`'s network namespace at the node's address and `port`,
+    /// A server inside the hub's network namespace at its address and `port`,
     /// holding `buckets`: pods reach it there, and so does this process (over the veth).
     /// Recorded with the node's daemons, so its teardown stops it too.
-    pub async fn on_node(node: &Node, port: u16, buckets: &[&str]) -> Result<Self> {
+    pub async fn on_node(node: &Nodes, port: u16, buckets: &[&str]) -> Result<Self> {
         let minio = binary()?;
         let data = node.dir().join(format!("minio-{port}"));
         let _ = std::fs::remove_dir_all(&data);
         let mount = Tmpfs::mount(&data)?;
         make_buckets(&data, buckets)?;
-        let mut command = Node::command(&minio.to_string_lossy());
-        server(&mut command, &data, NODE_ADDRESS, port);
+        let mut command = Nodes::hub_command(&minio.to_string_lossy());
+        server(&mut command, &data, HUB_ADDRESS, port);
         let name = format!("minio-{port}");
         let child = node.spawn_recorded(&name, &mut command)?;
-        let server = Self { endpoint: format!("http://{NODE_ADDRESS}:{port}"), data, ca_pem: None, child, _mount: mount, _dir: None };
+        let server = Self { endpoint: format!("http://{HUB_ADDRESS}:{port}"), data, ca_pem: None, child, _mount: mount, _dir: None };
         server.wait_live(&node.dir().join(format!("{name}.log"))).await?;
         Ok(server)
     }

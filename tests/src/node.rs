@@ -1,29 +1,46 @@
-//! A real Kubernetes node for tests: containerd + runc + a real kubelet, kube-proxy,
-//! CoreDNS and local-path-provisioner, joined to a control plane, all inside a
-//! network namespace this harness creates (`/run/netns/plugdb-node`).
+//! Three real Kubernetes nodes for tests, each containerd + runc + a real kubelet and
+//! kube-proxy in a network namespace of its own, joined by a bridge in a fourth
+//! namespace the harness creates (the hub), which also holds the control plane, CoreDNS
+//! and local-path-provisioner. Nodes carry `topology.kubernetes.io/zone` a, b and c.
+//!
+//! ```text
+//!  machine ── veth 10.201.0.1/30 ──┐
+//!                                   hub (plugdb-node): API server etc. at 10.201.0.2,
+//!                                   bridge plugdb-br 10.201.1.1/24
+//!        ┌──────────────────────────┼──────────────────────────┐
+//!  plugdb-node-a 10.201.1.11   plugdb-node-b 10.201.1.12   plugdb-node-c 10.201.1.13
+//!  pods 10.202.1.0/24          pods 10.202.2.0/24          pods 10.202.3.0/24
+//! ```
 //!
 //! Containment:
-//! - every daemon starts as `nsenter --net=<namespace> CMD`, so iptables rules, the CNI
-//!   bridge, pod interfaces and listeners exist only in that namespace; the machine's
+//! - every daemon starts as `nsenter --net=<namespace> CMD`, so iptables rules, bridges,
+//!   pod interfaces and listeners exist only in the harness's namespaces; the machine's
 //!   own namespace gains one veth end (`10.201.0.1/30`) with one route through it, to
 //!   the pod range (the operator, running in the test process, asks members of engines
 //!   that elect their leader who leads, as an in-cluster operator reaches its pods), and
 //!   nothing else: no rules. Both go with the veth. Clients reach the API server at
-//!   `10.201.0.2:6443` over the veth; Service addresses are reached from inside the
-//!   namespace ([`Node::command`]).
-//! - the global kernel settings the kubelet rewrites are saved first and put back;
+//!   `10.201.0.2:6443` over the veth; Service addresses are reached from inside a node's
+//!   namespace ([`Nodes::command`]).
+//! - each kubelet has its own cgroup parent (`/plugdb-node-a`, ...), containerd root,
+//!   state and socket, and pod log directory, so no node's pods mix with another's;
+//! - the global kernel settings the kubelets rewrite are saved first and put back;
 //! - processes are recorded with their start time and stopped by those PIDs; what they
 //!   left (containers' processes) is found by namespace and cgroup membership;
 //! - teardown runs on drop, so also when a test fails, and from signal handlers
 //!   ([`teardown`]); a later start tears down what a crashed run left first.
 //!
-//! One node serves a whole test run; its run directory is fixed (`PLUGDB_NODE_DIR`,
+//! A node can be lost without warning ([`Nodes::cut`]: its link is cut, so the API
+//! server sees it go `NotReady` and nothing on it answers) and come back
+//! ([`Nodes::restore`]), or be drained and uncordoned the way an administrator does.
+//!
+//! One cluster serves a whole test run; its run directory is fixed (`PLUGDB_NODE_DIR`,
 //! default `/tmp/plugdb-node`) so that a crashed run can be found and cleaned.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -38,23 +55,25 @@ mod teardown;
 use teardown::{cni_netns, remove_containers};
 pub use teardown::{machine_state, state_difference, teardown};
 
-/// Name of the network namespace the node lives in.
+/// Name of the hub's network namespace (control plane, DNS, provisioner); the nodes'
+/// namespaces are named after the nodes, which begin with it.
 pub const NETNS: &str = "plugdb-node";
-/// The node's name.
-pub const NODE_NAME: &str = "plugdb-node";
+/// The hub's address on its veth to the machine: the API server, DNS, MinIO.
+pub const HUB_ADDRESS: &str = "10.201.0.2";
 /// Address of the machine's end of the veth pair.
 pub const HOST_ADDRESS: &str = "10.201.0.1";
-/// The node's address (its end of the veth pair): the API server, kubelet and DNS.
-pub const NODE_ADDRESS: &str = "10.201.0.2";
 /// The veth end in the machine's own namespace.
 pub const VETH_HOST: &str = "plugdb-host";
-const VETH_NODE: &str = "plugdb-eth0";
-/// Pod addresses (CNI bridge + host-local), inside the namespace only.
-pub const POD_CIDR: &str = "10.202.0.0/24";
-const POD_GATEWAY: &str = "10.202.0.1";
-/// The pod bridge inside the namespace.
+const VETH_HUB: &str = "plugdb-eth0";
+/// The bridge in the hub that joins the nodes, and its address.
+const HUB_BRIDGE: &str = "plugdb-br";
+const HUB_BRIDGE_ADDRESS: &str = "10.201.1.1";
+/// Pod addresses of the whole cluster; each node has a /24 of it (CNI bridge +
+/// host-local), inside its namespace only.
+pub const POD_CIDR: &str = "10.202.0.0/16";
+/// The pod bridge inside each node's namespace.
 const BRIDGE: &str = "cni0";
-/// Service virtual IPs (kube-proxy, iptables mode), inside the namespace only.
+/// Service virtual IPs (kube-proxy, iptables mode), inside the nodes' namespaces only.
 pub const SERVICE_CIDR: &str = "10.203.0.0/16";
 /// The cluster DNS Service address.
 pub const DNS_ADDRESS: &str = "10.203.0.10";
@@ -63,8 +82,10 @@ pub const STORAGE_CLASS: &str = "local-path";
 /// Image of the volume provisioner's helper pods.
 const HELPER_IMAGE: &str = "localhost/plugdb/helper:1";
 const PAUSE_IMAGE: &str = "localhost/plugdb/pause:1";
+/// The nodes' zones, one node each; a node is named `plugdb-node-<zone>`.
+pub const ZONES: [&str; 3] = ["a", "b", "c"];
 /// Kernel settings the kubelet rewrites at start (global, not per network namespace);
-/// saved before the node starts and put back at teardown.
+/// saved before the nodes start and put back at teardown.
 pub const GLOBAL_SYSCTLS: &[&str] = &[
     "vm.overcommit_memory",
     "vm.panic_on_oom",
@@ -74,25 +95,80 @@ pub const GLOBAL_SYSCTLS: &[&str] = &[
     "kernel.keys.root_maxbytes",
 ];
 
-/// The node's run directory: `PLUGDB_NODE_DIR`, else `/tmp/plugdb-node`.
+/// Nodes whose link is cut now (bit per zone), so that clients run from one that is not.
+static CUT: AtomicU8 = AtomicU8::new(0);
+
+/// One of the three nodes: where it lives and what it is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeSpec {
+    index: usize,
+}
+
+impl NodeSpec {
+    /// Every node, in zone order.
+    pub fn all() -> impl Iterator<Item = NodeSpec> {
+        (0..ZONES.len()).map(|index| NodeSpec { index })
+    }
+
+    /// The node called `name`.
+    pub fn named(name: &str) -> Option<NodeSpec> {
+        Self::all().find(|n| n.name() == name)
+    }
+
+    /// Its zone (`topology.kubernetes.io/zone`).
+    pub fn zone(self) -> &'static str {
+        ZONES[self.index]
+    }
+
+    /// The Node's name, also the name of its network namespace.
+    pub fn name(self) -> String {
+        format!("{NETNS}-{}", self.zone())
+    }
+
+    /// Its address on the hub's bridge: kubelet, node IP.
+    pub fn address(self) -> String {
+        format!("10.201.1.{}", 11 + self.index)
+    }
+
+    /// Its pod range.
+    pub fn pod_cidr(self) -> String {
+        format!("10.202.{}.0/24", 1 + self.index)
+    }
+
+    fn pod_gateway(self) -> String {
+        format!("10.202.{}.1", 1 + self.index)
+    }
+
+    /// The veth end in the hub: cutting it loses the node.
+    fn hub_link(self) -> String {
+        format!("plugdb-{}", self.zone())
+    }
+
+    /// Its run directory (logs, kubelet and containerd state).
+    fn dir(self, run: &Path) -> PathBuf {
+        run.join(self.zone())
+    }
+}
+
+/// The run directory: `PLUGDB_NODE_DIR`, else `/tmp/plugdb-node`.
 pub fn run_dir() -> PathBuf {
     std::env::var_os("PLUGDB_NODE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp/plugdb-node"))
 }
 
-/// Where containerd keeps images between runs, so that a second run imports nothing.
-fn image_store() -> PathBuf {
+/// Where a node's containerd keeps images between runs, so that a second run imports nothing.
+fn image_store(node: NodeSpec) -> PathBuf {
     let cache = std::env::var_os("PLUGDB_CACHE").map(PathBuf::from).unwrap_or_else(|| {
         std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache"))
             .join("plugdb")
     });
-    cache.join("containerd")
+    cache.join(format!("containerd-{}", node.zone()))
 }
 
-/// A running node with its control plane. Dropping it tears everything down.
-pub struct Node {
-    /// The control plane, inside the node's namespace.
+/// Three running nodes with their control plane. Dropping it tears everything down.
+pub struct Nodes {
+    /// The control plane, inside the hub's namespace.
     pub control_plane: ControlPlane,
     /// An admin client (from the machine's namespace, through the veth).
     pub client: Client,
@@ -100,11 +176,12 @@ pub struct Node {
     pub kubeconfig: PathBuf,
     /// Directory holding kubectl and the other Kubernetes binaries.
     pub bin_dir: PathBuf,
-    /// The operator's image (this build's `plugdb`), imported into the node.
+    /// The operator's image (this build's `plugdb`), imported into every node.
     pub operator_image: String,
-    daemons: Processes,
+    hub: Processes,
+    nodes: Vec<Processes>,
     dir: PathBuf,
-    /// Held while the node runs (released by the kernel if the process dies).
+    /// Held while the nodes run (released by the kernel if the process dies).
     _lock: std::fs::File,
 }
 
@@ -137,6 +214,13 @@ fn run(program: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `ip ARGS` inside the network namespace `netns`.
+fn ip_in(netns: &str, args: &[&str]) -> Result<String> {
+    let mut full = vec!["-n", netns];
+    full.extend_from_slice(args);
+    run("ip", &full)
+}
+
 /// Runs a workspace script that prints what it built, failing loudly when it cannot build.
 fn script(name: &str, args: &[&std::ffi::OsStr]) -> Result<String> {
     let path = crate::workspace_root().join("scripts").join(name);
@@ -147,7 +231,7 @@ fn script(name: &str, args: &[&std::ffi::OsStr]) -> Result<String> {
         .output()
         .with_context(|| format!("running {}", path.display()))?;
     if !out.status.success() {
-        bail!("{} failed ({}): a part of the test node is missing and could not be built", path.display(), out.status);
+        bail!("{} failed ({}): a part of the test nodes is missing and could not be built", path.display(), out.status);
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -155,7 +239,7 @@ fn script(name: &str, args: &[&std::ffi::OsStr]) -> Result<String> {
 /// What the machine must offer; each missing piece is named with how to get it.
 fn check_prerequisites() -> Result<()> {
     if !is_root() {
-        bail!("the test node needs root (network namespaces, mounts, cgroups): run the tests as root");
+        bail!("the test nodes need root (network namespaces, mounts, cgroups): run the tests as root");
     }
     let mut missing = Vec::new();
     for (tool, package) in [
@@ -180,7 +264,7 @@ fn check_prerequisites() -> Result<()> {
         missing.push("a cgroup filesystem at /sys/fs/cgroup".into());
     }
     if !missing.is_empty() {
-        bail!("the test node cannot start; missing: {} (scripts/install-deps.sh installs them)", missing.join(", "));
+        bail!("the test nodes cannot start; missing: {} (scripts/install-deps.sh installs them)", missing.join(", "));
     }
     Ok(())
 }
@@ -193,18 +277,18 @@ fn which(tool: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(tool)).find(|p| p.is_file())
 }
 
-impl Node {
+impl Nodes {
     /// Builds what is missing (cached), tears down what a crashed run left, and starts
-    /// the node and its control plane; returns once the node is Ready with DNS and a
-    /// default storage class.
+    /// the control plane and the three nodes; returns once every node is Ready with DNS
+    /// and a default storage class.
     pub async fn start() -> Result<Self> {
         check_prerequisites()?;
         let dir = run_dir();
         std::fs::create_dir_all(&dir)?;
-        // One node per machine: its namespace, addresses and run directory are fixed.
+        // One cluster per machine: its namespaces, addresses and run directory are fixed.
         let lock = std::fs::File::create(dir.join("lock"))?;
         if lock.try_lock().is_err() {
-            bail!("another test node is running on this machine (it holds {}); wait for it to finish", dir.join("lock").display());
+            bail!("other test nodes are running on this machine (they hold {}); wait for them to finish", dir.join("lock").display());
         }
         let started = Self::start_in(&dir, lock).await;
         if started.is_err() {
@@ -217,7 +301,7 @@ impl Node {
         let dir = dir.to_path_buf();
         let report = teardown(&dir);
         if !report.is_empty() {
-            eprintln!("node: cleaned up after an earlier run: {}", report.join("; "));
+            eprintln!("nodes: cleaned up after an earlier run: {}", report.join("; "));
         }
         let started = Instant::now();
         let bin_dir = crate::control_plane::binaries_dir()?;
@@ -238,18 +322,36 @@ impl Node {
         std::fs::create_dir_all(&dir)?;
         save_sysctls(&dir)?;
         std::fs::write(dir.join("cni-netns-before"), cni_netns().join("\n"))?;
-        create_namespace()?;
-
-        let mut daemons = Processes::in_namespace(NETNS, dir.clone(), dir.join("pids"));
-        start_containerd(&mut daemons, &dir).await?;
-        import_images(&dir, &index)?;
-        import_images(&dir, &operator_index)?;
+        create_hub()?;
+        let mut nodes = Vec::new();
+        for node in NodeSpec::all() {
+            create_node_namespace(node)?;
+            create_cgroup_parent(node)?;
+            let node_dir = node.dir(&dir);
+            std::fs::create_dir_all(&node_dir)?;
+            let mut daemons = Processes::in_namespace(&node.name(), node_dir.clone(), dir.join("pids"));
+            start_containerd(&mut daemons, node, &node_dir).await?;
+            nodes.push(daemons);
+        }
+        // The same archives into every node's store, side by side.
+        std::thread::scope(|s| {
+            let imports: Vec<_> = NodeSpec::all()
+                .map(|node| {
+                    let (dir, index, operator_index) = (&dir, &index, &operator_index);
+                    s.spawn(move || {
+                        import_images(node, &node.dir(dir), index)?;
+                        import_images(node, &node.dir(dir), operator_index)
+                    })
+                })
+                .collect();
+            imports.into_iter().try_for_each(|i| i.join().map_err(|_| anyhow::anyhow!("an image import panicked"))?)
+        })?;
 
         let control_plane = ControlPlane::start_with(Options {
             controller_manager: true,
             network: Network::Namespace {
                 name: NETNS.into(),
-                address: NODE_ADDRESS.into(),
+                address: HUB_ADDRESS.into(),
                 service_cidr: SERVICE_CIDR.into(),
                 dir: dir.join("control-plane"),
             },
@@ -259,43 +361,89 @@ impl Node {
         let client = control_plane.client.clone();
         let kubeconfig = control_plane.kubeconfig.clone();
 
-        start_kubelet(&mut daemons, &dir, &bin_dir, &kubeconfig)?;
-        start_kube_proxy(&mut daemons, &dir, &bin_dir, &kubeconfig)?;
-        start_coredns(&mut daemons, &dir, &tools, &kubeconfig, &client).await?;
-        start_local_path(&mut daemons, &dir, &tools, &kubeconfig, &client).await?;
-        let node = Self { control_plane, client, kubeconfig, bin_dir, operator_image, daemons, dir, _lock: lock };
-        node.wait_ready().await?;
-        eprintln!("node: {NODE_NAME} Ready in {:.1} s", started.elapsed().as_secs_f64());
-        Ok(node)
+        std::fs::write(dir.join("resolv.conf"), format!("nameserver {DNS_ADDRESS}\n"))?;
+        for (node, daemons) in NodeSpec::all().zip(nodes.iter_mut()) {
+            start_kubelet(daemons, node, &dir, &bin_dir, &kubeconfig)?;
+            start_kube_proxy(daemons, node, &node.dir(&dir), &bin_dir, &kubeconfig)?;
+        }
+        let mut hub = Processes::in_namespace(NETNS, dir.clone(), dir.join("pids"));
+        start_coredns(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
+        start_local_path(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
+        let nodes = Self { control_plane, client, kubeconfig, bin_dir, operator_image, hub, nodes, dir, _lock: lock };
+        nodes.wait_ready().await?;
+        eprintln!(
+            "nodes: {} Ready in {:.1} s",
+            NodeSpec::all().map(NodeSpec::name).collect::<Vec<_>>().join(", "),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(nodes)
     }
 
     async fn wait_ready(&self) -> Result<()> {
-        let nodes: Api<NodeObject> = Api::all(self.client.clone());
+        let api: Api<NodeObject> = Api::all(self.client.clone());
         let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let ready = nodes
-                .get_opt(NODE_NAME)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|n| n.status?.conditions)
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready {
-                return Ok(());
+        for (node, daemons) in NodeSpec::all().zip(&self.nodes) {
+            while !is_ready(&api, &node.name()).await {
+                if Instant::now() > deadline {
+                    bail!("node {} not Ready within 120 s; kubelet log: {}", node.name(), daemons.log_tail("kubelet"));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            if Instant::now() > deadline {
-                bail!("node {NODE_NAME} not Ready within 120 s; kubelet log: {}", self.daemons.log_tail("kubelet"));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
         }
+        Ok(())
     }
 
-    /// A command that runs `program` in the node's network namespace, where pod and
-    /// Service addresses are reachable (e.g. `psql -h <service IP>`).
+    /// A command that runs `program` in the namespace of a node whose link is up, where
+    /// pod and Service addresses are reachable (e.g. `psql -h <service IP>`): a client
+    /// on a node that still runs.
     pub fn command(program: &str) -> Command {
+        let cut = CUT.load(Ordering::SeqCst);
+        let node = NodeSpec::all().find(|n| cut & (1 << n.index) == 0).unwrap_or(NodeSpec { index: 0 });
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", node.name())).arg(program);
+        c
+    }
+
+    /// A command that runs `program` in the hub's namespace, beside the control plane:
+    /// a server there (object storage) is reached by every node at [`HUB_ADDRESS`].
+    pub fn hub_command(program: &str) -> Command {
         let mut c = Command::new("nsenter");
         c.arg(format!("--net=/run/netns/{NETNS}")).arg(program);
         c
+    }
+
+    /// Loses `node` without warning: its link to the others is cut, so its kubelet stops
+    /// reporting (the API server marks it `NotReady`), nothing on it answers, and its
+    /// members cannot reach anyone. Its processes keep running, as on a partitioned machine.
+    pub fn cut(&self, node: &str) -> Result<()> {
+        let spec = NodeSpec::named(node).with_context(|| format!("no node {node}"))?;
+        ip_in(NETNS, &["link", "set", &spec.hub_link(), "down"])?;
+        CUT.fetch_or(1 << spec.index, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Brings a node lost by [`Nodes::cut`] back.
+    pub fn restore(&self, node: &str) -> Result<()> {
+        let spec = NodeSpec::named(node).with_context(|| format!("no node {node}"))?;
+        ip_in(NETNS, &["link", "set", &spec.hub_link(), "up"])?;
+        CUT.fetch_and(!(1 << spec.index), Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Brings back every node lost by [`Nodes::cut`] and not restored (a scenario that
+    /// failed while one was lost); returns their names.
+    pub fn restore_all(&self) -> Vec<String> {
+        let cut = CUT.load(Ordering::SeqCst);
+        let lost: Vec<String> = NodeSpec::all().filter(|n| cut & (1 << n.index) != 0).map(NodeSpec::name).collect();
+        for node in &lost {
+            let _ = self.restore(node);
+        }
+        lost
+    }
+
+    /// Whether `node` is Ready now, as the API server says.
+    pub async fn ready(&self, node: &str) -> bool {
+        is_ready(&Api::all(self.client.clone()), node).await
     }
 
     /// Starts `command` logging to `<run dir>/<name>.log` and records its PID, so that
@@ -315,24 +463,38 @@ impl Node {
         c
     }
 
-    /// The run directory (logs of every daemon under it).
+    /// The run directory (logs of every daemon under it; a node's under its zone).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// The last lines of a daemon's log (`kubelet`, `containerd`, ...).
+    /// The last lines of a hub daemon's log (`coredns`, `local-path-provisioner`), or of
+    /// a node's, as `a/kubelet`.
     pub fn log_tail(&self, name: &str) -> String {
-        self.daemons.log_tail(name)
+        match name.split_once('/') {
+            Some((zone, daemon)) => ZONES.iter().position(|z| *z == zone).map(|i| self.nodes[i].log_tail(daemon)).unwrap_or_default(),
+            None => self.hub.log_tail(name),
+        }
     }
 }
 
-impl Drop for Node {
+async fn is_ready(api: &Api<NodeObject>, name: &str) -> bool {
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|n| n.status?.conditions)
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+impl Drop for Nodes {
     fn drop(&mut self) {
         // Teardown stops every recorded process in order (containers before containerd);
         // the processes' own drops then only reap them.
         let report = teardown(&self.dir);
+        CUT.store(0, Ordering::SeqCst);
         if report.iter().any(|l| l.starts_with("failed")) {
-            eprintln!("node teardown: {}", report.join("; "));
+            eprintln!("nodes teardown: {}", report.join("; "));
         }
     }
 }
@@ -352,36 +514,88 @@ fn save_sysctls(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn create_namespace() -> Result<()> {
+/// The hub: the machine's veth peer, the bridge the nodes join, a route to each node's
+/// pods, and forwarding between them, all inside the hub's namespace but the veth end
+/// and the pod range's route in the machine's.
+fn create_hub() -> Result<()> {
     for (route, what) in [(POD_CIDR, "pod"), (SERVICE_CIDR, "Service"), ("10.201.0.0/30", "veth")] {
         let existing = run("ip", &["route", "show", "to", "match", route])?;
         if existing.lines().any(|l| !l.starts_with("default")) {
-            bail!("the machine already routes the node's {what} range {route} ({}); the node would shadow it", existing.trim());
+            bail!("the machine already routes the nodes' {what} range {route} ({}); the nodes would shadow it", existing.trim());
         }
     }
     run("ip", &["netns", "add", NETNS])?;
-    run("ip", &["-n", NETNS, "link", "set", "lo", "up"])?;
-    run("ip", &["link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_NODE, "netns", NETNS])?;
+    ip_in(NETNS, &["link", "set", "lo", "up"])?;
+    run("ip", &["link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_HUB, "netns", NETNS])?;
     run("ip", &["addr", "add", &format!("{HOST_ADDRESS}/30"), "dev", VETH_HOST])?;
     run("ip", &["link", "set", VETH_HOST, "up"])?;
-    run("ip", &["-n", NETNS, "addr", "add", &format!("{NODE_ADDRESS}/30"), "dev", VETH_NODE])?;
-    run("ip", &["-n", NETNS, "link", "set", VETH_NODE, "up"])?;
+    ip_in(NETNS, &["addr", "add", &format!("{HUB_ADDRESS}/30"), "dev", VETH_HUB])?;
+    ip_in(NETNS, &["link", "set", VETH_HUB, "up"])?;
     // The pod range, through the veth only (removed with it).
-    run("ip", &["route", "add", POD_CIDR, "via", NODE_ADDRESS, "dev", VETH_HOST])?;
-    // Forwarding between the veth and the pod bridge, inside the namespace only.
+    run("ip", &["route", "add", POD_CIDR, "via", HUB_ADDRESS, "dev", VETH_HOST])?;
+    ip_in(NETNS, &["link", "add", HUB_BRIDGE, "type", "bridge"])?;
+    ip_in(NETNS, &["addr", "add", &format!("{HUB_BRIDGE_ADDRESS}/24"), "dev", HUB_BRIDGE])?;
+    ip_in(NETNS, &["link", "set", HUB_BRIDGE, "up"])?;
     run("nsenter", &[&format!("--net=/run/netns/{NETNS}"), "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-    // The pod bridge up front (the CNI bridge plugin adopts it), so that Service
-    // addresses have a route from the namespace itself: kube-proxy rewrites them to pod
-    // addresses; an address it does not serve stays on the bridge, never leaves.
-    run("ip", &["-n", NETNS, "link", "add", BRIDGE, "type", "bridge"])?;
-    run("ip", &["-n", NETNS, "addr", "add", &format!("{POD_GATEWAY}/24"), "dev", BRIDGE])?;
-    run("ip", &["-n", NETNS, "link", "set", BRIDGE, "up"])?;
-    run("ip", &["-n", NETNS, "route", "add", SERVICE_CIDR, "dev", BRIDGE, "src", POD_GATEWAY])?;
     Ok(())
 }
 
-async fn start_containerd(daemons: &mut Processes, dir: &Path) -> Result<()> {
-    let store = image_store();
+/// A node's namespace: a veth to the hub's bridge, routes to the hub and to every other
+/// node's pods over the bridge, and the node's own pod bridge.
+fn create_node_namespace(node: NodeSpec) -> Result<()> {
+    let ns = node.name();
+    run("ip", &["netns", "add", &ns])?;
+    ip_in(&ns, &["link", "set", "lo", "up"])?;
+    ip_in(NETNS, &["link", "add", &node.hub_link(), "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
+    ip_in(NETNS, &["link", "set", &node.hub_link(), "master", HUB_BRIDGE])?;
+    ip_in(NETNS, &["link", "set", &node.hub_link(), "up"])?;
+    ip_in(NETNS, &["route", "add", &node.pod_cidr(), "via", &node.address()])?;
+    ip_in(&ns, &["addr", "add", &format!("{}/24", node.address()), "dev", "eth0"])?;
+    ip_in(&ns, &["link", "set", "eth0", "up"])?;
+    ip_in(&ns, &["route", "add", "10.201.0.0/30", "via", HUB_BRIDGE_ADDRESS])?;
+    for other in NodeSpec::all().filter(|o| *o != node) {
+        ip_in(&ns, &["route", "add", &other.pod_cidr(), "via", &other.address()])?;
+    }
+    run("nsenter", &[&format!("--net=/run/netns/{ns}"), "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    // The pod bridge up front (the CNI bridge plugin adopts it), so that Service
+    // addresses have a route from the namespace itself: kube-proxy rewrites them to pod
+    // addresses; an address it does not serve stays on the bridge, never leaves.
+    let gateway = node.pod_gateway();
+    ip_in(&ns, &["link", "add", BRIDGE, "type", "bridge"])?;
+    ip_in(&ns, &["addr", "add", &format!("{gateway}/24"), "dev", BRIDGE])?;
+    ip_in(&ns, &["link", "set", BRIDGE, "up"])?;
+    ip_in(&ns, &["route", "add", SERVICE_CIDR, "dev", BRIDGE, "src", &gateway])?;
+    Ok(())
+}
+
+/// The cgroup v1 hierarchies mounted under `/sys/fs/cgroup` (one directory each).
+pub(crate) fn cgroup_hierarchies() -> Vec<PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The node's own cgroup parent in every hierarchy, so its pods never mix with another
+/// node's; cpuset needs its CPUs and memory nodes copied from the root to take tasks.
+fn create_cgroup_parent(node: NodeSpec) -> Result<()> {
+    for hierarchy in cgroup_hierarchies() {
+        let parent = hierarchy.join(node.name());
+        std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            if let Ok(value) = std::fs::read_to_string(hierarchy.join(file)) {
+                std::fs::write(parent.join(file), value.trim()).with_context(|| format!("writing {}", parent.join(file).display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn start_containerd(daemons: &mut Processes, node: NodeSpec, dir: &Path) -> Result<()> {
+    let store = image_store(node);
     std::fs::create_dir_all(&store)?;
     let state = dir.join("containerd");
     std::fs::create_dir_all(dir.join("cni/net.d"))?;
@@ -389,10 +603,10 @@ async fn start_containerd(daemons: &mut Processes, dir: &Path) -> Result<()> {
         dir.join("cni/net.d/10-plugdb.conflist"),
         serde_json::to_string_pretty(&serde_json::json!({
             "cniVersion": "1.0.0",
-            "name": "plugdb-node",
+            "name": node.name(),
             "plugins": [
                 {"type": "bridge", "bridge": BRIDGE, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR, "gateway": POD_GATEWAY}]],
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_cidr(), "gateway": node.pod_gateway()}]],
                           "routes": [{"dst": "0.0.0.0/0"}], "dataDir": dir.join("cni/ipam")}},
                 {"type": "portmap", "capabilities": {"portMappings": true}},
             ],
@@ -431,7 +645,7 @@ state = "{state}"
     while ctr(dir, &["version"]).is_err() {
         daemons.check_alive()?;
         if Instant::now() > deadline {
-            bail!("containerd did not serve {} within 30 s: {}", socket.display(), daemons.log_tail("containerd"));
+            bail!("containerd of {} did not serve {} within 30 s: {}", node.name(), socket.display(), daemons.log_tail("containerd"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -440,7 +654,7 @@ state = "{state}"
     Ok(())
 }
 
-/// `ctr` in containerd's Kubernetes namespace.
+/// `ctr` in containerd's Kubernetes namespace, for the node whose run directory is `dir`.
 fn ctr(dir: &Path, args: &[&str]) -> Result<String> {
     let socket = dir.join("containerd/containerd.sock").to_string_lossy().to_string();
     let mut full = vec!["-a", &socket, "-n", "k8s.io"];
@@ -450,9 +664,9 @@ fn ctr(dir: &Path, args: &[&str]) -> Result<String> {
 
 /// Imports each image archive unless every one of its tags already names what this
 /// harness imported from an archive with the same content (config digest).
-fn import_images(dir: &Path, index: &Path) -> Result<()> {
+fn import_images(node: NodeSpec, dir: &Path, index: &Path) -> Result<()> {
     let text = std::fs::read_to_string(index).with_context(|| format!("reading the image index {}", index.display()))?;
-    let record = image_store().join("imported");
+    let record = image_store(node).join("imported");
     // One line per tag: `CONFIG_DIGEST TAG MANIFEST_DIGEST`.
     let mut records: Vec<String> = std::fs::read_to_string(&record).unwrap_or_default().lines().map(str::to_string).collect();
     // REF TYPE DIGEST ...: the manifest digest each tag names now.
@@ -501,17 +715,17 @@ fn import_images(dir: &Path, index: &Path) -> Result<()> {
         }
     }
     if imported > 0 {
-        eprintln!("node: imported {imported} image archive(s)");
+        eprintln!("{}: imported {imported} image archive(s)", node.name());
     }
     Ok(())
 }
 
-fn start_kubelet(daemons: &mut Processes, dir: &Path, bin_dir: &Path, kubeconfig: &Path) -> Result<()> {
-    std::fs::write(dir.join("resolv.conf"), format!("nameserver {DNS_ADDRESS}\n"))?;
+fn start_kubelet(daemons: &mut Processes, node: NodeSpec, run_dir: &Path, bin_dir: &Path, kubeconfig: &Path) -> Result<()> {
+    let dir = node.dir(run_dir);
     let config = format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: {NODE_ADDRESS}
+address: {address}
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -520,6 +734,9 @@ authentication: {{anonymous: {{enabled: true}}, webhook: {{enabled: false}}}}
 authorization: {{mode: AlwaysAllow}}
 containerRuntimeEndpoint: unix://{socket}
 cgroupDriver: cgroupfs
+# Each node's pods under a parent of its own.
+cgroupRoot: /{name}
+podLogsDir: {logs}
 # This machine has cgroup v1 only and no swap accounting; the kubelet would refuse to start.
 failCgroupV1: false
 failSwapOn: false
@@ -538,8 +755,11 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 60
 "#,
+        address = node.address(),
+        name = node.name(),
+        logs = dir.join("pod-logs").display(),
         socket = dir.join("containerd/containerd.sock").display(),
-        resolv = dir.join("resolv.conf").display(),
+        resolv = run_dir.join("resolv.conf").display(),
     );
     std::fs::write(dir.join("kubelet.yaml"), config)?;
     let s = |p: PathBuf| p.to_string_lossy().to_string();
@@ -553,36 +773,39 @@ maxPods: 60
         "--cert-dir".into(),
         s(dir.join("kubelet/pki")),
         "--hostname-override".into(),
-        NODE_NAME.into(),
+        node.name(),
         "--node-ip".into(),
-        NODE_ADDRESS.into(),
+        node.address(),
+        "--node-labels".into(),
+        format!("topology.kubernetes.io/zone={}", node.zone()),
         "--v".into(),
         "1".into(),
     ];
     daemons.spawn("kubelet", &bin_dir.join("kubelet"), &args)
 }
 
-fn start_kube_proxy(daemons: &mut Processes, dir: &Path, bin_dir: &Path, kubeconfig: &Path) -> Result<()> {
+fn start_kube_proxy(daemons: &mut Processes, node: NodeSpec, dir: &Path, bin_dir: &Path, kubeconfig: &Path) -> Result<()> {
     let config = format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
 clientConnection: {{kubeconfig: {kubeconfig}}}
-hostnameOverride: {NODE_NAME}
+hostnameOverride: {name}
 clusterCIDR: {POD_CIDR}
 bindAddress: 127.0.0.1
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {{maxPerCore: 0, min: 0}}
 "#,
-        kubeconfig = kubeconfig.display()
+        kubeconfig = kubeconfig.display(),
+        name = node.name(),
     );
     std::fs::write(dir.join("kube-proxy.yaml"), config)?;
     let args = vec!["--config".into(), dir.join("kube-proxy.yaml").to_string_lossy().to_string(), "--v".into(), "1".into()];
     daemons.spawn("kube-proxy", &bin_dir.join("kube-proxy"), &args)
 }
 
-/// CoreDNS as a node process inside the namespace, serving the standard kube-dns Service.
+/// CoreDNS as a process in the hub, serving the standard kube-dns Service.
 async fn start_coredns(
     daemons: &mut Processes,
     dir: &Path,
@@ -591,7 +814,7 @@ async fn start_coredns(
     client: &Client,
 ) -> Result<()> {
     let corefile = format!(
-        ".:53 {{\n    bind {NODE_ADDRESS}\n    errors\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {} plugdb-test\n        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n    cache 5\n}}\n",
+        ".:53 {{\n    bind {HUB_ADDRESS}\n    errors\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {} plugdb-test\n        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n    cache 5\n}}\n",
         kubeconfig.display()
     );
     std::fs::write(dir.join("Corefile"), corefile)?;
@@ -613,14 +836,15 @@ kind: EndpointSlice
 metadata: {{name: kube-dns-node, namespace: kube-system, labels: {{kubernetes.io/service-name: kube-dns}}}}
 addressType: IPv4
 ports: [{{name: dns, port: 53, protocol: UDP}}, {{name: dns-tcp, port: 53, protocol: TCP}}]
-endpoints: [{{addresses: ["{NODE_ADDRESS}"], conditions: {{ready: true}}}}]"#
+endpoints: [{{addresses: ["{HUB_ADDRESS}"], conditions: {{ready: true}}}}]"#
         ),
     )
     .await
 }
 
-/// local-path-provisioner as a node process: the default storage class, volumes under
-/// the run directory, created and removed by helper pods.
+/// local-path-provisioner as a process in the hub: the default storage class, each
+/// node's volumes under its own run directory (node-local, as on real machines),
+/// created and removed by helper pods on that node.
 async fn start_local_path(
     daemons: &mut Processes,
     dir: &Path,
@@ -628,9 +852,13 @@ async fn start_local_path(
     kubeconfig: &Path,
     client: &Client,
 ) -> Result<()> {
-    let volumes = dir.join("volumes");
-    std::fs::create_dir_all(&volumes)?;
-    let config = serde_json::json!({"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [volumes]}]});
+    let mut paths = Vec::new();
+    for node in NodeSpec::all() {
+        let volumes = node.dir(dir).join("volumes");
+        std::fs::create_dir_all(&volumes)?;
+        paths.push(serde_json::json!({"node": node.name(), "paths": [volumes]}));
+    }
+    let config = serde_json::json!({"nodePathMap": paths});
     std::fs::write(dir.join("local-path.json"), config.to_string())?;
     let indent = |s: &str| s.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n");
     crate::apply_yaml(

@@ -19,7 +19,7 @@ use plugdb::plugin::{Limits, Registry, Runtime};
 use plugdb::reconcile::{self, Settings};
 
 use crate::control_plane::ControlPlane;
-use crate::node::Node;
+use crate::node::Nodes;
 
 /// Namespace the operator loads plugins from.
 pub const OPERATOR_NAMESPACE: &str = "plugdb-system";
@@ -61,7 +61,7 @@ pub enum Backing {
     /// A control plane alone: no node runs Pods.
     ControlPlane(Box<ControlPlane>),
     /// A control plane with a real node.
-    Node(Box<Node>),
+    Node(Box<Nodes>),
 }
 
 impl Backing {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::node::Node;
+use crate::node::Nodes;
 use crate::operator::Cluster;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::ResourceExt;
@@ -136,14 +136,14 @@ impl Client {
     async fn run(&self, host: &str, password: &str, database: Option<&str>, sql: &str) -> Result<String, String> {
         let mut command = match self.engine {
             Engine::Postgres => {
-                let mut c = Node::command("psql");
+                let mut c = Nodes::command("psql");
                 c.arg(format!("host={host} user=postgres dbname=postgres connect_timeout=5"))
                     .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-F", "\t", "-c", sql])
                     .env("PGPASSWORD", password);
                 c
             }
             Engine::Mysql => {
-                let mut c = Node::command("mariadb");
+                let mut c = Nodes::command("mariadb");
                 c.args(["-h", host, "-uroot", "--connect-timeout=5", "-N", "-B", "-e", sql]).env("MYSQL_PWD", password);
                 if let Some(database) = database {
                     c.arg(format!("--database={database}"));

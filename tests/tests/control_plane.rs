@@ -85,6 +85,18 @@ async fn api_server_serves_the_database_crd_and_enforces_its_schema() {
         let err = dbs.create(&PostParams::default(), &unscheduled).await.expect_err(schedule);
         assert!(err.to_string().contains("spec.backup.schedule") && err.to_string().contains("five cron fields"), "{schedule}: {err}");
     }
+    for after in ["10", "5s", "1d", "soon"] {
+        let hasty = database("hasty", json!({"engine": "postgres", "storage": "1Gi", "spread": {"moveFromLostNodeAfter": after}}));
+        let err = dbs.create(&PostParams::default(), &hasty).await.expect_err(after);
+        assert!(
+            err.to_string().contains("spec.spread.moveFromLostNodeAfter") && err.to_string().contains("at least 30s"),
+            "{after}: {err}"
+        );
+    }
+    let patient = database("patient", json!({"engine": "postgres", "storage": "1Gi", "spread": {"moveFromLostNodeAfter": "1h30m"}}));
+    let created = dbs.create(&PostParams::default(), &patient).await.expect("a well-formed duration is accepted");
+    let after = created.spec.spread.and_then(|s| s.move_after());
+    assert_eq!(after, Some(std::time::Duration::from_secs(5400)), "read as the API server checked it");
     let nothing = database("nothing", json!({"engine": "postgres", "storage": "0"}));
     let err = dbs.create(&PostParams::default(), &nothing).await.expect_err("an empty volume is refused");
     assert!(err.to_string().contains("spec.storage") && err.to_string().contains("positive quantity"), "{err}");

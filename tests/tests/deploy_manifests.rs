@@ -105,6 +105,9 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
 
     // The operator with nothing but its ServiceAccount's token.
     let operator = service_account_client(&cp).await;
+    // A member that is down has its node read, to say whether the node is lost.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(operator.clone());
+    nodes.get_opt("no-such-node").await.expect("the operator's role lets it read a member's node");
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
     let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));

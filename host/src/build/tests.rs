@@ -126,7 +126,7 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     assert_eq!(preferred["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], "orders");
     assert!(pod(&db).get("topologySpreadConstraints").is_none(), "zones are not assumed");
 
-    db.spec.spread = Some(Spread { nodes: Some(SpreadRule::Required), zones: Some(SpreadRule::Preferred) });
+    db.spec.spread = Some(Spread { nodes: Some(SpreadRule::Required), zones: Some(SpreadRule::Preferred), ..Default::default() });
     let spec = pod(&db);
     assert_eq!(
         spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
@@ -136,7 +136,7 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     assert_eq!(spec["topologySpreadConstraints"][0]["topologyKey"], "topology.kubernetes.io/zone");
     assert_eq!(spec["topologySpreadConstraints"][0]["whenUnsatisfiable"], "ScheduleAnyway");
 
-    db.spec.spread = Some(Spread { nodes: Some(SpreadRule::Ignored), zones: Some(SpreadRule::Required) });
+    db.spec.spread = Some(Spread { nodes: Some(SpreadRule::Ignored), zones: Some(SpreadRule::Required), ..Default::default() });
     let spec = pod(&db);
     assert!(spec.get("affinity").is_none());
     assert_eq!(spec["topologySpreadConstraints"][0]["whenUnsatisfiable"], "DoNotSchedule");

@@ -142,6 +142,8 @@ mod tests {
             position: None,
             terminating: false,
             unschedulable: None,
+            node: None,
+            down: None,
             address,
         }
     }

@@ -20,7 +20,9 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, PartialObjectMeta, WatchParams};
@@ -236,10 +238,37 @@ fn key_names_only(s: &mut Secret) {
     }
 }
 
+/// A pod as a pass reads it: its conditions, phase, address and node, and for each
+/// container only whether it is ready and why not (no images, no ids, no spec).
 fn pod_essentials(p: &mut Pod) {
     no_managed_fields(p);
-    p.spec = None;
-    p.status = p.status.take().map(|s| PodStatus { conditions: s.conditions, phase: s.phase, pod_ip: s.pod_ip, ..Default::default() });
+    let node_name = p.spec.take().and_then(|s| s.node_name);
+    p.spec = node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });
+    p.status = p.status.take().map(|s| {
+        let containers = s.container_statuses.map(|cs| {
+            cs.into_iter()
+                .map(|c| ContainerStatus { name: c.name, ready: c.ready, state: c.state.map(short_state), ..Default::default() })
+                .collect()
+        });
+        PodStatus { conditions: s.conditions, phase: s.phase, pod_ip: s.pod_ip, container_statuses: containers, ..Default::default() }
+    });
+}
+
+/// A container's state with its messages cut to what a condition shows.
+fn short_state(mut state: ContainerState) -> ContainerState {
+    let cut = |m: &mut Option<String>| {
+        if let Some(text) = m {
+            let end = crate::events::truncate(text, 200).len();
+            text.truncate(end);
+        }
+    };
+    if let Some(w) = &mut state.waiting {
+        cut(&mut w.message);
+    }
+    if let Some(t) = &mut state.terminated {
+        cut(&mut t.message);
+    }
+    state
 }
 
 fn no_pod_template(s: &mut StatefulSet) {

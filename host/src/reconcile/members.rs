@@ -35,6 +35,10 @@ pub struct Observed {
     pub unschedulable: Option<String>,
     /// Its pod address, once it has one.
     pub address: Option<String>,
+    /// The node it runs on, once scheduled.
+    pub node: Option<String>,
+    /// Why it is not ready, while it is not: what its pod says, or what its node does.
+    pub down: Option<String>,
 }
 
 /// The members of StatefulSet `sts` among `pods`, by ordinal.
@@ -52,6 +56,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 .find(|c| c.type_ == "PodScheduled" && c.status == "False")
                 .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()));
             let ready = ready_condition.as_ref().is_some_and(|c| c.status == "True");
+            let down = (!ready && unschedulable.is_none()).then(|| why_not_ready(p, ready_condition.as_ref()));
             let since_seconds =
                 ready_condition.and_then(|c| c.last_transition_time).map(|t| now.duration_since(t.0).as_secs()).unwrap_or(0);
             Some(Observed {
@@ -64,12 +69,32 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 terminating: p.metadata.deletion_timestamp.is_some(),
                 unschedulable,
                 address: p.status.as_ref().and_then(|s| s.pod_ip.clone()),
+                node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                down,
                 name,
             })
         })
         .collect();
     out.sort_by_key(|m| m.ordinal);
     out
+}
+
+/// What a member's pod says about why it is not ready: a container waiting or ended
+/// (with its reason), else the Ready condition's own words.
+fn why_not_ready(pod: &Pod, ready: Option<&k8s_openapi::api::core::v1::PodCondition>) -> String {
+    let containers = pod.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
+    let container = containers.iter().filter(|c| !c.ready).find_map(|c| {
+        let state = c.state.as_ref()?;
+        let (reason, message) = match (&state.waiting, &state.terminated) {
+            (Some(w), _) => (w.reason.clone(), w.message.clone()),
+            (_, Some(t)) => (t.reason.clone(), t.message.clone()),
+            _ => return Some(format!("container {} is not ready", c.name)),
+        };
+        let why = [reason, message].into_iter().flatten().collect::<Vec<_>>().join(": ");
+        Some(format!("container {} {}", c.name, if why.is_empty() { "is not running".to_string() } else { why }))
+    });
+    let condition = ready.and_then(|c| c.message.clone().or_else(|| c.reason.clone()));
+    container.or(condition).unwrap_or_else(|| "not ready".into())
 }
 
 /// The pod to delete next to roll members onto `update_revision`, one at a time:
@@ -141,6 +166,8 @@ mod tests {
             terminating: false,
             unschedulable: None,
             address: None,
+            node: None,
+            down: None,
         }
     }
 

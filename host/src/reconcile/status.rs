@@ -69,6 +69,8 @@ pub enum Reason {
     RestoreFailed,
     /// A member was restarted onto the current revision.
     MemberRestarted,
+    /// A member whose node stayed lost was made again on another node.
+    MemberMoved,
     /// Every member is ready on the current revision.
     AllMembersReady,
     /// Not every member is ready on the current revision.
@@ -138,6 +140,7 @@ impl Reason {
             Reason::Restored => "Restored",
             Reason::RestoreFailed => "RestoreFailed",
             Reason::MemberRestarted => "MemberRestarted",
+            Reason::MemberMoved => "MemberMoved",
             Reason::AllMembersReady => "AllMembersReady",
             Reason::MembersNotReady => "MembersNotReady",
             Reason::AllMembersUp => "AllMembersUp",
@@ -252,7 +255,8 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     let progressing = pass.moving || pass.restoring || status.upgrade.is_some() || matches!(pass.growth, Growth::Waiting(_)) || !all_ready;
     status.ready_replicas = Some(ready as i32);
     status.observed_generation = generation;
-    let mut ready_message = format!("{ready}/{desired} members ready");
+    let down = down_members(pass.members);
+    let mut ready_message = format!("{ready}/{desired} members ready{down}");
     if let Some(m) = pass.members.iter().find(|m| m.unschedulable.is_some()) {
         let why = crate::events::truncate(m.unschedulable.as_deref().unwrap_or_default(), 400);
         ready_message.push_str(&format!("; {} cannot be scheduled: {why}", m.name));
@@ -280,10 +284,25 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     if !no_primary || ready == desired {
         let degraded = ready > 0 && ready < desired && status.current_version.is_some() && pass.members.len() == desired;
         let reason = if degraded { Reason::MembersDown } else { Reason::AllMembersUp };
-        set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready"), generation);
+        set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready{down}"), generation);
     }
     status.phase = Some(phase(status, pass.restoring, all_ready, ready));
     progressing
+}
+
+/// Each member that is down and why (its node lost, its container crashing), for the
+/// conditions' messages: `; orders-2: node n2 is not ready: ...`. Bounded: a few members,
+/// each reason truncated.
+fn down_members(members: &[Observed]) -> String {
+    let down: Vec<String> = members
+        .iter()
+        .filter(|m| !m.ready && !m.terminating)
+        .filter_map(|m| Some(format!("; {}: {}", m.name, crate::events::truncate(m.down.as_deref()?, 200))))
+        .collect();
+    match down.len() {
+        0..=3 => down.concat(),
+        n => format!("{}; and {} more", down[..3].concat(), n - 3),
+    }
 }
 
 /// The phase: a restore that loads over the network keeps a Database `Restoring` while
@@ -353,6 +372,8 @@ mod tests {
             position: None,
             terminating: false,
             unschedulable: None,
+            node: None,
+            down: None,
             address: None,
         }
     }
@@ -561,5 +582,35 @@ mod tests {
             message,
             "1/2 members ready; orders-1 cannot be scheduled: 0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
         );
+    }
+
+    #[test]
+    fn down_members_are_named_with_why_in_degraded_and_ready() {
+        let mut five = members(&[true, false, false, false, false]);
+        five[1].down = Some("node n2 is not ready (Unknown): Kubelet stopped posting node status.".into());
+        five[2].down = Some("container postgres CrashLoopBackOff: back-off 10s".into());
+        five[3].down = Some("not ready".into());
+        five[4].down = Some("not ready".into());
+        let mut status = ran();
+        let growth = Growth::Done;
+        let pass = Pass {
+            generation: None,
+            desired: 5,
+            members: &five,
+            rolled: true,
+            moving: false,
+            growth: &growth,
+            plan_refused: false,
+            restoring: false,
+        };
+        conclude(&mut status, &pass);
+        let (state, _, message) = condition(&status, kind::DEGRADED);
+        assert_eq!(state, "True");
+        assert_eq!(
+            message,
+            "1/5 members ready; orders-1: node n2 is not ready (Unknown): Kubelet stopped posting node status.; \
+             orders-2: container postgres CrashLoopBackOff: back-off 10s; orders-3: not ready; and 1 more"
+        );
+        assert!(condition(&status, kind::READY).2.starts_with("1/5 members ready; orders-1: node n2"));
     }
 }

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use plugdb_tests::node::Node;
+use plugdb_tests::node::Nodes;
 use plugdb_tests::operator::{Backing, Cluster};
 use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, is_running};
 use serde_json::json;
@@ -25,7 +25,7 @@ async fn main() -> Result<()> {
     let runs: usize = std::env::args().nth(1).map(|r| r.parse()).transpose().context("RUNS")?.unwrap_or(3);
     let out = std::env::args().nth(2).unwrap_or_else(|| "target/node-bench.md".into());
     let started = Instant::now();
-    let node = Node::start().await?;
+    let node = Nodes::start().await?;
     let node_ready = started.elapsed();
     let cluster = Cluster::on(Backing::Node(Box::new(node)), &[("postgres", "postgres"), ("mysql", "mysql")]).await?;
 

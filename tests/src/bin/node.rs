@@ -1,19 +1,20 @@
-//! Runs a throwaway cluster — control plane and a real node (containerd, runc, kubelet,
-//! kube-proxy, CoreDNS, local-path-provisioner) in the network namespace
-//! `plugdb-node` — until interrupted, then tears it all down. For trying plugdb by
+//! Runs a throwaway cluster — a control plane, CoreDNS and local-path-provisioner in the
+//! network namespace `plugdb-node`, and three real nodes (containerd, runc, kubelet,
+//! kube-proxy) in `plugdb-node-a`, `-b` and `-c` — until interrupted, then tears it all
+//! down. For trying plugdb by
 //! hand (`scripts/run.sh` uses it); needs root:
 //!
 //! `cargo run -p plugdb-tests --bin node -- KUBECONFIG_PATH`
 
 use anyhow::{Context, Result};
-use plugdb_tests::node::Node;
+use plugdb_tests::node::Nodes;
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let target = std::env::args().nth(1).context("usage: node KUBECONFIG_PATH")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let node = tokio::select! {
-        node = Node::start() => node?,
+        node = Nodes::start() => node?,
         _ = tokio::signal::ctrl_c() => { plugdb_tests::node::teardown(&plugdb_tests::node::run_dir()); return Ok(()) }
         _ = term.recv() => { plugdb_tests::node::teardown(&plugdb_tests::node::run_dir()); return Ok(()) }
     };
@@ -21,7 +22,7 @@ async fn main() -> Result<()> {
     let tmp = format!("{target}.tmp");
     std::fs::copy(&node.kubeconfig, &tmp)?;
     std::fs::rename(&tmp, &target)?;
-    eprintln!("node Ready; kubeconfig: {target}; logs under {}", node.dir().display());
+    eprintln!("nodes Ready; kubeconfig: {target}; logs under {}", node.dir().display());
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

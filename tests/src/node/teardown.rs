@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{GLOBAL_SYSCTLS, NETNS, VETH_HOST, ctr, image_store, run, start_time};
+use super::{GLOBAL_SYSCTLS, NETNS, NodeSpec, VETH_HOST, cgroup_hierarchies, ctr, image_store, run, start_time};
 
 /// The sandbox network namespaces containerd made (`/run/netns/cni-*`).
 pub(super) fn cni_netns() -> Vec<String> {
@@ -73,37 +73,44 @@ pub fn teardown(dir: &Path) -> Vec<String> {
     // Everything but containerd first; containerd stays to remove the containers.
     let (runtime, others): (Vec<_>, Vec<_>) = recorded.iter().partition(|(n, ..)| n == "containerd");
     report.extend(stop_recorded(&others, Duration::from_secs(3)));
-    if dir.join("containerd/containerd.sock").exists() && ctr(dir, &["version"]).is_ok() {
-        remove_containers(dir);
+    for node in NodeSpec::all() {
+        let node_dir = node.dir(dir);
+        if node_dir.join("containerd/containerd.sock").exists() && ctr(&node_dir, &["version"]).is_ok() {
+            remove_containers(&node_dir);
+        }
     }
     report.extend(stop_recorded(&runtime, Duration::from_secs(5)));
     for file in &pid_files {
         let _ = std::fs::remove_file(file);
     }
 
-    // Leftovers by membership, never by name: the node namespace (shims) or a pod cgroup.
-    let netns_inode = std::fs::metadata(format!("/run/netns/{NETNS}")).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    // Leftovers by membership, never by name: the harness's namespaces (shims) or a pod cgroup.
+    let namespaces: Vec<String> = std::iter::once(NETNS.to_string()).chain(NodeSpec::all().map(NodeSpec::name)).collect();
+    let inode = |path: String| std::fs::metadata(path).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let netns_inodes: Vec<u64> = namespaces.iter().filter_map(|ns| inode(format!("/run/netns/{ns}"))).collect();
     let me = std::process::id();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         if pid == me {
             continue;
         }
-        let in_netns = netns_inode.is_some()
-            && std::fs::metadata(format!("/proc/{pid}/ns/net")).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m)) == netns_inode;
-        let in_pods = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(":/kubepods"));
+        let in_netns = inode(format!("/proc/{pid}/ns/net")).is_some_and(|i| netns_inodes.contains(&i));
+        let in_pods = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| c.contains(":/kubepods") || c.contains(&format!(":/{NETNS}-")));
         if in_netns || in_pods {
             let _ = run("kill", &["-KILL", &pid.to_string()]);
             report.push(format!("killed leftover process {pid}"));
         }
     }
 
-    // Mounts under the run directory and the image store (deepest first), then sandbox namespaces.
+    // Mounts under the run directory and the image stores (deepest first), then sandbox namespaces.
+    let roots: Vec<String> =
+        std::iter::once(dir.to_path_buf()).chain(NodeSpec::all().map(image_store)).map(|p| format!("{}/", p.display())).collect();
     let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
-        .filter(|m| m.starts_with(&format!("{}/", dir.display())) || m.starts_with(&format!("{}/", image_store().display())))
+        .filter(|m| roots.iter().any(|r| m.starts_with(r)))
         .collect();
     mounts.sort_by(|a, b| b.cmp(a));
     for m in &mounts {
@@ -120,10 +127,13 @@ pub fn teardown(dir: &Path) -> Vec<String> {
         }
         let _ = std::fs::remove_file(dir.join("cni-netns-before"));
     }
-    if Path::new(&format!("/run/netns/{NETNS}")).exists() {
-        match run("ip", &["netns", "delete", NETNS]) {
-            Ok(_) => report.push(format!("deleted network namespace {NETNS}")),
-            Err(e) => report.push(format!("failed to delete network namespace {NETNS}: {e:#}")),
+    // The nodes' namespaces first (their veths go with them), the hub's last.
+    for ns in namespaces.iter().rev() {
+        if Path::new(&format!("/run/netns/{ns}")).exists() {
+            match run("ip", &["netns", "delete", ns]) {
+                Ok(_) => report.push(format!("deleted network namespace {ns}")),
+                Err(e) => report.push(format!("failed to delete network namespace {ns}: {e:#}")),
+            }
         }
     }
     // The veth goes with the namespace, once nothing holds it.
@@ -137,10 +147,10 @@ pub fn teardown(dir: &Path) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    // The kubelet's pod cgroups, leaves first.
-    for controller in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
-        let top = controller.path().join("kubepods");
-        if top.is_dir() {
+    // The kubelets' cgroup parents, leaves first (and an older run's single `kubepods`).
+    for hierarchy in cgroup_hierarchies() {
+        let parents = NodeSpec::all().map(|n| n.name()).chain(std::iter::once("kubepods".to_string()));
+        for top in parents.map(|p| hierarchy.join(p)).filter(|t| t.is_dir()) {
             remove_cgroup_tree(&top);
             report.push(format!("removed {}", top.display()));
         }
@@ -156,8 +166,8 @@ pub fn teardown(dir: &Path) -> Vec<String> {
         report.push("restored kernel settings".into());
     }
     // Per-run state goes; logs stay for a look after a failure, until the next start.
-    for sub in ["control-plane", "kubelet", "containerd", "cni", "volumes"] {
-        let path = dir.join(sub);
+    let node_state = NodeSpec::all().flat_map(|n| ["kubelet", "containerd", "cni", "volumes", "pod-logs"].map(|s| n.dir(dir).join(s)));
+    for path in std::iter::once(dir.join("control-plane")).chain(node_state) {
         if path.exists() && std::fs::remove_dir_all(&path).is_err() {
             report.push(format!("failed to remove {}", path.display()));
         }

@@ -11,21 +11,21 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use plugdb::crd::Database;
-use plugdb_tests::node::Node;
+use plugdb_tests::node::Nodes;
 use plugdb_tests::operator::Cluster;
 use plugdb_tests::scenario::{WAIT, is_running, pod_ip, signal_engine};
 use serde_json::json;
 
 /// An etcd Database of a scenario: its namespace and name.
 #[derive(Debug, Clone, Copy)]
-struct Etcd {
-    ns: &'static str,
-    name: &'static str,
+pub(crate) struct Etcd {
+    pub(crate) ns: &'static str,
+    pub(crate) name: &'static str,
 }
 
 impl Etcd {
     /// Its manifest with `replicas` members and `extra` in its spec.
-    fn manifest(self, replicas: i32, extra: serde_json::Value) -> serde_json::Value {
+    pub(crate) fn manifest(self, replicas: i32, extra: serde_json::Value) -> serde_json::Value {
         let mut manifest = json!({
             "metadata": {"name": self.name},
             "spec": {
@@ -53,8 +53,8 @@ pub fn etcdctl_binary() -> std::path::PathBuf {
 }
 
 /// `etcdctl ARGS` against the member at `ip`, from inside the node's namespace.
-async fn etcdctl(ip: &str, args: &[&str]) -> Result<String, String> {
-    let mut command = Node::command(&etcdctl_binary().to_string_lossy());
+pub(crate) async fn etcdctl(ip: &str, args: &[&str]) -> Result<String, String> {
+    let mut command = Nodes::command(&etcdctl_binary().to_string_lossy());
     command.arg(format!("--endpoints=http://{ip}:2379")).args(["--command-timeout=5s", "--dial-timeout=2s"]).args(args);
     let out = tokio::task::spawn_blocking(move || command.output()).await.expect("join").map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -62,7 +62,7 @@ async fn etcdctl(ip: &str, args: &[&str]) -> Result<String, String> {
 }
 
 /// `check` of what `etcdctl ARGS` says at `ip`, tried until it holds or `WAIT` ends.
-async fn eventually(ip: &str, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
+pub(crate) async fn eventually(ip: &str, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + WAIT;
     loop {
         let said = etcdctl(ip, args).await;
@@ -76,7 +76,7 @@ async fn eventually(ip: &str, args: &[&str], what: &str, check: impl Fn(&str) ->
     }
 }
 
-async fn members(cluster: &Cluster, etcd: Etcd) -> Vec<Pod> {
+pub(crate) async fn members(cluster: &Cluster, etcd: Etcd) -> Vec<Pod> {
     let selector = format!("app.kubernetes.io/instance={},app.kubernetes.io/managed-by=plugdb", etcd.name);
     let mut pods =
         Api::<Pod>::namespaced(cluster.client.clone(), etcd.ns).list(&ListParams::default().labels(&selector)).await.expect("pods").items;
@@ -94,7 +94,7 @@ async fn members_become(cluster: &Cluster, etcd: Etcd, count: usize) {
     }
 }
 
-async fn running(cluster: &Cluster, etcd: Etcd, replicas: i32) -> Database {
+pub(crate) async fn running(cluster: &Cluster, etcd: Etcd, replicas: i32) -> Database {
     let what = format!("{replicas} etcd members Ready");
     cluster.wait_database(etcd.ns, etcd.name, &what, WAIT, |d| is_running(d, replicas)).await.expect("running")
 }
@@ -114,7 +114,7 @@ async fn real_leader(pods: &[Pod]) -> Option<String> {
 
 /// Waits until `status.primary` names the member etcd says leads (other than `not`), and
 /// the pods' role labels agree; returns it.
-async fn leader_followed(cluster: &Cluster, etcd: Etcd, not: Option<&str>) -> String {
+pub(crate) async fn leader_followed(cluster: &Cluster, etcd: Etcd, not: Option<&str>) -> String {
     let deadline = Instant::now() + WAIT;
     loop {
         let pods = members(cluster, etcd).await;
@@ -133,7 +133,7 @@ async fn leader_followed(cluster: &Cluster, etcd: Etcd, not: Option<&str>) -> St
 
 /// Every member lists exactly `names` as the cluster's members and serves `key` = `value`
 /// from its own copy (a serializable read).
-async fn one_cluster_with(cluster: &Cluster, etcd: Etcd, count: usize, key: &str, value: &str) {
+pub(crate) async fn one_cluster_with(cluster: &Cluster, etcd: Etcd, count: usize, key: &str, value: &str) {
     let pods = members(cluster, etcd).await;
     assert_eq!(pods.len(), count, "{count} member pods");
     let names: Vec<String> = (0..count).map(|i| format!("{}-{i}", etcd.name)).collect();

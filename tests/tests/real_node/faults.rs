@@ -14,7 +14,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use plugdb::crd::Database;
-use plugdb_tests::node::Node;
+use plugdb_tests::node::Nodes;
 use plugdb_tests::operator::{Backing, Cluster, OPERATOR_NAMESPACE};
 use plugdb_tests::scenario::{Engine, WAIT, database, is_running};
 use serde_json::json;
@@ -37,13 +37,13 @@ impl Rng {
 
 /// The operator binary, alone on the namespace; SIGKILLed when dropped.
 struct Operator<'a> {
-    node: &'a Node,
+    node: &'a Nodes,
     child: Child,
     kills: usize,
 }
 
 impl<'a> Operator<'a> {
-    fn start(node: &'a Node) -> Child {
+    fn start(node: &'a Nodes) -> Child {
         let mut command = Command::new(plugdb_tests::plugdb_binary());
         command
             .args(["run", "--no-leader-election", "--namespace", OPERATOR_NAMESPACE, "--watch-namespace", NS, "--listen", "127.0.0.1:0"])

@@ -1,6 +1,6 @@
-//! A test harness for scenarios that share one real node: it starts the node, the
+//! A test harness for scenarios that share three real nodes: it starts the nodes, the
 //! control plane and the operator once, runs the scenarios (a few at a time, each in
-//! a namespace of its own), and tears the node down afterwards — also when a scenario
+//! a namespace of its own), and tears the nodes down afterwards — also when a scenario
 //! fails, and when the run is interrupted (SIGINT, SIGTERM). Output follows libtest's
 //! shape, so `cargo test` reads its closing line.
 
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::FutureExt;
-use plugdb_tests::node::{Node, machine_state, run_dir, state_difference, teardown};
+use plugdb_tests::node::{Nodes, machine_state, run_dir, state_difference, teardown};
 use plugdb_tests::operator::{Backing, Cluster};
 use plugdb_tests::release;
 use tokio::signal::unix::{SignalKind, signal};
@@ -24,9 +24,9 @@ pub type Scenario = fn(Arc<Cluster>) -> Pin<Box<dyn Future<Output = ()> + Send>>
 const PLUGINS: &[(&str, &str)] = &[("postgres", "postgres"), ("mysql", "mysql"), ("etcd", "etcd")];
 
 /// Runs the scenarios selected by the command line (substring filters; `--list`
-/// lists them) on one real node: those in `alone` first, one at a time with nothing
-/// else running (they restart the operator or count its requests), then the `shared`
-/// ones a few at a time.
+/// lists them) on the real nodes: those in `alone` first, one at a time with nothing
+/// else running (they restart the operator, count its requests, or take a node away
+/// from every member on it), then the `shared` ones a few at a time.
 pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario)]) -> ExitCode {
     let scenarios: Vec<(&'static str, Scenario, bool)> =
         alone.iter().map(|&(n, s)| (n, s, true)).chain(shared.iter().map(|&(n, s)| (n, s, false))).collect();
@@ -105,6 +105,11 @@ async fn run_one(name: &str, scenario: Scenario, cluster: Arc<Cluster>) -> bool 
     let started = Instant::now();
     let (outcome, namespaces) = release::noting_namespaces(AssertUnwindSafe(scenario(cluster.clone())).catch_unwind()).await;
     let ok = outcome.is_ok();
+    if let plugdb_tests::operator::Backing::Node(nodes) = &cluster.backing {
+        for node in nodes.restore_all() {
+            eprintln!("{name} left {node} lost: brought back");
+        }
+    }
     if !ok {
         for ns in &namespaces {
             eprintln!("{name} failed; what it left:\n{}", release::describe(&cluster, ns).await);
@@ -132,7 +137,7 @@ async fn run_all(selected: Vec<(&'static str, Scenario, bool)>, parallel: usize)
         eprintln!("cleaned up after an earlier run: {}", leftovers.join("; "));
     }
     let before = MACHINE_BEFORE.get_or_init(machine_state).clone();
-    let node = Node::start().await.map_err(|e| format!("the real node did not start: {e:#}"))?;
+    let node = Nodes::start().await.map_err(|e| format!("the real nodes did not start: {e:#}"))?;
     let cluster =
         Arc::new(Cluster::on(Backing::Node(Box::new(node)), PLUGINS).await.map_err(|e| format!("the operator did not start: {e:#}"))?);
     let mut results = Vec::new();

@@ -1,9 +1,9 @@
-//! Tier 5: scenarios on a real node. The operator renders; containerd, runc and a real
-//! kubelet run what it rendered from engine images built from Debian packages; the
-//! scenarios talk to the real servers through the rendered Services and check data.
+//! Tier 5: scenarios on three real nodes. The operator renders; containerd, runc and
+//! real kubelets run what it rendered from engine images built from Debian packages;
+//! the scenarios talk to the real servers through the rendered Services and check data.
 //!
-//! Run with `cargo test -p plugdb-tests --test real_node [FILTER]` (as root); one node
-//! serves the whole run and is torn down at its end, also after a failure or Ctrl-C.
+//! Run with `cargo test -p plugdb-tests --test real_node [FILTER]` (as root); the nodes
+//! serve the whole run and are torn down at its end, also after a failure or Ctrl-C.
 
 mod consensus;
 mod data;
@@ -11,6 +11,7 @@ mod faults;
 mod harness;
 mod lifecycle;
 mod members;
+mod nodes;
 mod placement;
 mod tls;
 
@@ -29,6 +30,10 @@ fn main() -> ExitCode {
             ("mysql_operator_killed_at_random_points_of_create_scale_backup_upgrade_delete", |c| {
                 Box::pin(faults::killed_at_random_points(c))
             }),
+            // These take a node away from every member on it: nothing else runs meanwhile.
+            ("a_node_lost_for_two_minutes_under_postgres_mysql_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
+            ("postgres_node_drained_under_a_writer_within_the_disruption_budget", |c| Box::pin(nodes::drain_under_a_writer(c))),
+            ("postgres_member_moved_from_a_node_lost_past_the_chosen_time", |c| Box::pin(nodes::member_moved_from_a_lost_node(c))),
         ],
         &[
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
@@ -72,7 +77,9 @@ fn main() -> ExitCode {
             }),
             ("etcd_members_and_clients_speak_tls_and_the_leader_is_asked_over_it", |c| Box::pin(tls::etcd_serves_tls(c))),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
-            ("postgres_members_spread_over_nodes_and_volumes_grow_when_allowed", |c| Box::pin(placement::spread_and_volume_growth(c))),
+            ("postgres_members_spread_over_nodes_and_zones_and_volumes_grow_when_allowed", |c| {
+                Box::pin(placement::spread_and_volume_growth(c))
+            }),
         ],
     )
 }
@@ -92,6 +99,11 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 
     let members = client.members().await;
     assert_eq!(members.len(), 3);
+    // Preferred spreading (the default) with three nodes free: one member on each.
+    let mut placed: Vec<String> = members.iter().map(nodes::node_of).collect();
+    placed.sort();
+    placed.dedup();
+    assert_eq!(placed.len(), 3, "members on three different nodes: {placed:?}");
     for pod in &members {
         let rows =
             client.eventually(&pod_ip(pod), "SELECT item FROM orders WHERE id = 1", Duration::from_secs(30), |r| !r.is_empty()).await;

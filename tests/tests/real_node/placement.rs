@@ -3,9 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use plugdb::crd::Database;
 use plugdb_tests::operator::Cluster;
@@ -24,9 +25,9 @@ async fn requested(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
     claim.spec.and_then(|s| s.resources).and_then(|r| r.requests).and_then(|r| r.get("storage").cloned()).map(|q| q.0).unwrap_or_default()
 }
 
-/// Members required on different nodes cannot share the one node: the second waits
-/// unscheduled and the Database says why; preferred (the default), both run. A volume
-/// grow the storage class refuses is a condition and an Event, retried until the
+/// Members required on different nodes and zones land one per node, in zones a, b and
+/// c; a fourth has no node left and waits unscheduled, and the Database says why. A
+/// volume grow the storage class refuses is a condition and an Event, retried until the
 /// class allows it, then every bound claim asks for the new size.
 pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
     let ns = "postgres-placement";
@@ -41,30 +42,39 @@ pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
     .expect("a StorageClass");
     classes.create(&PostParams::default(), &class).await.expect("storage class");
 
-    let spec = |extra: serde_json::Value| {
-        let mut fields = json!({"storageClassName": CLASS});
+    let spec = |replicas: i32, extra: serde_json::Value| {
+        let mut fields = json!({"storageClassName": CLASS, "spread": {"nodes": "Required", "zones": "Required"}});
         fields.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
-        database("spread", Engine::Postgres, "15", 2, fields)
+        database("spread", Engine::Postgres, "15", replicas, fields)
     };
-    cluster.apply_database(ns, spec(json!({"spread": {"nodes": "Required"}}))).await.expect("apply");
+    cluster.apply_database(ns, spec(3, json!({}))).await.expect("apply");
+    cluster.wait_database(ns, "spread", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let mut zones = Vec::new();
+    for ordinal in 0..3 {
+        let pod = pods.get(&format!("spread-{ordinal}")).await.expect("member");
+        let node = nodes.get(&crate::nodes::node_of(&pod)).await.expect("its node");
+        zones.push(node.labels().get("topology.kubernetes.io/zone").cloned().unwrap_or_default());
+    }
+    zones.sort();
+    assert_eq!(zones, ["a", "b", "c"], "one member in each zone");
+
+    cluster.apply_database(ns, spec(4, json!({}))).await.expect("a fourth member");
     let db = cluster
-        .wait_database(ns, "spread", "member 1 reported unschedulable", WAIT, |d| {
-            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(1)
-                && condition(d, "Ready").is_some_and(|(_, _, m)| m.contains("spread-1 cannot be scheduled"))
+        .wait_database(ns, "spread", "member 3 reported unschedulable", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(3)
+                && condition(d, "Ready").is_some_and(|(_, _, m)| m.contains("spread-3 cannot be scheduled"))
         })
         .await
-        .expect("one member runs, the other waits");
+        .expect("three members run, the fourth waits");
     let (_, reason, message) = condition(&db, "Ready").expect("Ready");
     assert_eq!(reason, "MembersNotReady");
-    assert!(message.contains("anti-affinity"), "the scheduler's reason: {message}");
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let waiting = pods.get("spread-1").await.expect("member 1");
-    assert!(waiting.spec.and_then(|s| s.node_name).is_none(), "member 1 is not on the node");
+    assert!(message.contains("0/3 nodes are available") && message.contains("anti-affinity"), "the scheduler's reason: {message}");
+    let waiting = pods.get("spread-3").await.expect("member 3");
+    assert!(waiting.spec.and_then(|s| s.node_name).is_none(), "member 3 is on no node");
 
-    cluster.apply_database(ns, spec(json!({"spread": {"nodes": "Preferred"}}))).await.expect("preferred");
-    cluster.wait_database(ns, "spread", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("both run on the one node");
-
-    cluster.apply_database(ns, spec(json!({"spread": {"nodes": "Preferred"}, "storage": "2Gi"}))).await.expect("grow");
+    cluster.apply_database(ns, spec(4, json!({"storage": "2Gi"}))).await.expect("grow");
     let db = cluster
         .wait_database(ns, "spread", "VolumeGrowFailed", WAIT, |d| {
             condition(d, "Progressing").is_some_and(|(status, reason, _)| status == "False" && reason == "VolumeGrowFailed")
@@ -82,7 +92,7 @@ pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
     // Allowing expansion later is enough: the operator keeps trying, with no spec change.
     classes.patch(CLASS, &PatchParams::default(), &Patch::Merge(json!({"allowVolumeExpansion": true}))).await.expect("allow expansion");
     let deadline = tokio::time::Instant::now() + WAIT;
-    for claim in ["data-spread-0", "data-spread-1"] {
+    for claim in ["data-spread-0", "data-spread-1", "data-spread-2"] {
         while requested(&claims, claim).await != "2Gi" {
             assert!(tokio::time::Instant::now() < deadline, "{claim} was not grown once the class allowed it");
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -96,5 +106,5 @@ pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
         })
         .await
         .expect("growth reported");
-    assert_eq!(db.status.and_then(|s| s.ready_replicas), Some(2));
+    assert_eq!(db.status.and_then(|s| s.ready_replicas), Some(3));
 }

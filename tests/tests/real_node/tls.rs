@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use plugdb::crd::Database;
 use plugdb_tests::cert_manager::CertManager;
-use plugdb_tests::node::Node;
+use plugdb_tests::node::Nodes;
 use plugdb_tests::operator::Cluster;
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip};
 use serde_json::json;
@@ -21,7 +21,7 @@ const NAME: &str = "secure";
 
 /// Runs `program ARGS` inside the node's namespace.
 async fn run(program: impl AsRef<str>, args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {
-    let mut command = Node::command(program.as_ref());
+    let mut command = Nodes::command(program.as_ref());
     command.args(args).envs(env).stdin(std::process::Stdio::null());
     tokio::task::spawn_blocking(move || command.output()).await.expect("join").expect("the client runs")
 }

@@ -17,6 +17,8 @@ fn member(ordinal: u32, ready: bool, since: i64, revision: &str) -> Observed {
         position: None,
         terminating: false,
         unschedulable: None,
+        node: None,
+        down: None,
         address: None,
     }
 }

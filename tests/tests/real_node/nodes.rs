@@ -1,0 +1,327 @@
+//! Members on three real nodes: a node drained under a writer, and a node lost without
+//! warning and brought back, with the members' data checked throughout.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use plugdb::crd::Database;
+use plugdb_tests::node::Nodes;
+use plugdb_tests::operator::{Backing, Cluster};
+use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip};
+use serde_json::json;
+
+/// How long a node stays lost.
+const OUTAGE: Duration = Duration::from_secs(120);
+
+pub fn nodes(cluster: &Cluster) -> &Nodes {
+    let Backing::Node(nodes) = &cluster.backing else { panic!("needs the real nodes") };
+    nodes
+}
+
+/// The node a pod runs on.
+pub fn node_of(pod: &Pod) -> String {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| panic!("{} is not on a node", pod.name_any()))
+}
+
+/// A condition's status and message.
+pub fn condition(db: &Database, type_: &str) -> Option<(String, String)> {
+    let c = db.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.message.clone()))
+}
+
+/// Three members, one per node, a table with rows, and a writer through the read-write
+/// Service; returns the client, the primary's pod and a replica's pod on another node.
+async fn three_members_and_a_writer(
+    cluster: &Cluster,
+    engine: Engine,
+    version: &str,
+    ns: &str,
+) -> (Arc<Client>, Pod, Pod, Arc<AtomicBool>, tokio::task::JoinHandle<(Vec<i64>, Duration)>) {
+    let spread = json!({"spread": {"nodes": "Required"}});
+    cluster.apply_database(ns, database("orders", engine, version, 3, spread)).await.expect("apply");
+    let db = cluster.wait_database(ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+    let primary_name = db.status.and_then(|s| s.primary).expect("a primary in status");
+    let client = Arc::new(Client::new(cluster, engine, ns, "orders").await);
+    let rw = client.service_ip("orders").await;
+    client.create_table(&rw).await;
+    client.insert(&rw, 1..101).await;
+    let members = client.members().await;
+    let primary = members.iter().find(|p| p.name_any() == primary_name).expect("the primary's pod").clone();
+    let replica = members.iter().rfind(|p| p.name_any() != primary_name).expect("a replica").clone();
+    assert_ne!(node_of(&primary), node_of(&replica), "members are required on different nodes");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1000, stop.clone());
+    (client, primary, replica, stop, writer)
+}
+
+/// Uncordons its nodes when dropped (`kubectl uncordon` of a schedulable node is a no-op).
+struct Uncordon<'a>(&'a Nodes, Vec<String>);
+
+impl Drop for Uncordon<'_> {
+    fn drop(&mut self) {
+        for node in &self.1 {
+            let _ = self.0.kubectl().args(["uncordon", node]).output();
+        }
+    }
+}
+
+/// Stops the writer and checks that every acknowledged write is on every member.
+async fn no_acknowledged_write_lost(client: &Client, stop: &AtomicBool, writer: tokio::task::JoinHandle<(Vec<i64>, Duration)>) {
+    stop.store(true, Ordering::SeqCst);
+    let (acknowledged, _) = writer.await.expect("writer");
+    assert!(!acknowledged.is_empty(), "the writer wrote");
+    let last = *acknowledged.last().expect("a last write");
+    for pod in client.members().await {
+        let ip = pod_ip(&pod);
+        client.eventually(&ip, &format!("SELECT id FROM orders WHERE id = {last}"), WAIT, |r| !r.is_empty()).await;
+        let present = client.ids(&ip).await.expect("ids");
+        let lost: Vec<&i64> = acknowledged.iter().filter(|id| !present.contains(id)).collect();
+        assert!(lost.is_empty(), "{}: acknowledged writes missing: {lost:?}", pod.name_any());
+    }
+}
+
+/// A SQL Database of the node-loss scenario, with its writer.
+struct Sql {
+    engine: Engine,
+    client: Arc<Client>,
+    primary_node: String,
+    stop: Arc<AtomicBool>,
+    writer: tokio::task::JoinHandle<(Vec<i64>, Duration)>,
+}
+
+/// One node lost without warning for two minutes, then back, under three Databases
+/// with a member on every node: a postgres and a mysql one whose primaries are
+/// elsewhere, each with a writer, and an etcd one whose leader is moved there first.
+/// While it is gone: each SQL Database stays writable through its read-write Service
+/// and `Degraded` names its member on that node and why; etcd's two members left elect
+/// a leader, `status.primary` follows it, and writes go on. Back: every member rejoins
+/// and catches up, and no acknowledged write is lost.
+pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
+    let ns = "node-lost";
+    let nodes = nodes(&cluster);
+    let spread = json!({"spread": {"nodes": "Required"}});
+    let etcd = crate::consensus::Etcd { ns, name: "kv" };
+    let engines = [(Engine::Postgres, "15", "pg"), (Engine::Mysql, "10.11", "my")];
+    for (engine, version, name) in engines {
+        cluster.apply_database(ns, database(name, engine, version, 3, spread.clone())).await.expect("apply");
+    }
+    cluster.apply_database(ns, etcd.manifest(3, spread.clone())).await.expect("apply etcd");
+    let mut sql = Vec::new();
+    for (engine, _, name) in engines {
+        let db = cluster.wait_database(ns, name, "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+        let primary = db.status.and_then(|s| s.primary).expect("a primary in status");
+        let client = Arc::new(Client::new(&cluster, engine, ns, name).await);
+        let rw = client.service_ip(name).await;
+        client.create_table(&rw).await;
+        client.insert(&rw, 1..101).await;
+        let primary_node = node_of(&client.members().await.into_iter().find(|p| p.name_any() == primary).expect("the primary's pod"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = client.writer(1000, stop.clone());
+        sql.push(Sql { engine, client, primary_node, stop, writer });
+    }
+    // The node to lose holds a replica of each SQL Database.
+    let node = plugdb_tests::node::NodeSpec::all()
+        .map(|n| n.name())
+        .find(|n| sql.iter().all(|d| d.primary_node != *n))
+        .expect("a node with no primary: two primaries, three nodes");
+    // etcd's leader is moved there, so that losing the node loses the leader. Every
+    // member votes first: one that joined last is a learner until it has caught up.
+    crate::consensus::running(&cluster, etcd, 3).await;
+    let first = pod_ip(&crate::consensus::members(&cluster, etcd).await[0]);
+    crate::consensus::eventually(&first, &["member", "list"], "three voting members", |list| {
+        list.lines().filter(|l| l.trim_end().ends_with(", false")).count() == 3
+    })
+    .await;
+    let leader = crate::consensus::leader_followed(&cluster, etcd, None).await;
+    let kv = crate::consensus::members(&cluster, etcd).await;
+    let target = kv.iter().find(|p| node_of(p) == node).expect("an etcd member on the node").name_any();
+    if leader != target {
+        let on_node = pod_ip(kv.iter().find(|p| p.name_any() == target).expect("target"));
+        let status = crate::consensus::etcdctl(&on_node, &["endpoint", "status", "-w", "json"]).await.expect("status");
+        let status: serde_json::Value = serde_json::from_str(&status).expect("json");
+        let id = status[0]["Status"]["header"]["member_id"].as_u64().expect("a member id");
+        let at = pod_ip(kv.iter().find(|p| p.name_any() == leader).expect("leader"));
+        crate::consensus::etcdctl(&at, &["move-leader", &format!("{id:x}")]).await.expect("move the leadership");
+        crate::consensus::leader_followed(&cluster, etcd, Some(&leader)).await;
+    }
+    let old_leader = crate::consensus::leader_followed(&cluster, etcd, None).await;
+    assert_eq!(old_leader, target, "etcd's leader is on the node to lose");
+
+    eprintln!("{ns}: losing {node}");
+    let lost = Instant::now();
+    nodes.cut(&node).expect("cut the node");
+    let away = async {
+        let mut named = Vec::new();
+        for d in &sql {
+            let name = if d.engine == Engine::Postgres { "pg" } else { "my" };
+            let member = d.client.members().await.into_iter().find(|p| node_of(p) == node).expect("a member on the node").name_any();
+            let said = format!("{member}: node {node} is not ready");
+            let db = cluster
+                .wait_database(ns, name, "Degraded names the member on the lost node", WAIT, |db| {
+                    condition(db, "Degraded").is_some_and(|(status, message)| status == "True" && message.contains(&said))
+                })
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            if db.status.as_ref().and_then(|s| s.ready_replicas) != Some(2) {
+                return Err(format!("{name}: two members ready: {:?}", db.status));
+            }
+            // Writable: rows through the read-write Service while the node is gone.
+            d.client.insert(&d.client.service_ip(name).await, 500..510).await;
+            named.push(member);
+        }
+        let elected = crate::consensus::leader_followed(&cluster, etcd, Some(&old_leader)).await;
+        let new = crate::consensus::members(&cluster, etcd).await.into_iter().find(|p| p.name_any() == elected).ok_or("the new leader")?;
+        crate::consensus::etcdctl(&pod_ip(&new), &["put", "written-while-away", "2"]).await?;
+        let said = format!("{old_leader}: node {node} is not ready");
+        cluster
+            .wait_database(ns, etcd.name, "Degraded names etcd's lost member", WAIT, |db| {
+                condition(db, "Degraded").is_some_and(|(status, message)| status == "True" && message.contains(&said))
+            })
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        Ok::<Vec<String>, String>(named)
+    };
+    let away = away.await;
+    eprintln!("{ns}: all said within {:.0} s of the loss", lost.elapsed().as_secs_f64());
+    tokio::time::sleep(OUTAGE.saturating_sub(lost.elapsed())).await;
+    nodes.restore(&node).expect("restore the node");
+    let named = away.unwrap_or_else(|e| panic!("while {node} was lost: {e}"));
+
+    for (d, member) in sql.into_iter().zip(named) {
+        let name = if d.engine == Engine::Postgres { "pg" } else { "my" };
+        cluster.wait_database(ns, name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("the member rejoins");
+        let back = d.client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
+        assert_eq!(node_of(&back), node, "{member} came back where its volume is");
+        let caught_up = "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510";
+        d.client.eventually(&pod_ip(&back), caught_up, WAIT, |r| r.trim() == "10").await;
+        no_acknowledged_write_lost(&d.client, &d.stop, d.writer).await;
+    }
+    crate::consensus::running(&cluster, etcd, 3).await;
+    crate::consensus::one_cluster_with(&cluster, etcd, 3, "written-while-away", "2").await;
+}
+
+/// A replica's node drained under a writer, after a backup: the eviction honours the
+/// disruption budget (which no backup Job's pod counts in), the Database serves
+/// throughout, and the evicted member, whose volume cannot leave its node, waits
+/// unscheduled with the scheduler's reason in `Ready`. A second drain while it waits is
+/// refused by the budget. Uncordoned, the member returns with its data.
+pub async fn drain_under_a_writer(cluster: Arc<Cluster>) {
+    let ns = "postgres-drain";
+    let nodes = nodes(&cluster);
+    let (client, primary, replica, stop, writer) = three_members_and_a_writer(&cluster, Engine::Postgres, "15", ns).await;
+    let (member, node) = (replica.name_any(), node_of(&replica));
+    // A backup first: its Job's pod must not count as a member for the budget.
+    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let token = json!({"metadata": {"annotations": {"plugdb.io/backup-now": "before-the-drain"}}});
+    dbs.patch("orders", &PatchParams::default(), &Patch::Merge(token)).await.expect("annotate");
+    cluster
+        .wait_database(ns, "orders", "a backup", WAIT, |d| d.status.as_ref().and_then(|s| s.last_backup.as_ref()).is_some())
+        .await
+        .expect("backed up");
+    let drain = |node: &str, timeout: &str| {
+        let mut command = nodes.kubectl();
+        command.args(["drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", timeout]);
+        command.output().expect("kubectl")
+    };
+    // Whatever happens below, no node stays cordoned for the scenarios after this one.
+    let _uncordon = Uncordon(nodes, vec![node.clone(), node_of(&primary)]);
+    let out = drain(&node, "120s");
+    assert!(out.status.success(), "drain {node}: {}", String::from_utf8_lossy(&out.stderr));
+    let db = cluster
+        .wait_database(ns, "orders", "the evicted member waits", WAIT, |d| {
+            condition(d, "Ready").is_some_and(|(_, m)| m.contains(&format!("{member} cannot be scheduled")))
+        })
+        .await
+        .expect("the member's wait is reported");
+    let (_, message) = condition(&db, "Ready").expect("Ready");
+    assert!(message.contains("unschedulable") && message.contains("PersistentVolume's node affinity"), "the scheduler's reason: {message}");
+
+    // One member is down: the budget refuses another eviction (the primary's).
+    let second = node_of(&primary);
+    let out = drain(&second, "15s");
+    let uncordon = |node: &str| {
+        let out = nodes.kubectl().args(["uncordon", node]).output().expect("kubectl");
+        assert!(out.status.success(), "uncordon {node}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    uncordon(&second);
+    assert!(!out.status.success(), "a second drain must wait for the budget");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("disruption budget"), "{}", String::from_utf8_lossy(&out.stderr));
+    let still = client.members().await.into_iter().find(|p| p.name_any() == primary.name_any()).expect("the primary");
+    assert_eq!(still.metadata.uid, primary.metadata.uid, "the primary was not evicted");
+    let rw = client.service_ip("orders").await;
+    client.insert(&rw, 500..510).await;
+
+    uncordon(&node);
+    cluster.wait_database(ns, "orders", "3 members Ready again", WAIT, |d| is_running(d, 3)).await.expect("the member returns");
+    let back = client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
+    assert_eq!(node_of(&back), node, "the member returned to its volume's node");
+    client.eventually(&pod_ip(&back), "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510", WAIT, |r| r.trim() == "10").await;
+    no_acknowledged_write_lost(&client, &stop, writer).await;
+}
+
+/// With `spread.moveFromLostNodeAfter`, a replica whose node stays lost is made again on
+/// a node that runs, from a fresh copy of the primary, while a writer runs: an Event
+/// says so, the Database is whole again before the node returns, and the moved member
+/// holds every acknowledged write. The node's return changes nothing.
+pub async fn member_moved_from_a_lost_node(cluster: Arc<Cluster>) {
+    let ns = "postgres-moved";
+    let nodes = nodes(&cluster);
+    let spec = json!({"spread": {"moveFromLostNodeAfter": "30s"}});
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 3, spec)).await.expect("apply");
+    let db = cluster.wait_database(ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+    let primary = db.status.and_then(|s| s.primary).expect("a primary");
+    let client = Arc::new(Client::new(&cluster, Engine::Postgres, ns, "orders").await);
+    let rw = client.service_ip("orders").await;
+    client.create_table(&rw).await;
+    client.insert(&rw, 1..101).await;
+    let members = client.members().await;
+    let primary_node = node_of(members.iter().find(|p| p.name_any() == primary).expect("the primary's pod"));
+    let replica = members.iter().rfind(|p| node_of(p) != primary_node).expect("a replica on another node than the primary's").clone();
+    let (member, node) = (replica.name_any(), node_of(&replica));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1000, stop.clone());
+
+    nodes.cut(&node).expect("cut the node");
+    let moved = async {
+        // Down once the node's grace period ends, then whole again once it has moved.
+        cluster
+            .wait_database(ns, "orders", "the member down", WAIT, |d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2))
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        cluster
+            .wait_database(ns, "orders", "3 members Ready, one moved", WAIT, |d| is_running(d, 3))
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let pods = client.members().await;
+        let back = pods.iter().find(|p| p.name_any() == member).ok_or("the member is gone")?.clone();
+        Ok::<Pod, String>(back)
+    };
+    let back = moved.await;
+    let still_lost = !nodes.ready(&node).await;
+    nodes.restore(&node).expect("restore the node");
+    let back = back.unwrap_or_else(|e| panic!("{e}"));
+    assert!(still_lost, "the member was moved while its node was lost");
+    assert_ne!(node_of(&back), node, "{member} runs on another node");
+    assert_ne!(back.metadata.uid, replica.metadata.uid, "{member} was made again");
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    let said = events.iter().find(|e| e.reason.as_deref() == Some("MemberMoved")).map(|e| e.note.clone().unwrap_or_default());
+    let said = said.expect("an Event says the member moved");
+    assert!(said.contains(&member) && said.contains(&node) && said.contains(&format!("data-{member}")), "{said}");
+    client.eventually(&pod_ip(&back), "SELECT count(*) FROM orders WHERE id <= 100", WAIT, |r| r.trim() == "100").await;
+    // Back, the node's old copy of the member is not started again.
+    let deadline = Instant::now() + WAIT;
+    while !nodes.ready(&node).await {
+        assert!(Instant::now() < deadline, "{node} Ready again");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let db = cluster.wait_database(ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+    assert_eq!(db.status.and_then(|s| s.primary).as_deref(), Some(primary.as_str()), "the primary stayed");
+    let again = client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
+    assert_eq!(again.metadata.uid, back.metadata.uid, "the moved member stays where it went");
+    no_acknowledged_write_lost(&client, &stop, writer).await;
+}
