@@ -46,7 +46,7 @@ pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario
         println!("\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in 0.00s\n");
         return ExitCode::SUCCESS;
     }
-    let parallel = std::env::var("PLUGDB_SCENARIO_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize).max(1);
+    let parallel = std::env::var("PLUGDB_SCENARIO_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize).max(1);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

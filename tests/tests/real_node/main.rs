@@ -31,9 +31,8 @@ fn main() -> ExitCode {
                 Box::pin(faults::killed_at_random_points(c))
             }),
             // These take a node away from every member on it: nothing else runs meanwhile.
-            ("a_node_lost_for_two_minutes_under_postgres_mysql_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
+            ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
             ("postgres_node_drained_under_a_writer_within_the_disruption_budget", |c| Box::pin(nodes::drain_under_a_writer(c))),
-            ("postgres_member_moved_from_a_node_lost_past_the_chosen_time", |c| Box::pin(nodes::member_moved_from_a_lost_node(c))),
         ],
         &[
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),

@@ -87,48 +87,101 @@ async fn no_acknowledged_write_lost(client: &Client, stop: &AtomicBool, writer: 
 
 /// A SQL Database of the node-loss scenario, with its writer.
 struct Sql {
-    engine: Engine,
+    name: &'static str,
     client: Arc<Client>,
-    primary_node: String,
     stop: Arc<AtomicBool>,
     writer: tokio::task::JoinHandle<(Vec<i64>, Duration)>,
 }
 
-/// One node lost without warning for two minutes, then back, under three Databases
-/// with a member on every node: a postgres and a mysql one whose primaries are
-/// elsewhere, each with a writer, and an etcd one whose leader is moved there first.
-/// While it is gone: each SQL Database stays writable through its read-write Service
-/// and `Degraded` names its member on that node and why; etcd's two members left elect
-/// a leader, `status.primary` follows it, and writes go on. Back: every member rejoins
-/// and catches up, and no acknowledged write is lost.
-pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
-    let ns = "node-lost";
-    let nodes = nodes(&cluster);
-    let spread = json!({"spread": {"nodes": "Required"}});
-    let etcd = crate::consensus::Etcd { ns, name: "kv" };
-    let engines = [(Engine::Postgres, "15", "pg"), (Engine::Mysql, "10.11", "my")];
-    for (engine, version, name) in engines {
-        cluster.apply_database(ns, database(name, engine, version, 3, spread.clone())).await.expect("apply");
-    }
-    cluster.apply_database(ns, etcd.manifest(3, spread.clone())).await.expect("apply etcd");
-    let mut sql = Vec::new();
-    for (engine, _, name) in engines {
-        let db = cluster.wait_database(ns, name, "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
-        let primary = db.status.and_then(|s| s.primary).expect("a primary in status");
-        let client = Arc::new(Client::new(&cluster, engine, ns, name).await);
+impl Sql {
+    /// Database `name` running with `replicas` members: a table with rows, and a writer.
+    async fn start(cluster: &Cluster, ns: &str, name: &'static str, engine: Engine, replicas: i32) -> Sql {
+        cluster.wait_database(ns, name, "members Ready", WAIT, |d| is_running(d, replicas)).await.expect("running");
+        let client = Arc::new(Client::new(cluster, engine, ns, name).await);
         let rw = client.service_ip(name).await;
         client.create_table(&rw).await;
         client.insert(&rw, 1..101).await;
-        let primary_node = node_of(&client.members().await.into_iter().find(|p| p.name_any() == primary).expect("the primary's pod"));
         let stop = Arc::new(AtomicBool::new(false));
         let writer = client.writer(1000, stop.clone());
-        sql.push(Sql { engine, client, primary_node, stop, writer });
+        Sql { name, client, stop, writer }
     }
-    // The node to lose holds a replica of each SQL Database.
-    let node = plugdb_tests::node::NodeSpec::all()
-        .map(|n| n.name())
-        .find(|n| sql.iter().all(|d| d.primary_node != *n))
-        .expect("a node with no primary: two primaries, three nodes");
+
+    async fn primary(&self, cluster: &Cluster, ns: &str) -> Pod {
+        let db = cluster.wait_database(ns, self.name, "a primary", WAIT, |d| d.status.as_ref().is_some_and(|s| s.primary.is_some())).await;
+        let primary = db.expect("a primary").status.and_then(|s| s.primary).expect("a primary");
+        self.client.members().await.into_iter().find(|p| p.name_any() == primary).expect("the primary's pod")
+    }
+
+    /// Its member on `node`.
+    async fn on(&self, node: &str) -> Pod {
+        self.client.members().await.into_iter().find(|p| node_of(p) == node).expect("a member on the node")
+    }
+}
+
+/// Cordons `names` (undone by the guard it returns).
+fn cordon<'a>(nodes: &'a Nodes, names: &[String]) -> Uncordon<'a> {
+    for node in names {
+        let out = nodes.kubectl().args(["cordon", node]).output().expect("kubectl");
+        assert!(out.status.success(), "cordon {node}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Uncordon(nodes, names.to_vec())
+}
+
+/// One node lost without warning for two minutes or more, then back, under five
+/// Databases with a member on it:
+/// - `pg` (postgres) and `my` (mysql), members required apart, primaries elsewhere,
+///   each with a writer: they stay writable through their read-write Service, and
+///   `Degraded` names the member on the node and why;
+/// - `kv` (etcd), its leader moved onto the node first: the two members left elect a
+///   leader, `status.primary` follows it, and writes go on;
+/// - `mv` (postgres, `spread.moveFromLostNodeAfter: 30s`): its replica on the node is
+///   made again on another node from a copy of the primary, with an Event, before the
+///   node returns, and is not started again when it does;
+/// - `lp` (postgres), its primary on the node: what happens today, with no member
+///   reporting its replication position — nothing is promoted, `Degraded` says
+///   `NoSafeFailover`, writes are refused until the node returns.
+///
+/// Back: every member rejoins and catches up, and no acknowledged write is lost.
+pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
+    let ns = "node-lost";
+    let nodes = nodes(&cluster);
+    let apart = json!({"spread": {"nodes": "Required"}});
+    let etcd = crate::consensus::Etcd { ns, name: "kv" };
+    cluster.apply_database(ns, database("pg", Engine::Postgres, "15", 3, apart.clone())).await.expect("apply");
+    cluster.apply_database(ns, database("my", Engine::Mysql, "10.11", 3, apart.clone())).await.expect("apply");
+    cluster.apply_database(ns, etcd.manifest(3, apart.clone())).await.expect("apply etcd");
+    let mut apart_sql =
+        vec![Sql::start(&cluster, ns, "pg", Engine::Postgres, 3).await, Sql::start(&cluster, ns, "my", Engine::Mysql, 3).await];
+    // The node to lose holds a replica of each.
+    let mut primary_nodes = Vec::new();
+    for d in &apart_sql {
+        primary_nodes.push(node_of(&d.primary(&cluster, ns).await));
+    }
+    let all: Vec<String> = plugdb_tests::node::NodeSpec::all().map(|n| n.name()).collect();
+    let node = all.iter().find(|n| !primary_nodes.contains(n)).expect("a node with no primary: two primaries, three nodes").clone();
+    let others: Vec<String> = all.iter().filter(|n| **n != node).cloned().collect();
+
+    // mv's first two members away from the node, lp's first (its primary) on it; then
+    // each grows to three, and spreading puts mv's third member on the node.
+    let moved = json!({"spread": {"moveFromLostNodeAfter": "30s"}});
+    {
+        let _away = cordon(nodes, std::slice::from_ref(&node));
+        cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 2, moved.clone())).await.expect("apply");
+        cluster.wait_database(ns, "mv", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("running");
+    }
+    {
+        let _onto = cordon(nodes, &others);
+        cluster.apply_database(ns, database("lp", Engine::Postgres, "15", 1, json!({}))).await.expect("apply");
+        cluster.wait_database(ns, "lp", "1 member Ready", WAIT, |d| is_running(d, 1)).await.expect("running");
+    }
+    cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 3, moved)).await.expect("grow");
+    cluster.apply_database(ns, database("lp", Engine::Postgres, "15", 3, json!({}))).await.expect("grow");
+    let mv = Sql::start(&cluster, ns, "mv", Engine::Postgres, 3).await;
+    let lp = Sql::start(&cluster, ns, "lp", Engine::Postgres, 3).await;
+    let mv_member = mv.on(&node).await;
+    assert_ne!(node_of(&mv.primary(&cluster, ns).await), node, "mv's primary is elsewhere");
+    assert_eq!(node_of(&lp.primary(&cluster, ns).await), node, "lp's primary is on the node");
+
     // etcd's leader is moved there, so that losing the node loses the leader. Every
     // member votes first: one that joined last is a learner until it has caught up.
     crate::consensus::running(&cluster, etcd, 3).await;
@@ -157,21 +210,20 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     nodes.cut(&node).expect("cut the node");
     let away = async {
         let mut named = Vec::new();
-        for d in &sql {
-            let name = if d.engine == Engine::Postgres { "pg" } else { "my" };
-            let member = d.client.members().await.into_iter().find(|p| node_of(p) == node).expect("a member on the node").name_any();
+        for d in &apart_sql {
+            let member = d.on(&node).await.name_any();
             let said = format!("{member}: node {node} is not ready");
             let db = cluster
-                .wait_database(ns, name, "Degraded names the member on the lost node", WAIT, |db| {
+                .wait_database(ns, d.name, "Degraded names the member on the lost node", WAIT, |db| {
                     condition(db, "Degraded").is_some_and(|(status, message)| status == "True" && message.contains(&said))
                 })
                 .await
                 .map_err(|e| format!("{e:#}"))?;
             if db.status.as_ref().and_then(|s| s.ready_replicas) != Some(2) {
-                return Err(format!("{name}: two members ready: {:?}", db.status));
+                return Err(format!("{}: two members ready: {:?}", d.name, db.status));
             }
             // Writable: rows through the read-write Service while the node is gone.
-            d.client.insert(&d.client.service_ip(name).await, 500..510).await;
+            d.client.insert(&d.client.service_ip(d.name).await, 500..510).await;
             named.push(member);
         }
         let elected = crate::consensus::leader_followed(&cluster, etcd, Some(&old_leader)).await;
@@ -184,17 +236,49 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             })
             .await
             .map_err(|e| format!("{e:#}"))?;
-        Ok::<Vec<String>, String>(named)
+        // mv: whole again, its member on the node made anew elsewhere.
+        let member = mv_member.name_any();
+        let deadline = Instant::now() + WAIT;
+        let moved = loop {
+            let now = mv.client.members().await.into_iter().find(|p| p.name_any() == member);
+            let db = cluster.wait_database(ns, "mv", "mv", WAIT, |_| true).await.map_err(|e| format!("{e:#}"))?;
+            if let Some(pod) = now.filter(|p| p.metadata.uid != mv_member.metadata.uid && is_running(&db, 3)) {
+                break pod;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{member} was not made again elsewhere: {:?}", db.status));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        // lp: nothing promoted, and it says why.
+        let db = cluster
+            .wait_database(ns, "lp", "NoSafeFailover", WAIT, |db| {
+                db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Degraded" && c.reason == "NoSafeFailover"))
+            })
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        eprintln!("{ns}: lp while its primary's node is lost: {:?}", condition(&db, "Degraded"));
+        let refused = lp.client.query(&lp.client.service_ip("lp").await, "INSERT INTO orders VALUES (900, 'while lost')").await;
+        if refused.is_ok() {
+            return Err("lp took a write with its primary's node lost".into());
+        }
+        Ok::<(Vec<String>, Pod), String>((named, moved))
     };
     let away = away.await;
-    eprintln!("{ns}: all said within {:.0} s of the loss", lost.elapsed().as_secs_f64());
+    eprintln!("{ns}: all seen within {:.0} s of the loss", lost.elapsed().as_secs_f64());
     tokio::time::sleep(OUTAGE.saturating_sub(lost.elapsed())).await;
     nodes.restore(&node).expect("restore the node");
-    let named = away.unwrap_or_else(|e| panic!("while {node} was lost: {e}"));
+    let (named, moved) = away.unwrap_or_else(|e| panic!("while {node} was lost: {e}"));
 
-    for (d, member) in sql.into_iter().zip(named) {
-        let name = if d.engine == Engine::Postgres { "pg" } else { "my" };
-        cluster.wait_database(ns, name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("the member rejoins");
+    assert_ne!(node_of(&moved), node, "mv's member runs on another node");
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    let said = events.iter().find(|e| e.reason.as_deref() == Some("MemberMoved")).and_then(|e| e.note.clone());
+    let said = said.expect("an Event says mv's member moved");
+    let member = moved.name_any();
+    assert!(said.contains(&member) && said.contains(&node) && said.contains(&format!("data-{member}")), "{said}");
+
+    for (d, member) in apart_sql.drain(..).zip(named) {
+        cluster.wait_database(ns, d.name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("the member rejoins");
         let back = d.client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
         assert_eq!(node_of(&back), node, "{member} came back where its volume is");
         let caught_up = "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510";
@@ -203,6 +287,12 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     }
     crate::consensus::running(&cluster, etcd, 3).await;
     crate::consensus::one_cluster_with(&cluster, etcd, 3, "written-while-away", "2").await;
+    let db = cluster.wait_database(ns, "lp", "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("lp back");
+    assert_eq!(db.status.and_then(|s| s.primary), Some("lp-0".to_string()), "lp's primary is the one that came back");
+    no_acknowledged_write_lost(&lp.client, &lp.stop, lp.writer).await;
+    let again = mv.client.members().await.into_iter().find(|p| p.name_any() == member).expect("mv's member");
+    assert_eq!(again.metadata.uid, moved.metadata.uid, "the moved member stays where it went");
+    no_acknowledged_write_lost(&mv.client, &mv.stop, mv.writer).await;
 }
 
 /// A replica's node drained under a writer, after a backup: the eviction honours the
@@ -261,67 +351,5 @@ pub async fn drain_under_a_writer(cluster: Arc<Cluster>) {
     let back = client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
     assert_eq!(node_of(&back), node, "the member returned to its volume's node");
     client.eventually(&pod_ip(&back), "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510", WAIT, |r| r.trim() == "10").await;
-    no_acknowledged_write_lost(&client, &stop, writer).await;
-}
-
-/// With `spread.moveFromLostNodeAfter`, a replica whose node stays lost is made again on
-/// a node that runs, from a fresh copy of the primary, while a writer runs: an Event
-/// says so, the Database is whole again before the node returns, and the moved member
-/// holds every acknowledged write. The node's return changes nothing.
-pub async fn member_moved_from_a_lost_node(cluster: Arc<Cluster>) {
-    let ns = "postgres-moved";
-    let nodes = nodes(&cluster);
-    let spec = json!({"spread": {"moveFromLostNodeAfter": "30s"}});
-    cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 3, spec)).await.expect("apply");
-    let db = cluster.wait_database(ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
-    let primary = db.status.and_then(|s| s.primary).expect("a primary");
-    let client = Arc::new(Client::new(&cluster, Engine::Postgres, ns, "orders").await);
-    let rw = client.service_ip("orders").await;
-    client.create_table(&rw).await;
-    client.insert(&rw, 1..101).await;
-    let members = client.members().await;
-    let primary_node = node_of(members.iter().find(|p| p.name_any() == primary).expect("the primary's pod"));
-    let replica = members.iter().rfind(|p| node_of(p) != primary_node).expect("a replica on another node than the primary's").clone();
-    let (member, node) = (replica.name_any(), node_of(&replica));
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = client.writer(1000, stop.clone());
-
-    nodes.cut(&node).expect("cut the node");
-    let moved = async {
-        // Down once the node's grace period ends, then whole again once it has moved.
-        cluster
-            .wait_database(ns, "orders", "the member down", WAIT, |d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2))
-            .await
-            .map_err(|e| format!("{e:#}"))?;
-        cluster
-            .wait_database(ns, "orders", "3 members Ready, one moved", WAIT, |d| is_running(d, 3))
-            .await
-            .map_err(|e| format!("{e:#}"))?;
-        let pods = client.members().await;
-        let back = pods.iter().find(|p| p.name_any() == member).ok_or("the member is gone")?.clone();
-        Ok::<Pod, String>(back)
-    };
-    let back = moved.await;
-    let still_lost = !nodes.ready(&node).await;
-    nodes.restore(&node).expect("restore the node");
-    let back = back.unwrap_or_else(|e| panic!("{e}"));
-    assert!(still_lost, "the member was moved while its node was lost");
-    assert_ne!(node_of(&back), node, "{member} runs on another node");
-    assert_ne!(back.metadata.uid, replica.metadata.uid, "{member} was made again");
-    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
-    let said = events.iter().find(|e| e.reason.as_deref() == Some("MemberMoved")).map(|e| e.note.clone().unwrap_or_default());
-    let said = said.expect("an Event says the member moved");
-    assert!(said.contains(&member) && said.contains(&node) && said.contains(&format!("data-{member}")), "{said}");
-    client.eventually(&pod_ip(&back), "SELECT count(*) FROM orders WHERE id <= 100", WAIT, |r| r.trim() == "100").await;
-    // Back, the node's old copy of the member is not started again.
-    let deadline = Instant::now() + WAIT;
-    while !nodes.ready(&node).await {
-        assert!(Instant::now() < deadline, "{node} Ready again");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let db = cluster.wait_database(ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
-    assert_eq!(db.status.and_then(|s| s.primary).as_deref(), Some(primary.as_str()), "the primary stayed");
-    let again = client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
-    assert_eq!(again.metadata.uid, back.metadata.uid, "the moved member stays where it went");
     no_acknowledged_write_lost(&client, &stop, writer).await;
 }
