@@ -32,7 +32,7 @@ fn main() -> ExitCode {
             }),
             // These take a node away from every member on it: nothing else runs meanwhile.
             ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
-            ("postgres_node_drained_under_a_writer_within_the_disruption_budget", |c| Box::pin(nodes::drain_under_a_writer(c))),
+            ("postgres_and_mysql_node_drained_under_writers_within_the_disruption_budgets", |c| Box::pin(nodes::drain_under_writers(c))),
         ],
         &[
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),

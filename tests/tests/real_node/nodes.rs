@@ -34,31 +34,6 @@ pub fn condition(db: &Database, type_: &str) -> Option<(String, String)> {
     Some((c.status.clone(), c.message.clone()))
 }
 
-/// Three members, one per node, a table with rows, and a writer through the read-write
-/// Service; returns the client, the primary's pod and a replica's pod on another node.
-async fn three_members_and_a_writer(
-    cluster: &Cluster,
-    engine: Engine,
-    version: &str,
-    ns: &str,
-) -> (Arc<Client>, Pod, Pod, Arc<AtomicBool>, tokio::task::JoinHandle<(Vec<i64>, Duration)>) {
-    let spread = json!({"spread": {"nodes": "Required"}});
-    cluster.apply_database(ns, database("orders", engine, version, 3, spread)).await.expect("apply");
-    let db = cluster.wait_database(ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
-    let primary_name = db.status.and_then(|s| s.primary).expect("a primary in status");
-    let client = Arc::new(Client::new(cluster, engine, ns, "orders").await);
-    let rw = client.service_ip("orders").await;
-    client.create_table(&rw).await;
-    client.insert(&rw, 1..101).await;
-    let members = client.members().await;
-    let primary = members.iter().find(|p| p.name_any() == primary_name).expect("the primary's pod").clone();
-    let replica = members.iter().rfind(|p| p.name_any() != primary_name).expect("a replica").clone();
-    assert_ne!(node_of(&primary), node_of(&replica), "members are required on different nodes");
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = client.writer(1000, stop.clone());
-    (client, primary, replica, stop, writer)
-}
-
 /// Uncordons its nodes when dropped (`kubectl uncordon` of a schedulable node is a no-op).
 struct Uncordon<'a>(&'a Nodes, Vec<String>);
 
@@ -114,7 +89,8 @@ impl Sql {
 
     /// Its member on `node`.
     async fn on(&self, node: &str) -> Pod {
-        self.client.members().await.into_iter().find(|p| node_of(p) == node).expect("a member on the node")
+        let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+        self.client.members().await.into_iter().find(on).expect("a member on the node")
     }
 }
 
@@ -295,61 +271,90 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     no_acknowledged_write_lost(&mv.client, &mv.stop, mv.writer).await;
 }
 
-/// A replica's node drained under a writer, after a backup: the eviction honours the
-/// disruption budget (which no backup Job's pod counts in), the Database serves
-/// throughout, and the evicted member, whose volume cannot leave its node, waits
-/// unscheduled with the scheduler's reason in `Ready`. A second drain while it waits is
-/// refused by the budget. Uncordoned, the member returns with its data.
-pub async fn drain_under_a_writer(cluster: Arc<Cluster>) {
-    let ns = "postgres-drain";
+/// A node drained under writers, after backups: a postgres and a mysql Database with
+/// members required apart, the node holding a replica of each. The evictions honour the
+/// disruption budgets (which no backup Job's pod counts in), both Databases serve
+/// throughout, and each evicted member, whose volume cannot leave its node, waits
+/// unscheduled with the scheduler's reason in `Ready`. A second drain while they wait is
+/// refused by the budgets. Uncordoned, the members return with their data.
+pub async fn drain_under_writers(cluster: Arc<Cluster>) {
+    let ns = "drain";
     let nodes = nodes(&cluster);
-    let (client, primary, replica, stop, writer) = three_members_and_a_writer(&cluster, Engine::Postgres, "15", ns).await;
-    let (member, node) = (replica.name_any(), node_of(&replica));
-    // A backup first: its Job's pod must not count as a member for the budget.
-    let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
-    let token = json!({"metadata": {"annotations": {"plugdb.io/backup-now": "before-the-drain"}}});
-    dbs.patch("orders", &PatchParams::default(), &Patch::Merge(token)).await.expect("annotate");
-    cluster
-        .wait_database(ns, "orders", "a backup", WAIT, |d| d.status.as_ref().and_then(|s| s.last_backup.as_ref()).is_some())
-        .await
-        .expect("backed up");
+    let apart = json!({"spread": {"nodes": "Required"}});
+    cluster.apply_database(ns, database("pg", Engine::Postgres, "15", 3, apart.clone())).await.expect("apply");
+    cluster.apply_database(ns, database("my", Engine::Mysql, "10.11", 3, apart)).await.expect("apply");
+    let dbs = [Sql::start(&cluster, ns, "pg", Engine::Postgres, 3).await, Sql::start(&cluster, ns, "my", Engine::Mysql, 3).await];
+    // A backup of each first: its Job's pod must not count as a member for the budget.
+    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    for d in &dbs {
+        let token = json!({"metadata": {"annotations": {"plugdb.io/backup-now": "before-the-drain"}}});
+        api.patch(d.name, &PatchParams::default(), &Patch::Merge(token)).await.expect("annotate");
+    }
+    for d in &dbs {
+        let backed_up = |db: &Database| db.status.as_ref().and_then(|s| s.last_backup.as_ref()).is_some();
+        cluster.wait_database(ns, d.name, "a backup", WAIT, backed_up).await.expect("backed up");
+    }
+    let mut primaries = Vec::new();
+    for d in &dbs {
+        primaries.push(node_of(&d.primary(&cluster, ns).await));
+    }
+    let all: Vec<String> = plugdb_tests::node::NodeSpec::all().map(|n| n.name()).collect();
+    let node = all.iter().find(|n| !primaries.contains(n)).expect("a node with no primary").clone();
+    let second = primaries[0].clone();
+    let mut members = Vec::new();
+    for d in &dbs {
+        members.push(d.on(&node).await.name_any());
+    }
     let drain = |node: &str, timeout: &str| {
         let mut command = nodes.kubectl();
         command.args(["drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", timeout]);
         command.output().expect("kubectl")
     };
     // Whatever happens below, no node stays cordoned for the scenarios after this one.
-    let _uncordon = Uncordon(nodes, vec![node.clone(), node_of(&primary)]);
+    let _uncordon = Uncordon(nodes, vec![node.clone(), second.clone()]);
     let out = drain(&node, "120s");
     assert!(out.status.success(), "drain {node}: {}", String::from_utf8_lossy(&out.stderr));
-    let db = cluster
-        .wait_database(ns, "orders", "the evicted member waits", WAIT, |d| {
-            condition(d, "Ready").is_some_and(|(_, m)| m.contains(&format!("{member} cannot be scheduled")))
-        })
-        .await
-        .expect("the member's wait is reported");
-    let (_, message) = condition(&db, "Ready").expect("Ready");
-    assert!(message.contains("unschedulable") && message.contains("PersistentVolume's node affinity"), "the scheduler's reason: {message}");
+    for (d, member) in dbs.iter().zip(&members) {
+        let waits = format!("{member} cannot be scheduled");
+        let db = cluster
+            .wait_database(ns, d.name, "the evicted member waits", WAIT, |db| {
+                condition(db, "Ready").is_some_and(|(_, m)| m.contains(&waits))
+            })
+            .await
+            .expect("the member's wait is reported");
+        let (_, message) = condition(&db, "Ready").expect("Ready");
+        assert!(
+            message.contains("unschedulable") && message.contains("PersistentVolume's node affinity"),
+            "the scheduler's reason: {message}"
+        );
+    }
 
-    // One member is down: the budget refuses another eviction (the primary's).
-    let second = node_of(&primary);
+    // A member of each is down: the budgets refuse any other eviction.
+    let mut on_second = Vec::new();
+    for d in &dbs {
+        on_second.push(d.on(&second).await);
+    }
     let out = drain(&second, "15s");
     let uncordon = |node: &str| {
         let out = nodes.kubectl().args(["uncordon", node]).output().expect("kubectl");
         assert!(out.status.success(), "uncordon {node}: {}", String::from_utf8_lossy(&out.stderr));
     };
     uncordon(&second);
-    assert!(!out.status.success(), "a second drain must wait for the budget");
+    assert!(!out.status.success(), "a second drain must wait for the budgets");
     assert!(String::from_utf8_lossy(&out.stderr).contains("disruption budget"), "{}", String::from_utf8_lossy(&out.stderr));
-    let still = client.members().await.into_iter().find(|p| p.name_any() == primary.name_any()).expect("the primary");
-    assert_eq!(still.metadata.uid, primary.metadata.uid, "the primary was not evicted");
-    let rw = client.service_ip("orders").await;
-    client.insert(&rw, 500..510).await;
+    for (d, before) in dbs.iter().zip(&on_second) {
+        let still = d.on(&second).await;
+        assert_eq!(still.metadata.uid, before.metadata.uid, "{} was not evicted", before.name_any());
+        d.client.insert(&d.client.service_ip(d.name).await, 500..510).await;
+    }
 
     uncordon(&node);
-    cluster.wait_database(ns, "orders", "3 members Ready again", WAIT, |d| is_running(d, 3)).await.expect("the member returns");
-    let back = client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
-    assert_eq!(node_of(&back), node, "the member returned to its volume's node");
-    client.eventually(&pod_ip(&back), "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510", WAIT, |r| r.trim() == "10").await;
-    no_acknowledged_write_lost(&client, &stop, writer).await;
+    for (d, member) in dbs.into_iter().zip(members) {
+        cluster.wait_database(ns, d.name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("the member returns");
+        let back = d.client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
+        assert_eq!(node_of(&back), node, "{member} returned to its volume's node");
+        let caught_up = "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510";
+        d.client.eventually(&pod_ip(&back), caught_up, WAIT, |r| r.trim() == "10").await;
+        no_acknowledged_write_lost(&d.client, &d.stop, d.writer).await;
+    }
 }
