@@ -9,7 +9,8 @@
 //!            observe          ask the plugin      decide (pure)         carry out
 //! engine     spec             validate            (host checks)         -
 //! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job
-//! observe    member pods      -                   members::observe      -
+//! observe    member pods,     -                   members::observe      -
+//!            down ones' nodes
 //! failover   members          choose-primary      decide::failover      Event, Degraded
 //! scale      StatefulSet      plan-scale          decide::scale         scale Job
 //! render     -                render              -                     credentials, TLS Secret
@@ -17,6 +18,7 @@
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs
 //! apply      -                -                   build::children       server-side apply, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart
+//! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod deleted
 //! steps      Jobs             -                   decide::steps         upgrade Jobs
 //! backups    backup Jobs      backup              schedule, retention   backup Jobs, deletions
 //! conclude   -                -                   status::conclude      the status written
@@ -30,9 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -41,7 +43,7 @@ use super::backups::{self, BackupReport, JobState};
 use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
-use super::{Context, Error, apply, event, event_about, join, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
+use super::{Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
 use crate::build::{self, Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
@@ -67,7 +69,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let engine = proceed!(pass.engine().await);
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
-    let members = pass.observe();
+    let members = pass.observe().await;
     let primary = pass.failover(&engine.plugin, &spec, &members).await?;
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
@@ -79,7 +81,12 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, archiver, scale.granted).await?;
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
-    let moving_due = pass.move_from_lost_nodes(&members, &primary.name, engine.plugin.info().capabilities.elects_leader).await?;
+    // Members of an engine that elects its leader are part of the engine's membership: never moved.
+    let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !engine.plugin.info().capabilities.elects_leader);
+    let moving_due = match move_after {
+        Some(after) => nodes::move_replicas(ctx, db, after, &members.observed, &members.pods, &members.lost, &primary.name).await?,
+        None => None,
+    };
     let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
     let moving = primary.failed_over || rolled.restarted || upgrading || scale.under_way;
@@ -143,6 +150,7 @@ struct Engine {
 struct Members {
     pods: Vec<Arc<Pod>>,
     observed: Vec<Observed>,
+    lost: nodes::LostNodes,
 }
 
 /// What the apply stage left.
@@ -255,11 +263,12 @@ impl<'a> Pass<'a> {
         Ok(ControlFlow::Continue(upgrade))
     }
 
-    /// The members as the pod cache has them.
-    fn observe(&self) -> Members {
+    /// The members as the pod cache has them, and the nodes of those that are down.
+    async fn observe(&self) -> Members {
         let pods = self.ctx.caches.pods(self.db, &build::selector(self.db));
-        let observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
-        Members { pods, observed }
+        let mut observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
+        let lost = nodes::read(self.ctx, &mut observed).await;
+        Members { pods, observed, lost }
     }
 
     /// The primary: the one in status, or the member the plugin chooses when it has been
@@ -497,47 +506,6 @@ impl<'a> Pass<'a> {
         Ok(Rolled { done: roll.done, restarted: roll.restart.is_some() })
     }
 
-    /// Members whose node has stayed lost (`NotReady`) for `spread.moveFromLostNodeAfter`
-    /// are made again elsewhere: the member's claim is deleted and its pod deleted at once
-    /// (its kubelet cannot confirm), so the StatefulSet makes both anew on a node that
-    /// runs, and the member joins as a new replica does. Never the primary; not for
-    /// engines that elect their leader (a member there is part of the engine's own
-    /// membership). Returns when a member still waiting will be due.
-    async fn move_from_lost_nodes(&mut self, members: &Members, primary: &str, elects: bool) -> Result<Option<Duration>, Error> {
-        let (ctx, db) = (self.ctx, self.db);
-        let Some(after) = db.spec.spread.as_ref().and_then(|s| s.move_after()) else { return Ok(None) };
-        if elects {
-            return Ok(None);
-        }
-        let nodes: Api<Node> = Api::all(ctx.client.clone());
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &self.ns);
-        let mut due: Option<Duration> = None;
-        for member in members.observed.iter().filter(|m| !m.ready && m.name != primary) {
-            let Some(node) = member.node.as_deref() else { continue };
-            let Some(lost_for) = nodes.get_opt(node).await?.as_ref().and_then(lost_for) else { continue };
-            if lost_for < after {
-                due = Some(due.map_or(after - lost_for, |d| d.min(after - lost_for)));
-                continue;
-            }
-            let claim = Names(&self.name).data_claim(member.ordinal);
-            if let Some(own) = ctx.caches.claim(db, &claim).filter(|c| c.metadata.deletion_timestamp.is_none()) {
-                let uid = own.metadata.uid.clone();
-                let params = DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
-                claims.delete(&claim, &params).await?;
-            }
-            pods.delete(&member.name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
-            let pod = members.pods.iter().find(|p| p.name_any() == member.name).map(|p| p.object_ref(&()));
-            let note = format!(
-                "{} moved from node {node}, lost for {} s: its volume {claim} deleted, the member made again from the primary on a node that runs",
-                member.name,
-                lost_for.as_secs()
-            );
-            event_about(ctx, db, pod, true, Reason::MemberMoved, note).await;
-        }
-        Ok(due)
-    }
-
     /// The upgrade plan's steps, in order, once the new version is rendered (until then a
     /// pre-upgrade backup runs). Returns whether an upgrade is under way in this pass.
     async fn steps(&mut self, upgrade: &Upgrade, workload: &Workload, rolled: bool) -> Result<bool, Error> {
@@ -628,8 +596,7 @@ impl<'a> Pass<'a> {
     /// Returns whether the Database is still progressing, and how long it has not
     /// been Ready.
     async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, Duration), Error> {
-        let members = nodes_of_the_down(self.ctx, pass.members).await;
-        let progressing = status::conclude(&mut self.status, &status::Pass { members: &members, ..pass });
+        let progressing = status::conclude(&mut self.status, &pass);
         let waited = status::not_ready_for(&self.status, k8s_openapi::jiff::Timestamp::now());
         write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
         Ok((progressing, waited))
@@ -641,52 +608,6 @@ impl<'a> Pass<'a> {
         let idle = self.ctx.settings.idle_requeue;
         super::until_next_backup(report).min(idle).min(report.recheck.unwrap_or(idle))
     }
-}
-
-/// The members, each down member's reason replaced by its node's when that node is not
-/// ready (lost, partitioned): the pod's own status is then stale. One read per such
-/// node, only while members are down.
-async fn nodes_of_the_down(ctx: &Context, members: &[members::Observed]) -> Vec<members::Observed> {
-    let mut out = members.to_vec();
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let mut asked: std::collections::BTreeMap<String, Option<String>> = Default::default();
-    for member in out.iter_mut().filter(|m| !m.ready && !m.terminating) {
-        let Some(node) = member.node.clone() else { continue };
-        if !asked.contains_key(&node) {
-            let problem = match nodes.get_opt(&node).await {
-                Ok(Some(n)) => node_problem(&n),
-                Ok(None) => Some(format!("node {node} is gone")),
-                Err(e) => {
-                    tracing::debug!(node = %node, error = %e, "cannot read a member's node");
-                    None
-                }
-            };
-            asked.insert(node.clone(), problem);
-        }
-        if let Some(Some(problem)) = asked.get(&node) {
-            member.down = Some(problem.clone());
-        }
-    }
-    out
-}
-
-/// How long a node has been lost: its `Ready` condition not `True` since its last change.
-fn lost_for(node: &Node) -> Option<Duration> {
-    let ready = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
-    if ready.status == "True" {
-        return None;
-    }
-    let since = ready.last_transition_time.as_ref()?.0;
-    Some(Duration::from_secs(k8s_openapi::jiff::Timestamp::now().duration_since(since).as_secs().max(0) as u64))
-}
-
-/// What is wrong with a node, when its `Ready` condition is not `True`.
-fn node_problem(node: &Node) -> Option<String> {
-    let ready = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
-    (ready.status != "True").then(|| {
-        let why = ready.message.clone().or_else(|| ready.reason.clone()).unwrap_or_default();
-        format!("node {} is not ready ({}): {why}", node.name_any(), ready.status)
-    })
 }
 
 /// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's

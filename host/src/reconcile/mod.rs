@@ -19,6 +19,7 @@ mod converge;
 pub mod decide;
 mod delete;
 pub mod members;
+mod nodes;
 pub mod owner;
 pub mod restore;
 pub mod status;

@@ -87,6 +87,18 @@ impl Sql {
         self.client.members().await.into_iter().find(|p| p.name_any() == primary).expect("the primary's pod")
     }
 
+    /// Once `member` is back on `node` (where its volume is): whole again, the member
+    /// holding the rows 500-509 written while it was away, and no acknowledged write
+    /// lost. Stops the writer.
+    async fn back_on(self, cluster: &Cluster, ns: &str, member: &str, node: &str) {
+        cluster.wait_database(ns, self.name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("the member rejoins");
+        let back = self.client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
+        assert_eq!(node_of(&back), node, "{member} came back where its volume is");
+        let caught_up = "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510";
+        self.client.eventually(&pod_ip(&back), caught_up, WAIT, |r| r.trim() == "10").await;
+        no_acknowledged_write_lost(&self.client, &self.stop, self.writer).await;
+    }
+
     /// Its member on `node`.
     async fn on(&self, node: &str) -> Pod {
         let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
@@ -254,12 +266,7 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     assert!(said.contains(&member) && said.contains(&node) && said.contains(&format!("data-{member}")), "{said}");
 
     for (d, member) in apart_sql.drain(..).zip(named) {
-        cluster.wait_database(ns, d.name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("the member rejoins");
-        let back = d.client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
-        assert_eq!(node_of(&back), node, "{member} came back where its volume is");
-        let caught_up = "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510";
-        d.client.eventually(&pod_ip(&back), caught_up, WAIT, |r| r.trim() == "10").await;
-        no_acknowledged_write_lost(&d.client, &d.stop, d.writer).await;
+        d.back_on(&cluster, ns, &member, &node).await;
     }
     crate::consensus::running(&cluster, etcd, 3).await;
     crate::consensus::one_cluster_with(&cluster, etcd, 3, "written-while-away", "2").await;
@@ -350,11 +357,6 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
 
     uncordon(&node);
     for (d, member) in dbs.into_iter().zip(members) {
-        cluster.wait_database(ns, d.name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("the member returns");
-        let back = d.client.members().await.into_iter().find(|p| p.name_any() == member).expect("the member");
-        assert_eq!(node_of(&back), node, "{member} returned to its volume's node");
-        let caught_up = "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510";
-        d.client.eventually(&pod_ip(&back), caught_up, WAIT, |r| r.trim() == "10").await;
-        no_acknowledged_write_lost(&d.client, &d.stop, d.writer).await;
+        d.back_on(&cluster, ns, &member, &node).await;
     }
 }
