@@ -61,7 +61,7 @@ if [[ ${1:-} == --operator ]]; then
   if [[ ! -f $archive.digest ]]; then
     rm -f "$OUT"/operator-*.tar "$OUT"/operator-*.tar.digest
     dir=$(mktemp -d "$OUT/operator.XXXXXX")
-    install -D -m 755 "$binary" "$dir/usr/local/bin/plugdb"
+    install -D -s -m 755 "$binary" "$dir/usr/local/bin/plugdb"  # stripped: members copy it for their agent
     for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do cp -L --parents "$lib" "$dir"; done
     [[ -f /etc/ssl/certs/ca-certificates.crt ]] && install -D -m 644 /etc/ssl/certs/ca-certificates.crt "$dir/etc/ssl/certs/ca-certificates.crt"
     mkdir -p "$dir/tmp"; chmod 1777 "$dir/tmp"

@@ -57,6 +57,10 @@ impl Names<'_> {
     pub fn tls(&self) -> String {
         format!("{}-tls", self.0)
     }
+    /// The member agents' certificates and the operator's for asking them.
+    pub fn agent(&self) -> String {
+        format!("{}-agent", self.0)
+    }
     /// The Database's certificate authority (its key).
     pub fn authority(&self) -> String {
         format!("{}-ca", self.0)
@@ -241,6 +245,15 @@ impl Archiver<'_> {
     }
 }
 
+/// The containers the host adds beside the engine, from the operator's image.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sidecars<'a> {
+    /// Ships the log for point-in-time recovery.
+    pub archiver: Option<Archiver<'a>>,
+    /// The member agent (with the operator's image, when the plugin has a status command).
+    pub agent: Option<&'a str>,
+}
+
 /// Every kind of object a Database owns. The watch caches and the write path match on
 /// it exhaustively: a new kind of child does not compile until it is cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -399,14 +412,7 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
 /// The members' StatefulSet, with `replicas` members (the spec's once a scale plan got
 /// there); `tls`: the Database's certificate is mounted, and this stamp of it (its expiry)
 /// on the pod template rolls the members onto a renewed one.
-pub fn statefulset(
-    db: &Database,
-    workload: &Workload,
-    engine: &str,
-    archiver: Option<Archiver<'_>>,
-    replicas: u32,
-    tls: Option<&str>,
-) -> Child {
+pub fn statefulset(db: &Database, workload: &Workload, engine: &str, sidecars: Sidecars<'_>, replicas: u32, tls: Option<&str>) -> Child {
     let n = db.name_any();
     let names = Names(&n);
     let container = Container {
@@ -472,7 +478,7 @@ pub fn statefulset(
         },
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
     ];
-    if let Some(archiver) = archiver {
+    if let Some(archiver) = sidecars.archiver {
         let (sidecar, ca) = archiver.container(db);
         containers[0].volume_mounts.get_or_insert_default().push(pod::mount("archive", ARCHIVE_MOUNT, false));
         containers.push(sidecar);
@@ -487,6 +493,13 @@ pub fn statefulset(
         }
         volumes.push(volume);
         template_annotations.insert(TLS_STAMP.to_string(), stamp.to_string());
+    }
+    if let Some(image) = sidecars.agent.filter(|_| !workload.status_command.is_empty()) {
+        // Beside the engine, with what it sees (its environment, files and certificate).
+        let (copy, agent, agent_volumes) = crate::agent::containers(db, image, &containers[0], &workload.status_command);
+        init.insert(0, copy);
+        containers.push(agent);
+        volumes.extend(agent_volumes);
     }
     let pod = PodSpec {
         automount_service_account_token: Some(false),
@@ -536,13 +549,13 @@ pub fn children(
     workload: &Workload,
     engine: &str,
     primary_pod: &str,
-    archiver: Option<Archiver<'_>>,
+    sidecars: Sidecars<'_>,
     replicas: u32,
     tls: Option<&str>,
 ) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine, archiver, replicas, tls));
+    out.push(statefulset(db, workload, engine, sidecars, replicas, tls));
     out.push(disruption_budget(db));
     out
 }

@@ -127,8 +127,15 @@ pub fn render(database: &Path, plugin: &Path, compiler: &Path) -> Result<String>
         .render(&spec, &build::cluster_context(&db, &primary, false))
         .with_context(|| format!("{file}: the plugin could not render it"))?;
     let mut out = String::new();
-    for child in build::children(&db, &workload, &db.spec.engine, &primary, None, spec.replicas, db.spec.tls_enabled().then_some("issued"))
-    {
+    for child in build::children(
+        &db,
+        &workload,
+        &db.spec.engine,
+        &primary,
+        build::Sidecars::default(),
+        spec.replicas,
+        db.spec.tls_enabled().then_some("issued"),
+    ) {
         out.push_str("---\n");
         out.push_str(&yaml_serde::to_string(&child.object)?);
     }

@@ -6,6 +6,7 @@
 // `plugdb compile` compiled (wasmtime marks any precompiled code unsafe to load).
 #![deny(unsafe_code)]
 
+pub mod agent;
 pub mod build;
 pub mod cli;
 pub mod crd;

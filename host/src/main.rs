@@ -50,6 +50,9 @@ enum Command {
     /// stopped (the container beside each member of a Database with point-in-time
     /// recovery; the bucket comes from `PLUGDB_S3_*` and `AWS_*` variables).
     Archive(ArchiveArgs),
+    /// The member agent beside each member's engine (see `plugdb::agent`).
+    #[command(subcommand)]
+    Agent(AgentCommand),
     /// The operator's own compiler process (see `plugin::compiler`); not for people.
     #[command(hide = true)]
     Compile(CompileArgs),
@@ -66,6 +69,26 @@ struct ArchiveArgs {
     /// Seconds between two looks at the directory.
     #[arg(long, default_value_t = 2)]
     every: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentCommand {
+    /// Copy this binary to FILE (the init container that gives the engine's image an agent).
+    Install {
+        #[arg(value_name = "FILE")]
+        to: PathBuf,
+    },
+    /// Answer the operator's `GET /status` with what COMMAND prints, over mutual TLS.
+    Serve {
+        #[arg(long, default_value_t = plugdb::agent::PORT)]
+        port: u16,
+        /// The directory holding tls.crt, tls.key and ca.crt.
+        #[arg(long, value_name = "DIR")]
+        certs: PathBuf,
+        /// The plugin's status command.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -208,6 +231,16 @@ fn main() -> Result<()> {
         }
         Command::Transfer(command) => transfer(command),
         Command::Archive(args) => archive(args),
+        Command::Agent(AgentCommand::Install { to }) => {
+            let me = std::env::current_exe().context("finding this binary")?;
+            std::fs::copy(&me, &to).with_context(|| format!("copying {} to {}", me.display(), to.display()))?;
+            Ok(())
+        }
+        Command::Agent(AgentCommand::Serve { port, certs, command }) => {
+            tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+            runtime.block_on(plugdb::agent::serve(port, certs, command))
+        }
         Command::Compile(args) => compiler::serve(compiler::Request {
             tier: compiler::tier_named(&args.tier).context("compile: --tier is quick or optimized")?,
             memory_bytes: args.memory_bytes,

@@ -115,19 +115,47 @@ pub fn new_authority(name: &str, namespace: &str, now: DateTime<Utc>) -> Result<
     Ok(Authority { certificate: certificate.pem(), key: key.serialize_pem() })
 }
 
+/// What a certificate may be used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// A member's: it serves, and connects to the others.
+    ServerAndClient,
+    /// A member agent's: it serves the operator, and can ask nobody.
+    Server,
+    /// The operator's, asking the agents: it serves nothing.
+    Client,
+}
+
 /// A certificate for `names`, for servers and clients, signed by the authority whose key
 /// is `authority_key` (PEM).
 pub fn issue(name: &str, namespace: &str, authority_key: &str, names: &[String], now: DateTime<Utc>) -> Result<Issued, String> {
+    issue_for(name, namespace, authority_key, (&Names(name).primary(), names), Use::ServerAndClient, now)
+}
+
+/// A certificate with common name `common` for `names`, for `usage`, signed by the
+/// authority of Database `namespace/name` whose key is `authority_key` (PEM).
+pub fn issue_for(
+    name: &str,
+    namespace: &str,
+    authority_key: &str,
+    (common, names): (&str, &[String]),
+    usage: Use,
+    now: DateTime<Utc>,
+) -> Result<Issued, String> {
     let signer = KeyPair::from_pem(authority_key).map_err(|e| format!("the authority's key in its Secret is unreadable: {e}"))?;
     let issuer = Issuer::new(authority_params(name, namespace, now)?, signer);
     let key = KeyPair::generate().map_err(|e| format!("generating a key: {e}"))?;
     let mut params = CertificateParams::new(names.to_vec()).map_err(|e| format!("certificate names: {e}"))?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "plugdb");
-    dn.push(DnType::CommonName, Names(name).primary());
+    dn.push(DnType::CommonName, common);
     params.distinguished_name = dn;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    params.extended_key_usages = match usage {
+        Use::ServerAndClient => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+        Use::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        Use::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+    };
     let not_after = now + chrono::Duration::days(VALIDITY_DAYS);
     params.not_before = moment(now - chrono::Duration::hours(1))?;
     params.not_after = moment(not_after)?;

@@ -163,6 +163,18 @@ impl LocalPod {
         Ok(())
     }
 
+    /// What the member agent answers for this member: the plugin's status `command`, run in
+    /// the pod's environment, where `localhost` (the pod itself, in a cluster) is the
+    /// member's own loopback address.
+    pub fn agent_status(&self, command: &[String]) -> Result<plugdb::agent::Status, String> {
+        let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
+        let out = self.exec(&argv).map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("the status command failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        plugdb::agent::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
     /// Runs `argv` in the pod's environment to completion.
     pub fn exec(&self, argv: &[String]) -> Result<Output> {
         self.command(argv).output().with_context(|| format!("running {argv:?}"))

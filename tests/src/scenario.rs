@@ -313,13 +313,14 @@ pub async fn volume_path(cluster: &Cluster, namespace: &str, claim: &str) -> std
 
 /// Sends `signal` (`KILL`, `STOP`, `CONT`) to the engine's main process in `pod`, from
 /// the node (as the kernel would on a crash or a hang): the oldest process named
-/// `binary` in the pod's container.
+/// `binary` in the pod's engine container (its first; the agent and archiver follow).
 pub fn signal_engine(pod: &Pod, binary: &str, signal: &str) {
+    let engine = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).expect("an engine container");
     let container = pod
         .status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
+        .and_then(|c| c.iter().find(|c| c.name == engine))
         .and_then(|c| c.container_id.clone())
         .expect("a running container");
     let id = container.rsplit('/').next().unwrap_or_default().to_string();

@@ -251,6 +251,19 @@ fn panic_becomes_a_trap_error() {
     assert!(err.to_string().contains("panicked"), "{err}");
 }
 
+/// The optional `agent` export is asked in the same call as `render`, under the same
+/// deadline and policy: a spinning status command is stopped, an argv beyond the bounds
+/// is refused by name.
+#[test]
+fn the_agent_status_command_is_bounded_like_render() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "agent-spin");
+    assert!(matches!(err, CallError::Timeout { function: "render", .. }), "{err}");
+    let err = attack(&rt, &hostile, &good, "agent-argv");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    assert!(violations.iter().any(|v| v.field == "statusCommand"), "{err}");
+}
+
 #[test]
 fn oversized_output_is_refused() {
     let (rt, hostile, good) = plugins();

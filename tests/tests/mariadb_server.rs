@@ -154,12 +154,17 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
         assert!(Instant::now() < deadline, "the replica did not catch up:\n{}", replica.log());
         std::thread::sleep(Duration::from_millis(200));
     }
-    let position = sql(&replica, &pw, "SELECT @@gtid_slave_pos").expect("GTID position");
+    // What each member's agent answers, read from the engine by the plugin's status command.
+    let status_command = plugin.render(&s, &plugdb_tests::cluster("ha", "default")).expect("render").status_command;
+    assert!(primary.agent_status(&status_command).expect("the primary's status").primary, "member 0 says it is primary");
+    let said = replica.agent_status(&status_command).expect("the replica's status");
+    assert!(!said.primary, "member 1 says it is a replica");
+    assert_eq!(said.position, sql(&replica, &pw, "SELECT @@gtid_current_pos").expect("GTID position"), "its GTID position");
 
     primary.stop();
     let members = [
         Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
-        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position), answer: None },
+        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(said.position), answer: None },
     ];
     let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote ha-1")
@@ -168,6 +173,7 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     let out = replica.exec(&command).expect("promotion command");
     assert!(out.status.success(), "promotion failed: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "0", "promoted");
+    assert!(replica.agent_status(&status_command).expect("status").primary, "the promoted member says it is primary");
     sql(&replica, &pw, "INSERT INTO shop.orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
     assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5002", "no data lost");
 }

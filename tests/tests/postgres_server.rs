@@ -174,12 +174,17 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     }
     let err = sql(&replica, "INSERT INTO orders VALUES (9999, 'x', 1)").expect_err("a standby refuses writes");
     assert!(err.contains("read-only"), "{err}");
-    let position = sql(&replica, "SELECT pg_last_wal_replay_lsn()").expect("replay position");
+    // What each member's agent answers, read from the engine by the plugin's status command.
+    let status_command = plugin.render(&s, &plugdb_tests::cluster("ha", "default")).expect("render").status_command;
+    assert!(primary.agent_status(&status_command).expect("the primary's status").primary, "member 0 says it is primary");
+    let said = replica.agent_status(&status_command).expect("the replica's status");
+    assert!(!said.primary, "member 1 says it is a replica");
+    assert_eq!(said.position, sql(&replica, "SELECT pg_last_wal_replay_lsn()").expect("replay position"), "its replay position");
 
     primary.stop();
     let members = [
         Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
-        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position), answer: None },
+        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(said.position), answer: None },
     ];
     let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote ha-1")
@@ -189,6 +194,7 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     assert!(out.status.success(), "promotion failed: {}", String::from_utf8_lossy(&out.stderr));
 
     assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "f", "promoted");
+    assert!(replica.agent_status(&status_command).expect("status").primary, "the promoted member says it is primary");
     sql(&replica, "INSERT INTO orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
     let after = sql(&replica, "SELECT count(*) FROM orders").expect("count");
     assert_eq!(after, "5002", "no data lost");

@@ -55,6 +55,7 @@ fn workload(config: &str) -> Workload {
         run_as_user: 999,
         init_containers: vec![],
         member_query: None,
+        status_command: vec![],
     }
 }
 
@@ -89,7 +90,7 @@ fn engine_spec_names_each_bad_field() {
 #[test]
 fn statefulset_carries_the_workload_under_host_policy() {
     let db = database(DeletionPolicy::Snapshot);
-    let child = statefulset(&db, &workload("a = 1\n"), "postgres", None, 3, None);
+    let child = statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None);
     let sts: StatefulSet = serde_json::from_value(child.object.clone()).expect("a valid StatefulSet");
     let spec = sts.spec.expect("spec");
     assert_eq!(spec.replicas, Some(3));
@@ -120,7 +121,8 @@ fn statefulset_carries_the_workload_under_host_policy() {
 #[test]
 fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     let mut db = database(DeletionPolicy::Snapshot);
-    let pod = |db: &Database| statefulset(db, &workload(""), "postgres", None, 3, None).object["spec"]["template"]["spec"].clone();
+    let pod =
+        |db: &Database| statefulset(db, &workload(""), "postgres", Sidecars::default(), 3, None).object["spec"]["template"]["spec"].clone();
     let preferred = &pod(&db)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(preferred["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], "orders");
@@ -144,7 +146,7 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
 
 #[test]
 fn deletion_policy_delete_lets_volumes_go() {
-    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", None, 3, None);
+    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", Sidecars::default(), 3, None);
     assert_eq!(child.object["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Delete", "whenScaled": "Delete"}));
 }
 
@@ -152,15 +154,19 @@ fn deletion_policy_delete_lets_volumes_go() {
 fn a_config_change_changes_the_pod_template_and_the_hash() {
     let db = database(DeletionPolicy::Snapshot);
     let (a, b) = (
-        statefulset(&db, &workload("a = 1\n"), "postgres", None, 3, None),
-        statefulset(&db, &workload("a = 2\n"), "postgres", None, 3, None),
+        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None),
+        statefulset(&db, &workload("a = 2\n"), "postgres", Sidecars::default(), 3, None),
     );
     assert_ne!(
         a.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH],
         b.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
     );
     assert_ne!(a.hash(), b.hash());
-    assert_eq!(a.hash(), statefulset(&db, &workload("a = 1\n"), "postgres", None, 3, None).hash(), "rendering is deterministic");
+    assert_eq!(
+        a.hash(),
+        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None).hash(),
+        "rendering is deterministic"
+    );
 }
 
 #[test]
@@ -170,7 +176,7 @@ fn the_primary_service_follows_the_primary_pod() {
     assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
     assert_eq!(services[2].object["spec"]["clusterIP"], "None");
-    let all = children(&db, &workload(""), "postgres", "orders-0", None, 3, None);
+    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), 3, None);
     let kinds: Vec<String> = all.iter().map(|c| format!("{}/{}", c.resource.kind, c.name)).collect();
     assert_eq!(
         kinds,
@@ -196,8 +202,10 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     );
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
     let archiver = Archiver { target: &target, image: "plugdb/plugdb:1" };
-    let set: StatefulSet =
-        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Some(archiver), 3, None).object).expect("StatefulSet");
+    let set: StatefulSet = serde_json::from_value(
+        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), agent: None }, 3, None).object,
+    )
+    .expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["postgres", "archive"]);
@@ -222,11 +230,53 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     assert_eq!(cluster_context(&db, "orders-0", false).archive_directory, None);
 }
 
+/// With a status command and the operator's image, every member gets the agent: its
+/// binary copied out of the operator's image first, then the agent in the engine's image
+/// with the engine's environment and files but not its data, serving on its port with
+/// the agent's certificate (never the operator's key).
+#[test]
+fn the_member_agent_runs_the_status_command_beside_the_engine() {
+    let db = database(DeletionPolicy::Snapshot);
+    let mut w = workload("");
+    w.env = vec![EnvVar {
+        name: "PGPASSWORD".into(),
+        source: EnvSource::Secret(SecretRef { name: "orders-credentials".into(), key: "pw".into() }),
+    }];
+    let pod = |w: &Workload, agent: Option<&str>| -> k8s_openapi::api::core::v1::PodSpec {
+        let set: StatefulSet = serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { archiver: None, agent }, 3, None).object)
+            .expect("StatefulSet");
+        set.spec.and_then(|s| s.template.spec).expect("pod")
+    };
+    let none = pod(&w, Some("plugdb/plugdb:1"));
+    assert_eq!(none.containers.len(), 1, "no status command: no agent");
+    w.status_command = vec!["sh".into(), "-c".into(), "echo replica 0/1".into()];
+    assert_eq!(pod(&w, None).containers.len(), 1, "no operator image: no agent");
+
+    let pod = pod(&w, Some("plugdb/plugdb:1"));
+    let init = pod.init_containers.clone().unwrap_or_default();
+    assert_eq!(init[0].name, "agent-install");
+    assert_eq!(init[0].image.as_deref(), Some("plugdb/plugdb:1"));
+    let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
+    assert_eq!(agent.image, pod.containers[0].image, "the engine's image, for its client tools");
+    assert_eq!(agent.env, pod.containers[0].env, "the engine's environment");
+    let command = agent.command.clone().unwrap_or_default();
+    assert_eq!(command[..3], ["/plugdb-bin/plugdb".to_string(), "agent".into(), "serve".into()]);
+    assert_eq!(command[command.len() - 3..], w.status_command[..]);
+    let mounts: Vec<&str> = agent.volume_mounts.iter().flatten().map(|m| m.name.as_str()).collect();
+    assert!(!mounts.contains(&"data"), "not the data: {mounts:?}");
+    assert!(mounts.contains(&"config") && mounts.contains(&"agent-certs") && mounts.contains(&"agent-bin"), "{mounts:?}");
+    assert!(agent.resources.as_ref().and_then(|r| r.limits.as_ref()).is_some_and(|l| l.contains_key("memory") && l.contains_key("cpu")));
+    let certs = pod.volumes.iter().flatten().find(|v| v.name == "agent-certs").and_then(|v| v.secret.clone()).expect("certificates");
+    assert_eq!(certs.secret_name.as_deref(), Some("orders-agent"));
+    let keys: Vec<String> = certs.items.unwrap_or_default().into_iter().map(|i| i.key).collect();
+    assert_eq!(keys, ["tls.crt", "tls.key", "ca.crt"], "the agent's own, never the operator's client key");
+}
+
 #[test]
 fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
     let db = database(DeletionPolicy::Snapshot);
     let plain: StatefulSet =
-        serde_json::from_value(statefulset(&db, &workload(""), "postgres", None, 3, None).object).expect("StatefulSet");
+        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Sidecars::default(), 3, None).object).expect("StatefulSet");
     assert!(plain.spec.and_then(|s| s.template.spec).expect("pod").init_containers.is_none());
 
     let mut w = workload("");
@@ -236,7 +286,8 @@ fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
         command: vec!["mkdir".into(), "-p".into(), "/var/lib/postgresql/data/pgdata".into()],
         env: vec![],
     }];
-    let set: StatefulSet = serde_json::from_value(statefulset(&db, &w, "postgres", None, 3, None).object).expect("StatefulSet");
+    let set: StatefulSet =
+        serde_json::from_value(statefulset(&db, &w, "postgres", Sidecars::default(), 3, None).object).expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let init = pod.init_containers.expect("init containers");
     assert_eq!(init.len(), 1);
@@ -257,7 +308,7 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
         env: vec![],
     }];
     let pod_of = |stamp: Option<&str>| -> (PodTemplateSpec, String) {
-        let child = statefulset(&db, &w, "postgres", None, 3, stamp);
+        let child = statefulset(&db, &w, "postgres", Sidecars::default(), 3, stamp);
         let set: StatefulSet = serde_json::from_value(child.object.clone()).expect("StatefulSet");
         (set.spec.expect("spec").template, child.hash().to_string())
     };

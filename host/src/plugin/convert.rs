@@ -47,7 +47,7 @@ impl Contract {
 
 /// Links the host's imports of every contract into `linker`.
 pub(crate) fn add_to_linker(linker: &mut Linker<super::runtime::CallState>) -> wasmtime::Result<()> {
-    v0_2::wit::Engine::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |state| state)?;
+    v0_2::wit::EngineBase::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |state| state)?;
     v0_1::wit::Engine::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |state| state)
 }
 
@@ -66,6 +66,8 @@ pub(crate) struct Exports {
     restore: ComponentExportIndex,
     /// `None` for 0.1, which has no `plan-scale`.
     plan_scale: Option<ComponentExportIndex>,
+    /// `agent.status-command`, when the plugin exports the optional `agent` interface.
+    status_command: Option<ComponentExportIndex>,
 }
 
 /// Dispatches a call to the module of the plugin's contract.
@@ -88,7 +90,7 @@ impl Exports {
         pre: &wasmtime::component::InstancePre<T>,
     ) -> Result<Self, String> {
         match contract {
-            Contract::V0_2 => v0_2::wit::EnginePre::new(pre.clone()).map(drop),
+            Contract::V0_2 => v0_2::wit::EngineBasePre::new(pre.clone()).map(drop),
             Contract::V0_1 => v0_1::wit::EnginePre::new(pre.clone()).map(drop),
         }
         .map_err(|e| format!("{e:#}"))?;
@@ -106,6 +108,10 @@ impl Exports {
             restore: index("restore")?,
             plan_scale: match contract {
                 Contract::V0_2 => Some(index("plan-scale")?),
+                Contract::V0_1 => None,
+            },
+            status_command: match contract {
+                Contract::V0_2 => agent_export(component, interface),
                 Contract::V0_1 => None,
             },
         })
@@ -136,7 +142,12 @@ impl Exports {
         spec: &host::EngineSpec,
         cluster: &host::ClusterContext,
     ) -> wasmtime::Result<Result<host::Workload, String>> {
-        by_contract!(self, render(store, instance, spec, cluster))
+        let mut store = store;
+        let mut workload = by_contract!(self, render(store.as_context_mut(), instance, spec, cluster))?;
+        if let (Some(index), Ok(w)) = (&self.status_command, &mut workload) {
+            w.status_command = v0_2::status_command(store, instance, index, spec)?;
+        }
+        Ok(workload)
     }
 
     pub(crate) fn plan_upgrade(
@@ -205,6 +216,14 @@ impl Exports {
             Contract::V0_1 => Ok(Ok(None)),
         }
     }
+}
+
+/// `status-command` of the `agent` interface beside the contract's `interface`
+/// (`plugdb:engine/plugin@0.2.0` → `plugdb:engine/agent@0.2.0`), if the component exports it.
+fn agent_export(component: &Component, interface: &str) -> Option<ComponentExportIndex> {
+    let agent = interface.replacen("/plugin@", "/agent@", 1);
+    let (_, at) = component.get_export(None, &agent)?;
+    component.get_export(Some(&at), "status-command").map(|(_, i)| i)
 }
 
 /// Runs the export at `index` of `instance` with `params` as `P -> R`: the types each
@@ -362,6 +381,7 @@ macro_rules! conversions {
                 run_as_user: w.run_as_user,
                 member_query,
                 init_containers,
+                status_command: Vec::new(),
             }
         }
 
@@ -432,7 +452,7 @@ macro_rules! conversions {
 pub(crate) mod v0_2 {
     #[allow(missing_docs, clippy::all)]
     pub(crate) mod wit {
-        wasmtime::component::bindgen!({ world: "engine", path: "../wit", ownership: Borrowing { duplicate_if_necessary: true } });
+        wasmtime::component::bindgen!({ world: "engine-base", path: "../wit", ownership: Borrowing { duplicate_if_necessary: true } });
     }
     use wit::plugdb::engine::types as w;
 
@@ -536,6 +556,21 @@ pub(crate) mod v0_2 {
         type Params<'a> = (&'a w::DatabaseSpec<'a>, &'a w::BackupLocation<'a>, u32);
         call::<Params, (Result<Option<w::JobPlan>, String>,)>(store, instance, index, (&spec, &location, member))
             .map(|(r,)| r.map(|plan| plan.map(job_plan)))
+    }
+
+    /// The optional `agent.status-command`, type-checked here: the world the host checks at
+    /// load (`engine-base`) leaves the `agent` interface out.
+    pub(super) fn status_command(
+        mut store: impl AsContextMut,
+        instance: &Instance,
+        index: &ComponentExportIndex,
+        spec: &host::EngineSpec,
+    ) -> wasmtime::Result<Vec<String>> {
+        let parameters = parameters(spec);
+        let spec = database_spec(spec, &parameters);
+        let func = instance.get_func(&mut store, index).ok_or_else(|| wasmtime::format_err!("agent.status-command is not a function"))?;
+        let typed = func.typed::<(&w::DatabaseSpec,), (Vec<String>,)>(&store)?;
+        typed.call(&mut store, (&spec,)).map(|(argv,)| argv)
     }
 
     pub(super) fn plan_scale(

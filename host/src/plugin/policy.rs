@@ -175,6 +175,8 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     check_image(&mut r, "image", &w.image);
     check_argv(&mut r, "command", &w.command);
     check_argv(&mut r, "args", &w.args);
+    check_argv(&mut r, "statusCommand", &w.status_command);
+    check!(r, w.ports.iter().all(|p| p.port != crate::agent::PORT), "ports", format!("port {} is the member agent's", crate::agent::PORT));
     check_env(&mut r, &w.env, &cluster.credentials_secret);
     check!(r, !w.ports.is_empty() && w.ports.len() <= MAX_PORTS, "ports", format!("1-{MAX_PORTS} ports"));
     for (i, p) in w.ports.iter().enumerate() {
@@ -295,6 +297,7 @@ mod tests {
             run_as_user: 999,
             init_containers: vec![],
             member_query: None,
+            status_command: vec![],
         }
     }
 

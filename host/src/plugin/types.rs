@@ -317,6 +317,9 @@ pub struct Workload {
     pub init_containers: Vec<InitContainer>,
     /// How the host asks each member who leads (engine-elected leadership).
     pub member_query: Option<MemberQuery>,
+    /// What the member agent runs to learn the member's role and position (the plugin's
+    /// optional `agent.status-command`); empty: no agent.
+    pub status_command: Vec<String>,
 }
 
 /// A request the host sends to every member of an engine that elects its leader.

@@ -358,7 +358,7 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) ->
 /// The Database's certificate authority from its Secret, made the first time. It is kept
 /// like the credentials (owned by the Database only under `Delete`): clients that trust
 /// it keep trusting a Database created again over retained volumes.
-async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Authority, Error> {
+pub(super) async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Authority, Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let secret_name = Names(&name).authority();
     let read = |s: Secret| -> Result<tls::Authority, Error> {
@@ -395,14 +395,14 @@ async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Authority, E
 }
 
 /// `secret` when it is `db`'s ([`Error::Taken`] when it is not).
-fn own_secret(db: &Database, secret: Option<Secret>) -> Result<Option<Secret>, Error> {
+pub(super) fn own_secret(db: &Database, secret: Option<Secret>) -> Result<Option<Secret>, Error> {
     if let Some(s) = &secret {
         owner::check(db, Kind::Secret, &s.metadata)?;
     }
     Ok(secret)
 }
 
-fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::api::ObjectMeta {
+pub(super) fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::api::ObjectMeta {
     let owners: Vec<_> = if owned { db.controller_owner_ref(&()).into_iter().collect() } else { vec![] };
     kube::api::ObjectMeta {
         name: Some(name.into()),

@@ -45,6 +45,8 @@ pub enum Transport<'a> {
         ca: &'a [u8],
         /// The headless Service's name, under which each member has its own.
         domain: &'a str,
+        /// The certificate and key (PEM) the operator shows, where the member asks for one.
+        identity: Option<&'a [u8]>,
     },
 }
 
@@ -54,7 +56,7 @@ pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[O
     let reachable = |m: &Observed| m.address.as_deref().filter(|_| !m.terminating)?.parse::<IpAddr>().ok();
     let (client, domain) = match transport {
         Transport::Plain(client) => (client.clone(), None),
-        Transport::Tls { ca, domain } => {
+        Transport::Tls { ca, domain, identity } => {
             let ca = match reqwest::Certificate::from_pem(ca) {
                 Ok(ca) => ca,
                 Err(e) => {
@@ -63,6 +65,15 @@ pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[O
                 }
             };
             let mut builder = builder().tls_certs_only([ca]);
+            if let Some(pem) = identity {
+                match reqwest::Identity::from_pem(pem) {
+                    Ok(identity) => builder = builder.identity(identity),
+                    Err(e) => {
+                        tracing::warn!("the operator's certificate for the members is not PEM: {e}");
+                        return vec![None; members.len()];
+                    }
+                }
+            }
             for m in members {
                 if let Some(ip) = reachable(m) {
                     builder = builder.resolve(&format!("{}.{domain}", m.name), SocketAddr::new(ip, query.port));
@@ -139,7 +150,6 @@ mod tests {
             since_seconds: 0,
             revision: None,
             role: None,
-            position: None,
             terminating: false,
             unschedulable: None,
             node: None,

@@ -79,7 +79,8 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let primary = pass.elected(&engine.plugin, &spec, &members, &workload, primary).await?;
     pass.scale_job(&scale, &workload).await?;
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
-    let applied = pass.apply(&workload, &primary.name, &upgrade.version, archiver, scale.granted).await?;
+    let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload) };
+    let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, scale.granted).await?;
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
     // Members of an engine that elects its leader are part of the engine's membership: never moved.
     let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !engine.plugin.info().capabilities.elects_leader);
@@ -282,7 +283,8 @@ impl<'a> Pass<'a> {
             FailoverQuestion::Keep => Primary::keep(&primary),
             FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
             FailoverQuestion::Ask(candidates) => {
-                let input = (spec.clone(), candidates);
+                let said = super::agent::statuses(ctx, self.db, &members.observed).await?;
+                let input = (spec.clone(), members::with_positions(candidates, said));
                 let answer = ctx.call(plugin, "choose-primary", input, |p, (spec, members)| p.choose_primary(spec, members)).await?;
                 decide::failover(&primary, after, answer.map_err(|e| e.to_string()))
             }
@@ -313,7 +315,7 @@ impl<'a> Pass<'a> {
         };
         let domain = build::cluster_context(db, &primary.name, false).headless_host;
         let transport = match &ca {
-            Some(ca) => super::ask::Transport::Tls { ca, domain: &domain },
+            Some(ca) => super::ask::Transport::Tls { ca, domain: &domain, identity: None },
             None => super::ask::Transport::Plain(&ctx.members_client),
         };
         let answers = super::ask::answers(transport, query, &members.observed).await;
@@ -401,6 +403,9 @@ impl<'a> Pass<'a> {
                 return self.wait(reason, message, phase).await;
             }
         };
+        if super::agent_image(ctx, plugin, &workload).is_some() {
+            super::agent::ensure(ctx, db).await?;
+        }
         Ok(ControlFlow::Continue(workload))
     }
 
@@ -464,12 +469,12 @@ impl<'a> Pass<'a> {
         workload: &Workload,
         primary: &str,
         version: &str,
-        archiver: Option<build::Archiver<'_>>,
+        sidecars: build::Sidecars<'_>,
         replicas: u32,
     ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(db);
-        for child in build::children(db, workload, &db.spec.engine, primary, archiver, replicas, self.tls.as_deref()) {
+        for child in build::children(db, workload, &db.spec.engine, primary, sidecars, replicas, self.tls.as_deref()) {
             let applied = apply::apply(ctx, db, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
                 stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));

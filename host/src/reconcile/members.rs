@@ -8,9 +8,10 @@ use kube::ResourceExt;
 use crate::build::ROLE_LABEL;
 use crate::plugin::Member;
 
-/// Annotation where a member reports its replication position.
-pub const POSITION_ANNOTATION: &str = "plugdb.io/replication-position";
 const REVISION_LABEL: &str = "controller-revision-hash";
+/// How long a new member pod may take to become ready before it counts as down: the
+/// new primary restarting to take its role after a failover must not be failed over.
+pub const STARTUP_GRACE_SECONDS: i64 = 60;
 
 /// What the host knows about one member pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,14 +22,14 @@ pub struct Observed {
     pub ordinal: u32,
     /// Ready condition.
     pub ready: bool,
-    /// Seconds since the Ready condition last changed.
+    /// Seconds it has been in its state: since the Ready condition last changed, and for
+    /// a pod younger than [`STARTUP_GRACE_SECONDS`] after that grace only (a member
+    /// starting, as the new primary does after a failover, is not yet down).
     pub since_seconds: i64,
     /// StatefulSet revision the pod runs.
     pub revision: Option<String>,
     /// Its role label.
     pub role: Option<String>,
-    /// Reported replication position.
-    pub position: Option<String>,
     /// Being deleted.
     pub terminating: bool,
     /// Why the scheduler could not place it, while it cannot.
@@ -57,15 +58,16 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()));
             let ready = ready_condition.as_ref().is_some_and(|c| c.status == "True");
             let down = (!ready && unschedulable.is_none()).then(|| why_not_ready(p, ready_condition.as_ref()));
-            let since_seconds =
-                ready_condition.and_then(|c| c.last_transition_time).map(|t| now.duration_since(t.0).as_secs()).unwrap_or(0);
+            let age = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| now.duration_since(t.0).as_secs();
+            let changed = ready_condition.and_then(|c| c.last_transition_time).map(|t| age(&t)).unwrap_or(0);
+            let started = p.metadata.creation_timestamp.as_ref().map(|t| age(t) - STARTUP_GRACE_SECONDS).unwrap_or(i64::MAX);
+            let since_seconds = changed.min(started);
             Some(Observed {
                 ordinal,
                 ready,
                 since_seconds,
                 revision: p.labels().get(REVISION_LABEL).cloned(),
                 role: p.labels().get(ROLE_LABEL).cloned(),
-                position: p.annotations().get(POSITION_ANNOTATION).cloned(),
                 terminating: p.metadata.deletion_timestamp.is_some(),
                 unschedulable,
                 address: p.status.as_ref().and_then(|s| s.pod_ip.clone()),
@@ -127,7 +129,8 @@ pub fn rolled(members: &[Observed], update_revision: &str, desired: usize) -> bo
     members.len() == desired && members.iter().all(|m| m.ready && !m.terminating && m.revision.as_deref() == Some(update_revision))
 }
 
-/// The members as the plugin sees them for a failover question.
+/// The members as the plugin sees them for a failover question, without positions
+/// (their agents say them: [`with_positions`]).
 pub fn for_plugin(members: &[Observed], primary: &str) -> Vec<Member> {
     members
         .iter()
@@ -136,10 +139,20 @@ pub fn for_plugin(members: &[Observed], primary: &str) -> Vec<Member> {
             ordinal: m.ordinal,
             ready: m.ready,
             primary: m.name == primary,
-            position: m.position.clone(),
+            position: None,
             answer: None,
         })
         .collect()
+}
+
+/// `candidates` with the position each member's agent said, in the same order: a replica
+/// takes the position it said as a replica; a member that says it is primary while it is
+/// not the one in status is given none (it is never promoted on its own word).
+pub fn with_positions(mut candidates: Vec<Member>, said: Vec<Option<crate::agent::Status>>) -> Vec<Member> {
+    for (member, status) in candidates.iter_mut().zip(said) {
+        member.position = status.filter(|s| s.primary == member.primary).map(|s| s.position);
+    }
+    candidates
 }
 
 /// Whether the primary has been not ready (or missing) for at least `after_seconds`.
@@ -162,7 +175,6 @@ mod tests {
             since_seconds: 100,
             revision: Some(revision.into()),
             role: None,
-            position: None,
             terminating: false,
             unschedulable: None,
             address: None,
@@ -201,6 +213,38 @@ mod tests {
         assert_eq!(next_to_roll(&[m(0, true, "old")], "new", "db-0", 2), None);
         assert!(rolled(&[m(0, true, "new"), m(1, true, "new")], "new", 2));
         assert!(!rolled(&[m(0, true, "new"), m(1, true, "old")], "new", 2));
+    }
+
+    /// A replica is given the position its agent said; a member whose agent says it is
+    /// primary while it is not the primary in status, or that said nothing, is given none.
+    #[test]
+    fn members_are_given_only_the_position_their_agent_said_in_their_role() {
+        let candidates = for_plugin(&[m(0, false, "r"), m(1, true, "r"), m(2, true, "r")], "db-0");
+        let said = |primary: bool, position: &str| Some(crate::agent::Status { primary, position: position.into() });
+        let given = with_positions(candidates, vec![None, said(false, "0/5"), said(true, "0/9")]);
+        let positions: Vec<Option<&str>> = given.iter().map(|m| m.position.as_deref()).collect();
+        assert_eq!(positions, [None, Some("0/5"), None]);
+    }
+
+    /// A pod not ready since it was made is starting, not down, for its first minute: the
+    /// new primary restarting into its role after a failover is not failed over again.
+    #[test]
+    fn a_new_pod_counts_as_down_only_after_its_startup_grace() {
+        let now = Timestamp::now();
+        let pod = |created_ago: i64, changed_ago: i64| -> Pod {
+            let at = |ago: i64| (now - k8s_openapi::jiff::SignedDuration::from_secs(ago)).to_string();
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db-0", "creationTimestamp": at(created_ago)},
+                "status": {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": at(changed_ago)}]}
+            }))
+            .expect("pod")
+        };
+        let since = |p: Pod| observe("db", &[p], now)[0].since_seconds;
+        assert!(since(pod(10, 10)) <= 0, "starting");
+        assert!(!primary_lost(&observe("db", &[pod(40, 40)], now), "db-0", 30), "still within its grace");
+        assert_eq!(since(pod(100, 100)), 100 - STARTUP_GRACE_SECONDS, "down once the grace is over");
+        assert_eq!(since(pod(3600, 40)), 40, "an old pod: since its Ready condition changed");
+        assert!(primary_lost(&observe("db", &[pod(3600, 40)], now), "db-0", 30));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! [`members`] (observing pods, rolls, failover questions) and [`status`] (conditions
 //! and the end of a pass); backups and restores have their own modules.
 
+mod agent;
 mod apply;
 pub mod ask;
 pub mod backups;
@@ -39,7 +40,7 @@ use serde_json::json;
 use crate::build::{self, MANAGER, Names};
 use crate::crd::{Database, DatabaseStatus, Phase};
 use crate::metrics::{Metrics, ReconcileLabels};
-use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry};
+use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry, Workload};
 use cache::{Caches, Triggers};
 use status::{Reason, kind};
 
@@ -542,6 +543,14 @@ pub fn archiver<'a>(ctx: &'a Context, db: &'a Database, plugin: &Plugin) -> Opti
     let target = db.spec.backup.as_ref()?.s3.as_ref()?;
     plugin.lacks(crate::plugin::Capability::PointInTime).is_none().then_some(())?;
     Some(build::Archiver { target, image: ctx.operator_image.as_deref()? })
+}
+
+/// The operator's image, for the member agent beside `db`'s members: when the plugin
+/// says how a member tells its role and position and the host chooses the primary.
+pub fn agent_image<'a>(ctx: &'a Context, plugin: &Plugin, workload: &Workload) -> Option<&'a str> {
+    let host_chosen = plugin.lacks(crate::plugin::Capability::Failover).is_none() && !plugin.info().capabilities.elects_leader;
+    (host_chosen && !workload.status_command.is_empty()).then_some(())?;
+    ctx.operator_image.as_deref()
 }
 
 fn join(v: &[crate::plugin::Violation]) -> String {

@@ -369,7 +369,6 @@ mod tests {
             since_seconds: 60,
             revision: Some("r1".into()),
             role: None,
-            position: None,
             terminating: false,
             unschedulable: None,
             node: None,

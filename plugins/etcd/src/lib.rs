@@ -338,6 +338,13 @@ impl Engine for Etcd {
     }
 }
 
+/// No member agent: the members elect their leader and answer `member-query`.
+impl Agent for Etcd {
+    fn status_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
+}
+
 export_engine!(Etcd);
 
 #[cfg(test)]

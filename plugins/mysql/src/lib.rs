@@ -344,6 +344,17 @@ impl Engine for Mysql {
     }
 }
 
+/// What the member agent runs: the member's role (a replica is read-only) and the GTID
+/// position it has (`@@gtid_current_pos`), over TCP to the local server, in a second at most.
+const STATUS: &str = "exec mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" \
+    --connect-timeout=1 -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\"";
+
+impl Agent for Mysql {
+    fn status_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(STATUS)
+    }
+}
+
 export_engine!(Mysql);
 
 #[cfg(test)]

@@ -329,6 +329,19 @@ impl Engine for Postgres {
     }
 }
 
+/// What the member agent runs: the member's role and replay (replica) or write (primary)
+/// position, over TCP to the local server (what pg_hba allows), in a second at most.
+/// A replica that has replayed nothing yet prints nothing: its position stays unknown.
+const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq \
+    -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || pg_last_wal_replay_lsn() \
+    ELSE 'primary ' || pg_current_wal_lsn() END\"";
+
+impl Agent for Postgres {
+    fn status_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(STATUS)
+    }
+}
+
 export_engine!(Postgres);
 
 #[cfg(test)]

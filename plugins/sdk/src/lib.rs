@@ -1,10 +1,12 @@
 //! Guest-side SDK for plugdb engine plugins.
 //!
-//! An engine plugin implements [`Engine`] and exports it with [`export_engine!`]:
+//! An engine plugin implements [`Engine`] and [`Agent`] and exports them with
+//! [`export_engine!`]:
 //!
 //! ```text
 //! struct Redis;
 //! impl plugdb_sdk::Engine for Redis { /* info, validate, render, ... */ }
+//! impl plugdb_sdk::Agent for Redis { /* status_command: empty for no member agent */ }
 //! plugdb_sdk::export_engine!(Redis);
 //! ```
 //!
@@ -30,6 +32,7 @@ pub mod bindings {
 /// `PluginInfo::contract_version` must say.
 pub const CONTRACT_VERSION: &str = "0.2.0";
 
+pub use bindings::exports::plugdb::engine::agent::Guest as Agent;
 pub use bindings::exports::plugdb::engine::plugin::Guest as Engine;
 pub use bindings::plugdb::engine::host::log as host_log;
 pub use bindings::plugdb::engine::types::*;

@@ -283,7 +283,7 @@ async fn point_in_time_recovery(
 ) {
     let archive = Api::<Pod>::namespaced(cluster.client.clone(), ns).get("orders-0").await.expect("member 0");
     let names: Vec<String> = archive.spec.iter().flat_map(|s| &s.containers).map(|c| c.name.clone()).collect();
-    assert_eq!(names, [engine.name(), "archive"], "the archiver runs beside the engine");
+    assert_eq!(names[..2], [engine.name(), "archive"], "the archiver runs beside the engine");
     client.insert(primary, 1000..1010).await;
     let before = client.checksum(primary).await;
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -14,7 +14,6 @@ fn member(ordinal: u32, ready: bool, since: i64, revision: &str) -> Observed {
         since_seconds: since,
         revision: Some(revision.into()),
         role: Some(if ordinal == 0 { "primary" } else { "replica" }.into()),
-        position: None,
         terminating: false,
         unschedulable: None,
         node: None,

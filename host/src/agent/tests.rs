@@ -1,0 +1,120 @@
+use super::*;
+use crate::reconcile::ask::{Transport, answers};
+use crate::reconcile::members::Observed;
+use crate::tls::{Use, issue_for, new_authority};
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+#[test]
+fn a_status_is_a_role_and_a_position_on_one_line() {
+    assert_eq!(parse("replica 0/3000148\n"), Ok(Status { primary: false, position: "0/3000148".into() }));
+    assert_eq!(parse("primary 0-1-42,1-2-7"), Ok(Status { primary: true, position: "0-1-42,1-2-7".into() }));
+    for bad in ["", "replica", "replica ", "leader 0/1", "replica 0/1 extra", "replica \u{1b}[2J", &format!("replica {}", "9".repeat(129))]
+    {
+        assert!(parse(bad).is_err(), "{bad:?} is no status");
+    }
+}
+
+#[tokio::test]
+async fn the_status_command_is_bounded_in_time_and_output() {
+    assert_eq!(run(&sh("echo replica 0/5")).await, Ok("replica 0/5\n".into()));
+    let failed = run(&sh("echo 'connection refused' >&2; exit 2")).await.expect_err("a failure");
+    assert!(failed.contains("connection refused"), "{failed}");
+    let started = std::time::Instant::now();
+    let slow = run(&sh("sleep 30")).await.expect_err("too slow");
+    assert!(slow.contains("longer than"), "{slow}");
+    assert!(started.elapsed() < Duration::from_secs(10), "stopped at the timeout, not after the command");
+    let chatty = run(&sh("head -c 1000000 /dev/zero | tr '\\0' x")).await.expect_err("too long");
+    assert!(chatty.contains("more than"), "{chatty}");
+}
+
+/// Certificates of one Database's authority, on disk as the agent's volume holds them,
+/// and the operator's identity (PEM certificate and key).
+struct Issued {
+    dir: tempdir::Dir,
+    ca: Vec<u8>,
+    operator: Vec<u8>,
+    agent: Vec<u8>,
+}
+
+mod tempdir {
+    /// A directory removed when dropped.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn issued(name: &str) -> Issued {
+    let now = chrono::Utc::now();
+    let authority = new_authority(name, "shop", now).expect("authority");
+    let names = ["*.db-headless.shop.svc".to_string()];
+    let server = issue_for(name, "shop", &authority.key, ("db-headless", &names), Use::Server, now).expect("server");
+    let client =
+        issue_for(name, "shop", &authority.key, ("plugdb operator", &["plugdb-operator".into()]), Use::Client, now).expect("client");
+    let dir = std::env::temp_dir().join(format!("plugdb-agent-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join(crate::tls::CERTIFICATE), &server.certificate).expect("write");
+    std::fs::write(dir.join(crate::tls::KEY), &server.key).expect("write");
+    std::fs::write(dir.join(crate::tls::CA), &authority.certificate).expect("write");
+    Issued {
+        dir: tempdir::Dir(dir),
+        ca: authority.certificate.into_bytes(),
+        operator: [client.certificate, client.key].concat().into_bytes(),
+        agent: [server.certificate, server.key].concat().into_bytes(),
+    }
+}
+
+fn member(port_owner: &str) -> Observed {
+    Observed {
+        name: port_owner.into(),
+        ordinal: 0,
+        ready: true,
+        since_seconds: 0,
+        revision: None,
+        role: None,
+        terminating: false,
+        unschedulable: None,
+        address: Some("127.0.0.1".into()),
+        node: None,
+        down: None,
+    }
+}
+
+/// The agent answers the operator's certificate, and nobody else: no certificate, the
+/// agent's own (for servers only), or another Database's operator.
+#[tokio::test]
+async fn only_the_operator_of_the_same_database_is_answered() {
+    let ours = issued("db");
+    let theirs = issued("other");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("address").port()
+    };
+    let certs = ours.dir.0.clone();
+    tokio::spawn(serve(port, certs, sh("echo replica 0/3000148")));
+    let query = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
+    let ask = |identity: Option<Vec<u8>>| {
+        let (ca, query) = (ours.ca.clone(), query.clone());
+        async move {
+            let transport = Transport::Tls { ca: &ca, domain: "db-headless.shop.svc", identity: identity.as_deref() };
+            answers(transport, &query, &[member("db-0")]).await.remove(0)
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        match ask(Some(ours.operator.clone())).await {
+            Some(answer) => break answer,
+            None if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            None => panic!("the operator was never answered"),
+        }
+    };
+    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into() }));
+    assert_eq!(ask(None).await, None, "no client certificate: refused");
+    assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
+    assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another Database's operator is refused");
+}

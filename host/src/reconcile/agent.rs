@@ -1,0 +1,97 @@
+//! The member agents of a Database, from the operator's side: their certificates (Secret
+//! `<name>-agent`, issued by the Database's own authority, whether or not its clients use
+//! TLS) and the question the failover stage asks them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+
+use super::apply::{authority, own_secret, secret_metadata};
+use super::members::Observed;
+use super::{Context, Error};
+use crate::agent;
+use crate::build::{MANAGER, Names};
+use crate::crd::Database;
+use crate::plugin::MemberQuery;
+use crate::tls::{self, Use};
+
+/// The agents' names: every member under the headless Service.
+fn member_names(name: &str, namespace: &str) -> Vec<String> {
+    let headless = Names(name).headless();
+    [format!("*.{headless}.{namespace}.svc"), format!("*.{headless}.{namespace}.svc.cluster.local")].into()
+}
+
+/// Secret `<name>-agent`: the agents' certificate (for servers only), the operator's (for
+/// clients only) and the authority's, issued once and again 30 days before they expire.
+/// The agents read theirs on every connection: a renewal restarts nothing.
+pub async fn ensure(ctx: &Context, db: &Database) -> Result<(), Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let secret_name = Names(&name).agent();
+    let now = chrono::Utc::now();
+    let current = |s: &Secret| !tls::due(s.annotations().get(tls::NOT_AFTER).map(String::as_str), now);
+    if ctx.caches.secret(db, &secret_name).is_some_and(|s| current(&s)) {
+        return Ok(());
+    }
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    // The cache may be behind a Secret written a moment ago: ask before issuing.
+    if own_secret(db, api.get_opt(&secret_name).await?)?.is_some_and(|s| current(&s)) {
+        return Ok(());
+    }
+    let authority = authority(db, &api).await?;
+    let server = tls::issue_for(&name, &ns, &authority.key, (&Names(&name).headless(), &member_names(&name, &ns)), Use::Server, now)
+        .map_err(Error::Tls)?;
+    let client = tls::issue_for(&name, &ns, &authority.key, ("plugdb operator", &["plugdb-operator".to_string()]), Use::Client, now)
+        .map_err(Error::Tls)?;
+    let stamp = server.not_after.min(client.not_after).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let bytes = |s: String| ByteString(s.into_bytes());
+    let data = BTreeMap::from([
+        (tls::CERTIFICATE.to_string(), bytes(server.certificate)),
+        (tls::KEY.to_string(), bytes(server.key)),
+        (tls::CA.to_string(), bytes(authority.certificate)),
+        (agent::CLIENT_CERTIFICATE.to_string(), bytes(client.certificate)),
+        (agent::CLIENT_KEY.to_string(), bytes(client.key)),
+    ]);
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            annotations: Some(BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone())])),
+            ..secret_metadata(db, &secret_name, true)
+        },
+        data: Some(data),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    api.patch(&secret_name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await?;
+    tracing::info!(database = %format!("{ns}/{name}"), expires = %stamp, "issued the member agents' certificates");
+    Ok(())
+}
+
+/// What each member's agent says of it, in the order of `members`: `None` for a member
+/// without an agent, one that did not answer in time, or one whose answer is not a
+/// status. Nothing is asked while the Database has no agent certificates.
+pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Result<Vec<Option<agent::Status>>, Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(secret) = own_secret(db, api.get_opt(&Names(&name).agent()).await?)? else {
+        return Ok(vec![None; members.len()]);
+    };
+    let data = secret.data.unwrap_or_default();
+    let file = |key: &str| data.get(key).map(|b| b.0.clone()).unwrap_or_default();
+    let identity = [file(agent::CLIENT_CERTIFICATE), file(agent::CLIENT_KEY)].concat();
+    let (ca, domain) = (file(tls::CA), format!("{}.{ns}.svc", Names(&name).headless()));
+    let query = MemberQuery { port: agent::PORT, path: "/status".into(), body: None, https: true };
+    let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&identity) };
+    let answers = super::ask::answers(transport, &query, members).await;
+    Ok(members
+        .iter()
+        .zip(answers)
+        .map(|(m, answer)| {
+            let said = agent::parse(&answer?).map_err(
+                |e| tracing::warn!(database = %format!("{ns}/{name}"), member = %m.name, "the agent's answer is not a status: {e}"),
+            );
+            said.ok()
+        })
+        .collect())
+}
