@@ -239,7 +239,16 @@ fn main() -> Result<()> {
         Command::Agent(AgentCommand::Serve { port, certs, command }) => {
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-            runtime.block_on(plugdb::agent::serve(port, certs, command))
+            // The agent is its container's first process: without a handler it would ignore
+            // SIGTERM, and every restart of the member would wait out its grace period.
+            runtime.block_on(async {
+                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
+                tokio::select! {
+                    served = plugdb::agent::serve(port, certs, command) => served,
+                    _ = term.recv() => Ok(()),
+                    _ = tokio::signal::ctrl_c() => Ok(()),
+                }
+            })
         }
         Command::Compile(args) => compiler::serve(compiler::Request {
             tier: compiler::tier_named(&args.tier).context("compile: --tier is quick or optimized")?,

@@ -264,6 +264,17 @@ fn the_agent_status_command_is_bounded_like_render() {
     assert!(violations.iter().any(|v| v.field == "statusCommand"), "{err}");
 }
 
+/// A log line past the copy bound fails the call, and the error says it was a log line,
+/// not the result.
+#[test]
+fn a_log_line_past_the_copy_bound_is_named_as_such() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "log-huge");
+    eprintln!("{err:?}");
+    assert!(matches!(err, CallError::LogTooLarge { .. }), "{err}");
+    assert!(err.to_string().contains("a log line"), "{err}");
+}
+
 #[test]
 fn oversized_output_is_refused() {
     let (rt, hostile, good) = plugins();

@@ -152,6 +152,16 @@ pub enum CallError {
         /// What happened.
         message: String,
     },
+    /// A log line was larger than the host copies out of the plugin in a call.
+    #[error("{engine} plugin: {function} sent a log line of more than the {limit}-byte limit (copying it out was stopped there)")]
+    LogTooLarge {
+        /// Engine name.
+        engine: String,
+        /// Exported function.
+        function: &'static str,
+        /// The limit.
+        limit: usize,
+    },
     /// The result was larger than the host accepts.
     #[error("{engine} plugin: {function} returned more than the {limit}-byte limit (copying it out was stopped there)")]
     OutputTooLarge {
@@ -969,7 +979,7 @@ impl Plugin {
                 Err(CallError::Refused { .. }) => "refused",
                 Err(CallError::Timeout { .. }) => "timeout",
                 Err(CallError::Trap { .. }) => "trap",
-                Err(CallError::OutputTooLarge { .. }) => "too-large",
+                Err(CallError::OutputTooLarge { .. } | CallError::LogTooLarge { .. }) => "too-large",
                 Err(CallError::Policy { .. }) => "policy",
             };
             let labels = CallLabels { engine: self.info.engine.clone(), function: function.into(), outcome: outcome.into() };
@@ -1096,6 +1106,13 @@ impl Plugin {
                     xtask::GUEST_STACK >> 10
                 ),
             },
+            // Copied while the plugin's code is on the stack: the argument of a host call
+            // (its one import, `log`); after it returned: the result.
+            _ if message.contains(HOSTCALL_FUEL_EXHAUSTED)
+                && error.downcast_ref::<wasmtime::WasmBacktrace>().is_some_and(|b| !b.frames().is_empty()) =>
+            {
+                CallError::LogTooLarge { engine, function, limit: self.runtime.limits.output_bytes }
+            }
             _ if message.contains(HOSTCALL_FUEL_EXHAUSTED) => {
                 CallError::OutputTooLarge { engine, function, limit: self.runtime.limits.output_bytes }
             }

@@ -151,7 +151,7 @@ fn cordon<'a>(nodes: &'a Nodes, names: &[String]) -> Uncordon<'a> {
 /// - `mv` (postgres, `spread.moveFromLostNodeAfter: 30s`): its replica on the node is
 ///   made again on another node from a copy of the primary, with an Event, before the
 ///   node returns, and is not started again when it does;
-/// - `lp` (postgres), its primary on the node: with nothing set by the test, the
+/// - `lp` (postgres) and `lm` (mysql), their primary on the node: with nothing set by the test, the
 ///   operator asks the members' agents their positions and promotes a replica; writes
 ///   are accepted again through the read-write Service. Replication is asynchronous: the
 ///   writes lost, if any, are the last ones the old primary acknowledged before the loss
@@ -186,18 +186,29 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 2, moved.clone())).await.expect("apply");
         cluster.wait_database(ns, "mv", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("running");
     }
+    let lost_primaries = [("lp", Engine::Postgres, "15"), ("lm", Engine::Mysql, "10.11")];
     {
         let _onto = cordon(nodes, &others);
-        cluster.apply_database(ns, database("lp", Engine::Postgres, "15", 1, json!({}))).await.expect("apply");
-        cluster.wait_database(ns, "lp", "1 member Ready", WAIT, |d| is_running(d, 1)).await.expect("running");
+        for (name, engine, version) in lost_primaries {
+            cluster.apply_database(ns, database(name, engine, version, 1, json!({}))).await.expect("apply");
+        }
+        for (name, ..) in lost_primaries {
+            cluster.wait_database(ns, name, "1 member Ready", WAIT, |d| is_running(d, 1)).await.expect("running");
+        }
     }
     cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 3, moved)).await.expect("grow");
-    cluster.apply_database(ns, database("lp", Engine::Postgres, "15", 3, json!({}))).await.expect("grow");
+    for (name, engine, version) in lost_primaries {
+        cluster.apply_database(ns, database(name, engine, version, 3, json!({}))).await.expect("grow");
+    }
     let mv = Sql::start(&cluster, ns, "mv", Engine::Postgres, 3).await;
-    let lp = Sql::start(&cluster, ns, "lp", Engine::Postgres, 3).await;
+    let mut failing_over = Vec::new();
+    for (name, engine, _) in lost_primaries {
+        let d = Sql::start(&cluster, ns, name, engine, 3).await;
+        assert_eq!(node_of(&d.primary(&cluster, ns).await), node, "{name}'s primary is on the node");
+        failing_over.push((d, engine));
+    }
     let mv_member = mv.on(&node).await;
     assert_ne!(node_of(&mv.primary(&cluster, ns).await), node, "mv's primary is elsewhere");
-    assert_eq!(node_of(&lp.primary(&cluster, ns).await), node, "lp's primary is on the node");
 
     // etcd's leader is moved there, so that losing the node loses the leader. Every
     // member votes first: one that joined last is a learner until it has caught up.
@@ -267,23 +278,26 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
-        // lp: a replica promoted by the operator, from what the agents said.
-        let db = cluster
-            .wait_database(ns, "lp", "a replica promoted", WAIT, |db| {
-                db.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != "lp-0")
-            })
-            .await
-            .map_err(|e| format!("{e:#}"))?;
-        let promoted = db.status.and_then(|s| s.primary).unwrap_or_default();
-        let service = lp.client.service_ip("lp").await;
-        let deadline = Instant::now() + WAIT;
-        while lp.client.query(&service, "INSERT INTO orders VALUES (900, 'after the failover')").await.is_err() {
-            if Instant::now() > deadline {
-                return Err(format!("lp: {promoted} never took a write through the read-write Service"));
+        // lp and lm: a replica promoted by the operator, from what the agents said.
+        for (d, _) in &failing_over {
+            let old = format!("{}-0", d.name);
+            let db = cluster
+                .wait_database(ns, d.name, "a replica promoted", WAIT, |db| {
+                    db.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != old)
+                })
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            let promoted = db.status.and_then(|s| s.primary).unwrap_or_default();
+            let service = d.client.service_ip(d.name).await;
+            let deadline = Instant::now() + WAIT;
+            while d.client.query(&service, "INSERT INTO orders VALUES (900, 'after the failover')").await.is_err() {
+                if Instant::now() > deadline {
+                    return Err(format!("{}: {promoted} never took a write through the read-write Service", d.name));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            eprintln!("{ns}: {}'s primary node lost → write accepted by {promoted} after {:.1} s", d.name, lost.elapsed().as_secs_f64());
         }
-        eprintln!("{ns}: lp's primary node lost → write accepted by {promoted} after {:.1} s", lost.elapsed().as_secs_f64());
         Ok::<(Vec<String>, Pod), String>((named, moved))
     };
     let away = away.await;
@@ -304,13 +318,20 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     }
     crate::consensus::running(&cluster, etcd, 3).await;
     crate::consensus::one_cluster_with(&cluster, etcd, 3, "written-while-away", "2").await;
-    let db = cluster.wait_database(ns, "lp", "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("lp back");
-    assert_ne!(db.status.and_then(|s| s.primary).as_deref(), Some("lp-0"), "the promoted member stays primary");
-    let client = lp.client.clone();
-    lost_only_at_the_failover(lp).await;
-    let old = client.members().await.into_iter().find(|p| p.name_any() == "lp-0").expect("lp-0");
-    let following = client.eventually(&pod_ip(&old), "SELECT pg_is_in_recovery()", WAIT, |r| r == "t").await;
-    assert_eq!(following, "t", "the old primary follows the new one");
+    for (d, engine) in failing_over {
+        let (name, old) = (d.name, format!("{}-0", d.name));
+        let db = cluster.wait_database(ns, name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("back");
+        assert_ne!(db.status.and_then(|s| s.primary), Some(old.clone()), "{name}: the promoted member stays primary");
+        let client = d.client.clone();
+        lost_only_at_the_failover(d).await;
+        let old = client.members().await.into_iter().find(|p| p.name_any() == old).expect("the old primary");
+        let (query, following) = match engine {
+            Engine::Postgres => ("SELECT pg_is_in_recovery()", "t"),
+            _ => ("SELECT @@read_only", "1"),
+        };
+        let now = client.eventually(&pod_ip(&old), query, WAIT, |r| r == following).await;
+        assert_eq!(now, following, "{name}: the old primary follows the new one");
+    }
     let again = mv.client.members().await.into_iter().find(|p| p.name_any() == member).expect("mv's member");
     assert_eq!(again.metadata.uid, moved.metadata.uid, "the moved member stays where it went");
     no_acknowledged_write_lost(&mv.client, &mv.stop, mv.writer).await;
