@@ -519,6 +519,14 @@ pub struct Recoverable {
     /// (`restoreFrom.pointInTime`), not only the backups' own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub point_in_time: bool,
+    /// When the bucket last confirmed this window (RFC 3339); it is read again after each
+    /// backup, and at least hourly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed: Option<String>,
+    /// Since when the bucket cannot be read (RFC 3339): the window is the last one known,
+    /// as of `confirmed`, and `BackupHealthy` says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_since: Option<String>,
 }
 
 /// A backup that finished.

@@ -316,6 +316,11 @@ pub async fn volume_path(cluster: &Cluster, namespace: &str, claim: &str) -> std
 /// `binary` in the pod's engine container (its first; the agent and archiver follow).
 pub fn signal_engine(pod: &Pod, binary: &str, signal: &str) {
     let engine = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).expect("an engine container");
+    signal_container(pod, &engine, binary, signal)
+}
+
+/// Sends `signal` to the oldest process named `binary` in container `engine` of `pod`.
+pub fn signal_container(pod: &Pod, engine: &str, binary: &str, signal: &str) {
     let container = pod
         .status
         .as_ref()

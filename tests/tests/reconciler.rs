@@ -287,17 +287,21 @@ async fn nothing_scales_before_the_plugin_accepts_the_plan() {
     wait_for("the refusal gone", Duration::from_secs(60), async || refused().await.is_none()).await;
 }
 
-/// A bucket read that fails (a refused key) leaves the recoverable window unknown and is
-/// tried again on the next passes, not only after the next backup: once the key is
-/// right, the window appears and `BackupHealthy` clears, with no backup in between.
+/// A bucket read that fails (a refused key) is tried again on the next passes, not only
+/// after the next backup: once the key is right, the window appears and `BackupHealthy`
+/// clears, with no backup in between. The bucket confirms the window again every
+/// `bucket_recheck`; when it stops answering, the last window known stays in status, as
+/// of when it was confirmed, saying since when the bucket is unreachable, until it
+/// answers again.
 #[tokio::test]
-async fn a_failed_bucket_read_is_retried_on_the_next_pass() {
+async fn a_failed_bucket_read_is_retried_on_the_next_pass_and_the_window_known_is_kept() {
     use k8s_openapi::api::core::v1::Secret;
     use plugdb_tests::minio::{ACCESS_KEY, Minio, SECRET_KEY};
     let minio = Minio::on_loopback(&["backups"]).await.expect("minio");
     let cp = ControlPlane::start().await.expect("control plane");
     prepare(&cp.client, &[("postgres", "postgres")]).await.expect("CRD and plugins");
-    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let settings = plugdb::reconcile::Settings { bucket_recheck: Duration::from_secs(2), ..test_settings() };
+    let _operator = InProcess::start(&cp.kubeconfig, settings).await.expect("operator");
     let secrets: Api<Secret> = Api::namespaced(cp.client.clone(), "default");
     let key = async |secret_key: &str| {
         let secret = Secret {
@@ -330,7 +334,26 @@ async fn a_failed_bucket_read_is_retried_on_the_next_pass() {
 
     key(SECRET_KEY).await;
     wait_for("the window read again", Duration::from_secs(60), async || {
-        backup_healthy().await.is_some_and(|(c, r)| c.status == "True" && r.is_some_and(|r| r.backups == 0))
+        backup_healthy().await.is_some_and(|(c, r)| c.status == "True" && r.is_some_and(|r| r.backups == 0 && r.confirmed.is_some()))
+    })
+    .await;
+
+    key("not-the-secret-key").await;
+    wait_for("the outage reported, the window kept", Duration::from_secs(60), async || {
+        backup_healthy().await.is_some_and(|(c, r)| c.status == "False" && r.is_some_and(|r| r.unreachable_since.is_some()))
+    })
+    .await;
+    let (_, kept) = backup_healthy().await.expect("status");
+    let kept = kept.expect("the window last known");
+    assert_eq!(kept.backups, 0);
+    let (confirmed, since) = (kept.confirmed.expect("confirmed"), kept.unreachable_since.expect("unreachable"));
+    assert!(confirmed <= since, "confirmed {confirmed}, before the bucket stopped answering at {since}");
+
+    key(SECRET_KEY).await;
+    wait_for("confirmed again", Duration::from_secs(60), async || {
+        backup_healthy().await.is_some_and(|(c, r)| {
+            c.status == "True" && r.is_some_and(|r| r.unreachable_since.is_none() && r.confirmed.as_deref() > Some(confirmed.as_str()))
+        })
     })
     .await;
 }

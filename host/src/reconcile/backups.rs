@@ -131,7 +131,14 @@ pub const ARCHIVE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 fn window(times: impl IntoIterator<Item = String>) -> Recoverable {
     let mut times: Vec<String> = times.into_iter().collect();
     times.sort();
-    Recoverable { backups: times.len() as i32, first: times.first().cloned(), last: times.last().cloned(), point_in_time: false }
+    Recoverable {
+        backups: times.len() as i32,
+        first: times.first().cloned(),
+        last: times.last().cloned(),
+        point_in_time: false,
+        confirmed: None,
+        unreachable_since: None,
+    }
 }
 
 /// The window of the complete backups completed at `completed`, extended by an archive
@@ -264,8 +271,18 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
         && previous.recoverable.as_ref().and_then(|r| r.last.as_deref()).and_then(|t| DateTime::parse_from_rfc3339(t).ok()).is_none_or(
             |last| now - last.with_timezone(&Utc) > chrono::TimeDelta::from_std(ARCHIVE_RECHECK).unwrap_or_default() + ARCHIVE_SLACK,
         );
+    // The bucket confirms the window at least every `bucket_recheck`, and on every pass
+    // while it cannot be read.
+    let reconfirm = ctx.settings.bucket_recheck;
+    let confirmed = previous.recoverable.as_ref().and_then(|r| r.confirmed.as_deref()).and_then(|t| DateTime::parse_from_rfc3339(t).ok());
+    let due = confirmed.map(|t| t.with_timezone(&Utc) + chrono::TimeDelta::from_std(reconfirm).unwrap_or_default());
+    let unconfirmed = due.is_none_or(|due| due <= now) || previous.recoverable.as_ref().is_some_and(|r| r.unreachable_since.is_some());
+    if s3.is_some() {
+        let until_due = due.and_then(|due| (due - now).to_std().ok()).unwrap_or(reconfirm);
+        report.recheck = Some(report.recheck.map_or(until_due, |r| r.min(until_due)));
+    }
     if let Some(target) = s3
-        && (completed_now || previous.recoverable.is_none() || stale)
+        && (completed_now || previous.recoverable.is_none() || stale || unconfirmed)
     {
         let mut running: Vec<String> = backups.iter().filter(|j| state(Some(j)) == JobState::Running).map(|j| j.name_any()).collect();
         running.extend(wanted);
@@ -275,31 +292,44 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
                     let kept: Vec<DateTime<Utc>> =
                         opened.listed.iter().filter(|b| !pruned.backups.contains(&b.name)).filter_map(|b| b.completed).collect();
                     let archived = opened.archive.iter().map(|s| s.at).max().filter(|_| archiving);
-                    report.recoverable = Some(window_with_archive(&kept, archived));
+                    let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                    report.recoverable = Some(Recoverable { confirmed: Some(stamp), ..window_with_archive(&kept, archived) });
                     if pruned.backups.is_empty() && pruned.segments == 0 {
                         return Ok(report);
                     }
+                    let incomplete = |name: &String| opened.listed.iter().any(|b| &b.name == name && b.completed.is_none());
+                    let (unfinished, old): (Vec<String>, Vec<String>) = pruned.backups.iter().cloned().partition(incomplete);
+                    let listed = |names: &[String]| if names.is_empty() { "none".to_string() } else { names.join(", ") };
                     let message = format!(
-                        "removed {} backup(s) from bucket {} beyond the newest {retention}: {}; and {} archived log segment(s) no kept backup replays",
-                        pruned.backups.len(),
+                        "removed from bucket {}: {} backup(s) beyond the newest {retention} ({}); {} incomplete one(s) no Job writes any                          more ({}); and {} archived log segment(s) no kept backup replays",
                         target.bucket,
-                        if pruned.backups.is_empty() { "none".into() } else { pruned.backups.join(", ") },
+                        old.len(),
+                        listed(&old),
+                        unfinished.len(),
+                        listed(&unfinished),
                         pruned.segments
                     );
                     super::event(ctx, db, false, super::status::Reason::BackupsPruned, message).await;
                 }
                 Err(e) => {
                     report.problem = Some(format!("spec.backup.s3: retention: {e}"));
-                    report.recoverable = None;
+                    report.recoverable = unreachable(previous.recoverable.as_ref(), now);
                 }
             },
             Err(problem) => {
                 report.problem = Some(problem);
-                report.recoverable = None;
+                report.recoverable = unreachable(previous.recoverable.as_ref(), now);
             }
         }
     }
     Ok(report)
+}
+
+/// The window last known, now that the bucket cannot be read: kept, marked unreachable
+/// since the first failed read.
+fn unreachable(known: Option<&Recoverable>, now: DateTime<Utc>) -> Option<Recoverable> {
+    let since = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    known.cloned().map(|r| Recoverable { unreachable_since: r.unreachable_since.clone().or(Some(since)), ..r })
 }
 
 /// The longest cause of a failed Job the status and its Event quote.
@@ -354,7 +384,10 @@ mod tests {
         let times = ["2026-11-23T10:00:00Z", "2026-11-21T10:00:00Z", "2026-11-22T10:00:00Z"].map(String::from);
         let w = window(times);
         assert_eq!((w.backups, w.first.as_deref(), w.last.as_deref()), (3, Some("2026-11-21T10:00:00Z"), Some("2026-11-23T10:00:00Z")));
-        assert_eq!(window(Vec::new()), Recoverable { backups: 0, first: None, last: None, point_in_time: false });
+        assert_eq!(
+            window(Vec::new()),
+            Recoverable { backups: 0, first: None, last: None, point_in_time: false, confirmed: None, unreachable_since: None }
+        );
     }
 
     #[test]

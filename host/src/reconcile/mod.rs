@@ -66,6 +66,8 @@ pub struct Settings {
     pub plugin_cpu_per_engine: f64,
     /// How often the members of an engine that elects its leader are asked who leads.
     pub leader_poll: Duration,
+    /// How often a Database's bucket confirms what a restore can reach.
+    pub bucket_recheck: Duration,
 }
 
 impl Default for Settings {
@@ -79,6 +81,7 @@ impl Default for Settings {
             plugin_calls_per_engine: 2,
             plugin_cpu_per_engine: crate::plugin::DEFAULT_CPU_PER_ENGINE,
             leader_poll: Duration::from_secs(10),
+            bucket_recheck: Duration::from_secs(3600),
         }
     }
 }

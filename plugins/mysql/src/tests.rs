@@ -86,6 +86,11 @@ fn choose_primary_cases() {
         ),
         ("no ready replica", vec![down.clone(), member(1, false, false, Some("0-1-1"))], None),
         ("no position", vec![down.clone(), member(1, true, false, None)], None),
+        (
+            "a ready replica whose position is unknown may be the furthest",
+            vec![down.clone(), member(1, true, false, None), member(2, true, false, Some("0-1-9"))],
+            None,
+        ),
         ("garbage position", vec![down.clone(), member(1, true, false, Some("0/3000060"))], None),
         ("ready primary", vec![member(0, true, true, None), member(1, true, false, Some("0-1-1"))], None),
     ];

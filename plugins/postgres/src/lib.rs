@@ -280,6 +280,14 @@ impl Engine for Postgres {
         if let Some(primary) = members.iter().find(|m| m.primary && m.ready) {
             return FailoverDecision::NoSafeMember(format!("{} is primary and ready; nothing to fail over", primary.pod));
         }
+        // A ready replica that did not say how far it got may be the furthest: promoting
+        // another could lose what only it has.
+        if let Some(silent) = members.iter().find(|m| m.ready && !m.primary && m.position.as_deref().and_then(parse_lsn).is_none()) {
+            return FailoverDecision::NoSafeMember(format!(
+                "{} is ready but its replay position is unknown (its agent gave no answer); promoting another could lose data",
+                silent.pod
+            ));
+        }
         let best = members
             .iter()
             .filter(|m| m.ready && !m.primary)

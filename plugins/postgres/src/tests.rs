@@ -72,6 +72,11 @@ fn choose_primary_cases() {
         ),
         ("no ready replica: no choice", vec![member(0, false, true, None), member(1, false, false, Some("0/1"))], None),
         ("no positions known: no choice", vec![member(0, false, true, None), member(1, true, false, None)], None),
+        (
+            "a ready replica whose position is unknown may be the furthest: no choice",
+            vec![member(0, false, true, None), member(1, true, false, None), member(2, true, false, Some("0/5"))],
+            None,
+        ),
         ("unparseable position: no choice", vec![member(0, false, true, None), member(1, true, false, Some("garbage"))], None),
         ("the primary is ready: no failover", vec![member(0, true, true, None), member(1, true, false, Some("0/1"))], None),
     ];

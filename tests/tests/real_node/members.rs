@@ -258,11 +258,13 @@ pub async fn mariadb_major_upgrade(cluster: Arc<Cluster>) {
 }
 
 /// The primary hangs (its engine gets SIGSTOP: the port still accepts connections, the
-/// readiness probe fails). With nothing set by the test, the operator asks the members'
-/// agents for their replay positions and promotes the plugin's choice, the replica that
-/// replayed the most: writes are accepted again through the read-write Service with
-/// every earlier row there, and the old primary, stopped by the kubelet, comes back as a
-/// replica of the new one with the new data.
+/// readiness probe fails), and so does one replica's agent. While that ready replica
+/// cannot say how far it got, nobody is promoted (it may be the furthest), and
+/// `Degraded` names it. Once its agent answers again, with nothing set by the test,
+/// the plugin's choice from the positions the agents report is promoted, the replica
+/// that replayed the most: writes are accepted again through the read-write Service
+/// with every earlier row there, and the old primary, stopped by the kubelet, comes
+/// back as a replica of the new one with the new data.
 pub async fn failover_promotion(cluster: Arc<Cluster>) {
     let ns = "postgres-failover";
     cluster.apply_database(ns, database("orders", Engine::Postgres, "15", 3, json!({}))).await.expect("apply");
@@ -278,6 +280,16 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
 
     let hung = Instant::now();
     signal_engine(&members[0], "postgres", "STOP");
+    plugdb_tests::scenario::signal_container(&members[1], "agent", "plugdb", "STOP");
+    let silent = members[1].name_any();
+    let db = cluster
+        .wait_database(ns, "orders", "NoSafeFailover naming the silent replica", WAIT, |d| {
+            d.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "NoSafeFailover" && c.message.contains(&silent)))
+        })
+        .await
+        .expect("nobody promoted while a ready replica cannot say its position");
+    assert_eq!(db.status.and_then(|s| s.primary).as_deref(), Some("orders-0"), "never promote past a silent replica");
+    plugdb_tests::scenario::signal_container(&members[1], "agent", "plugdb", "CONT");
     // The replica the plugin should choose: the furthest replay position, the lowest
     // ordinal on a tie (read once the replicas replayed what the frozen primary sent;
     // the failover comes 30 s after the hang at the earliest).

@@ -25,10 +25,45 @@ async fn requested(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
     claim.spec.and_then(|s| s.resources).and_then(|r| r.requests).and_then(|r| r.get("storage").cloned()).map(|q| q.0).unwrap_or_default()
 }
 
-/// Members required on different nodes and zones land one per node, in zones a, b and
-/// c; a fourth has no node left and waits unscheduled, and the Database says why. A
-/// volume grow the storage class refuses is a condition and an Event, retried until the
-/// class allows it, then every bound claim asks for the new size.
+/// Members of `name` required on different nodes and zones land one per node, in zones
+/// a, b and c; a fourth has no node left and waits unscheduled, and the Database says why.
+async fn spread_over_zones(cluster: &Cluster, ns: &str, name: &str, engine: Engine, version: &str) {
+    let spec = |replicas: i32| {
+        database(name, engine, version, replicas, json!({"storageClassName": CLASS, "spread": {"nodes": "Required", "zones": "Required"}}))
+    };
+    cluster.apply_database(ns, spec(3)).await.expect("apply");
+    cluster.wait_database(ns, name, "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let mut zones = Vec::new();
+    for ordinal in 0..3 {
+        let pod = pods.get(&format!("{name}-{ordinal}")).await.expect("member");
+        let node = nodes.get(&crate::nodes::node_of(&pod)).await.expect("its node");
+        zones.push(node.labels().get("topology.kubernetes.io/zone").cloned().unwrap_or_default());
+    }
+    zones.sort();
+    assert_eq!(zones, ["a", "b", "c"], "{name}: one member in each zone");
+
+    cluster.apply_database(ns, spec(4)).await.expect("a fourth member");
+    let fourth = format!("{name}-3");
+    let db = cluster
+        .wait_database(ns, name, "member 3 reported unschedulable", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(3)
+                && condition(d, "Ready").is_some_and(|(_, _, m)| m.contains(&format!("{fourth} cannot be scheduled")))
+        })
+        .await
+        .expect("three members run, the fourth waits");
+    let (_, reason, message) = condition(&db, "Ready").expect("Ready");
+    assert_eq!(reason, "MembersNotReady");
+    assert!(message.contains("0/3 nodes are available") && message.contains("anti-affinity"), "the scheduler's reason: {message}");
+    let waiting = pods.get(&fourth).await.expect("member 3");
+    assert!(waiting.spec.and_then(|s| s.node_name).is_none(), "{name}: member 3 is on no node");
+}
+
+/// Members required on different nodes and zones, for postgres and mysql, land one per
+/// node, in zones a, b and c; a fourth has no node left and waits unscheduled, and the
+/// Database says why. A volume grow the storage class refuses is a condition and an
+/// Event, retried until the class allows it, then every bound claim asks for the new size.
 pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
     let ns = "postgres-placement";
     let classes: Api<StorageClass> = Api::all(cluster.client.clone());
@@ -47,32 +82,10 @@ pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
         fields.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
         database("spread", Engine::Postgres, "15", replicas, fields)
     };
-    cluster.apply_database(ns, spec(3, json!({}))).await.expect("apply");
-    cluster.wait_database(ns, "spread", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let nodes: Api<Node> = Api::all(cluster.client.clone());
-    let mut zones = Vec::new();
-    for ordinal in 0..3 {
-        let pod = pods.get(&format!("spread-{ordinal}")).await.expect("member");
-        let node = nodes.get(&crate::nodes::node_of(&pod)).await.expect("its node");
-        zones.push(node.labels().get("topology.kubernetes.io/zone").cloned().unwrap_or_default());
-    }
-    zones.sort();
-    assert_eq!(zones, ["a", "b", "c"], "one member in each zone");
-
-    cluster.apply_database(ns, spec(4, json!({}))).await.expect("a fourth member");
-    let db = cluster
-        .wait_database(ns, "spread", "member 3 reported unschedulable", WAIT, |d| {
-            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(3)
-                && condition(d, "Ready").is_some_and(|(_, _, m)| m.contains("spread-3 cannot be scheduled"))
-        })
-        .await
-        .expect("three members run, the fourth waits");
-    let (_, reason, message) = condition(&db, "Ready").expect("Ready");
-    assert_eq!(reason, "MembersNotReady");
-    assert!(message.contains("0/3 nodes are available") && message.contains("anti-affinity"), "the scheduler's reason: {message}");
-    let waiting = pods.get("spread-3").await.expect("member 3");
-    assert!(waiting.spec.and_then(|s| s.node_name).is_none(), "member 3 is on no node");
+    futures::join!(
+        spread_over_zones(&cluster, ns, "spread", Engine::Postgres, "15"),
+        spread_over_zones(&cluster, ns, "spread-my", Engine::Mysql, "10.11")
+    );
 
     cluster.apply_database(ns, spec(4, json!({"storage": "2Gi"}))).await.expect("grow");
     let db = cluster
