@@ -320,12 +320,17 @@ impl Cluster {
         crate::release::note(namespace);
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         if namespaces.get_opt(namespace).await?.is_none() {
-            namespaces
+            let made = namespaces
                 .create(
                     &PostParams::default(),
                     &Namespace { metadata: ObjectMeta { name: Some(namespace.into()), ..Default::default() }, ..Default::default() },
                 )
-                .await?;
+                .await;
+            match made {
+                // Made a moment ago by a Database applied beside this one.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                other => drop(other?),
+            }
         }
         let mut object = db;
         object["apiVersion"] = "plugdb.io/v1alpha1".into();

@@ -543,11 +543,21 @@ impl Registry {
         let (finished, done) = watch::channel(0);
         let (registry, recorder) = (self.clone(), recorder.clone());
         tokio::spawn(async move {
+            // Versions replaced by newer ones before they were tried, since the last one
+            // that loaded: any of them may have been good.
+            let (mut last, mut superseded) = (0u64, 0u64);
             loop {
-                let (number, job) = next.borrow_and_update().clone();
+                let (number, job): (u64, Job) = next.borrow_and_update().clone();
+                superseded += number.saturating_sub(last + 1);
+                last = number;
                 match job {
-                    Job::Apply(cm) => registry.handle(&recorder, &cm).await,
+                    Job::Apply(cm) => {
+                        if registry.handle(&recorder, &cm, superseded).await {
+                            superseded = 0;
+                        }
+                    }
                     Job::Remove(name) => {
+                        superseded = 0;
                         if let Some(outcome) = registry.remove(&name).await {
                             registry.report(&name, &outcome);
                         }
@@ -562,16 +572,27 @@ impl Registry {
         lanes.insert(name, Lane { jobs, done, sent: 1, removing });
     }
 
-    async fn handle(&self, recorder: &Recorder, cm: &ConfigMap) {
-        let outcome = self.apply(cm).await;
+    /// Applies `cm` and says so; `superseded`: versions of it replaced before they were
+    /// tried since the last that loaded, which a refusal mentions (the build serving may
+    /// then not be the newest good one). Whether the ConfigMap's plugin now serves.
+    async fn handle(&self, recorder: &Recorder, cm: &ConfigMap, superseded: u64) -> bool {
+        let mut outcome = self.apply(cm).await;
+        if let (Outcome::Rejected(problem), 1..) = (&mut outcome, superseded) {
+            problem.reason.push_str(&format!(
+                "; {superseded} earlier version(s) of this ConfigMap were replaced by newer ones before they were tried, so the \
+                 build serving may not be the newest good one: apply the one wanted again"
+            ));
+            self.state.write().unwrap_or_else(lock_poisoned).problems.insert(cm.name_any(), problem.clone());
+        }
         self.report(&cm.name_any(), &outcome);
+        let serving = matches!(outcome, Outcome::Loaded { .. } | Outcome::Unchanged);
         let (warning, reason, note) = match &outcome {
             Outcome::Loaded { engine, id, replaced: Some(old) } => {
                 (false, "PluginLoaded", format!("{id} now serves engine {engine}, replacing {old}"))
             }
             Outcome::Loaded { engine, id, replaced: None } => (false, "PluginLoaded", format!("{id} now serves engine {engine}")),
             Outcome::Rejected(problem) => (true, "PluginRejected", problem.reason.clone()),
-            Outcome::Unchanged | Outcome::Unloaded { .. } => return,
+            Outcome::Unchanged | Outcome::Unloaded { .. } => return serving,
         };
         let regarding = cm.object_ref(&());
         if let Outcome::Loaded { replaced: None, .. } = &outcome {
@@ -579,7 +600,7 @@ impl Registry {
             // replica) already announced, first or as a replacement: an operator that
             // starts again says nothing new.
             match recorder.newest_note(&regarding, reason).await {
-                Ok(Some(newest)) if newest.starts_with(&note) => return,
+                Ok(Some(newest)) if newest.starts_with(&note) => return serving,
                 Ok(_) => {}
                 Err(e) => tracing::debug!(config_map = %cm.name_any(), error = %e, "could not read earlier plugin events"),
             }
@@ -587,6 +608,7 @@ impl Registry {
         if let Err(e) = recorder.publish(&regarding, None, warning, reason, &note).await {
             tracing::warn!(config_map = %cm.name_any(), error = %e, "could not record plugin event");
         }
+        serving
     }
 
     fn report(&self, source: &str, outcome: &Outcome) {
