@@ -154,6 +154,7 @@ mod tests {
             unschedulable: None,
             node: None,
             down: None,
+            rendered: None,
             address,
         }
     }

@@ -373,6 +373,7 @@ mod tests {
             unschedulable: None,
             node: None,
             down: None,
+            rendered: None,
             address: None,
         }
     }
