@@ -111,7 +111,7 @@ async fn a_plugin_that_uses_its_whole_deadline_delays_only_its_own_engine() {
     // Each hostile Database says why, and is tried again though nothing changed.
     // Bounds on progress, far above what it takes (16 s of deadlines on two threads), for
     // a machine shared with the other scenarios.
-    wait_for("every hostile Database reports its timeout", Duration::from_secs(180), async || {
+    wait_for("every hostile Database reports its timeout", Duration::from_secs(300), async || {
         let list = dbs.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
         let reported = list.iter().filter(|d| {
             d.status.as_ref().is_some_and(|s| {
@@ -121,7 +121,7 @@ async fn a_plugin_that_uses_its_whole_deadline_delays_only_its_own_engine() {
         reported.count() == HOSTILE
     })
     .await;
-    wait_for("a timed-out call is retried", Duration::from_secs(180), async || timeouts(&metrics) > HOSTILE as u64).await;
+    wait_for("a timed-out call is retried", Duration::from_secs(300), async || timeouts(&metrics) > HOSTILE as u64).await;
 
     watcher.abort();
     let late = Duration::from_millis(latest.load(Ordering::Relaxed));
