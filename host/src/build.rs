@@ -568,12 +568,12 @@ pub fn children(
     engine: &str,
     primary_pod: &str,
     sidecars: Sidecars<'_>,
-    (rendered_for, replicas): (&str, u32),
+    replicas: u32,
     tls: Option<&str>,
 ) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine, sidecars, (rendered_for, replicas), tls));
+    out.push(statefulset(db, workload, engine, sidecars, (primary_pod, replicas), tls));
     out.push(disruption_budget(db));
     out
 }

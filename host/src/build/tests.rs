@@ -177,15 +177,7 @@ fn the_primary_service_follows_the_primary_pod() {
     assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
     assert_eq!(services[2].object["spec"]["clusterIP"], "None");
-    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), ("orders-0", 3), None);
-    // The members' template follows the primary the workload was rendered for, not the one
-    // the Services select (an engine that elects its leader is rendered for member 0): a
-    // new leader restarts nothing.
-    let led_by = |leader: &str| {
-        let children = children(&db, &workload(""), "postgres", leader, Sidecars::default(), ("orders-0", 3), None);
-        children.into_iter().find(|c| c.kind == Kind::StatefulSet).map(|c| c.object).expect("the StatefulSet")
-    };
-    assert_eq!(led_by("orders-1"), led_by("orders-2"));
+    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), 3, None);
     let kinds: Vec<String> = all.iter().map(|c| format!("{}/{}", c.resource.kind, c.name)).collect();
     assert_eq!(
         kinds,

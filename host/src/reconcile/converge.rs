@@ -139,9 +139,6 @@ struct Pass<'a> {
     status: DatabaseStatus,
     /// The stamp of the TLS certificate the members mount, once the render stage made sure of it.
     tls: Option<String>,
-    /// The primary the workload was rendered for (member 0 for an engine that elects its
-    /// leader), once the render stage ran.
-    rendered_for: String,
 }
 
 /// The engine's plugin and the spec it accepted (at the desired version).
@@ -184,7 +181,6 @@ impl<'a> Pass<'a> {
             generation: db.metadata.generation,
             status: db.status.clone().unwrap_or_default(),
             tls: None,
-            rendered_for: String::new(),
         }
     }
 
@@ -385,7 +381,6 @@ impl<'a> Pass<'a> {
         let (ctx, db) = (self.ctx, self.db);
         let bootstrap = Names(&self.name).pod(0);
         let primary = if plugin.info().capabilities.elects_leader { bootstrap.as_str() } else { primary };
-        self.rendered_for = primary.to_string();
         let mut cluster = build::cluster_context(db, primary, archive);
         cluster.restoring = self.restore_unfinished();
         let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
@@ -482,8 +477,7 @@ impl<'a> Pass<'a> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(db);
         let mut role_free = String::new();
-        for child in build::children(db, workload, &db.spec.engine, primary, sidecars, (&self.rendered_for, replicas), self.tls.as_deref())
-        {
+        for child in build::children(db, workload, &db.spec.engine, primary, sidecars, replicas, self.tls.as_deref()) {
             if child.kind == build::Kind::StatefulSet {
                 let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
                 role_free = annotations[build::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
