@@ -28,13 +28,6 @@ pub const MANAGER: &str = "plugdb";
 pub const APPLIED_HASH: &str = "plugdb.io/applied-hash";
 /// Annotation on the pod template holding the hash of the config files.
 pub const CONFIG_HASH: &str = "plugdb.io/config-hash";
-/// Annotation on the pod template: the primary it was rendered for.
-pub const PRIMARY_ANNOTATION: &str = "plugdb.io/primary";
-/// Annotation on the pod template: a hash of it with the primary's name left out. A
-/// replica whose pod has the hash of the current template, started as a replica, runs
-/// what it would run if restarted, but for the primary's name: a failover does not
-/// restart it (it follows the read-write Service to the new primary).
-pub const ROLE_FREE_HASH: &str = "plugdb.io/role-free-hash";
 /// Annotation on the pod template naming the TLS certificate the members use (its expiry).
 pub const TLS_STAMP: &str = "plugdb.io/tls-not-after";
 /// Label on member pods naming their role (`primary` or `replica`).
@@ -419,14 +412,7 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
 /// The members' StatefulSet, with `replicas` members (the spec's once a scale plan got
 /// there); `tls`: the Database's certificate is mounted, and this stamp of it (its expiry)
 /// on the pod template rolls the members onto a renewed one.
-pub fn statefulset(
-    db: &Database,
-    workload: &Workload,
-    engine: &str,
-    sidecars: Sidecars<'_>,
-    (primary, replicas): (&str, u32),
-    tls: Option<&str>,
-) -> Child {
+pub fn statefulset(db: &Database, workload: &Workload, engine: &str, sidecars: Sidecars<'_>, replicas: u32, tls: Option<&str>) -> Child {
     let n = db.name_any();
     let names = Names(&n);
     let container = Container {
@@ -526,10 +512,6 @@ pub fn statefulset(
         topology_spread_constraints: pod::zone_spread(db),
         ..Default::default()
     };
-    // The template with the primary's name masked wherever it is a whole value.
-    let unnamed = serde_json::to_string(&(&template_annotations, &pod)).unwrap_or_default().replace(&format!("\"{primary}\""), "\"\"");
-    template_annotations.insert(ROLE_FREE_HASH.to_string(), hex(unnamed.as_bytes()));
-    template_annotations.insert(PRIMARY_ANNOTATION.to_string(), primary.to_string());
     let spec = StatefulSetSpec {
         replicas: Some(replicas as i32),
         service_name: Some(names.headless()),
@@ -573,7 +555,7 @@ pub fn children(
 ) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine, sidecars, (primary_pod, replicas), tls));
+    out.push(statefulset(db, workload, engine, sidecars, replicas, tls));
     out.push(disruption_budget(db));
     out
 }

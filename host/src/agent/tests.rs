@@ -82,7 +82,6 @@ fn member(port_owner: &str) -> Observed {
         address: Some("127.0.0.1".into()),
         node: None,
         down: None,
-        rendered: None,
     }
 }
 

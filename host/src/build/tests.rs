@@ -90,7 +90,7 @@ fn engine_spec_names_each_bad_field() {
 #[test]
 fn statefulset_carries_the_workload_under_host_policy() {
     let db = database(DeletionPolicy::Snapshot);
-    let child = statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None);
+    let child = statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None);
     let sts: StatefulSet = serde_json::from_value(child.object.clone()).expect("a valid StatefulSet");
     let spec = sts.spec.expect("spec");
     assert_eq!(spec.replicas, Some(3));
@@ -121,9 +121,8 @@ fn statefulset_carries_the_workload_under_host_policy() {
 #[test]
 fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     let mut db = database(DeletionPolicy::Snapshot);
-    let pod = |db: &Database| {
-        statefulset(db, &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None).object["spec"]["template"]["spec"].clone()
-    };
+    let pod =
+        |db: &Database| statefulset(db, &workload(""), "postgres", Sidecars::default(), 3, None).object["spec"]["template"]["spec"].clone();
     let preferred = &pod(&db)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(preferred["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], "orders");
@@ -147,7 +146,7 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
 
 #[test]
 fn deletion_policy_delete_lets_volumes_go() {
-    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None);
+    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", Sidecars::default(), 3, None);
     assert_eq!(child.object["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Delete", "whenScaled": "Delete"}));
 }
 
@@ -155,8 +154,8 @@ fn deletion_policy_delete_lets_volumes_go() {
 fn a_config_change_changes_the_pod_template_and_the_hash() {
     let db = database(DeletionPolicy::Snapshot);
     let (a, b) = (
-        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None),
-        statefulset(&db, &workload("a = 2\n"), "postgres", Sidecars::default(), ("orders-0", 3), None),
+        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None),
+        statefulset(&db, &workload("a = 2\n"), "postgres", Sidecars::default(), 3, None),
     );
     assert_ne!(
         a.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH],
@@ -165,7 +164,7 @@ fn a_config_change_changes_the_pod_template_and_the_hash() {
     assert_ne!(a.hash(), b.hash());
     assert_eq!(
         a.hash(),
-        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None).hash(),
+        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None).hash(),
         "rendering is deterministic"
     );
 }
@@ -204,7 +203,7 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
     let archiver = Archiver { target: &target, image: "plugdb/plugdb:1" };
     let set: StatefulSet = serde_json::from_value(
-        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), agent: None }, ("orders-0", 3), None).object,
+        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), agent: None }, 3, None).object,
     )
     .expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
@@ -244,9 +243,8 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
         source: EnvSource::Secret(SecretRef { name: "orders-credentials".into(), key: "pw".into() }),
     }];
     let pod = |w: &Workload, agent: Option<&str>| -> k8s_openapi::api::core::v1::PodSpec {
-        let set: StatefulSet =
-            serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { archiver: None, agent }, ("orders-0", 3), None).object)
-                .expect("StatefulSet");
+        let set: StatefulSet = serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { archiver: None, agent }, 3, None).object)
+            .expect("StatefulSet");
         set.spec.and_then(|s| s.template.spec).expect("pod")
     };
     let none = pod(&w, Some("plugdb/plugdb:1"));
@@ -278,8 +276,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
 fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
     let db = database(DeletionPolicy::Snapshot);
     let plain: StatefulSet =
-        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None).object)
-            .expect("StatefulSet");
+        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Sidecars::default(), 3, None).object).expect("StatefulSet");
     assert!(plain.spec.and_then(|s| s.template.spec).expect("pod").init_containers.is_none());
 
     let mut w = workload("");
@@ -290,7 +287,7 @@ fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
         env: vec![],
     }];
     let set: StatefulSet =
-        serde_json::from_value(statefulset(&db, &w, "postgres", Sidecars::default(), ("orders-0", 3), None).object).expect("StatefulSet");
+        serde_json::from_value(statefulset(&db, &w, "postgres", Sidecars::default(), 3, None).object).expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let init = pod.init_containers.expect("init containers");
     assert_eq!(init.len(), 1);
@@ -311,7 +308,7 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
         env: vec![],
     }];
     let pod_of = |stamp: Option<&str>| -> (PodTemplateSpec, String) {
-        let child = statefulset(&db, &w, "postgres", Sidecars::default(), ("orders-0", 3), stamp);
+        let child = statefulset(&db, &w, "postgres", Sidecars::default(), 3, stamp);
         let set: StatefulSet = serde_json::from_value(child.object.clone()).expect("StatefulSet");
         (set.spec.expect("spec").template, child.hash().to_string())
     };

@@ -154,7 +154,6 @@ mod tests {
             unschedulable: None,
             node: None,
             down: None,
-            rendered: None,
             address,
         }
     }

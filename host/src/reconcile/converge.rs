@@ -158,8 +158,6 @@ struct Members {
 struct Applied {
     /// The StatefulSet, as last written or cached.
     stateful_set: Option<Arc<StatefulSet>>,
-    /// The members' template's hash without the primary's name ([`build::ROLE_FREE_HASH`]).
-    role_free: String,
     growth: Growth,
 }
 
@@ -476,12 +474,7 @@ impl<'a> Pass<'a> {
     ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(db);
-        let mut role_free = String::new();
         for child in build::children(db, workload, &db.spec.engine, primary, sidecars, replicas, self.tls.as_deref()) {
-            if child.kind == build::Kind::StatefulSet {
-                let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
-                role_free = annotations[build::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
-            }
             let applied = apply::apply(ctx, db, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
                 stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
@@ -498,14 +491,14 @@ impl<'a> Pass<'a> {
         if self.status.current_version.is_none() {
             self.status.current_version = Some(version.to_string());
         }
-        Ok(Applied { stateful_set, role_free, growth })
+        Ok(Applied { stateful_set, growth })
     }
 
     /// Role labels on the members, and the next member restart of a roll (one at a time,
     /// replicas first, primary last) among the `granted` members of this pass.
     async fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Result<Rolled, Error> {
         let (ctx, db) = (self.ctx, self.db);
-        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_deref(), &applied.role_free, granted);
+        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_deref(), granted);
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
         for (name, role) in &roll.labels {
             pods.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;

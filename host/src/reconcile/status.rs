@@ -373,7 +373,6 @@ mod tests {
             unschedulable: None,
             node: None,
             down: None,
-            rendered: None,
             address: None,
         }
     }
