@@ -69,20 +69,8 @@ fn issued(name: &str) -> Issued {
     }
 }
 
-fn member(port_owner: &str) -> Observed {
-    Observed {
-        name: port_owner.into(),
-        ordinal: 0,
-        ready: true,
-        since_seconds: 0,
-        revision: None,
-        role: None,
-        terminating: false,
-        unschedulable: None,
-        address: Some("127.0.0.1".into()),
-        node: None,
-        down: None,
-    }
+fn member(name: &str) -> Observed {
+    Observed::at(name, Some("127.0.0.1".into()))
 }
 
 /// The agent answers the operator's certificate, and nobody else: no certificate, the

@@ -143,19 +143,7 @@ mod tests {
     }
 
     fn member(name: &str, address: Option<String>) -> Observed {
-        Observed {
-            name: name.into(),
-            ordinal: 0,
-            ready: true,
-            since_seconds: 0,
-            revision: None,
-            role: None,
-            terminating: false,
-            unschedulable: None,
-            node: None,
-            down: None,
-            address,
-        }
+        Observed::at(name, address)
     }
 
     #[tokio::test]

@@ -42,6 +42,26 @@ pub struct Observed {
     pub down: Option<String>,
 }
 
+impl Observed {
+    /// A ready member `name` at `address`, for tests that ask members over the network.
+    #[cfg(test)]
+    pub fn at(name: &str, address: Option<String>) -> Self {
+        Observed {
+            name: name.into(),
+            ordinal: 0,
+            ready: true,
+            since_seconds: 0,
+            revision: None,
+            role: None,
+            terminating: false,
+            unschedulable: None,
+            node: None,
+            down: None,
+            address,
+        }
+    }
+}
+
 /// The members of StatefulSet `sts` among `pods`, by ordinal.
 pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestamp) -> Vec<Observed> {
     let mut out: Vec<Observed> = pods
