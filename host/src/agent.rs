@@ -1,7 +1,17 @@
 //! The member agent: `plugdb agent`, beside the engine in every member of an engine
-//! whose plugin declares `agent.status-command`. It answers one question, `GET /status`,
-//! over HTTPS, to the operator alone: the line the plugin's status command prints
-//! (`primary <position>` or `replica <position>`), read from the local engine when asked.
+//! whose plugin declares `agent.status-command`. It answers the operator alone, over
+//! HTTPS: `GET /status` with the line the plugin's status command prints (`primary
+//! <position>` or `replica <position>`), read from the local engine when asked, and,
+//! where the plugin declares `agent.fence-command`, `POST /fence`, which fences the member.
+//!
+//! Fencing: a fenced member takes no more writes for the rest of its pod's life. The
+//! agent marks it in a file the engine's start also reads (so that a restarted engine
+//! does not take writes again), runs the fence command until it succeeds and every few
+//! seconds after, and reports the member not ready. The operator fences the old primary
+//! before it promotes another member; an agent fences its primary on its own once the
+//! member has been cut off from the control plane and from every other member for
+//! [`ISOLATED_FENCE_AFTER`] (a node lost to the others, whose clients may still reach
+//! it): sooner than the operator can see the node lost and promote a replica.
 //!
 //! Who may ask is settled by mutual TLS against the Database's own authority: the agent
 //! serves a certificate for servers only and asks for a client certificate for clients
@@ -21,7 +31,8 @@ use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, KeyToPath, ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, KeyToPath, Probe, ResourceRequirements, SecretVolumeSource, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
@@ -52,6 +63,25 @@ pub const MAX_OUTPUT: usize = 4 << 10;
 const MAX_HEAD: usize = 4 << 10;
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
 const CONNECTIONS: usize = 16;
+/// Where the agent keeps its state: a volume of the pod, which the engine mounts read-only.
+pub const STATE: &str = "/plugdb-agent";
+/// The file in [`STATE`] whose presence says the member is fenced.
+pub const FENCED_FILE: &str = "fenced";
+/// The engine's variable holding the path of [`FENCED_FILE`].
+pub const FENCED_ENV: &str = "PLUGDB_FENCED";
+/// The agent's variable holding its pod's address.
+pub const OWN_ADDRESS_ENV: &str = "PLUGDB_POD_IP";
+/// How long a primary cut off from the control plane and from every other member goes
+/// on taking writes before its agent fences it: well inside the time the control plane
+/// takes to see its node lost (Kubernetes' node monitor grace period, 40-50 s), after
+/// which the operator may promote another member.
+pub const ISOLATED_FENCE_AFTER: Duration = Duration::from_secs(15);
+/// How often the agent looks whether its member is cut off.
+const LOOK_EVERY: Duration = Duration::from_secs(2);
+/// How long a look waits for the control plane, for the cluster's DNS, and for a member.
+const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a fenced member's fence command is run again once it has succeeded.
+const REFENCE_EVERY: Duration = Duration::from_secs(5);
 
 /// What a member says of itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,16 +109,67 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     Ok(Status { primary, position: position.to_string() })
 }
 
-/// Serves `GET /status` on `port` until the process ends, answering with what `argv`
-/// prints. The certificate is read again for each connection: a renewed one is served
-/// without a restart.
-pub async fn serve(port: u16, certs: PathBuf, argv: Vec<String>) -> anyhow::Result<()> {
-    anyhow::ensure!(!argv.is_empty(), "no status command to run");
+/// How the agent fences its member, from the plugin's fence command.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    /// The fence command.
+    pub argv: Vec<String>,
+    /// [`FENCED_FILE`], in the volume the engine mounts too.
+    pub mark: PathBuf,
+    /// The name under which the cluster's DNS lists every member (the headless Service).
+    pub members: String,
+    /// This member's own address (not another member).
+    pub own: Option<std::net::IpAddr>,
+    /// The control plane's address (`host:port`); without it the member never fences itself.
+    pub control_plane: Option<String>,
+    /// How long the member may be cut off before it fences itself, if primary
+    /// ([`ISOLATED_FENCE_AFTER`]).
+    pub cut_off_after: Duration,
+}
+
+/// What every connection shares: the commands (one runs at a time) and the fence.
+struct Agent {
+    status: Vec<String>,
+    fence: Option<Fence>,
+    command: Semaphore,
+    fenced: tokio::sync::Notify,
+}
+
+impl Agent {
+    fn is_fenced(&self) -> bool {
+        self.fence.as_ref().is_some_and(|f| f.mark.exists())
+    }
+
+    /// Marks the member fenced (the watcher runs the fence command).
+    fn mark_fenced(&self, why: &str) -> std::io::Result<()> {
+        let Some(fence) = &self.fence else { return Ok(()) };
+        if !fence.mark.exists() {
+            std::fs::write(&fence.mark, format!("{why}\n"))?;
+            tracing::warn!("fencing this member: {why}");
+        }
+        self.fenced.notify_one();
+        Ok(())
+    }
+
+    async fn run(&self, argv: &[String]) -> Result<String, String> {
+        let _one_at_a_time = self.command.acquire().await.map_err(|e| e.to_string())?;
+        run(argv).await
+    }
+}
+
+/// Serves `GET /status` (and `POST /fence`, with a `fence`) on `port` until the process
+/// ends, answering with what `status` prints. The certificate is read again for each
+/// connection: a renewed one is served without a restart.
+pub async fn serve(port: u16, certs: PathBuf, status: Vec<String>, fence: Option<Fence>) -> anyhow::Result<()> {
+    anyhow::ensure!(!status.is_empty(), "no status command to run");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.with_context(|| format!("listening on port {port}"))?;
-    tracing::info!(port, command = %argv.join(" "), "the member agent serves");
-    let (connections, command) = (Arc::new(Semaphore::new(CONNECTIONS)), Arc::new(Semaphore::new(1)));
-    let argv = Arc::new(argv);
+    tracing::info!(port, command = %status.join(" "), fence = fence.is_some(), "the member agent serves");
+    let connections = Arc::new(Semaphore::new(CONNECTIONS));
+    let agent = Arc::new(Agent { status, fence, command: Semaphore::new(1), fenced: tokio::sync::Notify::new() });
+    if agent.fence.is_some() {
+        tokio::spawn(watch(agent.clone()));
+    }
     loop {
         // An accept that fails (out of descriptors, say) is not the end of the agent: the
         // pod's readiness counts its containers, and the engine must not lose it for this.
@@ -108,9 +189,9 @@ pub async fn serve(port: u16, certs: PathBuf, argv: Vec<String>) -> anyhow::Resu
                 continue;
             }
         };
-        let (argv, command) = (argv.clone(), command.clone());
+        let agent = agent.clone();
         tokio::spawn(async move {
-            let answered = tokio::time::timeout(CONNECTION_TIMEOUT, answer(socket, config, &argv, &command)).await;
+            let answered = tokio::time::timeout(CONNECTION_TIMEOUT, answer(socket, config, &agent)).await;
             if let Ok(Err(e)) = answered {
                 tracing::debug!("{peer}: {e:#}");
             }
@@ -134,12 +215,7 @@ fn server_config(certs: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
 
 /// One connection: the TLS handshake (which refuses anyone but the operator), one
 /// request, one answer.
-async fn answer(
-    socket: tokio::net::TcpStream,
-    config: Arc<rustls::ServerConfig>,
-    argv: &[String],
-    command: &Semaphore,
-) -> anyhow::Result<()> {
+async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>, agent: &Agent) -> anyhow::Result<()> {
     let mut stream = tokio_rustls::TlsAcceptor::from(config).accept(socket).await.context("handshake")?;
     let mut head = Vec::new();
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -150,19 +226,105 @@ async fn answer(
         head.extend_from_slice(&chunk[..n]);
     }
     let (status, body) = if head.starts_with(b"GET /status ") {
-        let _one_at_a_time = command.acquire().await?;
-        match run(argv).await {
+        match agent.run(&agent.status).await {
             Ok(out) => ("200 OK", out),
             Err(e) => ("503 Service Unavailable", e),
         }
+    } else if head.starts_with(b"POST /fence ") && agent.fence.is_some() {
+        match agent.mark_fenced("the operator fenced it before promoting another member") {
+            Ok(()) => ("200 OK", "fenced\n".to_string()),
+            Err(e) => ("500 Internal Server Error", format!("cannot mark the member fenced: {e}\n")),
+        }
     } else {
-        ("404 Not Found", "only GET /status is served\n".to_string())
+        ("404 Not Found", "only GET /status and POST /fence are served\n".to_string())
     };
     let response = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     stream.write_all(response.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await?;
     Ok(())
+}
+
+/// The fence, for as long as the agent runs: while the member is not fenced, a look
+/// every [`LOOK_EVERY`] whether it is cut off (it fences itself once cut off for
+/// [`ISOLATED_FENCE_AFTER`] while it says it is primary); once fenced, the fence command
+/// until it succeeds, and again every [`REFENCE_EVERY`] (an engine restarted in place
+/// must not stay unfenced).
+async fn watch(agent: Arc<Agent>) {
+    let Some(fence) = agent.fence.as_ref() else { return };
+    if fence.control_plane.is_none() {
+        tracing::warn!("KUBERNETES_SERVICE_HOST is not set: this member never fences itself");
+    }
+    let (mut cut_off_since, mut fenced_at): (Option<tokio::time::Instant>, Option<tokio::time::Instant>) = (None, None);
+    loop {
+        let wait = if agent.is_fenced() {
+            if fenced_at.is_none_or(|at| at.elapsed() >= REFENCE_EVERY) {
+                match agent.run(&fence.argv).await {
+                    Ok(_) if fenced_at.is_none() => {
+                        tracing::warn!("fenced: the engine takes no more writes");
+                        fenced_at = Some(tokio::time::Instant::now());
+                    }
+                    Ok(_) => fenced_at = Some(tokio::time::Instant::now()),
+                    Err(e) => tracing::warn!("the fence command failed (tried again): {e}"),
+                }
+            }
+            Duration::from_secs(1)
+        } else {
+            let cut_off = match &fence.control_plane {
+                Some(address) => !reachable(address).await && !any_member_reachable(fence).await,
+                None => false,
+            };
+            let since = if cut_off { *cut_off_since.get_or_insert_with(tokio::time::Instant::now) } else { tokio::time::Instant::now() };
+            cut_off_since = cut_off.then_some(since);
+            if cut_off && since.elapsed() >= fence.cut_off_after {
+                let primary = agent.run(&agent.status).await.ok().and_then(|said| parse(&said).ok()).is_some_and(|s| s.primary);
+                if primary {
+                    let why = format!("primary, and cut off from the control plane and every other member for {:?}", fence.cut_off_after);
+                    if let Err(e) = agent.mark_fenced(&why) {
+                        tracing::warn!("cannot mark the member fenced: {e}");
+                    }
+                    continue;
+                }
+            }
+            LOOK_EVERY
+        };
+        let _ = tokio::time::timeout(wait, agent.fenced.notified()).await;
+    }
+}
+
+/// The control plane's address, as Kubernetes gives every container.
+pub fn control_plane() -> Option<String> {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok().filter(|h| !h.is_empty())?;
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "443".into());
+    Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
+}
+
+/// Whether a TCP connection to `address` opens within [`LOOK_TIMEOUT`].
+async fn reachable(address: &str) -> bool {
+    matches!(tokio::time::timeout(LOOK_TIMEOUT, tokio::net::TcpStream::connect(address)).await, Ok(Ok(_)))
+}
+
+/// Whether another member's agent is reachable. The cluster's DNS not answering counts
+/// as none (it lives with the control plane); a member with no other (one member, or
+/// the only one listed) is never cut off from them.
+async fn any_member_reachable(fence: &Fence) -> bool {
+    let listed = tokio::time::timeout(LOOK_TIMEOUT, tokio::net::lookup_host((fence.members.as_str(), PORT))).await;
+    let Ok(Ok(addresses)) = listed else { return false };
+    let others: Vec<std::net::SocketAddr> = addresses.filter(|a| Some(a.ip()) != fence.own).collect();
+    if others.is_empty() {
+        return true;
+    }
+    let tries = others.iter().map(|a| tokio::time::timeout(LOOK_TIMEOUT, tokio::net::TcpStream::connect(*a)));
+    futures::future::join_all(tries).await.iter().any(|r| matches!(r, Ok(Ok(_))))
+}
+
+/// Whether the member is ready as far as its agent knows: not fenced. (The agent's
+/// readiness probe, `plugdb agent ready`.)
+pub fn ready(mark: &Path) -> Result<(), String> {
+    match std::fs::read_to_string(mark) {
+        Ok(why) => Err(format!("fenced: {}", why.trim())),
+        Err(_) => Ok(()),
+    }
 }
 
 /// What `argv` prints, when it exits 0 within [`COMMAND_TIMEOUT`] with at most
@@ -204,7 +366,16 @@ pub async fn run(argv: &[String]) -> Result<String, String> {
 /// What a member needs for its agent, beside `engine` (the engine's container): the init
 /// container that copies this binary out of the operator's `image`, the agent's container
 /// (the engine's image, environment and files, but not its data), and their volumes.
-pub fn containers(db: &Database, image: &str, engine: &Container, argv: &[String]) -> (Container, Container, Vec<Volume>) {
+/// With a `fence` command the engine is given the agent's state, read-only, and the path
+/// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
+/// not ready.
+pub fn containers(
+    db: &Database,
+    image: &str,
+    engine: &mut Container,
+    status: &[String],
+    fence: &[String],
+) -> (Container, Container, Vec<Volume>) {
     let binary = format!("{BIN_DIR}/plugdb");
     let quantity = |q: &str| Quantity(q.into());
     let bounded = |cpu: &str, memory: &str| ResourceRequirements {
@@ -222,17 +393,39 @@ pub fn containers(db: &Database, image: &str, engine: &Container, argv: &[String
         ..Default::default()
     };
     let mut command =
-        vec![binary, "agent".into(), "serve".into(), "--port".into(), PORT.to_string(), "--certs".into(), CERTS.into(), "--".into()];
-    command.extend(argv.iter().cloned());
+        vec![binary.clone(), "agent".into(), "serve".into(), "--port".into(), PORT.to_string(), "--certs".into(), CERTS.into()];
     let seen = |m: &&VolumeMount| !["data", "archive"].contains(&m.name.as_str());
     let mut mounts: Vec<VolumeMount> = engine.volume_mounts.iter().flatten().filter(seen).cloned().collect();
     mounts.push(pod::mount("agent-bin", BIN_DIR, true));
     mounts.push(pod::mount("agent-certs", CERTS, true));
+    let mut env = engine.env.clone().unwrap_or_default();
+    let mut readiness = None;
+    if !fence.is_empty() {
+        let members = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
+        let argv = serde_json::to_string(fence).expect("a list of strings is JSON");
+        command.extend(["--members".into(), members, "--fence-command".into(), argv]);
+        mounts.push(pod::mount("agent-state", STATE, false));
+        let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };
+        env.extend(pod::env(&[own]));
+        readiness = Some(Probe {
+            exec: Some(ExecAction { command: Some(vec![binary, "agent".into(), "ready".into()]) }),
+            period_seconds: Some(5),
+            timeout_seconds: Some(2),
+            failure_threshold: Some(1),
+            ..Default::default()
+        });
+        engine.volume_mounts.get_or_insert_default().push(pod::mount("agent-state", STATE, true));
+        let fenced = EnvVar { name: FENCED_ENV.into(), value: Some(format!("{STATE}/{FENCED_FILE}")), value_from: None };
+        engine.env.get_or_insert_default().push(fenced);
+    }
+    command.push("--".into());
+    command.extend(status.iter().cloned());
     let agent = Container {
         name: "agent".into(),
         image: engine.image.clone(),
         command: Some(command),
-        env: engine.env.clone(),
+        env: Some(env),
+        readiness_probe: readiness,
         ports: Some(vec![ContainerPort {
             name: Some("agent".into()),
             container_port: i32::from(PORT),
@@ -254,8 +447,12 @@ pub fn containers(db: &Database, image: &str, engine: &Container, argv: &[String
         }),
         ..Default::default()
     };
-    let binary = Volume { name: "agent-bin".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() };
-    (copy, agent, vec![binary, certificates])
+    let empty = |name: &str| Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() };
+    let mut volumes = vec![empty("agent-bin"), certificates];
+    if !fence.is_empty() {
+        volumes.push(empty("agent-state"));
+    }
+    (copy, agent, volumes)
 }
 
 #[cfg(test)]

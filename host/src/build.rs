@@ -496,7 +496,8 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, sidecars: S
     }
     if let Some(image) = sidecars.agent.filter(|_| !workload.status_command.is_empty()) {
         // Beside the engine, with what it sees (its environment, files and certificate).
-        let (copy, agent, agent_volumes) = crate::agent::containers(db, image, &containers[0], &workload.status_command);
+        let (copy, agent, agent_volumes) =
+            crate::agent::containers(db, image, &mut containers[0], &workload.status_command, &workload.fence_command);
         init.insert(0, copy);
         containers.push(agent);
         volumes.extend(agent_volumes);

@@ -1,6 +1,6 @@
 //! The `plugdb` command: the operator, and tools for people.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -78,17 +78,26 @@ enum AgentCommand {
         #[arg(value_name = "FILE")]
         to: PathBuf,
     },
-    /// Answer the operator's `GET /status` with what COMMAND prints, over mutual TLS.
+    /// Answer the operator's `GET /status` with what COMMAND prints, over mutual TLS (and
+    /// `POST /fence`, given a fence command).
     Serve {
         #[arg(long, default_value_t = plugdb::agent::PORT)]
         port: u16,
         /// The directory holding tls.crt, tls.key and ca.crt.
         #[arg(long, value_name = "DIR")]
         certs: PathBuf,
+        /// The plugin's fence command, as a JSON list of strings.
+        #[arg(long, value_name = "JSON", requires = "members")]
+        fence_command: Option<String>,
+        /// The name under which the cluster's DNS lists every member.
+        #[arg(long, value_name = "HOST")]
+        members: Option<String>,
         /// The plugin's status command.
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Exit 0 unless the member is fenced (the agent's readiness).
+    Ready,
 }
 
 #[derive(Debug, Subcommand)]
@@ -236,15 +245,30 @@ fn main() -> Result<()> {
             std::fs::copy(&me, &to).with_context(|| format!("copying {} to {}", me.display(), to.display()))?;
             Ok(())
         }
-        Command::Agent(AgentCommand::Serve { port, certs, command }) => {
+        Command::Agent(AgentCommand::Ready) => {
+            let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
+            plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
+        }
+        Command::Agent(AgentCommand::Serve { port, certs, fence_command, members, command }) => {
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
+            let fence = match (fence_command, members) {
+                (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
+                    argv: serde_json::from_str(&argv).context("--fence-command is a JSON list of strings")?,
+                    mark: Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE),
+                    members,
+                    own: std::env::var(plugdb::agent::OWN_ADDRESS_ENV).ok().and_then(|a| a.parse().ok()),
+                    control_plane: plugdb::agent::control_plane(),
+                    cut_off_after: plugdb::agent::ISOLATED_FENCE_AFTER,
+                }),
+                _ => None,
+            };
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
             // The agent is its container's first process: without a handler it would ignore
             // SIGTERM, and every restart of the member would wait out its grace period.
             runtime.block_on(async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
                 tokio::select! {
-                    served = plugdb::agent::serve(port, certs, command) => served,
+                    served = plugdb::agent::serve(port, certs, command, fence) => served,
                     _ = term.recv() => Ok(()),
                     _ = tokio::signal::ctrl_c() => Ok(()),
                 }

@@ -175,6 +175,16 @@ impl LocalPod {
         plugdb::agent::parse(&String::from_utf8_lossy(&out.stdout))
     }
 
+    /// Runs a plugin's fence command as the member agent would.
+    pub fn agent_fence(&self, command: &[String]) -> Result<(), String> {
+        let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
+        let out = self.exec(&argv).map_err(|e| e.to_string())?;
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(format!("the fence command failed: {}", String::from_utf8_lossy(&out.stderr))),
+        }
+    }
+
     /// Runs `argv` in the pod's environment to completion.
     pub fn exec(&self, argv: &[String]) -> Result<Output> {
         self.command(argv).output().with_context(|| format!("running {argv:?}"))

@@ -83,6 +83,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// The Database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// A client for Database `name` in `namespace`, with the password its credentials Secret holds.
     pub async fn new(cluster: &Cluster, engine: Engine, namespace: &str, name: &str) -> Self {
         let secret = Api::<Secret>::namespaced(cluster.client.clone(), namespace)
@@ -134,17 +139,47 @@ impl Client {
     }
 
     async fn run(&self, host: &str, password: &str, database: Option<&str>, sql: &str) -> Result<String, String> {
+        self.run_as(Nodes::command, (self.administrator(), password), host, database, sql).await
+    }
+
+    fn administrator(&self) -> &'static str {
+        match self.engine {
+            Engine::Postgres => "postgres",
+            Engine::Mysql => "root",
+        }
+    }
+
+    /// Runs `sql` at `host` from node `node`'s network (where a member on a node cut off
+    /// from the others is still reached), as `user` and password, or as the administrator.
+    pub async fn query_from(&self, node: &str, host: &str, user: Option<(&str, &str)>, sql: &str) -> Result<String, String> {
+        let from = |program: &str| {
+            let mut c = std::process::Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{node}")).arg(program);
+            c
+        };
+        let user = user.unwrap_or((self.administrator(), &self.password));
+        self.run_as(from, user, host, Some(SCHEMA), sql).await
+    }
+
+    async fn run_as(
+        &self,
+        command: impl Fn(&str) -> std::process::Command,
+        (user, password): (&str, &str),
+        host: &str,
+        database: Option<&str>,
+        sql: &str,
+    ) -> Result<String, String> {
         let mut command = match self.engine {
             Engine::Postgres => {
-                let mut c = Nodes::command("psql");
-                c.arg(format!("host={host} user=postgres dbname=postgres connect_timeout=5"))
+                let mut c = command("psql");
+                c.arg(format!("host={host} user={user} dbname=postgres connect_timeout=5"))
                     .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-F", "\t", "-c", sql])
                     .env("PGPASSWORD", password);
                 c
             }
             Engine::Mysql => {
-                let mut c = Nodes::command("mariadb");
-                c.args(["-h", host, "-uroot", "--connect-timeout=5", "-N", "-B", "-e", sql]).env("MYSQL_PWD", password);
+                let mut c = command("mariadb");
+                c.args(["-h", host, &format!("-u{user}"), "--connect-timeout=5", "-N", "-B", "-e", sql]).env("MYSQL_PWD", password);
                 if let Some(database) = database {
                     c.arg(format!("--database={database}"));
                 }

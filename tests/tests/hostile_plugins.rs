@@ -252,16 +252,21 @@ fn panic_becomes_a_trap_error() {
 }
 
 /// The optional `agent` export is asked in the same call as `render`, under the same
-/// deadline and policy: a spinning status command is stopped, an argv beyond the bounds
-/// is refused by name.
+/// deadline and policy: a spinning status or fence command is stopped, an argv beyond
+/// the bounds is refused by name.
 #[test]
-fn the_agent_status_command_is_bounded_like_render() {
+fn the_agent_commands_are_bounded_like_render() {
     let (rt, hostile, good) = plugins();
     let err = attack(&rt, &hostile, &good, "agent-spin");
     assert!(matches!(err, CallError::Timeout { function: "render", .. }), "{err}");
     let err = attack(&rt, &hostile, &good, "agent-argv");
     let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
     assert!(violations.iter().any(|v| v.field == "statusCommand"), "{err}");
+    let err = attack(&rt, &hostile, &good, "fence-spin");
+    assert!(matches!(err, CallError::Timeout { function: "render", .. }), "{err}");
+    let err = attack(&rt, &hostile, &good, "fence-argv");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    assert!(violations.iter().any(|v| v.field == "fenceCommand"), "{err}");
 }
 
 /// A log line past the copy bound fails the call, and the error says it was a log line,

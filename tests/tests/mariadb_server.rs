@@ -155,12 +155,18 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // What each member's agent answers, read from the engine by the plugin's status command.
-    let status_command = plugin.render(&s, &plugdb_tests::cluster("ha", "default")).expect("render").status_command;
+    let rendered = plugin.render(&s, &plugdb_tests::cluster("ha", "default")).expect("render");
+    let status_command = rendered.status_command;
     assert!(primary.agent_status(&status_command).expect("the primary's status").primary, "member 0 says it is primary");
     let said = replica.agent_status(&status_command).expect("the replica's status");
     assert!(!said.primary, "member 1 says it is a replica");
     assert_eq!(said.position, sql(&replica, &pw, "SELECT @@gtid_current_pos").expect("GTID position"), "its GTID position");
 
+    // Fenced by the plugin's fence command, as the agent does before a promotion: the old
+    // primary takes no more writes; fencing it again is harmless.
+    primary.agent_fence(&rendered.fence_command).expect("fenced");
+    sql(&primary, &pw, "INSERT INTO shop.orders VALUES (9998, 'fenced', 1)").expect_err("a fenced primary takes no writes");
+    primary.agent_fence(&rendered.fence_command).expect("fenced again");
     primary.stop();
     let members = [
         Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },

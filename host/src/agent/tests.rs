@@ -73,8 +73,73 @@ fn member(name: &str) -> Observed {
     Observed::at(name, Some("127.0.0.1".into()))
 }
 
+/// A fence whose command notes in `dir` that it ran, cut off after a second.
+fn fence_in(dir: &Path, control_plane: Option<String>) -> Fence {
+    Fence {
+        argv: sh(&format!("echo fenced >> {}/ran", dir.display())),
+        mark: dir.join(FENCED_FILE),
+        // Unresolvable: as when the cluster's DNS is out of reach.
+        members: "db-headless.shop.svc.invalid".into(),
+        own: None,
+        control_plane,
+        cut_off_after: Duration::from_secs(1),
+    }
+}
+
+/// Whether `check` holds within `within`.
+async fn within(within: Duration, check: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !check() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+/// A primary cut off from the control plane and from every other member fences itself;
+/// a replica does not, nor does a primary that still reaches the control plane.
+#[tokio::test]
+async fn a_primary_cut_off_from_everyone_fences_itself() {
+    let closed = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("address").to_string()
+    };
+    let open = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let cases = [
+        ("primary 0/5", Some(closed.clone()), true),
+        ("replica 0/5", Some(closed), false),
+        ("primary 0/5", Some(open.local_addr().expect("address").to_string()), false),
+        ("primary 0/5", None, false),
+    ];
+    let mut watched = Vec::new();
+    for (i, (said, control_plane, fences)) in cases.into_iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("plugdb-agent-cut-off-{i}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fence = fence_in(&dir, control_plane);
+        let agent =
+            Agent { status: sh(&format!("echo {said}")), fence: Some(fence), command: Semaphore::new(1), fenced: Default::default() };
+        tokio::spawn(watch(Arc::new(agent)));
+        watched.push((tempdir::Dir(dir), said, fences));
+    }
+    for (dir, said, fences) in &watched {
+        let ran = dir.0.join("ran");
+        if *fences {
+            assert!(within(Duration::from_secs(15), || ran.exists()).await, "{said}, cut off: fenced");
+            assert!(ready(&dir.0.join(FENCED_FILE)).is_err(), "a fenced member is not ready");
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for (dir, said, fences) in &watched {
+        assert_eq!(dir.0.join("ran").exists(), *fences, "{said}: fenced only when primary and cut off from everyone");
+        assert_eq!(ready(&dir.0.join(FENCED_FILE)).is_ok(), !*fences);
+    }
+}
+
 /// The agent answers the operator's certificate, and nobody else: no certificate, the
-/// agent's own (for servers only), or another Database's operator.
+/// agent's own (for servers only), or another Database's operator. The operator alone
+/// fences the member.
 #[tokio::test]
 async fn only_the_operator_of_the_same_database_is_answered() {
     let ours = issued("db");
@@ -84,15 +149,18 @@ async fn only_the_operator_of_the_same_database_is_answered() {
         probe.local_addr().expect("address").port()
     };
     let certs = ours.dir.0.clone();
-    tokio::spawn(serve(port, certs, sh("echo replica 0/3000148")));
-    let query = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
-    let ask = |identity: Option<Vec<u8>>| {
+    let fence = fence_in(&certs, None);
+    tokio::spawn(serve(port, certs, sh("echo replica 0/3000148"), Some(fence)));
+    let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
+    let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
+    let ask_to = |query: &crate::plugin::MemberQuery, identity: Option<Vec<u8>>| {
         let (ca, query) = (ours.ca.clone(), query.clone());
         async move {
             let transport = Transport::Tls { ca: &ca, domain: "db-headless.shop.svc", identity: identity.as_deref() };
             answers(transport, &query, &[member("db-0")]).await.remove(0)
         }
     };
+    let ask = |identity: Option<Vec<u8>>| ask_to(&status, identity);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let answer = loop {
         match ask(Some(ours.operator.clone())).await {
@@ -105,4 +173,13 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert_eq!(ask(None).await, None, "no client certificate: refused");
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
     assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another Database's operator is refused");
+
+    let (mark, ran) = (ours.dir.0.join(FENCED_FILE), ours.dir.0.join("ran"));
+    for refused in [None, Some(ours.agent.clone()), Some(theirs.operator.clone())] {
+        assert_eq!(ask_to(&fence, refused).await, None, "only the operator fences");
+    }
+    assert!(ready(&mark).is_ok() && !ran.exists(), "not fenced by anyone else");
+    assert_eq!(ask_to(&fence, Some(ours.operator.clone())).await.as_deref(), Some("fenced\n"));
+    assert!(ready(&mark).is_err(), "fenced: not ready");
+    assert!(within(Duration::from_secs(10), || ran.exists()).await, "the fence command ran");
 }

@@ -56,6 +56,7 @@ fn workload(config: &str) -> Workload {
         init_containers: vec![],
         member_query: None,
         status_command: vec![],
+        fence_command: vec![],
     }
 }
 
@@ -270,6 +271,32 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     assert_eq!(certs.secret_name.as_deref(), Some("orders-agent"));
     let keys: Vec<String> = certs.items.unwrap_or_default().into_iter().map(|i| i.key).collect();
     assert_eq!(keys, ["tls.crt", "tls.key", "ca.crt"], "the agent's own, never the operator's client key");
+    assert!(agent.readiness_probe.is_none() && !mounts.contains(&"agent-state"), "no fence command: never fenced");
+
+    // With a fence command: the agent fences the member, and says so in its readiness;
+    // the engine sees the mark, read-only.
+    w.fence_command = vec!["sh".into(), "-c".into(), "echo fenced".into()];
+    let set: StatefulSet = serde_json::from_value(
+        statefulset(&db, &w, "postgres", Sidecars { archiver: None, agent: Some("plugdb/plugdb:1") }, 3, None).object,
+    )
+    .expect("StatefulSet");
+    let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
+    let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
+    let command = agent.command.clone().unwrap_or_default();
+    let at = command.iter().position(|a| a == "--fence-command").expect("--fence-command");
+    assert_eq!(serde_json::from_str::<Vec<String>>(&command[at + 1]).expect("JSON"), w.fence_command);
+    let at = command.iter().position(|a| a == "--members").expect("--members");
+    assert_eq!(command[at + 1], "orders-headless.shop.svc");
+    let ready = agent.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone()).expect("readiness");
+    assert_eq!(ready, ["/plugdb-bin/plugdb", "agent", "ready"]);
+    let state = |c: &k8s_openapi::api::core::v1::Container| {
+        c.volume_mounts.iter().flatten().find(|m| m.name == "agent-state").map(|m| (m.mount_path.clone(), m.read_only))
+    };
+    assert_eq!(state(agent).map(|(path, read_only)| (path, read_only.unwrap_or(false))), Some(("/plugdb-agent".into(), false)));
+    assert_eq!(state(&pod.containers[0]), Some(("/plugdb-agent".into(), Some(true))), "the engine reads the mark");
+    let fenced = pod.containers[0].env.iter().flatten().find(|e| e.name == "PLUGDB_FENCED").and_then(|e| e.value.clone());
+    assert_eq!(fenced.as_deref(), Some("/plugdb-agent/fenced"));
+    assert!(pod.volumes.iter().flatten().any(|v| v.name == "agent-state" && v.empty_dir.is_some()), "ends with the pod");
 }
 
 #[test]

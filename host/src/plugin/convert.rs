@@ -68,6 +68,8 @@ pub(crate) struct Exports {
     plan_scale: Option<ComponentExportIndex>,
     /// `agent.status-command`, when the plugin exports the optional `agent` interface.
     status_command: Option<ComponentExportIndex>,
+    /// `agent.fence-command`, when its `agent` interface has it (one built before it has not).
+    fence_command: Option<ComponentExportIndex>,
 }
 
 /// Dispatches a call to the module of the plugin's contract.
@@ -111,7 +113,11 @@ impl Exports {
                 Contract::V0_1 => None,
             },
             status_command: match contract {
-                Contract::V0_2 => agent_export(component, interface),
+                Contract::V0_2 => agent_export(component, interface, "status-command"),
+                Contract::V0_1 => None,
+            },
+            fence_command: match contract {
+                Contract::V0_2 => agent_export(component, interface, "fence-command"),
                 Contract::V0_1 => None,
             },
         })
@@ -145,7 +151,10 @@ impl Exports {
         let mut store = store;
         let mut workload = by_contract!(self, render(store.as_context_mut(), instance, spec, cluster))?;
         if let (Some(index), Ok(w)) = (&self.status_command, &mut workload) {
-            w.status_command = v0_2::status_command(store, instance, index, spec)?;
+            w.status_command = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
+            if let Some(index) = &self.fence_command {
+                w.fence_command = v0_2::agent_command(store, instance, index, spec)?;
+            }
         }
         Ok(workload)
     }
@@ -218,12 +227,12 @@ impl Exports {
     }
 }
 
-/// `status-command` of the `agent` interface beside the contract's `interface`
+/// Function `name` of the `agent` interface beside the contract's `interface`
 /// (`plugdb:engine/plugin@0.2.0` → `plugdb:engine/agent@0.2.0`), if the component exports it.
-fn agent_export(component: &Component, interface: &str) -> Option<ComponentExportIndex> {
+fn agent_export(component: &Component, interface: &str, name: &str) -> Option<ComponentExportIndex> {
     let agent = interface.replacen("/plugin@", "/agent@", 1);
     let (_, at) = component.get_export(None, &agent)?;
-    component.get_export(Some(&at), "status-command").map(|(_, i)| i)
+    component.get_export(Some(&at), name).map(|(_, i)| i)
 }
 
 /// Runs the export at `index` of `instance` with `params` as `P -> R`: the types each
@@ -382,6 +391,7 @@ macro_rules! conversions {
                 member_query,
                 init_containers,
                 status_command: Vec::new(),
+                fence_command: Vec::new(),
             }
         }
 
@@ -558,9 +568,10 @@ pub(crate) mod v0_2 {
             .map(|(r,)| r.map(|plan| plan.map(job_plan)))
     }
 
-    /// The optional `agent.status-command`, type-checked here: the world the host checks at
-    /// load (`engine-base`) leaves the `agent` interface out.
-    pub(super) fn status_command(
+    /// An optional `agent` command (`status-command`, `fence-command`: both `spec -> argv`),
+    /// type-checked here: the world the host checks at load (`engine-base`) leaves the
+    /// `agent` interface out.
+    pub(super) fn agent_command(
         mut store: impl AsContextMut,
         instance: &Instance,
         index: &ComponentExportIndex,
@@ -568,7 +579,7 @@ pub(crate) mod v0_2 {
     ) -> wasmtime::Result<Vec<String>> {
         let parameters = parameters(spec);
         let spec = database_spec(spec, &parameters);
-        let func = instance.get_func(&mut store, index).ok_or_else(|| wasmtime::format_err!("agent.status-command is not a function"))?;
+        let func = instance.get_func(&mut store, index).ok_or_else(|| wasmtime::format_err!("an agent command is not a function"))?;
         let typed = func.typed::<(&w::DatabaseSpec,), (Vec<String>,)>(&store)?;
         typed.call(&mut store, (&spec,)).map(|(argv,)| argv)
     }

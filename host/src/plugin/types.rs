@@ -320,6 +320,9 @@ pub struct Workload {
     /// What the member agent runs to learn the member's role and position (the plugin's
     /// optional `agent.status-command`); empty: no agent.
     pub status_command: Vec<String>,
+    /// What the member agent runs to fence the member (the plugin's optional
+    /// `agent.fence-command`); empty: the member is never fenced.
+    pub fence_command: Vec<String>,
 }
 
 /// A request the host sends to every member of an engine that elects its leader.

@@ -68,10 +68,9 @@ pub async fn ensure(ctx: &Context, db: &Database) -> Result<(), Error> {
     Ok(())
 }
 
-/// What each member's agent says of it, in the order of `members`: `None` for a member
-/// without an agent, one that did not answer in time, or one whose answer is not a
-/// status. Nothing is asked while the Database has no agent certificates.
-pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Result<Vec<Option<agent::Status>>, Error> {
+/// What the agents of `members` answer to `query` (`None`: no answer), in their order.
+/// Nothing is asked while the Database has no agent certificates.
+async fn ask(ctx: &Context, db: &Database, query: &MemberQuery, members: &[Observed]) -> Result<Vec<Option<String>>, Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let Some(secret) = own_secret(db, api.get_opt(&Names(&name).agent()).await?)? else {
@@ -81,9 +80,27 @@ pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Res
     let file = |key: &str| data.get(key).map(|b| b.0.clone()).unwrap_or_default();
     let identity = [file(agent::CLIENT_CERTIFICATE), file(agent::CLIENT_KEY)].concat();
     let (ca, domain) = (file(tls::CA), format!("{}.{ns}.svc", Names(&name).headless()));
-    let query = MemberQuery { port: agent::PORT, path: "/status".into(), body: None, https: true };
     let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&identity) };
-    let answers = super::ask::answers(transport, &query, members).await;
+    Ok(super::ask::answers(transport, query, members).await)
+}
+
+/// Asks the agent of `member` to fence it (before another member is promoted): whether it
+/// says the member is fenced. A member whose agent does not answer (its node lost, say)
+/// fences itself once cut off from the control plane and from every other member.
+pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
+    let Some(member) = member else { return Ok(false) };
+    let query = MemberQuery { port: agent::PORT, path: "/fence".into(), body: Some(String::new()), https: true };
+    let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
+    Ok(said.first().is_some_and(|a| a.as_deref().is_some_and(|a| a.trim() == "fenced")))
+}
+
+/// What each member's agent says of it, in the order of `members`: `None` for a member
+/// without an agent, one that did not answer in time, or one whose answer is not a
+/// status.
+pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Result<Vec<Option<agent::Status>>, Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let query = MemberQuery { port: agent::PORT, path: "/status".into(), body: None, https: true };
+    let answers = ask(ctx, db, &query, members).await?;
     Ok(members
         .iter()
         .zip(answers)

@@ -286,7 +286,15 @@ impl<'a> Pass<'a> {
                 let said = super::agent::statuses(ctx, self.db, &members.observed).await?;
                 let input = (spec.clone(), members::with_positions(candidates, said));
                 let answer = ctx.call(plugin, "choose-primary", input, |p, (spec, members)| p.choose_primary(spec, members)).await?;
-                decide::failover(&primary, after, answer.map_err(|e| e.to_string()))
+                // The old primary takes no more writes before another is promoted.
+                let fenced = match &answer {
+                    Ok(crate::plugin::FailoverDecision::Promote { .. }) => {
+                        let old = members.observed.iter().find(|m| m.name == primary);
+                        super::agent::fence(ctx, self.db, old).await?
+                    }
+                    _ => false,
+                };
+                decide::failover(&primary, after, answer.map_err(|e| e.to_string()), fenced)
             }
         };
         self.say(&chosen.notes).await;

@@ -212,10 +212,17 @@ pub fn failover_question(
 
 /// The primary after the plugin chose (lost for `after`): the member it promotes, or
 /// the lost one, with why.
-pub fn failover(primary: &str, after: Duration, answer: Result<FailoverDecision, String>) -> Primary {
+pub fn failover(primary: &str, after: Duration, answer: Result<FailoverDecision, String>, fenced: bool) -> Primary {
     let note = match answer {
         Ok(FailoverDecision::Promote { pod, command }) => {
-            let message = format!("primary {primary} not ready for {after:?}; promoting {pod} (promotion: {})", command.join(" "));
+            let fence = match fenced {
+                true => "fenced by its agent".to_string(),
+                false => format!(
+                    "its agent did not fence it (unreachable, or no fence command); a primary cut off from every member fences itself after {:?}",
+                    crate::agent::ISOLATED_FENCE_AFTER
+                ),
+            };
+            let message = format!("primary {primary} not ready for {after:?}, {fence}; promoting {pod} (promotion: {})", command.join(" "));
             let note = Note::event(true, Reason::FailoverPromoted, message);
             return Primary { name: pod, failed_over: true, notes: vec![note] };
         }

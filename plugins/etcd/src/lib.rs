@@ -343,6 +343,10 @@ impl Agent for Etcd {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
     }
+
+    fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 export_engine!(Etcd);

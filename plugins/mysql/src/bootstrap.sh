@@ -9,6 +9,14 @@ volume="$(dirname "$DATADIR")"
 ordinal="${POD_NAME##*-}"
 server_id=$((ordinal + 1))
 umask 077
+
+if [ -n "${PLUGDB_FENCED:-}" ] && [ -e "$PLUGDB_FENCED" ]; then
+  # Fenced by the member agent (see the plugin's fence command): this member takes no
+  # writes again until its pod is made again, as a replica.
+  echo "fenced: $(cat "$PLUGDB_FENCED"); waiting to be made again" >&2
+  trap 'exit 0' TERM INT
+  while :; do sleep 1; done
+fi
 rm -f "$volume/plugdb-ready"
 
 if [ ! -d "$DATADIR/mysql" ]; then

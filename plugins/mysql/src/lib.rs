@@ -357,9 +357,22 @@ impl Engine for Mysql {
 const STATUS: &str = "exec mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" \
     --connect-timeout=1 -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\"";
 
+/// What the member agent runs to fence a primary: the server shuts down (`read_only`
+/// would not stop accounts with every privilege), and the start waits while the member
+/// is fenced. A server that refuses connections takes no writes either; one that does not
+/// answer (hung) is tried again.
+const FENCE: &str = "said=$(mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" \
+    --connect-timeout=1 -e SHUTDOWN 2>&1) && exit 0
+case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
+echo \"$said\" >&2; exit 1";
+
 impl Agent for Mysql {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(STATUS)
+    }
+
+    fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(FENCE)
     }
 }
 

@@ -344,9 +344,26 @@ const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 exec
     -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || pg_last_wal_replay_lsn() \
     ELSE 'primary ' || pg_current_wal_lsn() END\"";
 
+/// What the member agent runs to fence a primary: new sessions start read-only (`ALTER
+/// SYSTEM`, reloaded; the start removes it, so it ends with the pod), and, once a new
+/// session says so, every other client session ends (an open transaction with it). A
+/// server that refuses connections takes no writes either.
+const FENCE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
+sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\" 2>&1; }
+if ! said=$(sql -c 'ALTER SYSTEM SET default_transaction_read_only = on' -c 'SELECT pg_reload_conf()'); then
+  case \"$said\" in *'Connection refused'*) exit 0 ;; esac
+  echo \"$said\" >&2; exit 1
+fi
+until [ \"$(sql -c 'SHOW default_transaction_read_only')\" = on ]; do sleep 0.05; done
+sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()\" >/dev/null";
+
 impl Agent for Postgres {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(STATUS)
+    }
+
+    fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(FENCE)
     }
 }
 

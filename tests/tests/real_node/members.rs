@@ -262,7 +262,8 @@ pub async fn mariadb_major_upgrade(cluster: Arc<Cluster>) {
 /// cannot say how far it got, nobody is promoted (it may be the furthest), and
 /// `Degraded` names it. Once its agent answers again, with nothing set by the test,
 /// the plugin's choice from the positions the agents report is promoted, the replica
-/// that replayed the most: writes are accepted again through the read-write Service
+/// that replayed the most, once the old primary's agent has fenced it (the failover's
+/// Event says so): writes are accepted again through the read-write Service
 /// with every earlier row there, and the old primary, stopped by the kubelet, comes
 /// back as a replica of the new one with the new data.
 pub async fn failover_promotion(cluster: Arc<Cluster>) {
@@ -307,6 +308,11 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
         .await
         .expect("promoted");
     let promoted = answering.elapsed();
+    // The hung primary's agent answers: it fenced the old primary before the promotion.
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    let said = events.iter().find(|e| e.reason.as_deref() == Some("FailoverPromoted")).and_then(|e| e.note.clone());
+    let said = said.expect("a FailoverPromoted Event");
+    assert!(said.contains("primary orders-0") && said.contains("fenced by its agent"), "{said}");
 
     let deadline = Instant::now() + WAIT;
     while client.query(&service, "INSERT INTO orders VALUES (101, 'after the failover')").await.is_err() {

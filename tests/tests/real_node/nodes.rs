@@ -132,6 +132,66 @@ impl Sql {
     }
 }
 
+/// Which members take writes, asked over and over: each member of a Database, one after
+/// another every 100 ms, from its own node (a member on a node cut off from the others
+/// is asked from there, where its clients are), to insert a row of its own into table
+/// `probe`. mysql is asked as an account without `READ_ONLY ADMIN` (a replica's
+/// `read_only` binds it, as it binds applications).
+struct Writers {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(Instant, String)>>,
+}
+
+impl Writers {
+    async fn start(client: Arc<Client>, engine: Engine) -> Writers {
+        let rw = client.service_ip(client.name()).await;
+        let (table, user) = match engine {
+            Engine::Postgres => ("CREATE TABLE IF NOT EXISTS probe (id BIGINT PRIMARY KEY)", None),
+            Engine::Mysql => ("CREATE TABLE IF NOT EXISTS probe (id BIGINT PRIMARY KEY)", Some(("probe", "probe-password"))),
+        };
+        client.query(&rw, table).await.expect("the probe table");
+        if let Some((user, password)) = user {
+            let grant =
+                format!("CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY '{password}'; GRANT INSERT ON plugdb.* TO '{user}'@'%'");
+            client.query(&rw, &grant).await.expect("the probe account");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let until = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut took, mut id) = (Vec::new(), 0i64);
+            while !until.load(Ordering::SeqCst) {
+                for pod in client.members().await {
+                    let (Some(node), Some(ip)) =
+                        (pod.spec.as_ref().and_then(|s| s.node_name.clone()), pod.status.as_ref().and_then(|s| s.pod_ip.clone()))
+                    else {
+                        continue;
+                    };
+                    id += 1;
+                    if client.query_from(&node, &ip, user, &format!("INSERT INTO probe VALUES ({id})")).await.is_ok() {
+                        took.push((Instant::now(), pod.name_any()));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            took
+        });
+        Writers { stop, task }
+    }
+
+    /// Stops asking; the members that took writes, in turn (each once per run).
+    async fn turns(self) -> (Vec<String>, Vec<(Instant, String)>) {
+        self.stop.store(true, Ordering::SeqCst);
+        let took = self.task.await.expect("the probe");
+        let mut turns: Vec<String> = Vec::new();
+        for (_, member) in &took {
+            if turns.last() != Some(member) {
+                turns.push(member.clone());
+            }
+        }
+        (turns, took)
+    }
+}
+
 /// Cordons `names` (undone by the guard it returns).
 fn cordon<'a>(nodes: &'a Nodes, names: &[String]) -> Uncordon<'a> {
     for node in names {
@@ -153,7 +213,9 @@ fn cordon<'a>(nodes: &'a Nodes, names: &[String]) -> Uncordon<'a> {
 ///   node returns, and is not started again when it does;
 /// - `lp` (postgres) and `lm` (mysql), their primary on the node: with nothing set by the test, the
 ///   operator asks the members' agents their positions and promotes a replica; writes
-///   are accepted again through the read-write Service. Replication is asynchronous: the
+///   are accepted again through the read-write Service. Every member is asked to take a
+///   write throughout, the old primary from its side of the cut: its agent fences it
+///   on its own, before the promotion, and at no moment do two members take writes. Replication is asynchronous: the
 ///   writes lost, if any, are the last ones the old primary acknowledged before the loss
 ///   (counted and shown), never one the new primary acknowledged. Back, the old primary
 ///   follows the new one.
@@ -233,6 +295,10 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     let old_leader = crate::consensus::leader_followed(&cluster, etcd, None).await;
     assert_eq!(old_leader, target, "etcd's leader is on the node to lose");
 
+    let mut writers = Vec::new();
+    for (d, engine) in &failing_over {
+        writers.push(Writers::start(d.client.clone(), *engine).await);
+    }
     eprintln!("{ns}: losing {node}");
     let lost = Instant::now();
     nodes.cut(&node).expect("cut the node");
@@ -318,10 +384,11 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     }
     crate::consensus::running(&cluster, etcd, 3).await;
     crate::consensus::one_cluster_with(&cluster, etcd, 3, "written-while-away", "2").await;
-    for (d, engine) in failing_over {
+    for ((d, engine), writers) in failing_over.into_iter().zip(writers) {
         let (name, old) = (d.name, format!("{}-0", d.name));
         let db = cluster.wait_database(ns, name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("back");
-        assert_ne!(db.status.and_then(|s| s.primary), Some(old.clone()), "{name}: the promoted member stays primary");
+        let promoted = db.status.and_then(|s| s.primary).expect("a primary");
+        assert_ne!(promoted, old, "{name}: the promoted member stays primary");
         let client = d.client.clone();
         lost_only_at_the_failover(d).await;
         let old = client.members().await.into_iter().find(|p| p.name_any() == old).expect("the old primary");
@@ -331,6 +398,13 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         };
         let now = client.eventually(&pod_ip(&old), query, WAIT, |r| r == following).await;
         assert_eq!(now, following, "{name}: the old primary follows the new one");
+        // At no moment did two members take writes: the old primary, fenced before the
+        // promotion, and then the promoted member alone, asked throughout.
+        let (turns, took) = writers.turns().await;
+        assert_eq!(turns, [old.name_any(), promoted], "{name}: the members that took writes, in turn");
+        let last_old = took.iter().filter(|(_, m)| *m == old.name_any()).map(|(at, _)| *at).max().expect("the old primary took writes");
+        assert!(last_old > lost, "{name}: the old primary was reached from its side of the cut");
+        eprintln!("{ns}: {name}'s old primary took its last write {:.1} s after the loss (fenced)", (last_old - lost).as_secs_f64());
     }
     let again = mv.client.members().await.into_iter().find(|p| p.name_any() == member).expect("mv's member");
     assert_eq!(again.metadata.uid, moved.metadata.uid, "the moved member stays where it went");

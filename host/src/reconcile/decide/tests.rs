@@ -194,8 +194,14 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
         ("an election answer is not a promotion", Ok(FailoverDecision::Elected("db-1".into())), "db-0", false, &[]),
     ];
     for (what, answer, primary, failed_over, notes) in answers {
-        let chosen = failover("db-0", MINUTE, answer);
+        let chosen = failover("db-0", MINUTE, answer, false);
         assert_eq!((chosen.name.as_str(), chosen.failed_over, said(&chosen.notes).as_slice()), (primary, failed_over, notes), "{what}");
+    }
+    // The Event says whether the old primary was fenced before the promotion.
+    for (fenced, says) in [(true, "fenced by its agent"), (false, "its agent did not fence it")] {
+        let promote = Ok(FailoverDecision::Promote { pod: "db-1".into(), command: vec![] });
+        let chosen = failover("db-0", MINUTE, promote, fenced);
+        assert!(chosen.notes[0].message.contains(says), "{}", chosen.notes[0].message);
     }
 }
 
