@@ -420,6 +420,9 @@ pub struct DatabaseStatus {
     /// Pod name of the current primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary: Option<String>,
+    /// Each member: its pod, node, role and readiness, and what its agent last said.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<MemberStatus>,
     /// Engine version the members run now (differs from spec.version during an upgrade,
     /// or when an upgrade was refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -450,6 +453,34 @@ pub struct DatabaseStatus {
     /// backed up once, even after retention removed its Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_backup: Option<String>,
+}
+
+/// One member, as the operator last saw it.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    /// Its pod.
+    pub pod: String,
+    /// The node it runs on, once scheduled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `primary` or `replica` (the leader of an engine that elects its own is `primary`).
+    pub role: String,
+    /// Whether its pod is ready.
+    pub ready: bool,
+    /// Since when it has been ready, or not (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// Why it is not ready, while it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down: Option<String>,
+    /// Its replication position, as its agent last said (the operator asks the agents
+    /// when the primary is lost, not while the Database is steady).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<String>,
+    /// When its agent said it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heard: Option<String>,
 }
 
 /// Where a Database is in its life: `Pending` (waiting for its engine's plugin),

@@ -61,7 +61,8 @@ pub async fn release(cluster: &Cluster, namespace: &str, timeout: Duration) -> R
 }
 
 /// What went on in `namespace`: each pod's phase and containers, the last lines of
-/// the containers that are not ready, and the namespace's latest Events.
+/// each container's log (more of those that are not ready: a ready one may still be
+/// wrong, a replica that follows nobody), and the namespace's latest Events.
 pub async fn describe(cluster: &Cluster, namespace: &str) -> String {
     let mut out = format!("--- namespace {namespace}\n");
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
@@ -75,8 +76,9 @@ pub async fn describe(cluster: &Cluster, namespace: &str) -> String {
                     status.init_container_statuses.unwrap_or_default().into_iter().chain(status.container_statuses.unwrap_or_default());
                 for c in containers {
                     let _ = writeln!(out, "  {}", container_line(&c));
-                    if !c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()) {
-                        let params = LogParams { container: Some(c.name.clone()), tail_lines: Some(15), ..Default::default() };
+                    if c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()) {
+                        let lines = if c.ready { 6 } else { 15 };
+                        let params = LogParams { container: Some(c.name.clone()), tail_lines: Some(lines), ..Default::default() };
                         match pods.logs(&pod.name_any(), &params).await {
                             Ok(log) => log.lines().for_each(|l| {
                                 let _ = writeln!(out, "    | {l}");

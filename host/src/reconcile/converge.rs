@@ -139,6 +139,8 @@ struct Pass<'a> {
     status: DatabaseStatus,
     /// The stamp of the TLS certificate the members mount, once the render stage made sure of it.
     tls: Option<String>,
+    /// The positions the members' agents said in this pass, by pod.
+    heard: Vec<(String, String)>,
 }
 
 /// The engine's plugin and the spec it accepted (at the desired version).
@@ -179,6 +181,7 @@ impl<'a> Pass<'a> {
             generation: db.metadata.generation,
             status: db.status.clone().unwrap_or_default(),
             tls: None,
+            heard: Vec::new(),
         }
     }
 
@@ -284,6 +287,8 @@ impl<'a> Pass<'a> {
             FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
             FailoverQuestion::Ask(candidates) => {
                 let said = super::agent::statuses(ctx, self.db, &members.observed).await?;
+                let positions = members.observed.iter().zip(&said);
+                self.heard = positions.filter_map(|(m, s)| Some((m.name.clone(), s.as_ref()?.position.clone()))).collect();
                 let input = (spec.clone(), members::with_positions(candidates, said));
                 let answer = ctx.call(plugin, "choose-primary", input, |p, (spec, members)| p.choose_primary(spec, members)).await?;
                 // The old primary takes no more writes before another is promoted.
@@ -609,8 +614,11 @@ impl<'a> Pass<'a> {
     /// Returns whether the Database is still progressing, and how long it has not
     /// been Ready.
     async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, Duration), Error> {
+        let now = k8s_openapi::jiff::Timestamp::now();
         let progressing = status::conclude(&mut self.status, &pass);
-        let waited = status::not_ready_for(&self.status, k8s_openapi::jiff::Timestamp::now());
+        let primary = self.status.primary.clone();
+        self.status.members = status::members(&self.status.members, pass.members, primary.as_deref(), (&self.heard, now));
+        let waited = status::not_ready_for(&self.status, now);
         write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
         Ok((progressing, waited))
     }

@@ -40,6 +40,8 @@ pub struct Observed {
     pub node: Option<String>,
     /// Why it is not ready, while it is not: what its pod says, or what its node does.
     pub down: Option<String>,
+    /// When its Ready condition last changed (RFC 3339).
+    pub ready_since: Option<String>,
 }
 
 impl Observed {
@@ -57,6 +59,7 @@ impl Observed {
             unschedulable: None,
             node: None,
             down: None,
+            ready_since: None,
             address,
         }
     }
@@ -79,7 +82,9 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
             let ready = ready_condition.as_ref().is_some_and(|c| c.status == "True");
             let down = (!ready && unschedulable.is_none()).then(|| why_not_ready(p, ready_condition.as_ref()));
             let age = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| now.duration_since(t.0).as_secs();
-            let changed = ready_condition.and_then(|c| c.last_transition_time).map(|t| age(&t)).unwrap_or(0);
+            let transition = ready_condition.and_then(|c| c.last_transition_time);
+            let ready_since = transition.as_ref().map(|t| t.0.to_string());
+            let changed = transition.map(|t| age(&t)).unwrap_or(0);
             let started = p.metadata.creation_timestamp.as_ref().map(|t| age(t) - STARTUP_GRACE_SECONDS).unwrap_or(i64::MAX);
             let since_seconds = changed.min(started);
             Some(Observed {
@@ -93,6 +98,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 address: p.status.as_ref().and_then(|s| s.pod_ip.clone()),
                 node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
                 down,
+                ready_since,
                 name,
             })
         })
@@ -200,6 +206,7 @@ mod tests {
             address: None,
             node: None,
             down: None,
+            ready_since: None,
         }
     }
 

@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::members::Observed;
-use crate::crd::{DatabaseStatus, Phase};
+use crate::crd::{DatabaseStatus, MemberStatus, Phase};
 
 /// Condition types a Database reports.
 pub mod kind {
@@ -290,6 +290,36 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     progressing
 }
 
+/// `status.members`: each member as observed, its role from `primary`, with the
+/// positions its agent said this pass (`heard`, at the time given), or before (kept
+/// from `before`).
+pub fn members(
+    before: &[MemberStatus],
+    observed: &[Observed],
+    primary: Option<&str>,
+    (heard, now): (&[(String, String)], k8s_openapi::jiff::Timestamp),
+) -> Vec<MemberStatus> {
+    observed
+        .iter()
+        .map(|m| {
+            let at = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).map_or_else(|_| now.to_string(), |t| t.to_string());
+            let said = heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, position)| (position.clone(), at.clone()));
+            let kept = || before.iter().find(|b| b.pod == m.name).and_then(|b| b.position.clone().zip(b.heard.clone()));
+            let (position, heard) = said.or_else(kept).unzip();
+            MemberStatus {
+                pod: m.name.clone(),
+                node: m.node.clone(),
+                role: if primary == Some(m.name.as_str()) { "primary" } else { "replica" }.into(),
+                ready: m.ready,
+                since: m.ready_since.clone(),
+                down: m.down.as_deref().map(|d| crate::events::truncate(d, 200).to_string()),
+                position,
+                heard,
+            }
+        })
+        .collect()
+}
+
 /// Each member that is down and why (its node lost, its container crashing), for the
 /// conditions' messages: `; orders-2: node n2 is not ready: ...`. Bounded: a few members,
 /// each reason truncated.
@@ -347,6 +377,34 @@ mod tests {
         assert!(is_true(&c, kind::READY));
     }
 
+    /// Each member with its node, role and readiness; a position its agent said is kept
+    /// until it says another, and a member gone is gone.
+    #[test]
+    fn members_say_their_node_role_readiness_and_last_position() {
+        let at = |name: &str, node: &str, ready: bool| Observed {
+            ready,
+            node: Some(node.into()),
+            down: (!ready).then(|| "node n3 is not ready".into()),
+            ready_since: Some("2026-11-27T17:00:00Z".into()),
+            ..Observed::at(name, None)
+        };
+        let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("a time");
+        let observed = [at("db-0", "n1", false), at("db-1", "n2", true), at("db-2", "n3", true)];
+        let heard = [("db-1".to_string(), "0/3000148".to_string())];
+        let first = super::members(&[], &observed, Some("db-1"), (&heard, now));
+        let roles: Vec<(&str, &str, bool)> = first.iter().map(|m| (m.pod.as_str(), m.role.as_str(), m.ready)).collect();
+        assert_eq!(roles, [("db-0", "replica", false), ("db-1", "primary", true), ("db-2", "replica", true)]);
+        assert_eq!(first[0].down.as_deref(), Some("node n3 is not ready"));
+        assert_eq!((first[1].node.as_deref(), first[1].since.as_deref()), (Some("n2"), Some("2026-11-27T17:00:00Z")));
+        assert_eq!((first[1].position.as_deref(), first[1].heard.as_deref()), (Some("0/3000148"), Some("2027-01-15T08:00:00Z")));
+        assert_eq!(first[2].position, None, "its agent said nothing");
+
+        let later = now + k8s_openapi::jiff::SignedDuration::from_secs(60);
+        let again = super::members(&first, &observed[1..], Some("db-1"), (&[], later));
+        assert_eq!(again.len(), 2, "db-0 is gone");
+        assert_eq!((again[0].position.as_deref(), again[0].heard.as_deref()), (Some("0/3000148"), Some("2027-01-15T08:00:00Z")), "kept");
+    }
+
     #[test]
     fn not_ready_for_counts_from_when_ready_turned_false() {
         let mut status = DatabaseStatus::default();
@@ -373,6 +431,7 @@ mod tests {
             unschedulable: None,
             node: None,
             down: None,
+            ready_since: None,
             address: None,
         }
     }

@@ -109,8 +109,16 @@ until local_sql -e 'SELECT 1' >/dev/null 2>&1; do
   sleep 1
 done
 
+# Whether the primary Service leads to a writable server other than this one (the rules
+# of a node that has just returned may still lead to this member's old address).
+primary_elsewhere() {
+  said=$(mariadb -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -uroot -p"$MARIADB_ROOT_PASSWORD" --connect-timeout=5 \
+    -N -B -e "SELECT IF(@@read_only, 0, @@server_id)" 2>/dev/null) || return 1
+  [ -n "$said" ] && [ "$said" != 0 ] && [ "$said" != "$server_id" ]
+}
+
 if [ "$POD_NAME" != "$PRIMARY_POD" ] && [ ! -f "$volume/plugdb-replica" ]; then
-  until mariadb-dump -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -uroot -p"$MARIADB_ROOT_PASSWORD" \
+  until primary_elsewhere && mariadb-dump -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -uroot -p"$MARIADB_ROOT_PASSWORD" \
       --all-databases --single-transaction --gtid --master-data=1 --routines --events --triggers > "$volume/clone.sql"; do
     echo "waiting for the primary at $PRIMARY_HOST:$PRIMARY_PORT to be dumped" >&2
     sleep 2

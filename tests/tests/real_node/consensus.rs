@@ -61,6 +61,43 @@ pub(crate) async fn etcdctl(ip: &str, args: &[&str]) -> Result<String, String> {
     if out.status.success() { Ok(text) } else { Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr))) }
 }
 
+/// Puts `key<n>` = `n` through every member of `etcd` (etcdctl picks one that answers),
+/// every 200 ms until `stop` is set; returns the keys acknowledged and the longest time
+/// without an acknowledged put.
+pub(crate) fn writer(
+    cluster: &Cluster,
+    etcd: Etcd,
+    key: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<(Vec<u64>, Duration)> {
+    let client = cluster.client.clone();
+    tokio::spawn(async move {
+        let (mut acknowledged, mut n, mut last, mut longest) = (Vec::new(), 0u64, Instant::now(), Duration::ZERO);
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let selector = format!("app.kubernetes.io/instance={},app.kubernetes.io/managed-by=plugdb", etcd.name);
+            let pods = Api::<Pod>::namespaced(client.clone(), etcd.ns).list(&ListParams::default().labels(&selector)).await;
+            let endpoints: Vec<String> = pods
+                .map(|l| l.items)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|p| p.status.as_ref()?.pod_ip.as_ref().map(|ip| format!("http://{ip}:2379")))
+                .collect();
+            let mut command = Nodes::command(&etcdctl_binary().to_string_lossy());
+            command.arg(format!("--endpoints={}", endpoints.join(","))).args(["--command-timeout=5s", "--dial-timeout=2s"]);
+            command.args(["put", &format!("{key}{n}"), &n.to_string()]);
+            let out = tokio::task::spawn_blocking(move || command.output()).await.expect("join");
+            if out.is_ok_and(|o| o.status.success()) {
+                acknowledged.push(n);
+                longest = longest.max(last.elapsed());
+                last = Instant::now();
+            }
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        (acknowledged, longest)
+    })
+}
+
 /// `check` of what `etcdctl ARGS` says at `ip`, tried until it holds or `WAIT` ends.
 pub(crate) async fn eventually(ip: &str, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + WAIT;

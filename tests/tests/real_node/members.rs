@@ -313,6 +313,18 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
     let said = events.iter().find(|e| e.reason.as_deref() == Some("FailoverPromoted")).and_then(|e| e.note.clone());
     let said = said.expect("a FailoverPromoted Event");
     assert!(said.contains("primary orders-0") && said.contains("fenced by its agent"), "{said}");
+    // status.members: each member's node and role, and the position its agent said.
+    let db = cluster
+        .wait_database(ns, "orders", "the promoted member primary in status.members", WAIT, |d| {
+            d.status.as_ref().is_some_and(|s| s.members.iter().any(|m| m.pod == chosen && m.role == "primary"))
+        })
+        .await
+        .expect("status.members");
+    let listed = db.status.map(|s| s.members).unwrap_or_default();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(listed.iter().all(|m| m.node.is_some()), "{listed:?}");
+    let promoted_said = listed.iter().find(|m| m.pod == chosen).expect("the promoted member");
+    assert!(promoted_said.position.is_some() && promoted_said.heard.is_some(), "what its agent said: {promoted_said:?}");
 
     let deadline = Instant::now() + WAIT;
     while client.query(&service, "INSERT INTO orders VALUES (101, 'after the failover')").await.is_err() {

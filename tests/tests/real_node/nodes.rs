@@ -316,6 +316,13 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             if db.status.as_ref().and_then(|s| s.ready_replicas) != Some(2) {
                 return Err(format!("{}: two members ready: {:?}", d.name, db.status));
             }
+            // status.members says it too: which member, on which node, and why.
+            let said = db.status.as_ref().and_then(|s| s.members.iter().find(|m| m.pod == member).cloned());
+            match said {
+                Some(m) if !m.ready && m.node.as_deref() == Some(node.as_str()) && m.down.as_deref().is_some_and(|d| d.contains(&node)) => {
+                }
+                other => return Err(format!("{}: status.members says of {member}: {other:?}", d.name)),
+            }
             // Writable: rows through the read-write Service while the node is gone.
             d.client.insert(&d.client.service_ip(d.name).await, 500..510).await;
             named.push(member);
@@ -412,18 +419,30 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
 }
 
 /// A node drained under writers, after backups: a postgres and a mysql Database with
-/// members required apart, the node holding a replica of each. The evictions honour the
-/// disruption budgets (which no backup Job's pod counts in), both Databases serve
-/// throughout, and each evicted member, whose volume cannot leave its node, waits
+/// members required apart, the node holding a replica of each, and an etcd Database
+/// with a member there too. The evictions honour the disruption budgets (which no
+/// backup Job's pod counts in), the Databases serve throughout (etcd keeps its quorum:
+/// its writes go on), and each evicted member, whose volume cannot leave its node, waits
 /// unscheduled with the scheduler's reason in `Ready`. A second drain while they wait is
 /// refused by the budgets. Uncordoned, the members return with their data.
 pub async fn drain_under_writers(cluster: Arc<Cluster>) {
     let ns = "drain";
     let nodes = nodes(&cluster);
     let apart = json!({"spread": {"nodes": "Required"}});
+    let etcd = crate::consensus::Etcd { ns, name: "kv" };
     cluster.apply_database(ns, database("pg", Engine::Postgres, "15", 3, apart.clone())).await.expect("apply");
-    cluster.apply_database(ns, database("my", Engine::Mysql, "10.11", 3, apart)).await.expect("apply");
+    cluster.apply_database(ns, database("my", Engine::Mysql, "10.11", 3, apart.clone())).await.expect("apply");
+    cluster.apply_database(ns, etcd.manifest(3, apart)).await.expect("apply etcd");
     let dbs = [Sql::start(&cluster, ns, "pg", Engine::Postgres, 3).await, Sql::start(&cluster, ns, "my", Engine::Mysql, 3).await];
+    // Every etcd member votes first (one that joined last is a learner until caught up).
+    crate::consensus::running(&cluster, etcd, 3).await;
+    let first = pod_ip(&crate::consensus::members(&cluster, etcd).await[0]);
+    crate::consensus::eventually(&first, &["member", "list"], "three voting members", |list| {
+        list.lines().filter(|l| l.trim_end().ends_with(", false")).count() == 3
+    })
+    .await;
+    let stop_kv = Arc::new(AtomicBool::new(false));
+    let kv_writer = crate::consensus::writer(&cluster, etcd, "drain-", stop_kv.clone());
     // A backup of each first: its Job's pod must not count as a member for the budget.
     let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
     for d in &dbs {
@@ -491,5 +510,21 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
     uncordon(&node);
     for (d, member) in dbs.into_iter().zip(members) {
         d.back_on(&cluster, ns, &member, &node).await;
+    }
+    // etcd: quorum held throughout (its writes went on), and its member is back with them.
+    crate::consensus::running(&cluster, etcd, 3).await;
+    stop_kv.store(true, Ordering::SeqCst);
+    let (acknowledged, longest) = kv_writer.await.expect("the etcd writer");
+    eprintln!("{ns}: etcd took {} writes through the drain, at most {:.1} s apart", acknowledged.len(), longest.as_secs_f64());
+    assert!(longest < Duration::from_secs(15), "etcd kept its quorum: writes at most {longest:?} apart");
+    let last = *acknowledged.last().expect("etcd took writes");
+    crate::consensus::one_cluster_with(&cluster, etcd, 3, &format!("drain-{last}"), &last.to_string()).await;
+    for pod in crate::consensus::members(&cluster, etcd).await {
+        let count =
+            crate::consensus::etcdctl(&pod_ip(&pod), &["get", "drain-", "--prefix", "--count-only", "--consistency=s", "-w", "fields"])
+                .await
+                .expect("count");
+        let count = count.lines().find_map(|l| l.strip_prefix("\"Count\" : ")).and_then(|c| c.trim().parse::<usize>().ok());
+        assert!(count.is_some_and(|c| c >= acknowledged.len()), "{}: every acknowledged key: {count:?}", pod.name_any());
     }
 }

@@ -18,6 +18,7 @@ fn member(ordinal: u32, ready: bool, since: i64, revision: &str) -> Observed {
         unschedulable: None,
         node: None,
         down: None,
+        ready_since: None,
         address: None,
     }
 }
