@@ -1,0 +1,310 @@
+use super::*;
+
+#[test]
+fn transition_time_moves_only_on_a_status_change() {
+    let mut c = Vec::new();
+    set(&mut c, kind::READY, false, Reason::MembersNotReady, "0/3 ready", Some(1));
+    let first = c[0].last_transition_time.clone();
+    set(&mut c, kind::READY, false, Reason::MembersNotReady, "1/3 ready", Some(1));
+    assert_eq!(c[0].last_transition_time, first, "same status keeps the time");
+    assert_eq!(c[0].message, "1/3 ready");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    set(&mut c, kind::READY, true, Reason::AllMembersReady, "3/3 ready", Some(1));
+    assert_ne!(c[0].last_transition_time, first);
+    assert!(is_true(&c, kind::READY));
+}
+
+/// Each member with its node, role and readiness; a position its agent said is kept
+/// until it says another, and a member gone is gone.
+#[test]
+fn members_say_their_node_role_readiness_and_last_position() {
+    let at = |name: &str, node: &str, ready: bool| Observed {
+        ready,
+        node: Some(node.into()),
+        down: (!ready).then(|| "node n3 is not ready".into()),
+        ready_since: Some("2026-11-27T17:00:00Z".into()),
+        ..Observed::at(name, None)
+    };
+    let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("a time");
+    let observed = [at("db-0", "n1", false), at("db-1", "n2", true), at("db-2", "n3", true)];
+    let heard = [("db-1".to_string(), "0/3000148".to_string())];
+    let first = super::members(&[], &observed, Some("db-1"), (&heard, now));
+    let roles: Vec<(&str, &str, bool)> = first.iter().map(|m| (m.pod.as_str(), m.role.as_str(), m.ready)).collect();
+    assert_eq!(roles, [("db-0", "replica", false), ("db-1", "primary", true), ("db-2", "replica", true)]);
+    assert_eq!(first[0].down.as_deref(), Some("node n3 is not ready"));
+    assert_eq!((first[1].node.as_deref(), first[1].since.as_deref()), (Some("n2"), Some("2026-11-27T17:00:00Z")));
+    assert_eq!((first[1].position.as_deref(), first[1].heard.as_deref()), (Some("0/3000148"), Some("2027-01-15T08:00:00Z")));
+    assert_eq!(first[2].position, None, "its agent said nothing");
+
+    let later = now + k8s_openapi::jiff::SignedDuration::from_secs(60);
+    let again = super::members(&first, &observed[1..], Some("db-1"), (&[], later));
+    assert_eq!(again.len(), 2, "db-0 is gone");
+    assert_eq!((again[0].position.as_deref(), again[0].heard.as_deref()), (Some("0/3000148"), Some("2027-01-15T08:00:00Z")), "kept");
+}
+
+#[test]
+fn not_ready_for_counts_from_when_ready_turned_false() {
+    let mut status = DatabaseStatus::default();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    assert_eq!(not_ready_for(&status, now), std::time::Duration::ZERO, "no Ready condition yet");
+    set(&mut status.conditions, kind::READY, false, Reason::MembersNotReady, "0/3 ready", Some(1));
+    status.conditions[0].last_transition_time = Time(now - k8s_openapi::jiff::SignedDuration::from_secs(90));
+    assert_eq!(not_ready_for(&status, now), std::time::Duration::from_secs(90));
+    set(&mut status.conditions, kind::READY, true, Reason::AllMembersReady, "3/3 ready", Some(1));
+    assert_eq!(not_ready_for(&status, now), std::time::Duration::ZERO, "Ready");
+}
+
+use crate::crd::UpgradeStatus;
+
+fn member(ordinal: u32, ready: bool) -> Observed {
+    Observed {
+        name: format!("orders-{ordinal}"),
+        ordinal,
+        ready,
+        since_seconds: 60,
+        revision: Some("r1".into()),
+        role: None,
+        terminating: false,
+        unschedulable: None,
+        node: None,
+        down: None,
+        ready_since: None,
+        address: None,
+    }
+}
+
+fn members(ready: &[bool]) -> Vec<Observed> {
+    ready.iter().enumerate().map(|(i, r)| member(i as u32, *r)).collect()
+}
+
+fn condition<'a>(status: &'a DatabaseStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+    let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_} condition"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+fn ran() -> DatabaseStatus {
+    DatabaseStatus { current_version: Some("17".into()), ..Default::default() }
+}
+
+/// One row: the status before, what the pass found, and what the status says after.
+struct Row {
+    what: &'static str,
+    before: DatabaseStatus,
+    ready: &'static [bool],
+    desired: usize,
+    rolled: bool,
+    growth: Growth,
+    restoring: bool,
+    phase: Phase,
+    progressing: bool,
+    ready_condition: (&'static str, &'static str),
+    degraded: (&'static str, &'static str),
+}
+
+#[test]
+fn the_end_of_a_pass_follows_from_what_it_found() {
+    let upgrading = DatabaseStatus { upgrade: Some(UpgradeStatus { from: "15".into(), to: "15.18".into(), step: 1 }), ..ran() };
+    let rows = [
+        Row {
+            what: "a new Database, no member ready",
+            before: DatabaseStatus::default(),
+            ready: &[false, false, false],
+            desired: 3,
+            rolled: false,
+            growth: Growth::Done,
+            restoring: false,
+            phase: Phase::Creating,
+            progressing: true,
+            ready_condition: ("False", "MembersNotReady"),
+            degraded: ("False", "AllMembersUp"),
+        },
+        Row {
+            what: "every member ready on the current revision",
+            before: ran(),
+            ready: &[true, true, true],
+            desired: 3,
+            rolled: true,
+            growth: Growth::Done,
+            restoring: false,
+            phase: Phase::Running,
+            progressing: false,
+            ready_condition: ("True", "AllMembersReady"),
+            degraded: ("False", "AllMembersUp"),
+        },
+        Row {
+            what: "a member down after the Database ran",
+            before: ran(),
+            ready: &[true, false, true],
+            desired: 3,
+            rolled: false,
+            growth: Growth::Done,
+            restoring: false,
+            phase: Phase::Degraded,
+            progressing: true,
+            ready_condition: ("False", "MembersNotReady"),
+            degraded: ("True", "MembersDown"),
+        },
+        Row {
+            what: "a scale-up: the new member is not there yet",
+            before: ran(),
+            ready: &[true, true, true],
+            desired: 5,
+            rolled: false,
+            growth: Growth::Done,
+            restoring: false,
+            phase: Phase::Creating,
+            progressing: true,
+            ready_condition: ("False", "MembersNotReady"),
+            degraded: ("False", "AllMembersUp"),
+        },
+        Row {
+            what: "an upgrade rolling",
+            before: upgrading.clone(),
+            ready: &[true, true, true],
+            desired: 3,
+            rolled: false,
+            growth: Growth::Done,
+            restoring: false,
+            phase: Phase::Updating,
+            progressing: true,
+            ready_condition: ("False", "MembersNotReady"),
+            degraded: ("False", "AllMembersUp"),
+        },
+        Row {
+            what: "a restore loading while the members run",
+            before: ran(),
+            ready: &[true],
+            desired: 1,
+            rolled: true,
+            growth: Growth::Done,
+            restoring: true,
+            phase: Phase::Restoring,
+            progressing: true,
+            ready_condition: ("True", "AllMembersReady"),
+            degraded: ("False", "AllMembersUp"),
+        },
+        Row {
+            what: "a volume still growing",
+            before: ran(),
+            ready: &[true],
+            desired: 1,
+            rolled: true,
+            growth: Growth::Waiting("claim data-orders-0 asks for 2Gi".into()),
+            restoring: false,
+            phase: Phase::Running,
+            progressing: true,
+            ready_condition: ("True", "AllMembersReady"),
+            degraded: ("False", "AllMembersUp"),
+        },
+    ];
+    for row in rows {
+        let mut status = row.before.clone();
+        let members = members(row.ready);
+        let pass = Pass {
+            generation: Some(2),
+            desired: row.desired,
+            members: &members,
+            rolled: row.rolled,
+            moving: false,
+            growth: &row.growth,
+            plan_refused: false,
+            restoring: row.restoring,
+        };
+        let progressing = conclude(&mut status, &pass);
+        let what = row.what;
+        assert_eq!(status.phase, Some(row.phase), "{what}");
+        assert_eq!(progressing, row.progressing, "{what}");
+        assert_eq!(condition(&status, kind::PROGRESSING).0, if row.progressing { "True" } else { "False" }, "{what}");
+        let (ok, reason, _) = condition(&status, kind::READY);
+        assert_eq!((ok, reason), row.ready_condition, "{what}");
+        let (ok, reason, _) = condition(&status, kind::DEGRADED);
+        assert_eq!((ok, reason), row.degraded, "{what}");
+        assert_eq!(status.ready_replicas, Some(row.ready.iter().filter(|r| **r).count() as i32), "{what}");
+        assert_eq!(status.observed_generation, Some(2), "{what}");
+    }
+}
+
+#[test]
+fn a_refusal_or_a_failed_grow_keeps_its_reason_and_no_safe_failover_lasts_until_all_are_back() {
+    let members3 = members(&[false, true, true]);
+    let pass = |growth, plan_refused| Pass {
+        generation: Some(1),
+        desired: 3,
+        members: &members3,
+        rolled: false,
+        moving: false,
+        growth,
+        plan_refused,
+        restoring: false,
+    };
+    let mut status = ran();
+    set(&mut status.conditions, kind::PROGRESSING, false, Reason::UpgradeRefused, "downgrade refused", Some(1));
+    set(&mut status.conditions, kind::DEGRADED, true, Reason::NoSafeFailover, "no replica reports a position", Some(1));
+    conclude(&mut status, &pass(&Growth::Done, true));
+    assert_eq!(condition(&status, kind::PROGRESSING), ("False", "UpgradeRefused", "downgrade refused"));
+    assert_eq!(condition(&status, kind::DEGRADED), ("True", "NoSafeFailover", "no replica reports a position"));
+
+    let failed = Growth::Failed("claim data-orders-0 cannot grow".into());
+    conclude(&mut status, &pass(&failed, false));
+    assert_eq!(condition(&status, kind::PROGRESSING), ("False", "VolumeGrowFailed", "claim data-orders-0 cannot grow"));
+
+    let all = members(&[true, true, true]);
+    conclude(&mut status, &Pass { members: &all, rolled: true, ..pass(&Growth::Done, false) });
+    assert_eq!(condition(&status, kind::DEGRADED).1, "AllMembersUp");
+    assert_eq!(condition(&status, kind::PROGRESSING).1, "Steady");
+    assert_eq!(status.phase, Some(Phase::Running));
+}
+
+#[test]
+fn an_unschedulable_member_is_named_in_ready() {
+    let mut stuck = members(&[true, false]);
+    stuck[1].unschedulable = Some("0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules.".into());
+    let mut status = ran();
+    let growth = Growth::Done;
+    let pass = Pass {
+        generation: None,
+        desired: 2,
+        members: &stuck,
+        rolled: false,
+        moving: false,
+        growth: &growth,
+        plan_refused: false,
+        restoring: false,
+    };
+    conclude(&mut status, &pass);
+    let (_, _, message) = condition(&status, kind::READY);
+    assert_eq!(
+        message,
+        "1/2 members ready; orders-1 cannot be scheduled: 0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+    );
+}
+
+#[test]
+fn down_members_are_named_with_why_in_degraded_and_ready() {
+    let mut five = members(&[true, false, false, false, false]);
+    five[1].down = Some("node n2 is not ready (Unknown): Kubelet stopped posting node status.".into());
+    five[2].down = Some("container postgres CrashLoopBackOff: back-off 10s".into());
+    five[3].down = Some("not ready".into());
+    five[4].down = Some("not ready".into());
+    let mut status = ran();
+    let growth = Growth::Done;
+    let pass = Pass {
+        generation: None,
+        desired: 5,
+        members: &five,
+        rolled: true,
+        moving: false,
+        growth: &growth,
+        plan_refused: false,
+        restoring: false,
+    };
+    conclude(&mut status, &pass);
+    let (state, _, message) = condition(&status, kind::DEGRADED);
+    assert_eq!(state, "True");
+    assert_eq!(
+        message,
+        "1/5 members ready; orders-1: node n2 is not ready (Unknown): Kubelet stopped posting node status.; \
+         orders-2: container postgres CrashLoopBackOff: back-off 10s; orders-3: not ready; and 1 more"
+    );
+    assert!(condition(&status, kind::READY).2.starts_with("1/5 members ready; orders-1: node n2"));
+}
