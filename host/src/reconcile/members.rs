@@ -45,7 +45,8 @@ pub struct Observed {
 }
 
 impl Observed {
-    /// A ready member `name` at `address`, for tests that ask members over the network.
+    /// A ready member `name` at `address`, everything else unknown: what tests build
+    /// their members from.
     #[cfg(test)]
     pub fn at(name: &str, address: Option<String>) -> Self {
         Observed {
@@ -194,20 +195,7 @@ mod tests {
     use super::*;
 
     fn m(ordinal: u32, ready: bool, revision: &str) -> Observed {
-        Observed {
-            name: format!("db-{ordinal}"),
-            ordinal,
-            ready,
-            since_seconds: 100,
-            revision: Some(revision.into()),
-            role: None,
-            terminating: false,
-            unschedulable: None,
-            address: None,
-            node: None,
-            down: None,
-            ready_since: None,
-        }
+        Observed { ordinal, ready, since_seconds: 100, revision: Some(revision.into()), ..Observed::at(&format!("db-{ordinal}"), None) }
     }
 
     #[test]

@@ -8,18 +8,12 @@ use super::*;
 /// Member `ordinal` of Database `db`: ready or not (for `since` seconds), on `revision`.
 fn member(ordinal: u32, ready: bool, since: i64, revision: &str) -> Observed {
     Observed {
-        name: format!("db-{ordinal}"),
         ordinal,
         ready,
         since_seconds: since,
         revision: Some(revision.into()),
         role: Some(if ordinal == 0 { "primary" } else { "replica" }.into()),
-        terminating: false,
-        unschedulable: None,
-        node: None,
-        down: None,
-        ready_since: None,
-        address: None,
+        ..Observed::at(&format!("db-{ordinal}"), None)
     }
 }
 

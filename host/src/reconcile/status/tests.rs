@@ -57,20 +57,7 @@ fn not_ready_for_counts_from_when_ready_turned_false() {
 use crate::crd::UpgradeStatus;
 
 fn member(ordinal: u32, ready: bool) -> Observed {
-    Observed {
-        name: format!("orders-{ordinal}"),
-        ordinal,
-        ready,
-        since_seconds: 60,
-        revision: Some("r1".into()),
-        role: None,
-        terminating: false,
-        unschedulable: None,
-        node: None,
-        down: None,
-        ready_since: None,
-        address: None,
-    }
+    Observed { ordinal, ready, since_seconds: 60, revision: Some("r1".into()), ..Observed::at(&format!("orders-{ordinal}"), None) }
 }
 
 fn members(ready: &[bool]) -> Vec<Observed> {
