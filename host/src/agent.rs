@@ -274,9 +274,8 @@ async fn watch(agent: Arc<Agent>) {
                 Some(address) => !reachable(address).await && !any_member_reachable(fence).await,
                 None => false,
             };
-            let since = if cut_off { *cut_off_since.get_or_insert_with(tokio::time::Instant::now) } else { tokio::time::Instant::now() };
-            cut_off_since = cut_off.then_some(since);
-            if cut_off && since.elapsed() >= fence.cut_off_after {
+            cut_off_since = if cut_off { cut_off_since.or_else(|| Some(tokio::time::Instant::now())) } else { None };
+            if cut_off_since.is_some_and(|since| since.elapsed() >= fence.cut_off_after) {
                 let primary = agent.run(&agent.status).await.ok().and_then(|said| parse(&said).ok()).is_some_and(|s| s.primary);
                 if primary {
                     let why = format!("primary, and cut off from the control plane and every other member for {:?}", fence.cut_off_after);
