@@ -1,0 +1,623 @@
+//! A loaded plugin and its calls: each in a fresh instance or a reset one, under the
+//! deadline, the memory cap and the output bounds; what a call thread keeps between calls.
+
+use super::*;
+
+/// What the sandbox logs under, plugins' lines included: the runtime's, as before this
+/// module was split out of it (a filter on it keeps working).
+const TARGET: &str = "plugdb::plugin::runtime";
+
+/// A loaded plugin: compiled, linked and self-tested. Cheap to clone; each call runs in
+/// a fresh instance, or in one reset to its initial state, so nothing leaks from one
+/// call into the next.
+#[derive(Clone)]
+pub struct Plugin {
+    pub(super) info: Arc<PluginInfo>,
+    pub(super) digest: String,
+    pub(super) bytes: Arc<[u8]>,
+    pub(super) pre: wasmtime::component::InstancePre<CallState>,
+    pub(super) exports: Exports,
+    /// The reset the host added (`reuse`), once the self-test showed it works.
+    pub(super) reset: Option<ComponentExportIndex>,
+    /// This load, which the instances a thread keeps belong to.
+    pub(super) identity: Arc<()>,
+    pub(super) runtime: Runtime,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("engine", &self.info.engine)
+            .field("version", &self.info.plugin_version)
+            .field("digest", &self.digest)
+            .finish()
+    }
+}
+
+thread_local! {
+    /// Whether this thread's calls leave their instance to [`reset_spent`].
+    static DEFER_RESETS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The instance of this thread's last call, while its reset is deferred or kept for
+    /// the thread's next call.
+    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+    /// Whether this thread's slow calls lower its priority.
+    pub(super) static LOWER_WHEN_SLOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether a slow call has lowered this thread's priority.
+    pub(super) static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes a call on this thread that is still running after [`SLOW_CALL`] lower the
+/// thread's priority to nice [`SLOW_CALL_NICENESS`]: where CPU is short, a plugin that
+/// spins until its deadline then gets only what everything else leaves, while quick
+/// calls keep the thread's priority. An unprivileged thread cannot raise its priority
+/// again: a thread once lowered ([`priority_lowered`]) should leave its work to a new one.
+pub(crate) fn lower_priority_when_slow(on: bool) {
+    LOWER_WHEN_SLOW.set(on);
+}
+
+/// Whether a slow call lowered this thread's priority (see [`lower_priority_when_slow`]).
+pub(crate) fn priority_lowered() -> bool {
+    LOWERED.get()
+}
+
+/// Lowers this thread's priority (Linux keeps a nice value per thread).
+pub(crate) fn lower_priority() {
+    match rustix::process::setpriority_process(None, SLOW_CALL_NICENESS) {
+        Ok(()) => LOWERED.set(true),
+        Err(e) => tracing::warn!(target: TARGET, error = %e, "a slow plugin call keeps its thread's priority"),
+    }
+}
+
+/// Makes this thread's plugin calls answer before their instance is reset (`true`),
+/// or reset it before they return (`false`, the default). A thread that hands each
+/// answer on before it calls [`reset_spent`] lets its caller go on meanwhile.
+///
+/// Such a thread also keeps its last instance, reset, for its next call of the same
+/// plugin, where the plugin allows it (`reuse`) and fewer than half of the pool's
+/// slots are kept so; otherwise the reset drops the instance, which gives its pool
+/// slot back (copying the memory's initial image over the pages kept resident). A
+/// call of another plugin drops the kept instance first, so a thread never holds
+/// more than one. Turning deferral off drops it at the next [`reset_spent`].
+pub fn defer_resets(on: bool) {
+    DEFER_RESETS.set(on);
+}
+
+/// Whether this thread's calls defer their instance's reset (see [`defer_resets`]).
+pub(crate) fn resets_deferred() -> bool {
+    DEFER_RESETS.get()
+}
+
+/// Resets the instance of this thread's last call, if a deferred reset is pending, and
+/// keeps it for the thread's next call or gives its slot back to the pool (see
+/// [`defer_resets`]).
+pub fn reset_spent() {
+    if let Some(held) = settle() {
+        HELD.set(Some(held));
+    }
+}
+
+/// Drops the instance this thread keeps, if any, which gives its pool slot back (a
+/// call thread that has been idle a while: see `pool::IDLE_RELEASE`).
+pub(crate) fn release_held() {
+    // Taken out before it is dropped: the borrow ends before the store's drop runs.
+    drop(HELD.with_borrow_mut(Option::take));
+}
+
+/// This thread's held instance, reset if a call ran in it since; `None` when there is
+/// none or it is not kept (it is dropped then, which gives its slot back).
+fn settle() -> Option<Held> {
+    // Taken out before anything is dropped: the borrow ends before a store's drop runs.
+    let mut held = HELD.with_borrow_mut(Option::take)?;
+    if !resets_deferred() {
+        return None;
+    }
+    if held.dirty {
+        let (reset, _) = held.reset.as_ref()?;
+        let func = held.instance.get_func(&mut held.store, reset)?;
+        // SAFETY: `Plugin::reset_answers_alike` called this export as `() -> ()` at load.
+        #[allow(unsafe_code)]
+        let typed = unsafe { wasmtime::component::TypedFunc::<(), ()>::new_unchecked(func) };
+        held.store.data_mut().slow_after = None;
+        held.store.set_epoch_deadline(held.reset_ticks);
+        typed.call(&mut held.store, ()).ok()?;
+        held.dirty = false;
+    }
+    Some(held)
+}
+
+/// An instance a thread holds between calls (see [`defer_resets`]).
+struct Held {
+    /// The plugin load it belongs to (`Plugin::identity`).
+    owner: Arc<()>,
+    store: Store<CallState>,
+    instance: Instance,
+    /// The reset export, when this instance is reset and kept rather than dropped,
+    /// with the place it takes among the kept ones.
+    reset: Option<(ComponentExportIndex, Warm)>,
+    /// Whether a call ran in it since it was instantiated or reset.
+    dirty: bool,
+    /// What the call limiter allowed right after instantiation, given back at each reuse.
+    fresh: (usize, usize),
+    /// The reset's own deadline, in epoch ticks.
+    reset_ticks: u64,
+}
+
+/// A place among the instances call threads keep between calls: at most half of the
+/// pool's slots, so that the rest serve everything else (loads, other threads).
+struct Warm(Arc<AtomicUsize>);
+
+impl Warm {
+    fn take(kept: &Arc<AtomicUsize>, slots: u32) -> Option<Self> {
+        let most = slots as usize / 2;
+        kept.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1)).ok()?;
+        Some(Self(kept.clone()))
+    }
+}
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What one call may allocate, checked before each allocation: linear memory over
+/// all its memories together, table elements over all its tables, and a few
+/// instances, memories and tables.
+pub(super) struct CallLimiter {
+    memory_cap: usize,
+    memory_left: usize,
+    table_elements_left: usize,
+}
+
+impl CallLimiter {
+    /// A call's allowance: `memory_bytes` of memory, [`MAX_TABLE_ELEMENTS`] table elements.
+    pub(super) fn new(memory_bytes: usize) -> Self {
+        Self { memory_cap: memory_bytes, memory_left: memory_bytes, table_elements_left: MAX_TABLE_ELEMENTS }
+    }
+}
+
+impl ResourceLimiter for CallLimiter {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current);
+        if more > self.memory_left {
+            return Err(wasmtime::Error::msg(format!(
+                "memory limit of {} bytes (all memories together) reached: {desired} bytes asked for one memory",
+                self.memory_cap
+            )));
+        }
+        self.memory_left -= more;
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let more = desired.saturating_sub(current);
+        if more > self.table_elements_left {
+            return Err(wasmtime::Error::msg(format!(
+                "table limit of {MAX_TABLE_ELEMENTS} elements (all tables together) reached: {desired} asked for one table"
+            )));
+        }
+        self.table_elements_left -= more;
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        LIMITED_INSTANCES
+    }
+
+    fn tables(&self) -> usize {
+        LIMITED_TABLES
+    }
+
+    fn memories(&self) -> usize {
+        LIMITED_MEMORIES
+    }
+}
+
+/// Per-call state: the resource limiter and log accounting.
+pub(crate) struct CallState {
+    pub(super) limits: CallLimiter,
+    /// Whose call it is (its engine name tags the log lines).
+    pub(super) info: Arc<PluginInfo>,
+    pub(super) log_lines: u32,
+    /// Its engine's allowance of log bytes over time, and where what is dropped is counted.
+    pub(super) logs: Arc<LogRate>,
+    pub(super) metrics: Option<Arc<Metrics>>,
+    /// Epoch ticks the call may run on once it is found slow, until then.
+    pub(super) slow_after: Option<u64>,
+}
+
+impl CallState {
+    /// A line the plugin logs: counted, cut, escaped to one line and tagged with its
+    /// engine; dropped (and counted) when the engine is past its allowance over time.
+    pub(crate) fn log_line(&mut self, level: tracing::Level, message: String) {
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES {
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LOG_BYTES {
+            let mut cut = MAX_LOG_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let message = crate::plugin::logs::escaped(&message);
+        let engine = self.info.engine.as_str();
+        match self.logs.admit(engine, message.len(), std::time::Instant::now()) {
+            Admitted::No => {
+                if let Some(m) = &self.metrics {
+                    m.plugin_log_lines_dropped.get_or_create(&crate::metrics::ReconcileLabels { engine: engine.to_string() }).inc();
+                }
+                return;
+            }
+            Admitted::Yes { after_dropping: 0 } => {}
+            Admitted::Yes { after_dropping } => {
+                tracing::warn!(target: TARGET, engine, dropped = after_dropping, "the plugin logged past its allowance; lines were dropped");
+            }
+        }
+        match level {
+            tracing::Level::ERROR => tracing::error!(target: TARGET, engine, "{message}"),
+            tracing::Level::WARN => tracing::warn!(target: TARGET, engine, "{message}"),
+            tracing::Level::INFO => tracing::info!(target: TARGET, engine, "{message}"),
+            tracing::Level::DEBUG => tracing::debug!(target: TARGET, engine, "{message}"),
+            _ => tracing::trace!(target: TARGET, engine, "{message}"),
+        }
+    }
+}
+
+impl Plugin {
+    /// What the plugin said about itself at load.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    /// The contract the plugin was built against.
+    pub fn contract(&self) -> Contract {
+        self.exports.contract()
+    }
+
+    /// Why the plugin cannot be asked for `capability`: it does not declare it.
+    pub fn lacks(&self, capability: Capability) -> Option<String> {
+        let info = &self.info;
+        (!info.capabilities.has(capability)).then(|| {
+            format!(
+                "the {} plugin ({}@{}) does not declare the {} capability",
+                info.engine,
+                info.engine,
+                info.plugin_version,
+                capability.name()
+            )
+        })
+    }
+
+    /// Hex SHA-256 of the component bytes.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Size of the component in bytes.
+    pub fn size(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The component's bytes (to recompile it at another tier).
+    pub fn bytes(&self) -> Arc<[u8]> {
+        self.bytes.clone()
+    }
+
+    /// Whether this build was compiled at the optimised tier.
+    pub fn optimized(&self) -> bool {
+        self.runtime.tier == Tier::Optimized
+    }
+
+    /// `name@version`, as shown in status and logs.
+    pub fn id(&self) -> String {
+        format!("{}@{}", self.info.engine, self.info.plugin_version)
+    }
+
+    /// Engine-specific checks of `spec`.
+    pub fn validate(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
+        self.counted("validate", spec, || {
+            let found: Vec<Violation> = self.call("validate", |s, i| self.exports.validate(s, i, spec))?;
+            // The plugin's words end up in a status: bounded in number and length.
+            let cut = |text: &str, max: usize| crate::events::truncate(text, max).to_string();
+            Ok(crate::plugin::policy::capped(
+                found.iter().map(|v| Violation { field: cut(&v.field, 128), message: cut(&v.message, 512) }).collect(),
+            ))
+        })
+    }
+
+    /// The workload for `spec`, checked against host policy.
+    pub fn render(&self, spec: &EngineSpec, cluster: &ClusterContext) -> Result<Workload, CallError> {
+        self.counted("render", &(spec, cluster), || {
+            let workload = self.call("render", |s, i| self.exports.render(s, i, spec, cluster))?.map_err(|r| self.refused(r))?;
+            let mut violations = crate::plugin::policy::check_workload(&workload, cluster);
+            match (self.info.capabilities.elects_leader, workload.member_query.is_some()) {
+                (true, false) => violations.push(Violation {
+                    field: "memberQuery".into(),
+                    message: "the plugin declares elects-leader: the workload must say how members are asked who leads".into(),
+                }),
+                (false, true) => violations.push(Violation {
+                    field: "memberQuery".into(),
+                    message: "only a plugin that declares elects-leader asks its members who leads".into(),
+                }),
+                _ => {}
+            }
+            if workload.member_query.as_ref().is_some_and(|q| q.https) && spec.tls.is_none() {
+                violations.push(Violation {
+                    field: "memberQuery.https".into(),
+                    message: "members are asked over HTTPS only when the Database has TLS (spec.tls)".into(),
+                });
+            }
+            self.checked("render", violations, workload)
+        })
+    }
+
+    /// How to move from `from` to `spec.version`.
+    pub fn plan_upgrade(&self, spec: &EngineSpec, from: &str) -> Result<UpgradePlan, CallError> {
+        self.counted("plan-upgrade", &(spec, from), || {
+            let plan = self.call("plan-upgrade", |s, i| self.exports.plan_upgrade(s, i, spec, from))?.map_err(|r| self.refused(r))?;
+            let jobs = plan.steps.iter().filter_map(|step| match step {
+                UpgradeStep::Job(job) => Some(job),
+                UpgradeStep::RollingRestart => None,
+            });
+            let violations = check_jobs(jobs, spec);
+            self.checked("plan-upgrade", violations, plan)
+        })
+    }
+
+    /// How to go from `from` members to `spec.replicas`, checked: Jobs as any Job, and
+    /// member counts from 1 to 9 ending at `spec.replicas`.
+    pub fn plan_scale(&self, spec: &EngineSpec, from: u32, members: &[Member]) -> Result<Vec<ScaleStep>, CallError> {
+        self.counted("plan-scale", &(spec, from, members), || {
+            let steps = self.call("plan-scale", |s, i| self.exports.plan_scale(s, i, spec, from, members))?.map_err(|r| self.refused(r))?;
+            let jobs = steps.iter().filter_map(|step| match step {
+                ScaleStep::Job(job) => Some(job),
+                ScaleStep::Members(_) => None,
+            });
+            let mut violations = check_jobs(jobs, spec);
+            let counts: Vec<u32> = steps.iter().filter_map(|s| if let ScaleStep::Members(n) = s { Some(*n) } else { None }).collect();
+            if counts.iter().any(|n| !(1..=9).contains(n)) {
+                violations.push(Violation { field: "plan-scale".into(), message: format!("member counts {counts:?} must be 1-9") });
+            }
+            if counts.last() != Some(&spec.replicas) {
+                violations.push(Violation {
+                    field: "plan-scale".into(),
+                    message: format!("the plan must end with members({}); it ends at {:?}", spec.replicas, counts.last()),
+                });
+            }
+            self.checked("plan-scale", violations, steps)
+        })
+    }
+
+    /// Which member to promote (host-chosen leadership), or which member the engine
+    /// elected (`elects-leader`): each answer only where the plugin declared that model.
+    pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
+        self.counted("choose-primary", &(spec, members), || {
+            let decision = self.call("choose-primary", |s, i| self.exports.choose_primary(s, i, spec, members))?;
+            let elects = self.info.capabilities.elects_leader;
+            let violation = |field: &str, message: String| vec![Violation { field: field.into(), message }];
+            let violations = match &decision {
+                FailoverDecision::Promote { .. } if elects => {
+                    violation("promote", "the plugin declares elects-leader: the host never promotes; answer elected(pod)".into())
+                }
+                FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
+                    violation("promote.pod", format!("{pod:?} is not a replica of this Database"))
+                }
+                FailoverDecision::Elected(_) if !elects => {
+                    violation("elected", "the plugin does not declare elects-leader: the host chooses the primary".into())
+                }
+                FailoverDecision::Elected(pod) if !members.iter().any(|m| &m.pod == pod) => {
+                    violation("elected", format!("{pod:?} is not a member of this Database"))
+                }
+                _ => Vec::new(),
+            };
+            self.checked("choose-primary", violations, decision)
+        })
+    }
+
+    /// A Job that backs the Database up to `location`.
+    pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
+        self.counted("backup", &(spec, location), || {
+            let job = self.call("backup", |s, i| self.exports.backup(s, i, spec, location))?.map_err(|r| self.refused(r))?;
+            self.checked("backup", crate::plugin::policy::check_job(&job, &location.credentials_secret), job)
+        })
+    }
+
+    /// A Job that restores the backup at `location` into member `member`, or `None`
+    /// when that member joins the restored ones instead (`restore::restored_members`
+    /// checks the answers together).
+    pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation, member: u32) -> Result<Option<JobPlan>, CallError> {
+        self.counted("restore", &(spec, location, member), || {
+            let plan = self.call("restore", |s, i| self.exports.restore(s, i, spec, location, member))?.map_err(|r| self.refused(r))?;
+            let violations =
+                plan.as_ref().map(|job| crate::plugin::policy::check_job(job, &location.credentials_secret)).unwrap_or_default();
+            self.checked("restore", violations, plan)
+        })
+    }
+
+    fn refused(&self, reason: String) -> CallError {
+        CallError::Refused { engine: self.info.engine.clone(), reason }
+    }
+
+    /// `value` when host policy found no violation, else the violations, capped once.
+    fn checked<T>(&self, function: &'static str, violations: Vec<Violation>, value: T) -> Result<T, CallError> {
+        if violations.is_empty() {
+            return Ok(value);
+        }
+        Err(CallError::Policy { engine: self.info.engine.clone(), function, violations: crate::plugin::policy::capped(violations) })
+    }
+
+    /// Answers `function` of `input` from the memo when it was answered before;
+    /// otherwise runs `call`, counts its outcome in the metrics (what the sandbox saw,
+    /// the plugin's own refusal, or the host policy's) and remembers the answer unless
+    /// it was the machine's doing (a deadline, a trap).
+    fn counted<T: Clone + Send + Sync + serde::Serialize + 'static>(
+        &self,
+        function: &'static str,
+        input: &impl serde::Serialize,
+        call: impl FnOnce() -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        if let Some(answer) = self.remembered(function, input) {
+            return answer;
+        }
+        let key = self.runtime.memo.as_ref().and_then(|_| Memo::key(&self.digest, function, input));
+        if key.is_some() {
+            self.count_memo("miss");
+        }
+        let result = call();
+        if let Some(metrics) = &self.runtime.metrics {
+            let outcome = match &result {
+                Ok(_) => "ok",
+                Err(CallError::Refused { .. }) => "refused",
+                Err(CallError::Timeout { .. }) => "timeout",
+                Err(CallError::Trap { .. }) => "trap",
+                Err(CallError::OutputTooLarge { .. } | CallError::LogTooLarge { .. }) => "too-large",
+                Err(CallError::Policy { .. }) => "policy",
+            };
+            let labels = CallLabels { engine: self.info.engine.clone(), function: function.into(), outcome: outcome.into() };
+            metrics.plugin_calls.get_or_create(&labels).inc();
+        }
+        let pure = !matches!(result, Err(CallError::Timeout { .. } | CallError::Trap { .. }));
+        if let (Some(memo), Some(key), true) = (&self.runtime.memo, key, pure) {
+            let bytes = match &result {
+                Ok(value) => serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX),
+                Err(e) => e.to_string().len(),
+            };
+            memo.put(key, &self.digest, result.clone(), bytes);
+        }
+        result
+    }
+
+    /// The remembered answer of `function` (`"render"`, `"validate"`, ...) for
+    /// `input`, if there is one: no instance, no thread. Counted as a hit.
+    pub fn remembered<T: Clone + 'static>(&self, function: &'static str, input: &impl serde::Serialize) -> Option<Result<T, CallError>> {
+        let memo = self.runtime.memo.as_ref()?;
+        let answer = memo.get::<Result<T, CallError>>(&Memo::key(&self.digest, function, input)?)?;
+        self.count_memo("hit");
+        Some(answer)
+    }
+
+    fn count_memo(&self, outcome: &str) {
+        if let Some(metrics) = &self.runtime.metrics {
+            metrics.plugin_memo.get_or_create(&MemoLabels { engine: self.info.engine.clone(), outcome: outcome.into() }).inc();
+        }
+    }
+
+    /// Runs `f` against a fresh instance, or this thread's kept instance of this plugin
+    /// once reset, under the call limits (its result bounded while it is copied out:
+    /// the store's hostcall fuel).
+    pub(super) fn call<R>(
+        &self,
+        function: &'static str,
+        f: impl FnOnce(&mut Store<CallState>, &Instance) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        // A thread holds one instance at most: the last call's is reset, and dropped
+        // unless it is this plugin's to reuse.
+        let mut held = match settle() {
+            Some(mut held) if Arc::ptr_eq(&held.owner, &self.identity) => {
+                let state = held.store.data_mut();
+                (state.limits.memory_left, state.limits.table_elements_left) = held.fresh;
+                state.log_lines = 0;
+                state.info = self.info.clone();
+                self.runtime.start_call(&mut held.store);
+                self.count_instance("reused");
+                held
+            }
+            other => {
+                drop(other);
+                let held = self.instantiate().map_err(|e| self.classify(function, e))?;
+                self.count_instance("new");
+                held
+            }
+        };
+        let result = f(&mut held.store, &held.instance);
+        held.dirty = true;
+        if result.is_err() {
+            // Whatever failed (a trap, the deadline, a result too large) may have left
+            // the instance anywhere: it is dropped, never reused.
+            held.reset = None;
+        }
+        if resets_deferred() {
+            HELD.set(Some(held));
+        }
+        result.map_err(|e| self.classify(function, e))
+    }
+
+    /// A fresh instance of this plugin, kept between calls where this thread defers
+    /// resets, the plugin has a reset and a place among the kept instances is free.
+    fn instantiate(&self) -> wasmtime::Result<Held> {
+        let mut store = self.runtime.store(self.info.clone());
+        let instance = self.pre.instantiate(&mut store)?;
+        let limits = &store.data().limits;
+        let fresh = (limits.memory_left, limits.table_elements_left);
+        let reset = match self.reset {
+            Some(reset) if resets_deferred() => Warm::take(&self.runtime.warm, self.runtime.limits.instance_slots).map(|w| (reset, w)),
+            _ => None,
+        };
+        Ok(Held { owner: self.identity.clone(), store, instance, reset, dirty: false, fresh, reset_ticks: self.runtime.deadline_ticks() })
+    }
+
+    /// Checks at load that `reset` gives an instance back its initial state as far as
+    /// `info` can tell: called before and after a reset, on one instance, it answers alike.
+    pub(super) fn reset_answers_alike(&self, reset: ComponentExportIndex) -> Result<(), String> {
+        let mut store = self.runtime.store(self.info.clone());
+        let instance = self.pre.instantiate(&mut store).map_err(|e| format!("{e:#}"))?;
+        let first = self.exports.info(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
+        let func = instance.get_func(&mut store, reset).ok_or("the reset is not a function")?;
+        let typed = func.typed::<(), ()>(&store).map_err(|e| format!("{e:#}"))?;
+        typed.call(&mut store, ()).map_err(|e| format!("the reset failed: {e:#}"))?;
+        self.runtime.start_call(&mut store);
+        let again = self.exports.info(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
+        if first == again { Ok(()) } else { Err("info() answers differently after a reset".into()) }
+    }
+
+    fn count_instance(&self, how: &str) {
+        if let Some(metrics) = &self.runtime.metrics {
+            metrics.plugin_instances.get_or_create(&InstanceLabels { engine: self.info.engine.clone(), how: how.into() }).inc();
+        }
+    }
+
+    fn classify(&self, function: &'static str, error: wasmtime::Error) -> CallError {
+        let engine = self.info.engine.clone();
+        let trap = error.downcast_ref::<Trap>().or_else(|| error.chain().find_map(|e| e.downcast_ref::<Trap>()));
+        let message = format!("{error:#}");
+        match trap {
+            Some(Trap::Interrupt) => CallError::Timeout { engine, function, timeout: self.runtime.limits.call_timeout },
+            Some(Trap::StackOverflow) => CallError::Trap { engine, function, message: "wasm stack overflow (unbounded recursion?)".into() },
+            Some(Trap::UnreachableCodeReached) => {
+                CallError::Trap { engine, function, message: "the plugin panicked or aborted (unreachable executed)".into() }
+            }
+            // Safe Rust reaches outside its memory only when the stack it keeps there
+            // (below its statics, as `xtask` links plugins) runs past the start.
+            Some(Trap::MemoryOutOfBounds) => CallError::Trap {
+                engine,
+                function,
+                message: format!(
+                    "an access outside the plugin's linear memory: its own stack there overflowed (`plugdb plugin build` \
+                     links a {} KiB stack), or unsafe code went astray: {message}",
+                    xtask::GUEST_STACK >> 10
+                ),
+            },
+            // Copied while the plugin's code is on the stack: the argument of a host call
+            // (its one import, `log`); after it returned: the result.
+            _ if message.contains(HOSTCALL_FUEL_EXHAUSTED)
+                && error.downcast_ref::<wasmtime::WasmBacktrace>().is_some_and(|b| !b.frames().is_empty()) =>
+            {
+                CallError::LogTooLarge { engine, function, limit: self.runtime.limits.output_bytes }
+            }
+            _ if message.contains(HOSTCALL_FUEL_EXHAUSTED) => {
+                CallError::OutputTooLarge { engine, function, limit: self.runtime.limits.output_bytes }
+            }
+            _ => {
+                let message = if message.contains("growing memory") || message.contains("memory") && message.contains("limit") {
+                    format!("memory limit of {} bytes reached: {message}", self.runtime.limits.memory_bytes)
+                } else {
+                    message
+                };
+                CallError::Trap { engine, function, message }
+            }
+        }
+    }
+}
