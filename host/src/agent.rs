@@ -408,9 +408,11 @@ pub fn containers(
         env.extend(pod::env(&[own]));
         readiness = Some(Probe {
             exec: Some(ExecAction { command: Some(vec![binary, "agent".into(), "ready".into()]) }),
+            // An exec on a busy node can take seconds: three slow looks in a row, not one,
+            // make the member not ready (a fence itself is held by the engine's start).
             period_seconds: Some(5),
-            timeout_seconds: Some(2),
-            failure_threshold: Some(1),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(3),
             ..Default::default()
         });
         engine.volume_mounts.get_or_insert_default().push(pod::mount("agent-state", STATE, true));

@@ -145,6 +145,7 @@ struct Writers {
 impl Writers {
     async fn start(client: Arc<Client>, engine: Engine) -> Writers {
         let rw = client.service_ip(client.name()).await;
+        client.reachable(&rw).await;
         let (table, user) = match engine {
             Engine::Postgres => ("CREATE TABLE IF NOT EXISTS probe (id BIGINT PRIMARY KEY)", None),
             Engine::Mysql => ("CREATE TABLE IF NOT EXISTS probe (id BIGINT PRIMARY KEY)", Some(("probe", "probe-password"))),
