@@ -38,15 +38,6 @@ pub struct MemoLabels {
     pub outcome: String,
 }
 
-/// Labels of the instances plugin calls ran in.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InstanceLabels {
-    /// Engine of the plugin.
-    pub engine: String,
-    /// `new` (instantiated for the call) or `reused` (an earlier call's, reset).
-    pub how: String,
-}
-
 /// Labels of reconciles.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
@@ -98,8 +89,6 @@ pub struct Metrics {
     pub plugin_calls: Family<CallLabels, Counter>,
     /// Plugin calls answered from the memo (hit) or made (miss).
     pub plugin_memo: Family<MemoLabels, Counter>,
-    /// Plugin calls by the instance they ran in: instantiated for them, or reused.
-    pub plugin_instances: Family<InstanceLabels, Counter>,
     /// Plugin log lines dropped, by engine: the engine logged more than its allowance.
     pub plugin_log_lines_dropped: Family<ReconcileLabels, Counter>,
     /// Reconciles by engine.
@@ -131,7 +120,6 @@ impl Default for Metrics {
         let plugins_optimized = Gauge::default();
         let plugin_calls = Family::<CallLabels, Counter>::default();
         let plugin_memo = Family::<MemoLabels, Counter>::default();
-        let plugin_instances = Family::<InstanceLabels, Counter>::default();
         let plugin_log_lines_dropped = Family::<ReconcileLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let reconcile_errors = Family::<ReconcileLabels, Counter>::default();
@@ -147,11 +135,6 @@ impl Default for Metrics {
         );
         registry.register("plugin_calls", "Plugin calls by function and outcome", plugin_calls.clone());
         registry.register("plugin_memo", "Plugin calls answered from remembered results (hit) or made (miss)", plugin_memo.clone());
-        registry.register(
-            "plugin_instances",
-            "Plugin calls by the instance they ran in: instantiated for the call (new) or an earlier call's, reset (reused)",
-            plugin_instances.clone(),
-        );
         registry.register(
             "plugin_log_lines_dropped",
             "Plugin log lines dropped by engine: the engine logged more than its allowance of bytes over time",
@@ -180,7 +163,6 @@ impl Default for Metrics {
             plugins_optimized,
             plugin_calls,
             plugin_memo,
-            plugin_instances,
             plugin_log_lines_dropped,
             reconciles,
             reconcile_errors,

@@ -1,7 +1,7 @@
 //! Plugin call cost: `render` of a typical spec per iteration in a fresh instance (from
-//! the instance pool, and allocated on demand for comparison) or, as on the operator's
-//! call threads, in the thread's instance reset after each call; the same render
-//! natively for the ratio, and a cold compile of each bundled plugin. Then each call
+//! the instance pool, and allocated on demand for comparison), whole or, as on the
+//! operator's call threads, answered before the instance's slot is reset; the same
+//! render natively for the ratio, and a cold compile of each bundled plugin. Then each call
 //! timed on its own, for the median, the p99 and the ratio to native of one run,
 //! written beside `$CRITERION_HOME` as `plugin-call.md`.
 //!
@@ -83,10 +83,9 @@ fn render(c: &mut Criterion) {
     group.bench_function("postgres plugin (fresh instance + render + policy, then reset)", |b| {
         b.iter(|| postgres.render(black_box(&s), black_box(&cl)).expect("render"))
     });
-    // As the operator's call threads run it: the thread keeps its instance, and the
-    // answer is handed on before the instance is reset, so the reset (run after each
-    // call, untimed) is not waited for.
-    group.bench_function("postgres plugin on a call thread, answer only (its instance, reset after each call)", |b| {
+    // As the operator's call threads run it: the answer is handed on before the
+    // instance's slot is reset, so the reset (run after each call, untimed) is not waited for.
+    group.bench_function("postgres plugin on a call thread, answer only (fresh instance, its reset after the answer)", |b| {
         plugdb::plugin::defer_resets(true);
         b.iter_custom(|calls| {
             let mut answering = Duration::ZERO;
@@ -101,7 +100,7 @@ fn render(c: &mut Criterion) {
         plugdb::plugin::defer_resets(false);
         plugdb::plugin::reset_spent();
     });
-    group.bench_function("postgres plugin on a call thread, whole call (its instance + render + policy, then its reset)", |b| {
+    group.bench_function("postgres plugin on a call thread, whole call (fresh instance + render + policy, then its reset)", |b| {
         plugdb::plugin::defer_resets(true);
         b.iter(|| {
             black_box(postgres.render(black_box(&s), black_box(&cl)).expect("render"));
@@ -184,8 +183,8 @@ fn latency() {
     let render = || {
         black_box(postgres.render(&s, &cl).expect("render"));
     };
-    // As on the operator's call threads: the thread keeps its instance between calls,
-    // reset after each (untimed in the answer, timed in the whole call).
+    // As on the operator's call threads: the instance's slot is reset after the answer
+    // (untimed in the answer, timed in the whole call).
     let call_thread = |whole: bool| {
         plugdb::plugin::defer_resets(true);
         render();
@@ -199,9 +198,8 @@ fn latency() {
             &mut || call_thread(false),
             &mut || call_thread(true),
             &mut || {
-                // Elsewhere: a fresh instance per call, dropped (slot reset) before it returns.
+                // Elsewhere: the slot is reset before the call returns.
                 plugdb::plugin::defer_resets(false);
-                plugdb::plugin::reset_spent();
                 render();
             },
             &mut || {
@@ -221,9 +219,9 @@ fn latency() {
     };
     let table = format!(
         "| postgres `render`, {CALLS} calls timed one by one | median | p99 | median ÷ native median |\n| --- | --- | --- | --- |\n{}{}{}{}",
-        row("sandboxed on a call thread, answer: the thread's instance (reset after its last call) + call + host policy", answer),
-        row("sandboxed on a call thread, whole call: the same, then the instance's reset", whole),
-        row("sandboxed, fresh instance: instance from the pool + call + host policy, then the slot's reset", fresh),
+        row("sandboxed on a call thread, answer: instance from the pool + call + host policy (the slot reset after)", answer),
+        row("sandboxed on a call thread, whole call: the same, then the slot's reset", whole),
+        row("sandboxed elsewhere: instance from the pool + call + host policy, the slot's reset before it returns", fresh),
         row("native: the same render, no sandbox", native),
     );
     println!("\n{table}");

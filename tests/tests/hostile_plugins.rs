@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use plugdb::metrics::{InstanceLabels, Metrics};
+use plugdb::metrics::Metrics;
 use plugdb::plugin::{
     CallError, CallPool, EngineSpec, Limits, LoadError, ParameterValue, Plugin, ResourceAmounts, Runtime, SLOW_CALL_NICENESS, Shape,
     ShapeLimits, Tier,
@@ -141,44 +141,6 @@ fn a_deferred_reset_holds_the_slot_until_it_runs_and_no_state_outlives_it() {
     assert_eq!(elsewhere().expect("the slot is back once reset").as_deref(), Some("calls = 1\n"));
     assert_eq!(calls().expect("answers").as_deref(), Some("calls = 1\n"));
     assert_eq!(elsewhere().expect("without deferral the slot is back at once").as_deref(), Some("calls = 1\n"));
-}
-
-/// A call thread keeps its instance and resets it after each call instead of
-/// instantiating again, yet every call sees a fresh state (the plugin counts its calls
-/// in a static); an instance whose memory grew, or whose call failed, is never reused.
-#[test]
-fn a_call_thread_reuses_its_instance_reset_and_no_state_outlives_a_call() {
-    let metrics = std::sync::Arc::new(Metrics::default());
-    let rt = runtime().with_metrics(metrics.clone());
-    let hostile = rt.load(&plugdb_tests::component("hostile")).expect("hostile loads");
-    let render = |attack: &str| hostile.render(&spec(attack), &plugdb_tests::cluster("victim", "default"));
-    let calls = || {
-        let w = render("count").expect("render");
-        w.config_files.iter().find(|f| f.name == "calls.conf").map(|f| f.content.clone()).expect("calls.conf")
-    };
-    let instances = || {
-        let count = |how: &str| metrics.plugin_instances.get_or_create(&InstanceLabels { engine: "hostile".into(), how: how.into() }).get();
-        (count("new"), count("reused"))
-    };
-    // A thread of its own, as the operator's call threads are.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            plugdb::plugin::defer_resets(true);
-            for _ in 0..10 {
-                assert_eq!(calls(), "calls = 1\n", "a call saw an earlier call's state");
-                plugdb::plugin::reset_spent();
-            }
-            assert_eq!(instances(), (1, 9), "one instance served all ten calls");
-            render("grow").expect("a call that grows the memory answers");
-            assert_eq!(calls(), "calls = 1\n");
-            assert_eq!(instances(), (2, 10), "the grown instance was not reset but dropped");
-            render("panic").expect_err("the plugin panics");
-            assert_eq!(calls(), "calls = 1\n");
-            assert_eq!(instances(), (3, 11), "the instance of a failed call was dropped");
-            plugdb::plugin::defer_resets(false);
-            plugdb::plugin::reset_spent();
-        });
-    });
 }
 
 #[test]

@@ -9,7 +9,6 @@ mod memo;
 pub mod policy;
 mod pool;
 pub mod registry;
-mod reuse;
 mod runtime;
 mod shape;
 pub mod types;

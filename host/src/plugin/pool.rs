@@ -42,7 +42,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::mpsc::{RecvTimeoutError, SendError, Sender};
+use std::sync::mpsc::{SendError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -113,17 +113,11 @@ impl std::fmt::Debug for Detached {
 /// A call for a thread, which says whether the thread serves on after it.
 type Job = Box<dyn FnOnce() -> bool + Send>;
 
-/// How long a call thread waits for a call before it lets go of the instance it keeps
-/// (its pool slot, and the compiled code of a plugin that may since have been replaced).
-pub const IDLE_RELEASE: Duration = Duration::from_secs(10);
-
 /// Threads that run plugin calls, started with the pool and ended with it (a thread
 /// whose sender is gone ends). A call is handed over only once it holds a slot of the
 /// pool, so a thread is always free for it.
 ///
-/// The thread that finished last takes the next call: its caches are warm, and the
-/// instance it keeps is likely the one the next call needs. The others stay idle, and
-/// one idle for [`IDLE_RELEASE`] lets go of its instance.
+/// The thread that finished last takes the next call: its caches are warm.
 #[derive(Debug)]
 struct Workers {
     /// The idle threads, the one that finished last on top.
@@ -143,20 +137,14 @@ struct Retired {
 }
 
 /// Starts a call thread named `name`, at the priority of the thread that calls this.
-fn serve(name: String, release_after: Duration) -> std::io::Result<Sender<Job>> {
+fn serve(name: String) -> std::io::Result<Sender<Job>> {
     let (jobs, queue) = std::sync::mpsc::channel::<Job>();
     std::thread::Builder::new().name(name).spawn(move || {
         super::defer_resets(true);
         super::runtime::lower_priority_when_slow(true);
-        loop {
-            match queue.recv_timeout(release_after) {
-                Ok(job) => {
-                    if !job() {
-                        return super::runtime::release_held();
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => super::runtime::release_held(),
-                Err(RecvTimeoutError::Disconnected) => return,
+        while let Ok(job) = queue.recv() {
+            if !job() {
+                return;
             }
         }
     })?;
@@ -164,10 +152,10 @@ fn serve(name: String, release_after: Duration) -> std::io::Result<Sender<Job>> 
 }
 
 impl Workers {
-    fn start(count: usize, release_after: Duration) -> Self {
+    fn start(count: usize) -> Self {
         let idle = Arc::new(Mutex::new(Vec::with_capacity(count)));
         for i in (0..count).rev() {
-            match serve(format!("plugdb-call-{i}"), release_after) {
+            match serve(format!("plugdb-call-{i}")) {
                 Ok(jobs) => lock(&idle).push(jobs),
                 Err(e) => tracing::error!(error = %e, "could not start a plugin call thread"),
             }
@@ -176,7 +164,7 @@ impl Workers {
         let to = idle.clone();
         let starter = std::thread::Builder::new().name("plugdb-call-start".into()).spawn(move || {
             for Retired { name, slot } in retired {
-                match serve(name, release_after) {
+                match serve(name) {
                     Ok(jobs) => lock(&to).push(jobs),
                     Err(e) => {
                         tracing::error!(error = %e, "could not start a plugin call thread: the pool keeps one fewer");
@@ -355,13 +343,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl CallPool {
     /// At most `total` calls at once, `per_engine` of them for one engine (both ≥ 1).
     pub fn new(total: usize, per_engine: usize) -> Self {
-        Self::releasing_after(total, per_engine, IDLE_RELEASE)
-    }
-
-    /// The same, with threads that let go of their kept instance once idle for
-    /// `release_after`.
-    pub fn releasing_after(total: usize, per_engine: usize, release_after: Duration) -> Self {
-        let workers = Workers::start(total.max(1), release_after);
+        let workers = Workers::start(total.max(1));
         // As many slots as threads started: a call that holds one always finds a thread.
         let started = lock(&workers.idle).len();
         Self {

@@ -1,23 +1,21 @@
 //! The sandbox: compile once per digest, a fresh instance per call from an
-//! `InstancePre` (or, on the call threads, the thread's last instance of the same plugin,
-//! reset to its initial state: `reuse`), a wall-clock deadline by epoch interruption, a
-//! memory cap, a bounded wasm stack and a bounded output. Failures are values, never panics.
+//! `InstancePre` (out of a pool of slots: no mapping per call, memory images copied on
+//! write), a wall-clock deadline by epoch interruption, a memory cap, a bounded wasm
+//! stack and a bounded output. Failures are values, never panics.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, ComponentExportIndex, Instance, Linker};
+use wasmtime::component::{Component, Instance, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use super::convert::{self, Contract, Exports};
 use super::logs::{Admitted, LogRate};
 use super::memo::Memo;
-use super::reuse;
 use super::shape::{Shape, ShapeLimits};
 use super::types::*;
-use crate::metrics::{CallLabels, InstanceLabels, MemoLabels, Metrics};
+use crate::metrics::{CallLabels, MemoLabels, Metrics};
 
 /// The contract version this host implements (`wit/engine.wit`); it also serves 0.1 plugins.
 pub const CONTRACT_VERSION: &str = "0.2.0";
@@ -68,9 +66,8 @@ pub struct Limits {
     /// Instances kept ready in a pool (the pooling allocator: no mapping per call,
     /// memory images copied on write), each reserving 4 GiB + 32 MiB of address space
     /// per memory (of which at most `memory_bytes` is ever made accessible); 0
-    /// allocates every instance on demand. Calls beyond it fail. Half of them at most
-    /// are kept between calls by the call threads, for their next call (see
-    /// [`defer_resets`]).
+    /// allocates every instance on demand. Calls beyond it fail; a call thread that
+    /// defers its resets holds its last call's slot until then (see [`defer_resets`]).
     pub instance_slots: u32,
     /// Bounds on a component's code, checked before it is compiled.
     pub shape: ShapeLimits,
@@ -199,8 +196,6 @@ pub struct Runtime {
     memo: Option<Arc<Memo>>,
     /// The `plugdb` binary that compiles in a process of its own; in this process when `None`.
     compiler: Option<Arc<std::path::Path>>,
-    /// Instances kept between calls now, over all threads (see [`Warm`]).
-    warm: Arc<AtomicUsize>,
     /// Each engine's allowance of log bytes over time.
     logs: Arc<LogRate>,
 }
@@ -279,17 +274,7 @@ impl Runtime {
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
-        Ok(Self {
-            engine,
-            linker: Arc::new(linker),
-            limits,
-            tier,
-            metrics: None,
-            memo: None,
-            compiler: None,
-            warm: Arc::new(AtomicUsize::new(0)),
-            logs: Arc::default(),
-        })
+        Ok(Self { engine, linker: Arc::new(linker), limits, tier, metrics: None, memo: None, compiler: None, logs: Arc::default() })
     }
 
     /// The same runtime, compiling each plugin in a child `plugdb compile` run from
@@ -394,40 +379,23 @@ impl Runtime {
         if !excess.is_empty() {
             return Err(LoadError::TooBig(excess.join("; ")));
         }
-        // Where the host can prove what state an instance keeps, it adds a reset to
-        // the component, so that call threads reuse instances (`reuse`).
-        let (component, reusable) = match reuse::with_reset(bytes) {
-            Ok(with_reset) => (self.compile(&with_reset)?, true),
-            Err(why) => {
-                tracing::debug!(%why, "each call of this plugin gets a fresh instance");
-                (self.compile(bytes)?, false)
-            }
-        };
+        let component = self.compile(bytes)?;
         let (interface, contract) = check_contract(&self.engine, &component)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| LoadError::Imports(format!("{e:#}")))?;
         // Type-checks every export of the contract, once.
         let exports = Exports::find(&component, &interface, contract, &pre).map_err(LoadError::Contract)?;
-        let reset = if reusable { component.get_export(None, reuse::RESET_EXPORT).map(|(_, index)| index) } else { None };
         let mut plugin = Plugin {
             info: Arc::new(placeholder_info()),
             digest: hex_digest(bytes),
             bytes: bytes.into(),
             pre,
             exports,
-            reset: None,
-            identity: Arc::new(()),
             runtime: self.clone(),
         };
         let info: PluginInfo =
             plugin.call("info", |store, i| plugin.exports.info(store, i)).map_err(|e| LoadError::SelfTest(e.to_string()))?;
         check_info(&info, plugin.exports.contract())?;
         plugin.info = Arc::new(info);
-        if let Some(reset) = reset {
-            match plugin.reset_answers_alike(reset) {
-                Ok(()) => plugin.reset = Some(reset),
-                Err(why) => tracing::warn!(engine = %plugin.info.engine, %why, "each call of this plugin gets a fresh instance"),
-            }
-        }
         Ok(plugin)
     }
 }

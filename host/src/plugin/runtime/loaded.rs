@@ -1,5 +1,5 @@
-//! A loaded plugin and its calls: each in a fresh instance or a reset one, under the
-//! deadline, the memory cap and the output bounds; what a call thread keeps between calls.
+//! A loaded plugin and its calls: each in a fresh instance, under the deadline, the
+//! memory cap and the output bounds; a call thread drops its last instance after answering.
 
 use super::*;
 
@@ -8,8 +8,7 @@ use super::*;
 const TARGET: &str = "plugdb::plugin::runtime";
 
 /// A loaded plugin: compiled, linked and self-tested. Cheap to clone; each call runs in
-/// a fresh instance, or in one reset to its initial state, so nothing leaks from one
-/// call into the next.
+/// a fresh instance, so nothing leaks from one call into the next.
 #[derive(Clone)]
 pub struct Plugin {
     pub(super) info: Arc<PluginInfo>,
@@ -17,10 +16,6 @@ pub struct Plugin {
     pub(super) bytes: Arc<[u8]>,
     pub(super) pre: wasmtime::component::InstancePre<CallState>,
     pub(super) exports: Exports,
-    /// The reset the host added (`reuse`), once the self-test showed it works.
-    pub(super) reset: Option<ComponentExportIndex>,
-    /// This load, which the instances a thread keeps belong to.
-    pub(super) identity: Arc<()>,
     pub(super) runtime: Runtime,
 }
 
@@ -37,9 +32,9 @@ impl std::fmt::Debug for Plugin {
 thread_local! {
     /// Whether this thread's calls leave their instance to [`reset_spent`].
     static DEFER_RESETS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The instance of this thread's last call, while its reset is deferred or kept for
-    /// the thread's next call.
-    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+    /// The store of this thread's last call (which holds its instance), while its reset
+    /// is deferred.
+    static HELD: std::cell::RefCell<Option<Store<CallState>>> = const { std::cell::RefCell::new(None) };
     /// Whether this thread's slow calls lower its priority.
     pub(super) static LOWER_WHEN_SLOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Whether a slow call has lowered this thread's priority.
@@ -69,15 +64,11 @@ pub(crate) fn lower_priority() {
 }
 
 /// Makes this thread's plugin calls answer before their instance is reset (`true`),
-/// or reset it before they return (`false`, the default). A thread that hands each
-/// answer on before it calls [`reset_spent`] lets its caller go on meanwhile.
-///
-/// Such a thread also keeps its last instance, reset, for its next call of the same
-/// plugin, where the plugin allows it (`reuse`) and fewer than half of the pool's
-/// slots are kept so; otherwise the reset drops the instance, which gives its pool
-/// slot back (copying the memory's initial image over the pages kept resident). A
-/// call of another plugin drops the kept instance first, so a thread never holds
-/// more than one. Turning deferral off drops it at the next [`reset_spent`].
+/// or reset it before they return (`false`, the default). The reset is the instance's
+/// drop: its pool slot is given back, the memory's initial image copied over the pages
+/// kept resident. A thread that hands each answer on before it calls [`reset_spent`]
+/// lets its caller go on meanwhile; its next call drops a pending instance first, so a
+/// thread never holds more than one.
 pub fn defer_resets(on: bool) {
     DEFER_RESETS.set(on);
 }
@@ -87,77 +78,11 @@ pub(crate) fn resets_deferred() -> bool {
     DEFER_RESETS.get()
 }
 
-/// Resets the instance of this thread's last call, if a deferred reset is pending, and
-/// keeps it for the thread's next call or gives its slot back to the pool (see
+/// Resets the instance of this thread's last call, if a deferred reset is pending (see
 /// [`defer_resets`]).
 pub fn reset_spent() {
-    if let Some(held) = settle() {
-        HELD.set(Some(held));
-    }
-}
-
-/// Drops the instance this thread keeps, if any, which gives its pool slot back (a
-/// call thread that has been idle a while: see `pool::IDLE_RELEASE`).
-pub(crate) fn release_held() {
     // Taken out before it is dropped: the borrow ends before the store's drop runs.
     drop(HELD.with_borrow_mut(Option::take));
-}
-
-/// This thread's held instance, reset if a call ran in it since; `None` when there is
-/// none or it is not kept (it is dropped then, which gives its slot back).
-fn settle() -> Option<Held> {
-    // Taken out before anything is dropped: the borrow ends before a store's drop runs.
-    let mut held = HELD.with_borrow_mut(Option::take)?;
-    if !resets_deferred() {
-        return None;
-    }
-    if held.dirty {
-        let (reset, _) = held.reset.as_ref()?;
-        let func = held.instance.get_func(&mut held.store, reset)?;
-        // SAFETY: `Plugin::reset_answers_alike` called this export as `() -> ()` at load.
-        #[allow(unsafe_code)]
-        let typed = unsafe { wasmtime::component::TypedFunc::<(), ()>::new_unchecked(func) };
-        held.store.data_mut().slow_after = None;
-        held.store.set_epoch_deadline(held.reset_ticks);
-        typed.call(&mut held.store, ()).ok()?;
-        held.dirty = false;
-    }
-    Some(held)
-}
-
-/// An instance a thread holds between calls (see [`defer_resets`]).
-struct Held {
-    /// The plugin load it belongs to (`Plugin::identity`).
-    owner: Arc<()>,
-    store: Store<CallState>,
-    instance: Instance,
-    /// The reset export, when this instance is reset and kept rather than dropped,
-    /// with the place it takes among the kept ones.
-    reset: Option<(ComponentExportIndex, Warm)>,
-    /// Whether a call ran in it since it was instantiated or reset.
-    dirty: bool,
-    /// What the call limiter allowed right after instantiation, given back at each reuse.
-    fresh: (usize, usize),
-    /// The reset's own deadline, in epoch ticks.
-    reset_ticks: u64,
-}
-
-/// A place among the instances call threads keep between calls: at most half of the
-/// pool's slots, so that the rest serve everything else (loads, other threads).
-struct Warm(Arc<AtomicUsize>);
-
-impl Warm {
-    fn take(kept: &Arc<AtomicUsize>, slots: u32) -> Option<Self> {
-        let most = slots as usize / 2;
-        kept.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < most).then_some(n + 1)).ok()?;
-        Some(Self(kept.clone()))
-    }
-}
-
-impl Drop for Warm {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// What one call may allocate, checked before each allocation: linear memory over
@@ -505,78 +430,22 @@ impl Plugin {
         }
     }
 
-    /// Runs `f` against a fresh instance, or this thread's kept instance of this plugin
-    /// once reset, under the call limits (its result bounded while it is copied out:
-    /// the store's hostcall fuel).
+    /// Runs `f` against a fresh instance under the call limits (its result bounded
+    /// while it is copied out: the store's hostcall fuel).
     pub(super) fn call<R>(
         &self,
         function: &'static str,
         f: impl FnOnce(&mut Store<CallState>, &Instance) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        // A thread holds one instance at most: the last call's is reset, and dropped
-        // unless it is this plugin's to reuse.
-        let mut held = match settle() {
-            Some(mut held) if Arc::ptr_eq(&held.owner, &self.identity) => {
-                let state = held.store.data_mut();
-                (state.limits.memory_left, state.limits.table_elements_left) = held.fresh;
-                state.log_lines = 0;
-                state.info = self.info.clone();
-                self.runtime.start_call(&mut held.store);
-                self.count_instance("reused");
-                held
-            }
-            other => {
-                drop(other);
-                let held = self.instantiate().map_err(|e| self.classify(function, e))?;
-                self.count_instance("new");
-                held
-            }
-        };
-        let result = f(&mut held.store, &held.instance);
-        held.dirty = true;
-        if result.is_err() {
-            // Whatever failed (a trap, the deadline, a result too large) may have left
-            // the instance anywhere: it is dropped, never reused.
-            held.reset = None;
-        }
+        // A thread holds one instance at most: the last call's goes first.
+        reset_spent();
+        let mut store = self.runtime.store(self.info.clone());
+        let instance = self.pre.instantiate(&mut store).map_err(|e| self.classify(function, e))?;
+        let result = f(&mut store, &instance);
         if resets_deferred() {
-            HELD.set(Some(held));
+            HELD.set(Some(store));
         }
         result.map_err(|e| self.classify(function, e))
-    }
-
-    /// A fresh instance of this plugin, kept between calls where this thread defers
-    /// resets, the plugin has a reset and a place among the kept instances is free.
-    fn instantiate(&self) -> wasmtime::Result<Held> {
-        let mut store = self.runtime.store(self.info.clone());
-        let instance = self.pre.instantiate(&mut store)?;
-        let limits = &store.data().limits;
-        let fresh = (limits.memory_left, limits.table_elements_left);
-        let reset = match self.reset {
-            Some(reset) if resets_deferred() => Warm::take(&self.runtime.warm, self.runtime.limits.instance_slots).map(|w| (reset, w)),
-            _ => None,
-        };
-        Ok(Held { owner: self.identity.clone(), store, instance, reset, dirty: false, fresh, reset_ticks: self.runtime.deadline_ticks() })
-    }
-
-    /// Checks at load that `reset` gives an instance back its initial state as far as
-    /// `info` can tell: called before and after a reset, on one instance, it answers alike.
-    pub(super) fn reset_answers_alike(&self, reset: ComponentExportIndex) -> Result<(), String> {
-        let mut store = self.runtime.store(self.info.clone());
-        let instance = self.pre.instantiate(&mut store).map_err(|e| format!("{e:#}"))?;
-        let first = self.exports.info(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
-        let func = instance.get_func(&mut store, reset).ok_or("the reset is not a function")?;
-        let typed = func.typed::<(), ()>(&store).map_err(|e| format!("{e:#}"))?;
-        typed.call(&mut store, ()).map_err(|e| format!("the reset failed: {e:#}"))?;
-        self.runtime.start_call(&mut store);
-        let again = self.exports.info(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
-        if first == again { Ok(()) } else { Err("info() answers differently after a reset".into()) }
-    }
-
-    fn count_instance(&self, how: &str) {
-        if let Some(metrics) = &self.runtime.metrics {
-            metrics.plugin_instances.get_or_create(&InstanceLabels { engine: self.info.engine.clone(), how: how.into() }).inc();
-        }
     }
 
     fn classify(&self, function: &'static str, error: wasmtime::Error) -> CallError {
