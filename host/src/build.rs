@@ -28,6 +28,13 @@ pub const MANAGER: &str = "plugdb";
 pub const APPLIED_HASH: &str = "plugdb.io/applied-hash";
 /// Annotation on the pod template holding the hash of the config files.
 pub const CONFIG_HASH: &str = "plugdb.io/config-hash";
+/// Annotation on the pod template: the primary the workload was rendered for.
+pub const PRIMARY_ANNOTATION: &str = "plugdb.io/primary";
+/// Annotation on the pod template: a hash of it with the primary's name left out. A
+/// member started as a replica whose pod has the hash of the current template runs what
+/// it would run if restarted, but for the primary's name: a failover does not restart
+/// it (it follows the read-write Service to the new primary).
+pub const ROLE_FREE_HASH: &str = "plugdb.io/role-free-hash";
 /// Annotation on the pod template naming the TLS certificate the members use (its expiry).
 pub const TLS_STAMP: &str = "plugdb.io/tls-not-after";
 /// Label on member pods naming their role (`primary` or `replica`).
@@ -410,9 +417,17 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
 }
 
 /// The members' StatefulSet, with `replicas` members (the spec's once a scale plan got
-/// there); `tls`: the Database's certificate is mounted, and this stamp of it (its expiry)
-/// on the pod template rolls the members onto a renewed one.
-pub fn statefulset(db: &Database, workload: &Workload, engine: &str, sidecars: Sidecars<'_>, replicas: u32, tls: Option<&str>) -> Child {
+/// there), for the workload rendered for primary `rendered_for`; `tls`: the Database's
+/// certificate is mounted, and this stamp of it (its expiry) on the pod template rolls
+/// the members onto a renewed one.
+pub fn statefulset(
+    db: &Database,
+    workload: &Workload,
+    engine: &str,
+    sidecars: Sidecars<'_>,
+    (rendered_for, replicas): (&str, u32),
+    tls: Option<&str>,
+) -> Child {
     let n = db.name_any();
     let names = Names(&n);
     let container = Container {
@@ -513,6 +528,10 @@ pub fn statefulset(db: &Database, workload: &Workload, engine: &str, sidecars: S
         topology_spread_constraints: pod::zone_spread(db),
         ..Default::default()
     };
+    // The template with the primary's name blanked wherever it is a whole value.
+    let unnamed = serde_json::to_string(&(&template_annotations, &pod)).unwrap_or_default().replace(&format!("\"{rendered_for}\""), "\"\"");
+    template_annotations.insert(ROLE_FREE_HASH.to_string(), hex(unnamed.as_bytes()));
+    template_annotations.insert(PRIMARY_ANNOTATION.to_string(), rendered_for.to_string());
     let spec = StatefulSetSpec {
         replicas: Some(replicas as i32),
         service_name: Some(names.headless()),
@@ -544,19 +563,21 @@ pub fn disruption_budget(db: &Database) -> Child {
     Child::new(n.clone(), PodDisruptionBudget { metadata: metadata(db, &n, true), spec: Some(spec), ..Default::default() })
 }
 
-/// Every child rendered from the workload, in apply order.
+/// Every child rendered from the workload, in apply order: the Services select
+/// `primary_pod`; the members' template is the workload's, rendered for `rendered_for`
+/// (for an engine that elects its leader, always member 0: a new leader restarts nothing).
 pub fn children(
     db: &Database,
     workload: &Workload,
     engine: &str,
     primary_pod: &str,
     sidecars: Sidecars<'_>,
-    replicas: u32,
+    (rendered_for, replicas): (&str, u32),
     tls: Option<&str>,
 ) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine, sidecars, replicas, tls));
+    out.push(statefulset(db, workload, engine, sidecars, (rendered_for, replicas), tls));
     out.push(disruption_budget(db));
     out
 }

@@ -133,7 +133,7 @@ pub fn render(database: &Path, plugin: &Path, compiler: &Path) -> Result<String>
         &db.spec.engine,
         &primary,
         build::Sidecars::default(),
-        spec.replicas,
+        (&primary, spec.replicas),
         db.spec.tls_enabled().then_some("issued"),
     ) {
         out.push_str("---\n");

@@ -91,7 +91,7 @@ fn engine_spec_names_each_bad_field() {
 #[test]
 fn statefulset_carries_the_workload_under_host_policy() {
     let db = database(DeletionPolicy::Snapshot);
-    let child = statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None);
+    let child = statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None);
     let sts: StatefulSet = serde_json::from_value(child.object.clone()).expect("a valid StatefulSet");
     let spec = sts.spec.expect("spec");
     assert_eq!(spec.replicas, Some(3));
@@ -122,8 +122,9 @@ fn statefulset_carries_the_workload_under_host_policy() {
 #[test]
 fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     let mut db = database(DeletionPolicy::Snapshot);
-    let pod =
-        |db: &Database| statefulset(db, &workload(""), "postgres", Sidecars::default(), 3, None).object["spec"]["template"]["spec"].clone();
+    let pod = |db: &Database| {
+        statefulset(db, &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None).object["spec"]["template"]["spec"].clone()
+    };
     let preferred = &pod(&db)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(preferred["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], "orders");
@@ -147,7 +148,7 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
 
 #[test]
 fn deletion_policy_delete_lets_volumes_go() {
-    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", Sidecars::default(), 3, None);
+    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None);
     assert_eq!(child.object["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Delete", "whenScaled": "Delete"}));
 }
 
@@ -155,8 +156,8 @@ fn deletion_policy_delete_lets_volumes_go() {
 fn a_config_change_changes_the_pod_template_and_the_hash() {
     let db = database(DeletionPolicy::Snapshot);
     let (a, b) = (
-        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None),
-        statefulset(&db, &workload("a = 2\n"), "postgres", Sidecars::default(), 3, None),
+        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None),
+        statefulset(&db, &workload("a = 2\n"), "postgres", Sidecars::default(), ("orders-0", 3), None),
     );
     assert_ne!(
         a.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH],
@@ -165,7 +166,7 @@ fn a_config_change_changes_the_pod_template_and_the_hash() {
     assert_ne!(a.hash(), b.hash());
     assert_eq!(
         a.hash(),
-        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), 3, None).hash(),
+        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None).hash(),
         "rendering is deterministic"
     );
 }
@@ -177,7 +178,15 @@ fn the_primary_service_follows_the_primary_pod() {
     assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
     assert_eq!(services[2].object["spec"]["clusterIP"], "None");
-    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), 3, None);
+    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), ("orders-0", 3), None);
+    // The members' template follows the primary the workload was rendered for, not the
+    // one the Services select (an engine that elects its leader is rendered for member 0):
+    // a new leader restarts nothing.
+    let led_by = |leader: &str| {
+        let children = children(&db, &workload(""), "postgres", leader, Sidecars::default(), ("orders-0", 3), None);
+        children.into_iter().find(|c| c.kind == Kind::StatefulSet).map(|c| c.object).expect("the StatefulSet")
+    };
+    assert_eq!(led_by("orders-1"), led_by("orders-2"));
     let kinds: Vec<String> = all.iter().map(|c| format!("{}/{}", c.resource.kind, c.name)).collect();
     assert_eq!(
         kinds,
@@ -204,7 +213,7 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
     let archiver = Archiver { target: &target, image: "plugdb/plugdb:1" };
     let set: StatefulSet = serde_json::from_value(
-        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), agent: None }, 3, None).object,
+        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), agent: None }, ("orders-0", 3), None).object,
     )
     .expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
@@ -244,8 +253,9 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
         source: EnvSource::Secret(SecretRef { name: "orders-credentials".into(), key: "pw".into() }),
     }];
     let pod = |w: &Workload, agent: Option<&str>| -> k8s_openapi::api::core::v1::PodSpec {
-        let set: StatefulSet = serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { archiver: None, agent }, 3, None).object)
-            .expect("StatefulSet");
+        let set: StatefulSet =
+            serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { archiver: None, agent }, ("orders-0", 3), None).object)
+                .expect("StatefulSet");
         set.spec.and_then(|s| s.template.spec).expect("pod")
     };
     let none = pod(&w, Some("plugdb/plugdb:1"));
@@ -277,7 +287,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     // the engine sees the mark, read-only.
     w.fence_command = vec!["sh".into(), "-c".into(), "echo fenced".into()];
     let set: StatefulSet = serde_json::from_value(
-        statefulset(&db, &w, "postgres", Sidecars { archiver: None, agent: Some("plugdb/plugdb:1") }, 3, None).object,
+        statefulset(&db, &w, "postgres", Sidecars { archiver: None, agent: Some("plugdb/plugdb:1") }, ("orders-0", 3), None).object,
     )
     .expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
@@ -303,7 +313,8 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
 fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
     let db = database(DeletionPolicy::Snapshot);
     let plain: StatefulSet =
-        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Sidecars::default(), 3, None).object).expect("StatefulSet");
+        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None).object)
+            .expect("StatefulSet");
     assert!(plain.spec.and_then(|s| s.template.spec).expect("pod").init_containers.is_none());
 
     let mut w = workload("");
@@ -314,7 +325,7 @@ fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
         env: vec![],
     }];
     let set: StatefulSet =
-        serde_json::from_value(statefulset(&db, &w, "postgres", Sidecars::default(), 3, None).object).expect("StatefulSet");
+        serde_json::from_value(statefulset(&db, &w, "postgres", Sidecars::default(), ("orders-0", 3), None).object).expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let init = pod.init_containers.expect("init containers");
     assert_eq!(init.len(), 1);
@@ -335,7 +346,7 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
         env: vec![],
     }];
     let pod_of = |stamp: Option<&str>| -> (PodTemplateSpec, String) {
-        let child = statefulset(&db, &w, "postgres", Sidecars::default(), 3, stamp);
+        let child = statefulset(&db, &w, "postgres", Sidecars::default(), ("orders-0", 3), stamp);
         let set: StatefulSet = serde_json::from_value(child.object.clone()).expect("StatefulSet");
         (set.spec.expect("spec").template, child.hash().to_string())
     };
@@ -371,4 +382,26 @@ fn job_names_fit_whatever_the_database_name_and_long_ones_keep_apart() {
         assert_ne!(name, other, "two long names that share a beginning name the same Job");
     }
     assert_eq!(Names("orders").job("final"), "orders-final", "short names are as they were");
+}
+
+/// A template rendered for another primary differs from the first only in the primary's
+/// name: its role-free hash is the same (a replica need not restart to follow the new
+/// primary); any other change gives another hash.
+#[test]
+fn the_role_free_hash_leaves_out_only_the_primarys_name() {
+    let db = database(DeletionPolicy::Snapshot);
+    let for_primary = |primary: &str, config: &str| {
+        let mut w = workload(config);
+        w.env.push(EnvVar { name: "PRIMARY_POD".into(), source: EnvSource::Value(primary.into()) });
+        let set = statefulset(&db, &w, "postgres", Sidecars::default(), (primary, 3), None).object;
+        let annotations = set["spec"]["template"]["metadata"]["annotations"].clone();
+        (annotations[ROLE_FREE_HASH].as_str().expect("a role-free hash").to_string(), annotations[PRIMARY_ANNOTATION].clone(), set)
+    };
+    let (before, named, set_before) = for_primary("orders-0", "a = 1\n");
+    let (after, named_after, set_after) = for_primary("orders-1", "a = 1\n");
+    assert_eq!((named, named_after), (json!("orders-0"), json!("orders-1")));
+    assert_ne!(set_before, set_after, "the template itself names its primary");
+    assert_eq!(before, after, "but for the primary's name it is the same");
+    let (changed, _, _) = for_primary("orders-1", "a = 2\n");
+    assert_ne!(changed, after, "any other change counts");
 }

@@ -141,6 +141,9 @@ struct Pass<'a> {
     tls: Option<String>,
     /// The positions the members' agents said in this pass, by pod.
     heard: Vec<(String, String)>,
+    /// The primary the workload was rendered for (member 0 for an engine that elects its
+    /// leader), once the render stage ran.
+    rendered_for: String,
 }
 
 /// The engine's plugin and the spec it accepted (at the desired version).
@@ -160,6 +163,8 @@ struct Members {
 struct Applied {
     /// The StatefulSet, as last written or cached.
     stateful_set: Option<Arc<StatefulSet>>,
+    /// The members' template's hash without the primary's name ([`build::ROLE_FREE_HASH`]).
+    role_free: String,
     growth: Growth,
 }
 
@@ -182,6 +187,7 @@ impl<'a> Pass<'a> {
             status: db.status.clone().unwrap_or_default(),
             tls: None,
             heard: Vec::new(),
+            rendered_for: String::new(),
         }
     }
 
@@ -392,6 +398,7 @@ impl<'a> Pass<'a> {
         let (ctx, db) = (self.ctx, self.db);
         let bootstrap = Names(&self.name).pod(0);
         let primary = if plugin.info().capabilities.elects_leader { bootstrap.as_str() } else { primary };
+        self.rendered_for = primary.to_string();
         let mut cluster = build::cluster_context(db, primary, archive);
         cluster.restoring = self.restore_unfinished();
         let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
@@ -487,7 +494,13 @@ impl<'a> Pass<'a> {
     ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(db);
-        for child in build::children(db, workload, &db.spec.engine, primary, sidecars, replicas, self.tls.as_deref()) {
+        let mut role_free = String::new();
+        let template = (self.rendered_for.as_str(), replicas);
+        for child in build::children(db, workload, &db.spec.engine, primary, sidecars, template, self.tls.as_deref()) {
+            if child.kind == build::Kind::StatefulSet {
+                let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
+                role_free = annotations[build::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
+            }
             let applied = apply::apply(ctx, db, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
                 stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
@@ -504,14 +517,14 @@ impl<'a> Pass<'a> {
         if self.status.current_version.is_none() {
             self.status.current_version = Some(version.to_string());
         }
-        Ok(Applied { stateful_set, growth })
+        Ok(Applied { stateful_set, role_free, growth })
     }
 
     /// Role labels on the members, and the next member restart of a roll (one at a time,
     /// replicas first, primary last) among the `granted` members of this pass.
     async fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Result<Rolled, Error> {
         let (ctx, db) = (self.ctx, self.db);
-        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_deref(), granted);
+        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_deref(), &applied.role_free, granted);
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
         for (name, role) in &roll.labels {
             pods.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;

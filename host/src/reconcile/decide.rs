@@ -411,9 +411,10 @@ pub struct Roll {
 /// Role labels, and the next member restart of a roll (one at a time, replicas first,
 /// primary last) among the `granted` members, once the StatefulSet controller has seen
 /// the StatefulSet's latest spec (revisions mean nothing before).
-pub fn roll(members: &[Observed], primary: &str, set: Option<&StatefulSet>, granted: u32) -> Roll {
+pub fn roll(members: &[Observed], primary: &str, set: Option<&StatefulSet>, role_free: &str, granted: u32) -> Roll {
     let current = set.is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
     let revision = set.and_then(|s| s.status.as_ref()).and_then(|s| s.update_revision.as_deref()).unwrap_or_default();
+    let wanted = members::Wanted { revision, role_free };
     let labels = members
         .iter()
         .filter(|m| !m.terminating)
@@ -422,8 +423,8 @@ pub fn roll(members: &[Observed], primary: &str, set: Option<&StatefulSet>, gran
         .map(|(m, role)| (m.name.clone(), role))
         .collect();
     let desired = granted.max(1) as usize;
-    let restart = members::next_to_roll(members, revision, primary, desired).filter(|_| current).map(|m| m.name.clone());
-    Roll { labels, restart, done: current && members::rolled(members, revision, desired) }
+    let restart = members::next_to_roll(members, wanted, primary, desired).filter(|_| current).map(|m| m.name.clone());
+    Roll { labels, restart, done: current && members::rolled(members, wanted, primary, desired) }
 }
 
 /// What the steps stage decided.

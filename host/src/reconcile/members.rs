@@ -42,6 +42,9 @@ pub struct Observed {
     pub down: Option<String>,
     /// When its Ready condition last changed (RFC 3339).
     pub ready_since: Option<String>,
+    /// The primary its template was rendered for, and that template's hash without the
+    /// primary's name (see [`crate::build::ROLE_FREE_HASH`]).
+    pub rendered: Option<(String, String)>,
 }
 
 impl Observed {
@@ -61,6 +64,7 @@ impl Observed {
             node: None,
             down: None,
             ready_since: None,
+            rendered: None,
             address,
         }
     }
@@ -100,6 +104,11 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
                 down,
                 ready_since,
+                rendered: p
+                    .annotations()
+                    .get(crate::build::PRIMARY_ANNOTATION)
+                    .cloned()
+                    .zip(p.annotations().get(crate::build::ROLE_FREE_HASH).cloned()),
                 name,
             })
         })
@@ -126,17 +135,44 @@ fn why_not_ready(pod: &Pod, ready: Option<&k8s_openapi::api::core::v1::PodCondit
     container.or(condition).unwrap_or_else(|| "not ready".into())
 }
 
-/// The pod to delete next to roll members onto `update_revision`, one at a time:
+/// What the members should run: the StatefulSet's revision, and the hash of its
+/// template without the primary's name.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    /// The update revision.
+    pub revision: &'a str,
+    /// [`crate::build::ROLE_FREE_HASH`] of the template.
+    pub role_free: &'a str,
+}
+
+impl Wanted<'_> {
+    /// Whether `m` runs what it should: the revision, or, for a member started as a
+    /// replica that is still one, the same template but for the primary's name (it
+    /// follows the new primary through the read-write Service without a restart).
+    fn runs(&self, m: &Observed, primary: &str) -> bool {
+        let same_replica = m
+            .rendered
+            .as_ref()
+            .is_some_and(|(was, hash)| *was != m.name && m.name != primary && !self.role_free.is_empty() && hash == self.role_free);
+        m.revision.as_deref() == Some(self.revision) || same_replica
+    }
+}
+
+/// The pod to delete next to roll members onto what they should run ([`Wanted`]), one
+/// at a time:
 /// 1. after a failover the old primary is down on the old revision: the new primary
 ///    restarts first, so that it takes its role;
 /// 2. members down on the old revision serve nothing: they restart next;
 /// 3. otherwise only while every member is ready: replicas (highest ordinal first),
 ///    then the primary.
-pub fn next_to_roll<'a>(members: &'a [Observed], update_revision: &str, primary: &str, desired: usize) -> Option<&'a Observed> {
+///
+/// A replica that was started as one and whose template differs only in the primary's
+/// name is not restarted by a failover.
+pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &str, desired: usize) -> Option<&'a Observed> {
     if members.iter().any(|m| m.terminating) {
         return None;
     }
-    let outdated = |m: &&Observed| m.revision.as_deref() != Some(update_revision);
+    let outdated = |m: &&Observed| !wanted.runs(m, primary);
     let the_primary = members.iter().find(|m| m.name == primary);
     let broken = members.iter().filter(outdated).find(|m| !m.ready && m.name != primary);
     if let (Some(p), Some(_)) = (the_primary.filter(outdated).filter(|p| p.ready), broken) {
@@ -151,9 +187,9 @@ pub fn next_to_roll<'a>(members: &'a [Observed], update_revision: &str, primary:
     members.iter().rev().filter(outdated).find(|m| m.name != primary).or_else(|| the_primary.filter(outdated))
 }
 
-/// Whether every member runs `update_revision` and is ready.
-pub fn rolled(members: &[Observed], update_revision: &str, desired: usize) -> bool {
-    members.len() == desired && members.iter().all(|m| m.ready && !m.terminating && m.revision.as_deref() == Some(update_revision))
+/// Whether every member runs what it should (see [`Wanted`]) and is ready.
+pub fn rolled(members: &[Observed], wanted: Wanted<'_>, primary: &str, desired: usize) -> bool {
+    members.len() == desired && members.iter().all(|m| m.ready && !m.terminating && wanted.runs(m, primary))
 }
 
 /// The members as the plugin sees them for a failover question, without positions
@@ -198,36 +234,57 @@ mod tests {
         Observed { ordinal, ready, since_seconds: 100, revision: Some(revision.into()), ..Observed::at(&format!("db-{ordinal}"), None) }
     }
 
+    const NEW: Wanted = Wanted { revision: "new", role_free: "same" };
+
+    /// After a failover only the promoted member (to take its role) and the old primary
+    /// (to follow) restart: a replica started as one, whose template differs only in the
+    /// primary's name, follows the new primary without a restart.
+    #[test]
+    fn a_failover_restarts_the_promoted_member_and_the_old_primary_only() {
+        let rendered = |ordinal: u32, ready: bool| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, ready, "old") };
+        let members = vec![rendered(0, false), rendered(1, true), rendered(2, true)];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"));
+        let members = vec![rendered(0, false), m(1, true, "new"), rendered(2, true)];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+        let members = vec![m(0, true, "new"), m(1, true, "new"), rendered(2, true)];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3), None, "db-2 keeps running");
+        assert!(rolled(&members, NEW, "db-1", 3));
+        // Any other change of the template restarts it.
+        let other = Wanted { revision: "new", role_free: "changed" };
+        assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
+        assert!(!rolled(&members, other, "db-1", 3));
+    }
+
     #[test]
     fn rolls_replicas_highest_first_then_the_primary() {
         let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "old")];
-        assert_eq!(next_to_roll(&members, "new", "db-0", 3).map(|m| m.name.as_str()), Some("db-2"));
+        assert_eq!(next_to_roll(&members, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-2"));
         let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "new")];
-        assert_eq!(next_to_roll(&members, "new", "db-0", 3).map(|m| m.name.as_str()), Some("db-1"));
+        assert_eq!(next_to_roll(&members, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-1"));
         let members = vec![m(0, true, "old"), m(1, true, "new"), m(2, true, "new")];
-        assert_eq!(next_to_roll(&members, "new", "db-0", 3).map(|m| m.name.as_str()), Some("db-0"));
+        assert_eq!(next_to_roll(&members, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-0"));
         // After a failover the primary may be any member: it still goes last.
         let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "new")];
-        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
     }
 
     #[test]
     fn after_a_failover_the_new_primary_restarts_first_then_the_old_one() {
         // db-0 was primary and is down; db-1 was promoted; the template names db-1 now.
         let members = vec![m(0, false, "old"), m(1, true, "old"), m(2, true, "old")];
-        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-1"));
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"));
         let members = vec![m(0, false, "old"), m(1, true, "new"), m(2, true, "old")];
-        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
         let members = vec![m(0, true, "new"), m(1, true, "new"), m(2, true, "old")];
-        assert_eq!(next_to_roll(&members, "new", "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
     }
 
     #[test]
     fn never_rolls_while_a_member_is_down_or_missing() {
-        assert_eq!(next_to_roll(&[m(0, true, "old"), m(1, false, "new")], "new", "db-0", 2), None);
-        assert_eq!(next_to_roll(&[m(0, true, "old")], "new", "db-0", 2), None);
-        assert!(rolled(&[m(0, true, "new"), m(1, true, "new")], "new", 2));
-        assert!(!rolled(&[m(0, true, "new"), m(1, true, "old")], "new", 2));
+        assert_eq!(next_to_roll(&[m(0, true, "old"), m(1, false, "new")], NEW, "db-0", 2), None);
+        assert_eq!(next_to_roll(&[m(0, true, "old")], NEW, "db-0", 2), None);
+        assert!(rolled(&[m(0, true, "new"), m(1, true, "new")], NEW, "db-0", 2));
+        assert!(!rolled(&[m(0, true, "new"), m(1, true, "old")], NEW, "db-0", 2));
     }
 
     /// A replica is given the position its agent said; a member whose agent says it is

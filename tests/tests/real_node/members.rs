@@ -301,6 +301,7 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
         }
     }
     let chosen = best.expect("a replica").1;
+    let other = members[1..].iter().find(|p| p.name_any() != chosen).expect("the other replica").clone();
     plugdb_tests::scenario::signal_container(&members[1], "agent", "plugdb", "CONT");
     let answering = Instant::now();
     cluster
@@ -348,6 +349,15 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while client.checksum(&ip).await != expected {
         assert!(Instant::now() < deadline, "the old primary has the rows written after the failover");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The other replica ran throughout, and follows the new primary onto its timeline.
+    let now = client.members().await.into_iter().find(|p| p.name_any() == other.name_any()).expect("the other replica");
+    assert_eq!(now.metadata.uid, other.metadata.uid, "{} was not restarted", other.name_any());
+    assert_eq!(identities(std::slice::from_ref(&now))[0].2, identities(std::slice::from_ref(&other))[0].2, "nor its containers");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while client.checksum(&pod_ip(&now)).await != expected {
+        assert!(Instant::now() < deadline, "{} has the rows written after the failover", other.name_any());
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

@@ -313,15 +313,15 @@ fn members_roll_one_at_a_time_only_once_the_stateful_set_is_observed() {
         ("granted fewer during a scale: rolled at that count", &new[..2], Some(&seen), 2, None, true),
     ];
     for (what, members, set, granted, restart, done) in rows {
-        let roll = roll(members, "db-0", set, granted);
+        let roll = roll(members, "db-0", set, "", granted);
         assert_eq!((roll.restart.as_deref(), roll.done), (restart, done), "{what}");
         assert!(roll.labels.is_empty(), "{what}: the labels already say each role");
     }
-    let after_failover = roll(&new, "db-1", Some(&seen), 3);
+    let after_failover = roll(&new, "db-1", Some(&seen), "", 3);
     assert_eq!(after_failover.labels, [("db-0".to_string(), "replica"), ("db-1".to_string(), "primary")], "roles follow the primary");
     let mut leaving = new.clone();
     leaving[0].terminating = true;
-    assert_eq!(roll(&leaving, "db-1", Some(&seen), 3).labels, [("db-1".to_string(), "primary")], "a terminating pod is not labelled");
+    assert_eq!(roll(&leaving, "db-1", Some(&seen), "", 3).labels, [("db-1".to_string(), "primary")], "a terminating pod is not labelled");
 }
 
 #[test]
