@@ -27,22 +27,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::collections::BTreeMap;
-
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, KeyToPath, Probe, ResourceRequirements, SecretVolumeSource, Volume,
-    VolumeMount,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::ResourceExt;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
-use crate::build::{Names, pod};
-use crate::crd::Database;
 
 /// The port the agent serves on, in every member.
 pub const PORT: u16 = 8443;
@@ -360,100 +350,6 @@ pub async fn run(argv: &[String]) -> Result<String, String> {
         return Err(format!("the status command failed ({status}): {}", said()));
     }
     String::from_utf8(out).map_err(|_| "the status command printed something other than UTF-8".into())
-}
-
-/// What a member needs for its agent, beside `engine` (the engine's container): the init
-/// container that copies this binary out of the operator's `image`, the agent's container
-/// (the engine's image, environment and files, but not its data), and their volumes.
-/// With a `fence` command the engine is given the agent's state, read-only, and the path
-/// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
-/// not ready.
-pub fn containers(
-    db: &Database,
-    image: &str,
-    engine: &mut Container,
-    status: &[String],
-    fence: &[String],
-) -> (Container, Container, Vec<Volume>) {
-    let binary = format!("{BIN_DIR}/plugdb");
-    let quantity = |q: &str| Quantity(q.into());
-    let bounded = |cpu: &str, memory: &str| ResourceRequirements {
-        requests: Some(BTreeMap::from([("cpu".into(), quantity("10m")), ("memory".into(), quantity("16Mi"))])),
-        limits: Some(BTreeMap::from([("cpu".into(), quantity(cpu)), ("memory".into(), quantity(memory))])),
-        ..Default::default()
-    };
-    let copy = Container {
-        name: "agent-install".into(),
-        image: Some(image.into()),
-        command: Some(vec![crate::jobs::OPERATOR_BINARY.into(), "agent".into(), "install".into(), binary.clone()]),
-        volume_mounts: Some(vec![pod::mount("agent-bin", BIN_DIR, false)]),
-        resources: Some(bounded("500m", "128Mi")),
-        security_context: Some(pod::container_security(Some(true))),
-        ..Default::default()
-    };
-    let mut command =
-        vec![binary.clone(), "agent".into(), "serve".into(), "--port".into(), PORT.to_string(), "--certs".into(), CERTS.into()];
-    let seen = |m: &&VolumeMount| !["data", "archive"].contains(&m.name.as_str());
-    let mut mounts: Vec<VolumeMount> = engine.volume_mounts.iter().flatten().filter(seen).cloned().collect();
-    mounts.push(pod::mount("agent-bin", BIN_DIR, true));
-    mounts.push(pod::mount("agent-certs", CERTS, true));
-    let mut env = engine.env.clone().unwrap_or_default();
-    let mut readiness = None;
-    if !fence.is_empty() {
-        let members = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
-        let argv = serde_json::to_string(fence).expect("a list of strings is JSON");
-        command.extend(["--members".into(), members, "--fence-command".into(), argv]);
-        mounts.push(pod::mount("agent-state", STATE, false));
-        let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };
-        env.extend(pod::env(&[own]));
-        readiness = Some(Probe {
-            exec: Some(ExecAction { command: Some(vec![binary, "agent".into(), "ready".into()]) }),
-            // An exec on a busy node can take seconds: three slow looks in a row, not one,
-            // make the member not ready (a fence itself is held by the engine's start).
-            period_seconds: Some(5),
-            timeout_seconds: Some(5),
-            failure_threshold: Some(3),
-            ..Default::default()
-        });
-        engine.volume_mounts.get_or_insert_default().push(pod::mount("agent-state", STATE, true));
-        let fenced = EnvVar { name: FENCED_ENV.into(), value: Some(format!("{STATE}/{FENCED_FILE}")), value_from: None };
-        engine.env.get_or_insert_default().push(fenced);
-    }
-    command.push("--".into());
-    command.extend(status.iter().cloned());
-    let agent = Container {
-        name: "agent".into(),
-        image: engine.image.clone(),
-        command: Some(command),
-        env: Some(env),
-        readiness_probe: readiness,
-        ports: Some(vec![ContainerPort {
-            name: Some("agent".into()),
-            container_port: i32::from(PORT),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        volume_mounts: Some(mounts),
-        resources: Some(bounded("200m", "64Mi")),
-        security_context: Some(pod::container_security(Some(true))),
-        ..Default::default()
-    };
-    let certificates = Volume {
-        name: "agent-certs".into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(Names(&db.name_any()).agent()),
-            items: Some(FILES.iter().map(|f| KeyToPath { key: f.to_string(), path: f.to_string(), mode: None }).collect()),
-            default_mode: Some(0o440),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let empty = |name: &str| Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() };
-    let mut volumes = vec![empty("agent-bin"), certificates];
-    if !fence.is_empty() {
-        volumes.push(empty("agent-state"));
-    }
-    (copy, agent, volumes)
 }
 
 #[cfg(test)]

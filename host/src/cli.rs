@@ -122,7 +122,7 @@ pub fn render(database: &Path, plugin: &Path, compiler: &Path) -> Result<String>
     if !violations.is_empty() {
         return Err(problems(violations));
     }
-    let primary = build::Names(&db.metadata.name.clone().unwrap_or_default()).pod(0);
+    let primary = crate::names::Names(&db.metadata.name.clone().unwrap_or_default()).pod(0);
     let workload = plugin
         .render(&spec, &build::cluster_context(&db, &primary, false))
         .with_context(|| format!("{file}: the plugin could not render it"))?;

@@ -5,7 +5,8 @@ use k8s_openapi::api::core::v1::{Container, PersistentVolumeClaim, PodSpec, PodT
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use crate::build::{BACKUP_MOUNT, Child, Names, labels, metadata_with, pod};
+use crate::build::{Child, pod};
+use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
 use crate::crd::{Database, DeletionPolicy, S3Target};
 use crate::plugin::JobPlan;
 
@@ -62,7 +63,7 @@ pub enum Storage<'a> {
 pub struct Transfer<'a> {
     /// The bucket.
     pub target: &'a S3Target,
-    /// The backup's key in it (see [`crate::objects::backup_key`]).
+    /// The backup's key in it (see [`crate::object_storage::backup_key`]).
     pub key: &'a str,
     /// The operator's image, which holds `plugdb transfer`.
     pub image: &'a str,
@@ -169,7 +170,7 @@ pub fn job(
 /// of the members' instance label.
 fn pod_labels(job: &std::collections::BTreeMap<String, String>, db: &Database) -> std::collections::BTreeMap<String, String> {
     let mut labels = job.clone();
-    labels.remove(crate::build::INSTANCE_LABEL);
+    labels.remove(crate::names::INSTANCE_LABEL);
     labels.insert(JOB_OF.into(), db.name_any());
     labels
 }
@@ -287,7 +288,7 @@ mod tests {
         let volumes = pod.volumes.unwrap_or_default();
         assert!(volumes.iter().any(|v| v.name == "backups" && v.empty_dir.is_some()), "scratch, no backup volume");
         assert!(volumes.iter().any(|v| v.secret.as_ref().is_some_and(|s| s.secret_name.as_deref() == Some("s3-ca"))));
-        assert!(upload.env.iter().flatten().any(|e| e.name == crate::objects::ENV_CA_FILE));
+        assert!(upload.env.iter().flatten().any(|e| e.name == crate::object_storage::ENV_CA_FILE));
     }
 
     #[test]
@@ -321,7 +322,7 @@ mod tests {
     #[test]
     fn no_job_pod_is_selected_as_a_member() {
         let db = database();
-        let members = crate::build::selector(&db);
+        let members = crate::names::selector(&db);
         for purpose in [Purpose::Backup, Purpose::Restore, Purpose::Upgrade, Purpose::Scale] {
             let child = job(&db, "orders-x", purpose, &plan(), Storage::Scratch, "", None, 999);
             let job: Job = serde_json::from_value(child.object.clone()).expect("a valid Job");

@@ -275,7 +275,7 @@ fn main() -> Result<()> {
             })
         }
         Command::Compile(args) => compiler::serve(compiler::Request {
-            tier: compiler::tier_named(&args.tier).context("compile: --tier is quick or optimized")?,
+            tier: plugdb::plugin::Tier::named(&args.tier).context("compile: --tier is quick or optimized")?,
             memory_bytes: args.memory_bytes,
             stack_bytes: args.stack_bytes,
             data_bytes: args.data_bytes,
@@ -287,10 +287,10 @@ fn transfer(command: TransferCommand) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let (verb, moved) = match command {
         TransferCommand::Upload(a) => {
-            ("uploaded", runtime.block_on(plugdb::objects::upload_from_env(&a.artefact, &a.key)).map(|manifest| (manifest, 0)))
+            ("uploaded", runtime.block_on(plugdb::object_storage::upload_from_env(&a.artefact, &a.key)).map(|manifest| (manifest, 0)))
         }
         TransferCommand::Download(a) => {
-            ("downloaded", runtime.block_on(plugdb::objects::download_from_env(&a.key, &a.artefact, a.archive.as_deref())))
+            ("downloaded", runtime.block_on(plugdb::object_storage::download_from_env(&a.key, &a.artefact, a.archive.as_deref())))
         }
     };
     let (manifest, segments) = moved?;
@@ -309,7 +309,7 @@ fn archive(args: ArchiveArgs) -> Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
             }
         };
-        plugdb::objects::archive_from_env(&args.dir, &args.key, std::time::Duration::from_secs(args.every.max(1)), stop).await
+        plugdb::object_storage::archive_from_env(&args.dir, &args.key, std::time::Duration::from_secs(args.every.max(1)), stop).await
     })?;
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Duration, Utc};
 use cron::Schedule;
 
-use crate::build::Names;
+use crate::names::Names;
 
 /// Missed fire times older than this are skipped rather than run late.
 const STARTING_DEADLINE: Duration = Duration::hours(24);

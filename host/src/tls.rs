@@ -17,7 +17,7 @@ use rcgen::{
 };
 use serde::Serialize;
 
-use crate::build::Names;
+use crate::names::Names;
 use crate::crd::{Database, IssuerRef};
 use crate::plugin::TlsFiles;
 
@@ -233,7 +233,7 @@ pub struct PrivateKey {
 pub fn certificate(db: &Database, issuer: &IssuerRef) -> Certificate {
     let (name, ns) = (db.name_any(), db.namespace().unwrap_or_default());
     let n = Names(&name);
-    let mut metadata = crate::build::metadata_with(db, &n.tls(), true, &crate::build::labels(db));
+    let mut metadata = crate::names::metadata_with(db, &n.tls(), true, &crate::names::labels(db));
     metadata.annotations = None;
     Certificate {
         api_version: "cert-manager.io/v1",
@@ -241,7 +241,7 @@ pub fn certificate(db: &Database, issuer: &IssuerRef) -> Certificate {
         metadata,
         spec: CertificateSpec {
             secret_name: n.tls(),
-            secret_template: SecretTemplate { labels: crate::build::labels(db) },
+            secret_template: SecretTemplate { labels: crate::names::labels(db) },
             common_name: n.primary(),
             dns_names: names(&name, &ns),
             duration: format!("{}h", VALIDITY_DAYS * 24),

@@ -89,7 +89,7 @@ impl EngineUnderTest {
             primary_pod,
             credentials_secret: format!("{}-credentials", spec.name),
             config_mount_path: CONFIG_MOUNT.into(),
-            archive_directory: archive.then(|| plugdb::build::ARCHIVE_MOUNT.into()),
+            archive_directory: archive.then(|| plugdb::names::ARCHIVE_MOUNT.into()),
             restoring: false,
         };
         let workload = plugin.render(spec, &cluster).expect("render");

@@ -62,7 +62,7 @@ impl LocalPod {
         let remaps = vec![
             (config_mount.to_string(), dir.path().join("config")),
             (data_mount.to_string(), dir.path().join("data")),
-            (plugdb::build::ARCHIVE_MOUNT.to_string(), dir.path().join("archive")),
+            (plugdb::names::ARCHIVE_MOUNT.to_string(), dir.path().join("archive")),
         ];
         let pod = Self { name: name.into(), address: loopback_address(), dir, env: BTreeMap::new(), remaps, server: None };
         pod.chown_all()?;

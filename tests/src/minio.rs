@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use plugdb::objects::Bucket;
+use plugdb::object_storage::Bucket;
 
 use crate::node::{HUB_ADDRESS, Nodes};
 
@@ -143,7 +143,7 @@ impl Minio {
         let store = self.bucket(ACCESS_KEY, SECRET_KEY, "plugdb-probe").store()?;
         loop {
             // Any answer from the S3 API (here: no such bucket) means it serves.
-            match plugdb::objects::list(store.as_ref(), &"x".into()).await {
+            match plugdb::object_storage::list(store.as_ref(), &"x".into()).await {
                 Err(e) if !e.to_string().contains("NoSuchBucket") && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }

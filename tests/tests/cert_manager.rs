@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use plugdb::build::TLS_STAMP;
+use plugdb::names::TLS_STAMP;
 use plugdb::crd::Database;
 use plugdb_tests::ControlPlane;
 use plugdb_tests::cert_manager::{CertManager, resource};

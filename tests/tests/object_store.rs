@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use plugdb::objects;
+use plugdb::object_storage;
 use plugdb_tests::minio::{ACCESS_KEY, Minio, SECRET_KEY};
 
 const BUCKET: &str = "backups";
@@ -48,27 +48,27 @@ async fn a_backup_goes_up_file_by_file_and_comes_back_byte_for_byte() {
     write(&artefact.join("base.tar.gz"), 20 << 20, 1);
     write(&artefact.join("pg_wal/000000010000000000000001"), 70_000, 2);
     write(&artefact.join("backup_manifest"), 1_000, 3);
-    let key = objects::backup_key("team/pg", "shop", "orders", "orders-1");
-    let manifest = objects::upload(store.as_ref(), &key, &artefact).await.expect("upload");
+    let key = object_storage::backup_key("team/pg", "shop", "orders", "orders-1");
+    let manifest = object_storage::upload(store.as_ref(), &key, &artefact).await.expect("upload");
     assert_eq!(manifest.files.len(), 3);
     assert_eq!(manifest.bytes(), (20 << 20) + 70_000 + 1_000);
 
     let restored = work.path().join("restored/orders-1");
-    objects::download(store.as_ref(), &key, &restored).await.expect("download");
+    object_storage::download(store.as_ref(), &key, &restored).await.expect("download");
     assert_eq!(tree(&restored), tree(&artefact), "every file, byte for byte");
 
     // A single-file artefact (as a dump) comes back as a file of the same name.
     let dump = work.path().join("orders-2");
     write(&dump, 3_000, 4);
-    let key2 = objects::backup_key("team/pg", "shop", "orders", "orders-2");
-    objects::upload(store.as_ref(), &key2, &dump).await.expect("upload dump");
+    let key2 = object_storage::backup_key("team/pg", "shop", "orders", "orders-2");
+    object_storage::upload(store.as_ref(), &key2, &dump).await.expect("upload dump");
     let back = work.path().join("restored/orders-2");
-    objects::download(store.as_ref(), &key2, &back).await.expect("download dump");
+    object_storage::download(store.as_ref(), &key2, &back).await.expect("download dump");
     assert_eq!(std::fs::read(&back).expect("read"), std::fs::read(&dump).expect("read"));
 
     // Listed under the Database's key, newest complete first; a file changed in the
     // bucket is caught on the way back.
-    let listed = objects::list(store.as_ref(), &objects::database_key("team/pg", "shop", "orders")).await.expect("list");
+    let listed = object_storage::list(store.as_ref(), &object_storage::database_key("team/pg", "shop", "orders")).await.expect("list");
     let names: Vec<&str> = listed.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["orders-2", "orders-1"]);
     assert!(listed.iter().all(|b| b.completed.is_some()));
@@ -77,7 +77,7 @@ async fn a_backup_goes_up_file_by_file_and_comes_back_byte_for_byte() {
     use object_store::ObjectStoreExt;
     let file_key = key.clone().join("files").join("backup_manifest");
     store.put(&file_key, vec![0u8; 1_000].into()).await.expect("overwrite");
-    let err = objects::download(store.as_ref(), &key, &work.path().join("again")).await.expect_err("a changed file is refused");
+    let err = object_storage::download(store.as_ref(), &key, &work.path().join("again")).await.expect_err("a changed file is refused");
     assert!(err.to_string().contains("SHA-256"), "{err}");
 }
 
@@ -90,11 +90,11 @@ async fn an_upload_killed_midway_leaves_no_backup_a_restore_would_pick() {
     let bucket = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET);
     let store = bucket.store().expect("store");
     let work = tempfile::tempdir().expect("tempdir");
-    let database = objects::database_key("", "shop", "orders");
+    let database = object_storage::database_key("", "shop", "orders");
 
     let small = work.path().join("small");
     write(&small.join("dump.sql"), 10_000, 5);
-    objects::upload(store.as_ref(), &database.clone().join("orders-complete"), &small).await.expect("a complete backup first");
+    object_storage::upload(store.as_ref(), &database.clone().join("orders-complete"), &small).await.expect("a complete backup first");
 
     let big = work.path().join("big");
     write(&big.join("a-small"), 1_000, 6);
@@ -104,10 +104,10 @@ async fn an_upload_killed_midway_leaves_no_backup_a_restore_would_pick() {
         .args(["transfer", "upload", "--artefact"])
         .arg(&big)
         .args(["--key", key.as_ref()])
-        .env(objects::ENV_ENDPOINT, &bucket.endpoint)
-        .env(objects::ENV_BUCKET, BUCKET)
-        .env(objects::ENV_ACCESS_KEY_ID, ACCESS_KEY)
-        .env(objects::ENV_SECRET_ACCESS_KEY, SECRET_KEY)
+        .env(object_storage::ENV_ENDPOINT, &bucket.endpoint)
+        .env(object_storage::ENV_BUCKET, BUCKET)
+        .env(object_storage::ENV_ACCESS_KEY_ID, ACCESS_KEY)
+        .env(object_storage::ENV_SECRET_ACCESS_KEY, SECRET_KEY)
         .stdin(Stdio::null())
         .spawn()
         .expect("plugdb transfer upload");
@@ -124,19 +124,19 @@ async fn an_upload_killed_midway_leaves_no_backup_a_restore_would_pick() {
     transfer.kill().expect("kill");
     transfer.wait().expect("reap");
 
-    let listed = objects::list(store.as_ref(), &database).await.expect("list");
+    let listed = object_storage::list(store.as_ref(), &database).await.expect("list");
     let killed = listed.iter().find(|b| b.name == "orders-killed").expect("the killed upload's first file is in the bucket");
     assert_eq!(killed.completed, None, "listed as incomplete");
-    assert_eq!(objects::newest(&listed).map(|b| b.name.as_str()), Some("orders-complete"), "{listed:?}");
-    assert!(objects::manifest(store.as_ref(), &key).await.expect("read").is_none(), "no manifest for the killed upload");
-    let err = objects::download(store.as_ref(), &key, &work.path().join("restored")).await.expect_err("not restorable");
+    assert_eq!(object_storage::newest(&listed).map(|b| b.name.as_str()), Some("orders-complete"), "{listed:?}");
+    assert!(object_storage::manifest(store.as_ref(), &key).await.expect("read").is_none(), "no manifest for the killed upload");
+    let err = object_storage::download(store.as_ref(), &key, &work.path().join("restored")).await.expect_err("not restorable");
     assert!(err.to_string().contains("not a complete backup"), "{err}");
 
     // Retention: while a Job writes it, it stays; after, it goes. The complete one stays.
-    assert_eq!(objects::to_prune(&listed, 1, &["orders-killed".to_string()]), Vec::<String>::new());
-    assert_eq!(objects::to_prune(&listed, 1, &[]), ["orders-killed"]);
-    objects::remove(store.as_ref(), &key).await.expect("remove");
-    let after = objects::list(store.as_ref(), &database).await.expect("list");
+    assert_eq!(object_storage::to_prune(&listed, 1, &["orders-killed".to_string()]), Vec::<String>::new());
+    assert_eq!(object_storage::to_prune(&listed, 1, &[]), ["orders-killed"]);
+    object_storage::remove(store.as_ref(), &key).await.expect("remove");
+    let after = object_storage::list(store.as_ref(), &database).await.expect("list");
     assert_eq!(after.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["orders-complete"]);
 }
 
@@ -145,21 +145,21 @@ async fn retention_leaves_exactly_the_newest_n_in_the_bucket() {
     let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
     let store = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
     let work = tempfile::tempdir().expect("tempdir");
-    let database = objects::database_key("p", "shop", "orders");
+    let database = object_storage::database_key("p", "shop", "orders");
     for i in 1..=4 {
         let artefact = work.path().join(format!("b{i}"));
         write(&artefact.join("data"), 1_000 * i, i as u8);
-        objects::upload(store.as_ref(), &database.clone().join(format!("orders-{i}").as_str()), &artefact).await.expect("upload");
+        object_storage::upload(store.as_ref(), &database.clone().join(format!("orders-{i}").as_str()), &artefact).await.expect("upload");
         // Manifests a second apart at least, so that "newest" is unambiguous.
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
-    let listed = objects::list(store.as_ref(), &database).await.expect("list");
-    let prune = objects::to_prune(&listed, 2, &[]);
+    let listed = object_storage::list(store.as_ref(), &database).await.expect("list");
+    let prune = object_storage::to_prune(&listed, 2, &[]);
     assert_eq!(prune, ["orders-2", "orders-1"]);
     for name in &prune {
-        objects::remove(store.as_ref(), &database.clone().join(name.as_str())).await.expect("remove");
+        object_storage::remove(store.as_ref(), &database.clone().join(name.as_str())).await.expect("remove");
     }
-    let left = objects::list(store.as_ref(), &database).await.expect("list");
+    let left = object_storage::list(store.as_ref(), &database).await.expect("list");
     assert_eq!(left.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["orders-4", "orders-3"]);
     // Nothing of the removed ones is left behind in the bucket.
     assert!(!minio.data.join(BUCKET).join("p/shop/orders/orders-1").exists());
@@ -168,14 +168,14 @@ async fn retention_leaves_exactly_the_newest_n_in_the_bucket() {
 #[tokio::test]
 async fn a_wrong_key_or_a_missing_bucket_is_said_plainly() {
     let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
-    let database = objects::database_key("", "shop", "orders");
+    let database = object_storage::database_key("", "shop", "orders");
 
     let wrong = minio.bucket(ACCESS_KEY, "not-the-secret", BUCKET).store().expect("store");
-    let err = objects::list(wrong.as_ref(), &database).await.expect_err("a wrong key is refused");
+    let err = object_storage::list(wrong.as_ref(), &database).await.expect_err("a wrong key is refused");
     assert!(err.to_string().contains("SignatureDoesNotMatch") || err.to_string().contains("Access Denied"), "{err}");
 
     let missing = minio.bucket(ACCESS_KEY, SECRET_KEY, "no-such-bucket").store().expect("store");
-    let err = objects::list(missing.as_ref(), &database).await.expect_err("a missing bucket");
+    let err = object_storage::list(missing.as_ref(), &database).await.expect_err("a missing bucket");
     assert!(err.to_string().contains("NoSuchBucket") || err.to_string().contains("does not exist"), "{err}");
 }
 
@@ -185,19 +185,19 @@ async fn a_wrong_key_or_a_missing_bucket_is_said_plainly() {
 async fn an_endpoint_signed_by_a_private_ca_is_reached_with_that_ca_only() {
     let minio = Minio::on_loopback_tls(&[BUCKET]).await.expect("minio over https");
     assert!(minio.endpoint.starts_with("https://"), "{}", minio.endpoint);
-    let database = objects::database_key("", "shop", "orders");
+    let database = object_storage::database_key("", "shop", "orders");
     let trusted = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
     let work = tempfile::tempdir().expect("tempdir");
     write(&work.path().join("dump.sql"), 2_000, 8);
-    objects::upload(trusted.as_ref(), &database.clone().join("orders-tls"), &work.path().join("dump.sql"))
+    object_storage::upload(trusted.as_ref(), &database.clone().join("orders-tls"), &work.path().join("dump.sql"))
         .await
         .expect("upload over https");
-    let listed = objects::list(trusted.as_ref(), &database).await.expect("list over https");
-    assert_eq!(objects::newest(&listed).map(|b| b.name.as_str()), Some("orders-tls"));
+    let listed = object_storage::list(trusted.as_ref(), &database).await.expect("list over https");
+    assert_eq!(object_storage::newest(&listed).map(|b| b.name.as_str()), Some("orders-tls"));
 
     let mut unknown = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET);
     unknown.ca_pem = None;
-    let err = objects::list(unknown.store().expect("store").as_ref(), &database).await.expect_err("an unknown CA is refused");
+    let err = object_storage::list(unknown.store().expect("store").as_ref(), &database).await.expect_err("an unknown CA is refused");
     assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
 }
 
@@ -206,18 +206,18 @@ async fn the_archive_ships_finished_segments_only_and_a_restore_takes_what_its_b
     let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
     let store = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
     let work = tempfile::tempdir().expect("tempdir");
-    let database = objects::database_key("pg", "shop", "orders");
-    let archive = database.clone().join(objects::ARCHIVE);
+    let database = object_storage::database_key("pg", "shop", "orders");
+    let archive = database.clone().join(object_storage::ARCHIVE);
 
     // The engine's directory: two finished segments, one still being written (a dot name).
     let spool = work.path().join("spool");
     write(&spool.join("000000010000000000000001"), 70_000, 1);
     write(&spool.join("000000010000000000000002"), 70_000, 2);
     write(&spool.join(".000000010000000000000003"), 10, 3);
-    assert_eq!(objects::ship(store.as_ref(), &spool, &archive).await.expect("ship"), 2);
+    assert_eq!(object_storage::ship(store.as_ref(), &spool, &archive).await.expect("ship"), 2);
     let left: Vec<String> = std::fs::read_dir(&spool).expect("spool").flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
     assert_eq!(left, [".000000010000000000000003"], "shipped segments are removed; one being written is left alone");
-    let segments = objects::archived(store.as_ref(), &database).await.expect("archived");
+    let segments = object_storage::archived(store.as_ref(), &database).await.expect("archived");
     let names: Vec<&str> = segments.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["000000010000000000000001", "000000010000000000000002"]);
 
@@ -225,22 +225,22 @@ async fn the_archive_ships_finished_segments_only_and_a_restore_takes_what_its_b
     let artefact = work.path().join("orders-1");
     write(&artefact.join("base.tar.gz"), 1_000, 4);
     let backup = database.clone().join("orders-1");
-    let manifest = objects::upload(store.as_ref(), &backup, &artefact).await.expect("upload");
-    let listed = objects::list(store.as_ref(), &database).await.expect("list");
+    let manifest = object_storage::upload(store.as_ref(), &backup, &artefact).await.expect("upload");
+    let listed = object_storage::list(store.as_ref(), &database).await.expect("list");
     assert_eq!(listed.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["orders-1"]);
     assert!(manifest.started <= manifest.completed);
 
     // A restore from the backup downloads the segments stored since it started.
     let replay = work.path().join("replay");
-    let count = objects::download_archive(store.as_ref(), &database, manifest.started, &replay).await.expect("download");
+    let count = object_storage::download_archive(store.as_ref(), &database, manifest.started, &replay).await.expect("download");
     assert_eq!(count, 2);
     assert_eq!(tree(&replay).len(), 2);
     let expected: Vec<u8> = (0..70_000usize).map(|i| (i as u8).wrapping_mul(31).wrapping_add(2)).collect();
     assert_eq!(std::fs::read(replay.join("000000010000000000000002")).expect("segment"), expected, "byte for byte");
     // A backup that started long after them needs none, and retention removes them.
     let later = manifest.started + Duration::from_secs(3600);
-    assert_eq!(objects::download_archive(store.as_ref(), &database, later, &work.path().join("none")).await.expect("download"), 0);
-    assert_eq!(objects::prune_archive(store.as_ref(), &database, &segments, manifest.started).await.expect("prune"), 0);
-    assert_eq!(objects::prune_archive(store.as_ref(), &database, &segments, later).await.expect("prune"), 2);
-    assert!(objects::archived(store.as_ref(), &database).await.expect("archived").is_empty());
+    assert_eq!(object_storage::download_archive(store.as_ref(), &database, later, &work.path().join("none")).await.expect("download"), 0);
+    assert_eq!(object_storage::prune_archive(store.as_ref(), &database, &segments, manifest.started).await.expect("prune"), 0);
+    assert_eq!(object_storage::prune_archive(store.as_ref(), &database, &segments, later).await.expect("prune"), 2);
+    assert!(object_storage::archived(store.as_ref(), &database).await.expect("archived").is_empty());
 }

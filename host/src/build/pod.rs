@@ -13,9 +13,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::selector;
+use crate::names::selector;
 use crate::crd::{Database, S3Target, SpreadRule};
-use crate::objects;
+use crate::object_storage;
 use crate::plugin::{EnvSource, ProbeAction, ResourceAmounts};
 
 /// Container environment from plugin variables.
@@ -205,14 +205,14 @@ pub fn bucket_env(target: &S3Target) -> Vec<EnvVar> {
         ..Default::default()
     };
     let mut env = vec![
-        value(objects::ENV_ENDPOINT, &target.endpoint),
-        value(objects::ENV_BUCKET, &target.bucket),
-        value(objects::ENV_REGION, target.region.as_deref().unwrap_or("us-east-1")),
-        secret(objects::ENV_ACCESS_KEY_ID, &target.credentials.access_key_id_key),
-        secret(objects::ENV_SECRET_ACCESS_KEY, &target.credentials.secret_access_key_key),
+        value(object_storage::ENV_ENDPOINT, &target.endpoint),
+        value(object_storage::ENV_BUCKET, &target.bucket),
+        value(object_storage::ENV_REGION, target.region.as_deref().unwrap_or("us-east-1")),
+        secret(object_storage::ENV_ACCESS_KEY_ID, &target.credentials.access_key_id_key),
+        secret(object_storage::ENV_SECRET_ACCESS_KEY, &target.credentials.secret_access_key_key),
     ];
     if target.ca.is_some() {
-        env.push(value(objects::ENV_CA_FILE, &format!("{CA_MOUNT}/ca.pem")));
+        env.push(value(object_storage::ENV_CA_FILE, &format!("{CA_MOUNT}/ca.pem")));
     }
     env
 }
@@ -239,7 +239,7 @@ pub fn tls_volume(db: &Database) -> (Volume, VolumeMount) {
     let volume = Volume {
         name: "tls".into(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(super::Names(&kube::ResourceExt::name_any(db)).tls()),
+            secret_name: Some(crate::names::Names(&kube::ResourceExt::name_any(db)).tls()),
             default_mode: Some(0o440),
             ..Default::default()
         }),

@@ -1,4 +1,5 @@
 use super::*;
+use crate::names::MAX_JOB_NAME;
 use crate::crd::{DatabaseSpec, Spread, SpreadRule};
 use crate::plugin::{ConfigFile, EnvSource, EnvVar, Port, Probe, ProbeAction, SecretRef};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -225,7 +226,7 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     assert_eq!((mounts(0), mounts(1)), (vec![ARCHIVE_MOUNT.to_string()], vec![ARCHIVE_MOUNT.to_string()]), "one directory, shared");
     assert_eq!(
         pod.containers[1].command.clone().unwrap_or_default(),
-        [crate::jobs::OPERATOR_BINARY, "archive", "--dir", ARCHIVE_MOUNT, "--key", "pg/shop/orders/_archive"]
+        [crate::names::OPERATOR_BINARY, "archive", "--dir", ARCHIVE_MOUNT, "--key", "pg/shop/orders/_archive"]
     );
     let keyed = |i: usize| {
         pod.containers[i]

@@ -5,6 +5,9 @@
 //! in a module of its own, written once by [`conversions!`] for the records both share;
 //! a 0.1 plugin's answers mean what they meant, and what 0.1 cannot say is absent
 //! (`point-in-time` is never declared, so the host never asks for it).
+//!
+//! Past 600 lines on purpose: every conversion between the bindings and the host's
+//! types is here, so that no other file sees a generated type.
 
 use super::types as host;
 
@@ -46,9 +49,16 @@ impl Contract {
 }
 
 /// Links the host's imports of every contract into `linker`.
-pub(crate) fn add_to_linker(linker: &mut Linker<super::runtime::CallState>) -> wasmtime::Result<()> {
-    v0_2::wit::EngineBase::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |state| state)?;
-    v0_1::wit::Engine::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |state| state)
+/// Where a plugin's one import, `log`, writes: the state of the call it is made in.
+pub(crate) trait Logs: Send + 'static {
+    /// A line the plugin logged at `level`.
+    fn log_line(&mut self, level: tracing::Level, message: String);
+}
+
+/// Links the host's imports (`log`) for every contract version.
+pub(crate) fn add_to_linker<T: Logs>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    v0_2::wit::EngineBase::add_to_linker::<_, wasmtime::component::HasSelf<dyn Logs>>(linker, |state: &mut T| -> &mut dyn Logs { state })?;
+    v0_1::wit::Engine::add_to_linker::<_, wasmtime::component::HasSelf<dyn Logs>>(linker, |state: &mut T| -> &mut dyn Logs { state })
 }
 
 /// Where each function of the contract sits in one plugin's component, found once at
@@ -423,9 +433,9 @@ macro_rules! conversions {
             }
         }
 
-        impl TypesImports for super::super::runtime::CallState {}
+        impl TypesImports for dyn super::Logs {}
 
-        impl HostImports for super::super::runtime::CallState {
+        impl HostImports for dyn super::Logs {
             fn log(&mut self, l: w::LogLevel, message: String) {
                 self.log_line(level(l), message)
             }

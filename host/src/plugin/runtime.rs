@@ -216,6 +216,21 @@ pub enum Tier {
     Optimized,
 }
 
+impl Tier {
+    /// `quick` or `optimized`, as `plugdb compile --tier` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Quick => "quick",
+            Tier::Optimized => "optimized",
+        }
+    }
+
+    /// The tier [`Tier::name`] gives `name`.
+    pub fn named(name: &str) -> Option<Tier> {
+        [Tier::Quick, Tier::Optimized].into_iter().find(|t| t.name() == name)
+    }
+}
+
 impl Runtime {
     /// A runtime whose calls obey `limits`, compiling optimised code. Starts a ticker
     /// thread that lives as long as the runtime does.
@@ -295,7 +310,7 @@ impl Runtime {
         let Some(exe) = &self.compiler else {
             return Component::from_binary(&self.engine, bytes).map_err(|e| LoadError::NotAComponent(format!("{e:#}")));
         };
-        let artifact = super::compiler::compile_apart(exe, &self.limits, self.tier, bytes)?;
+        let artifact = compile::compile_apart(exe, &self.limits, self.tier, bytes)?;
         // SAFETY: the artefact was just produced by `Component::serialize` in a child
         // running this same binary with an engine configured from the same limits and
         // tier, handed over on a pipe only the two processes hold; wasmtime checks its
@@ -485,6 +500,7 @@ fn check_info(info: &PluginInfo, contract: Contract) -> Result<(), LoadError> {
     Ok(())
 }
 
+mod compile;
 mod loaded;
 pub use loaded::*;
 

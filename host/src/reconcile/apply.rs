@@ -14,7 +14,8 @@ use super::cache::Seen;
 use super::owner;
 use super::status::Reason;
 use super::{Context, Error};
-use crate::build::{APPLIED_HASH, Child, Kind, MANAGER, Names, labels};
+use crate::build::{Child, Kind};
+use crate::names::{APPLIED_HASH, MANAGER, Names, labels};
 use crate::crd::{Database, DeletionPolicy, IssuerRef};
 use crate::plugin::Credential;
 use crate::tls;
@@ -87,10 +88,10 @@ async fn live_own(api: &Api<DynamicObject>, db: &Database, child: &Child) -> Res
 /// `entries` with `MANAGER`'s `Update` entries merged into its `Apply` entry (made
 /// when there is none); `None` when there is nothing to merge.
 fn created_fields_applied(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedFieldsEntry>> {
-    if !entries.iter().any(|e| ours(e, "Update")) {
+    if !entries.iter().any(|e| owner::set_by_us(e, "Update")) {
         return None;
     }
-    let (mine, mut others): (Vec<_>, Vec<_>) = entries.iter().cloned().partition(|e| ours(e, "Update") || ours(e, "Apply"));
+    let (mine, mut others): (Vec<_>, Vec<_>) = entries.iter().cloned().partition(|e| owner::set_by_us(e, "Update") || owner::set_by_us(e, "Apply"));
     let mut fields = Value::Object(Default::default());
     for entry in &mine {
         if let Some(FieldsV1(set)) = &entry.fields_v1 {
@@ -98,7 +99,7 @@ fn created_fields_applied(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedF
         }
     }
     // The apply entry's version and time where there is one, else the create's.
-    let first = mine.iter().find(|e| ours(e, "Apply")).or(mine.first()).cloned().unwrap_or_default();
+    let first = mine.iter().find(|e| owner::set_by_us(e, "Apply")).or(mine.first()).cloned().unwrap_or_default();
     others.push(ManagedFieldsEntry {
         operation: Some("Apply".into()),
         fields_type: Some("FieldsV1".into()),
@@ -106,12 +107,6 @@ fn created_fields_applied(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedF
         ..first
     });
     Some(others)
-}
-
-/// Whether `entry` holds the fields `MANAGER` set on the object itself (not a
-/// subresource) by `operation` (`Update` for a create, or `Apply`).
-pub(super) fn ours(entry: &ManagedFieldsEntry, operation: &str) -> bool {
-    entry.manager.as_deref() == Some(MANAGER) && entry.operation.as_deref() == Some(operation) && entry.subresource.is_none()
 }
 
 /// Adds the field set `from` to `into` (both in the `FieldsV1` form: a tree of path

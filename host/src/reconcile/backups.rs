@@ -7,10 +7,11 @@ use kube::api::{Api, DeleteParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
 use super::{Context, Error, apply, bucket};
-use crate::build::{self, BACKUP_MOUNT, Names};
+use crate::build::self;
+use crate::names::{BACKUP_MOUNT, Names};
 use crate::crd::{BackupRecord, Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
-use crate::objects;
+use crate::object_storage;
 use crate::plugin::{BackupLocation, Capability, EngineSpec, Plugin};
 use crate::schedule;
 
@@ -81,7 +82,7 @@ pub async fn ensure_backup(
                 return Ok(Err(problem));
             }
             let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
-            let key = objects::backup_key(&target.prefix, &ns, &db.name_any(), name);
+            let key = object_storage::backup_key(&target.prefix, &ns, &db.name_any(), name);
             let storage = Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: false });
             jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user)
         }

@@ -10,7 +10,7 @@ use object_store::ObjectStore;
 
 use super::{Context, Error};
 use crate::crd::{S3Target, SecretKey};
-use crate::objects::{self, Bucket, Listed, Segment};
+use crate::object_storage::{self, Bucket, Listed, Segment};
 
 /// An opened bucket and the Database's place in it.
 pub struct Opened {
@@ -91,9 +91,9 @@ pub async fn open(
         Ok(store) => store,
         Err(e) => return Ok(Err(format!("{field}: {e}"))),
     };
-    let database = objects::database_key(&target.prefix, layout_ns, database);
-    let listed = match objects::list(store.as_ref(), &database).await {
-        Ok(listed) => objects::archived(store.as_ref(), &database).await.map(|archive| (listed, archive)),
+    let database = object_storage::database_key(&target.prefix, layout_ns, database);
+    let listed = match object_storage::list(store.as_ref(), &database).await {
+        Ok(listed) => object_storage::archived(store.as_ref(), &database).await.map(|archive| (listed, archive)),
         Err(e) => Err(e),
     };
     Ok(match listed {
@@ -117,8 +117,8 @@ pub struct Pruned {
 pub async fn prune(opened: &Opened, keep: usize, running: &[String]) -> Result<Pruned, String> {
     let store = opened.store.as_ref();
     let mut pruned = Pruned::default();
-    for name in objects::to_prune(&opened.listed, keep, running) {
-        objects::remove(store, &opened.database.clone().join(name.as_str())).await.map_err(|e| e.to_string())?;
+    for name in object_storage::to_prune(&opened.listed, keep, running) {
+        object_storage::remove(store, &opened.database.clone().join(name.as_str())).await.map_err(|e| e.to_string())?;
         pruned.backups.push(name);
     }
     let oldest_kept =
@@ -126,10 +126,10 @@ pub async fn prune(opened: &Opened, keep: usize, running: &[String]) -> Result<P
     if let Some(oldest) = oldest_kept
         && !opened.archive.is_empty()
         && let Some(manifest) =
-            objects::manifest(store, &opened.database.clone().join(oldest.name.as_str())).await.map_err(|e| e.to_string())?
+            object_storage::manifest(store, &opened.database.clone().join(oldest.name.as_str())).await.map_err(|e| e.to_string())?
     {
         pruned.segments =
-            objects::prune_archive(store, &opened.database, &opened.archive, manifest.started).await.map_err(|e| e.to_string())?;
+            object_storage::prune_archive(store, &opened.database, &opened.archive, manifest.started).await.map_err(|e| e.to_string())?;
     }
     Ok(pruned)
 }

@@ -33,7 +33,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
 use super::owner;
-use crate::build::{APPLIED_HASH, Kind, MANAGER};
+use crate::build::Kind;
+use crate::names::{APPLIED_HASH, MANAGER};
 use crate::crd::Database;
 
 /// Where `kubectl apply` keeps the whole manifest it last applied.
@@ -208,7 +209,7 @@ pub(super) fn database_essentials(db: &mut Database) {
 /// holds fields no apply has taken over. An empty list says it does (and allocates
 /// nothing); none says it does not.
 fn created_mark(meta: &mut ObjectMeta) {
-    let created = meta.managed_fields.take().into_iter().flatten().any(|e| super::apply::ours(&e, "Update"));
+    let created = meta.managed_fields.take().into_iter().flatten().any(|e| owner::set_by_us(&e, "Update"));
     meta.managed_fields = created.then(Vec::new);
 }
 

@@ -26,6 +26,9 @@
 //!
 //! A stage that finds a permanent problem ends the pass with a condition
 //! ([`super::stop_with`]): nothing after it runs until the spec or the plugin changes.
+//!
+//! Past 600 lines for now: the stages are methods of one `Pass`, in the order the
+//! table gives, so that a pass reads top to bottom here.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -44,7 +47,8 @@ use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQu
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
 use super::{Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
-use crate::build::{self, Names, ROLE_LABEL};
+use crate::build::self;
+use crate::names::{Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
 use crate::plugin::{CallError, Capability, EngineSpec, Plugin, Workload};
@@ -163,7 +167,7 @@ struct Members {
 struct Applied {
     /// The StatefulSet, as last written or cached.
     stateful_set: Option<Arc<StatefulSet>>,
-    /// The members' template's hash without the primary's name ([`build::ROLE_FREE_HASH`]).
+    /// The members' template's hash without the primary's name ([`crate::names::ROLE_FREE_HASH`]).
     role_free: String,
     growth: Growth,
 }
@@ -275,7 +279,7 @@ impl<'a> Pass<'a> {
 
     /// The members as the pod cache has them, and the nodes of those that are down.
     async fn observe(&self) -> Members {
-        let pods = self.ctx.caches.pods(self.db, &build::selector(self.db));
+        let pods = self.ctx.caches.pods(self.db, &crate::names::selector(self.db));
         let mut observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
         let lost = nodes::read(self.ctx, &mut observed).await;
         Members { pods, observed, lost }
@@ -499,7 +503,7 @@ impl<'a> Pass<'a> {
         for child in build::children(db, workload, &db.spec.engine, primary, sidecars, template, self.tls.as_deref()) {
             if child.kind == build::Kind::StatefulSet {
                 let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
-                role_free = annotations[build::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
+                role_free = annotations[crate::names::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
             }
             let applied = apply::apply(ctx, db, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {

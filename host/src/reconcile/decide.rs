@@ -109,7 +109,7 @@ pub fn upgrade_from<'a>(running: Option<&'a str>, desired: &str) -> Option<&'a s
 
 /// The name of the backup taken before upgrading Database `name` to `version`.
 pub fn pre_upgrade_backup(name: &str, version: &str) -> String {
-    crate::build::Names(name).job(&format!("pre-{}", &hex_digest(version.as_bytes())[..10]))
+    crate::names::Names(name).job(&format!("pre-{}", &hex_digest(version.as_bytes())[..10]))
 }
 
 /// What the upgrade stage looks at besides the plugin's answer.
@@ -349,7 +349,7 @@ pub fn scale(facts: ScaleFacts<'_>, answer: Result<Vec<ScaleStep>, String>, jobs
     };
     let progress = facts.progress.filter(|p| p.to as u32 == desired).cloned();
     let progress = progress.unwrap_or(ScaleStatus { from: from as i32, to: desired as i32, step: 0 });
-    let job_name = |step: usize| crate::build::Names(name).job(&format!("scale-{from}-{desired}-{step}"));
+    let job_name = |step: usize| crate::names::Names(name).job(&format!("scale-{from}-{desired}-{step}"));
     let ready = |n: u32| (0..n).all(|o| facts.members.iter().any(|m| m.ordinal == o && m.ready && !m.terminating));
     let (step, granted) = scale_progress(&plan, from, progress.step as usize, ready, |s| jobs(&job_name(s)) == JobState::Succeeded);
     let job = match plan.get(step) {
@@ -455,7 +455,7 @@ pub fn steps(
 ) -> Steps {
     let unchanged = Steps { job: None, progress: progress.cloned(), completed: None, under_way: progress.is_some(), notes: vec![] };
     let (Some(progress), Some(plan)) = (progress.filter(|u| u.to == version), plan) else { return unchanged };
-    let job_name = |step: usize| crate::build::Names(name).job(&format!("upgrade-{}-{step}", &hex_digest(progress.to.as_bytes())[..8]));
+    let job_name = |step: usize| crate::names::Names(name).job(&format!("upgrade-{}-{step}", &hex_digest(progress.to.as_bytes())[..8]));
     let step = next_step(&plan.steps, progress.step as usize, rolled, |s| jobs(&job_name(s)) == JobState::Succeeded);
     let job = match plan.steps.get(step) {
         Some(UpgradeStep::Job(job)) => Some((job_name(step), job.clone())),

@@ -8,7 +8,8 @@ use kube::runtime::controller::Action;
 use super::backups::{self, JobState};
 use super::status::{self, Reason, kind};
 use super::{Context, Error, FINALIZER, event, join, plugin_uid, set_finalizer, stop_with, write_status};
-use crate::build::{self, Names};
+use crate::build::self;
+use crate::names::Names;
 use crate::crd::{Database, DeletionPolicy, Phase};
 
 /// What deleting a Database takes.

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::build::ROLE_LABEL;
+use crate::names::ROLE_LABEL;
 use crate::plugin::Member;
 
 const REVISION_LABEL: &str = "controller-revision-hash";
@@ -43,7 +43,7 @@ pub struct Observed {
     /// When its Ready condition last changed (RFC 3339).
     pub ready_since: Option<String>,
     /// The primary its template was rendered for, and that template's hash without the
-    /// primary's name (see [`crate::build::ROLE_FREE_HASH`]).
+    /// primary's name (see [`crate::names::ROLE_FREE_HASH`]).
     pub rendered: Option<(String, String)>,
 }
 
@@ -106,9 +106,9 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 ready_since,
                 rendered: p
                     .annotations()
-                    .get(crate::build::PRIMARY_ANNOTATION)
+                    .get(crate::names::PRIMARY_ANNOTATION)
                     .cloned()
-                    .zip(p.annotations().get(crate::build::ROLE_FREE_HASH).cloned()),
+                    .zip(p.annotations().get(crate::names::ROLE_FREE_HASH).cloned()),
                 name,
             })
         })
@@ -141,7 +141,7 @@ fn why_not_ready(pod: &Pod, ready: Option<&k8s_openapi::api::core::v1::PodCondit
 pub struct Wanted<'a> {
     /// The update revision.
     pub revision: &'a str,
-    /// [`crate::build::ROLE_FREE_HASH`] of the template.
+    /// [`crate::names::ROLE_FREE_HASH`] of the template.
     pub role_free: &'a str,
 }
 

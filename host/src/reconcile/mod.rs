@@ -37,7 +37,8 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::build::{self, MANAGER, Names};
+use crate::build::self;
+use crate::names::{MANAGER, Names};
 use crate::crd::{Database, DatabaseStatus, Phase};
 use crate::metrics::{Metrics, ReconcileLabels};
 use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry, Workload};

@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 use super::members::Observed;
 use super::status::Reason;
 use super::{Context, Error, event_about};
-use crate::build::Names;
+use crate::names::Names;
 use crate::crd::Database;
 
 /// A node that is not ready: what it says, and for how long.

@@ -5,10 +5,11 @@
 //! Anything else with a child's name — a user's object, another Database's — is left
 //! untouched and stops the pass ([`Taken`]).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 
-use crate::build::{INSTANCE_LABEL, Kind, MANAGED_BY_LABEL, MANAGER};
+use crate::build::Kind;
+use crate::names::{INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER};
 use crate::crd::Database;
 
 /// An object with the name of one of a Database's children that is not the Database's.
@@ -83,6 +84,12 @@ pub fn check_as(db: &Database, kind: &'static str, kept: bool, meta: &ObjectMeta
         name: meta.name.clone().unwrap_or_default(),
         why,
     })
+}
+
+/// Whether `entry` holds the fields `MANAGER` set on the object itself (not a
+/// subresource) by `operation` (`Update` for a create, or `Apply`).
+pub fn set_by_us(entry: &ManagedFieldsEntry, operation: &str) -> bool {
+    entry.manager.as_deref() == Some(MANAGER) && entry.operation.as_deref() == Some(operation) && entry.subresource.is_none()
 }
 
 /// Whether the existing object is `db`'s (see [`check`]).

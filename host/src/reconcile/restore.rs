@@ -12,10 +12,11 @@ use super::backups::{self, JobState};
 use super::{Context, Error, apply, bucket};
 use chrono::{DateTime, Utc};
 
-use crate::build::{self, BACKUP_MOUNT, Child, Names, labels, metadata_with};
+use crate::build::{self, Child};
+use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
 use crate::crd::Database;
 use crate::jobs::{self, Purpose, Storage, Transfer};
-use crate::objects::{self, Listed, Segment};
+use crate::object_storage::{self, Listed, Segment};
 use crate::plugin::{BackupLocation, Capability, EngineSpec, JobPlan, Plugin, Workload};
 
 /// Where the restore stands.
@@ -219,7 +220,7 @@ pub fn choose(listed: &[Listed], archive: &[Segment], named: Option<&str>, point
         Some(name) => complete().find(|b| b.name == name),
         None => match point_in_time {
             Some(t) => complete().filter(|b| b.completed.is_some_and(|c| c <= t)).max_by_key(|b| b.completed),
-            None => objects::newest(listed),
+            None => object_storage::newest(listed),
         },
     };
     let Some(chosen) = chosen else {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plugdb::crd::Database;
-use plugdb::objects;
+use plugdb::object_storage;
 use plugdb_tests::minio::{ACCESS_KEY, Minio, SECRET_KEY};
 use plugdb_tests::operator::{Backing, Cluster};
 use serde_json::json;
@@ -163,10 +163,10 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
             .expect("backup");
     }
     let store = minio.bucket(ACCESS_KEY, SECRET_KEY, &bucket_name).store().expect("store");
-    let database_key = objects::database_key("plugdb-tests", &ns, "orders");
+    let database_key = object_storage::database_key("plugdb-tests", &ns, "orders");
     let deadline = tokio::time::Instant::now() + WAIT;
     let kept = loop {
-        let listed = objects::list(store.as_ref(), &database_key).await.expect("list the bucket");
+        let listed = object_storage::list(store.as_ref(), &database_key).await.expect("list the bucket");
         if listed.len() == 2 {
             break listed;
         }
@@ -175,10 +175,10 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     };
     let third = format!("orders-manual-{}", &hex("third")[..10]);
     assert!(kept.iter().all(|b| b.completed.is_some()), "{kept:?}");
-    assert_eq!(objects::newest(&kept).map(|b| b.name.clone()), Some(third.clone()));
+    assert_eq!(object_storage::newest(&kept).map(|b| b.name.clone()), Some(third.clone()));
     // Status says what a restore reaches: from the oldest kept backup up to where the
     // archived log ends.
-    let newest = objects::newest(&kept).and_then(|b| b.completed).expect("a newest backup");
+    let newest = object_storage::newest(&kept).and_then(|b| b.completed).expect("a newest backup");
     let db = cluster
         .wait_database(&ns, "orders", "the recoverable window", WAIT, |d| {
             d.status.as_ref().and_then(|s| s.recoverable.as_ref()).is_some_and(|r| {
@@ -341,9 +341,9 @@ async fn interrupted_upload(cluster: &Cluster, minio: &Minio, client: &Client, p
                 || md5(random()::text), 'hex') AS b FROM generate_series(1, 1500000)";
     client.query(primary, bulk).await.expect("bulk rows");
     let store = minio.bucket(ACCESS_KEY, SECRET_KEY, bucket).store().expect("store");
-    let database_key = objects::database_key("plugdb-tests", ns, "orders");
-    let complete = |listed: &[objects::Listed]| objects::newest(listed).map(|b| b.name.clone());
-    let before = complete(&objects::list(store.as_ref(), &database_key).await.expect("list")).expect("a complete backup");
+    let database_key = object_storage::database_key("plugdb-tests", ns, "orders");
+    let complete = |listed: &[object_storage::Listed]| object_storage::newest(listed).map(|b| b.name.clone());
+    let before = complete(&object_storage::list(store.as_ref(), &database_key).await.expect("list")).expect("a complete backup");
 
     let token = "interrupted";
     let name = format!("orders-manual-{}", &hex(token)[..10]);
@@ -362,14 +362,14 @@ async fn interrupted_upload(cluster: &Cluster, minio: &Minio, client: &Client, p
     let uploading = pods.list(&selector).await.expect("pods").items;
     assert_eq!(uploading.len(), 1, "one pod uploads");
     signal_engine(&uploading[0], "plugdb", "KILL");
-    assert!(!stored.join(objects::MANIFEST).exists(), "the upload finished before it could be interrupted");
+    assert!(!stored.join(object_storage::MANIFEST).exists(), "the upload finished before it could be interrupted");
 
     let key = database_key.clone().join(name.as_str());
-    let listed = objects::list(store.as_ref(), &database_key).await.expect("list");
+    let listed = object_storage::list(store.as_ref(), &database_key).await.expect("list");
     let killed = listed.iter().find(|b| b.name == name).expect("the killed upload's first file is in the bucket");
     assert_eq!(killed.completed, None, "listed as incomplete");
     assert_eq!(complete(&listed), Some(before.clone()), "a restore takes the previous backup: {listed:?}");
-    assert!(objects::manifest(store.as_ref(), &key).await.expect("read").is_none(), "no manifest for the killed upload");
+    assert!(object_storage::manifest(store.as_ref(), &key).await.expect("read").is_none(), "no manifest for the killed upload");
     let db = dbs.get("orders").await.expect("get");
     assert_eq!(db.status.and_then(|s| s.last_backup).map(|b| b.name), Some(before), "status still names the last complete backup");
 
@@ -380,7 +380,7 @@ async fn interrupted_upload(cluster: &Cluster, minio: &Minio, client: &Client, p
         })
         .await
         .expect("the retried backup");
-    let manifest = objects::manifest(store.as_ref(), &key).await.expect("read").expect("complete now");
+    let manifest = object_storage::manifest(store.as_ref(), &key).await.expect("read").expect("complete now");
     let size: u64 = manifest.files.iter().map(|f| f.bytes).sum();
     assert!(size > 64 << 20, "the whole base backup: {size} bytes");
 }

@@ -151,10 +151,10 @@ pub(crate) struct CallState {
     pub(super) slow_after: Option<u64>,
 }
 
-impl CallState {
+impl convert::Logs for CallState {
     /// A line the plugin logs: counted, cut, escaped to one line and tagged with its
     /// engine; dropped (and counted) when the engine is past its allowance over time.
-    pub(crate) fn log_line(&mut self, level: tracing::Level, message: String) {
+    fn log_line(&mut self, level: tracing::Level, message: String) {
         self.log_lines += 1;
         if self.log_lines > MAX_LOG_LINES {
             return;

@@ -1,0 +1,150 @@
+//! What every child of a Database is called and labelled, and the paths and
+//! annotations the pieces that render them share (`build`, `jobs`, `tls`, the member
+//! agent): below all of them, so none imports another for a name.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::core::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use crate::crd::Database;
+
+/// Where the operator's image holds the `plugdb` binary.
+pub const OPERATOR_BINARY: &str = "/usr/local/bin/plugdb";
+/// The field manager of every write the operator makes.
+pub const MANAGER: &str = "plugdb";
+/// Annotation holding the hash of the desired object last applied.
+pub const APPLIED_HASH: &str = "plugdb.io/applied-hash";
+/// Annotation on the pod template holding the hash of the config files.
+pub const CONFIG_HASH: &str = "plugdb.io/config-hash";
+/// Annotation on the pod template: the primary the workload was rendered for.
+pub const PRIMARY_ANNOTATION: &str = "plugdb.io/primary";
+/// Annotation on the pod template: a hash of it with the primary's name left out. A
+/// member started as a replica whose pod has the hash of the current template runs what
+/// it would run if restarted, but for the primary's name: a failover does not restart
+/// it (it follows the read-write Service to the new primary).
+pub const ROLE_FREE_HASH: &str = "plugdb.io/role-free-hash";
+/// Annotation on the pod template naming the TLS certificate the members use (its expiry).
+pub const TLS_STAMP: &str = "plugdb.io/tls-not-after";
+/// Label on member pods naming their role (`primary` or `replica`).
+pub const ROLE_LABEL: &str = "plugdb.io/role";
+/// Where config files are mounted in every member.
+pub const CONFIG_MOUNT: &str = "/etc/plugdb";
+/// Where the backup volume is mounted in backup and restore Jobs.
+pub const BACKUP_MOUNT: &str = "/backups";
+/// Where members place finished log segments for `plugdb archive` to ship (point-in-time recovery).
+pub const ARCHIVE_MOUNT: &str = "/plugdb/archive";
+/// Label naming the Database a child or member belongs to.
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Label naming who manages a child: [`MANAGER`].
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Longest Database name: pod names `<name>-<ordinal>` must stay valid label values.
+pub const MAX_NAME: usize = 52;
+
+/// Names of a Database's children.
+pub struct Names<'a>(pub &'a str);
+
+impl Names<'_> {
+    /// Credentials Secret.
+    pub fn credentials(&self) -> String {
+        format!("{}-credentials", self.0)
+    }
+    /// TLS certificate Secret (`kubernetes.io/tls`, with `ca.crt`).
+    pub fn tls(&self) -> String {
+        format!("{}-tls", self.0)
+    }
+    /// The member agents' certificates and the operator's for asking them.
+    pub fn agent(&self) -> String {
+        format!("{}-agent", self.0)
+    }
+    /// The Database's certificate authority (its key).
+    pub fn authority(&self) -> String {
+        format!("{}-ca", self.0)
+    }
+    /// Config ConfigMap.
+    pub fn config(&self) -> String {
+        format!("{}-config", self.0)
+    }
+    /// Primary (read-write) Service and the StatefulSet.
+    pub fn primary(&self) -> String {
+        self.0.to_string()
+    }
+    /// Read-only Service.
+    pub fn replicas(&self) -> String {
+        format!("{}-replicas", self.0)
+    }
+    /// Headless Service.
+    pub fn headless(&self) -> String {
+        format!("{}-headless", self.0)
+    }
+    /// Backup volume claim.
+    pub fn backups(&self) -> String {
+        format!("{}-backups", self.0)
+    }
+    /// Pod of member `ordinal`.
+    pub fn pod(&self, ordinal: u32) -> String {
+        format!("{}-{ordinal}", self.0)
+    }
+    /// Data volume claim of member `ordinal` (the StatefulSet's naming).
+    pub fn data_claim(&self, ordinal: u32) -> String {
+        format!("data-{}-{ordinal}", self.0)
+    }
+    /// Job `<name>-<suffix>`. Where that passes the 63 characters a Job's name may have,
+    /// the Database's part is shortened and told apart by a hash of the whole name.
+    pub fn job(&self, suffix: &str) -> String {
+        let whole = format!("{}-{suffix}", self.0);
+        if whole.len() <= MAX_JOB_NAME {
+            return whole;
+        }
+        let tag = &hex(self.0.as_bytes())[..6];
+        let keep = MAX_JOB_NAME.saturating_sub(suffix.len() + tag.len() + 2).min(self.0.len());
+        format!("{}-{tag}-{suffix}", self.0[..keep].trim_end_matches(['-', '.']))
+    }
+}
+
+/// The longest name a Job may have (its pods carry it as a label value).
+pub const MAX_JOB_NAME: usize = 63;
+
+/// Labels every child and member pod carries.
+pub fn labels(db: &Database) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), db.spec.engine.clone()),
+        (INSTANCE_LABEL.to_string(), db.name_any()),
+        (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
+    ])
+}
+
+/// Selector matching the member pods of a Database.
+pub fn selector(db: &Database) -> BTreeMap<String, String> {
+    let mut l = labels(db);
+    l.remove(MANAGED_BY_LABEL);
+    l
+}
+
+/// The first 16 bytes of the SHA-256 of `bytes`, in hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+fn owner(db: &Database) -> Option<OwnerReference> {
+    db.controller_owner_ref(&())
+}
+
+/// Metadata of a child with the Database's labels (see [`metadata_with`]).
+pub(crate) fn metadata(db: &Database, name: &str, owned: bool) -> ObjectMeta {
+    metadata_with(db, name, owned, &labels(db))
+}
+
+/// Metadata of a child: name, namespace, `labels`, and an owner reference to the
+/// Database when `owned`.
+pub fn metadata_with(db: &Database, name: &str, owned: bool, labels: &BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: db.namespace(),
+        labels: Some(labels.clone()),
+        owner_references: Some(if owned { owner(db).into_iter().collect() } else { vec![] }),
+        annotations: Some(BTreeMap::new()),
+        ..Default::default()
+    }
+}
