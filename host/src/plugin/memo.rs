@@ -5,14 +5,10 @@
 //! dropped when it stops serving. Deadline and trap failures are not remembered: they
 //! depend on the machine, not only on the input.
 
-use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use sha2::{Digest, Sha256};
-
-/// What a result is remembered under: the plugin build, the function and the input.
-pub(crate) type Key = [u8; 32];
+use super::calls::{Answer, Function, Key};
 
 /// The remembered results of every plugin's calls.
 #[derive(Debug)]
@@ -39,7 +35,7 @@ impl std::fmt::Debug for Inner {
 }
 
 struct Entry {
-    value: Arc<dyn Any + Send + Sync>,
+    value: Answer,
     bytes: usize,
     digest: Arc<str>,
     used: u64,
@@ -62,24 +58,13 @@ impl Memo {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The key of `function` of the plugin build `digest` called with `input`.
-    pub fn key(digest: &str, function: &str, input: &impl serde::Serialize) -> Option<Key> {
-        let mut hasher = Sha256::new();
-        hasher.update(digest.as_bytes());
-        hasher.update([0]);
-        hasher.update(function.as_bytes());
-        hasher.update([0]);
-        serde_json::to_writer(HashWriter(&mut hasher), input).ok()?;
-        Some(hasher.finalize().into())
-    }
-
-    /// The remembered result for `key`, if any.
-    pub fn get<T: Clone + 'static>(&self, key: &Key) -> Option<T> {
+    /// The remembered answer of `F` for `key` ([`Function::key`]), if any.
+    pub fn get<F: Function>(&self, key: &Key) -> Option<Result<F::Output, crate::plugin::CallError>> {
         let mut inner = self.lock();
         inner.uses += 1;
         let used = inner.uses;
         let entry = inner.map.get_mut(key)?;
-        let value = entry.value.downcast_ref::<T>()?.clone();
+        let value = F::take(entry.value.clone())?;
         entry.used = used;
         inner.order.push_back((*key, used));
         compact(&mut inner);
@@ -87,14 +72,14 @@ impl Memo {
     }
 
     /// Remembers `value` (about `bytes` big) for `key` of plugin build `digest`.
-    pub fn put<T: Send + Sync + 'static>(&self, key: Key, digest: &str, value: T, bytes: usize) {
+    pub fn put(&self, key: Key, digest: &str, value: Answer, bytes: usize) {
         if bytes > self.max_bytes / 8 {
             return;
         }
         let mut inner = self.lock();
         inner.uses += 1;
         let used = inner.uses;
-        if let Some(old) = inner.map.insert(key, Entry { value: Arc::new(value), bytes, digest: digest.into(), used }) {
+        if let Some(old) = inner.map.insert(key, Entry { value, bytes, digest: digest.into(), used }) {
             inner.bytes -= old.bytes;
         }
         inner.bytes += bytes;
@@ -138,53 +123,67 @@ fn compact(inner: &mut Inner) {
     }
 }
 
-/// Feeds serialised input straight into the hash.
-struct HashWriter<'a>(&'a mut Sha256);
-
-impl std::io::Write for HashWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::calls::{PlanUpgrade, Validate};
+    use crate::plugin::{CallError, Violation};
+
+    fn spec(version: &str) -> crate::plugin::EngineSpec {
+        crate::plugin::EngineSpec {
+            name: "orders".into(),
+            namespace: "shop".into(),
+            version: version.into(),
+            replicas: 1,
+            storage_bytes: 1 << 30,
+            requests: Default::default(),
+            limits: Default::default(),
+            parameters: Vec::new(),
+            tls: None,
+        }
+    }
+
+    /// A `validate` answer that says `what`.
+    fn said(what: &str) -> Answer {
+        Validate::keep(Ok(vec![Violation { field: "f".into(), message: what.into() }]))
+    }
+
+    fn recalled(memo: &Memo, key: &Key) -> Option<String> {
+        memo.get::<Validate>(key).map(|a: Result<Vec<Violation>, CallError>| a.expect("ok")[0].message.clone())
+    }
 
     #[test]
     fn remembers_by_build_function_and_input_within_its_bounds() {
         let memo = Memo::new(2, 1 << 20);
-        let key = |d: &str, f: &str, i: u32| Memo::key(d, f, &i).expect("key");
-        memo.put(key("a", "render", 1), "a", "one".to_string(), 10);
-        assert_eq!(memo.get::<String>(&key("a", "render", 1)).as_deref(), Some("one"));
-        assert_eq!(memo.get::<String>(&key("a", "render", 2)), None, "another input");
-        assert_eq!(memo.get::<String>(&key("b", "render", 1)), None, "another build");
-        assert_eq!(memo.get::<String>(&key("a", "validate", 1)), None, "another function");
-        memo.put(key("a", "render", 2), "a", "two".to_string(), 10);
+        let key = |d: &str, v: &str| Validate::key(d, &spec(v)).expect("key");
+        memo.put(key("a", "1"), "a", said("one"), 10);
+        assert_eq!(recalled(&memo, &key("a", "1")).as_deref(), Some("one"));
+        assert_eq!(recalled(&memo, &key("a", "2")), None, "another input");
+        assert_eq!(recalled(&memo, &key("b", "1")), None, "another build");
+        let upgrade = PlanUpgrade::key("a", &(spec("1"), "0".into())).expect("key");
+        assert_ne!(upgrade, key("a", "1"), "another function, another key");
+        assert!(memo.get::<PlanUpgrade>(&key("a", "1")).is_none(), "another function's answer is not taken for this one's");
+        memo.put(key("a", "2"), "a", said("two"), 10);
         // 1 was used after 2 went in: 2 is the least recently used, and goes first.
-        let _ = memo.get::<String>(&key("a", "render", 1));
-        memo.put(key("b", "render", 3), "b", "three".to_string(), 10);
+        let _ = recalled(&memo, &key("a", "1"));
+        memo.put(key("b", "3"), "b", said("three"), 10);
         assert_eq!(memo.len(), 2);
-        assert!(memo.get::<String>(&key("a", "render", 2)).is_none());
-        assert!(memo.get::<String>(&key("a", "render", 1)).is_some());
+        assert!(recalled(&memo, &key("a", "2")).is_none());
+        assert!(recalled(&memo, &key("a", "1")).is_some());
         memo.forget("a");
         assert_eq!(memo.len(), 1);
-        assert!(memo.get::<String>(&key("b", "render", 3)).is_some());
+        assert!(recalled(&memo, &key("b", "3")).is_some());
     }
 
     #[test]
     fn bytes_are_bounded_and_huge_results_not_kept() {
         let memo = Memo::new(100, 800);
-        for i in 0..10u32 {
-            memo.put(Memo::key("a", "render", &i).expect("key"), "a", i, 100);
+        for i in 0..10 {
+            memo.put(Validate::key("a", &spec(&i.to_string())).expect("key"), "a", said("x"), 100);
         }
         assert_eq!(memo.len(), 8);
-        memo.put(Memo::key("a", "render", &99u32).expect("key"), "a", 99u32, 500);
-        assert!(memo.get::<u32>(&Memo::key("a", "render", &99u32).expect("key")).is_none(), "over an eighth of the bound");
+        let huge = Validate::key("a", &spec("99")).expect("key");
+        memo.put(huge, "a", said("x"), 500);
+        assert!(recalled(&memo, &huge).is_none(), "over an eighth of the bound");
     }
 }

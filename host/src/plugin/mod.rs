@@ -2,6 +2,7 @@
 //! plugin components, the policy every plugin output passes, and the registry that
 //! loads plugins from ConfigMaps.
 
+pub mod calls;
 pub mod compiler;
 mod convert;
 pub mod logs;
@@ -13,12 +14,13 @@ mod runtime;
 mod shape;
 pub mod types;
 
+pub use calls::{Answer, CallError, Function};
 pub use convert::Contract;
 pub use memo::Memo;
-pub use pool::{Busy, CallPool, DEFAULT_CPU_PER_ENGINE};
+pub use pool::{Busy, CallPool, DEFAULT_CPU_PER_ENGINE, Unanswered};
 pub use registry::{Outcome, Registry};
 pub use runtime::{
-    CONTRACT_VERSION, CallError, Limits, LoadError, Plugin, Runtime, SLOW_CALL, SLOW_CALL_NICENESS, Tier, defer_resets, hex_digest,
+    CONTRACT_VERSION, Limits, LoadError, Plugin, Runtime, SLOW_CALL, SLOW_CALL_NICENESS, Sandboxed, Tier, defer_resets, hex_digest,
     reset_spent,
 };
 pub use shape::{Shape, ShapeLimits};

@@ -40,18 +40,17 @@
 //! engine's thread. Microsecond calls never come near it; a plugin that spends its
 //! deadline on every call is held to that share of one thread.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinHandle};
 
 #[cfg(doc)]
 use super::SLOW_CALL_NICENESS;
-use super::memo::{Key, Memo};
-use super::{Plugin, SLOW_CALL};
+use super::calls::{Answer, Key};
+use super::{CallError, Plugin, SLOW_CALL, Sandboxed};
 
 /// Calls of one engine running or waiting, per thread the engine may use, that are
 /// always let in.
@@ -99,8 +98,8 @@ struct Detached {
     since: Instant,
     /// Whether it has ended.
     done: AbortHandle,
-    /// Its `JoinHandle<T>`.
-    answer: Box<dyn Any + Send>,
+    /// The call, to be awaited for its answer.
+    answer: JoinHandle<Answer>,
 }
 
 impl std::fmt::Debug for Detached {
@@ -218,6 +217,18 @@ impl Busy {
     }
 }
 
+/// Why a call keyed by its function gave no answer: the engine is busy (ask again
+/// later), or the call itself failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unanswered {
+    /// Ask again after [`Busy::retry_in`].
+    #[error(transparent)]
+    Busy(#[from] Busy),
+    /// The plugin's call failed.
+    #[error(transparent)]
+    Failed(CallError),
+}
+
 /// A place in an engine's queue, given back when dropped.
 struct Ticket(Arc<Mutex<Load>>);
 
@@ -277,65 +288,59 @@ impl CallPool {
         self.run_for(&plugin.info().engine.clone(), move || call(&plugin)).await
     }
 
-    /// `call` of `plugin`'s `function` for `input`, as [`CallPool::run`] when the
-    /// engine's calls are known to be quick. Otherwise the caller waits
-    /// [`DETACH_AFTER`] at most: a call still running then goes on without it and the
-    /// caller is told [`Busy::Running`]; asking again for the same function and input
-    /// takes its answer once it has ended (a panic in the call comes back then).
-    pub async fn run_keyed<I, T>(
-        self: &Arc<Self>,
-        plugin: &Plugin,
-        function: &'static str,
-        input: I,
-        call: fn(&Plugin, &I) -> T,
-    ) -> Result<T, Busy>
-    where
-        I: serde::Serialize + Send + 'static,
-        T: Send + 'static,
-    {
+    /// `F` of `plugin` for `input`, as [`CallPool::run`] when the engine's calls are
+    /// known to be quick. Otherwise the caller waits [`DETACH_AFTER`] at most: a call
+    /// still running then goes on without it and the caller is told [`Busy::Running`];
+    /// asking again for the same function and input takes its answer once it has ended
+    /// (a panic in the call comes back then).
+    pub async fn run_keyed<F: Sandboxed>(self: &Arc<Self>, plugin: &Plugin, input: F::Input) -> Result<F::Output, Unanswered> {
         let engine = plugin.info().engine.clone();
         let share = self.share(&engine);
         let quick = lock(&share.load).expected_wait(self.per_engine, Instant::now()).is_some_and(|wait| wait <= DETACH_AFTER);
-        let key = if quick { None } else { Memo::key(plugin.digest(), function, &input) };
+        let key = if quick { None } else { F::key(plugin.digest(), &input) };
         let plugin = plugin.clone();
-        let call = move || call(&plugin, &input);
-        match key {
-            Some(key) => self.run_detaching(&engine, share, function, key, call).await,
+        let call = move || plugin.ask::<F>(&input);
+        let answer = match key {
+            Some(key) => {
+                let kept = self.run_detaching(&engine, share, F::NAME, key, move || F::keep(call())).await?;
+                // Another function's answer under this key would take a collision of SHA-256.
+                F::take(kept).ok_or(Busy::Running { engine, function: F::NAME, retry_in: DETACH_AFTER })?
+            }
             None => {
                 let ticket = self.admit(&engine, &share)?;
-                Ok(self.run_admitted(share, ticket, call).await)
+                self.run_admitted(share, ticket, call).await
             }
-        }
+        };
+        answer.map_err(Unanswered::Failed)
     }
 
-    async fn run_detaching<T: Send + 'static>(
+    async fn run_detaching(
         self: &Arc<Self>,
         engine: &str,
         share: Share,
         function: &'static str,
         key: Key,
-        call: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, Busy> {
+        call: impl FnOnce() -> Answer + Send + 'static,
+    ) -> Result<Answer, Busy> {
         let load = share.load.clone();
         let running = || {
             let wait = lock(&load).expected_wait(self.per_engine, Instant::now()).unwrap_or(FULL_RETRY);
             Busy::Running { engine: engine.to_string(), function, retry_in: wait.clamp(DETACH_AFTER, FULL_RETRY) }
         };
         let kept = lock(&self.detached).remove(&key);
-        let mut answer = match kept.map(|kept| (kept.done.clone(), kept.answer.downcast::<JoinHandle<T>>())) {
-            Some((done, Ok(answer))) if done.is_finished() => answer,
-            Some((done, Ok(answer))) => {
-                lock(&self.detached).insert(key, Detached { since: Instant::now(), done, answer });
+        let mut answer = match kept {
+            Some(kept) if kept.done.is_finished() => kept.answer,
+            Some(kept) => {
+                lock(&self.detached).insert(key, Detached { since: Instant::now(), ..kept });
                 return Err(running());
             }
-            // The same key with another answer type: a call of another function.
-            Some((_, Err(_))) | None => {
+            None => {
                 let ticket = self.admit(engine, &share)?;
                 let pool = self.clone();
-                Box::new(tokio::spawn(async move { pool.run_admitted(share, ticket, call).await }))
+                tokio::spawn(async move { pool.run_admitted(share, ticket, call).await })
             }
         };
-        match tokio::time::timeout(DETACH_AFTER, &mut *answer).await {
+        match tokio::time::timeout(DETACH_AFTER, &mut answer).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(joined)) => match joined.try_into_panic() {
                 Ok(panic) => std::panic::resume_unwind(panic),
@@ -491,6 +496,9 @@ mod tests {
     /// answer, from the one call that ran.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slow_call_goes_on_without_its_caller_who_takes_its_answer_later() {
+        use crate::plugin::calls::{Function, Validate};
+        let answer = |what: &str| Validate::keep(Ok(vec![crate::plugin::Violation { field: "f".into(), message: what.into() }]));
+        let said = |kept: Result<Answer, Busy>| Validate::take(kept.ok()?)?.ok().map(|v| v[0].message.clone());
         use std::sync::atomic::{AtomicUsize, Ordering};
         let pool = Arc::new(CallPool::new(4, 2));
         let ran = Arc::new(AtomicUsize::new(0));
@@ -499,7 +507,7 @@ mod tests {
             move || {
                 ran.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(600));
-                42
+                answer("slow")
             }
         };
         let ask = |key: Key| pool.run_detaching("slow", pool.share("slow"), "render", key, call(&ran));
@@ -508,12 +516,12 @@ mod tests {
         assert!(asked.elapsed() < Duration::from_millis(300), "the caller waited {:?} for a 600 ms call", asked.elapsed());
         assert!(matches!(ask([1; 32]).await, Err(Busy::Running { .. })), "asked again while it runs: still running");
         tokio::time::sleep(Duration::from_millis(800)).await;
-        assert_eq!(ask([1; 32]).await, Ok(42), "the answer is taken");
+        assert_eq!(said(ask([1; 32]).await), Some("slow".into()), "the answer is taken");
         assert_eq!(ran.load(Ordering::SeqCst), 1, "one call ran for the three asks");
         assert!(lock(&pool.detached).is_empty(), "a taken answer is not kept");
 
         // A call that ends within the wait is answered at once, and nothing is kept.
-        assert_eq!(pool.run_detaching("quick", pool.share("quick"), "render", [2; 32], || 7).await, Ok(7));
+        assert_eq!(said(pool.run_detaching("quick", pool.share("quick"), "render", [2; 32], move || answer("quick")).await), Some("quick".into()));
         assert!(lock(&pool.detached).is_empty(), "an answer given at once is not kept");
     }
 
@@ -521,13 +529,15 @@ mod tests {
     /// [`MAX_KEPT`]; calls still running are kept.
     #[tokio::test]
     async fn unclaimed_answers_are_bounded() {
+        use crate::plugin::calls::{Function, Validate};
+        let answer = |what: &str| Validate::keep(Ok(vec![crate::plugin::Violation { field: "f".into(), message: what.into() }]));
         let ended = || {
-            let task = tokio::spawn(async {});
-            (task.abort_handle(), Box::new(task) as Box<dyn Any + Send>)
+            let task = tokio::spawn(async move { answer("ended") });
+            (task.abort_handle(), task)
         };
         let (running, never) = {
-            let task = tokio::spawn(std::future::pending::<()>());
-            (task.abort_handle(), Box::new(task) as Box<dyn Any + Send>)
+            let task = tokio::spawn(std::future::pending::<Answer>());
+            (task.abort_handle(), task)
         };
         tokio::task::yield_now().await;
         let key = |i: usize| {

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Instance, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
+use super::calls::CallError;
 use super::convert::{self, Contract, Exports};
 use super::logs::{Admitted, LogRate};
 use super::memo::Memo;
@@ -116,73 +117,6 @@ pub enum LoadError {
     /// `info()` failed or returned something unusable.
     #[error("self-test failed: {0}")]
     SelfTest(String),
-}
-
-/// Why a plugin call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CallError {
-    /// The plugin answered with an error of its own (a refusal with a reason).
-    #[error("{engine} plugin refused: {reason}")]
-    Refused {
-        /// Engine name.
-        engine: String,
-        /// The plugin's reason.
-        reason: String,
-    },
-    /// The call ran past its deadline and was interrupted.
-    #[error("{engine} plugin: {function} ran past its {timeout:?} deadline and was stopped")]
-    Timeout {
-        /// Engine name.
-        engine: String,
-        /// Exported function.
-        function: &'static str,
-        /// The deadline.
-        timeout: Duration,
-    },
-    /// The call trapped (panic, out of memory, stack overflow, ...).
-    #[error("{engine} plugin: {function} trapped: {message}")]
-    Trap {
-        /// Engine name.
-        engine: String,
-        /// Exported function.
-        function: &'static str,
-        /// What happened.
-        message: String,
-    },
-    /// A log line was larger than the host copies out of the plugin in a call.
-    #[error("{engine} plugin: {function} sent a log line of more than the {limit}-byte limit (copying it out was stopped there)")]
-    LogTooLarge {
-        /// Engine name.
-        engine: String,
-        /// Exported function.
-        function: &'static str,
-        /// The limit.
-        limit: usize,
-    },
-    /// The result was larger than the host accepts.
-    #[error("{engine} plugin: {function} returned more than the {limit}-byte limit (copying it out was stopped there)")]
-    OutputTooLarge {
-        /// Engine name.
-        engine: String,
-        /// Exported function.
-        function: &'static str,
-        /// The limit.
-        limit: usize,
-    },
-    /// The result breaks host policy.
-    #[error("{engine} plugin: {function} output breaks host policy: {}", join(.violations))]
-    Policy {
-        /// Engine name.
-        engine: String,
-        /// Exported function.
-        function: &'static str,
-        /// What is wrong.
-        violations: Vec<Violation>,
-    },
-}
-
-fn join(violations: &[Violation]) -> String {
-    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 /// The shared wasmtime engine, linker and epoch ticker. Cheap to clone.

@@ -7,7 +7,7 @@ use kube::api::{Api, DeleteParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
 use super::{Context, Error, apply, bucket};
-use crate::build::self;
+use crate::build;
 use crate::names::{BACKUP_MOUNT, Names};
 use crate::crd::{BackupRecord, Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
@@ -71,9 +71,10 @@ pub async fn ensure_backup(
         archive_directory: None,
         point_in_time: None,
     };
-    let plan = match ctx.call(plugin, "backup", (spec.clone(), location), |p, (spec, location)| p.backup(spec, location)).await? {
+    let plan = match ctx.ask::<crate::plugin::calls::Backup>(plugin, (spec.clone(), location)).await {
         Ok(plan) => plan,
-        Err(e) => return Ok(Err(e.to_string())),
+        Err(Error::Plugin(e)) => return Ok(Err(e.to_string())),
+        Err(e) => return Err(e),
     };
     let job = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
         Some(target) => {

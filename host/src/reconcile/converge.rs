@@ -46,8 +46,9 @@ use super::backups::{self, BackupReport, JobState};
 use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
+use crate::plugin::calls::{ChoosePrimary, PlanScale, PlanUpgrade, Render, Validate};
 use super::{Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
-use crate::build::self;
+use crate::build;
 use crate::names::{Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
@@ -228,13 +229,14 @@ impl<'a> Pass<'a> {
             Ok(spec) => spec,
             Err(v) => return self.stop(kind::PLUGIN_READY, Reason::InvalidSpec, join(&v)).await,
         };
-        match ctx.call(&plugin, "validate", spec.clone(), |p, spec| p.validate(spec)).await? {
+        match ctx.ask::<Validate>(&plugin, spec.clone()).await {
             Ok(v) if v.is_empty() => Ok(ControlFlow::Continue(Engine { plugin, spec })),
             Ok(v) => {
                 let message = format!("{} rejects the spec: {}", plugin.id(), join(&v));
                 self.stop(kind::PLUGIN_READY, Reason::InvalidSpec, message).await
             }
-            Err(e) => self.plugin_failed(Reason::PluginFailed, &e).await,
+            Err(Error::Plugin(e)) => self.plugin_failed(Reason::PluginFailed, &e).await,
+            Err(e) => Err(e),
         }
     }
 
@@ -249,7 +251,10 @@ impl<'a> Pass<'a> {
             return Ok(ControlFlow::Continue(Upgrade::none(&desired)));
         };
         let input = (engine.spec.clone(), running.clone());
-        let answer = ctx.call(&engine.plugin, "plan-upgrade", input, |p, (spec, from)| p.plan_upgrade(spec, from)).await?;
+        let answer = match ctx.ask::<PlanUpgrade>(&engine.plugin, input).await {
+            Err(Error::Plugin(e)) => Err(e.to_string()),
+            asked => Ok(asked?),
+        };
         let backup = decide::pre_upgrade_backup(&self.name, &desired);
         let backup_state = self.job_state(&backup);
         let facts = decide::UpgradeFacts {
@@ -260,15 +265,16 @@ impl<'a> Pass<'a> {
             backups: db.spec.backup.as_ref().is_some_and(|b| b.enabled),
             backup: backup_state,
         };
-        let upgrade = decide::upgrade(facts, answer.map_err(|e| e.to_string()));
+        let upgrade = decide::upgrade(facts, answer);
         self.say(&upgrade.notes).await;
         self.status.upgrade = upgrade.progress.clone();
         if let Some(backup) = upgrade.backup_first.as_deref().filter(|_| backup_state == JobState::Missing) {
             // Taken at the running version, before anything is rendered at the new one.
             let current_spec = EngineSpec { version: running.clone(), ..engine.spec.clone() };
-            let uid = match plugin_uid(ctx, &engine.plugin, &current_spec, db).await? {
+            let uid = match plugin_uid(ctx, &engine.plugin, &current_spec, db).await {
                 Ok(uid) => uid,
-                Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
+                Err(Error::Plugin(e)) => return self.plugin_failed(Reason::RenderFailed, &e).await,
+                Err(e) => return Err(e),
             };
             if let Err(reason) = backups::ensure_backup(ctx, db, &engine.plugin, &current_spec, backup, uid).await? {
                 return self.stop(kind::PROGRESSING, Reason::PreUpgradeBackupImpossible, reason).await;
@@ -300,7 +306,10 @@ impl<'a> Pass<'a> {
                 let positions = members.observed.iter().zip(&said);
                 self.heard = positions.filter_map(|(m, s)| Some((m.name.clone(), s.as_ref()?.position.clone()))).collect();
                 let input = (spec.clone(), members::with_positions(candidates, said));
-                let answer = ctx.call(plugin, "choose-primary", input, |p, (spec, members)| p.choose_primary(spec, members)).await?;
+                let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
+                    Err(Error::Plugin(e)) => Err(e.to_string()),
+                    asked => Ok(asked?),
+                };
                 // The old primary takes no more writes before another is promoted.
                 let fenced = match &answer {
                     Ok(crate::plugin::FailoverDecision::Promote { .. }) => {
@@ -309,7 +318,7 @@ impl<'a> Pass<'a> {
                     }
                     _ => false,
                 };
-                decide::failover(&primary, after, answer.map_err(|e| e.to_string()), fenced)
+                decide::failover(&primary, after, answer, fenced)
             }
         };
         self.say(&chosen.notes).await;
@@ -349,9 +358,11 @@ impl<'a> Pass<'a> {
         if candidates.iter().all(|m| m.answer.is_none()) {
             return Ok(primary);
         }
-        let answer =
-            ctx.call(plugin, "choose-primary", (spec.clone(), candidates), |p, (spec, members)| p.choose_primary(spec, members)).await?;
-        let leader = decide::elected(&primary.name, &plugin.id(), answer.map_err(|e| e.to_string()));
+        let answer = match ctx.ask::<ChoosePrimary>(plugin, (spec.clone(), candidates)).await {
+            Err(Error::Plugin(e)) => Err(e.to_string()),
+            asked => Ok(asked?),
+        };
+        let leader = decide::elected(&primary.name, &plugin.id(), answer);
         self.say(&leader.notes).await;
         Ok(leader)
     }
@@ -405,9 +416,10 @@ impl<'a> Pass<'a> {
         self.rendered_for = primary.to_string();
         let mut cluster = build::cluster_context(db, primary, archive);
         cluster.restoring = self.restore_unfinished();
-        let workload = match ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await? {
+        let workload = match ctx.ask::<Render>(plugin, (spec.clone(), cluster)).await {
             Ok(w) => w,
-            Err(e) => return self.plugin_failed(Reason::RenderFailed, &e).await,
+            Err(Error::Plugin(e)) => return self.plugin_failed(Reason::RenderFailed, &e).await,
+            Err(e) => return Err(e),
         };
         // A bad new version never replaces the running one, but users of the engine should know.
         let (reason, message) = match ctx.registry.problem(&db.spec.engine) {
@@ -580,7 +592,10 @@ impl<'a> Pass<'a> {
             ScaleQuestion::Ask { from } => {
                 let now = members::for_plugin(&members.observed, self.status.primary.as_deref().unwrap_or_default());
                 let input = (spec.clone(), from, now);
-                let answer = ctx.call(plugin, "plan-scale", input, |p, (spec, from, members)| p.plan_scale(spec, *from, members)).await?;
+                let answer = match ctx.ask::<PlanScale>(plugin, input).await {
+                    Err(Error::Plugin(e)) => Err(e.to_string()),
+                    asked => Ok(asked?),
+                };
                 let current = current.unwrap_or(desired);
                 let facts = decide::ScaleFacts {
                     name: &self.name,
@@ -591,7 +606,7 @@ impl<'a> Pass<'a> {
                     members: &members.observed,
                 };
                 let jobs = |name: &str| self.job_state(name);
-                decide::scale(facts, answer.map_err(|e| e.to_string()), &jobs)
+                decide::scale(facts, answer, &jobs)
             }
         };
         self.say(&scale.notes).await;

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use super::backups::{self, JobState};
 use super::status::{self, Reason, kind};
 use super::{Context, Error, FINALIZER, event, join, plugin_uid, set_finalizer, stop_with, write_status};
-use crate::build::self;
+use crate::build;
 use crate::names::Names;
 use crate::crd::{Database, DeletionPolicy, Phase};
 
@@ -74,8 +74,9 @@ pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error
                     let cannot = |reason: String| {
                         format!("the plugin cannot take a final backup: {reason}; set deletionPolicy: Retain to delete without one")
                     };
-                    match plugin_uid(ctx, &plugin, &spec, db).await? {
-                        Err(e) => Err(cannot(e.to_string())),
+                    match plugin_uid(ctx, &plugin, &spec, db).await {
+                        Err(Error::Plugin(e)) => Err(cannot(e.to_string())),
+                        Err(e) => return Err(e),
                         Ok(uid) => backups::ensure_backup(ctx, db, &plugin, &spec, &final_name, uid).await?.map_err(cannot),
                     }
                 }

@@ -37,10 +37,11 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::build::self;
+use crate::build;
 use crate::names::{MANAGER, Names};
 use crate::crd::{Database, DatabaseStatus, Phase};
 use crate::metrics::{Metrics, ReconcileLabels};
+use crate::plugin::calls::Render;
 use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry, Workload};
 use cache::{Caches, Triggers};
 use status::{Reason, kind};
@@ -157,26 +158,17 @@ impl Context {
         self
     }
 
-    /// `function` of `plugin` for `input`: answered from the plugin's memo when it can
-    /// be (no thread), else run by `call` in the plugin call pool, never on the async
-    /// executor. `input` is what the plugin method keys its memo by. The outer error
-    /// is the pool's: the engine is busy, or the call goes on without this pass, which
-    /// ends to be tried again when the answer is expected.
-    pub async fn call<I, T>(
-        &self,
-        plugin: &Plugin,
-        function: &'static str,
-        input: I,
-        call: fn(&Plugin, &I) -> Result<T, CallError>,
-    ) -> Result<Result<T, CallError>, Error>
-    where
-        I: serde::Serialize + Send + 'static,
-        T: Clone + Send + 'static,
-    {
-        if let Some(answer) = plugin.remembered(function, &input) {
-            return Ok(answer);
-        }
-        Ok(self.calls.run_keyed(plugin, function, input, call).await?)
+    /// `F` of `plugin` for `input`: answered from the plugin's memo when it can be (no
+    /// thread), else asked in the plugin call pool, never on the async executor. A call
+    /// that failed is [`Error::Plugin`]; an engine that is busy, or a call that goes on
+    /// without this pass, is [`Error::Busy`]: the pass ends, to be tried again when the
+    /// answer is expected.
+    pub async fn ask<F: crate::plugin::Sandboxed>(&self, plugin: &Plugin, input: F::Input) -> Result<F::Output, Error> {
+        let answer = match plugin.remembered::<F>(&input) {
+            Some(answer) => answer.map_err(Error::Plugin)?,
+            None => self.calls.run_keyed::<F>(plugin, input).await?,
+        };
+        Ok(answer)
     }
 
     /// `db`, or this operator's own later write to it when the cache has not seen that
@@ -257,10 +249,23 @@ pub enum Error {
     /// expected, without holding a reconcile slot meanwhile.
     #[error(transparent)]
     Busy(#[from] crate::plugin::Busy),
+    /// A plugin call failed: the plugin refused, broke host policy, or the sandbox
+    /// stopped it. Each stage that asks says what that means for the Database.
+    #[error(transparent)]
+    Plugin(#[from] CallError),
     /// An object with the name of one of the Database's children is not the Database's:
     /// nothing of it is touched, and the pass stops until it goes.
     #[error(transparent)]
     Taken(#[from] owner::Taken),
+}
+
+impl From<crate::plugin::Unanswered> for Error {
+    fn from(unanswered: crate::plugin::Unanswered) -> Self {
+        match unanswered {
+            crate::plugin::Unanswered::Busy(busy) => Error::Busy(busy),
+            crate::plugin::Unanswered::Failed(failed) => Error::Plugin(failed),
+        }
+    }
 }
 
 impl Error {
@@ -564,7 +569,7 @@ fn join(v: &[crate::plugin::Violation]) -> String {
 /// The user the plugin runs the engine as (its Jobs run as the same user): what it
 /// renders for `spec` with member 0 as primary. The memo answers it when a pass already
 /// rendered the same.
-async fn plugin_uid(ctx: &Context, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<Result<u32, CallError>, Error> {
+async fn plugin_uid(ctx: &Context, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<u32, Error> {
     let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0), archiver(ctx, db, plugin).is_some());
-    Ok(ctx.call(plugin, "render", (spec.clone(), cluster), |p, (spec, cluster)| p.render(spec, cluster)).await?.map(|w| w.run_as_user))
+    Ok(ctx.ask::<Render>(plugin, (spec.clone(), cluster)).await?.run_as_user)
 }

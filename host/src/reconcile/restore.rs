@@ -164,9 +164,10 @@ pub async fn reconcile(
     let mut answers = Vec::new();
     for member in 0..spec.replicas.max(1) {
         let input = (spec.clone(), location.clone(), member);
-        match ctx.call(plugin, "restore", input, |p, (spec, location, member)| p.restore(spec, location, *member)).await? {
+        match ctx.ask::<crate::plugin::calls::Restore>(plugin, input).await {
             Ok(answer) => answers.push(answer),
-            Err(e) => return Ok(Restore::Failed(format!("spec.restoreFrom: {e}"))),
+            Err(Error::Plugin(e)) => return Ok(Restore::Failed(format!("spec.restoreFrom: {e}"))),
+            Err(e) => return Err(e),
         }
     }
     let plans = match restored_members(answers) {

@@ -2,6 +2,7 @@
 //! memory cap and the output bounds; a call thread drops its last instance after answering.
 
 use super::*;
+use crate::plugin::calls::{Backup, ChoosePrimary, Function, PlanScale, PlanUpgrade, Render, Restore, Validate};
 
 /// What the sandbox logs under, plugins' lines included: the runtime's, as before this
 /// module was split out of it (a filter on it keeps working).
@@ -191,6 +192,35 @@ impl convert::Logs for CallState {
     }
 }
 
+/// A contract function as the sandbox asks it: the call, and the host policy its
+/// answer passes.
+pub trait Sandboxed: Function {
+    /// Asks `plugin` for `input` in a fresh instance, and checks the answer.
+    fn call(plugin: &Plugin, input: &Self::Input) -> Result<Self::Output, CallError>;
+}
+
+macro_rules! sandboxed {
+    ($($function:ident => $method:ident),* $(,)?) => {
+        $(
+            impl Sandboxed for $function {
+                fn call(plugin: &Plugin, input: &Self::Input) -> Result<Self::Output, CallError> {
+                    plugin.$method(input)
+                }
+            }
+        )*
+    };
+}
+
+sandboxed! {
+    Validate => validate_now,
+    Render => render_now,
+    PlanUpgrade => plan_upgrade_now,
+    PlanScale => plan_scale_now,
+    ChoosePrimary => choose_primary_now,
+    Backup => backup_now,
+    Restore => restore_now,
+}
+
 impl Plugin {
     /// What the plugin said about itself at load.
     pub fn info(&self) -> &PluginInfo {
@@ -241,125 +271,147 @@ impl Plugin {
         format!("{}@{}", self.info.engine, self.info.plugin_version)
     }
 
-    /// Engine-specific checks of `spec`.
+    /// Engine-specific checks of `spec` ([`Validate`]).
     pub fn validate(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
-        self.counted("validate", spec, || {
-            let found: Vec<Violation> = self.call("validate", |s, i| self.exports.validate(s, i, spec))?;
-            // The plugin's words end up in a status: bounded in number and length.
-            let cut = |text: &str, max: usize| crate::events::truncate(text, max).to_string();
-            Ok(crate::plugin::policy::capped(
-                found.iter().map(|v| Violation { field: cut(&v.field, 128), message: cut(&v.message, 512) }).collect(),
-            ))
-        })
+        self.ask::<Validate>(spec)
     }
 
-    /// The workload for `spec`, checked against host policy.
+    /// The workload for `spec`, checked against host policy ([`Render`]).
     pub fn render(&self, spec: &EngineSpec, cluster: &ClusterContext) -> Result<Workload, CallError> {
-        self.counted("render", &(spec, cluster), || {
-            let workload = self.call("render", |s, i| self.exports.render(s, i, spec, cluster))?.map_err(|r| self.refused(r))?;
-            let mut violations = crate::plugin::policy::check_workload(&workload, cluster);
-            match (self.info.capabilities.elects_leader, workload.member_query.is_some()) {
-                (true, false) => violations.push(Violation {
-                    field: "memberQuery".into(),
-                    message: "the plugin declares elects-leader: the workload must say how members are asked who leads".into(),
-                }),
-                (false, true) => violations.push(Violation {
-                    field: "memberQuery".into(),
-                    message: "only a plugin that declares elects-leader asks its members who leads".into(),
-                }),
-                _ => {}
-            }
-            if workload.member_query.as_ref().is_some_and(|q| q.https) && spec.tls.is_none() {
-                violations.push(Violation {
-                    field: "memberQuery.https".into(),
-                    message: "members are asked over HTTPS only when the Database has TLS (spec.tls)".into(),
-                });
-            }
-            self.checked("render", violations, workload)
-        })
+        self.ask::<Render>(&(spec.clone(), cluster.clone()))
     }
 
-    /// How to move from `from` to `spec.version`.
+    /// How to move from `from` to `spec.version` ([`PlanUpgrade`]).
     pub fn plan_upgrade(&self, spec: &EngineSpec, from: &str) -> Result<UpgradePlan, CallError> {
-        self.counted("plan-upgrade", &(spec, from), || {
-            let plan = self.call("plan-upgrade", |s, i| self.exports.plan_upgrade(s, i, spec, from))?.map_err(|r| self.refused(r))?;
-            let jobs = plan.steps.iter().filter_map(|step| match step {
-                UpgradeStep::Job(job) => Some(job),
-                UpgradeStep::RollingRestart => None,
-            });
-            let violations = check_jobs(jobs, spec);
-            self.checked("plan-upgrade", violations, plan)
-        })
+        self.ask::<PlanUpgrade>(&(spec.clone(), from.to_string()))
     }
 
-    /// How to go from `from` members to `spec.replicas`, checked: Jobs as any Job, and
-    /// member counts from 1 to 9 ending at `spec.replicas`.
+    /// How to go from `from` members to `spec.replicas` ([`PlanScale`]).
     pub fn plan_scale(&self, spec: &EngineSpec, from: u32, members: &[Member]) -> Result<Vec<ScaleStep>, CallError> {
-        self.counted("plan-scale", &(spec, from, members), || {
-            let steps = self.call("plan-scale", |s, i| self.exports.plan_scale(s, i, spec, from, members))?.map_err(|r| self.refused(r))?;
-            let jobs = steps.iter().filter_map(|step| match step {
-                ScaleStep::Job(job) => Some(job),
-                ScaleStep::Members(_) => None,
-            });
-            let mut violations = check_jobs(jobs, spec);
-            let counts: Vec<u32> = steps.iter().filter_map(|s| if let ScaleStep::Members(n) = s { Some(*n) } else { None }).collect();
-            if counts.iter().any(|n| !(1..=9).contains(n)) {
-                violations.push(Violation { field: "plan-scale".into(), message: format!("member counts {counts:?} must be 1-9") });
-            }
-            if counts.last() != Some(&spec.replicas) {
-                violations.push(Violation {
-                    field: "plan-scale".into(),
-                    message: format!("the plan must end with members({}); it ends at {:?}", spec.replicas, counts.last()),
-                });
-            }
-            self.checked("plan-scale", violations, steps)
-        })
+        self.ask::<PlanScale>(&(spec.clone(), from, members.to_vec()))
     }
 
-    /// Which member to promote (host-chosen leadership), or which member the engine
-    /// elected (`elects-leader`): each answer only where the plugin declared that model.
+    /// Which member to promote, or which member the engine elected ([`ChoosePrimary`]).
     pub fn choose_primary(&self, spec: &EngineSpec, members: &[Member]) -> Result<FailoverDecision, CallError> {
-        self.counted("choose-primary", &(spec, members), || {
-            let decision = self.call("choose-primary", |s, i| self.exports.choose_primary(s, i, spec, members))?;
-            let elects = self.info.capabilities.elects_leader;
-            let violation = |field: &str, message: String| vec![Violation { field: field.into(), message }];
-            let violations = match &decision {
-                FailoverDecision::Promote { .. } if elects => {
-                    violation("promote", "the plugin declares elects-leader: the host never promotes; answer elected(pod)".into())
-                }
-                FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
-                    violation("promote.pod", format!("{pod:?} is not a replica of this Database"))
-                }
-                FailoverDecision::Elected(_) if !elects => {
-                    violation("elected", "the plugin does not declare elects-leader: the host chooses the primary".into())
-                }
-                FailoverDecision::Elected(pod) if !members.iter().any(|m| &m.pod == pod) => {
-                    violation("elected", format!("{pod:?} is not a member of this Database"))
-                }
-                _ => Vec::new(),
-            };
-            self.checked("choose-primary", violations, decision)
-        })
+        self.ask::<ChoosePrimary>(&(spec.clone(), members.to_vec()))
     }
 
-    /// A Job that backs the Database up to `location`.
+    /// A Job that backs the Database up to `location` ([`Backup`]).
     pub fn backup(&self, spec: &EngineSpec, location: &BackupLocation) -> Result<JobPlan, CallError> {
-        self.counted("backup", &(spec, location), || {
-            let job = self.call("backup", |s, i| self.exports.backup(s, i, spec, location))?.map_err(|r| self.refused(r))?;
-            self.checked("backup", crate::plugin::policy::check_job(&job, &location.credentials_secret), job)
-        })
+        self.ask::<Backup>(&(spec.clone(), location.clone()))
     }
 
     /// A Job that restores the backup at `location` into member `member`, or `None`
-    /// when that member joins the restored ones instead (`restore::restored_members`
-    /// checks the answers together).
+    /// when that member joins the restored ones instead ([`Restore`]).
     pub fn restore(&self, spec: &EngineSpec, location: &BackupLocation, member: u32) -> Result<Option<JobPlan>, CallError> {
-        self.counted("restore", &(spec, location, member), || {
-            let plan = self.call("restore", |s, i| self.exports.restore(s, i, spec, location, member))?.map_err(|r| self.refused(r))?;
-            let violations =
-                plan.as_ref().map(|job| crate::plugin::policy::check_job(job, &location.credentials_secret)).unwrap_or_default();
-            self.checked("restore", violations, plan)
-        })
+        self.ask::<Restore>(&(spec.clone(), location.clone(), member))
+    }
+
+    /// [`Validate`] in the sandboxed plugin: its violations, bounded in number and length.
+    fn validate_now(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
+        let found: Vec<Violation> = self.call(Validate::NAME, |s, i| self.exports.validate(s, i, spec))?;
+        // The plugin's words end up in a status: bounded in number and length.
+        let cut = |text: &str, max: usize| crate::events::truncate(text, max).to_string();
+        Ok(crate::plugin::policy::capped(
+            found.iter().map(|v| Violation { field: cut(&v.field, 128), message: cut(&v.message, 512) }).collect(),
+        ))
+    }
+
+    /// [`Render`] in the sandboxed plugin, checked against host policy.
+    fn render_now(&self, (spec, cluster): &(EngineSpec, ClusterContext)) -> Result<Workload, CallError> {
+        let workload = self.call(Render::NAME, |s, i| self.exports.render(s, i, spec, cluster))?.map_err(|r| self.refused(r))?;
+        let mut violations = crate::plugin::policy::check_workload(&workload, cluster);
+        match (self.info.capabilities.elects_leader, workload.member_query.is_some()) {
+            (true, false) => violations.push(Violation {
+                field: "memberQuery".into(),
+                message: "the plugin declares elects-leader: the workload must say how members are asked who leads".into(),
+            }),
+            (false, true) => violations.push(Violation {
+                field: "memberQuery".into(),
+                message: "only a plugin that declares elects-leader asks its members who leads".into(),
+            }),
+            _ => {}
+        }
+        if workload.member_query.as_ref().is_some_and(|q| q.https) && spec.tls.is_none() {
+            violations.push(Violation {
+                field: "memberQuery.https".into(),
+                message: "members are asked over HTTPS only when the Database has TLS (spec.tls)".into(),
+            });
+        }
+        self.checked(Render::NAME, violations, workload)
+    }
+
+    /// [`PlanUpgrade`] in the sandboxed plugin, its Jobs checked as any Job.
+    fn plan_upgrade_now(&self, (spec, from): &(EngineSpec, String)) -> Result<UpgradePlan, CallError> {
+        let plan = self.call(PlanUpgrade::NAME, |s, i| self.exports.plan_upgrade(s, i, spec, from))?.map_err(|r| self.refused(r))?;
+        let jobs = plan.steps.iter().filter_map(|step| match step {
+            UpgradeStep::Job(job) => Some(job),
+            UpgradeStep::RollingRestart => None,
+        });
+        let violations = check_jobs(jobs, spec);
+        self.checked(PlanUpgrade::NAME, violations, plan)
+    }
+
+    /// [`PlanScale`] in the sandboxed plugin, checked: Jobs as any Job, and member counts
+    /// from 1 to 9 ending at `spec.replicas`.
+    fn plan_scale_now(&self, (spec, from, members): &(EngineSpec, u32, Vec<Member>)) -> Result<Vec<ScaleStep>, CallError> {
+        let steps =
+            self.call(PlanScale::NAME, |s, i| self.exports.plan_scale(s, i, spec, *from, members))?.map_err(|r| self.refused(r))?;
+        let jobs = steps.iter().filter_map(|step| match step {
+            ScaleStep::Job(job) => Some(job),
+            ScaleStep::Members(_) => None,
+        });
+        let mut violations = check_jobs(jobs, spec);
+        let counts: Vec<u32> = steps.iter().filter_map(|s| if let ScaleStep::Members(n) = s { Some(*n) } else { None }).collect();
+        if counts.iter().any(|n| !(1..=9).contains(n)) {
+            violations.push(Violation { field: "plan-scale".into(), message: format!("member counts {counts:?} must be 1-9") });
+        }
+        if counts.last() != Some(&spec.replicas) {
+            violations.push(Violation {
+                field: "plan-scale".into(),
+                message: format!("the plan must end with members({}); it ends at {:?}", spec.replicas, counts.last()),
+            });
+        }
+        self.checked(PlanScale::NAME, violations, steps)
+    }
+
+    /// [`ChoosePrimary`] in the sandboxed plugin: each answer only where the plugin
+    /// declared that model (host-chosen leadership, or `elects-leader`).
+    fn choose_primary_now(&self, (spec, members): &(EngineSpec, Vec<Member>)) -> Result<FailoverDecision, CallError> {
+        let decision = self.call(ChoosePrimary::NAME, |s, i| self.exports.choose_primary(s, i, spec, members))?;
+        let elects = self.info.capabilities.elects_leader;
+        let violation = |field: &str, message: String| vec![Violation { field: field.into(), message }];
+        let violations = match &decision {
+            FailoverDecision::Promote { .. } if elects => {
+                violation("promote", "the plugin declares elects-leader: the host never promotes; answer elected(pod)".into())
+            }
+            FailoverDecision::Promote { pod, .. } if !members.iter().any(|m| &m.pod == pod && !m.primary) => {
+                violation("promote.pod", format!("{pod:?} is not a replica of this Database"))
+            }
+            FailoverDecision::Elected(_) if !elects => {
+                violation("elected", "the plugin does not declare elects-leader: the host chooses the primary".into())
+            }
+            FailoverDecision::Elected(pod) if !members.iter().any(|m| &m.pod == pod) => {
+                violation("elected", format!("{pod:?} is not a member of this Database"))
+            }
+            _ => Vec::new(),
+        };
+        self.checked(ChoosePrimary::NAME, violations, decision)
+    }
+
+    /// [`Backup`] in the sandboxed plugin, its Job checked.
+    fn backup_now(&self, (spec, location): &(EngineSpec, BackupLocation)) -> Result<JobPlan, CallError> {
+        let job = self.call(Backup::NAME, |s, i| self.exports.backup(s, i, spec, location))?.map_err(|r| self.refused(r))?;
+        self.checked(Backup::NAME, crate::plugin::policy::check_job(&job, &location.credentials_secret), job)
+    }
+
+    /// [`Restore`] in the sandboxed plugin, its Job checked (`restore::restored_members`
+    /// checks the answers for all members together).
+    fn restore_now(&self, (spec, location, member): &(EngineSpec, BackupLocation, u32)) -> Result<Option<JobPlan>, CallError> {
+        let plan =
+            self.call(Restore::NAME, |s, i| self.exports.restore(s, i, spec, location, *member))?.map_err(|r| self.refused(r))?;
+        let violations = plan.as_ref().map(|job| crate::plugin::policy::check_job(job, &location.credentials_secret)).unwrap_or_default();
+        self.checked(Restore::NAME, violations, plan)
     }
 
     fn refused(&self, reason: String) -> CallError {
@@ -374,24 +426,19 @@ impl Plugin {
         Err(CallError::Policy { engine: self.info.engine.clone(), function, violations: crate::plugin::policy::capped(violations) })
     }
 
-    /// Answers `function` of `input` from the memo when it was answered before;
-    /// otherwise runs `call`, counts its outcome in the metrics (what the sandbox saw,
-    /// the plugin's own refusal, or the host policy's) and remembers the answer unless
-    /// it was the machine's doing (a deadline, a trap).
-    fn counted<T: Clone + Send + Sync + serde::Serialize + 'static>(
-        &self,
-        function: &'static str,
-        input: &impl serde::Serialize,
-        call: impl FnOnce() -> Result<T, CallError>,
-    ) -> Result<T, CallError> {
-        if let Some(answer) = self.remembered(function, input) {
+    /// Asks `F` of this plugin for `input`: the remembered answer when there is one;
+    /// otherwise the sandboxed call ([`Sandboxed::call`]), its outcome counted in the
+    /// metrics (what the sandbox saw, the plugin's own refusal, or the host policy's)
+    /// and remembered unless it was the machine's doing (a deadline, a trap).
+    pub fn ask<F: Sandboxed>(&self, input: &F::Input) -> Result<F::Output, CallError> {
+        if let Some(answer) = self.remembered::<F>(input) {
             return answer;
         }
-        let key = self.runtime.memo.as_ref().and_then(|_| Memo::key(&self.digest, function, input));
+        let key = self.runtime.memo.as_ref().and_then(|_| F::key(&self.digest, input));
         if key.is_some() {
             self.count_memo("miss");
         }
-        let result = call();
+        let result = F::call(self, input);
         if let Some(metrics) = &self.runtime.metrics {
             let outcome = match &result {
                 Ok(_) => "ok",
@@ -401,7 +448,7 @@ impl Plugin {
                 Err(CallError::OutputTooLarge { .. } | CallError::LogTooLarge { .. }) => "too-large",
                 Err(CallError::Policy { .. }) => "policy",
             };
-            let labels = CallLabels { engine: self.info.engine.clone(), function: function.into(), outcome: outcome.into() };
+            let labels = CallLabels { engine: self.info.engine.clone(), function: F::NAME.into(), outcome: outcome.into() };
             metrics.plugin_calls.get_or_create(&labels).inc();
         }
         let pure = !matches!(result, Err(CallError::Timeout { .. } | CallError::Trap { .. }));
@@ -410,16 +457,16 @@ impl Plugin {
                 Ok(value) => serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX),
                 Err(e) => e.to_string().len(),
             };
-            memo.put(key, &self.digest, result.clone(), bytes);
+            memo.put(key, &self.digest, F::keep(result.clone()), bytes);
         }
         result
     }
 
-    /// The remembered answer of `function` (`"render"`, `"validate"`, ...) for
-    /// `input`, if there is one: no instance, no thread. Counted as a hit.
-    pub fn remembered<T: Clone + 'static>(&self, function: &'static str, input: &impl serde::Serialize) -> Option<Result<T, CallError>> {
+    /// The remembered answer of `F` for `input`, if there is one: no instance, no
+    /// thread. Counted as a hit.
+    pub fn remembered<F: Function>(&self, input: &F::Input) -> Option<Result<F::Output, CallError>> {
         let memo = self.runtime.memo.as_ref()?;
-        let answer = memo.get::<Result<T, CallError>>(&Memo::key(&self.digest, function, input)?)?;
+        let answer = memo.get::<F>(&F::key(&self.digest, input)?)?;
         self.count_memo("hit");
         Some(answer)
     }
