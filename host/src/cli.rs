@@ -1,4 +1,5 @@
-//! Tools for people: render a Database without a cluster, inspect and pack plugins.
+//! Tools for people: render a Database without a cluster, inspect and pack plugins, and
+//! a Database's status on one screen ([`status`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -13,6 +14,8 @@ use crate::build;
 use crate::crd::Database;
 use crate::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
 use crate::plugin::{Limits, Plugin, Runtime};
+
+pub mod status;
 
 /// The most a ConfigMap's data can hold: its keys and decoded values together (the API
 /// server's limit; base64 in the request does not count).

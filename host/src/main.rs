@@ -28,6 +28,21 @@ struct Cli {
 enum Command {
     /// Run the operator.
     Run(RunArgs),
+    /// One screen about a Database: its members (node, role, readiness, the position
+    /// each last said), backups and recoverable window, what is not fine, its latest
+    /// Events. Installed as `kubectl-plugdb`, this is `kubectl plugdb status DB`.
+    Status {
+        /// The Database.
+        #[arg(value_name = "DATABASE")]
+        name: String,
+        /// Its namespace (the kubeconfig context's when not given).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// The kubeconfig context (the current one when not given; `KUBECONFIG` says
+        /// which files, as for kubectl).
+        #[arg(long)]
+        context: Option<String>,
+    },
     /// Print the Database CustomResourceDefinition.
     Crd,
     /// Print the objects plugdb would apply for a Database, without a cluster.
@@ -215,9 +230,24 @@ fn compiler() -> Result<PathBuf> {
     std::env::current_exe().context("finding the plugdb binary to compile plugins with")
 }
 
+/// `plugdb`, or `kubectl plugdb` when run as the kubectl plugin `kubectl-plugdb`.
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let invoked = std::env::args_os().next().map(PathBuf::from);
+    let name = invoked.as_deref().and_then(Path::file_name).and_then(|n| n.to_str()).unwrap_or("plugdb");
+    let command = Cli::command().bin_name(if name.starts_with("kubectl-") { "kubectl plugdb" } else { "plugdb" });
+    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> Result<()> {
-    match Cli::parse().command {
+    match parse().command {
         Command::Run(args) => tokio::runtime::Runtime::new().context("starting the async runtime")?.block_on(run(args)),
+        Command::Status { name, namespace, context } => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+            let target = cli::status::Target { context, namespace };
+            print!("{}", runtime.block_on(cli::status::status(&target, &name))?);
+            Ok(())
+        }
         Command::Crd => {
             print!("{}", yaml_serde::to_string(&Database::crd()).context("serialising the CRD")?);
             Ok(())

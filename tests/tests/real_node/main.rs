@@ -119,6 +119,36 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 
     let wrong = client.query_as(&primary, "not-the-password", "SELECT 1").await;
     assert!(wrong.is_err(), "a wrong password is refused: {wrong:?}");
+
+    // `kubectl plugdb status`: the plugdb binary under the kubectl plugin's name, against
+    // this cluster through KUBECONFIG, shows each member where it runs and in its role.
+    let screen = kubectl_plugdb(&cluster, &["status", "orders", "--namespace", &ns]);
+    assert!(screen.starts_with(&format!("Database {ns}/orders: {} {version}, Running", engine.name())), "{screen}");
+    assert!(screen.contains("members:  3/3 ready, primary orders-0"), "{screen}");
+    for pod in &members {
+        let name = kube::ResourceExt::name_any(pod);
+        let row = screen.lines().find(|l| l.trim_start().starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {screen}"));
+        let role = if name == "orders-0" { "primary" } else { "replica" };
+        assert!(row.contains(&nodes::node_of(pod)) && row.contains(role) && row.contains("yes"), "{row}");
+    }
+    let help = kubectl_plugdb(&cluster, &["status", "--help"]);
+    assert!(help.contains("kubectl plugdb status"), "{help}");
+}
+
+/// Runs the plugdb binary as the kubectl plugin `kubectl-plugdb` (a link to it, as a
+/// user installs it) with `args`, against the cluster's kubeconfig; its output.
+fn kubectl_plugdb(cluster: &Cluster, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().expect("a directory");
+    let plugin = dir.path().join("kubectl-plugdb");
+    std::os::unix::fs::symlink(plugdb_tests::plugdb_binary(), &plugin).expect("a link");
+    let out = std::process::Command::new(&plugin)
+        .args(args)
+        .env("KUBECONFIG", cluster.backing.kubeconfig())
+        .output()
+        .expect("kubectl-plugdb runs");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "kubectl-plugdb {args:?}: {said}{}", String::from_utf8_lossy(&out.stderr));
+    said
 }
 
 /// While the node runs, the machine's own network namespace holds only the harness's
