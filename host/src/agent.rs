@@ -33,7 +33,6 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
-
 /// The port the agent serves on, in every member.
 pub const PORT: u16 = 8443;
 /// Where the agent's certificate is mounted.

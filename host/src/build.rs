@@ -18,12 +18,12 @@ use kube::core::{ApiResource, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::crd::{Database, DeletionPolicy, Parameter, S3Target};
-use crate::plugin::{ClusterContext, EngineSpec, ParameterValue, ResourceAmounts, Violation, Workload};
-use crate::quantity;
 use crate::names::{
     APPLIED_HASH, ARCHIVE_MOUNT, CONFIG_HASH, CONFIG_MOUNT, MAX_NAME, Names, PRIMARY_ANNOTATION, ROLE_FREE_HASH, ROLE_LABEL, TLS_STAMP,
     hex, labels, metadata, selector,
 };
+use crate::plugin::{ClusterContext, EngineSpec, ParameterValue, ResourceAmounts, Violation, Workload};
+use crate::quantity;
 
 /// The Database's spec as the plugin sees it, or what is wrong with it.
 pub fn engine_spec(db: &Database, version: &str) -> Result<EngineSpec, Vec<Violation>> {

@@ -6,8 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::build::{Child, pod};
-use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
 use crate::crd::{Database, DeletionPolicy, S3Target};
+use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
 use crate::plugin::JobPlan;
 
 /// Label on backup Jobs naming their Database.

@@ -17,8 +17,8 @@ use rcgen::{
 };
 use serde::Serialize;
 
-use crate::names::Names;
 use crate::crd::{Database, IssuerRef};
+use crate::names::Names;
 use crate::plugin::TlsFiles;
 
 /// Where members and Jobs find the certificate.

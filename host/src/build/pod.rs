@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::names::selector;
 use crate::crd::{Database, S3Target, SpreadRule};
+use crate::names::selector;
 use crate::object_storage;
 use crate::plugin::{EnvSource, ProbeAction, ResourceAmounts};
 

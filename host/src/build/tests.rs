@@ -1,6 +1,6 @@
 use super::*;
-use crate::names::MAX_JOB_NAME;
 use crate::crd::{DatabaseSpec, Spread, SpreadRule};
+use crate::names::MAX_JOB_NAME;
 use crate::plugin::{ConfigFile, EnvSource, EnvVar, Port, Probe, ProbeAction, SecretRef};
 use k8s_openapi::api::apps::v1::StatefulSet;
 

@@ -34,7 +34,9 @@ impl Target {
         let options = kube::config::KubeConfigOptions { context: self.context.clone(), ..Default::default() };
         let config = match kube::Config::from_kubeconfig(&options).await {
             Ok(config) => config,
-            Err(_) if self.context.is_none() => kube::Config::infer().await.context("finding the cluster ($KUBECONFIG, ~/.kube/config or in-cluster)")?,
+            Err(_) if self.context.is_none() => {
+                kube::Config::infer().await.context("finding the cluster ($KUBECONFIG, ~/.kube/config or in-cluster)")?
+            }
             Err(e) => return Err(e).context("reading the kubeconfig"),
         };
         let namespace = self.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
@@ -92,7 +94,12 @@ pub fn screen(db: &Database, events: &[Event], now: Timestamp) -> String {
         let when = b.completed.as_deref().map(|t| format!(", completed {}", ago(t, now))).unwrap_or_default();
         format!("{}{when}", b.name)
     });
-    let _ = writeln!(out, "backups:  last {}; next {}", last.as_deref().unwrap_or("none"), status.next_backup.as_deref().unwrap_or("not scheduled"));
+    let _ = writeln!(
+        out,
+        "backups:  last {}; next {}",
+        last.as_deref().unwrap_or("none"),
+        status.next_backup.as_deref().unwrap_or("not scheduled")
+    );
     if let Some(r) = &status.recoverable {
         let window = match (&r.first, &r.last) {
             (Some(first), Some(last)) if r.point_in_time => format!("any moment from {first} to {last}"),
@@ -217,7 +224,11 @@ mod tests {
             primary: Some("orders-1".into()),
             current_version: Some("17".into()),
             plugin: Some("postgres@0.2.0".into()),
-            members: vec![member(0, "plugdb-node-a", "replica", true), member(1, "plugdb-node-b", "primary", true), member(2, "plugdb-node-c", "replica", false)],
+            members: vec![
+                member(0, "plugdb-node-a", "replica", true),
+                member(1, "plugdb-node-b", "primary", true),
+                member(2, "plugdb-node-c", "replica", false),
+            ],
             last_backup: Some(BackupRecord { name: "orders-261128090000".into(), completed: Some("2026-11-28T09:00:30Z".into()) }),
             next_backup: Some("2026-11-29T09:00:00Z".into()),
             recoverable: Some(Recoverable {
@@ -267,7 +278,10 @@ mod tests {
         assert!(row("orders-1").contains("5m ago"), "when its agent said it: {screen}");
         assert!(row("orders-2").contains("no: node plugdb-node-c is not ready"), "{screen}");
         assert!(screen.contains("backups:  last orders-261128090000, completed 64m ago; next 2026-11-29T09:00:00Z"), "{screen}");
-        assert!(screen.contains("recoverable: any moment from 2026-11-27T09:00:30Z to 2026-11-28T10:04:00Z (confirmed 60s ago)"), "{screen}");
+        assert!(
+            screen.contains("recoverable: any moment from 2026-11-27T09:00:30Z to 2026-11-28T10:04:00Z (confirmed 60s ago)"),
+            "{screen}"
+        );
         assert!(screen.contains("  Degraded=True MembersDown:") && screen.contains("  Ready=False MembersNotReady:"), "{screen}");
         assert!(!screen.contains("Progressing=") && !screen.contains("PluginReady="), "fine conditions are left out: {screen}");
         let newest = screen.find("MemberDown").expect("an Event");

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::{Bucket, Error, error, fetch, safe_relative, upload_file};
 

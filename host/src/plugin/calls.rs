@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::types::{BackupLocation, ClusterContext, EngineSpec, FailoverDecision, JobPlan, Member, ScaleStep, UpgradePlan, Violation, Workload};
+use super::types::{
+    BackupLocation, ClusterContext, EngineSpec, FailoverDecision, JobPlan, Member, ScaleStep, UpgradePlan, Violation, Workload,
+};
 
 /// What an answer is remembered under: the plugin build, the function and the input.
 pub type Key = [u8; 32];
@@ -69,12 +71,12 @@ macro_rules! functions {
                 type Output = $output;
 
                 fn keep(answer: Result<$output, CallError>) -> Answer {
-                    Answer::$function(answer)
+                    Answer::$function(Box::new(answer))
                 }
 
                 fn take(kept: Answer) -> Option<Result<$output, CallError>> {
                     match kept {
-                        Answer::$function(answer) => Some(answer),
+                        Answer::$function(answer) => Some(*answer),
                         #[allow(unreachable_patterns)]
                         _ => None,
                     }
@@ -87,7 +89,7 @@ macro_rules! functions {
         pub enum Answer {
             $(
                 #[doc = concat!("An answer of `", $name, "`.")]
-                $function(Result<$output, CallError>),
+                $function(Box<Result<$output, CallError>>),
             )*
         }
     };

@@ -521,7 +521,10 @@ mod tests {
         assert!(lock(&pool.detached).is_empty(), "a taken answer is not kept");
 
         // A call that ends within the wait is answered at once, and nothing is kept.
-        assert_eq!(said(pool.run_detaching("quick", pool.share("quick"), "render", [2; 32], move || answer("quick")).await), Some("quick".into()));
+        assert_eq!(
+            said(pool.run_detaching("quick", pool.share("quick"), "render", [2; 32], move || answer("quick")).await),
+            Some("quick".into())
+        );
         assert!(lock(&pool.detached).is_empty(), "an answer given at once is not kept");
     }
 

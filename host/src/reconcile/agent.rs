@@ -13,8 +13,8 @@ use super::apply::{authority, own_secret, secret_metadata};
 use super::members::Observed;
 use super::{Context, Error};
 use crate::agent;
-use crate::names::{MANAGER, Names};
 use crate::crd::Database;
+use crate::names::{MANAGER, Names};
 use crate::plugin::MemberQuery;
 use crate::tls::{self, Use};
 

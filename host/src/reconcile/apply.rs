@@ -15,8 +15,8 @@ use super::owner;
 use super::status::Reason;
 use super::{Context, Error};
 use crate::build::{Child, Kind};
-use crate::names::{APPLIED_HASH, MANAGER, Names, labels};
 use crate::crd::{Database, DeletionPolicy, IssuerRef};
+use crate::names::{APPLIED_HASH, MANAGER, Names, labels};
 use crate::plugin::Credential;
 use crate::tls;
 
@@ -91,7 +91,8 @@ fn created_fields_applied(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedF
     if !entries.iter().any(|e| owner::set_by_us(e, "Update")) {
         return None;
     }
-    let (mine, mut others): (Vec<_>, Vec<_>) = entries.iter().cloned().partition(|e| owner::set_by_us(e, "Update") || owner::set_by_us(e, "Apply"));
+    let (mine, mut others): (Vec<_>, Vec<_>) =
+        entries.iter().cloned().partition(|e| owner::set_by_us(e, "Update") || owner::set_by_us(e, "Apply"));
     let mut fields = Value::Object(Default::default());
     for entry in &mine {
         if let Some(FieldsV1(set)) = &entry.fields_v1 {

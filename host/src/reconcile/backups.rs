@@ -8,9 +8,9 @@ use kube::{Client, ResourceExt};
 
 use super::{Context, Error, apply, bucket};
 use crate::build;
-use crate::names::{BACKUP_MOUNT, Names};
 use crate::crd::{BackupRecord, Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
+use crate::names::{BACKUP_MOUNT, Names};
 use crate::object_storage;
 use crate::plugin::{BackupLocation, Capability, EngineSpec, Plugin};
 use crate::schedule;

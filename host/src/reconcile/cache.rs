@@ -34,8 +34,8 @@ use tokio::sync::OnceCell;
 
 use super::owner;
 use crate::build::Kind;
-use crate::names::{APPLIED_HASH, MANAGER};
 use crate::crd::Database;
+use crate::names::{APPLIED_HASH, MANAGER};
 
 /// Where `kubectl apply` keeps the whole manifest it last applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

@@ -46,12 +46,12 @@ use super::backups::{self, BackupReport, JobState};
 use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
-use crate::plugin::calls::{ChoosePrimary, PlanScale, PlanUpgrade, Render, Validate};
 use super::{Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
 use crate::build;
-use crate::names::{Names, ROLE_LABEL};
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
+use crate::names::{Names, ROLE_LABEL};
+use crate::plugin::calls::{ChoosePrimary, PlanScale, PlanUpgrade, Render, Validate};
 use crate::plugin::{CallError, Capability, EngineSpec, Plugin, Workload};
 
 /// A stage's outcome: go on with its value, or end the pass with this action.

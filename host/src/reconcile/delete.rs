@@ -9,8 +9,8 @@ use super::backups::{self, JobState};
 use super::status::{self, Reason, kind};
 use super::{Context, Error, FINALIZER, event, join, plugin_uid, set_finalizer, stop_with, write_status};
 use crate::build;
-use crate::names::Names;
 use crate::crd::{Database, DeletionPolicy, Phase};
+use crate::names::Names;
 
 /// What deleting a Database takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,9 +38,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::build;
-use crate::names::{MANAGER, Names};
 use crate::crd::{Database, DatabaseStatus, Phase};
 use crate::metrics::{Metrics, ReconcileLabels};
+use crate::names::{MANAGER, Names};
 use crate::plugin::calls::Render;
 use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry, Workload};
 use cache::{Caches, Triggers};

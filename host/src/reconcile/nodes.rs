@@ -13,8 +13,8 @@ use kube::{Resource, ResourceExt};
 use super::members::Observed;
 use super::status::Reason;
 use super::{Context, Error, event_about};
-use crate::names::Names;
 use crate::crd::Database;
+use crate::names::Names;
 
 /// A node that is not ready: what it says, and for how long.
 #[derive(Debug, Clone)]

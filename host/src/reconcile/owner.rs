@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectM
 use kube::ResourceExt;
 
 use crate::build::Kind;
-use crate::names::{INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER};
 use crate::crd::Database;
+use crate::names::{INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER};
 
 /// An object with the name of one of a Database's children that is not the Database's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

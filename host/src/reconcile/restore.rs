@@ -13,9 +13,9 @@ use super::{Context, Error, apply, bucket};
 use chrono::{DateTime, Utc};
 
 use crate::build::{self, Child};
-use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
 use crate::crd::Database;
 use crate::jobs::{self, Purpose, Storage, Transfer};
+use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
 use crate::object_storage::{self, Listed, Segment};
 use crate::plugin::{BackupLocation, Capability, EngineSpec, JobPlan, Plugin, Workload};
 

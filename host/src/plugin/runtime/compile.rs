@@ -96,4 +96,3 @@ pub(crate) fn compile_apart(exe: &Path, limits: &Limits, tier: Tier, bytes: &[u8
     }
     Ok(artifact)
 }
-

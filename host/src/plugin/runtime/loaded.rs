@@ -355,8 +355,7 @@ impl Plugin {
     /// [`PlanScale`] in the sandboxed plugin, checked: Jobs as any Job, and member counts
     /// from 1 to 9 ending at `spec.replicas`.
     fn plan_scale_now(&self, (spec, from, members): &(EngineSpec, u32, Vec<Member>)) -> Result<Vec<ScaleStep>, CallError> {
-        let steps =
-            self.call(PlanScale::NAME, |s, i| self.exports.plan_scale(s, i, spec, *from, members))?.map_err(|r| self.refused(r))?;
+        let steps = self.call(PlanScale::NAME, |s, i| self.exports.plan_scale(s, i, spec, *from, members))?.map_err(|r| self.refused(r))?;
         let jobs = steps.iter().filter_map(|step| match step {
             ScaleStep::Job(job) => Some(job),
             ScaleStep::Members(_) => None,
@@ -408,8 +407,7 @@ impl Plugin {
     /// [`Restore`] in the sandboxed plugin, its Job checked (`restore::restored_members`
     /// checks the answers for all members together).
     fn restore_now(&self, (spec, location, member): &(EngineSpec, BackupLocation, u32)) -> Result<Option<JobPlan>, CallError> {
-        let plan =
-            self.call(Restore::NAME, |s, i| self.exports.restore(s, i, spec, location, *member))?.map_err(|r| self.refused(r))?;
+        let plan = self.call(Restore::NAME, |s, i| self.exports.restore(s, i, spec, location, *member))?.map_err(|r| self.refused(r))?;
         let violations = plan.as_ref().map(|job| crate::plugin::policy::check_job(job, &location.credentials_secret)).unwrap_or_default();
         self.checked(Restore::NAME, violations, plan)
     }
