@@ -76,7 +76,16 @@ fn ctrl_c_after_the_operator_died_tears_everything_down() {
         }
     }
     let plugdb = root.join("target/debug/plugdb").canonicalize().expect("the plugdb binary");
-    let operators = processes(&plugdb, Some("run"));
+    // run.sh prints its next step right after it forks the operator, which may not have
+    // exec'd the binary yet.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let operators = loop {
+        let found = processes(&plugdb, Some("run"));
+        if !found.is_empty() || Instant::now() >= deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(operators.len(), 1, "one operator runs: {operators:?}");
     let status = Command::new("kill").args(["-KILL", &operators[0].to_string()]).status().expect("kill");
     assert!(status.success(), "the operator killed");
