@@ -1,7 +1,7 @@
 //! The member agent: `plugdb agent`, beside the engine in every member of an engine
 //! whose plugin declares `agent.status-command`. It answers the operator alone, over
 //! HTTPS: `GET /status` with the line the plugin's status command prints (`primary
-//! <position>` or `replica <position>`), read from the local engine when asked, and,
+//! <position>`, or `replica <position>` and the replica's lag), read from the local engine when asked, and,
 //! where the plugin declares `agent.fence-command`, `POST /fence`, which fences the member.
 //!
 //! Fencing: a fenced member takes no more writes for the rest of its pod's life. The
@@ -79,13 +79,24 @@ pub struct Status {
     pub primary: bool,
     /// Its replication position, as the engine writes it.
     pub position: String,
+    /// How far behind its primary a replica says it is, when it knows.
+    pub lag: Option<Duration>,
 }
 
-/// The member's answer, `primary <position>` or `replica <position>` on one line, read as
-/// coming from anyone: a position is 1-128 printable characters without spaces.
+/// The most lag a member may say it has: a day (more is read as not known).
+pub const MAX_LAG: Duration = Duration::from_secs(86_400);
+
+/// The member's answer, `primary <position>` or `replica <position> [<lag>]` on one line,
+/// read as coming from anyone: a position is 1-128 printable characters without spaces;
+/// a lag, a replica's only, is seconds (`0`, `2.5`), at most [`MAX_LAG`].
 pub fn parse(answer: &str) -> Result<Status, String> {
     let line = answer.trim_end_matches(['\n', '\r']);
-    let (role, position) = line.split_once(' ').ok_or("not `<role> <position>`")?;
+    let (role, rest) = line.split_once(' ').ok_or("not `<role> <position>`")?;
+    let (position, lag) = match rest.split_once(' ') {
+        Some((position, lag)) if role == "replica" => (position, Some(parse_lag(lag)?)),
+        Some(_) => return Err("a primary says no lag".into()),
+        None => (rest, None),
+    };
     let primary = match role {
         "primary" => true,
         "replica" => false,
@@ -95,7 +106,18 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     if position.is_empty() || position.len() > 128 || !position.chars().all(printable) {
         return Err("the position is not 1-128 printable characters".into());
     }
-    Ok(Status { primary, position: position.to_string() })
+    Ok(Status { primary, position: position.to_string(), lag })
+}
+
+fn parse_lag(lag: &str) -> Result<Duration, String> {
+    let digits = |s: &str| s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
+    let (whole, fraction) = lag.split_once('.').unwrap_or((lag, "0"));
+    let seconds = (!whole.is_empty() && digits(whole) && !fraction.is_empty() && digits(fraction))
+        .then(|| lag.parse::<f64>().ok())
+        .flatten()
+        .map(Duration::from_secs_f64)
+        .filter(|d| *d <= MAX_LAG);
+    seconds.ok_or_else(|| format!("the lag {:?} is not seconds up to a day", crate::events::truncate(lag, 32)))
 }
 
 /// How the agent fences its member, from the plugin's fence command.

@@ -475,10 +475,13 @@ pub struct MemberStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub down: Option<String>,
     /// Its replication position, as its agent last said (the operator asks the agents
-    /// when the primary is lost, not while the Database is steady).
+    /// every half minute, and when the primary is lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub position: Option<String>,
-    /// When its agent said it (RFC 3339).
+    /// How far behind the primary a replica said it was then (`0s`, `2.5s`), when it knew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<String>,
+    /// When its agent last answered (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heard: Option<String>,
 }

@@ -45,6 +45,17 @@ pub struct ReconcileLabels {
     pub engine: String,
 }
 
+/// Labels of a Database's member.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabels {
+    /// The Database's namespace.
+    pub namespace: String,
+    /// The Database.
+    pub database: String,
+    /// The member's pod.
+    pub member: String,
+}
+
 /// Labels of Kubernetes API requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -104,6 +115,8 @@ pub struct Metrics {
     pub api_requests: Family<RequestLabels, Counter>,
     /// Entries of per-Database state the reconciler keeps (recent writes, failure counts).
     pub reconcile_state_entries: Gauge,
+    /// How far behind its primary each replica last said it was, while it knows.
+    member_lag_seconds: Family<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -156,6 +169,12 @@ impl Default for Metrics {
             "Entries of per-Database state the reconciler keeps (recent writes, failure counts); dropped with the Database",
             reconcile_state_entries.clone(),
         );
+        let member_lag_seconds = Family::<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "member_lag_seconds",
+            "How far behind its primary each replica said it was when its agent last answered (no series while it does not know)",
+            member_lag_seconds.clone(),
+        );
         Self {
             registry,
             plugin_loads,
@@ -170,11 +189,26 @@ impl Default for Metrics {
             reconcile_seconds,
             api_requests,
             reconcile_state_entries,
+            member_lag_seconds,
         }
     }
 }
 
 impl Metrics {
+    /// Sets the lag member `member` of Database `namespace/database` said it has; `None`
+    /// (it does not know, or it is gone) removes its series.
+    pub fn member_lag(&self, namespace: &str, database: &str, member: &str, lag: Option<std::time::Duration>) {
+        let labels = MemberLabels { namespace: namespace.into(), database: database.into(), member: member.into() };
+        match lag {
+            Some(lag) => {
+                self.member_lag_seconds.get_or_create(&labels).set(lag.as_secs_f64());
+            }
+            None => {
+                self.member_lag_seconds.remove(&labels);
+            }
+        }
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -205,6 +239,16 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::resource_of;
+
+    #[test]
+    fn a_members_lag_is_a_series_while_it_is_known() {
+        let metrics = super::Metrics::default();
+        metrics.member_lag("shop", "orders", "orders-1", Some(std::time::Duration::from_millis(2500)));
+        let series = r#"plugdb_member_lag_seconds{namespace="shop",database="orders",member="orders-1"} 2.5"#;
+        assert!(metrics.encode().contains(series), "{}", metrics.encode());
+        metrics.member_lag("shop", "orders", "orders-1", None);
+        assert!(!metrics.encode().contains("orders-1"), "gone once unknown");
+    }
 
     #[test]
     fn request_paths_name_their_resource() {

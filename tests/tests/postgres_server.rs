@@ -181,6 +181,8 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     let said = replica.agent_status(&status_command).expect("the replica's status");
     assert!(!said.primary, "member 1 says it is a replica");
     assert_eq!(said.position, sql(&replica, "SELECT pg_last_wal_replay_lsn()").expect("replay position"), "its replay position");
+    assert!(said.lag.is_some_and(|lag| lag < Duration::from_secs(5)), "a replica caught up says it lags little: {said:?}");
+    assert_eq!(primary.agent_status(&status_command).expect("the primary's status").lag, None, "a primary lags nothing");
 
     // Fenced by the plugin's fence command, as the agent does before a promotion: the old
     // primary takes no more writes; fencing it again is harmless.

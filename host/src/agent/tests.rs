@@ -9,9 +9,22 @@ fn sh(script: &str) -> Vec<String> {
 
 #[test]
 fn a_status_is_a_role_and_a_position_on_one_line() {
-    assert_eq!(parse("replica 0/3000148\n"), Ok(Status { primary: false, position: "0/3000148".into() }));
-    assert_eq!(parse("primary 0-1-42,1-2-7"), Ok(Status { primary: true, position: "0-1-42,1-2-7".into() }));
-    for bad in ["", "replica", "replica ", "leader 0/1", "replica 0/1 extra", "replica \u{1b}[2J", &format!("replica {}", "9".repeat(129))]
+    assert_eq!(parse("replica 0/3000148\n"), Ok(Status { primary: false, position: "0/3000148".into(), lag: None }));
+    assert_eq!(parse("primary 0-1-42,1-2-7"), Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None }));
+    let lagging = Status { primary: false, position: "0-1-40".into(), lag: Some(Duration::from_millis(2500)) };
+    assert_eq!(parse("replica 0-1-40 2.5"), Ok(lagging));
+    assert_eq!(parse("replica 0/5 0").map(|s| s.lag), Ok(Some(Duration::ZERO)));
+    let bad_lags = [
+        "replica 0/1 extra",
+        "primary 0/1 0",
+        "replica 0/1 -1",
+        "replica 0/1 1e3",
+        "replica 0/1 NaN",
+        "replica 0/1 86401",
+        "replica 0/1 .5",
+    ];
+    for bad in
+        ["", "replica", "replica ", "leader 0/1", "replica \u{1b}[2J", &format!("replica {}", "9".repeat(129))].into_iter().chain(bad_lags)
     {
         assert!(parse(bad).is_err(), "{bad:?} is no status");
     }
@@ -169,7 +182,7 @@ async fn only_the_operator_of_the_same_database_is_answered() {
             None => panic!("the operator was never answered"),
         }
     };
-    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into() }));
+    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into(), lag: None }));
     assert_eq!(ask(None).await, None, "no client certificate: refused");
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
     assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another Database's operator is refused");

@@ -74,7 +74,7 @@ pub fn screen(db: &Database, events: &[Event], now: Timestamp) -> String {
         status.plugin.as_deref().map(|p| format!(", rendered by {p}")).unwrap_or_default()
     );
     if !status.members.is_empty() {
-        let rows: Vec<[String; 6]> = status
+        let rows: Vec<[String; 7]> = status
             .members
             .iter()
             .map(|m| {
@@ -84,11 +84,12 @@ pub fn screen(db: &Database, events: &[Event], now: Timestamp) -> String {
                     m.role.clone(),
                     if m.ready { "yes".into() } else { format!("no: {}", cut(m.down.as_deref().unwrap_or("not ready"), 60)) },
                     m.position.clone().unwrap_or_else(|| "-".into()),
+                    m.lag.clone().unwrap_or_else(|| "-".into()),
                     m.heard.as_deref().map(|t| ago(t, now)).unwrap_or_else(|| "-".into()),
                 ]
             })
             .collect();
-        table(&mut out, ["MEMBER", "NODE", "ROLE", "READY", "POSITION", "SAID"], &rows);
+        table(&mut out, ["MEMBER", "NODE", "ROLE", "READY", "POSITION", "LAG", "SAID"], &rows);
     }
     let last = status.last_backup.as_ref().map(|b| {
         let when = b.completed.as_deref().map(|t| format!(", completed {}", ago(t, now))).unwrap_or_default();
@@ -208,6 +209,7 @@ mod tests {
             since: None,
             down: (!ready).then(|| "node plugdb-node-c is not ready (Unknown): Kubelet stopped posting node status.".into()),
             position: (n == 1).then(|| "0/3000148".into()),
+            lag: (n == 0).then(|| "0.25s".into()),
             heard: (n == 1).then(|| "2026-11-28T10:00:00Z".into()),
         };
         let condition = |type_: &str, status: &str, reason: &str, message: &str| Condition {
@@ -276,6 +278,7 @@ mod tests {
         let row = |pod: &str| lines.iter().find(|l| l.trim_start().starts_with(pod)).copied().unwrap_or_else(|| panic!("{pod}: {screen}"));
         assert!(row("orders-1").contains("plugdb-node-b") && row("orders-1").contains("primary") && row("orders-1").contains("0/3000148"));
         assert!(row("orders-1").contains("5m ago"), "when its agent said it: {screen}");
+        assert!(row("orders-0").contains("0.25s"), "its lag: {screen}");
         assert!(row("orders-2").contains("no: node plugdb-node-c is not ready"), "{screen}");
         assert!(screen.contains("backups:  last orders-261128090000, completed 64m ago; next 2026-11-29T09:00:00Z"), "{screen}");
         assert!(

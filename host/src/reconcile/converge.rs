@@ -16,6 +16,7 @@
 //! render     -                render              -                     credentials, TLS Secret
 //! elected    member answers   choose-primary      decide::elected       Event, Degraded
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs
+//! hear       member agents    -                   decide::hearing_due   (positions and lag, for the status)
 //! apply      -                -                   build::children       server-side apply, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod deleted
@@ -85,6 +86,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     pass.scale_job(&scale, &workload).await?;
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload) };
+    pass.hear(sidecars.agent.is_some(), &members).await?;
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, scale.granted).await?;
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
     // Members of an engine that elects its leader are part of the engine's membership: never moved.
@@ -131,6 +133,10 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
         // Who leads can change without a pod changing: ask again soon.
         requeue = requeue.min(ctx.settings.leader_poll);
     }
+    if sidecars.agent.is_some() {
+        // A replica's lag changes without a pod changing: its agent is asked again then.
+        requeue = requeue.min(ctx.settings.member_poll);
+    }
     Ok(Action::requeue(requeue))
 }
 
@@ -144,8 +150,8 @@ struct Pass<'a> {
     status: DatabaseStatus,
     /// The stamp of the TLS certificate the members mount, once the render stage made sure of it.
     tls: Option<String>,
-    /// The positions the members' agents said in this pass, by pod.
-    heard: Vec<(String, String)>,
+    /// What the members' agents said in this pass, by pod.
+    heard: Vec<(String, crate::agent::Status)>,
     /// The primary the workload was rendered for (member 0 for an engine that elects its
     /// leader), once the render stage ran.
     rendered_for: String,
@@ -303,8 +309,7 @@ impl<'a> Pass<'a> {
             FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
             FailoverQuestion::Ask(candidates) => {
                 let said = super::agent::statuses(ctx, self.db, &members.observed).await?;
-                let positions = members.observed.iter().zip(&said);
-                self.heard = positions.filter_map(|(m, s)| Some((m.name.clone(), s.as_ref()?.position.clone()))).collect();
+                self.heard = members.observed.iter().zip(&said).filter_map(|(m, s)| Some((m.name.clone(), s.clone()?))).collect();
                 let input = (spec.clone(), members::with_positions(candidates, said));
                 let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
                     Err(Error::Plugin(e)) => Err(e.to_string()),
@@ -323,6 +328,18 @@ impl<'a> Pass<'a> {
         };
         self.say(&chosen.notes).await;
         Ok(chosen)
+    }
+
+    /// What each member's agent says of it (its position, and a replica's lag), for the
+    /// status: asked once every `member_poll`, unless the failover stage asked this pass.
+    async fn hear(&mut self, agent: bool, members: &Members) -> Result<(), Error> {
+        let due = decide::hearing_due(&self.status.members, k8s_openapi::jiff::Timestamp::now(), self.ctx.settings.member_poll);
+        if !agent || !self.heard.is_empty() || members.observed.is_empty() || !due {
+            return Ok(());
+        }
+        let said = super::agent::statuses(self.ctx, self.db, &members.observed).await?;
+        self.heard = members.observed.iter().zip(said).filter_map(|(m, s)| Some((m.name.clone(), s?))).collect();
+        Ok(())
     }
 
     /// An engine that elects its leader: every member is asked the workload's member
@@ -649,7 +666,12 @@ impl<'a> Pass<'a> {
         let now = k8s_openapi::jiff::Timestamp::now();
         let progressing = status::conclude(&mut self.status, &pass);
         let primary = self.status.primary.clone();
-        self.status.members = status::members(&self.status.members, pass.members, primary.as_deref(), (&self.heard, now));
+        let members = status::members(&self.status.members, pass.members, primary.as_deref(), (&self.heard, now));
+        let gone = self.status.members.iter().filter(|b| !members.iter().any(|m| m.pod == b.pod));
+        for (pod, lag) in gone.map(|b| (&b.pod, None)).chain(self.heard.iter().map(|(pod, said)| (pod, said.lag))) {
+            self.ctx.metrics.member_lag(&self.ns, &self.name, pod, lag);
+        }
+        self.status.members = members;
         let waited = status::not_ready_for(&self.status, now);
         write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
         Ok((progressing, waited))

@@ -68,6 +68,9 @@ pub struct Settings {
     pub plugin_cpu_per_engine: f64,
     /// How often the members of an engine that elects its leader are asked who leads.
     pub leader_poll: Duration,
+    /// How often the member agents are asked for their position and lag (the status and
+    /// the lag metric follow).
+    pub member_poll: Duration,
     /// How often a Database's bucket confirms what a restore can reach.
     pub bucket_recheck: Duration,
 }
@@ -83,6 +86,7 @@ impl Default for Settings {
             plugin_calls_per_engine: 2,
             plugin_cpu_per_engine: crate::plugin::DEFAULT_CPU_PER_ENGINE,
             leader_poll: Duration::from_secs(10),
+            member_poll: Duration::from_secs(30),
             bucket_recheck: Duration::from_secs(3600),
         }
     }
@@ -191,6 +195,10 @@ impl Context {
     /// Forgets everything kept about `db`, which is gone.
     fn forget(&self, db: &Database) {
         let key = ObjectRef::from_obj(db);
+        let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        for m in db.status.iter().flat_map(|s| &s.members) {
+            self.metrics.member_lag(&ns, &name, &m.pod, None);
+        }
         self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         self.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         self.count_state();

@@ -290,22 +290,23 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     progressing
 }
 
-/// `status.members`: each member as observed, its role from `primary`, with the
-/// positions its agent said this pass (`heard`, at the time given), or before (kept
-/// from `before`).
+/// `status.members`: each member as observed, its role from `primary`, with what its
+/// agent said this pass (`heard`, at the time given: its position and lag), or before
+/// (kept from `before`).
 pub fn members(
     before: &[MemberStatus],
     observed: &[Observed],
     primary: Option<&str>,
-    (heard, now): (&[(String, String)], k8s_openapi::jiff::Timestamp),
+    (heard, now): (&[(String, crate::agent::Status)], k8s_openapi::jiff::Timestamp),
 ) -> Vec<MemberStatus> {
+    let at = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).map_or_else(|_| now.to_string(), |t| t.to_string());
     observed
         .iter()
         .map(|m| {
-            let at = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).map_or_else(|_| now.to_string(), |t| t.to_string());
-            let said = heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, position)| (position.clone(), at.clone()));
-            let kept = || before.iter().find(|b| b.pod == m.name).and_then(|b| b.position.clone().zip(b.heard.clone()));
-            let (position, heard) = said.or_else(kept).unzip();
+            let said =
+                heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, s)| (Some(s.position.clone()), s.lag.map(lag), Some(at.clone())));
+            let kept = || before.iter().find(|b| b.pod == m.name).map(|b| (b.position.clone(), b.lag.clone(), b.heard.clone()));
+            let (position, lag, heard) = said.or_else(kept).unwrap_or_default();
             MemberStatus {
                 pod: m.name.clone(),
                 node: m.node.clone(),
@@ -314,10 +315,16 @@ pub fn members(
                 since: m.ready_since.clone(),
                 down: m.down.as_deref().map(|d| crate::events::truncate(d, 200).to_string()),
                 position,
+                lag,
                 heard,
             }
         })
         .collect()
+}
+
+/// A lag as status says it: `0s`, `2.5s`, `61.25s` (to the millisecond).
+pub fn lag(lag: std::time::Duration) -> String {
+    format!("{}s", lag.as_millis() as f64 / 1000.0)
 }
 
 /// Each member that is down and why (its node lost, its container crashing), for the

@@ -353,9 +353,13 @@ impl Engine for Mysql {
 }
 
 /// What the member agent runs: the member's role (a replica is read-only) and the GTID
-/// position it has (`@@gtid_current_pos`), over TCP to the local server, in a second at most.
-const STATUS: &str = "exec mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" \
-    --connect-timeout=1 -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\"";
+/// position it has (`@@gtid_current_pos`), over TCP to the local server, in a second at most;
+/// a replica adds its lag (`Seconds_Behind_Master`, not known while it does not replicate).
+const STATUS: &str =
+    "m() { mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" --connect-timeout=1 \"$@\"; }
+said=$(m -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\") || exit 1
+case \"$said\" in replica*) lag=$(m -e 'SHOW SLAVE STATUS\\G' | sed -n 's/^ *Seconds_Behind_Master: \\([0-9][0-9]*\\)$/\\1/p') ;; esac
+echo \"$said${lag:+ $lag}\"";
 
 /// What the member agent runs to fence a primary: the server shuts down (`read_only`
 /// would not stop accounts with every privilege), and the start waits while the member

@@ -340,8 +340,13 @@ impl Engine for Postgres {
 /// What the member agent runs: the member's role and replay (replica) or write (primary)
 /// position, over TCP to the local server (what pg_hba allows), in a second at most.
 /// A replica that has replayed nothing yet prints nothing: its position stays unknown.
+/// A streaming replica adds its lag: 0 once it has replayed all it received, else how
+/// old the last transaction it replayed is; one that does not stream knows no lag.
 const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq \
-    -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || pg_last_wal_replay_lsn() \
+    -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || pg_last_wal_replay_lsn() || COALESCE(' ' || \
+    CASE WHEN NOT EXISTS (SELECT FROM pg_stat_wal_receiver WHERE status = 'streaming') THEN NULL \
+    WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN '0' \
+    ELSE round(greatest(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0)::numeric, 3)::text END, '') \
     ELSE 'primary ' || pg_current_wal_lsn() END\"";
 
 /// What the member agent runs to fence a primary: new sessions start read-only (`ALTER

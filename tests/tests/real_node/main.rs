@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use plugdb::crd::Database;
 use plugdb_tests::operator::Cluster;
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip};
 use serde_json::json;
@@ -120,8 +121,20 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     let wrong = client.query_as(&primary, "not-the-password", "SELECT 1").await;
     assert!(wrong.is_err(), "a wrong password is refused: {wrong:?}");
 
+    // The member agents are asked every half minute: each replica's lag reaches status.members.
+    let lags = |d: &Database| -> Vec<Option<String>> {
+        d.status.iter().flat_map(|s| &s.members).filter(|m| m.role == "replica").map(|m| m.lag.clone()).collect()
+    };
+    let db = cluster
+        .wait_database(&ns, "orders", "each replica's lag in status.members", WAIT, |d| {
+            lags(d).len() == 2 && lags(d).iter().all(Option::is_some)
+        })
+        .await
+        .expect("the replicas' lag");
+    eprintln!("{ns}: the replicas say they lag {:?}", lags(&db));
+
     // `kubectl plugdb status`: the plugdb binary under the kubectl plugin's name, against
-    // this cluster through KUBECONFIG, shows each member where it runs and in its role.
+    // this cluster through KUBECONFIG, shows each member where it runs, in its role, and a replica's lag.
     let screen = kubectl_plugdb(&cluster, &["status", "orders", "--namespace", &ns]);
     assert!(screen.starts_with(&format!("Database {ns}/orders: {} {version}, Running", engine.name())), "{screen}");
     assert!(screen.contains("members:  3/3 ready, primary orders-0"), "{screen}");
@@ -130,6 +143,8 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         let row = screen.lines().find(|l| l.trim_start().starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {screen}"));
         let role = if name == "orders-0" { "primary" } else { "replica" };
         assert!(row.contains(&nodes::node_of(pod)) && row.contains(role) && row.contains("yes"), "{row}");
+        let lag = db.status.iter().flat_map(|s| &s.members).find(|m| m.pod == name).and_then(|m| m.lag.clone());
+        assert!(lag.is_none_or(|lag| row.contains(&lag)), "{row}");
     }
     let help = kubectl_plugdb(&cluster, &["status", "--help"]);
     assert!(help.contains("kubectl plugdb status"), "{help}");

@@ -27,19 +27,29 @@ fn members_say_their_node_role_readiness_and_last_position() {
     };
     let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("a time");
     let observed = [at("db-0", "n1", false), at("db-1", "n2", true), at("db-2", "n3", true)];
-    let heard = [("db-1".to_string(), "0/3000148".to_string())];
+    let said = |position: &str, lag: Option<u64>| crate::agent::Status {
+        primary: false,
+        position: position.into(),
+        lag: lag.map(std::time::Duration::from_millis),
+    };
+    let heard = [("db-1".to_string(), said("0/3000148", None)), ("db-2".to_string(), said("0/3000100", Some(2500)))];
     let first = super::members(&[], &observed, Some("db-1"), (&heard, now));
     let roles: Vec<(&str, &str, bool)> = first.iter().map(|m| (m.pod.as_str(), m.role.as_str(), m.ready)).collect();
     assert_eq!(roles, [("db-0", "replica", false), ("db-1", "primary", true), ("db-2", "replica", true)]);
     assert_eq!(first[0].down.as_deref(), Some("node n3 is not ready"));
     assert_eq!((first[1].node.as_deref(), first[1].since.as_deref()), (Some("n2"), Some("2026-11-27T17:00:00Z")));
     assert_eq!((first[1].position.as_deref(), first[1].heard.as_deref()), (Some("0/3000148"), Some("2027-01-15T08:00:00Z")));
-    assert_eq!(first[2].position, None, "its agent said nothing");
+    assert_eq!((first[2].position.as_deref(), first[2].lag.as_deref()), (Some("0/3000100"), Some("2.5s")));
+    assert_eq!((first[0].position.as_deref(), first[0].heard.as_deref()), (None, None), "its agent said nothing");
 
     let later = now + k8s_openapi::jiff::SignedDuration::from_secs(60);
     let again = super::members(&first, &observed[1..], Some("db-1"), (&[], later));
     assert_eq!(again.len(), 2, "db-0 is gone");
     assert_eq!((again[0].position.as_deref(), again[0].heard.as_deref()), (Some("0/3000148"), Some("2027-01-15T08:00:00Z")), "kept");
+    assert_eq!(again[1].lag.as_deref(), Some("2.5s"), "kept");
+    let caught_up = [("db-2".to_string(), said("0/3000148", Some(0)))];
+    let third = super::members(&again, &observed[1..], Some("db-1"), (&caught_up, later));
+    assert_eq!((third[1].lag.as_deref(), third[1].heard.as_deref()), (Some("0s"), Some("2027-01-15T08:01:00Z")));
 }
 
 #[test]
