@@ -2,7 +2,8 @@
 //! whose plugin declares `agent.status-command`. It answers the operator alone, over
 //! HTTPS: `GET /status` with the line the plugin's status command prints (`primary
 //! <position>`, or `replica <position>` and the replica's lag), read from the local engine when asked, and,
-//! where the plugin declares `agent.fence-command`, `POST /fence`, which fences the member.
+//! where the plugin declares `agent.fence-command`, `POST /fence`, which fences the member
+//! (`fenced` once the fence command has succeeded, `fencing` while it has not yet).
 //!
 //! Fencing: a fenced member takes no more writes for the rest of its pod's life. The
 //! agent marks it in a file the engine's start also reads (so that a restarted engine
@@ -25,6 +26,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -71,6 +73,10 @@ const LOOK_EVERY: Duration = Duration::from_secs(2);
 const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often a fenced member's fence command is run again once it has succeeded.
 const REFENCE_EVERY: Duration = Duration::from_secs(5);
+/// How long `POST /fence` waits for the fence command to succeed before it answers
+/// `fencing` (ordered, the engine not confirmed yet) rather than `fenced`: inside the
+/// operator's 2 s for an answer.
+const FENCE_WAIT: Duration = Duration::from_millis(1600);
 
 /// What a member says of itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +150,10 @@ struct Agent {
     fence: Option<Fence>,
     command: Semaphore,
     fenced: tokio::sync::Notify,
+    /// How many times the fence command has succeeded (once: the engine takes no more writes).
+    fence_runs: std::sync::atomic::AtomicU64,
+    /// The operator asked for the fence command to run again now.
+    rerun: std::sync::atomic::AtomicBool,
 }
 
 impl Agent {
@@ -177,7 +187,14 @@ pub async fn serve(port: u16, certs: PathBuf, status: Vec<String>, fence: Option
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.with_context(|| format!("listening on port {port}"))?;
     tracing::info!(port, command = %status.join(" "), fence = fence.is_some(), "the member agent serves");
     let connections = Arc::new(Semaphore::new(CONNECTIONS));
-    let agent = Arc::new(Agent { status, fence, command: Semaphore::new(1), fenced: tokio::sync::Notify::new() });
+    let agent = Arc::new(Agent {
+        status,
+        fence,
+        command: Semaphore::new(1),
+        fenced: tokio::sync::Notify::new(),
+        fence_runs: Default::default(),
+        rerun: Default::default(),
+    });
     if agent.fence.is_some() {
         tokio::spawn(watch(agent.clone()));
     }
@@ -242,8 +259,19 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
             Err(e) => ("503 Service Unavailable", e),
         }
     } else if head.starts_with(b"POST /fence ") && agent.fence.is_some() {
+        // Each ask runs the fence command again (a fence may also cut what the member
+        // still serves, such as its replication to others), and waits for that run.
+        let before = agent.fence_runs.load(Ordering::SeqCst);
+        agent.rerun.store(true, Ordering::SeqCst);
         match agent.mark_fenced("the operator fenced it before promoting another member") {
-            Ok(()) => ("200 OK", "fenced\n".to_string()),
+            Ok(()) => {
+                let deadline = tokio::time::Instant::now() + FENCE_WAIT;
+                let ran = || agent.fence_runs.load(Ordering::SeqCst) > before;
+                while !ran() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                ("200 OK", if ran() { "fenced\n" } else { "fencing\n" }.to_string())
+            }
             Err(e) => ("500 Internal Server Error", format!("cannot mark the member fenced: {e}\n")),
         }
     } else {
@@ -269,17 +297,19 @@ async fn watch(agent: Arc<Agent>) {
     let (mut cut_off_since, mut fenced_at): (Option<tokio::time::Instant>, Option<tokio::time::Instant>) = (None, None);
     loop {
         let wait = if agent.is_fenced() {
-            if fenced_at.is_none_or(|at| at.elapsed() >= REFENCE_EVERY) {
+            if agent.rerun.swap(false, Ordering::SeqCst) || fenced_at.is_none_or(|at| at.elapsed() >= REFENCE_EVERY) {
                 match agent.run(&fence.argv).await {
-                    Ok(_) if fenced_at.is_none() => {
-                        tracing::warn!("fenced: the engine takes no more writes");
+                    Ok(_) => {
+                        if fenced_at.is_none() {
+                            tracing::warn!("fenced: the engine takes no more writes");
+                        }
                         fenced_at = Some(tokio::time::Instant::now());
+                        agent.fence_runs.fetch_add(1, Ordering::SeqCst);
                     }
-                    Ok(_) => fenced_at = Some(tokio::time::Instant::now()),
                     Err(e) => tracing::warn!("the fence command failed (tried again): {e}"),
                 }
             }
-            Duration::from_secs(1)
+            Duration::from_millis(200)
         } else {
             let cut_off = match &fence.control_plane {
                 Some(address) => !reachable(address).await && !any_member_reachable(fence).await,

@@ -1,5 +1,5 @@
 //! Tools for people: render a Database without a cluster, inspect and pack plugins, and
-//! a Database's status on one screen ([`status`]).
+//! a Database's status on one screen ([`status`]), a planned switchover ([`switchover`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,6 +16,7 @@ use crate::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
 use crate::plugin::{Limits, Plugin, Runtime};
 
 pub mod status;
+pub mod switchover;
 
 /// The most a ConfigMap's data can hold: its keys and decoded values together (the API
 /// server's limit; base64 in the request does not count).

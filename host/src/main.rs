@@ -43,6 +43,23 @@ enum Command {
         #[arg(long)]
         context: Option<String>,
     },
+    /// Hand the primary role to MEMBER (a pod, `orders-2`, or an ordinal, `2`) with no
+    /// acknowledged write lost, and wait until it leads or the operator says why not.
+    /// Installed as `kubectl-plugdb`, this is `kubectl plugdb switchover DB MEMBER`.
+    Switchover {
+        /// The Database.
+        #[arg(value_name = "DATABASE")]
+        name: String,
+        /// The member to lead.
+        #[arg(value_name = "MEMBER")]
+        member: String,
+        /// Its namespace (the kubeconfig context's when not given).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// The kubeconfig context (the current one when not given).
+        #[arg(long)]
+        context: Option<String>,
+    },
     /// Print the Database CustomResourceDefinition.
     Crd,
     /// Print the objects plugdb would apply for a Database, without a cluster.
@@ -246,6 +263,12 @@ fn main() -> Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
             let target = cli::status::Target { context, namespace };
             print!("{}", runtime.block_on(cli::status::status(&target, &name))?);
+            Ok(())
+        }
+        Command::Switchover { name, member, namespace, context } => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+            let target = cli::status::Target { context, namespace };
+            print!("{}", runtime.block_on(cli::switchover::switchover(&target, &name, &member))?);
             Ok(())
         }
         Command::Crd => {

@@ -10,6 +10,9 @@ use sha2::{Digest, Sha256};
 
 use crate::crd::Database;
 
+/// The Database's annotation asking for a planned switchover: the member (pod) to lead.
+/// The operator removes it once that member leads, or when it cannot.
+pub const SWITCHOVER: &str = "plugdb.io/switchover";
 /// Where the operator's image holds the `plugdb` binary.
 pub const OPERATOR_BINARY: &str = "/usr/local/bin/plugdb";
 /// The field manager of every write the operator makes.

@@ -168,7 +168,7 @@ impl LocalPod {
     /// member's own loopback address.
     pub fn agent_status(&self, command: &[String]) -> Result<plugdb::agent::Status, String> {
         let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
-        let out = self.exec(&argv).map_err(|e| e.to_string())?;
+        let out = self.agent_command(&argv).output().map_err(|e| e.to_string())?;
         if !out.status.success() {
             return Err(format!("the status command failed: {}", String::from_utf8_lossy(&out.stderr)));
         }
@@ -178,11 +178,19 @@ impl LocalPod {
     /// Runs a plugin's fence command as the member agent would.
     pub fn agent_fence(&self, command: &[String]) -> Result<(), String> {
         let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
-        let out = self.exec(&argv).map_err(|e| e.to_string())?;
+        let out = self.agent_command(&argv).output().map_err(|e| e.to_string())?;
         match out.status.success() {
             true => Ok(()),
             false => Err(format!("the fence command failed: {}", String::from_utf8_lossy(&out.stderr))),
         }
+    }
+
+    /// `argv` as the member agent runs it: in the pod's environment, with the path of the
+    /// fence's mark in `PLUGDB_FENCED` (its directory the agent's own).
+    fn agent_command(&self, argv: &[String]) -> Command {
+        let mut cmd = self.command(argv);
+        cmd.env("PLUGDB_FENCED", self.dir.path().join("agent-fenced"));
+        cmd
     }
 
     /// Runs `argv` in the pod's environment to completion.

@@ -169,10 +169,19 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     primary.agent_fence(&rendered.fence_command).expect("fenced");
     sql(&primary, &pw, "INSERT INTO shop.orders VALUES (9998, 'fenced', 1)").expect_err("a fenced primary takes no writes");
     primary.agent_fence(&rendered.fence_command).expect("fenced again");
+    // The fenced primary says the last position it wrote, and the replica reaches it: what
+    // a planned switchover waits for before it promotes the replica.
+    let last = primary.agent_status(&status_command).expect("the fenced primary's status");
+    assert!(last.primary, "{last:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replica.agent_status(&status_command).expect("the replica's status").position != last.position {
+        assert!(Instant::now() < deadline, "the replica never reached {last:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     primary.stop();
     let members = [
         Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
-        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(said.position), answer: None },
+        Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(last.position), answer: None },
     ];
     let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote ha-1")

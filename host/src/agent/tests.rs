@@ -131,8 +131,14 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
         let dir = std::env::temp_dir().join(format!("plugdb-agent-cut-off-{i}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let fence = fence_in(&dir, control_plane);
-        let agent =
-            Agent { status: sh(&format!("echo {said}")), fence: Some(fence), command: Semaphore::new(1), fenced: Default::default() };
+        let agent = Agent {
+            status: sh(&format!("echo {said}")),
+            fence: Some(fence),
+            command: Semaphore::new(1),
+            fenced: Default::default(),
+            fence_runs: Default::default(),
+            rerun: Default::default(),
+        };
         tokio::spawn(watch(Arc::new(agent)));
         watched.push((tempdir::Dir(dir), said, fences));
     }

@@ -69,6 +69,8 @@ pub fn containers(
         });
         engine.volume_mounts.get_or_insert_default().push(pod::mount("agent-state", STATE, true));
         let fenced = EnvVar { name: FENCED_ENV.into(), value: Some(format!("{STATE}/{FENCED_FILE}")), value_from: None };
+        // The agent's commands see it too: a fence may keep what it found beside the mark.
+        env.push(fenced.clone());
         engine.env.get_or_insert_default().push(fenced);
     }
     command.push("--".into());

@@ -84,14 +84,29 @@ async fn ask(ctx: &Context, db: &Database, query: &MemberQuery, members: &[Obser
     Ok(super::ask::answers(transport, query, members).await)
 }
 
-/// Asks the agent of `member` to fence it (before another member is promoted): whether it
-/// says the member is fenced. A member whose agent does not answer (its node lost, say)
-/// fences itself once cut off from the control plane and from every other member.
-pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
-    let Some(member) = member else { return Ok(false) };
+/// What the agent of a member said when asked to fence it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// Its engine takes no more writes (the fence command succeeded).
+    Confirmed,
+    /// The agent marked it fenced; its fence command has not succeeded yet (a hung engine
+    /// refuses nothing until it answers, or its start, after a restart, waits).
+    Ordered,
+    /// No answer: no agent, or none reached (its node lost, say). A member cut off from
+    /// the control plane and from every other member fences itself.
+    Unknown,
+}
+
+/// Asks the agent of `member` to fence it (before another member is promoted).
+pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<Fenced, Error> {
+    let Some(member) = member else { return Ok(Fenced::Unknown) };
     let query = MemberQuery { port: agent::PORT, path: "/fence".into(), body: Some(String::new()), https: true };
     let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
-    Ok(said.first().is_some_and(|a| a.as_deref().is_some_and(|a| a.trim() == "fenced")))
+    Ok(match said.first().and_then(|a| a.as_deref()).map(str::trim) {
+        Some("fenced") => Fenced::Confirmed,
+        Some("fencing") => Fenced::Ordered,
+        _ => Fenced::Unknown,
+    })
 }
 
 /// What each member's agent says of it, in the order of `members`: `None` for a member

@@ -12,6 +12,7 @@
 //! observe    member pods,     -                   members::observe      -
 //!            down ones' nodes
 //! failover   members          choose-primary      decide::failover      Event, Degraded
+//!  switchover member agents    -                   decide::switchover    the primary fenced, Event
 //! scale      StatefulSet      plan-scale          decide::scale         scale Job
 //! render     -                render              -                     credentials, TLS Secret
 //! elected    member answers   choose-primary      decide::elected       Event, Degraded
@@ -44,14 +45,14 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::backups::{self, BackupReport, JobState};
-use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
+use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, SwitchoverQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
 use super::{Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
 use crate::build;
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
-use crate::names::{Names, ROLE_LABEL};
+use crate::names::{Names, ROLE_LABEL, SWITCHOVER};
 use crate::plugin::calls::{ChoosePrimary, PlanScale, PlanUpgrade, Render, Validate};
 use crate::plugin::{CallError, Capability, EngineSpec, Plugin, Workload};
 
@@ -97,7 +98,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     };
     let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
-    let moving = primary.failed_over || rolled.restarted || upgrading || scale.under_way;
+    let moving = primary.failed_over || primary.switching || rolled.restarted || upgrading || scale.under_way;
     let in_motion = moving
         || restoring == restore::Restore::Running
         || matches!(applied.growth, Growth::Waiting(_))
@@ -305,7 +306,7 @@ impl<'a> Pass<'a> {
         let after = ctx.settings.failover_after;
         let elects = plugin.info().capabilities.elects_leader;
         let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {
-            FailoverQuestion::Keep => Primary::keep(&primary),
+            FailoverQuestion::Keep => self.switchover(&primary, members, elects).await?,
             FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
             FailoverQuestion::Ask(candidates) => {
                 let said = super::agent::statuses(ctx, self.db, &members.observed).await?;
@@ -321,7 +322,7 @@ impl<'a> Pass<'a> {
                         let old = members.observed.iter().find(|m| m.name == primary);
                         super::agent::fence(ctx, self.db, old).await?
                     }
-                    _ => false,
+                    _ => super::agent::Fenced::Unknown,
                 };
                 decide::failover(&primary, after, answer, fenced)
             }
@@ -340,6 +341,53 @@ impl<'a> Pass<'a> {
         let said = super::agent::statuses(self.ctx, self.db, &members.observed).await?;
         self.heard = members.observed.iter().zip(said).filter_map(|(m, s)| Some((m.name.clone(), s?))).collect();
         Ok(())
+    }
+
+    /// A planned switchover, when the Database's annotation asks for one: the primary is
+    /// fenced, and the member asked for leads once its agent says it has reached the
+    /// position the fenced primary's says is its last. Done or refused, the request goes.
+    async fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Error> {
+        let (ctx, db) = (self.ctx, self.db);
+        let target = db.annotations().get(SWITCHOVER).cloned();
+        let (chosen, drop) = match decide::switchover_question(target.as_deref(), primary, &members.observed, elects) {
+            SwitchoverQuestion::None => return Ok(Primary::keep(primary)),
+            SwitchoverQuestion::Drop(note) => (Primary { notes: vec![note], ..Primary::keep(primary) }, true),
+            SwitchoverQuestion::Fence => {
+                let target = target.as_deref().unwrap_or_default();
+                let old = members.observed.iter().find(|m| m.name == primary);
+                let fenced = super::agent::fence(ctx, db, old).await?;
+                let said = super::agent::statuses(ctx, db, &members.observed).await?;
+                let of = |pod: &str| members.observed.iter().zip(&said).find(|(m, _)| m.name == pod).and_then(|(_, s)| s.as_ref());
+                let (mut chosen, refused) =
+                    decide::switchover(primary, target, fenced, old.is_some_and(|m| m.ready), (of(primary), of(target)));
+                self.heard = members.observed.iter().zip(&said).filter_map(|(m, s)| Some((m.name.clone(), s.clone()?))).collect();
+                if chosen.failed_over {
+                    // The read-write Service leaves the old primary before another member is
+                    // promoted, and its fence runs again: what still followed it (a replica's
+                    // stream) reconnects through the Service, to the new primary.
+                    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
+                    let relabel = json!({"metadata": {"labels": {ROLE_LABEL: "replica"}}});
+                    pods.patch(primary, &PatchParams::default(), &Patch::Merge(&relabel)).await?;
+                    super::agent::fence(ctx, db, old).await?;
+                }
+                chosen.notes.extend(refused.clone());
+                (chosen, refused.is_some())
+            }
+        };
+        if let Some(target) = target.filter(|_| drop) {
+            // Removed only while it still asks for this member: a newer request stays.
+            let key = SWITCHOVER.replace('/', "~1");
+            let patch = json!([
+                {"op": "test", "path": format!("/metadata/annotations/{key}"), "value": target},
+                {"op": "remove", "path": format!("/metadata/annotations/{key}")},
+            ]);
+            let api: Api<Database> = Api::namespaced(ctx.client.clone(), &self.ns);
+            let patch = Patch::Json::<()>(serde_json::from_value(patch).expect("a JSON patch"));
+            if let Err(e) = api.patch(&self.name, &PatchParams::default(), &patch).await {
+                tracing::debug!(database = %format!("{}/{}", self.ns, self.name), "the switchover request stays: {e}");
+            }
+        }
+        Ok(chosen)
     }
 
     /// An engine that elects its leader: every member is asked the workload's member

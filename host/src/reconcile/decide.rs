@@ -7,6 +7,7 @@
 //! ```text
 //! upgrade            upgrade_from → the plugin's plan → upgrade: the version rendered, a backup first
 //! failover           failover_question → the plugin's choice → failover: who is primary
+//! switchover         switchover_question → fence, the agents' positions → switchover: who is primary
 //! elected            the members' answers → the plugin's choice → elected: who leads
 //! scale              scale_question → the plugin's plan → scale: how many members now, which Job
 //! roll               roll: role labels, the one member to restart, whether all are rolled
@@ -19,6 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 
 use super::Settings;
+use super::agent::Fenced;
 use super::backups::JobState;
 use super::members::{self, Observed};
 use super::status::{Reason, kind};
@@ -170,6 +172,8 @@ pub struct Primary {
     pub name: String,
     /// Another member was promoted in this pass.
     pub failed_over: bool,
+    /// A switchover waits for its member to catch up with the fenced primary.
+    pub switching: bool,
     /// What to tell the user.
     pub notes: Vec<Note>,
 }
@@ -177,7 +181,7 @@ pub struct Primary {
 impl Primary {
     /// `name` stays primary.
     pub fn keep(name: &str) -> Self {
-        Self { name: name.into(), failed_over: false, notes: vec![] }
+        Self { name: name.into(), failed_over: false, switching: false, notes: vec![] }
     }
 }
 
@@ -212,19 +216,20 @@ pub fn failover_question(
 
 /// The primary after the plugin chose (lost for `after`): the member it promotes, or
 /// the lost one, with why.
-pub fn failover(primary: &str, after: Duration, answer: Result<FailoverDecision, String>, fenced: bool) -> Primary {
+pub fn failover(primary: &str, after: Duration, answer: Result<FailoverDecision, String>, fenced: Fenced) -> Primary {
     let note = match answer {
         Ok(FailoverDecision::Promote { pod, command }) => {
             let fence = match fenced {
-                true => "fenced by its agent".to_string(),
-                false => format!(
+                Fenced::Confirmed => "fenced by its agent".to_string(),
+                Fenced::Ordered => "fenced by its agent (its engine has not confirmed yet)".to_string(),
+                Fenced::Unknown => format!(
                     "its agent did not fence it (unreachable, or no fence command); a primary cut off from every member fences itself after {:?}",
                     crate::agent::ISOLATED_FENCE_AFTER
                 ),
             };
             let message = format!("primary {primary} not ready for {after:?}, {fence}; promoting {pod} (promotion: {})", command.join(" "));
             let note = Note::event(true, Reason::FailoverPromoted, message);
-            return Primary { name: pod, failed_over: true, notes: vec![note] };
+            return Primary { name: pod, failed_over: true, switching: false, notes: vec![note] };
         }
         Ok(FailoverDecision::NoSafeMember(reason)) => {
             no_safe_failover(format!("primary {primary} is not ready and no member is safe to promote: {reason}"))
@@ -253,6 +258,70 @@ pub fn elected(primary: &str, plugin: &str, answer: Result<FailoverDecision, Str
         Err(e) => failover_failed(e),
     };
     Primary { notes: vec![note], ..Primary::keep(primary) }
+}
+
+/// What the failover stage does about a switchover the user asked for (annotation
+/// [`crate::names::SWITCHOVER`], naming the member to lead).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwitchoverQuestion {
+    /// Nothing: none asked.
+    None,
+    /// The request is dropped: done (the member leads), or refused, as the note says.
+    Drop(Note),
+    /// The primary is fenced and the agents asked: the member is promoted once it has
+    /// everything the fenced primary wrote.
+    Fence,
+}
+
+/// Whether a switchover to `target` can start or go on: a ready member of an engine whose
+/// host chooses the primary (whether its members have agents, to fence the primary and
+/// say their positions, the fence tells).
+pub fn switchover_question(target: Option<&str>, primary: &str, members: &[Observed], elects_leader: bool) -> SwitchoverQuestion {
+    let Some(target) = target else { return SwitchoverQuestion::None };
+    let refuse = |why: String| {
+        let message = format!("switchover to {target} refused: {why}");
+        SwitchoverQuestion::Drop(Note::event(true, Reason::SwitchoverRefused, message))
+    };
+    if target == primary {
+        return SwitchoverQuestion::Drop(Note::event(false, Reason::SwitchoverDone, format!("switchover done: {target} is primary")));
+    }
+    match members.iter().find(|m| m.name == target && !m.terminating) {
+        _ if elects_leader => refuse("the engine elects its own leader".into()),
+        None => refuse(format!("{target} is not a member")),
+        Some(m) if !m.ready => refuse(format!("{target} is not ready")),
+        Some(_) => SwitchoverQuestion::Fence,
+    }
+}
+
+/// A switchover from `primary` to `target` once the primary's agent answered the fence
+/// (`fenced`) and the agents said their statuses: the target leads once the primary is
+/// fenced and the target, a replica, has reached the position the fenced primary says is
+/// its last; until then the primary stays (fenced: a failover takes over if the target
+/// never catches up). `primary_ready` says whether the primary still serves (refused,
+/// not fenced, when its agent does not answer).
+pub fn switchover(
+    primary: &str,
+    target: &str,
+    fenced: Fenced,
+    primary_ready: bool,
+    (said_primary, said_target): (Option<&crate::agent::Status>, Option<&crate::agent::Status>),
+) -> (Primary, Option<Note>) {
+    let caught_up = match (said_primary, said_target) {
+        (Some(p), Some(t)) if p.primary && !t.primary => (p.position == t.position).then(|| p.position.clone()),
+        _ => None,
+    };
+    match (fenced, caught_up) {
+        (Fenced::Confirmed, Some(position)) => {
+            let message = format!("switchover: {primary} fenced; {target} has all it wrote (position {position}); promoting {target}");
+            let note = Note::event(false, Reason::SwitchoverPromoted, message);
+            (Primary { name: target.into(), failed_over: true, switching: false, notes: vec![note] }, None)
+        }
+        (Fenced::Unknown, _) if primary_ready => {
+            let message = format!("switchover to {target} refused: the agent of {primary} did not fence it (no agent, or no answer)");
+            (Primary::keep(primary), Some(Note::event(true, Reason::SwitchoverRefused, message)))
+        }
+        _ => (Primary { switching: true, ..Primary::keep(primary) }, None),
+    }
 }
 
 fn no_safe_failover(message: String) -> Note {

@@ -160,8 +160,9 @@ impl Wanted<'_> {
 
 /// The pod to delete next to roll members onto what they should run ([`Wanted`]), one
 /// at a time:
-/// 1. after a failover the old primary is down on the old revision: the new primary
-///    restarts first, so that it takes its role;
+/// 1. after a failover or a switchover, the new primary, started as a replica (or
+///    outdated while the old primary is down), takes no writes until it restarts as the
+///    primary: it restarts first, whatever the others do;
 /// 2. members down on the old revision serve nothing: they restart next;
 /// 3. otherwise only while every member is ready: replicas (highest ordinal first),
 ///    then the primary.
@@ -174,6 +175,10 @@ pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &s
     }
     let outdated = |m: &&Observed| !wanted.runs(m, primary);
     let the_primary = members.iter().find(|m| m.name == primary);
+    let promoted = |p: &&Observed| p.rendered.as_ref().is_some_and(|(was, _)| *was != p.name);
+    if let Some(p) = the_primary.filter(outdated).filter(promoted) {
+        return Some(p);
+    }
     let broken = members.iter().filter(outdated).find(|m| !m.ready && m.name != primary);
     if let (Some(p), Some(_)) = (the_primary.filter(outdated).filter(|p| p.ready), broken) {
         return Some(p);
@@ -277,6 +282,16 @@ mod tests {
         assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
         let members = vec![m(0, true, "new"), m(1, true, "new"), m(2, true, "old")];
         assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
+    }
+
+    #[test]
+    fn after_a_switchover_the_new_primary_restarts_first_though_every_member_is_ready() {
+        // db-2 was started as a replica of db-0 and leads now; db-0, fenced, still looks ready.
+        let as_replica = |o: u32| Observed { rendered: Some(("db-0".into(), "free".into())), ..m(o, true, "old") };
+        let members = vec![as_replica(0), as_replica(1), as_replica(2)];
+        assert_eq!(next_to_roll(&members, NEW, "db-2", 3).map(|m| m.name.as_str()), Some("db-2"));
+        let members = vec![as_replica(0), as_replica(1), m(2, true, "new")];
+        assert_eq!(next_to_roll(&members, NEW, "db-2", 3).map(|m| m.name.as_str()), Some("db-1"), "then the others");
     }
 
     #[test]

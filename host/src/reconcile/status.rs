@@ -53,6 +53,12 @@ pub enum Reason {
     NoSafeFailover,
     /// The plugin's choose-primary call failed.
     FailoverFailed,
+    /// A switchover's member has everything the fenced primary wrote and is promoted.
+    SwitchoverPromoted,
+    /// The member a switchover asked for leads; the request is removed.
+    SwitchoverDone,
+    /// A switchover cannot happen (the message says why); the request is removed.
+    SwitchoverRefused,
     /// The engine elected another member to lead (engine-elected leadership).
     LeaderElected,
     /// Members answer, but the plugin names none as leader (engine-elected leadership).
@@ -130,6 +136,9 @@ impl Reason {
             Reason::UpgradeCompleted => "UpgradeCompleted",
             Reason::PreUpgradeBackupImpossible => "PreUpgradeBackupImpossible",
             Reason::FailoverPromoted => "FailoverPromoted",
+            Reason::SwitchoverPromoted => "SwitchoverPromoted",
+            Reason::SwitchoverDone => "SwitchoverDone",
+            Reason::SwitchoverRefused => "SwitchoverRefused",
             Reason::NoSafeFailover => "NoSafeFailover",
             Reason::FailoverFailed => "FailoverFailed",
             Reason::LeaderElected => "LeaderElected",

@@ -352,31 +352,48 @@ impl Engine for Mysql {
     }
 }
 
-/// What the member agent runs: the member's role (a replica is read-only) and the GTID
-/// position it has (`@@gtid_current_pos`), over TCP to the local server, in a second at most;
-/// a replica adds its lag (`Seconds_Behind_Master`, not known while it does not replicate).
-const STATUS: &str =
+/// How the member agent reaches the local server: over TCP, in a second at most.
+const CLIENT: &str =
     "m() { mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" --connect-timeout=1 \"$@\"; }
-said=$(m -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\") || exit 1
+";
+
+/// What the member agent runs: the member's role (a replica is read-only) and the GTID
+/// position it has (`@@gtid_current_pos`); a replica adds its lag (`Seconds_Behind_Master`,
+/// not known while it does not replicate). A primary fenced by shutting its server down
+/// says the last position it wrote, which the fence kept beside the fence's mark.
+const STATUS: &str = "if ! said=$(m -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\" 2>&1); then
+  last=\"${PLUGDB_FENCED:-}.position\"
+  case \"$said\" in *\"Can't connect to server\"*) [ -n \"${PLUGDB_FENCED:-}\" ] && [ -s \"$last\" ] && exec echo \"primary $(cat \"$last\")\" ;; esac
+  echo \"$said\" >&2; exit 1
+fi
 case \"$said\" in replica*) lag=$(m -e 'SHOW SLAVE STATUS\\G' | sed -n 's/^ *Seconds_Behind_Master: \\([0-9][0-9]*\\)$/\\1/p') ;; esac
 echo \"$said${lag:+ $lag}\"";
 
 /// What the member agent runs to fence a primary: the server shuts down (`read_only`
 /// would not stop accounts with every privilege), and the start waits while the member
-/// is fenced. A server that refuses connections takes no writes either; one that does not
-/// answer (hung) is tried again.
-const FENCE: &str = "said=$(mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" \
-    --connect-timeout=1 -e SHUTDOWN 2>&1) && exit 0
+/// is fenced. First every commit stops (`FLUSH TABLES WITH READ LOCK`, a second at most)
+/// and the position then is kept beside the fence's mark: the last the member wrote,
+/// which a planned switchover waits for its new primary to reach. Without the lock in
+/// time (a long transaction) the server shuts down all the same. A server that refuses
+/// connections takes no writes either; one that does not answer (hung) is tried again.
+const FENCE: &str = "gtids='^[0-9]+-[0-9]+-[0-9]+(,[0-9]+-[0-9]+-[0-9]+)*$'
+if said=$(m -N -B -e \"SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN\" 2>&1); then
+  last=$(printf '%s\\n' \"$said\" | grep -E \"$gtids\" | tail -n 1)
+  [ -n \"${PLUGDB_FENCED:-}\" ] && [ -n \"$last\" ] && printf '%s\\n' \"$last\" > \"$PLUGDB_FENCED.position\"
+  exit 0
+fi
+case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
+said=$(m -e SHUTDOWN 2>&1) && exit 0
 case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
 echo \"$said\" >&2; exit 1";
 
 impl Agent for Mysql {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(STATUS)
+        shell(&[CLIENT, STATUS].concat())
     }
 
     fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(FENCE)
+        shell(&[CLIENT, FENCE].concat())
     }
 }
 

@@ -85,6 +85,9 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
         format!("max_wal_senders = {WAL_SENDERS}"),
         format!("max_replication_slots = {WAL_SENDERS}"),
         "wal_keep_size = '512MB'".into(),
+        // A replica whose stream a fence cut reconnects (to whichever member the read-write
+        // Service selects) within a second.
+        "wal_retrieve_retry_interval = '1s'".into(),
         format!("max_connections = {}", max_connections(spec)),
     ];
     if let Some(tls) = &spec.tls {
@@ -351,8 +354,11 @@ const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 exec
 
 /// What the member agent runs to fence a primary: new sessions start read-only (`ALTER
 /// SYSTEM`, reloaded; the start removes it, so it ends with the pod), and, once a new
-/// session says so, every other client session ends (an open transaction with it). A
-/// server that refuses connections takes no writes either.
+/// session says so, every other client session ends (an open transaction with it), and
+/// so does every replica's stream: a replica reconnects through the read-write Service,
+/// to the member it selects, so that once another member is promoted none follows this
+/// one any more (its shutdown, as it restarts, would write past the new primary's start).
+/// A server that refuses connections takes no writes either.
 const FENCE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
 sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\" 2>&1; }
 if ! said=$(sql -c 'ALTER SYSTEM SET default_transaction_read_only = on' -c 'SELECT pg_reload_conf()'); then
@@ -360,7 +366,7 @@ if ! said=$(sql -c 'ALTER SYSTEM SET default_transaction_read_only = on' -c 'SEL
   echo \"$said\" >&2; exit 1
 fi
 until [ \"$(sql -c 'SHOW default_transaction_read_only')\" = on ]; do sleep 0.05; done
-sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()\" >/dev/null";
+sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type IN ('client backend', 'walsender') AND pid <> pg_backend_pid()\" >/dev/null";
 
 impl Agent for Postgres {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {

@@ -2,14 +2,21 @@
 //! the time from `kubectl apply` of a three-member Database to `Running` with every
 //! member Ready by its real probes, and the time from a failure struck at the primary
 //! (its pod deleted; its engine process killed with SIGKILL) to the first write the
-//! primary Service accepts again. Needs root (the node). The table goes to stdout and
-//! to OUT (default `target/node-bench.md`).
+//! primary Service accepts again; then a planned switchover under a writer: the longest
+//! time without an accepted write, and the acknowledged writes lost (none may be). Needs
+//! root (the nodes). The table goes to stdout and to OUT (default `target/node-bench.md`).
 //!
 //! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT]`
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use plugdb::crd::Database;
+use plugdb::names::SWITCHOVER;
 use plugdb_tests::node::Nodes;
 use plugdb_tests::operator::{Backing, Cluster};
 use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, is_running};
@@ -31,7 +38,7 @@ async fn main() -> Result<()> {
 
     let mut rows = vec![format!("| node Ready (control plane, kubelet, add-ons; images cached) | {:.1} s |", node_ready.as_secs_f64())];
     for (engine, version) in [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")] {
-        let (mut ready, mut deleted, mut killed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ready, mut deleted, mut killed, mut switched, mut lost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
         for run in 0..runs {
             let ns = format!("bench-{}-{run}", engine.name());
             let applied = Instant::now();
@@ -44,11 +51,15 @@ async fn main() -> Result<()> {
                 into.push(client.strike(failure).await);
                 cluster.wait_database(&ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
             }
+            let (gap, missing) = switchover(&cluster, &ns, Arc::new(client)).await?;
+            switched.push(gap);
+            lost += missing;
             eprintln!(
-                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s",
+                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s; switchover: no write for {:.1} s, {missing} lost",
                 ready[run].as_secs_f64(),
                 deleted[run].as_secs_f64(),
-                killed[run].as_secs_f64()
+                killed[run].as_secs_f64(),
+                gap.as_secs_f64()
             );
         }
         let name = format!("{} {version}", engine.name());
@@ -58,10 +69,35 @@ async fn main() -> Result<()> {
             "| {name}: kill -9 of the primary's engine → first accepted write (median) | {:.1} s |",
             median(killed).as_secs_f64()
         ));
+        rows.push(format!(
+            "| {name}: planned switchover under a writer → longest time without an accepted write (median) | {:.1} s |",
+            median(switched).as_secs_f64()
+        ));
+        rows.push(format!("| {name}: acknowledged writes lost at the switchovers (all {runs} runs) | {lost} |"));
     }
     let table = format!("| measure (real node, 2 cores) | value |\n| --- | --- |\n{}\n", rows.join("\n"));
     print!("{table}");
     std::fs::write(&out, &table).with_context(|| format!("writing {out}"))?;
     drop(cluster);
     Ok(())
+}
+
+/// A planned switchover to `orders-1` under a writer, waited for until every member is
+/// ready again: the longest time without an acknowledged write, and how many
+/// acknowledged writes the new primary lacks.
+async fn switchover(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<(Duration, usize)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1_000, stop.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let request = json!({"metadata": {"annotations": {SWITCHOVER: "orders-1"}}});
+    api.patch("orders", &PatchParams::default(), &Patch::Merge(&request)).await?;
+    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some("orders-1");
+    cluster.wait_database(ns, "orders", "orders-1 leads", WAIT, |d| led(d) && !d.annotations().contains_key(SWITCHOVER)).await?;
+    cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (acknowledged, longest) = writer.await?;
+    let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
+    Ok((longest, acknowledged.iter().filter(|id| !present.contains(id)).count()))
 }

@@ -19,7 +19,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use plugdb::crd::Database;
+use plugdb::names::SWITCHOVER;
 use plugdb_tests::operator::Cluster;
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip};
 use serde_json::json;
@@ -92,7 +99,7 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     cluster.apply_database(&ns, database("orders", engine, version, 3, json!({}))).await.expect("apply");
     cluster.wait_database(&ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
 
-    let client = Client::new(&cluster, engine, &ns, "orders").await;
+    let client = Arc::new(Client::new(&cluster, engine, &ns, "orders").await);
     let primary = client.service_ip("orders").await;
     client.create_table(&primary).await;
     client.query(&primary, "INSERT INTO orders VALUES (1, 'written to the primary')").await.expect("insert");
@@ -148,6 +155,41 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     }
     let help = kubectl_plugdb(&cluster, &["status", "--help"]);
     assert!(help.contains("kubectl plugdb status"), "{help}");
+
+    // A planned switchover under a writer: the member asked for leads once it has all the
+    // fenced primary wrote, no acknowledged write is lost, the old primary follows it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1000, stop.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = Instant::now();
+    let said = {
+        let (cluster, ns) = (cluster.clone(), ns.clone());
+        tokio::task::spawn_blocking(move || kubectl_plugdb(&cluster, &["switchover", "orders", "2", "--namespace", &ns]))
+            .await
+            .expect("kubectl plugdb switchover")
+    };
+    assert!(said.starts_with(&format!("orders-2 leads Database {ns}/orders")), "{said}");
+    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some("orders-2");
+    cluster
+        .wait_database(&ns, "orders", "orders-2 primary, the request removed", WAIT, |d| {
+            led(d) && !d.annotations().contains_key(SWITCHOVER)
+        })
+        .await
+        .expect("switched over");
+    let switched = asked.elapsed();
+    cluster.wait_database(&ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("the old primary follows");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (written, longest) = nodes::no_acknowledged_write_lost(&client, &stop, writer).await;
+    let old = client.members().await.into_iter().find(|p| p.name_any() == "orders-0").expect("orders-0");
+    let follows = client.query(&pod_ip(&old), replica_sql).await.expect("replica state");
+    assert!(follows == "t" || follows == "1", "the old primary follows the new one: {follows}");
+    let events = Api::<Event>::namespaced(cluster.client.clone(), &ns).list(&ListParams::default()).await.expect("events").items;
+    let said: Vec<String> =
+        events.iter().filter(|e| e.reason.as_deref() == Some("SwitchoverPromoted")).filter_map(|e| e.note.clone()).collect();
+    assert!(said.iter().any(|n| n.contains("orders-0 fenced") && n.contains("promoting orders-2")), "{said:?}");
+    eprintln!(
+        "{ns}: switchover to orders-2 in {switched:?}, writes unavailable at most {longest:?}; {written} acknowledged writes, none lost"
+    );
 }
 
 /// Runs the plugdb binary as the kubectl plugin `kubectl-plugdb` (a link to it, as a

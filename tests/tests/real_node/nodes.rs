@@ -45,10 +45,15 @@ impl Drop for Uncordon<'_> {
     }
 }
 
-/// Stops the writer and checks that every acknowledged write is on every member.
-async fn no_acknowledged_write_lost(client: &Client, stop: &AtomicBool, writer: tokio::task::JoinHandle<(Vec<i64>, Duration)>) {
+/// Stops the writer and checks that every acknowledged write is on every member; returns
+/// how many there were and the longest time without one.
+pub async fn no_acknowledged_write_lost(
+    client: &Client,
+    stop: &AtomicBool,
+    writer: tokio::task::JoinHandle<(Vec<i64>, Duration)>,
+) -> (usize, Duration) {
     stop.store(true, Ordering::SeqCst);
-    let (acknowledged, _) = writer.await.expect("writer");
+    let (acknowledged, longest) = writer.await.expect("writer");
     assert!(!acknowledged.is_empty(), "the writer wrote");
     let last = *acknowledged.last().expect("a last write");
     for pod in client.members().await {
@@ -58,6 +63,7 @@ async fn no_acknowledged_write_lost(client: &Client, stop: &AtomicBool, writer: 
         let lost: Vec<&i64> = acknowledged.iter().filter(|id| !present.contains(id)).collect();
         assert!(lost.is_empty(), "{}: acknowledged writes missing: {lost:?}", pod.name_any());
     }
+    (acknowledged.len(), longest)
 }
 
 /// After an asynchronous failover: stops the writer and checks the acknowledged writes

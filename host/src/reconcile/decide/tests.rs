@@ -189,11 +189,16 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
         ("an election answer is not a promotion", Ok(FailoverDecision::Elected("db-1".into())), "db-0", false, &[]),
     ];
     for (what, answer, primary, failed_over, notes) in answers {
-        let chosen = failover("db-0", MINUTE, answer, false);
+        let chosen = failover("db-0", MINUTE, answer, Fenced::Unknown);
         assert_eq!((chosen.name.as_str(), chosen.failed_over, said(&chosen.notes).as_slice()), (primary, failed_over, notes), "{what}");
     }
     // The Event says whether the old primary was fenced before the promotion.
-    for (fenced, says) in [(true, "fenced by its agent"), (false, "its agent did not fence it")] {
+    let fences = [
+        (Fenced::Confirmed, "fenced by its agent;"),
+        (Fenced::Ordered, "fenced by its agent (its engine has not confirmed yet)"),
+        (Fenced::Unknown, "its agent did not fence it"),
+    ];
+    for (fenced, says) in fences {
         let promote = Ok(FailoverDecision::Promote { pod: "db-1".into(), command: vec![] });
         let chosen = failover("db-0", MINUTE, promote, fenced);
         assert!(chosen.notes[0].message.contains(says), "{}", chosen.notes[0].message);
@@ -422,4 +427,56 @@ fn agents_are_asked_again_once_the_newest_answer_is_old() {
     assert!(!hearing_due(&recent, now, every), "one answered 20 s ago");
     let old = [member("db-0", Some("2026-11-28T10:00:00Z")), member("db-1", Some("2026-11-28T09:59:00Z"))];
     assert!(hearing_due(&old, now, every), "the newest answer is 30 s old");
+}
+
+/// A switchover goes to a ready member of an engine whose host chooses the primary; a
+/// request for the primary, another engine's or a member not ready is dropped, with why.
+#[test]
+fn a_switchover_is_asked_only_of_a_ready_member() {
+    let members = [member(0, true, 0, "r"), member(1, true, 0, "r"), member(2, false, 5, "r")];
+    let dropped = |q: SwitchoverQuestion| match q {
+        SwitchoverQuestion::Drop(note) => (note.reason, note.message),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(switchover_question(None, "db-0", &members, false), SwitchoverQuestion::None);
+    assert_eq!(switchover_question(Some("db-1"), "db-0", &members, false), SwitchoverQuestion::Fence);
+    let (reason, message) = dropped(switchover_question(Some("db-0"), "db-0", &members, false));
+    assert_eq!((reason, message.as_str()), (Reason::SwitchoverDone, "switchover done: db-0 is primary"));
+    for (target, elects, why) in
+        [("db-1", true, "elects its own leader"), ("db-7", false, "db-7 is not a member"), ("db-2", false, "db-2 is not ready")]
+    {
+        let (reason, message) = dropped(switchover_question(Some(target), "db-0", &members, elects));
+        assert_eq!(reason, Reason::SwitchoverRefused, "{message}");
+        assert!(message.starts_with(&format!("switchover to {target} refused: ")) && message.contains(why), "{message}");
+    }
+}
+
+/// The member leads only once the primary is fenced and the member says the position the
+/// fenced primary says is its last; an unfenced primary that serves refuses the switchover.
+#[test]
+fn a_switchover_promotes_only_a_member_with_all_the_fenced_primary_wrote() {
+    let said = |primary: bool, position: &str| crate::agent::Status { primary, position: position.into(), lag: None };
+    let (last, behind, same) = (said(true, "0/5000"), said(false, "0/4F00"), said(false, "0/5000"));
+    let promoted = switchover("db-0", "db-1", Fenced::Confirmed, false, (Some(&last), Some(&same)));
+    assert_eq!((promoted.0.name.as_str(), promoted.0.failed_over, promoted.1), ("db-1", true, None));
+    assert_eq!(promoted.0.notes[0].reason, Reason::SwitchoverPromoted);
+    // (what, the fence, the primary ready, what the primary and the member said)
+    type Row<'a> = (&'a str, Fenced, bool, Option<&'a crate::agent::Status>, Option<&'a crate::agent::Status>);
+    let waits: [Row; 5] = [
+        ("behind", Fenced::Confirmed, false, Some(&last), Some(&behind)),
+        ("the fence not confirmed", Fenced::Ordered, true, Some(&last), Some(&same)),
+        ("the primary silent", Fenced::Confirmed, false, None, Some(&same)),
+        ("the member silent", Fenced::Confirmed, false, Some(&last), None),
+        ("the primary's agent gone after the fence", Fenced::Unknown, false, Some(&last), Some(&same)),
+    ];
+    for (what, fenced, ready, primary, target) in waits {
+        let (kept, refused) = switchover("db-0", "db-1", fenced, ready, (primary, target));
+        assert_eq!((kept.name.as_str(), kept.failed_over, kept.switching, refused), ("db-0", false, true, None), "{what}");
+    }
+    let said_primary = said(true, "0/5000");
+    let (kept, refused) = switchover("db-0", "db-1", Fenced::Confirmed, false, (Some(&last), Some(&said_primary)));
+    assert_eq!((kept.name.as_str(), refused), ("db-0", None), "a member that says it is primary is not a replica that caught up");
+    let (kept, refused) = switchover("db-0", "db-1", Fenced::Unknown, true, (Some(&last), Some(&same)));
+    assert_eq!((kept.name.as_str(), kept.switching), ("db-0", false));
+    assert!(refused.is_some_and(|n| n.reason == Reason::SwitchoverRefused && n.message.contains("did not fence it")));
 }
