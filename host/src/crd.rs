@@ -481,7 +481,8 @@ pub struct MemberStatus {
     /// How far behind the primary a replica said it was then (`0s`, `2.5s`), when it knew.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag: Option<String>,
-    /// When its agent last answered (RFC 3339).
+    /// When its agent said this position and lag (RFC 3339): it is asked every half
+    /// minute, and the time moves when the answer changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heard: Option<String>,
 }

@@ -1,8 +1,11 @@
 //! The member agents of a Database, from the operator's side: their certificates (Secret
 //! `<name>-agent`, issued by the Database's own authority, whether or not its clients use
-//! TLS) and the question the failover stage asks them.
+//! TLS), the questions the failover, switchover and hear stages ask them, and what the
+//! operator keeps to ask them ([`Agents`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -68,18 +71,82 @@ pub async fn ensure(ctx: &Context, db: &Database) -> Result<(), Error> {
     Ok(())
 }
 
+/// What the operator keeps to ask each Database's agents: the authority's certificate
+/// and its own, as Secret `<name>-agent` had them at a version (read once, not on every
+/// ask: the watch caches keep no Secret's values), and when it last asked for statuses.
+#[derive(Debug)]
+pub struct Agents {
+    keys: Mutex<HashMap<String, Keys>>,
+    asked: Mutex<HashMap<String, Instant>>,
+    started: Instant,
+}
+
+#[derive(Debug)]
+struct Keys {
+    version: String,
+    pems: Pems,
+}
+
+/// The authority's certificate and the operator's identity (its certificate and key).
+#[derive(Debug, Clone)]
+struct Pems {
+    ca: Arc<[u8]>,
+    identity: Arc<[u8]>,
+}
+
+impl Default for Agents {
+    fn default() -> Self {
+        Self { keys: Mutex::default(), asked: Mutex::default(), started: Instant::now() }
+    }
+}
+
+impl Agents {
+    /// Whether `db`'s agents are asked for their statuses again: `every` after the last
+    /// time, or after this operator started (a restarted operator reads nothing at once).
+    pub fn due(&self, db: &Database, every: Duration) -> bool {
+        let asked = self.asked.lock().unwrap_or_else(|e| e.into_inner()).get(&key(db)).copied();
+        asked.unwrap_or(self.started).elapsed() >= every
+    }
+
+    /// Forgets `db`, which is gone.
+    pub fn forget(&self, db: &Database) {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(db));
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(db));
+    }
+
+    fn kept(&self, db: &Database, version: Option<&str>) -> Option<Pems> {
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.get(&key(db)).filter(|k| Some(k.version.as_str()) == version).map(|k| k.pems.clone())
+    }
+}
+
+fn key(db: &Database) -> String {
+    format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())
+}
+
+/// The authority's certificate and the operator's identity (certificate and key) for
+/// `db`'s agents: kept while the Secret's version is the one the cache has, else read.
+async fn keys(ctx: &Context, db: &Database) -> Result<Option<Pems>, Error> {
+    let secret_name = Names(&db.name_any()).agent();
+    let version = ctx.caches.secret(db, &secret_name).and_then(|s| s.metadata.resource_version.clone());
+    if let Some(kept) = ctx.agents.kept(db, version.as_deref()) {
+        return Ok(Some(kept));
+    }
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let Some(secret) = own_secret(db, api.get_opt(&secret_name).await?)? else { return Ok(None) };
+    let version = secret.metadata.resource_version.clone().unwrap_or_default();
+    let data = secret.data.unwrap_or_default();
+    let file = |key: &str| data.get(key).map(|b| b.0.clone()).unwrap_or_default();
+    let pems = Pems { ca: file(tls::CA).into(), identity: [file(agent::CLIENT_CERTIFICATE), file(agent::CLIENT_KEY)].concat().into() };
+    ctx.agents.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Keys { version, pems: pems.clone() });
+    Ok(Some(pems))
+}
+
 /// What the agents of `members` answer to `query` (`None`: no answer), in their order.
 /// Nothing is asked while the Database has no agent certificates.
 async fn ask(ctx: &Context, db: &Database, query: &MemberQuery, members: &[Observed]) -> Result<Vec<Option<String>>, Error> {
-    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(secret) = own_secret(db, api.get_opt(&Names(&name).agent()).await?)? else {
-        return Ok(vec![None; members.len()]);
-    };
-    let data = secret.data.unwrap_or_default();
-    let file = |key: &str| data.get(key).map(|b| b.0.clone()).unwrap_or_default();
-    let identity = [file(agent::CLIENT_CERTIFICATE), file(agent::CLIENT_KEY)].concat();
-    let (ca, domain) = (file(tls::CA), format!("{}.{ns}.svc", Names(&name).headless()));
+    let Some(Pems { ca, identity }) = keys(ctx, db).await? else { return Ok(vec![None; members.len()]) };
+    let domain = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
     let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&identity) };
     Ok(super::ask::answers(transport, query, members).await)
 }
@@ -115,6 +182,7 @@ pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> R
 pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Result<Vec<Option<agent::Status>>, Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let query = MemberQuery { port: agent::PORT, path: "/status".into(), body: None, https: true };
+    ctx.agents.asked.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Instant::now());
     let answers = ask(ctx, db, &query, members).await?;
     Ok(members
         .iter()
@@ -126,4 +194,30 @@ pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Res
             said.ok()
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_are_asked_again_once_the_last_ask_is_old_and_not_at_start() {
+        let db = |name: &str| {
+            let mut db = Database::new(
+                name,
+                serde_json::from_value(serde_json::json!({"engine": "postgres", "version": "17", "storage": "1Gi"})).expect("spec"),
+            );
+            db.metadata.namespace = Some("shop".into());
+            db
+        };
+        let agents = Agents::default();
+        assert!(!agents.due(&db("orders"), Duration::from_secs(30)), "not at once after the operator starts");
+        assert!(agents.due(&db("orders"), Duration::ZERO));
+        agents.asked.lock().expect("lock").insert(key(&db("orders")), Instant::now() - Duration::from_secs(31));
+        assert!(agents.due(&db("orders"), Duration::from_secs(30)), "31 s after the last ask");
+        agents.asked.lock().expect("lock").insert(key(&db("orders")), Instant::now());
+        assert!(!agents.due(&db("orders"), Duration::from_secs(30)));
+        agents.forget(&db("orders"));
+        assert!(agents.asked.lock().expect("lock").is_empty());
+    }
 }

@@ -17,7 +17,7 @@
 //! render     -                render              -                     credentials, TLS Secret
 //! elected    member answers   choose-primary      decide::elected       Event, Degraded
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs
-//! hear       member agents    -                   decide::hearing_due   (positions and lag, for the status)
+//! hear       member agents    -                   agent::Agents::due    (positions and lag, for the status)
 //! apply      -                -                   build::children       server-side apply, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod deleted
@@ -334,7 +334,7 @@ impl<'a> Pass<'a> {
     /// What each member's agent says of it (its position, and a replica's lag), for the
     /// status: asked once every `member_poll`, unless the failover stage asked this pass.
     async fn hear(&mut self, agent: bool, members: &Members) -> Result<(), Error> {
-        let due = decide::hearing_due(&self.status.members, k8s_openapi::jiff::Timestamp::now(), self.ctx.settings.member_poll);
+        let due = self.ctx.agents.due(self.db, self.ctx.settings.member_poll);
         if !agent || !self.heard.is_empty() || members.observed.is_empty() || !due {
             return Ok(());
         }

@@ -602,14 +602,6 @@ pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
     if settled.grow_failed { progress * 6 } else { settled.next }
 }
 
-/// Whether the member agents are asked again for the status: none has answered in the
-/// last `every` (by `before`, the members as the status has them), or none ever did.
-pub fn hearing_due(before: &[crate::crd::MemberStatus], now: k8s_openapi::jiff::Timestamp, every: Duration) -> bool {
-    let heard = |m: &crate::crd::MemberStatus| m.heard.as_deref()?.parse::<k8s_openapi::jiff::Timestamp>().ok();
-    let last = before.iter().filter_map(heard).max();
-    last.is_none_or(|at| now.duration_since(at).unsigned_abs() >= every)
-}
-
 /// How long primary `primary` has been not ready, when it is a member that is not ready.
 pub fn down_for(members: &[Observed], primary: &str) -> Option<Duration> {
     let m = members.iter().find(|m| m.name == primary && !m.ready && !m.terminating)?;

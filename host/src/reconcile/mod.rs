@@ -115,6 +115,8 @@ pub struct Context {
     operator_image: Option<String>,
     /// Asks the members of engines that elect their leader (see [`ask`]).
     members_client: reqwest::Client,
+    /// What the operator keeps to ask the member agents.
+    agents: agent::Agents,
 }
 
 /// This operator's latest write to a Database, until the watch catches up with it.
@@ -145,6 +147,7 @@ impl Context {
             written: Mutex::default(),
             operator_image: None,
             members_client: ask::client(),
+            agents: agent::Agents::default(),
         }
     }
 
@@ -196,6 +199,7 @@ impl Context {
     fn forget(&self, db: &Database) {
         let key = ObjectRef::from_obj(db);
         let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+        self.agents.forget(db);
         for m in db.status.iter().flat_map(|s| &s.members) {
             self.metrics.member_lag(&ns, &name, &m.pod, None);
         }

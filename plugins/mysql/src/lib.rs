@@ -377,12 +377,16 @@ echo \"$said${lag:+ $lag}\"";
 /// time (a long transaction) the server shuts down all the same. A server that refuses
 /// connections takes no writes either; one that does not answer (hung) is tried again.
 const FENCE: &str = "gtids='^[0-9]+-[0-9]+-[0-9]+(,[0-9]+-[0-9]+-[0-9]+)*$'
-if said=$(m -N -B -e \"SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN\" 2>&1); then
-  last=$(printf '%s\\n' \"$said\" | grep -E \"$gtids\" | tail -n 1)
-  [ -n \"${PLUGDB_FENCED:-}\" ] && [ -n \"$last\" ] && printf '%s\\n' \"$last\" > \"$PLUGDB_FENCED.position\"
-  exit 0
-fi
-case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
+said=$(m -N -B -e \"SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN\" 2>&1)
+last=$(printf '%s\\n' \"$said\" | grep -E \"$gtids\" | tail -n 1)
+# Down (it refuses connections) with the read lock held to the end: what it said is its last.
+for try in 1 2 3 4 5; do
+  case \"$(m -e 'SELECT 1' 2>&1)\" in *\"Can't connect to server\"*)
+    [ -z \"$last\" ] || [ -z \"${PLUGDB_FENCED:-}\" ] || printf '%s\\n' \"$last\" > \"$PLUGDB_FENCED.position\"
+    exit 0 ;;
+  esac
+  sleep 0.1
+done
 said=$(m -e SHUTDOWN 2>&1) && exit 0
 case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
 echo \"$said\" >&2; exit 1";

@@ -414,21 +414,6 @@ fn a_database_waiting_only_for_its_members_is_looked_at_again_when_its_primary_w
     assert_eq!(down_for(&members, "db-5"), None, "a primary that is not a member yet is not down");
 }
 
-/// The agents are asked again once the newest answer any of them gave is `every` old.
-#[test]
-fn agents_are_asked_again_once_the_newest_answer_is_old() {
-    let member =
-        |pod: &str, heard: Option<&str>| crate::crd::MemberStatus { pod: pod.into(), heard: heard.map(Into::into), ..Default::default() };
-    let now: k8s_openapi::jiff::Timestamp = "2026-11-28T10:00:30Z".parse().expect("a time");
-    let every = Duration::from_secs(30);
-    assert!(hearing_due(&[], now, every), "never asked");
-    assert!(hearing_due(&[member("db-0", None)], now, every), "never answered");
-    let recent = [member("db-0", Some("2026-11-28T10:00:10Z")), member("db-1", None)];
-    assert!(!hearing_due(&recent, now, every), "one answered 20 s ago");
-    let old = [member("db-0", Some("2026-11-28T10:00:00Z")), member("db-1", Some("2026-11-28T09:59:00Z"))];
-    assert!(hearing_due(&old, now, every), "the newest answer is 30 s old");
-}
-
 /// A switchover goes to a ready member of an engine whose host chooses the primary; a
 /// request for the primary, another engine's or a member not ready is dropped, with why.
 #[test]
