@@ -37,7 +37,10 @@ ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'replicator'@'%';
 SQL
 
-role_args="--read-only=OFF"
+# A primary does not start replicating (a promoted replica's threads would only be
+# stopped again, and stopping one that is connecting to the primary Service, which now
+# leads to this member, can take a minute).
+role_args="--read-only=OFF --skip-slave-start"
 [ "$POD_NAME" = "$PRIMARY_POD" ] || role_args="--read-only=ON"
 
 local_sql() { mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             ("postgres_scheduled_backups_with_retention_and_on_demand", |c| Box::pin(lifecycle::scheduled_backups(c))),
             ("postgres_hung_primary_fails_over_to_the_chosen_replica", |c| Box::pin(members::failover_promotion(c))),
             ("postgres_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Postgres, "15"))),
-            ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "10.11"))),
+            ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "11.8"))),
             ("postgres_scale_3_to_5_restarts_no_running_member_and_back_keeps_volumes", |c| {
                 Box::pin(members::scale_up(c, Engine::Postgres, "17"))
             }),
