@@ -175,6 +175,22 @@ impl LocalPod {
         plugdb::agent::parse(&String::from_utf8_lossy(&out.stdout))
     }
 
+    /// Waits until this member's agent, running `command`, says `position` (a replica
+    /// reaching what a fenced primary said it wrote last), for at most `within`.
+    pub fn reaches(&self, command: &[String], position: &str, within: std::time::Duration) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let said = self.agent_status(command)?;
+            if said.position == position {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(format!("still at {} after {within:?}, not {position}", said.position));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// Runs a plugin's fence command as the member agent would.
     pub fn agent_fence(&self, command: &[String]) -> Result<(), String> {
         let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();

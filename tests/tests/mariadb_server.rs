@@ -173,11 +173,7 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     // a planned switchover waits for before it promotes the replica.
     let last = primary.agent_status(&status_command).expect("the fenced primary's status");
     assert!(last.primary, "{last:?}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while replica.agent_status(&status_command).expect("the replica's status").position != last.position {
-        assert!(Instant::now() < deadline, "the replica never reached {last:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    replica.reaches(&status_command, &last.position, Duration::from_secs(10)).expect("the replica reaches the fenced primary");
     primary.stop();
     let members = [
         Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },

@@ -176,6 +176,11 @@ pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> R
     })
 }
 
+/// What the agents said (as [`statuses`] gives it), by pod, for those that said something.
+pub fn by_pod(members: &[Observed], said: &[Option<agent::Status>]) -> Vec<(String, agent::Status)> {
+    members.iter().zip(said).filter_map(|(m, s)| Some((m.name.clone(), s.clone()?))).collect()
+}
+
 /// What each member's agent says of it, in the order of `members`: `None` for a member
 /// without an agent, one that did not answer in time, or one whose answer is not a
 /// status.

@@ -409,6 +409,42 @@ pub(super) fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::a
     }
 }
 
+/// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
+/// claim templates cannot change, so the claims themselves are patched.
+pub(super) async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Result<super::status::Growth, Error> {
+    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(super::status::Growth::Done) };
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let name = db.name_any();
+    let mut growth = super::status::Growth::Done;
+    for ordinal in 0..db.spec.replicas.max(1) as u32 {
+        let claim = Names(&name).data_claim(ordinal);
+        // An unbound claim cannot change; it is grown once it is bound.
+        let Some(pvc) = ctx.caches.claim(db, &claim).filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) else {
+            continue;
+        };
+        let storage = |map: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            map.and_then(|m| m.get("storage")).and_then(|q| crate::quantity::bytes(&q.0))
+        };
+        let requested = storage(pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
+        if requested.is_some_and(|r| r < want) {
+            let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}}));
+            match api.patch(&claim, &PatchParams::default(), &patch).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
+                    return Ok(super::status::Growth::Failed(format!("claim {claim} cannot grow to {}: {}", db.spec.storage.0, e.message)));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
+        if growth == super::status::Growth::Done && capacity.is_some_and(|c| c < want) {
+            growth =
+                super::status::Growth::Waiting(format!("claim {claim} asks for {}; the storage provider is growing it", db.spec.storage.0));
+        }
+    }
+    Ok(growth)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -45,14 +45,14 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::backups::{self, BackupReport, JobState};
-use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, SwitchoverQuestion, Upgrade};
+use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
 use super::{Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
 use crate::build;
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
-use crate::names::{Names, ROLE_LABEL, SWITCHOVER};
+use crate::names::{Names, ROLE_LABEL};
 use crate::plugin::calls::{ChoosePrimary, PlanScale, PlanUpgrade, Render, Validate};
 use crate::plugin::{CallError, Capability, EngineSpec, Plugin, Workload};
 
@@ -310,7 +310,7 @@ impl<'a> Pass<'a> {
             FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
             FailoverQuestion::Ask(candidates) => {
                 let said = super::agent::statuses(ctx, self.db, &members.observed).await?;
-                self.heard = members.observed.iter().zip(&said).filter_map(|(m, s)| Some((m.name.clone(), s.clone()?))).collect();
+                self.heard = super::agent::by_pod(&members.observed, &said);
                 let input = (spec.clone(), members::with_positions(candidates, said));
                 let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
                     Err(Error::Plugin(e)) => Err(e.to_string()),
@@ -339,54 +339,15 @@ impl<'a> Pass<'a> {
             return Ok(());
         }
         let said = super::agent::statuses(self.ctx, self.db, &members.observed).await?;
-        self.heard = members.observed.iter().zip(said).filter_map(|(m, s)| Some((m.name.clone(), s?))).collect();
+        self.heard = super::agent::by_pod(&members.observed, &said);
         Ok(())
     }
 
-    /// A planned switchover, when the Database's annotation asks for one: the primary is
-    /// fenced, and the member asked for leads once its agent says it has reached the
-    /// position the fenced primary's says is its last. Done or refused, the request goes.
+    /// A planned switchover, when the Database's annotation asks for one (see
+    /// [`super::switchover`]).
     async fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Error> {
-        let (ctx, db) = (self.ctx, self.db);
-        let target = db.annotations().get(SWITCHOVER).cloned();
-        let (chosen, drop) = match decide::switchover_question(target.as_deref(), primary, &members.observed, elects) {
-            SwitchoverQuestion::None => return Ok(Primary::keep(primary)),
-            SwitchoverQuestion::Drop(note) => (Primary { notes: vec![note], ..Primary::keep(primary) }, true),
-            SwitchoverQuestion::Fence => {
-                let target = target.as_deref().unwrap_or_default();
-                let old = members.observed.iter().find(|m| m.name == primary);
-                let fenced = super::agent::fence(ctx, db, old).await?;
-                let said = super::agent::statuses(ctx, db, &members.observed).await?;
-                let of = |pod: &str| members.observed.iter().zip(&said).find(|(m, _)| m.name == pod).and_then(|(_, s)| s.as_ref());
-                let (mut chosen, refused) =
-                    decide::switchover(primary, target, fenced, old.is_some_and(|m| m.ready), (of(primary), of(target)));
-                self.heard = members.observed.iter().zip(&said).filter_map(|(m, s)| Some((m.name.clone(), s.clone()?))).collect();
-                if chosen.failed_over {
-                    // The read-write Service leaves the old primary before another member is
-                    // promoted, and its fence runs again: what still followed it (a replica's
-                    // stream) reconnects through the Service, to the new primary.
-                    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
-                    let relabel = json!({"metadata": {"labels": {ROLE_LABEL: "replica"}}});
-                    pods.patch(primary, &PatchParams::default(), &Patch::Merge(&relabel)).await?;
-                    super::agent::fence(ctx, db, old).await?;
-                }
-                chosen.notes.extend(refused.clone());
-                (chosen, refused.is_some())
-            }
-        };
-        if let Some(target) = target.filter(|_| drop) {
-            // Removed only while it still asks for this member: a newer request stays.
-            let key = SWITCHOVER.replace('/', "~1");
-            let patch = json!([
-                {"op": "test", "path": format!("/metadata/annotations/{key}"), "value": target},
-                {"op": "remove", "path": format!("/metadata/annotations/{key}")},
-            ]);
-            let api: Api<Database> = Api::namespaced(ctx.client.clone(), &self.ns);
-            let patch = Patch::Json::<()>(serde_json::from_value(patch).expect("a JSON patch"));
-            if let Err(e) = api.patch(&self.name, &PatchParams::default(), &patch).await {
-                tracing::debug!(database = %format!("{}/{}", self.ns, self.name), "the switchover request stays: {e}");
-            }
-        }
+        let (chosen, heard) = super::switchover::carry_out(self.ctx, self.db, primary, &members.observed, elects).await?;
+        self.heard = heard.unwrap_or_default();
         Ok(chosen)
     }
 
@@ -588,7 +549,7 @@ impl<'a> Pass<'a> {
             }
         }
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
-        let growth = grow_volumes(ctx, db, ns).await?;
+        let growth = apply::grow_volumes(ctx, db, ns).await?;
         if let Growth::Failed(message) = &growth
             && !self.said(Reason::VolumeGrowFailed, Some(message))
         {
@@ -731,39 +692,4 @@ impl<'a> Pass<'a> {
         let idle = self.ctx.settings.idle_requeue;
         super::until_next_backup(report).min(idle).min(report.recheck.unwrap_or(idle))
     }
-}
-
-/// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
-/// claim templates cannot change, so the claims themselves are patched.
-async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Result<Growth, Error> {
-    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(Growth::Done) };
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
-    let name = db.name_any();
-    let mut growth = Growth::Done;
-    for ordinal in 0..db.spec.replicas.max(1) as u32 {
-        let claim = Names(&name).data_claim(ordinal);
-        // An unbound claim cannot change; it is grown once it is bound.
-        let Some(pvc) = ctx.caches.claim(db, &claim).filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) else {
-            continue;
-        };
-        let storage = |map: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            map.and_then(|m| m.get("storage")).and_then(|q| crate::quantity::bytes(&q.0))
-        };
-        let requested = storage(pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
-        if requested.is_some_and(|r| r < want) {
-            let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}}));
-            match api.patch(&claim, &PatchParams::default(), &patch).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
-                    return Ok(Growth::Failed(format!("claim {claim} cannot grow to {}: {}", db.spec.storage.0, e.message)));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
-        if growth == Growth::Done && capacity.is_some_and(|c| c < want) {
-            growth = Growth::Waiting(format!("claim {claim} asks for {}; the storage provider is growing it", db.spec.storage.0));
-        }
-    }
-    Ok(growth)
 }

@@ -24,6 +24,7 @@ mod nodes;
 pub mod owner;
 pub mod restore;
 pub mod status;
+mod switchover;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
