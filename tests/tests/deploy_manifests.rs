@@ -1,6 +1,7 @@
 //! Tier 4: what a cluster admin applies. deploy/plugdb.yaml is the Helm chart
 //! rendered (and checked for drift); every manifest passes a server-side dry run on
-//! the real API server, the chart also with non-default values, and the operator
+//! the real API server, the chart also with non-default values (each of which renders
+//! what it says; a mistyped one fails the values schema), and the operator
 //! runs under its ServiceAccount's own identity: the RBAC is enough to bring a
 //! Database up, back it up and delete it.
 
@@ -59,20 +60,106 @@ async fn service_account_client(cp: &ControlPlane) -> Client {
     Client::try_from(config).expect("client")
 }
 
-/// `helm template` of the chart with `args`.
-fn helm_template(args: &[&str]) -> String {
+/// `helm SUBCOMMAND` on the chart with `args`: its standard output, or its error.
+fn helm(subcommand: &[&str], args: &[&str]) -> Result<String, String> {
     let root = plugdb_tests::workspace_root();
     let helm = std::process::Command::new("bash").arg(root.join("scripts/helm.sh")).output().expect("scripts/helm.sh");
     assert!(helm.status.success(), "helm is missing and could not be built: {}", String::from_utf8_lossy(&helm.stderr));
     let helm = String::from_utf8_lossy(&helm.stdout).trim().to_string();
-    let out = std::process::Command::new(helm)
-        .args(["template", "plugdb", "deploy/chart/plugdb", "--namespace", "plugdb-system"])
-        .args(args)
-        .current_dir(&root)
-        .output()
-        .expect("helm template");
-    assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).expect("utf-8")
+    let out = std::process::Command::new(helm).args(subcommand).args(args).current_dir(&root).output().expect("helm");
+    if out.status.success() { Ok(String::from_utf8(out.stdout).expect("utf-8")) } else { Err(String::from_utf8_lossy(&out.stderr).into()) }
+}
+
+/// `helm template` of the chart with `args`.
+fn helm_template(args: &[&str]) -> String {
+    helm(&["template", "plugdb", "deploy/chart/plugdb", "--namespace", "plugdb-system"], args)
+        .unwrap_or_else(|e| panic!("helm template {args:?} failed: {e}"))
+}
+
+/// The rendered object of `kind` (the only one), if there is one.
+fn rendered<'a>(docs: &'a [serde_json::Value], kind: &str) -> Option<&'a serde_json::Value> {
+    let mut of_kind = docs.iter().filter(|d| d["kind"] == kind);
+    let one = of_kind.next();
+    assert!(of_kind.next().is_none(), "more than one {kind}");
+    one
+}
+
+#[test]
+fn the_chart_passes_helm_lint() {
+    helm(&["lint", "--strict", "deploy/chart/plugdb"], &[]).unwrap_or_else(|e| panic!("helm lint: {e}"));
+}
+
+#[test]
+fn a_mistyped_value_fails_at_install() {
+    for (args, field) in [
+        (["--set", "replica=2"], "replica"),
+        (["--set", "logFormat=xml"], "logFormat"),
+        (["--set", "replicas=0"], "replicas"),
+        (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["--set", "resources.limits.memory=lots"], "memory"),
+        (["--set", "metrics.serviceMonitor.interval=often"], "interval"),
+        (["--set", "networkPolicy.apiServer.cidrs={10.0.0.1}"], "cidrs"),
+    ] {
+        let e = helm(&["template", "plugdb", "deploy/chart/plugdb"], &args).err().unwrap_or_else(|| panic!("{args:?} was accepted"));
+        assert!(e.contains("schema") && e.contains(field), "{args:?}: the error should name {field}: {e}");
+    }
+}
+
+#[test]
+fn each_value_renders_what_it_says() {
+    let defaults = parse(&helm_template(&[]));
+    // Defaults: a metrics Service and a PodDisruptionBudget that lets one pod go; no
+    // ServiceMonitor where its API is not served; no NetworkPolicy.
+    let service = rendered(&defaults, "Service").expect("the metrics Service");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "http");
+    assert_eq!(service["spec"]["selector"], rendered(&defaults, "Deployment").unwrap()["spec"]["selector"]["matchLabels"]);
+    let pdb = rendered(&defaults, "PodDisruptionBudget").expect("a PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert!(rendered(&defaults, "ServiceMonitor").is_none(), "a ServiceMonitor without the Prometheus Operator's API");
+    assert!(rendered(&defaults, "NetworkPolicy").is_none());
+
+    let monitored = parse(&helm_template(&[
+        "--api-versions",
+        "monitoring.coreos.com/v1/ServiceMonitor",
+        "--set",
+        "metrics.serviceMonitor.labels.release=prom",
+        "--set",
+        "metrics.serviceMonitor.interval=15s",
+    ]));
+    let monitor = rendered(&monitored, "ServiceMonitor").expect("a ServiceMonitor where its API is served");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
+    assert_eq!(monitor["spec"]["endpoints"][0]["interval"], "15s");
+    assert_eq!(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]);
+    let off = parse(&helm_template(&["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor", "--set", "metrics.serviceMonitor.enabled=false"]));
+    assert!(rendered(&off, "ServiceMonitor").is_none());
+    let off = parse(&helm_template(&["--set", "metrics.service.enabled=false", "--set", "podDisruptionBudget.enabled=false"]));
+    assert!(rendered(&off, "Service").is_none() && rendered(&off, "PodDisruptionBudget").is_none());
+
+    let fenced = parse(&helm_template(&["--set", "networkPolicy.enabled=true", "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}"]));
+    let policy = rendered(&fenced, "NetworkPolicy").expect("a NetworkPolicy");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(policy["spec"]["ingress"], json!([{"ports": [{"port": "http"}], "from": [{"namespaceSelector": {}}]}]));
+    let egress = policy["spec"]["egress"].as_array().unwrap();
+    assert!(egress.iter().any(|r| r["to"] == json!([{"ipBlock": {"cidr": "10.0.0.1/32"}}])), "the API server: {egress:?}");
+    assert!(egress.iter().any(|r| r["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "plugdb"), "the members");
+
+    let placed = parse(&helm_template(&[
+        "--set",
+        "imagePullSecrets[0].name=mirror",
+        "--set",
+        "nodeSelector.pool=ops",
+        "--set",
+        "tolerations[0].key=ops",
+        "--set",
+        "tolerations[0].operator=Exists",
+        "--set",
+        "resources.limits.memory=1Gi",
+    ]));
+    let pod = &rendered(&placed, "Deployment").unwrap()["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "mirror"}]));
+    assert_eq!(pod["nodeSelector"], json!({"pool": "ops"}));
+    assert_eq!(pod["tolerations"], json!([{"key": "ops", "operator": "Exists"}]));
+    assert_eq!(pod["containers"][0]["resources"]["limits"]["memory"], "1Gi");
 }
 
 #[test]
@@ -90,7 +177,22 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     for doc in documents("crds/plugdb.io_databases.yaml").iter().chain(&documents("deploy/namespace.yaml")) {
         apply(&admin, doc, false).await.expect("CRD and namespace");
     }
-    let customised = parse(&helm_template(&["--set", "watchNamespace=shop", "--set", "replicas=2", "--set", "logFormat=text"]));
+    let customised = parse(&helm_template(&[
+        "--set",
+        "watchNamespace=shop",
+        "--set",
+        "replicas=2",
+        "--set",
+        "logFormat=text",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+        "--set",
+        "podDisruptionBudget.maxUnavailable=50%",
+        "--set",
+        "imagePullSecrets[0].name=mirror",
+    ]));
     for (source, doc) in documents("deploy/plugdb.yaml")
         .into_iter()
         .map(|d| ("deploy/plugdb.yaml", d))
