@@ -1,5 +1,7 @@
-//! Tools for people: render a Database without a cluster, inspect and pack plugins, and
-//! a Database's status on one screen ([`status`]), a planned switchover ([`switchover`]).
+//! Tools for people: render a Database without a cluster, inspect and pack plugins; and,
+//! against a cluster, a Database's status on one screen ([`status`]), a planned
+//! switchover ([`switchover`]), a backup now and a restore ([`backup`]), a member's log
+//! ([`logs`]), and the engines the operator is given ([`plugins`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -15,6 +17,9 @@ use crate::crd::Database;
 use crate::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
 use crate::plugin::{Limits, Plugin, Runtime};
 
+pub mod backup;
+pub mod logs;
+pub mod plugins;
 pub mod status;
 pub mod switchover;
 
@@ -27,13 +32,21 @@ const CONFIG_MAP_BYTES: usize = 1 << 20;
 /// and memory limits, then checked and self-tested under the same bounds.
 pub fn load_plugin(path: &Path, compiler: &Path) -> Result<Plugin> {
     let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let runtime = Runtime::new(Limits::default())?.with_compiler(compiler);
-    runtime.load(&bytes).with_context(|| format!("{}: not a usable plugin", path.display()))
+    load_bytes(&bytes, compiler).with_context(|| format!("{}: not a usable plugin", path.display()))
+}
+
+/// Loads and self-tests plugin `bytes` as [`load_plugin`] does.
+pub fn load_bytes(bytes: &[u8], compiler: &Path) -> Result<Plugin> {
+    Ok(Runtime::new(Limits::default())?.with_compiler(compiler).load(bytes)?)
 }
 
 /// `plugdb plugin inspect FILE`: what the plugin says about itself.
 pub fn inspect(path: &Path, compiler: &Path) -> Result<String> {
-    let plugin = load_plugin(path, compiler)?;
+    Ok(describe(&load_plugin(path, compiler)?))
+}
+
+/// What a loaded plugin says about itself, a line per fact.
+pub fn describe(plugin: &Plugin) -> String {
     let i = plugin.info();
     let c = i.capabilities;
     let caps: Vec<&str> = [
@@ -47,7 +60,7 @@ pub fn inspect(path: &Path, compiler: &Path) -> Result<String> {
     .into_iter()
     .filter_map(|(n, on)| on.then_some(n))
     .collect();
-    Ok(format!(
+    format!(
         "engine:            {}\nplugin version:    {}\ncontract:          plugdb:engine@{}\nengine versions:   {} (default {})\nport:              {}\ncapabilities:      {}\nsha256:            {}\nsize:              {} bytes\n",
         i.engine,
         i.plugin_version,
@@ -58,7 +71,7 @@ pub fn inspect(path: &Path, compiler: &Path) -> Result<String> {
         if caps.is_empty() { "none".into() } else { caps.join(", ") },
         plugin.digest(),
         plugin.size()
-    ))
+    )
 }
 
 /// `plugdb plugin build [DIR]`: the crate at `dir` built into a component, loaded and

@@ -35,13 +35,8 @@ enum Command {
         /// The Database.
         #[arg(value_name = "DATABASE")]
         name: String,
-        /// Its namespace (the kubeconfig context's when not given).
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-        /// The kubeconfig context (the current one when not given; `KUBECONFIG` says
-        /// which files, as for kubectl).
-        #[arg(long)]
-        context: Option<String>,
+        #[command(flatten)]
+        at: At,
     },
     /// Hand the primary role to MEMBER (a pod, `orders-2`, or an ordinal, `2`) with no
     /// acknowledged write lost, and wait until it leads or the operator says why not.
@@ -53,12 +48,71 @@ enum Command {
         /// The member to lead.
         #[arg(value_name = "MEMBER")]
         member: String,
-        /// Its namespace (the kubeconfig context's when not given).
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-        /// The kubeconfig context (the current one when not given).
-        #[arg(long)]
-        context: Option<String>,
+        #[command(flatten)]
+        at: At,
+    },
+    /// Take a backup of the Database now and wait for it: its name and when it completed,
+    /// or why it failed. (`kubectl plugdb backup DB`.)
+    Backup {
+        /// The Database.
+        #[arg(value_name = "DATABASE")]
+        name: String,
+        #[command(flatten)]
+        at: At,
+    },
+    /// Make a new Database, NEW, with the Database's spec, restored from its newest
+    /// backup, a named one, or a moment of its recoverable window; follow it until it
+    /// runs. (`kubectl plugdb restore DB --as NEW [--to TIME]`.)
+    Restore {
+        /// The Database whose backups are restored.
+        #[arg(value_name = "DATABASE")]
+        name: String,
+        /// The new Database's name (in the same namespace).
+        #[arg(long = "as", value_name = "NEW")]
+        new: String,
+        /// Recover to this moment (RFC 3339, e.g. 2026-11-23T10:15:30Z), inside the
+        /// Database's recoverable window (`kubectl plugdb status DB` shows it).
+        #[arg(long, value_name = "TIME", conflicts_with = "backup")]
+        to: Option<String>,
+        /// Restore this backup (as `status.lastBackup.name`) rather than the newest.
+        #[arg(long, value_name = "NAME")]
+        backup: Option<String>,
+        #[command(flatten)]
+        at: At,
+    },
+    /// Print a member's log: the primary's, or MEMBER's, from its engine's container
+    /// unless `--container` names another. (`kubectl plugdb logs DB`.)
+    Logs {
+        /// The Database.
+        #[arg(value_name = "DATABASE")]
+        name: String,
+        /// The member (a pod, `orders-2`, or an ordinal, `2`); the primary when not given.
+        #[arg(short, long)]
+        member: Option<String>,
+        /// The container (e.g. `agent`, `archive`); the engine's when not given.
+        #[arg(short, long)]
+        container: Option<String>,
+        /// Keep printing as the log grows.
+        #[arg(short, long)]
+        follow: bool,
+        /// Only the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<i64>,
+        /// The container's previous run (after a restart).
+        #[arg(short, long)]
+        previous: bool,
+        #[command(flatten)]
+        at: At,
+    },
+    /// The engines the operator is given: each plugin ConfigMap, what its plugin says
+    /// about itself, whether its digest matches the pinned one, and what the operator
+    /// last said of it. (`kubectl plugdb plugins`.)
+    Plugins {
+        /// The operator's namespace, where it loads plugins from.
+        #[arg(long, default_value = "plugdb-system")]
+        operator_namespace: String,
+        #[command(flatten)]
+        at: At,
     },
     /// Print the Database CustomResourceDefinition.
     Crd,
@@ -88,6 +142,31 @@ enum Command {
     /// The operator's own compiler process (see `plugin::compiler`); not for people.
     #[command(hide = true)]
     Compile(CompileArgs),
+}
+
+/// Where the Database is, as kubectl takes it.
+#[derive(Debug, Args)]
+struct At {
+    /// Its namespace (the kubeconfig context's when not given).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// The kubeconfig context (the current one when not given; `KUBECONFIG` says which
+    /// files, as for kubectl).
+    #[arg(long)]
+    context: Option<String>,
+}
+
+impl At {
+    fn target(self) -> cli::status::Target {
+        cli::status::Target { context: self.context, namespace: self.namespace }
+    }
+}
+
+/// Runs a command against a cluster on a runtime of its own, and prints what it says.
+fn against_cluster(work: impl std::future::Future<Output = Result<String>>) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    print!("{}", runtime.block_on(work)?);
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -259,17 +338,19 @@ fn parse() -> Cli {
 fn main() -> Result<()> {
     match parse().command {
         Command::Run(args) => tokio::runtime::Runtime::new().context("starting the async runtime")?.block_on(run(args)),
-        Command::Status { name, namespace, context } => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-            let target = cli::status::Target { context, namespace };
-            print!("{}", runtime.block_on(cli::status::status(&target, &name))?);
-            Ok(())
+        Command::Status { name, at } => against_cluster(cli::status::status(&at.target(), &name)),
+        Command::Switchover { name, member, at } => against_cluster(cli::switchover::switchover(&at.target(), &name, &member)),
+        Command::Backup { name, at } => against_cluster(cli::backup::backup(&at.target(), &name)),
+        Command::Restore { name, new, to, backup, at } => {
+            against_cluster(cli::backup::restore(&at.target(), &name, &new, &cli::backup::From { to, backup }))
         }
-        Command::Switchover { name, member, namespace, context } => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-            let target = cli::status::Target { context, namespace };
-            print!("{}", runtime.block_on(cli::switchover::switchover(&target, &name, &member))?);
-            Ok(())
+        Command::Logs { name, member, container, follow, tail, previous, at } => {
+            let what = cli::logs::Logs { member, container, follow, tail, previous };
+            against_cluster(async { cli::logs::logs(&at.target(), &name, &what).await.map(|()| String::new()) })
+        }
+        Command::Plugins { operator_namespace, at } => {
+            let compiler = compiler()?;
+            against_cluster(cli::plugins::plugins(&at.target(), &operator_namespace, &compiler))
         }
         Command::Crd => {
             print!("{}", yaml_serde::to_string(&Database::crd()).context("serialising the CRD")?);

@@ -112,7 +112,7 @@ fn each_value_renders_what_it_says() {
     // ServiceMonitor where its API is not served; no NetworkPolicy.
     let service = rendered(&defaults, "Service").expect("the metrics Service");
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "http");
-    assert_eq!(service["spec"]["selector"], rendered(&defaults, "Deployment").unwrap()["spec"]["selector"]["matchLabels"]);
+    assert_eq!(service["spec"]["selector"], rendered(&defaults, "Deployment").expect("the Deployment")["spec"]["selector"]["matchLabels"]);
     let pdb = rendered(&defaults, "PodDisruptionBudget").expect("a PodDisruptionBudget");
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
     assert!(rendered(&defaults, "ServiceMonitor").is_none(), "a ServiceMonitor without the Prometheus Operator's API");
@@ -130,7 +130,12 @@ fn each_value_renders_what_it_says() {
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
     assert_eq!(monitor["spec"]["endpoints"][0]["interval"], "15s");
     assert_eq!(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]);
-    let off = parse(&helm_template(&["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor", "--set", "metrics.serviceMonitor.enabled=false"]));
+    let off = parse(&helm_template(&[
+        "--api-versions",
+        "monitoring.coreos.com/v1/ServiceMonitor",
+        "--set",
+        "metrics.serviceMonitor.enabled=false",
+    ]));
     assert!(rendered(&off, "ServiceMonitor").is_none());
     let off = parse(&helm_template(&["--set", "metrics.service.enabled=false", "--set", "podDisruptionBudget.enabled=false"]));
     assert!(rendered(&off, "Service").is_none() && rendered(&off, "PodDisruptionBudget").is_none());
@@ -139,7 +144,7 @@ fn each_value_renders_what_it_says() {
     let policy = rendered(&fenced, "NetworkPolicy").expect("a NetworkPolicy");
     assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
     assert_eq!(policy["spec"]["ingress"], json!([{"ports": [{"port": "http"}], "from": [{"namespaceSelector": {}}]}]));
-    let egress = policy["spec"]["egress"].as_array().unwrap();
+    let egress = policy["spec"]["egress"].as_array().expect("egress rules");
     assert!(egress.iter().any(|r| r["to"] == json!([{"ipBlock": {"cidr": "10.0.0.1/32"}}])), "the API server: {egress:?}");
     assert!(egress.iter().any(|r| r["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "plugdb"), "the members");
 
@@ -155,7 +160,7 @@ fn each_value_renders_what_it_says() {
         "--set",
         "resources.limits.memory=1Gi",
     ]));
-    let pod = &rendered(&placed, "Deployment").unwrap()["spec"]["template"]["spec"];
+    let pod = &rendered(&placed, "Deployment").expect("the Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "mirror"}]));
     assert_eq!(pod["nodeSelector"], json!({"pool": "ops"}));
     assert_eq!(pod["tolerations"], json!([{"key": "ops", "operator": "Exists"}]));

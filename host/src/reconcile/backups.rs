@@ -168,6 +168,12 @@ fn stamp(backup: &str) -> &str {
     backup.rsplit('-').next().unwrap_or_default()
 }
 
+/// The name of the on-demand backup (and its Job) of Database `database` that the
+/// `plugdb.io/backup-now` value `token` asks for.
+pub fn manual_backup(database: &str, token: &str) -> String {
+    Names(database).job(&format!("manual-{}", &crate::plugin::hex_digest(token.as_bytes())[..10]))
+}
+
 /// Runs scheduled and on-demand backups, applies retention and reports. Each fire time
 /// and each `backup-now` value makes one backup: what was already started is in the
 /// Database's status (`last_scheduled_backup`, `backup_request`), not only in its Jobs,
@@ -197,7 +203,7 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
             Err(e) => report.problem = Some(format!("spec.backup.schedule: {e}")),
         }
     }
-    let manual = |token: &str| Names(&name).job(&format!("manual-{}", &crate::plugin::hex_digest(token.as_bytes())[..10]));
+    let manual = |token: &str| manual_backup(&name, token);
     let request = db.annotations().get(BACKUP_NOW).filter(|t| report.request.as_ref() != Some(*t)).cloned();
     if let Some(token) = &request {
         wanted.push(manual(token));

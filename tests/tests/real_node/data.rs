@@ -15,6 +15,8 @@ use serde_json::json;
 
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip, signal_engine, volume_path};
 
+use crate::plugdb;
+
 /// A backup on demand, then `restoreFrom` into a new Database: identical rows. Then the
 /// source is deleted under `Snapshot`: its final backup ran and the artefact exists.
 pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: &str) {
@@ -28,20 +30,21 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     let expected = client.checksum(&primary).await;
     assert!(expected.starts_with("1000 "), "{expected}");
 
+    // `kubectl plugdb backup`: a backup on demand, waited for.
     let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), &ns);
-    let token = json!({"metadata": {"annotations": {"plugdb.io/backup-now": "before-copy"}}});
-    dbs.patch("orders", &PatchParams::default(), &Patch::Merge(token)).await.expect("annotate");
-    let source = cluster
-        .wait_database(&ns, "orders", "a backup", WAIT, |d| d.status.as_ref().and_then(|s| s.last_backup.as_ref()).is_some())
-        .await
-        .expect("backup");
+    let said = plugdb(&cluster, &["backup", "orders", "-n", &ns]).await;
+    let source = dbs.get("orders").await.expect("orders");
     let backup = source.status.and_then(|s| s.last_backup).expect("last backup").name;
+    assert!(said.starts_with(&format!("backup {backup} of Database {ns}/orders completed at ")), "{said}");
+    assert!(backup.starts_with("orders-manual-"), "{backup}");
     // Written after the backup: must not be in the copy.
     client.insert(&primary, 1001..1002).await;
 
-    let restore = json!({"restoreFrom": {"database": "orders", "backup": backup}});
-    cluster.apply_database(&ns, database("copy", engine, version, 1, restore)).await.expect("apply copy");
-    let copied = cluster.wait_database(&ns, "copy", "Running after the restore", WAIT, |d| is_running(d, 1)).await.expect("restored");
+    // `kubectl plugdb restore`: a new Database with the source's spec, from that backup, followed until it runs.
+    let said = plugdb(&cluster, &["restore", "orders", "--as", "copy", "--backup", &backup, "-n", &ns]).await;
+    assert!(said.starts_with(&format!("Database {ns}/copy restored from Database {ns}/orders and Running")), "{said}");
+    let copied = dbs.get("copy").await.expect("copy");
+    assert_eq!(copied.spec.restore_from.as_ref().and_then(|r| r.backup.as_deref()), Some(backup.as_str()));
     assert!(copied.status.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Restored" && c.status == "True")));
     if engine == Engine::Postgres {
         // A physical restore writes member 0's volume: the members start only after it.
@@ -59,6 +62,26 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     assert_eq!(copy.checksum(&copy_host).await, expected, "the copy holds exactly the rows backed up");
     let wrong = copy.query_as(&copy_host, "not-the-password", "SELECT 1").await;
     assert!(wrong.is_err(), "the copy takes its own credentials: {wrong:?}");
+
+    // `kubectl plugdb logs`: the primary's engine log; `kubectl plugdb plugins`: the
+    // engine's ConfigMap, what its plugin says, its pinned digest, and that it serves.
+    let log = plugdb(&cluster, &["logs", "copy", "-n", &ns]).await;
+    let ready = match engine {
+        Engine::Postgres => "database system is ready to accept connections",
+        Engine::Mysql => "ready for connections",
+    };
+    assert!(log.contains(ready), "the engine's log: {log}");
+    let agent = plugdb(&cluster, &["logs", "copy", "--member", "0", "--container", "agent", "--tail", "5", "-n", &ns]).await;
+    assert!(agent.lines().count() <= 5 && !agent.contains(ready), "the agent's log, its last lines: {agent}");
+    let plugins = plugdb(&cluster, &["plugins"]).await;
+    let name = format!("engine-{}", engine.name());
+    let block: String =
+        plugins.split(&format!("{name} (ConfigMap plugdb-system/{name})")).nth(1).expect(&plugins).lines().take(11).collect();
+    let digest = format!("sha256:            {}", plugdb::plugin::hex_digest(&plugdb_tests::component(engine.name())));
+    // The harness's ConfigMaps pin no digest (`plugdb plugin pack` does).
+    for says in [&format!("engine:            {}", engine.name()), "backup, restore, failover", &digest, "no digest pinned", "serving ("] {
+        assert!(block.contains(says), "{says}: {plugins}");
+    }
 
     // Deletion under Snapshot: the final backup runs and its artefact is on the backups volume.
     dbs.delete("orders", &DeleteParams::default()).await.expect("delete");

@@ -162,12 +162,7 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     let writer = client.writer(1000, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let asked = Instant::now();
-    let said = {
-        let (cluster, ns) = (cluster.clone(), ns.clone());
-        tokio::task::spawn_blocking(move || kubectl_plugdb(&cluster, &["switchover", "orders", "2", "--namespace", &ns]))
-            .await
-            .expect("kubectl plugdb switchover")
-    };
+    let said = plugdb(&cluster, &["switchover", "orders", "2", "--namespace", &ns]).await;
     assert!(said.starts_with(&format!("orders-2 leads Database {ns}/orders")), "{said}");
     let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some("orders-2");
     cluster
@@ -190,6 +185,14 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     eprintln!(
         "{ns}: switchover to orders-2 in {switched:?}, writes unavailable at most {longest:?}; {written} acknowledged writes, none lost"
     );
+}
+
+/// [`kubectl_plugdb`] off the async runtime's threads: a command may wait minutes.
+pub async fn plugdb(cluster: &Arc<Cluster>, args: &[&str]) -> String {
+    let (cluster, args) = (cluster.clone(), args.iter().map(ToString::to_string).collect::<Vec<_>>());
+    tokio::task::spawn_blocking(move || kubectl_plugdb(&cluster, &args.iter().map(String::as_str).collect::<Vec<_>>()))
+        .await
+        .expect("kubectl-plugdb")
 }
 
 /// Runs the plugdb binary as the kubectl plugin `kubectl-plugdb` (a link to it, as a
