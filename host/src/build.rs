@@ -19,8 +19,8 @@ use serde_json::{Value, json};
 
 use crate::crd::{Database, DeletionPolicy, Parameter, S3Target};
 use crate::names::{
-    APPLIED_HASH, ARCHIVE_MOUNT, CONFIG_HASH, CONFIG_MOUNT, MAX_NAME, Names, PRIMARY_ANNOTATION, ROLE_FREE_HASH, ROLE_LABEL, TLS_STAMP,
-    hex, labels, metadata, selector,
+    APPLIED_HASH, ARCHIVE_MOUNT, CLIENT_COMMAND, CONFIG_HASH, CONFIG_MOUNT, MAX_NAME, Names, PRIMARY_ANNOTATION, ROLE_FREE_HASH,
+    ROLE_LABEL, TLS_STAMP, hex, labels, metadata, selector,
 };
 use crate::plugin::{ClusterContext, EngineSpec, ParameterValue, ResourceAmounts, Violation, Workload};
 use crate::quantity;
@@ -417,7 +417,13 @@ pub fn statefulset(
         volume_claim_templates: Some(vec![claim]),
         ..Default::default()
     };
-    Child::new(names.primary(), StatefulSet { metadata: metadata(db, &names.primary(), true), spec: Some(spec), ..Default::default() })
+    let mut metadata = metadata(db, &names.primary(), true);
+    if !workload.client_command.is_empty() {
+        // For `kubectl plugdb connect`, on the StatefulSet (not its pods: no member restarts for it).
+        let argv = serde_json::to_string(&workload.client_command).unwrap_or_default();
+        metadata.annotations.get_or_insert_default().insert(CLIENT_COMMAND.to_string(), argv);
+    }
+    Child::new(names.primary(), StatefulSet { metadata, spec: Some(spec), ..Default::default() })
 }
 
 /// The PodDisruptionBudget: at most one member down at a time by voluntary disruption.

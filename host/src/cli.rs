@@ -1,7 +1,8 @@
 //! Tools for people: render a Database without a cluster, inspect and pack plugins; and,
 //! against a cluster, a Database's status on one screen ([`status`]), a planned
-//! switchover ([`switchover`]), a backup now and a restore ([`backup`]), a member's log
-//! ([`logs`]), and the engines the operator is given ([`plugins`]).
+//! switchover ([`switchover`]), a backup now and a restore ([`backup`]), the engine's
+//! client in a member ([`connect`]), a member's log ([`logs`]), and the engines the
+//! operator is given ([`plugins`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -18,6 +19,7 @@ use crate::plugin::registry::{DIGEST_ANNOTATION, PLUGIN_LABEL};
 use crate::plugin::{Limits, Plugin, Runtime};
 
 pub mod backup;
+pub mod connect;
 pub mod logs;
 pub mod plugins;
 pub mod status;

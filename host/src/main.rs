@@ -80,6 +80,22 @@ enum Command {
         #[command(flatten)]
         at: At,
     },
+    /// The engine's interactive client (psql, mariadb; a shell with etcdctl) in a member,
+    /// logged in with the Database's credentials: no password is typed. Runs `kubectl
+    /// exec` (`$KUBECTL`, else `kubectl` on the PATH). (`kubectl plugdb connect DB`.)
+    Connect {
+        /// The Database.
+        #[arg(value_name = "DATABASE")]
+        name: String,
+        /// A ready replica rather than the primary.
+        #[arg(long, conflicts_with = "member")]
+        replica: bool,
+        /// This member (a pod, `orders-2`, or an ordinal, `2`).
+        #[arg(short, long)]
+        member: Option<String>,
+        #[command(flatten)]
+        at: At,
+    },
     /// Print a member's log: the primary's, or MEMBER's, from its engine's container
     /// unless `--container` names another. (`kubectl plugdb logs DB`.)
     Logs {
@@ -343,6 +359,12 @@ fn main() -> Result<()> {
         Command::Backup { name, at } => against_cluster(cli::backup::backup(&at.target(), &name)),
         Command::Restore { name, new, to, backup, at } => {
             against_cluster(cli::backup::restore(&at.target(), &name, &new, &cli::backup::From { to, backup }))
+        }
+        Command::Connect { name, replica, member, at } => {
+            let what = cli::connect::Connect { member, replica };
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+            let args = runtime.block_on(cli::connect::kubectl_args(&at.target(), &name, &what, cli::connect::interactive()))?;
+            std::process::exit(cli::connect::run(&args)?)
         }
         Command::Logs { name, member, container, follow, tail, previous, at } => {
             let what = cli::logs::Logs { member, container, follow, tail, previous };

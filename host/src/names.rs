@@ -13,6 +13,9 @@ use crate::crd::Database;
 /// The Database's annotation asking for a planned switchover: the member (pod) to lead.
 /// The operator removes it once that member leads, or when it cannot.
 pub const SWITCHOVER: &str = "plugdb.io/switchover";
+/// A StatefulSet's annotation: the engine's interactive client (a JSON argv) that
+/// `kubectl plugdb connect` runs in a member's engine container.
+pub const CLIENT_COMMAND: &str = "plugdb.io/client-command";
 /// Where the operator's image holds the `plugdb` binary.
 pub const OPERATOR_BINARY: &str = "/usr/local/bin/plugdb";
 /// The field manager of every write the operator makes.

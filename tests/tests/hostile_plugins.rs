@@ -215,7 +215,7 @@ fn panic_becomes_a_trap_error() {
 
 /// The optional `agent` export is asked in the same call as `render`, under the same
 /// deadline and policy: a spinning status or fence command is stopped, an argv beyond
-/// the bounds is refused by name.
+/// the bounds (status, fence or client command) is refused by name.
 #[test]
 fn the_agent_commands_are_bounded_like_render() {
     let (rt, hostile, good) = plugins();
@@ -229,6 +229,9 @@ fn the_agent_commands_are_bounded_like_render() {
     let err = attack(&rt, &hostile, &good, "fence-argv");
     let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
     assert!(violations.iter().any(|v| v.field == "fenceCommand"), "{err}");
+    let err = attack(&rt, &hostile, &good, "client-argv");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    assert!(violations.iter().any(|v| v.field == "clientCommand"), "{err}");
 }
 
 /// A log line past the copy bound fails the call, and the error says it was a log line,

@@ -58,6 +58,7 @@ fn workload(config: &str) -> Workload {
         member_query: None,
         status_command: vec![],
         fence_command: vec![],
+        client_command: vec![],
     }
 }
 
@@ -405,4 +406,22 @@ fn the_role_free_hash_leaves_out_only_the_primarys_name() {
     assert_eq!(before, after, "but for the primary's name it is the same");
     let (changed, _, _) = for_primary("orders-1", "a = 2\n");
     assert_ne!(changed, after, "any other change counts");
+}
+
+/// The engine's client is kept on the StatefulSet, not in its pods' template: declaring
+/// one restarts no member.
+#[test]
+fn the_client_command_is_on_the_statefulset_not_in_the_pods() {
+    let db = database(DeletionPolicy::Snapshot);
+    let mut w = workload("");
+    let set = |w: &Workload| -> StatefulSet {
+        serde_json::from_value(statefulset(&db, w, "postgres", Sidecars::default(), ("orders-0", 3), None).object).expect("StatefulSet")
+    };
+    let without = set(&w);
+    assert!(!without.annotations().contains_key(crate::names::CLIENT_COMMAND));
+    w.client_command = vec!["sh".into(), "-c".into(), "exec psql".into()];
+    let with = set(&w);
+    let argv: Vec<String> = serde_json::from_str(&with.annotations()[crate::names::CLIENT_COMMAND]).expect("a JSON argv");
+    assert_eq!(argv, w.client_command);
+    assert_eq!(with.spec.map(|s| s.template), without.spec.map(|s| s.template), "the pods' template is the same");
 }

@@ -80,6 +80,8 @@ pub(crate) struct Exports {
     status_command: Option<ComponentExportIndex>,
     /// `agent.fence-command`, when its `agent` interface has it (one built before it has not).
     fence_command: Option<ComponentExportIndex>,
+    /// `agent.client-command`, likewise.
+    client_command: Option<ComponentExportIndex>,
 }
 
 /// Dispatches a call to the module of the plugin's contract.
@@ -130,6 +132,10 @@ impl Exports {
                 Contract::V0_2 => agent_export(component, interface, "fence-command"),
                 Contract::V0_1 => None,
             },
+            client_command: match contract {
+                Contract::V0_2 => agent_export(component, interface, "client-command"),
+                Contract::V0_1 => None,
+            },
         })
     }
 
@@ -163,7 +169,10 @@ impl Exports {
         if let (Some(index), Ok(w)) = (&self.status_command, &mut workload) {
             w.status_command = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
             if let Some(index) = &self.fence_command {
-                w.fence_command = v0_2::agent_command(store, instance, index, spec)?;
+                w.fence_command = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
+            }
+            if let Some(index) = &self.client_command {
+                w.client_command = v0_2::agent_command(store, instance, index, spec)?;
             }
         }
         Ok(workload)
@@ -402,6 +411,7 @@ macro_rules! conversions {
                 init_containers,
                 status_command: Vec::new(),
                 fence_command: Vec::new(),
+                client_command: Vec::new(),
             }
         }
 

@@ -323,6 +323,8 @@ pub struct Workload {
     /// What the member agent runs to fence the member (the plugin's optional
     /// `agent.fence-command`); empty: the member is never fenced.
     pub fence_command: Vec<String>,
+    /// `agent.client-command`: a person's interactive client in a member (empty: none).
+    pub client_command: Vec<String>,
 }
 
 /// A request the host sends to every member of an engine that elects its leader.

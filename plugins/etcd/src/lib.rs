@@ -347,6 +347,16 @@ impl Agent for Etcd {
     fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
     }
+
+    /// A shell in which etcdctl talks to this member (with TLS, verified against the
+    /// Database's authority): etcd has no interactive client of its own.
+    fn client_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(&format!(
+            "export ETCDCTL_ENDPOINTS=\"$SCHEME://localhost:{CLIENT_PORT}\"
+echo \"etcdctl talks to this member ($ETCDCTL_ENDPOINTS); e.g. etcdctl endpoint status -w table\" >&2
+exec sh"
+        ))
+    }
 }
 
 export_engine!(Etcd);

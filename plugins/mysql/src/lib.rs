@@ -399,6 +399,12 @@ impl Agent for Mysql {
     fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(&[CLIENT, FENCE].concat())
     }
+
+    /// The mariadb client as root, over TCP to the local server (with TLS when the
+    /// Database serves it).
+    fn client_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(&[CLIENT, "m"].concat())
+    }
 }
 
 export_engine!(Mysql);

@@ -376,6 +376,11 @@ impl Agent for Postgres {
     fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(FENCE)
     }
+
+    /// psql as the superuser, over TCP to the local server (what pg_hba allows).
+    fn client_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell("PGPASSWORD=\"$POSTGRES_PASSWORD\" exec psql -h localhost -p 5432 -U postgres -d postgres")
+    }
 }
 
 export_engine!(Postgres);

@@ -217,6 +217,10 @@ pub async fn elects_its_leader_and_changes_membership_safely(cluster: Arc<Cluste
     running(&cluster, etcd, 3).await;
     one_cluster_with(&cluster, etcd, 3, "written-first", "1").await;
     one_cluster_with(&cluster, etcd, 3, "written-after-the-kill", "2").await;
+    // `kubectl plugdb connect`: a shell in the leader's container with etcdctl set up for it.
+    let input = "etcdctl get written-after-the-kill --print-value-only\n";
+    let said = crate::plugdb_with_input(&cluster, &["connect", etcd.name, "-n", etcd.ns], Some(input)).await;
+    assert!(said.lines().any(|l| l.trim() == "2"), "etcdctl through kubectl plugdb connect: {said}");
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cluster.client.clone(), etcd.ns)
         .list(&ListParams::default())
         .await

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip, signal_engine, volume_path};
 
-use crate::plugdb;
+use crate::{plugdb, plugdb_with_input};
 
 /// A backup on demand, then `restoreFrom` into a new Database: identical rows. Then the
 /// source is deleted under `Snapshot`: its final backup ran and the artefact exists.
@@ -73,6 +73,14 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     assert!(log.contains(ready), "the engine's log: {log}");
     let agent = plugdb(&cluster, &["logs", "copy", "--member", "0", "--container", "agent", "--tail", "5", "-n", &ns]).await;
     assert!(agent.lines().count() <= 5 && !agent.contains(ready), "the agent's log, its last lines: {agent}");
+    // `kubectl plugdb connect`: the engine's client in the primary, logged in, no password typed.
+    let (query, says) = match engine {
+        Engine::Postgres => ("SELECT count(*) || ' rows' FROM orders;\n", "1000 rows"),
+        // The scenario's tables are in the schema `plugdb`.
+        Engine::Mysql => ("SELECT CONCAT(COUNT(*), ' rows') FROM plugdb.orders;\n", "1000 rows"),
+    };
+    let answer = plugdb_with_input(&cluster, &["connect", "copy", "-n", &ns], Some(query)).await;
+    assert!(answer.contains(says), "the client's answer: {answer}");
     let plugins = plugdb(&cluster, &["plugins"]).await;
     let name = format!("engine-{}", engine.name());
     let block: String =

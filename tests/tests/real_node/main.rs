@@ -189,8 +189,14 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 
 /// [`kubectl_plugdb`] off the async runtime's threads: a command may wait minutes.
 pub async fn plugdb(cluster: &Arc<Cluster>, args: &[&str]) -> String {
-    let (cluster, args) = (cluster.clone(), args.iter().map(ToString::to_string).collect::<Vec<_>>());
-    tokio::task::spawn_blocking(move || kubectl_plugdb(&cluster, &args.iter().map(String::as_str).collect::<Vec<_>>()))
+    plugdb_with_input(cluster, args, None).await
+}
+
+/// [`plugdb`] with `input` on the command's standard input (a pipe, not a terminal).
+pub async fn plugdb_with_input(cluster: &Arc<Cluster>, args: &[&str], input: Option<&str>) -> String {
+    let (cluster, input) = (cluster.clone(), input.map(str::to_string));
+    let args: Vec<String> = args.iter().map(ToString::to_string).collect();
+    tokio::task::spawn_blocking(move || kubectl_plugdb_with(&cluster, &args.iter().map(String::as_str).collect::<Vec<_>>(), input))
         .await
         .expect("kubectl-plugdb")
 }
@@ -198,14 +204,31 @@ pub async fn plugdb(cluster: &Arc<Cluster>, args: &[&str]) -> String {
 /// Runs the plugdb binary as the kubectl plugin `kubectl-plugdb` (a link to it, as a
 /// user installs it) with `args`, against the cluster's kubeconfig; its output.
 fn kubectl_plugdb(cluster: &Cluster, args: &[&str]) -> String {
+    kubectl_plugdb_with(cluster, args, None)
+}
+
+/// [`kubectl_plugdb`] with `input` on its standard input; kubectl is the cluster's own.
+fn kubectl_plugdb_with(cluster: &Cluster, args: &[&str], input: Option<String>) -> String {
+    use std::io::Write;
     let dir = tempfile::tempdir().expect("a directory");
     let plugin = dir.path().join("kubectl-plugdb");
     std::os::unix::fs::symlink(plugdb_tests::plugdb_binary(), &plugin).expect("a link");
-    let out = std::process::Command::new(&plugin)
+    let kubectl = plugdb_tests::control_plane::binaries_dir().expect("the Kubernetes binaries").join("kubectl");
+    let mut child = std::process::Command::new(&plugin)
         .args(args)
         .env("KUBECONFIG", cluster.backing.kubeconfig())
-        .output()
+        .env("KUBECTL", kubectl)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("kubectl-plugdb runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    if let Some(input) = input {
+        stdin.write_all(input.as_bytes()).expect("input");
+    }
+    drop(stdin);
+    let out = child.wait_with_output().expect("kubectl-plugdb ends");
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "kubectl-plugdb {args:?}: {said}{}", String::from_utf8_lossy(&out.stderr));
     said
