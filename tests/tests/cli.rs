@@ -74,6 +74,16 @@ fn every_command_has_help_and_unknown_flags_are_errors() {
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && help.contains("Usage: plugdb"), "{command:?}: {help}");
     }
+    // The day-two verbs, under the kubectl plugin's name, take kubectl's --namespace and --context.
+    let dir = tempfile::tempdir().expect("dir");
+    let plugin = dir.path().join("kubectl-plugdb");
+    std::os::unix::fs::symlink(&binary, &plugin).expect("a link");
+    for verb in ["status", "switchover", "backup", "restore", "connect", "logs", "plugins"] {
+        let out = std::process::Command::new(&plugin).args([verb, "--help"]).output().expect("run kubectl-plugdb");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && help.contains(&format!("Usage: kubectl plugdb {verb}")), "{verb}: {help}");
+        assert!(help.contains("--namespace") && help.contains("--context"), "{verb}: {help}");
+    }
     // Flags a Deployment sets are also read from the environment, and say so.
     let help = String::from_utf8_lossy(&plugdb(&["run", "--help"]).stdout).into_owned();
     for variable in
