@@ -18,6 +18,7 @@ use kube::core::{ApiResource, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::crd::{Database, DeletionPolicy, Parameter, S3Target};
+use crate::images::Pull;
 use crate::names::{
     APPLIED_HASH, ARCHIVE_MOUNT, CLIENT_COMMAND, CONFIG_HASH, CONFIG_MOUNT, MAX_NAME, Names, PRIMARY_ANNOTATION, ROLE_FREE_HASH,
     ROLE_LABEL, TLS_STAMP, hex, labels, metadata, selector,
@@ -145,13 +146,22 @@ impl Archiver<'_> {
     }
 }
 
-/// The containers the host adds beside the engine, from the operator's image.
-#[derive(Debug, Clone, Copy, Default)]
+/// What the host adds to the members' pods: the containers beside the engine, from the
+/// operator's image, and where every image is pulled from.
+#[derive(Debug, Clone, Copy)]
 pub struct Sidecars<'a> {
     /// Ships the log for point-in-time recovery.
     pub archiver: Option<Archiver<'a>>,
     /// The member agent (with the operator's image, when the plugin has a status command).
     pub agent: Option<&'a str>,
+    /// The registry and pull Secrets.
+    pub pull: &'a Pull,
+}
+
+impl Default for Sidecars<'_> {
+    fn default() -> Self {
+        Self { archiver: None, agent: None, pull: &crate::images::DEFAULT }
+    }
 }
 
 /// Every kind of object a Database owns. The watch caches and the write path match on
@@ -385,7 +395,7 @@ pub fn statefulset(
         containers.push(agent);
         volumes.extend(agent_volumes);
     }
-    let pod = PodSpec {
+    let mut pod = PodSpec {
         automount_service_account_token: Some(false),
         termination_grace_period_seconds: Some(60),
         security_context: Some(pod::pod_security(workload.run_as_user)),
@@ -396,6 +406,7 @@ pub fn statefulset(
         topology_spread_constraints: pod::zone_spread(db),
         ..Default::default()
     };
+    sidecars.pull.pod(&mut pod);
     // The template with the primary's name blanked wherever it is a whole value.
     let unnamed = serde_json::to_string(&(&template_annotations, &pod)).unwrap_or_default().replace(&format!("\"{rendered_for}\""), "\"\"");
     template_annotations.insert(ROLE_FREE_HASH.to_string(), hex(unnamed.as_bytes()));

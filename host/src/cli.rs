@@ -121,8 +121,9 @@ pub fn pack(path: &Path, namespace: &str, compiler: &Path) -> Result<String> {
     Ok(yaml_serde::to_string(&value)?)
 }
 
-/// `plugdb render -f db.yaml --plugin FILE`: the objects plugdb would apply, offline.
-pub fn render(database: &Path, plugin: &Path, compiler: &Path) -> Result<String> {
+/// `plugdb render -f db.yaml --plugin FILE`: the objects plugdb would apply, offline,
+/// with images pulled as `pull` says.
+pub fn render(database: &Path, plugin: &Path, compiler: &Path, pull: &crate::images::Pull) -> Result<String> {
     let text = std::fs::read_to_string(database).with_context(|| format!("{}: cannot read", database.display()))?;
     let mut db: Database = yaml_serde::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", database.display()))?;
     if db.metadata.namespace.is_none() {
@@ -151,7 +152,7 @@ pub fn render(database: &Path, plugin: &Path, compiler: &Path) -> Result<String>
         &workload,
         &db.spec.engine,
         &primary,
-        build::Sidecars::default(),
+        build::Sidecars { pull, ..Default::default() },
         (&primary, spec.replicas),
         db.spec.tls_enabled().then_some("issued"),
     ) {

@@ -89,6 +89,7 @@ pub fn job(
     artifact: &str,
     data_claim: Option<(&str, &str)>,
     run_as_user: u32,
+    pull: &crate::images::Pull,
 ) -> Child {
     let mut labels = labels(db);
     labels.insert(PURPOSE.into(), purpose.label().into());
@@ -142,19 +143,21 @@ pub fn job(
             }
         }
     };
+    let mut pod = PodSpec {
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        security_context: Some(pod::pod_security(run_as_user)),
+        init_containers: init,
+        containers: vec![main],
+        volumes: Some(volumes),
+        ..Default::default()
+    };
+    pull.pod(&mut pod);
     let spec = JobSpec {
         backoff_limit: Some(2),
         template: PodTemplateSpec {
             metadata: Some(ObjectMeta { labels: Some(pod_labels(&labels, db)), ..Default::default() }),
-            spec: Some(PodSpec {
-                restart_policy: Some("Never".into()),
-                automount_service_account_token: Some(false),
-                security_context: Some(pod::pod_security(run_as_user)),
-                init_containers: init,
-                containers: vec![main],
-                volumes: Some(volumes),
-                ..Default::default()
-            }),
+            spec: Some(pod),
         },
         ..Default::default()
     };
@@ -257,9 +260,26 @@ mod tests {
 
     /// A Job of `purpose` whose artefact `orders-1` is in the Database's bucket.
     fn in_bucket(db: &Database, name: &str, purpose: Purpose) -> Child {
+        pulled(db, name, purpose, &Default::default())
+    }
+
+    /// [`in_bucket`], its images pulled as `pull` says.
+    fn pulled(db: &Database, name: &str, purpose: Purpose, pull: &crate::images::Pull) -> Child {
         let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
         let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1", archive: false };
-        job(db, name, purpose, &plan(), Storage::Bucket(transfer), "orders-1", None, 999)
+        job(db, name, purpose, &plan(), Storage::Bucket(transfer), "orders-1", None, 999, pull)
+    }
+
+    #[test]
+    fn every_container_of_a_job_is_pulled_from_the_mirror_with_the_secrets() {
+        let pull = crate::images::Pull { registry: Some("mirror.example".into()), secrets: vec!["mirror-pull".into()] };
+        let pod = pod_of(&pulled(&database(), "orders-1", Purpose::Backup, &pull));
+        let images: Vec<&str> =
+            pod.containers.iter().chain(pod.init_containers.iter().flatten()).filter_map(|c| c.image.as_deref()).collect();
+        assert_eq!(images.len(), 2);
+        assert!(images.iter().all(|i| i.starts_with("mirror.example/")), "{images:?}");
+        let secrets: Vec<String> = pod.image_pull_secrets.unwrap_or_default().into_iter().map(|s| s.name).collect();
+        assert_eq!(secrets, ["mirror-pull"]);
     }
 
     fn names(containers: &[Container]) -> Vec<&str> {
@@ -300,7 +320,8 @@ mod tests {
         assert_eq!(names(&pod.containers), ["restore"]);
         assert_eq!(child.object["metadata"]["annotations"][ARTIFACT], "orders-1");
 
-        let child = job(&db, "orders-2", Purpose::Backup, &plan(), Storage::Volume { of: "orders" }, "orders-2", None, 999);
+        let child =
+            job(&db, "orders-2", Purpose::Backup, &plan(), Storage::Volume { of: "orders" }, "orders-2", None, 999, &Default::default());
         let pod = pod_of(&child);
         assert!(pod.init_containers.is_none());
         assert_eq!(names(&pod.containers), ["backup"]);
@@ -313,7 +334,17 @@ mod tests {
         let db = database();
         let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
         let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1", archive: true };
-        let pod = pod_of(&job(&db, "copy-restore", Purpose::Restore, &plan(), Storage::Bucket(transfer), "orders-1", None, 999));
+        let pod = pod_of(&job(
+            &db,
+            "copy-restore",
+            Purpose::Restore,
+            &plan(),
+            Storage::Bucket(transfer),
+            "orders-1",
+            None,
+            999,
+            &Default::default(),
+        ));
         let download = pod.init_containers.unwrap_or_default().remove(0);
         let command = download.command.unwrap_or_default();
         assert_eq!(command[command.len() - 2..], ["--archive".to_string(), RESTORE_ARCHIVE.to_string()]);
@@ -324,7 +355,7 @@ mod tests {
         let db = database();
         let members = crate::names::selector(&db);
         for purpose in [Purpose::Backup, Purpose::Restore, Purpose::Upgrade, Purpose::Scale] {
-            let child = job(&db, "orders-x", purpose, &plan(), Storage::Scratch, "", None, 999);
+            let child = job(&db, "orders-x", purpose, &plan(), Storage::Scratch, "", None, 999, &Default::default());
             let job: Job = serde_json::from_value(child.object.clone()).expect("a valid Job");
             let labels = job.spec.and_then(|s| s.template.metadata).and_then(|m| m.labels).unwrap_or_default();
             assert!(

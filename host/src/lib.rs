@@ -12,6 +12,7 @@ pub mod cli;
 pub mod crd;
 pub mod events;
 pub mod health;
+pub mod images;
 pub mod jobs;
 pub mod leader;
 pub mod logging;

@@ -140,6 +140,12 @@ enum Command {
         /// The engine's plugin component.
         #[arg(long, value_name = "PLUGIN.wasm")]
         plugin: PathBuf,
+        /// Render as an operator run with `--image-registry` would.
+        #[arg(long, value_parser = registry)]
+        image_registry: Option<String>,
+        /// Render as an operator run with `--image-pull-secret` would.
+        #[arg(long = "image-pull-secret", value_name = "SECRET")]
+        image_pull_secrets: Vec<String>,
     },
     /// Inspect and pack engine plugins.
     #[command(subcommand)]
@@ -310,6 +316,28 @@ struct RunArgs {
     /// to move artefacts to and from object storage (`spec.backup.s3`).
     #[arg(long, env = "PLUGDB_IMAGE")]
     image: Option<String>,
+    /// Pull every image the members and Jobs run from this registry (a host, with an
+    /// optional path: `mirror.example:5000/hub`), under the image's own path
+    /// (`postgres:17` → `mirror.example:5000/hub/library/postgres:17`).
+    #[arg(long, env = "PLUGDB_IMAGE_REGISTRY", value_parser = registry)]
+    image_registry: Option<String>,
+    /// A Secret (in each Database's namespace) the members and Jobs pull images with;
+    /// repeat for more, or give them comma-separated in the variable.
+    #[arg(long = "image-pull-secret", env = "PLUGDB_IMAGE_PULL_SECRETS", value_name = "SECRET", value_delimiter = ',')]
+    image_pull_secrets: Vec<String>,
+}
+
+/// `--image-registry`: a registry host and optional path, no scheme, no tag.
+fn registry(value: &str) -> Result<String, String> {
+    let ok = !value.is_empty()
+        && !value.contains("://")
+        && !value.contains('@')
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || "-._:/".contains(c));
+    if ok {
+        Ok(value.trim_end_matches('/').to_string())
+    } else {
+        Err(format!("{value:?} is not a registry (e.g. mirror.example:5000/hub)"))
+    }
 }
 
 /// `--plugin-cpu`: a positive number of threads.
@@ -378,8 +406,9 @@ fn main() -> Result<()> {
             print!("{}", yaml_serde::to_string(&Database::crd()).context("serialising the CRD")?);
             Ok(())
         }
-        Command::Render { database, plugin } => {
-            print!("{}", cli::render(&database, &plugin, &compiler()?)?);
+        Command::Render { database, plugin, image_registry, image_pull_secrets } => {
+            let pull = plugdb::images::Pull { registry: image_registry, secrets: image_pull_secrets };
+            print!("{}", cli::render(&database, &plugin, &compiler()?, &pull)?);
             Ok(())
         }
         Command::Plugin(PluginCommand::Inspect { file }) => {
@@ -494,6 +523,7 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     options.settings.concurrency = args.concurrency;
     options.settings.plugin_cpu_per_engine = args.plugin_cpu;
+    options.settings.pull = plugdb::images::Pull { registry: args.image_registry, secrets: args.image_pull_secrets };
 
     let metrics = Arc::new(Metrics::default());
     let health = if options.identity.is_some() { Health::elected(options.lease_duration) } else { Health::default() };

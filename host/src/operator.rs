@@ -131,8 +131,14 @@ impl Term {
     fn start(client: &Client, registry: &Registry, metrics: &Arc<Metrics>, options: &Options, health: &Health) -> Self {
         let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
         let ctx = Arc::new(
-            reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), options.settings, options.watch_namespace.clone())
-                .with_operator_image(options.operator_image.clone()),
+            reconcile::Context::new(
+                client.clone(),
+                registry.clone(),
+                metrics.clone(),
+                options.settings.clone(),
+                options.watch_namespace.clone(),
+            )
+            .with_operator_image(options.operator_image.clone()),
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = health.clone();

@@ -33,7 +33,7 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
         "db.yaml",
         "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"15\", replicas: 2, storage: 5Gi}\n",
     );
-    let out = cli::render(&good, &plugin, &plugdb_tests::plugdb_binary()).expect("render");
+    let out = cli::render(&good, &plugin, &plugdb_tests::plugdb_binary(), &Default::default()).expect("render");
     for kind in ["kind: ConfigMap", "kind: Service", "kind: StatefulSet", "kind: PodDisruptionBudget"] {
         assert!(out.contains(kind), "{kind} missing");
     }
@@ -44,7 +44,7 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
         "bad.yaml",
         "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"9\", storage: 5Gi, parameters: {max_connections: lots}}\n",
     );
-    let err = format!("{:#}", cli::render(&bad, &plugin, &plugdb_tests::plugdb_binary()).expect_err("invalid"));
+    let err = format!("{:#}", cli::render(&bad, &plugin, &plugdb_tests::plugdb_binary(), &Default::default()).expect_err("invalid"));
     assert!(err.contains("bad.yaml") && err.contains("spec.version") && err.contains("spec.parameters.max_connections"), "{err}");
 
     let typo = write(
@@ -52,8 +52,42 @@ fn render_prints_the_objects_or_names_the_file_and_field() {
         "typo.yaml",
         "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, replicas: many, storage: 5Gi}\n",
     );
-    let err = format!("{:#}", cli::render(&typo, &plugin, &plugdb_tests::plugdb_binary()).expect_err("ill-typed"));
+    let err = format!("{:#}", cli::render(&typo, &plugin, &plugdb_tests::plugdb_binary(), &Default::default()).expect_err("ill-typed"));
     assert!(err.contains("typo.yaml") && err.contains("replicas"), "{err}");
+}
+
+/// `--image-registry` and `--image-pull-secret`: every image the members run comes from
+/// the mirror, under its own path, pulled with the Secret.
+#[test]
+fn render_pulls_every_image_from_the_mirror() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = write(
+        dir.path(),
+        "db.yaml",
+        "apiVersion: plugdb.io/v1alpha1\nkind: Database\nmetadata: {name: orders}\nspec: {engine: postgres, version: \"15\", replicas: 2, storage: 5Gi}\n",
+    );
+    let out = std::process::Command::new(plugdb_tests::plugdb_binary())
+        .args(["render", "-f"])
+        .arg(&db)
+        .arg("--plugin")
+        .arg(plugdb_tests::component_path("postgres"))
+        .args(["--image-registry", "mirror.example:5000/hub", "--image-pull-secret", "mirror-pull"])
+        .output()
+        .expect("plugdb render");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let images: Vec<&str> = text.lines().filter_map(|l| l.trim().strip_prefix("image: ")).collect();
+    assert!(!images.is_empty() && images.iter().all(|i| i.starts_with("mirror.example:5000/hub/")), "{images:?}");
+    assert!(images.contains(&"mirror.example:5000/hub/library/postgres:15"), "{images:?}");
+    let set = text.split("---\n").find(|d| d.contains("kind: StatefulSet")).expect("the StatefulSet");
+    let set: k8s_openapi::api::apps::v1::StatefulSet = yaml_serde::from_str(set).expect("a StatefulSet");
+    let secrets = set.spec.and_then(|s| s.template.spec).and_then(|p| p.image_pull_secrets).unwrap_or_default();
+    assert_eq!(secrets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["mirror-pull"]);
+    let bad = std::process::Command::new(plugdb_tests::plugdb_binary())
+        .args(["render", "-f", "db.yaml", "--plugin", "x.wasm", "--image-registry", "https://mirror"])
+        .output()
+        .expect("plugdb render");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a registry"), "{bad:?}");
 }
 
 /// Every command explains itself; a misspelt flag or command is refused rather than
@@ -86,9 +120,15 @@ fn every_command_has_help_and_unknown_flags_are_errors() {
     }
     // Flags a Deployment sets are also read from the environment, and say so.
     let help = String::from_utf8_lossy(&plugdb(&["run", "--help"]).stdout).into_owned();
-    for variable in
-        ["POD_NAMESPACE", "PLUGDB_WATCH_NAMESPACE", "PLUGDB_LISTEN", "PLUGDB_CONCURRENCY", "PLUGDB_PLUGIN_CPU", "PLUGDB_LOG_FORMAT"]
-    {
+    for variable in [
+        "POD_NAMESPACE",
+        "PLUGDB_WATCH_NAMESPACE",
+        "PLUGDB_LISTEN",
+        "PLUGDB_CONCURRENCY",
+        "PLUGDB_PLUGIN_CPU",
+        "PLUGDB_LOG_FORMAT",
+        "PLUGDB_IMAGE_REGISTRY",
+    ] {
         assert!(help.contains(&format!("env: {variable}")), "{variable} missing from: {help}");
     }
     for (args, complaint) in [

@@ -99,6 +99,7 @@ fn a_mistyped_value_fails_at_install() {
         (["--set", "resources.limits.memory=lots"], "memory"),
         (["--set", "metrics.serviceMonitor.interval=often"], "interval"),
         (["--set", "networkPolicy.apiServer.cidrs={10.0.0.1}"], "cidrs"),
+        (["--set", "engineImages.registry=https://mirror"], "registry"),
     ] {
         let e = helm(&["template", "plugdb", "deploy/chart/plugdb"], &args).err().unwrap_or_else(|| panic!("{args:?} was accepted"));
         assert!(e.contains("schema") && e.contains(field), "{args:?}: the error should name {field}: {e}");
@@ -159,12 +160,22 @@ fn each_value_renders_what_it_says() {
         "tolerations[0].operator=Exists",
         "--set",
         "resources.limits.memory=1Gi",
+        "--set",
+        "engineImages.registry=mirror.example:5000/hub",
+        "--set",
+        "engineImages.pullSecrets={mirror-pull,other}",
     ]));
     let pod = &rendered(&placed, "Deployment").expect("the Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "mirror"}]));
     assert_eq!(pod["nodeSelector"], json!({"pool": "ops"}));
     assert_eq!(pod["tolerations"], json!([{"key": "ops", "operator": "Exists"}]));
     assert_eq!(pod["containers"][0]["resources"]["limits"]["memory"], "1Gi");
+    let env = pod["containers"][0]["env"].as_array().expect("env");
+    let var = |name: &str| env.iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
+    assert_eq!(var("PLUGDB_IMAGE_REGISTRY"), Some(json!("mirror.example:5000/hub")));
+    assert_eq!(var("PLUGDB_IMAGE_PULL_SECRETS"), Some(json!("mirror-pull,other")));
+    let defaults = &rendered(&defaults, "Deployment").expect("the Deployment")["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(defaults.as_array().expect("env").iter().all(|e| !e["name"].as_str().unwrap_or_default().starts_with("PLUGDB_IMAGE_")));
 }
 
 #[test]

@@ -215,7 +215,8 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
     let archiver = Archiver { target: &target, image: "plugdb/plugdb:1" };
     let set: StatefulSet = serde_json::from_value(
-        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), agent: None }, ("orders-0", 3), None).object,
+        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), ..Default::default() }, ("orders-0", 3), None)
+            .object,
     )
     .expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
@@ -256,7 +257,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     }];
     let pod = |w: &Workload, agent: Option<&str>| -> k8s_openapi::api::core::v1::PodSpec {
         let set: StatefulSet =
-            serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { archiver: None, agent }, ("orders-0", 3), None).object)
+            serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { agent, ..Default::default() }, ("orders-0", 3), None).object)
                 .expect("StatefulSet");
         set.spec.and_then(|s| s.template.spec).expect("pod")
     };
@@ -289,7 +290,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     // the engine sees the mark, read-only.
     w.fence_command = vec!["sh".into(), "-c".into(), "echo fenced".into()];
     let set: StatefulSet = serde_json::from_value(
-        statefulset(&db, &w, "postgres", Sidecars { archiver: None, agent: Some("plugdb/plugdb:1") }, ("orders-0", 3), None).object,
+        statefulset(&db, &w, "postgres", Sidecars { agent: Some("plugdb/plugdb:1"), ..Default::default() }, ("orders-0", 3), None).object,
     )
     .expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
@@ -367,7 +368,17 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
     assert!(plain.spec.expect("pod").volumes.expect("volumes").iter().all(|v| v.name != "tls"));
 
     let plan = crate::plugin::JobPlan { image: "x".into(), command: vec!["true".into()], env: vec![], mounts_data: false };
-    let job = crate::jobs::job(&db, "orders-1", crate::jobs::Purpose::Backup, &plan, crate::jobs::Storage::Scratch, "orders-1", None, 999);
+    let job = crate::jobs::job(
+        &db,
+        "orders-1",
+        crate::jobs::Purpose::Backup,
+        &plan,
+        crate::jobs::Storage::Scratch,
+        "orders-1",
+        None,
+        999,
+        &Default::default(),
+    );
     let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(job.object).expect("Job");
     let pod = job.spec.expect("spec").template.spec.expect("pod");
     assert!(pod.containers.iter().chain(pod.init_containers.iter().flatten()).any(mounted), "a Job verifies the members too");

@@ -85,11 +85,12 @@ pub async fn ensure_backup(
             let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
             let key = object_storage::backup_key(&target.prefix, &ns, &db.name_any(), name);
             let storage = Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: false });
-            jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user)
+            jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user, &ctx.settings.pull)
         }
         None => {
             apply::create_once(ctx, db, &jobs::backup_claim(db)).await?;
-            jobs::job(db, name, Purpose::Backup, &plan, Storage::Volume { of: &db.name_any() }, name, None, run_as_user)
+            let storage = Storage::Volume { of: &db.name_any() };
+            jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user, &ctx.settings.pull)
         }
     };
     if apply::create_once(ctx, db, &job).await? {

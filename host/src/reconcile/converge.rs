@@ -86,7 +86,7 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let primary = pass.elected(&engine.plugin, &spec, &members, &workload, primary).await?;
     pass.scale_job(&scale, &workload).await?;
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
-    let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload) };
+    let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload), pull: &ctx.settings.pull };
     pass.hear(sidecars.agent.is_some(), &members).await?;
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, scale.granted).await?;
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
@@ -591,7 +591,7 @@ impl<'a> Pass<'a> {
                 Some(_) => jobs::Storage::Scratch,
                 None => jobs::Storage::Volume { of: &self.name },
             };
-            let child = jobs::job(db, name, Purpose::Upgrade, job, storage, "", None, workload.run_as_user);
+            let child = jobs::job(db, name, Purpose::Upgrade, job, storage, "", None, workload.run_as_user, &ctx.settings.pull);
             apply::create_once(ctx, db, &child).await?;
         }
         self.say(&steps.notes).await;
@@ -643,7 +643,8 @@ impl<'a> Pass<'a> {
     /// Starts the scale plan's Job of this pass, once, as the engine's user.
     async fn scale_job(&self, scale: &Scale, workload: &Workload) -> Result<(), Error> {
         if let Some((name, job)) = &scale.job {
-            let child = jobs::job(self.db, name, Purpose::Scale, job, jobs::Storage::Scratch, "", None, workload.run_as_user);
+            let pull = &self.ctx.settings.pull;
+            let child = jobs::job(self.db, name, Purpose::Scale, job, jobs::Storage::Scratch, "", None, workload.run_as_user, pull);
             apply::create_once(self.ctx, self.db, &child).await?;
         }
         Ok(())

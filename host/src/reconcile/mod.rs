@@ -50,8 +50,8 @@ use status::{Reason, kind};
 /// Finalizer that holds deletion until the final backup is taken.
 pub const FINALIZER: &str = "plugdb.io/final-backup";
 
-/// Timing of the reconciler.
-#[derive(Debug, Clone, Copy)]
+/// Timing of the reconciler, and where members pull their images.
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// How long the primary may stay not ready before a failover.
     pub failover_after: Duration,
@@ -74,6 +74,8 @@ pub struct Settings {
     pub member_poll: Duration,
     /// How often a Database's bucket confirms what a restore can reach.
     pub bucket_recheck: Duration,
+    /// The registry every rendered image is pulled from, and the pull Secrets.
+    pub pull: crate::images::Pull,
 }
 
 impl Default for Settings {
@@ -89,6 +91,7 @@ impl Default for Settings {
             leader_poll: Duration::from_secs(10),
             member_poll: Duration::from_secs(30),
             bucket_recheck: Duration::from_secs(3600),
+            pull: crate::images::Pull::default(),
         }
     }
 }
@@ -132,6 +135,8 @@ impl Context {
     pub fn new(client: Client, registry: Registry, metrics: Arc<Metrics>, settings: Settings, namespace: Option<String>) -> Self {
         let recorder = crate::events::Recorder::new(client.clone(), MANAGER, "Reconcile");
         let (caches, triggers) = Caches::start(&client, namespace.as_deref());
+        let calls =
+            CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine).with_cpu_per_engine(settings.plugin_cpu_per_engine);
         Self {
             client,
             registry,
@@ -139,9 +144,7 @@ impl Context {
             recorder,
             settings,
             caches,
-            calls: Arc::new(
-                CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine).with_cpu_per_engine(settings.plugin_cpu_per_engine),
-            ),
+            calls: Arc::new(calls),
             namespace,
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::default(),

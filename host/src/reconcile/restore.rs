@@ -189,7 +189,7 @@ pub async fn reconcile(
         }
         let job_name = job_name(db, ordinal as u32);
         let volume = Some((claim.as_str(), workload.data_mount_path.as_str()));
-        let job = jobs::job(db, &job_name, Purpose::Restore, plan, storage(), &backup, volume, workload.run_as_user);
+        let job = jobs::job(db, &job_name, Purpose::Restore, plan, storage(), &backup, volume, workload.run_as_user, &ctx.settings.pull);
         apply::create_once(ctx, db, &job).await?;
     }
     Ok(if into_volumes { Restore::HoldMembers } else { Restore::Running })
