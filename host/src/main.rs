@@ -325,6 +325,13 @@ struct RunArgs {
     /// repeat for more, or give them comma-separated in the variable.
     #[arg(long = "image-pull-secret", env = "PLUGDB_IMAGE_PULL_SECRETS", value_name = "SECRET", value_delimiter = ',')]
     image_pull_secrets: Vec<String>,
+    /// The engine plugins bundled with the operator (`*.wasm`), loaded at start; a
+    /// plugin ConfigMap for the same engine takes precedence.
+    #[arg(long, env = "PLUGDB_BUNDLED_ENGINES", value_name = "DIR", default_value = "/usr/local/lib/plugdb/engines")]
+    bundled_engines: std::path::PathBuf,
+    /// Load no bundled engine: only plugin ConfigMaps.
+    #[arg(long, env = "PLUGDB_NO_BUNDLED_ENGINES")]
+    no_bundled_engines: bool,
 }
 
 /// `--image-registry`: a registry host and optional path, no scheme, no tag.
@@ -519,6 +526,7 @@ async fn run(args: RunArgs) -> Result<()> {
         // Plugins are compiled by this same binary in a child process with its own limits.
         compiler: Some(compiler()?),
         operator_image: args.image,
+        bundled: (!args.no_bundled_engines).then_some(args.bundled_engines),
         ..Default::default()
     };
     options.settings.concurrency = args.concurrency;

@@ -34,6 +34,9 @@ pub struct Options {
     /// The operator's own image, run by backup and restore Jobs to move artefacts to and
     /// from object storage; backups to a bucket need it.
     pub operator_image: Option<String>,
+    /// The directory of the plugins bundled with the operator, loaded at start (a
+    /// ConfigMap for the same engine takes precedence); none when `None`.
+    pub bundled: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -47,6 +50,7 @@ impl Default for Options {
             limits: Limits::default(),
             compiler: None,
             operator_image: None,
+            bundled: None,
         }
     }
 }
@@ -76,6 +80,14 @@ pub async fn run(
         (quick, optimized) = (quick.with_compiler(exe), optimized.with_compiler(exe));
     }
     let registry = Registry::new(quick, metrics.clone()).with_optimizer(optimized);
+    if let Some(dir) = &options.bundled {
+        match registry.load_bundled(dir).await {
+            Ok(loaded) => {
+                tracing::info!(dir = %dir.display(), plugins = loaded.len(), "bundled engines loaded (a ConfigMap for the same engine takes precedence)")
+            }
+            Err(e) => tracing::info!(dir = %dir.display(), error = %e, "no bundled engines"),
+        }
+    }
     tokio::pin!(shutdown);
     loop {
         let renewed = match &election {

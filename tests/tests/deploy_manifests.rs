@@ -164,6 +164,8 @@ fn each_value_renders_what_it_says() {
         "engineImages.registry=mirror.example:5000/hub",
         "--set",
         "engineImages.pullSecrets={mirror-pull,other}",
+        "--set",
+        "bundledEngines=false",
     ]));
     let pod = &rendered(&placed, "Deployment").expect("the Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "mirror"}]));
@@ -174,8 +176,11 @@ fn each_value_renders_what_it_says() {
     let var = |name: &str| env.iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
     assert_eq!(var("PLUGDB_IMAGE_REGISTRY"), Some(json!("mirror.example:5000/hub")));
     assert_eq!(var("PLUGDB_IMAGE_PULL_SECRETS"), Some(json!("mirror-pull,other")));
+    assert_eq!(var("PLUGDB_NO_BUNDLED_ENGINES"), Some(json!("true")));
     let defaults = &rendered(&defaults, "Deployment").expect("the Deployment")["spec"]["template"]["spec"]["containers"][0]["env"];
-    assert!(defaults.as_array().expect("env").iter().all(|e| !e["name"].as_str().unwrap_or_default().starts_with("PLUGDB_IMAGE_")));
+    let unset =
+        |e: &serde_json::Value| !e["name"].as_str().is_some_and(|n| n.starts_with("PLUGDB_IMAGE_") || n == "PLUGDB_NO_BUNDLED_ENGINES");
+    assert!(defaults.as_array().expect("env").iter().all(unset), "{defaults}");
 }
 
 #[test]

@@ -299,3 +299,34 @@ async fn after_a_storm_of_updates_the_newest_good_build_serves_or_the_problem_sa
     }
     watch.abort();
 }
+
+/// The engines bundled with the operator load at start through the same checks; a
+/// ConfigMap for the same engine serves instead while it exists, and a relist (a new
+/// term of leading) never unloads a bundled engine.
+#[tokio::test]
+async fn a_config_map_takes_precedence_over_a_bundled_engine_which_takes_over_when_it_goes() {
+    let cp = control_plane().await;
+    let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), NS);
+    let bundled = tempfile::tempdir().expect("dir");
+    std::fs::write(bundled.path().join("minimal.wasm"), plugdb_tests::component("minimal")).expect("bundled minimal");
+    std::fs::write(bundled.path().join("broken.wasm"), b"not a component").expect("bundled junk");
+    std::fs::write(bundled.path().join("README"), b"not a plugin").expect("another file");
+    let registry = Registry::new(Runtime::with_tier(Limits::default(), Tier::Quick).expect("runtime"), Arc::new(Metrics::default()));
+    let outcomes = registry.load_bundled(bundled.path()).await.expect("the directory");
+    let files: Vec<&str> = outcomes.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(files, ["broken.wasm", "minimal.wasm"], "only *.wasm, in name order");
+    assert!(matches!(&outcomes[0].1, plugdb::plugin::registry::Outcome::Rejected(_)), "{:?}", outcomes[0]);
+    assert_eq!(registry.get("minimal").map(|p| p.id()).as_deref(), Some("minimal@1.0.0"), "bundled, before any ConfigMap");
+
+    let watch = tokio::spawn(registry.clone().watch(cp.client.clone(), NS.into()));
+    tokio::time::timeout(Duration::from_secs(30), registry.synced()).await.expect("synced");
+    assert_eq!(registry.get("minimal").map(|p| p.id()).as_deref(), Some("minimal@1.0.0"), "a relist keeps the bundled engine");
+    let v2 = plugdb_tests::component("minimal-v2");
+    cms.create(&PostParams::default(), &plugin_config_map("engine-minimal", "minimal", &v2, false, None)).await.expect("cm");
+    eventually("the ConfigMap serves", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@2.0.0")).await;
+    cms.delete("engine-minimal", &DeleteParams::default()).await.expect("delete");
+    eventually("the bundled engine serves again", || registry.get("minimal").is_some_and(|p| p.id() == "minimal@1.0.0")).await;
+    watch.abort();
+    let missing = registry.load_bundled(&bundled.path().join("nowhere")).await;
+    assert!(missing.is_err(), "a missing directory is said, not ignored");
+}

@@ -32,6 +32,10 @@ use crate::metrics::Metrics;
 pub const PLUGIN_LABEL: &str = "plugdb.io/engine-plugin";
 /// Annotation pinning the SHA-256 of the component.
 pub const DIGEST_ANNOTATION: &str = "plugdb.io/sha256";
+/// The source name of a bundled plugin (`~bundled/<file>`): it sorts after every
+/// ConfigMap name (those start with a letter or digit), so a ConfigMap for the same
+/// engine serves and the bundled plugin stands by, taking over if that ConfigMap goes.
+pub const BUNDLED: &str = "~bundled/";
 /// Compiles that may run at once (each bounded by the runtime's shape limits).
 pub const COMPILES_AT_ONCE: usize = 2;
 
@@ -237,6 +241,25 @@ impl Registry {
     /// for tools and tests). Replaces any plugin of the same engine.
     pub async fn load_bytes(&self, source: &str, bytes: Vec<u8>) -> Outcome {
         self.apply_bytes(source, None, Ok(bytes)).await
+    }
+
+    /// Loads the plugins bundled with the operator, the `*.wasm` files in `dir` (in
+    /// name order), through the same checks as a ConfigMap's; each under the source
+    /// [`BUNDLED`]`<file name>`. What happened to each, by file name.
+    pub async fn load_bundled(&self, dir: &std::path::Path) -> std::io::Result<Vec<(String, Outcome)>> {
+        let mut files: Vec<std::path::PathBuf> =
+            std::fs::read_dir(dir)?.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "wasm")).collect();
+        files.sort();
+        let mut outcomes = Vec::new();
+        for path in files {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()));
+            let source = format!("{BUNDLED}{name}");
+            let outcome = self.apply_bytes(&source, None, bytes).await;
+            self.report(&source, &outcome);
+            outcomes.push((name, outcome));
+        }
+        Ok(outcomes)
     }
 
     /// Applies one ConfigMap: load or keep, and report.
@@ -451,7 +474,8 @@ impl Registry {
                 }
                 Ok(watcher::Event::Apply(cm)) => self.send(&mut lanes, &recorder, Job::Apply(Box::new(cm))),
                 Ok(watcher::Event::InitDone) => {
-                    for gone in self.sources().into_iter().filter(|s| !seen_in_relist.contains(s)) {
+                    let gone = self.sources().into_iter().filter(|s| !s.starts_with(BUNDLED) && !seen_in_relist.contains(s));
+                    for gone in gone.collect::<Vec<_>>() {
                         self.send(&mut lanes, &recorder, Job::Remove(gone));
                     }
                     // Synced once every ConfigMap listed has been loaded or refused.
