@@ -5,9 +5,10 @@
 # the plugins render, packed as single-layer `docker save` archives.
 #
 #   scripts/node-images.sh            builds what is missing, prints the index file
-#   scripts/node-images.sh --operator BINARY
+#   scripts/node-images.sh --operator BINARY [ENGINES]
 #                                     the operator's image around BINARY (a `plugdb`
-#                                     build); prints an index file of that one image
+#                                     build), with the bundled engines' components in
+#                                     ENGINES; prints an index file of that one image
 #
 # The index (one line per archive: `ARCHIVE CONFIG_DIGEST TAG...`) is what the node
 # harness imports. Archives are cached under IMAGES_VERSION: raise it when a recipe
@@ -49,19 +50,24 @@ pack() {
   echo "sha256:$config"
 }
 
-# The operator's image: the `plugdb` binary and the libraries it links, nothing else
-# (what deploy/Dockerfile's distroless image holds). Backup and restore Jobs run its
+# The operator's image: the `plugdb` binary and the libraries it links, and the bundled
+# engines (postgres, mysql, etcd) where it loads them, nothing else (what
+# deploy/Dockerfile's distroless image holds). Backup and restore Jobs run its
 # `plugdb transfer` to move artefacts to and from object storage. One build is kept,
-# keyed by the binary's digest.
+# keyed by the digests of what goes in.
 if [[ ${1:-} == --operator ]]; then
   binary=${2:?"node-images: --operator needs the plugdb binary"}
+  engines=${3:-}
   [[ -x $binary ]] || { echo "node-images: $binary is not an executable" >&2; exit 1; }
-  digest=$(sha256sum "$binary" | cut -c1-12)
+  bundled=()
+  [[ -n $engines ]] && bundled=("$engines/postgres.wasm" "$engines/mysql.wasm" "$engines/etcd.wasm")
+  digest=$(sha256sum "$binary" "${bundled[@]}" | cut -c1-64 | sha256sum | cut -c1-12)
   archive="$OUT/operator-$digest.tar"
   if [[ ! -f $archive.digest ]]; then
     rm -f "$OUT"/operator-*.tar "$OUT"/operator-*.tar.digest
     dir=$(mktemp -d "$OUT/operator.XXXXXX")
     install -D -s -m 755 "$binary" "$dir/usr/local/bin/plugdb"  # stripped: members copy it for their agent
+    for engine in "${bundled[@]}"; do install -D -m 644 "$engine" "$dir/usr/local/lib/plugdb/engines/$(basename "$engine")"; done
     for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do cp -L --parents "$lib" "$dir"; done
     [[ -f /etc/ssl/certs/ca-certificates.crt ]] && install -D -m 644 /etc/ssl/certs/ca-certificates.crt "$dir/etc/ssl/certs/ca-certificates.crt"
     mkdir -p "$dir/tmp"; chmod 1777 "$dir/tmp"

@@ -312,9 +312,12 @@ impl Nodes {
             .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), PathBuf::from(v))))
             .collect();
         let index = PathBuf::from(script("node-images.sh", &[])?.trim());
-        // The operator's image around this build's binary: backup Jobs run it.
+        // The operator's image around this build's binary and bundled engines: backup
+        // Jobs and member agents run it, and so does the operator when installed by its chart.
         let binary = crate::plugdb_binary();
-        let operator_index = PathBuf::from(script("node-images.sh", &["--operator".as_ref(), binary.as_os_str()])?.trim());
+        let engines = crate::component_path("postgres").parent().context("the components' directory")?.to_path_buf();
+        let operator_index =
+            PathBuf::from(script("node-images.sh", &["--operator".as_ref(), binary.as_os_str(), engines.as_os_str()])?.trim());
         let operator_image = std::fs::read_to_string(&operator_index)?
             .split_whitespace()
             .nth(2)

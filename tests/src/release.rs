@@ -21,9 +21,9 @@ tokio::task_local! {
     static APPLIED_IN: Arc<Mutex<BTreeSet<String>>>;
 }
 
-/// Notes that the running scenario applied a Database in `namespace` (nothing outside
-/// [`noting_namespaces`]).
-pub(crate) fn note(namespace: &str) {
+/// Notes that the running scenario applied a Database in `namespace`, or made the
+/// namespace: it is released afterwards (nothing outside [`noting_namespaces`]).
+pub fn note(namespace: &str) {
     let _ = APPLIED_IN.try_with(|seen| {
         if let Ok(mut seen) = seen.lock() {
             seen.insert(namespace.to_string());

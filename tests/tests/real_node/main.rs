@@ -9,6 +9,7 @@ mod consensus;
 mod data;
 mod faults;
 mod harness;
+mod install;
 mod lifecycle;
 mod members;
 mod nodes;
@@ -34,6 +35,10 @@ use serde_json::json;
 fn main() -> ExitCode {
     harness::run(
         &[
+            // The chart's operator, in a pod, is the only one reconciling meanwhile.
+            ("helm_install_then_the_example_database_runs_on_the_bundled_engines", |c| {
+                Box::pin(install::helm_install_then_the_example_runs(c))
+            }),
             ("postgres_children_then_a_quiet_steady_state_and_restart", |c| Box::pin(lifecycle::children_then_quiet(c))),
             ("mysql_operator_killed_at_random_points_of_create_scale_backup_upgrade_delete", |c| {
                 Box::pin(faults::killed_at_random_points(c))
