@@ -18,6 +18,19 @@ pub struct LoadLabels {
     pub outcome: String,
 }
 
+/// Labels of the plugin serving an engine.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServingLabels {
+    /// The engine.
+    pub engine: String,
+    /// `name@version` of the plugin.
+    pub plugin: String,
+    /// The SHA-256 of its component.
+    pub sha256: String,
+    /// Where it came from: `configmap/<name>` or `bundled/<file>`.
+    pub source: String,
+}
+
 /// Labels of plugin calls.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabels {
@@ -94,6 +107,8 @@ pub struct Metrics {
     pub plugin_loads: Family<LoadLabels, Counter>,
     /// Engines currently loaded.
     pub plugins_loaded: Gauge,
+    /// The plugin serving each engine (1 per engine), and where it came from.
+    pub plugin_serving: Family<ServingLabels, Gauge>,
     /// Loaded engines whose optimised build serves (the rest serve their quick build).
     pub plugins_optimized: Gauge,
     /// Plugin calls by outcome.
@@ -131,6 +146,7 @@ impl Default for Metrics {
         let plugin_loads = Family::<LoadLabels, Counter>::default();
         let plugins_loaded = Gauge::default();
         let plugins_optimized = Gauge::default();
+        let plugin_serving = Family::<ServingLabels, Gauge>::default();
         let plugin_calls = Family::<CallLabels, Counter>::default();
         let plugin_memo = Family::<MemoLabels, Counter>::default();
         let plugin_log_lines_dropped = Family::<ReconcileLabels, Counter>::default();
@@ -141,6 +157,11 @@ impl Default for Metrics {
             Family::<ReconcileLabels, Histogram>::new_with_constructor(|| Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]));
         registry.register("plugin_loads", "Plugin loads from ConfigMaps by outcome", plugin_loads.clone());
         registry.register("plugins_loaded", "Engine plugins currently loaded", plugins_loaded.clone());
+        registry.register(
+            "plugin_serving",
+            "The plugin serving each engine: its version, digest and source (a ConfigMap, or bundled with the operator)",
+            plugin_serving.clone(),
+        );
         registry.register(
             "plugins_optimized",
             "Loaded engine plugins served by their optimised build (the others by their quick build, until it is ready)",
@@ -179,6 +200,7 @@ impl Default for Metrics {
             registry,
             plugin_loads,
             plugins_loaded,
+            plugin_serving,
             plugins_optimized,
             plugin_calls,
             plugin_memo,

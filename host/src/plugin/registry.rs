@@ -379,6 +379,20 @@ impl Registry {
     /// Sets the gauges of loaded engines and of those served by their optimised build.
     fn count(&self, state: &State) {
         self.metrics.plugins_loaded.set(state.engines.len() as i64);
+        self.metrics.plugin_serving.clear();
+        for (engine, l) in &state.engines {
+            let source = match l.config_map.strip_prefix(BUNDLED) {
+                Some(file) => format!("bundled/{file}"),
+                None => format!("configmap/{}", l.config_map),
+            };
+            let labels = crate::metrics::ServingLabels {
+                engine: engine.clone(),
+                plugin: l.plugin.id(),
+                sha256: l.plugin.digest().to_string(),
+                source,
+            };
+            self.metrics.plugin_serving.get_or_create(&labels).set(1);
+        }
         self.metrics.plugins_optimized.set(state.engines.values().filter(|l| l.plugin.optimized()).count() as i64);
     }
 

@@ -82,6 +82,14 @@ pub async fn helm_install_then_the_example_runs(cluster: Arc<Cluster>) {
     assert!(log.contains("~bundled/postgres.wasm") && log.contains("plugin loaded"), "the operator's log: {log}");
     let screen = crate::plugdb(&cluster, &["status", "orders", "--namespace", NS]).await;
     assert!(screen.starts_with(&format!("Database {NS}/orders: postgres 17, Running")), "{screen}");
+    // `kubectl plugdb plugins`: the leader's own account of what serves each engine.
+    let plugins = crate::plugdb(&cluster, &["plugins", "--operator-namespace", OPERATOR_NS]).await;
+    assert!(plugins.starts_with("served by the operator (pod plugdb-") && plugins.contains(", leading):"), "{plugins}");
+    for engine in ["postgres", "mysql", "etcd"] {
+        let line =
+            plugins.lines().find(|l| l.trim_start().starts_with(&format!("{engine} "))).unwrap_or_else(|| panic!("{engine}: {plugins}"));
+        assert!(line.contains(&format!("bundled/{engine}.wasm")), "{line}");
+    }
 
     // Gone again by the chart's operator, volumes and all.
     let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), NS);
