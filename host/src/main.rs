@@ -77,6 +77,9 @@ enum Command {
         /// Restore this backup (as `status.lastBackup.name`) rather than the newest.
         #[arg(long, value_name = "NAME")]
         backup: Option<String>,
+        /// Members of the new Database (the Database's number when not given).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..))]
+        replicas: Option<i32>,
         #[command(flatten)]
         at: At,
     },
@@ -392,8 +395,8 @@ fn main() -> Result<()> {
         Command::Status { name, at } => against_cluster(cli::status::status(&at.target(), &name)),
         Command::Switchover { name, member, at } => against_cluster(cli::switchover::switchover(&at.target(), &name, &member)),
         Command::Backup { name, at } => against_cluster(cli::backup::backup(&at.target(), &name)),
-        Command::Restore { name, new, to, backup, at } => {
-            against_cluster(cli::backup::restore(&at.target(), &name, &new, &cli::backup::From { to, backup }))
+        Command::Restore { name, new, to, backup, replicas, at } => {
+            against_cluster(cli::backup::restore(&at.target(), &name, &new, &cli::backup::From { to, backup, replicas }))
         }
         Command::Connect { name, replica, member, at } => {
             let what = cli::connect::Connect { member, replica };

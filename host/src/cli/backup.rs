@@ -59,6 +59,8 @@ pub struct From {
     pub to: Option<String>,
     /// A backup's name (as `status.lastBackup.name`).
     pub backup: Option<String>,
+    /// Members of the new Database (the source's number when `None`).
+    pub replicas: Option<i32>,
 }
 
 /// The Database `new` that restores `source` as `from` says: the source's spec (engine,
@@ -93,6 +95,7 @@ pub fn restored(source: &Database, new: &str, from: &From) -> Result<Database> {
         })?),
     };
     let mut spec = source.spec.clone();
+    spec.replicas = from.replicas.unwrap_or(spec.replicas);
     spec.restore_from = Some(RestoreSource {
         database: source.name_any(),
         backup,
@@ -158,10 +161,10 @@ mod tests {
     fn a_restore_keeps_the_spec_and_reads_where_the_backups_are() {
         let window =
             json!({"recoverable": {"backups": 2, "first": "2026-11-27T09:00:00Z", "last": "2026-11-28T10:00:00Z", "pointInTime": true}});
-        let at = From { to: Some("2026-11-28T08:00:00Z".into()), backup: None };
+        let at = From { to: Some("2026-11-28T08:00:00Z".into()), backup: None, replicas: Some(2) };
         let db = restored(&source(s3(), window.clone()), "orders-copy", &at).expect("restored");
         assert_eq!(db.metadata.namespace.as_deref(), Some("shop"));
-        assert_eq!(db.spec.replicas, 3);
+        assert_eq!(db.spec.replicas, 2, "--replicas");
         let from = db.spec.restore_from.expect("restoreFrom");
         assert_eq!((from.database.as_str(), from.namespace.as_deref(), from.backup), ("orders", Some("shop"), None));
         assert_eq!(from.point_in_time.as_deref(), Some("2026-11-28T08:00:00Z"));
@@ -180,8 +183,8 @@ mod tests {
             (volume.clone(), json!({}), From::default(), "no completed backup yet"),
             (volume, json!({}), at.clone(), "keeps no backups in object storage"),
             (s3(), json!({}), at, "no recoverable window"),
-            (s3(), window.clone(), From { to: Some("2026-11-20T00:00:00Z".into()), backup: None }, "outside"),
-            (s3(), window, From { to: Some("yesterday".into()), backup: None }, "not a time"),
+            (s3(), window.clone(), From { to: Some("2026-11-20T00:00:00Z".into()), ..Default::default() }, "outside"),
+            (s3(), window, From { to: Some("yesterday".into()), ..Default::default() }, "not a time"),
         ] {
             let e = format!("{:#}", restored(&source(spec, status), "c", &from).expect_err(says));
             assert!(e.contains(says), "{e}");

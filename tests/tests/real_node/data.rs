@@ -243,7 +243,7 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
     copy.reachable(&copy_host).await;
     assert_eq!(copy.checksum(&copy_host).await, expected, "the copy holds exactly the rows of the newest backup");
 
-    point_in_time_recovery(&cluster, engine, &client, &primary, &copy_ns, target("s3", &bucket_name), &ns, version).await;
+    point_in_time_recovery(&cluster, engine, &client, &primary, &ns).await;
     if engine == Engine::Postgres {
         interrupted_upload(&cluster, &minio, &client, &primary, &ns, &bucket_name).await;
     }
@@ -299,19 +299,10 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
 }
 
 /// Rows written before and after a moment; the archived log replayed into a new
-/// Database of two members up to that moment holds the first and not the second, on
-/// both members: the second joins once the restore is done, and copies it.
-#[allow(clippy::too_many_arguments)]
-async fn point_in_time_recovery(
-    cluster: &Cluster,
-    engine: Engine,
-    client: &Client,
-    primary: &str,
-    copy_ns: &str,
-    s3: serde_json::Value,
-    ns: &str,
-    version: &str,
-) {
+/// Database of two members up to that moment (`kubectl plugdb restore orders --as moment
+/// --to MOMENT --replicas 2`) holds the first and not the second, on both members: the
+/// second joins once the restore is done, and copies it.
+async fn point_in_time_recovery(cluster: &Arc<Cluster>, engine: Engine, client: &Client, primary: &str, ns: &str) {
     let archive = Api::<Pod>::namespaced(cluster.client.clone(), ns).get("orders-0").await.expect("member 0");
     let names: Vec<String> = archive.spec.iter().flat_map(|s| &s.containers).map(|c| c.name.clone()).collect();
     assert_eq!(names[..2], [engine.name(), "archive"], "the archiver runs beside the engine");
@@ -346,21 +337,24 @@ async fn point_in_time_recovery(
     }
 
     let at = moment.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let restore = json!({"restoreFrom": {"database": "orders", "namespace": ns, "s3": s3, "pointInTime": at}, "deletionPolicy": "Delete"});
-    cluster.apply_database(copy_ns, database("moment", engine, version, 2, restore)).await.expect("apply");
-    cluster.wait_database(copy_ns, "moment", "Running at the moment", WAIT, |d| is_running(d, 2)).await.expect("recovered");
-    let copy = Client::new(cluster, engine, copy_ns, "moment").await;
+    let said = plugdb(cluster, &["restore", "orders", "--as", "moment", "--to", &at, "--replicas", "2", "-n", ns]).await;
+    assert!(said.starts_with(&format!("Database {ns}/moment restored from Database {ns}/orders and Running")), "{said}");
+    let recovered = dbs.get("moment").await.expect("moment");
+    let from = recovered.spec.restore_from.as_ref().expect("restoreFrom");
+    assert_eq!((from.point_in_time.as_deref(), from.namespace.as_deref()), (Some(at.as_str()), Some(ns)), "{from:?}");
+    cluster.wait_database(ns, "moment", "Running at the moment", WAIT, |d| is_running(d, 2)).await.expect("recovered");
+    let copy = Client::new(cluster, engine, ns, "moment").await;
     let host = copy.service_ip("moment").await;
     copy.reachable(&host).await;
     assert_eq!(copy.checksum(&host).await, before, "the rows written before the moment, and not those after");
-    let restored = Api::<Job>::namespaced(cluster.client.clone(), copy_ns).get("moment-restore").await.expect("the restore Job");
+    let restored = Api::<Job>::namespaced(cluster.client.clone(), ns).get("moment-restore").await.expect("the restore Job");
     let done = restored.status.and_then(|s| s.completion_time).expect("the restore completed");
     let members = copy.members().await;
     assert_eq!(members.len(), 2);
     assert!(members[1].metadata.creation_timestamp.as_ref().is_some_and(|t| t.0 >= done.0), "member 1 joins after the restore");
     copy.eventually(&pod_ip(&members[1]), "SELECT COUNT(*) FROM orders", WAIT, |rows| !rows.is_empty()).await;
     assert_eq!(copy.checksum(&pod_ip(&members[1])).await, before, "member 1 holds the restored rows");
-    Api::<Database>::namespaced(cluster.client.clone(), copy_ns).delete("moment", &DeleteParams::default()).await.expect("delete");
+    dbs.delete("moment", &DeleteParams::default()).await.expect("delete");
 }
 
 /// A backup Job's uploader killed mid-upload (its first file stored, the manifest not yet):
