@@ -32,6 +32,7 @@ fn run(cluster: &Cluster, program: &std::path::Path, args: &[&str]) -> String {
 struct Restore {
     cluster: Arc<Cluster>,
     helm: std::path::PathBuf,
+    kubectl: std::path::PathBuf,
 }
 
 impl Drop for Restore {
@@ -40,6 +41,14 @@ impl Drop for Restore {
             .args(["uninstall", "plugdb", "--namespace", OPERATOR_NS, "--wait", "--timeout", "2m"])
             .env("KUBECONFIG", self.cluster.backing.kubeconfig())
             .output();
+        // Its pods gone too, not only its Deployment: two operators must never act at once.
+        let gone = Command::new(&self.kubectl)
+            .args(["wait", "--for=delete", "pod", "-l", "app.kubernetes.io/name=plugdb", "-n", OPERATOR_NS, "--timeout=120s"])
+            .env("KUBECONFIG", self.cluster.backing.kubeconfig())
+            .output();
+        if !gone.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("the chart's operator pods did not go: {gone:?}");
+        }
         if let Err(e) = self.cluster.restart_operator() {
             eprintln!("the in-process operator did not restart: {e:#}");
         }
@@ -54,7 +63,7 @@ pub async fn helm_install_then_the_example_runs(cluster: Arc<Cluster>) {
     let kubectl = plugdb_tests::control_plane::binaries_dir().expect("the Kubernetes binaries").join("kubectl");
     // The in-process operator steps aside: the chart's is the only one reconciling.
     cluster.stop_operator();
-    let _restore = Restore { cluster: cluster.clone(), helm: helm.clone() };
+    let _restore = Restore { cluster: cluster.clone(), helm: helm.clone(), kubectl: kubectl.clone() };
 
     // The operator's image, built locally as the engine images are: the binary and the
     // bundled engines; no plugin ConfigMap exists in the operator's namespace.

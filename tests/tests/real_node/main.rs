@@ -35,10 +35,6 @@ use serde_json::json;
 fn main() -> ExitCode {
     harness::run(
         &[
-            // The chart's operator, in a pod, is the only one reconciling meanwhile.
-            ("helm_install_then_the_example_database_runs_on_the_bundled_engines", |c| {
-                Box::pin(install::helm_install_then_the_example_runs(c))
-            }),
             ("postgres_children_then_a_quiet_steady_state_and_restart", |c| Box::pin(lifecycle::children_then_quiet(c))),
             ("mysql_operator_killed_at_random_points_of_create_scale_backup_upgrade_delete", |c| {
                 Box::pin(faults::killed_at_random_points(c))
@@ -46,6 +42,10 @@ fn main() -> ExitCode {
             // These take a node away from every member on it: nothing else runs meanwhile.
             ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
             ("postgres_and_mysql_node_drained_under_writers_within_the_disruption_budgets", |c| Box::pin(nodes::drain_under_writers(c))),
+            // The chart's operator, in a pod, is the only one reconciling meanwhile.
+            ("helm_install_then_the_example_database_runs_on_the_bundled_engines", |c| {
+                Box::pin(install::helm_install_then_the_example_runs(c))
+            }),
         ],
         &[
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
