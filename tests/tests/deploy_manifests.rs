@@ -166,6 +166,16 @@ fn each_value_renders_what_it_says() {
         "engineImages.pullSecrets={mirror-pull,other}",
         "--set",
         "bundledEngines=false",
+        "--set-json",
+        r#"affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["ops"]}]}]}}}"#,
+        "--set",
+        "image.repository=mirror.example/plugdb",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "image.pullPolicy=Always",
+        "--set",
+        "finalizerPolicy=false",
     ]));
     let pod = &rendered(&placed, "Deployment").expect("the Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "mirror"}]));
@@ -177,6 +187,14 @@ fn each_value_renders_what_it_says() {
     assert_eq!(var("PLUGDB_IMAGE_REGISTRY"), Some(json!("mirror.example:5000/hub")));
     assert_eq!(var("PLUGDB_IMAGE_PULL_SECRETS"), Some(json!("mirror-pull,other")));
     assert_eq!(var("PLUGDB_NO_BUNDLED_ENGINES"), Some(json!("true")));
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+        "pool"
+    );
+    let container = &pod["containers"][0];
+    assert_eq!((&container["image"], &container["imagePullPolicy"]), (&json!("mirror.example/plugdb:1.2.3"), &json!("Always")));
+    assert_eq!(var("PLUGDB_IMAGE"), Some(json!("mirror.example/plugdb:1.2.3")), "Jobs and agents run the same image");
+    assert!(rendered(&placed, "MutatingAdmissionPolicy").is_none() && rendered(&defaults, "MutatingAdmissionPolicy").is_some());
     let defaults = &rendered(&defaults, "Deployment").expect("the Deployment")["spec"]["template"]["spec"]["containers"][0]["env"];
     let unset =
         |e: &serde_json::Value| !e["name"].as_str().is_some_and(|n| n.starts_with("PLUGDB_IMAGE_") || n == "PLUGDB_NO_BUNDLED_ENGINES");

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 
-use super::status::Target;
+use super::status::{Found, Target};
 use crate::crd::{Database, Phase, RestoreSource};
 use crate::reconcile::backups::{BACKUP_NOW, manual_backup};
 use crate::reconcile::status::kind;
@@ -27,10 +27,7 @@ fn backup_problem(db: &Database) -> Option<String> {
 
 /// Asks for a backup of Database `name` now and waits for it: its name and when it completed.
 pub async fn backup(target: &Target, name: &str) -> Result<String> {
-    let (client, namespace) = target.connect().await?;
-    let api = Api::<Database>::namespaced(client, &namespace);
-    let about = format!("Database {namespace}/{name}");
-    api.get_opt(name).await.with_context(|| format!("reading {about}"))?.with_context(|| format!("{about} not found"))?;
+    let Found { api, about, .. } = target.database(name).await?;
     // Each new value of the annotation is one backup; the time makes it new.
     let token = Timestamp::now().to_string();
     let job = manual_backup(name, &token);
@@ -110,10 +107,7 @@ pub fn restored(source: &Database, new: &str, from: &From) -> Result<Database> {
 
 /// Writes the Database `new` restored from `name` and follows it until it runs or fails.
 pub async fn restore(target: &Target, name: &str, new: &str, from: &From) -> Result<String> {
-    let (client, namespace) = target.connect().await?;
-    let api = Api::<Database>::namespaced(client, &namespace);
-    let about = format!("Database {namespace}/{name}");
-    let source = api.get_opt(name).await.with_context(|| format!("reading {about}"))?.with_context(|| format!("{about} not found"))?;
+    let Found { api, about, namespace, db: source, .. } = target.database(name).await?;
     let db = restored(&source, new, from)?;
     let made = format!("Database {namespace}/{new}");
     api.create(&PostParams::default(), &db).await.with_context(|| format!("creating {made}"))?;

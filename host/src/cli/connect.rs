@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::status::Target;
+use super::status::{Found, Target};
 use super::switchover::member_of;
 use crate::crd::Database;
 use crate::names::CLIENT_COMMAND;
@@ -43,13 +43,7 @@ pub fn member(db: &Database, what: &Connect) -> Result<String> {
 /// The `kubectl` arguments that run the engine's client in the member `what` names of
 /// Database `name`, with a terminal when `tty`.
 pub async fn kubectl_args(target: &Target, name: &str, what: &Connect, tty: bool) -> Result<Vec<String>> {
-    let (client, namespace) = target.connect().await?;
-    let about = format!("Database {namespace}/{name}");
-    let db = Api::<Database>::namespaced(client.clone(), &namespace)
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading {about}"))?
-        .with_context(|| format!("{about} not found"))?;
+    let Found { client, namespace, db, about, .. } = target.database(name).await?;
     let sts = Api::<StatefulSet>::namespaced(client.clone(), &namespace)
         .get_opt(name)
         .await

@@ -6,9 +6,8 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
 
-use super::status::Target;
+use super::status::{Found, Target};
 use super::switchover::member_of;
-use crate::crd::Database;
 
 /// What to read: whose log, from which container, how much.
 #[derive(Debug, Clone, Default)]
@@ -27,13 +26,7 @@ pub struct Logs {
 
 /// Copies the log `what` names of Database `name` to standard output.
 pub async fn logs(target: &Target, name: &str, what: &Logs) -> Result<()> {
-    let (client, namespace) = target.connect().await?;
-    let about = format!("Database {namespace}/{name}");
-    let db = Api::<Database>::namespaced(client.clone(), &namespace)
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading {about}"))?
-        .with_context(|| format!("{about} not found"))?;
+    let Found { client, namespace, db, about, .. } = target.database(name).await?;
     let member = match &what.member {
         Some(m) => member_of(name, m),
         None => db.status.and_then(|s| s.primary).unwrap_or_else(|| crate::names::Names(name).pod(0)),

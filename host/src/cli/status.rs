@@ -44,14 +44,35 @@ impl Target {
     }
 }
 
+/// What a command about one Database works with: the cluster, the namespace, the
+/// Databases there, the one named as read now, and how messages name it.
+pub struct Found {
+    /// The client.
+    pub client: Client,
+    /// The Database's namespace.
+    pub namespace: String,
+    /// Databases in that namespace.
+    pub api: Api<Database>,
+    /// The Database.
+    pub db: Database,
+    /// `Database <namespace>/<name>`.
+    pub about: String,
+}
+
+impl Target {
+    /// Database `name` in the target's namespace, or an error naming it.
+    pub async fn database(&self, name: &str) -> Result<Found> {
+        let (client, namespace) = self.connect().await?;
+        let api = Api::<Database>::namespaced(client.clone(), &namespace);
+        let about = format!("Database {namespace}/{name}");
+        let db = api.get_opt(name).await.with_context(|| format!("reading {about}"))?.with_context(|| format!("{about} not found"))?;
+        Ok(Found { client, namespace, api, db, about })
+    }
+}
+
 /// The status screen of Database `name` in the target's namespace.
 pub async fn status(target: &Target, name: &str) -> Result<String> {
-    let (client, namespace) = target.connect().await?;
-    let db = Api::<Database>::namespaced(client.clone(), &namespace)
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading Database {namespace}/{name}"))?
-        .with_context(|| format!("Database {namespace}/{name} not found"))?;
+    let Found { client, namespace, db, .. } = target.database(name).await?;
     let about = format!("regarding.kind=Database,regarding.name={name}");
     let events = Api::<Event>::namespaced(client, &namespace).list(&ListParams::default().fields(&about)).await.map(|l| l.items);
     // Events are a help, not the point: a user who may not list them still gets the rest.

@@ -9,8 +9,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
-use super::status::Target;
-use crate::crd::Database;
+use super::status::{Found, Target};
 use crate::names::SWITCHOVER;
 
 /// How long to wait for the operator before saying the switchover is still under way.
@@ -26,10 +25,7 @@ pub fn member_of(database: &str, member: &str) -> String {
 
 /// Asks for `member` of Database `name` to lead and waits: what happened, in a line.
 pub async fn switchover(target: &Target, name: &str, member: &str) -> Result<String> {
-    let (client, namespace) = target.connect().await?;
-    let api = Api::<Database>::namespaced(client.clone(), &namespace);
-    let about = format!("Database {namespace}/{name}");
-    let db = api.get_opt(name).await.with_context(|| format!("reading {about}"))?.with_context(|| format!("{about} not found"))?;
+    let Found { client, namespace, api, db, about } = target.database(name).await?;
     let member = member_of(name, member);
     let status = db.status.clone().unwrap_or_default();
     if status.primary.as_deref() == Some(member.as_str()) {
