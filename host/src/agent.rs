@@ -71,8 +71,10 @@ pub const ISOLATED_FENCE_AFTER: Duration = Duration::from_secs(15);
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 /// How long a look waits for the control plane, for the cluster's DNS, and for a member.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often a fenced member's fence command is run again once it has succeeded.
-const REFENCE_EVERY: Duration = Duration::from_secs(5);
+/// How often a fenced member's fence command is run again once it has succeeded: a
+/// replica's stream that reconnected to it (through a Service not yet updated) is cut
+/// again within a second, well before the member restarts.
+const REFENCE_EVERY: Duration = Duration::from_secs(1);
 /// How long `POST /fence` waits for the fence command to succeed before it answers
 /// `fencing` (ordered, the engine not confirmed yet) rather than `fenced`: inside the
 /// operator's 2 s for an answer.
@@ -148,6 +150,8 @@ pub struct Fence {
 struct Agent {
     status: Vec<String>,
     fence: Option<Fence>,
+    /// The promote command (served with a fence only); empty: none.
+    promote: Vec<String>,
     command: Semaphore,
     fenced: tokio::sync::Notify,
     /// How many times the fence command has succeeded (once: the engine takes no more writes).
@@ -178,18 +182,21 @@ impl Agent {
     }
 }
 
-/// Serves `GET /status` (and `POST /fence`, with a `fence`) on `port` until the process
-/// ends, answering with what `status` prints. The certificate is read again for each
-/// connection: a renewed one is served without a restart.
-pub async fn serve(port: u16, certs: PathBuf, status: Vec<String>, fence: Option<Fence>) -> anyhow::Result<()> {
+/// Serves `GET /status` (and `POST /fence`, with a `fence`, and `POST /promote`, with a
+/// `promote` command too) on `port` until the process ends, answering with what `status`
+/// prints. The certificate is read again for each connection: a renewed one is served
+/// without a restart.
+pub async fn serve(port: u16, certs: PathBuf, status: Vec<String>, fence: Option<Fence>, promote: Vec<String>) -> anyhow::Result<()> {
     anyhow::ensure!(!status.is_empty(), "no status command to run");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.with_context(|| format!("listening on port {port}"))?;
     tracing::info!(port, command = %status.join(" "), fence = fence.is_some(), "the member agent serves");
     let connections = Arc::new(Semaphore::new(CONNECTIONS));
+    let promote = if fence.is_some() { promote } else { Vec::new() };
     let agent = Arc::new(Agent {
         status,
         fence,
+        promote,
         command: Semaphore::new(1),
         fenced: tokio::sync::Notify::new(),
         fence_runs: Default::default(),
@@ -274,8 +281,23 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
             }
             Err(e) => ("500 Internal Server Error", format!("cannot mark the member fenced: {e}\n")),
         }
+    } else if head.starts_with(b"POST /promote ") && !agent.promote.is_empty() {
+        // Never a fenced member (a fenced primary must not lead again as it runs): its
+        // fence mark is read under the command lock, which the fence command takes too.
+        let _one_at_a_time = agent.command.acquire().await?;
+        if agent.is_fenced() {
+            ("409 Conflict", "fenced: not promoted\n".to_string())
+        } else {
+            match run(&agent.promote).await {
+                Ok(_) => {
+                    tracing::warn!("promoted in place: this member leads");
+                    ("200 OK", "promoted\n".to_string())
+                }
+                Err(e) => ("500 Internal Server Error", format!("not promoted: {e}\n")),
+            }
+        }
     } else {
-        ("404 Not Found", "only GET /status and POST /fence are served\n".to_string())
+        ("404 Not Found", "only GET /status, POST /fence and POST /promote are served\n".to_string())
     };
     let response = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     stream.write_all(response.as_bytes()).await?;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{ApiResource, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -256,12 +256,15 @@ pub fn config_map(db: &Database, workload: &Workload) -> Child {
     Child::new(name.clone(), ConfigMap { metadata: metadata(db, &name, true), data: Some(data), ..Default::default() })
 }
 
+/// The label the StatefulSet controller puts on each of its pods: the pod's name.
+pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
+
 /// The three Services: primary (read-write), replicas (read-only) and headless.
 pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Child> {
     let name = db.name_any();
     let names = Names(&name);
     let mut primary_selector = selector(db);
-    primary_selector.insert("statefulset.kubernetes.io/pod-name".into(), primary_pod.into());
+    primary_selector.insert(POD_NAME_LABEL.into(), primary_pod.into());
     let mut replica_selector = selector(db);
     replica_selector.insert(ROLE_LABEL.into(), "replica".into());
     let ports: Vec<ServicePort> = workload
@@ -389,8 +392,13 @@ pub fn statefulset(
     }
     if let Some(image) = sidecars.agent.filter(|_| !workload.status_command.is_empty()) {
         // Beside the engine, with what it sees (its environment, files and certificate).
-        let (copy, agent, agent_volumes) =
-            agent::containers(db, image, &mut containers[0], &workload.status_command, &workload.fence_command);
+        let (copy, agent, agent_volumes) = agent::containers(
+            db,
+            image,
+            &mut containers[0],
+            &workload.status_command,
+            (&workload.fence_command, &workload.promote_command),
+        );
         init.insert(0, copy);
         containers.push(agent);
         volumes.extend(agent_volumes);
@@ -437,19 +445,66 @@ pub fn statefulset(
     Child::new(names.primary(), StatefulSet { metadata, spec: Some(spec), ..Default::default() })
 }
 
-/// The PodDisruptionBudget: at most one member down at a time by voluntary disruption.
-pub fn disruption_budget(db: &Database) -> Child {
+/// Who leads the members, for their disruption budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leadership {
+    /// The host chooses the primary, and switches over before a drain evicts it.
+    HostChosen,
+    /// The engine elects its own leader (a leader's eviction is one member down).
+    Elected,
+}
+
+impl Leadership {
+    /// Who leads the members of `plugin`'s engine.
+    pub fn of(plugin: &crate::plugin::Plugin) -> Self {
+        if plugin.info().capabilities.elects_leader { Self::Elected } else { Self::HostChosen }
+    }
+}
+
+/// The PodDisruptionBudgets: at most one member down at a time by voluntary disruption.
+/// Where the host chooses the primary, the primary's own budget holds its eviction back
+/// while another member could lead (a drain waits while the operator switches over; see
+/// [`crate::reconcile`]'s switchover stage), and the other budget counts the others: an
+/// eviction API refuses a pod two budgets select. A single member is evicted as any.
+/// Both say how many must stay (`minAvailable`): a budget that says how many may go
+/// counts every member of the StatefulSet as expected, the primary with the others.
+pub fn disruption_budgets(db: &Database, leadership: Leadership, replicas: u32) -> Vec<Child> {
     let n = db.name_any();
-    let spec = PodDisruptionBudgetSpec {
-        max_unavailable: Some(IntOrString::Int(1)),
-        selector: Some(pod::member_selector(db)),
-        ..Default::default()
+    let budget = |name: String, selector: LabelSelector, stay: IntOrString, unhealthy: Option<&str>| {
+        let (max_unavailable, min_available) = match leadership {
+            Leadership::Elected => (Some(stay), None),
+            Leadership::HostChosen => (None, Some(stay)),
+        };
+        let spec = PodDisruptionBudgetSpec {
+            max_unavailable,
+            min_available,
+            selector: Some(selector),
+            unhealthy_pod_eviction_policy: unhealthy.map(Into::into),
+        };
+        Child::new(name.clone(), PodDisruptionBudget { metadata: metadata(db, &name, true), spec: Some(spec), ..Default::default() })
     };
-    Child::new(n.clone(), PodDisruptionBudget { metadata: metadata(db, &n, true), spec: Some(spec), ..Default::default() })
+    let members = pod::member_selector(db);
+    if leadership == Leadership::Elected {
+        return vec![budget(n, members, IntOrString::Int(1), None)];
+    }
+    let role = |operator: &str| LabelSelectorRequirement {
+        key: ROLE_LABEL.into(),
+        operator: operator.into(),
+        values: Some(vec!["primary".into()]),
+    };
+    let with = |requirement| LabelSelector { match_expressions: Some(vec![requirement]), ..members.clone() };
+    let others_stay = replicas.saturating_sub(2) as i32;
+    let primary_stays = i32::from(replicas > 1);
+    vec![
+        budget(n.clone(), with(role("NotIn")), IntOrString::Int(others_stay), None),
+        // A primary that is not ready serves nothing: its eviction is not held back.
+        budget(Names(&n).primary_budget(), with(role("In")), IntOrString::Int(primary_stays), Some("AlwaysAllow")),
+    ]
 }
 
 /// Every child rendered from the workload, in apply order: the Services select
 /// `primary_pod`; the members' template is the workload's, rendered for `rendered_for`
+/// (the budgets follow who leads)
 /// (for an engine that elects its leader, always member 0: a new leader restarts nothing).
 pub fn children(
     db: &Database,
@@ -457,13 +512,13 @@ pub fn children(
     engine: &str,
     primary_pod: &str,
     sidecars: Sidecars<'_>,
-    (rendered_for, replicas): (&str, u32),
+    (rendered_for, replicas, leadership): (&str, u32, Leadership),
     tls: Option<&str>,
 ) -> Vec<Child> {
     let mut out = vec![config_map(db, workload)];
     out.extend(services(db, workload, primary_pod));
     out.push(statefulset(db, workload, engine, sidecars, (rendered_for, replicas), tls));
-    out.push(disruption_budget(db));
+    out.extend(disruption_budgets(db, leadership, replicas));
     out
 }
 

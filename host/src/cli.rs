@@ -153,7 +153,7 @@ pub fn render(database: &Path, plugin: &Path, compiler: &Path, pull: &crate::ima
         &db.spec.engine,
         &primary,
         build::Sidecars { pull, ..Default::default() },
-        (&primary, spec.replicas),
+        (&primary, spec.replicas, build::Leadership::of(&plugin)),
         db.spec.tls_enabled().then_some("issued"),
     ) {
         out.push_str("---\n");

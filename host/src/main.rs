@@ -225,6 +225,10 @@ enum AgentCommand {
         /// The plugin's fence command, as a JSON list of strings.
         #[arg(long, value_name = "JSON", requires = "members")]
         fence_command: Option<String>,
+        /// The plugin's promote command, as a JSON list of strings (with a fence only: a
+        /// fenced member is never promoted).
+        #[arg(long, value_name = "JSON", requires = "fence_command")]
+        promote_command: Option<String>,
         /// The name under which the cluster's DNS lists every member.
         #[arg(long, value_name = "HOST")]
         members: Option<String>,
@@ -444,7 +448,7 @@ fn main() -> Result<()> {
             let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
             plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
         }
-        Command::Agent(AgentCommand::Serve { port, certs, fence_command, members, command }) => {
+        Command::Agent(AgentCommand::Serve { port, certs, fence_command, promote_command, members, command }) => {
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
             let fence = match (fence_command, members) {
                 (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
@@ -457,13 +461,17 @@ fn main() -> Result<()> {
                 }),
                 _ => None,
             };
+            let promote = match promote_command {
+                Some(argv) => serde_json::from_str(&argv).context("--promote-command is a JSON list of strings")?,
+                None => Vec::new(),
+            };
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
             // The agent is its container's first process: without a handler it would ignore
             // SIGTERM, and every restart of the member would wait out its grace period.
             runtime.block_on(async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
                 tokio::select! {
-                    served = plugdb::agent::serve(port, certs, command, fence) => served,
+                    served = plugdb::agent::serve(port, certs, command, fence, promote) => served,
                     _ = term.recv() => Ok(()),
                     _ = tokio::signal::ctrl_c() => Ok(()),
                 }

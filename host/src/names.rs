@@ -33,6 +33,13 @@ pub const PRIMARY_ANNOTATION: &str = "plugdb.io/primary";
 pub const ROLE_FREE_HASH: &str = "plugdb.io/role-free-hash";
 /// Annotation on the pod template naming the TLS certificate the members use (its expiry).
 pub const TLS_STAMP: &str = "plugdb.io/tls-not-after";
+/// Annotation on a member pod whose agent the operator asked to fence it: the fence
+/// lasts until the pod is made again, so a fenced member that is not the primary (a
+/// switchover or a failover moved on without it) is restarted to follow.
+pub const FENCED: &str = "plugdb.io/fenced";
+/// Annotation on a member pod whose agent promoted it in place: it leads as it runs, and
+/// is not restarted to take the role (see `agent.promote-command`).
+pub const PROMOTED: &str = "plugdb.io/promoted";
 /// Label on member pods naming their role (`primary` or `replica`).
 pub const ROLE_LABEL: &str = "plugdb.io/role";
 /// Where config files are mounted in every member.
@@ -79,6 +86,10 @@ impl Names<'_> {
     /// Read-only Service.
     pub fn replicas(&self) -> String {
         format!("{}-replicas", self.0)
+    }
+    /// The primary's PodDisruptionBudget (the others' is named as the Database).
+    pub fn primary_budget(&self) -> String {
+        format!("{}-primary", self.0)
     }
     /// Headless Service.
     pub fn headless(&self) -> String {

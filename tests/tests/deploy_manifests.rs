@@ -249,6 +249,8 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     // A member that is down has its node read, to say whether the node is lost.
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(operator.clone());
     nodes.get_opt("no-such-node").await.expect("the operator's role lets it read a member's node");
+    // And every node's cordon is watched, to switch over before a drain evicts a primary.
+    nodes.list(&Default::default()).await.expect("the operator's role lets it list the nodes");
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
     let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));

@@ -225,7 +225,7 @@ fn panic_becomes_a_trap_error() {
 
 /// The optional `agent` export is asked in the same call as `render`, under the same
 /// deadline and policy: a spinning status or fence command is stopped, an argv beyond
-/// the bounds (status, fence or client command) is refused by name.
+/// the bounds (status, fence, client or promote command) is refused by name.
 #[test]
 fn the_agent_commands_are_bounded_like_render() {
     let (rt, hostile, good) = plugins();
@@ -242,6 +242,9 @@ fn the_agent_commands_are_bounded_like_render() {
     let err = attack(&rt, &hostile, &good, "client-argv");
     let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
     assert!(violations.iter().any(|v| v.field == "clientCommand"), "{err}");
+    let err = attack(&rt, &hostile, &good, "promote-argv");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    assert!(violations.iter().any(|v| v.field == "promoteCommand"), "{err}");
 }
 
 /// A log line past the copy bound fails the call, and the error says it was a log line,

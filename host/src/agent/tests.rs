@@ -134,6 +134,7 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
         let agent = Agent {
             status: sh(&format!("echo {said}")),
             fence: Some(fence),
+            promote: Vec::new(),
             command: Semaphore::new(1),
             fenced: Default::default(),
             fence_runs: Default::default(),
@@ -158,7 +159,7 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
 
 /// The agent answers the operator's certificate, and nobody else: no certificate, the
 /// agent's own (for servers only), or another Database's operator. The operator alone
-/// fences the member.
+/// promotes and fences the member, and a fenced member is never promoted.
 #[tokio::test]
 async fn only_the_operator_of_the_same_database_is_answered() {
     let ours = issued("db");
@@ -169,7 +170,8 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     };
     let certs = ours.dir.0.clone();
     let fence = fence_in(&certs, None);
-    tokio::spawn(serve(port, certs, sh("echo replica 0/3000148"), Some(fence)));
+    let promote = sh(&format!("echo promoted >> {}/promoted", certs.display()));
+    tokio::spawn(serve(port, certs, sh("echo replica 0/3000148"), Some(fence), promote));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
     let ask_to = |query: &crate::plugin::MemberQuery, identity: Option<Vec<u8>>| {
@@ -193,12 +195,20 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
     assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another Database's operator is refused");
 
+    let promote = crate::plugin::MemberQuery { port, path: "/promote".into(), body: Some(String::new()), https: true };
+    let promoted = ours.dir.0.join("promoted");
     let (mark, ran) = (ours.dir.0.join(FENCED_FILE), ours.dir.0.join("ran"));
     for refused in [None, Some(ours.agent.clone()), Some(theirs.operator.clone())] {
-        assert_eq!(ask_to(&fence, refused).await, None, "only the operator fences");
+        assert_eq!(ask_to(&fence, refused.clone()).await, None, "only the operator fences");
+        assert_eq!(ask_to(&promote, refused).await, None, "only the operator promotes");
     }
+    assert!(!promoted.exists(), "not promoted by anyone else");
+    assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await.as_deref(), Some("promoted\n"));
+    assert_eq!(std::fs::read_to_string(&promoted).expect("the promote command ran"), "promoted\n");
     assert!(ready(&mark).is_ok() && !ran.exists(), "not fenced by anyone else");
     assert_eq!(ask_to(&fence, Some(ours.operator.clone())).await.as_deref(), Some("fenced\n"));
     assert!(ready(&mark).is_err(), "fenced: not ready");
     assert!(within(Duration::from_secs(10), || ran.exists()).await, "the fence command ran");
+    assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await, None, "a fenced member is not promoted");
+    assert_eq!(std::fs::read_to_string(&promoted).expect("promoted once"), "promoted\n");
 }

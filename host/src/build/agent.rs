@@ -19,13 +19,14 @@ use crate::names::Names;
 /// (the engine's image, environment and files, but not its data), and their volumes.
 /// With a `fence` command the engine is given the agent's state, read-only, and the path
 /// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
-/// not ready.
+/// not ready. With a `promote` command too, the agent promotes its member in place when
+/// the operator asks.
 pub fn containers(
     db: &Database,
     image: &str,
     engine: &mut Container,
     status: &[String],
-    fence: &[String],
+    (fence, promote): (&[String], &[String]),
 ) -> (Container, Container, Vec<Volume>) {
     let binary = format!("{BIN_DIR}/plugdb");
     let quantity = |q: &str| Quantity(q.into());
@@ -55,6 +56,9 @@ pub fn containers(
         let members = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
         let argv = serde_json::to_string(fence).expect("a list of strings is JSON");
         command.extend(["--members".into(), members, "--fence-command".into(), argv]);
+        if !promote.is_empty() {
+            command.extend(["--promote-command".into(), serde_json::to_string(promote).expect("a list of strings is JSON")]);
+        }
         mounts.push(pod::mount("agent-state", STATE, false));
         let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };
         env.extend(pod::env(&[own]));

@@ -59,6 +59,7 @@ fn workload(config: &str) -> Workload {
         status_command: vec![],
         fence_command: vec![],
         client_command: vec![],
+        promote_command: vec![],
     }
 }
 
@@ -180,12 +181,12 @@ fn the_primary_service_follows_the_primary_pod() {
     assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
     assert_eq!(services[2].object["spec"]["clusterIP"], "None");
-    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), ("orders-0", 3), None);
+    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), ("orders-0", 3, Leadership::HostChosen), None);
     // The members' template follows the primary the workload was rendered for, not the
     // one the Services select (an engine that elects its leader is rendered for member 0):
     // a new leader restarts nothing.
     let led_by = |leader: &str| {
-        let children = children(&db, &workload(""), "postgres", leader, Sidecars::default(), ("orders-0", 3), None);
+        let children = children(&db, &workload(""), "postgres", leader, Sidecars::default(), ("orders-0", 3, Leadership::HostChosen), None);
         children.into_iter().find(|c| c.kind == Kind::StatefulSet).map(|c| c.object).expect("the StatefulSet")
     };
     assert_eq!(led_by("orders-1"), led_by("orders-2"));
@@ -198,9 +199,40 @@ fn the_primary_service_follows_the_primary_pod() {
             "Service/orders-replicas",
             "Service/orders-headless",
             "StatefulSet/orders",
-            "PodDisruptionBudget/orders"
+            "PodDisruptionBudget/orders",
+            "PodDisruptionBudget/orders-primary"
         ]
     );
+}
+
+/// Where the host chooses the primary, its eviction waits while another member could
+/// lead (the operator switches over first), and the others' budget leaves it out (an
+/// eviction is refused for a pod two budgets select). An engine electing its leader, or
+/// a single member, holds nothing back but the one member down at a time.
+#[test]
+fn a_drain_waits_for_the_switchover_of_a_primary_among_several() {
+    let db = database(DeletionPolicy::Snapshot);
+    let spec = |c: &Child| (c.name.clone(), c.object["spec"].clone());
+    let budgets: Vec<(String, serde_json::Value)> = disruption_budgets(&db, Leadership::HostChosen, 3).iter().map(spec).collect();
+    let role = |s: &serde_json::Value| s["selector"]["matchExpressions"][0].clone();
+    // Counted among the pods each selects: one of the two others may go.
+    assert_eq!(budgets[0].0, "orders");
+    assert_eq!(budgets[0].1["minAvailable"], 1);
+    assert!(budgets[0].1.get("maxUnavailable").is_none(), "a budget of how many may go counts the primary as expected too");
+    assert_eq!(role(&budgets[0].1), json!({"key": ROLE_LABEL, "operator": "NotIn", "values": ["primary"]}));
+    assert_eq!(budgets[1].0, "orders-primary");
+    assert_eq!(budgets[1].1["minAvailable"], 1, "the primary's eviction waits");
+    assert_eq!(role(&budgets[1].1), json!({"key": ROLE_LABEL, "operator": "In", "values": ["primary"]}));
+    assert_eq!(budgets[1].1["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+    for (_, spec) in &budgets {
+        assert_eq!(spec["selector"]["matchLabels"][crate::names::INSTANCE_LABEL], "orders");
+    }
+    let alone = disruption_budgets(&db, Leadership::HostChosen, 1);
+    assert_eq!(alone[1].object["spec"]["minAvailable"], 0, "a single member is not held");
+    let elected = disruption_budgets(&db, Leadership::Elected, 3);
+    assert_eq!(elected.len(), 1);
+    assert_eq!(elected[0].object["spec"]["maxUnavailable"], 1);
+    assert!(elected[0].object["spec"]["selector"].get("matchExpressions").is_none(), "every member");
 }
 
 #[test]

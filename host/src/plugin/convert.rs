@@ -82,6 +82,7 @@ pub(crate) struct Exports {
     fence_command: Option<ComponentExportIndex>,
     /// `agent.client-command`, likewise.
     client_command: Option<ComponentExportIndex>,
+    promote_command: Option<ComponentExportIndex>,
 }
 
 /// Dispatches a call to the module of the plugin's contract.
@@ -136,6 +137,10 @@ impl Exports {
                 Contract::V0_2 => agent_export(component, interface, "client-command"),
                 Contract::V0_1 => None,
             },
+            promote_command: match contract {
+                Contract::V0_2 => agent_export(component, interface, "promote-command"),
+                Contract::V0_1 => None,
+            },
         })
     }
 
@@ -172,7 +177,10 @@ impl Exports {
                 w.fence_command = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
             }
             if let Some(index) = &self.client_command {
-                w.client_command = v0_2::agent_command(store, instance, index, spec)?;
+                w.client_command = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
+            }
+            if let Some(index) = &self.promote_command {
+                w.promote_command = v0_2::agent_command(store, instance, index, spec)?;
             }
         }
         Ok(workload)
@@ -412,6 +420,7 @@ macro_rules! conversions {
                 status_command: Vec::new(),
                 fence_command: Vec::new(),
                 client_command: Vec::new(),
+                promote_command: Vec::new(),
             }
         }
 

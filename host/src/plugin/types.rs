@@ -325,6 +325,9 @@ pub struct Workload {
     pub fence_command: Vec<String>,
     /// `agent.client-command`: a person's interactive client in a member (empty: none).
     pub client_command: Vec<String>,
+    /// `agent.promote-command`: how the agent promotes its member in place (empty: by
+    /// the member's restart in its new role).
+    pub promote_command: Vec<String>,
 }
 
 /// A request the host sends to every member of an engine that elects its leader.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
@@ -169,11 +169,34 @@ pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> R
     let Some(member) = member else { return Ok(Fenced::Unknown) };
     let query = MemberQuery { port: agent::PORT, path: "/fence".into(), body: Some(String::new()), https: true };
     let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
-    Ok(match said.first().and_then(|a| a.as_deref()).map(str::trim) {
+    let fenced = match said.first().and_then(|a| a.as_deref()).map(str::trim) {
         Some("fenced") => Fenced::Confirmed,
         Some("fencing") => Fenced::Ordered,
-        _ => Fenced::Unknown,
-    })
+        _ => return Ok(Fenced::Unknown),
+    };
+    if !member.fenced {
+        // Said on the pod: once another member leads, this one is restarted to follow.
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+        let mark = serde_json::json!({"metadata": {"annotations": {crate::names::FENCED: "true"}}});
+        pods.patch(&member.name, &PatchParams::default(), &Patch::Merge(&mark)).await?;
+    }
+    Ok(fenced)
+}
+
+/// Asks the agent of `member`, chosen to lead, to promote it in place; says whether it
+/// did. The pod then says so ([`crate::names::PROMOTED`]): it is not restarted to lead.
+/// Otherwise (no promote command, no answer, a failure) it is promoted by its restart.
+pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
+    let Some(member) = member.filter(|m| !m.fenced) else { return Ok(false) };
+    let query = MemberQuery { port: agent::PORT, path: "/promote".into(), body: Some(String::new()), https: true };
+    let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
+    if said.first().and_then(|a| a.as_deref()).map(str::trim) != Some("promoted") {
+        return Ok(false);
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let mark = serde_json::json!({"metadata": {"annotations": {crate::names::PROMOTED: "true"}}});
+    pods.patch(&member.name, &PatchParams::default(), &Patch::Merge(&mark)).await?;
+    Ok(true)
 }
 
 /// What the agents said (as [`statuses`] gives it), by pod, for those that said something.

@@ -21,7 +21,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ContainerState, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service,
+    ConfigMap, ContainerState, ContainerStatus, Node, NodeSpec, PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -67,6 +67,7 @@ pub struct Caches {
     pods: Store<Pod>,
     jobs: Store<Job>,
     claims: Store<PersistentVolumeClaim>,
+    nodes: Store<Node>,
     listed: tokio::sync::watch::Receiver<bool>,
     _tasks: Vec<AbortOnDrop>,
 }
@@ -89,6 +90,8 @@ pub struct Triggers {
     pub stateful_sets: Watch<StatefulSet>,
     /// Jobs, including deleted ones.
     pub jobs: Watch<Job>,
+    /// Every node, as whether it is cordoned (see [`Caches::primaries_on`]).
+    pub nodes: Watch<Node>,
 }
 
 /// A watch that fills a cache as it is read, yielding each touched object.
@@ -158,10 +161,22 @@ fn cache<K>(api: Api<K>, listing: &Listing, trim: fn(&mut K)) -> (Store<K>, Watc
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    cache_of(api, listing, Some(managed()), trim)
+}
+
+/// [`cache`] of the objects `labels` selects (all when `None`).
+fn cache_of<K>(api: Api<K>, listing: &Listing, labels: Option<String>, trim: fn(&mut K)) -> (Store<K>, Watch<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
     let (reader, writer) = reflector::store();
     let listing = listing.clone();
     let watch = futures::stream::once(async move {
-        let config = listing.config().await.labels(&managed());
+        let config = listing.config().await;
+        let config = match &labels {
+            Some(labels) => config.labels(labels),
+            None => config,
+        };
         reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim))
     })
     .flatten()
@@ -237,6 +252,16 @@ fn key_names_only(s: &mut Secret) {
     if let Some(data) = &mut s.data {
         data.values_mut().for_each(|v| v.0.clear());
     }
+}
+
+/// A node as a pass reads it: its name, and whether it is cordoned.
+fn node_essentials(n: &mut Node) {
+    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable);
+    *n = Node {
+        metadata: ObjectMeta { name: n.metadata.name.take(), resource_version: n.metadata.resource_version.take(), ..Default::default() },
+        spec: Some(NodeSpec { unschedulable, ..Default::default() }),
+        status: None,
+    };
 }
 
 /// A pod as a pass reads it: its conditions, phase, address and node, and for each
@@ -326,6 +351,7 @@ impl Caches {
         let (claims, t6) = filled(api(client, namespace), l, no_managed_fields);
         let (stateful_sets, sts_watch) = cache(api(client, namespace), l, no_pod_template);
         let (jobs, job_watch) = cache(api(client, namespace), l, no_managed_fields);
+        let (nodes, node_watch) = cache_of(Api::all(client.clone()), l, None, node_essentials);
         // One waiter on the stores, many on `listed`: a store's first listing wakes only
         // the waker that polled it last.
         let (tell, listed) = tokio::sync::watch::channel(false);
@@ -353,10 +379,11 @@ impl Caches {
             pods,
             jobs,
             claims,
+            nodes,
             listed,
             _tasks: vec![t1, t2, t3, t4, t5, t6, t7],
         };
-        (caches, Triggers { stateful_sets: sts_watch, jobs: job_watch })
+        (caches, Triggers { stateful_sets: sts_watch, jobs: job_watch, nodes: node_watch })
     }
 
     /// Waits until every cache has listed once. The StatefulSet and Job caches list
@@ -414,6 +441,26 @@ impl Caches {
     /// `db`'s volume claim `name`.
     pub fn claim(&self, db: &Database, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
         get(&self.claims, &db.namespace().unwrap_or_default(), name).and_then(|c| own(db, c))
+    }
+
+    /// Whether node `name` is cordoned (marked unschedulable, as a drain begins), as far
+    /// as the node watch knows.
+    pub fn cordoned(&self, name: &str) -> bool {
+        self.nodes.get(&ObjectRef::new(name)).is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+    }
+
+    /// The Databases whose primary runs on node `name`, by their members' labels.
+    pub fn primaries_on(&self, name: &str) -> Vec<ObjectRef<Database>> {
+        let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name);
+        let primary = |p: &Pod| p.labels().get(crate::names::ROLE_LABEL).map(String::as_str) == Some("primary");
+        self.pods
+            .state_filter(|p| on(p) && primary(p))
+            .iter()
+            .filter_map(|p| {
+                let db = p.labels().get(crate::names::INSTANCE_LABEL)?;
+                Some(ObjectRef::new(db).within(p.metadata.namespace.as_deref()?))
+            })
+            .collect()
     }
 
     /// `db`'s member pods: those its StatefulSet made, whose labels include all of

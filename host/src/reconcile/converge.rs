@@ -88,7 +88,8 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload), pull: &ctx.settings.pull };
     pass.hear(sidecars.agent.is_some(), &members).await?;
-    let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, scale.granted).await?;
+    let leadership = build::Leadership::of(&engine.plugin);
+    let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
     // Members of an engine that elects its leader are part of the engine's membership: never moved.
     let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !engine.plugin.info().capabilities.elects_leader);
@@ -324,7 +325,11 @@ impl<'a> Pass<'a> {
                     }
                     _ => super::agent::Fenced::Unknown,
                 };
-                decide::failover(&primary, after, answer, fenced)
+                let chosen = decide::failover(&primary, after, answer, fenced);
+                if chosen.failed_over {
+                    super::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
+                }
+                chosen
             }
         };
         self.say(&chosen.notes).await;
@@ -532,12 +537,12 @@ impl<'a> Pass<'a> {
         primary: &str,
         version: &str,
         sidecars: build::Sidecars<'_>,
-        replicas: u32,
+        (replicas, leadership): (u32, build::Leadership),
     ) -> Result<Applied, Error> {
         let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
         let mut stateful_set = ctx.caches.stateful_set(db);
         let mut role_free = String::new();
-        let template = (self.rendered_for.as_str(), replicas);
+        let template = (self.rendered_for.as_str(), replicas, leadership);
         for child in build::children(db, workload, &db.spec.engine, primary, sidecars, template, self.tls.as_deref()) {
             if child.kind == build::Kind::StatefulSet {
                 let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
@@ -572,6 +577,11 @@ impl<'a> Pass<'a> {
             pods.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
         }
         if let Some(next) = &roll.restart {
+            // A fenced member is fenced again first: a replica's stream that reconnected
+            // to it meanwhile is cut before its shutdown writes past the new primary's start.
+            if let Some(fenced) = members.observed.iter().find(|m| m.name == *next && m.fenced) {
+                super::agent::fence(ctx, db, Some(fenced)).await?;
+            }
             pods.delete(next, &DeleteParams::default()).await?;
             let pod = members.pods.iter().find(|p| p.name_any() == *next).map(|p| p.object_ref(&()));
             event_about(ctx, db, pod, false, Reason::MemberRestarted, format!("restarted {next} onto the current revision")).await;

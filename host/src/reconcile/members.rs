@@ -45,6 +45,10 @@ pub struct Observed {
     /// The primary its template was rendered for, and that template's hash without the
     /// primary's name (see [`crate::names::ROLE_FREE_HASH`]).
     pub rendered: Option<(String, String)>,
+    /// The operator asked its agent to fence it ([`crate::names::FENCED`]).
+    pub fenced: bool,
+    /// Its agent promoted it in place ([`crate::names::PROMOTED`]).
+    pub promoted: bool,
 }
 
 impl Observed {
@@ -65,6 +69,8 @@ impl Observed {
             down: None,
             ready_since: None,
             rendered: None,
+            fenced: false,
+            promoted: false,
             address,
         }
     }
@@ -109,6 +115,8 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                     .get(crate::names::PRIMARY_ANNOTATION)
                     .cloned()
                     .zip(p.annotations().get(crate::names::ROLE_FREE_HASH).cloned()),
+                fenced: p.annotations().contains_key(crate::names::FENCED),
+                promoted: p.annotations().contains_key(crate::names::PROMOTED),
                 name,
             })
         })
@@ -148,13 +156,17 @@ pub struct Wanted<'a> {
 impl Wanted<'_> {
     /// Whether `m` runs what it should: the revision, or, for a member started as a
     /// replica that is still one, the same template but for the primary's name (it
-    /// follows the new primary through the read-write Service without a restart).
+    /// follows the new primary through the read-write Service without a restart). A
+    /// member the operator fenced that is not the primary runs nothing it should: its
+    /// fence lasts until its pod is made again. The primary promoted in place by its
+    /// agent runs what it should if its template differs only in the primary's name.
     fn runs(&self, m: &Observed, primary: &str) -> bool {
-        let same_replica = m
-            .rendered
-            .as_ref()
-            .is_some_and(|(was, hash)| *was != m.name && m.name != primary && !self.role_free.is_empty() && hash == self.role_free);
-        m.revision.as_deref() == Some(self.revision) || same_replica
+        if m.fenced && m.name != primary {
+            return false;
+        }
+        let same_but_primary = |(was, hash): &(String, String)| *was != m.name && !self.role_free.is_empty() && *hash == self.role_free;
+        let same_role = m.rendered.as_ref().is_some_and(same_but_primary) && (m.name != primary || m.promoted);
+        m.revision.as_deref() == Some(self.revision) || same_role
     }
 }
 
@@ -165,7 +177,9 @@ impl Wanted<'_> {
 ///    primary: it restarts first, whatever the others do;
 /// 2. members down on the old revision serve nothing: they restart next;
 /// 3. otherwise only while every member is ready: replicas (highest ordinal first),
-///    then the primary.
+///    then the primary. A fenced member is not among them: it restarts once its fence
+///    shows (it is not ready, so no Service leads to it any more, and nothing that
+///    reconnects through one follows it into its shutdown).
 ///
 /// A replica that was started as one and whose template differs only in the primary's
 /// name is not restarted by a failover.
@@ -189,7 +203,7 @@ pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &s
     if members.len() < desired || members.iter().any(|m| !m.ready) {
         return None;
     }
-    members.iter().rev().filter(outdated).find(|m| m.name != primary).or_else(|| the_primary.filter(outdated))
+    members.iter().rev().filter(outdated).find(|m| m.name != primary && !m.fenced).or_else(|| the_primary.filter(outdated))
 }
 
 /// Whether every member runs what it should (see [`Wanted`]) and is ready.
@@ -258,6 +272,40 @@ mod tests {
         let other = Wanted { revision: "new", role_free: "changed" };
         assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
         assert!(!rolled(&members, other, "db-1", 3));
+    }
+
+    /// A member its agent promoted in place leads as it runs: not restarted for its role,
+    /// unless anything but the primary's name changed in its template.
+    #[test]
+    fn a_member_promoted_in_place_is_not_restarted_to_lead() {
+        let replica = |ordinal: u32| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, true, "old") };
+        let members = vec![Observed { fenced: true, ready: false, ..replica(0) }, Observed { promoted: true, ..replica(1) }, replica(2)];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"), "only the fenced old primary");
+        let members = vec![m(0, true, "new"), Observed { promoted: true, ..replica(1) }, replica(2)];
+        assert!(rolled(&members, NEW, "db-1", 3));
+        let restarted = vec![m(0, true, "new"), replica(1), replica(2)];
+        assert_eq!(next_to_roll(&restarted, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "not promoted in place: restarts");
+        let other = Wanted { revision: "new", role_free: "changed" };
+        assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "anything else changed: first");
+    }
+
+    /// A member fenced for a switchover that a failover overtook (db-1 promoted, then
+    /// fenced for the switchover to db-2) keeps its fence until its pod is made again: it
+    /// restarts though its template is still a replica's, and the primary fenced while
+    /// the switchover waits is not restarted for it.
+    #[test]
+    fn a_fenced_member_that_does_not_lead_restarts() {
+        let replica = |ordinal: u32, ready: bool| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, ready, "old") };
+        let fenced = Observed { fenced: true, ..replica(1, false) };
+        let members = vec![m(0, true, "new"), fenced.clone(), m(2, true, "new")];
+        assert_eq!(next_to_roll(&members, NEW, "db-2", 3).map(|m| m.name.as_str()), Some("db-1"));
+        assert!(!rolled(&members, NEW, "db-2", 3));
+        let showing = vec![m(0, true, "new"), Observed { ready: true, ..fenced.clone() }, m(2, true, "new")];
+        assert_eq!(next_to_roll(&showing, NEW, "db-2", 3), None, "not before its fence shows: a Service may still lead to it");
+        let unfenced = vec![m(0, true, "new"), replica(1, true), m(2, true, "new")];
+        assert_eq!(next_to_roll(&unfenced, NEW, "db-2", 3), None, "a replica that was not fenced keeps running");
+        let waiting = vec![m(0, true, "new"), Observed { fenced: true, ..m(1, false, "new") }, m(2, true, "new")];
+        assert_eq!(next_to_roll(&waiting, NEW, "db-1", 3), None, "the fenced primary stays while the switchover waits");
     }
 
     #[test]

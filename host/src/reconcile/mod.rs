@@ -338,12 +338,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .applied_objects()
         .predicate_filter(predicates::generation.combine(predicates::annotations), Default::default());
     let plugin_changes = engine_changes(ctx.registry.subscribe(), reader.clone());
+    let cordons = cordoned_primaries(triggers.nodes, ctx.clone());
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
     Controller::for_stream(databases, reader)
         .with_config(config)
         .owns_stream(triggers.stateful_sets)
         .owns_stream(triggers.jobs)
         .reconcile_on(plugin_changes)
+        .reconcile_on(cordons)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -352,6 +354,22 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
         })
         .await;
+}
+
+/// The Databases to pass over when a node is cordoned (a drain begins): those whose
+/// primary runs there, to switch over before the primary's eviction, which its
+/// disruption budget holds back meanwhile. Only a change of a node's cordon is read.
+fn cordoned_primaries(
+    nodes: cache::Watch<k8s_openapi::api::core::v1::Node>,
+    ctx: Arc<Context>,
+) -> impl futures::Stream<Item = ObjectRef<Database>> + Send + 'static {
+    fn cordon(n: &k8s_openapi::api::core::v1::Node) -> Option<u64> {
+        Some(u64::from(n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)))
+    }
+    nodes
+        .predicate_filter(cordon, Default::default())
+        .filter_map(|node| futures::future::ready(node.ok().filter(|n| cordon(n) == Some(1))))
+        .flat_map(move |node| futures::stream::iter(ctx.caches.primaries_on(&node.name_any())))
 }
 
 /// The Databases to pass over when a plugin changes: those of the engine it serves. A

@@ -55,6 +55,8 @@ pub enum Reason {
     FailoverFailed,
     /// A switchover's member has everything the fenced primary wrote and is promoted.
     SwitchoverPromoted,
+    /// The primary's node is cordoned: a switchover moves the primary off it.
+    SwitchoverForDrain,
     /// The member a switchover asked for leads; the request is removed.
     SwitchoverDone,
     /// A switchover cannot happen (the message says why); the request is removed.
@@ -138,6 +140,7 @@ impl Reason {
             Reason::FailoverPromoted => "FailoverPromoted",
             Reason::SwitchoverPromoted => "SwitchoverPromoted",
             Reason::SwitchoverDone => "SwitchoverDone",
+            Reason::SwitchoverForDrain => "SwitchoverForDrain",
             Reason::SwitchoverRefused => "SwitchoverRefused",
             Reason::NoSafeFailover => "NoSafeFailover",
             Reason::FailoverFailed => "FailoverFailed",

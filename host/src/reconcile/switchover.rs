@@ -2,19 +2,25 @@
 //! to lead: the primary is fenced, and the member leads once its agent says it has
 //! reached the position the fenced primary's says is its last (see
 //! [`decide::switchover`]). Before the promotion the read-write Service leaves the old
-//! primary and its fence runs again. Done or refused, the request goes.
+//! primary and its fence runs again; the member's agent then promotes it in place where
+//! the plugin says how (else it restarts to lead). Done or refused, the request goes.
+//!
+//! Unasked, the same happens when the primary's node is cordoned, as a drain begins:
+//! the primary's disruption budget holds its eviction back until another member leads.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use super::cache::Seen;
 use super::decide::{self, Primary, SwitchoverQuestion};
 use super::members::Observed;
 use super::{Context, Error, agent};
 use crate::agent::Status;
+use crate::build::Kind;
 use crate::crd::Database;
-use crate::names::{ROLE_LABEL, SWITCHOVER};
+use crate::names::{MANAGER, Names, ROLE_LABEL, SWITCHOVER};
 
 /// Who is primary after the switchover stage, and what the agents said when asked (by pod).
 pub(super) async fn carry_out(
@@ -24,7 +30,13 @@ pub(super) async fn carry_out(
     members: &[Observed],
     elects: bool,
 ) -> Result<(Primary, Option<Vec<(String, Status)>>), Error> {
-    let target = db.annotations().get(SWITCHOVER).cloned();
+    let asked = db.annotations().get(SWITCHOVER).cloned();
+    // Unasked, a drain of the primary's node moves the primary off it first.
+    let drained = match asked {
+        None if !elects => decide::drain_target(members, primary, |node| ctx.caches.cordoned(node)),
+        _ => None,
+    };
+    let target = asked.clone().or_else(|| drained.map(|m| m.name.clone()));
     let (chosen, heard, drop) = match decide::switchover_question(target.as_deref(), primary, members, elects) {
         SwitchoverQuestion::None => return Ok((Primary::keep(primary), None)),
         SwitchoverQuestion::Drop(note) => (Primary { notes: vec![note], ..Primary::keep(primary) }, None, true),
@@ -37,19 +49,34 @@ pub(super) async fn carry_out(
             let (mut chosen, refused) =
                 decide::switchover(primary, target, fenced, old.is_some_and(|m| m.ready), (of(primary), of(target)));
             if chosen.failed_over {
-                // What still followed the old primary (a replica's stream) reconnects through
-                // the Service, which no longer selects it, to the new primary.
-                let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+                // The read-write Service leads to the new primary first; then what still
+                // followed the old one (a replica's stream) is cut and reconnects through
+                // it, to the new primary. Last, the old primary is labelled a replica: a
+                // drain may evict it from then on, and its shutdown finds no one following.
+                let ns = db.namespace().unwrap_or_default();
+                let service = Names(&db.name_any()).primary();
+                if matches!(ctx.caches.seen(Kind::Service, db, &service), Seen::Present { .. }) {
+                    let select = json!({"spec": {"selector": {crate::build::POD_NAME_LABEL: target}}});
+                    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+                    services
+                        .patch(&service, &PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &Patch::Merge(&select))
+                        .await?;
+                }
+                agent::fence(ctx, db, old).await?;
+                agent::promote(ctx, db, members.iter().find(|m| m.name == target)).await?;
+                let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
                 let relabel = json!({"metadata": {"labels": {ROLE_LABEL: "replica"}}});
                 pods.patch(primary, &PatchParams::default(), &Patch::Merge(&relabel)).await?;
-                agent::fence(ctx, db, old).await?;
             }
             let drop = refused.is_some();
+            if let (Some(to), Some(node)) = (drained, old.and_then(|m| m.node.as_deref())) {
+                chosen.notes.insert(0, decide::switching_for_drain(node, primary, &to.name));
+            }
             chosen.notes.extend(refused);
             (chosen, Some(agent::by_pod(members, &said)), drop)
         }
     };
-    if let Some(target) = target.filter(|_| drop) {
+    if let Some(target) = asked.filter(|_| drop) {
         remove_request(ctx, db, &target).await;
     }
     Ok((chosen, heard))

@@ -357,6 +357,10 @@ echo \"etcdctl talks to this member ($ETCDCTL_ENDPOINTS); e.g. etcdctl endpoint 
 exec sh"
         ))
     }
+
+    fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 export_engine!(Etcd);

@@ -405,6 +405,13 @@ impl Agent for Mysql {
     fn client_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(&[CLIENT, "m"].concat())
     }
+
+    /// None: a replica is promoted by its restart as the primary, whose start stops its
+    /// replication (stopping a replication thread that is reconnecting can take a
+    /// minute) and begins archiving its binary logs.
+    fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 export_engine!(Mysql);

@@ -368,6 +368,13 @@ fi
 until [ \"$(sql -c 'SHOW default_transaction_read_only')\" = on ]; do sleep 0.05; done
 sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type IN ('client backend', 'walsender') AND pid <> pg_backend_pid()\" >/dev/null";
 
+/// What the member agent runs to promote a replica in place: recovery ends on a new
+/// timeline (which the old primary rewinds onto when it restarts to follow) and the
+/// server takes writes as it runs, with no restart. Done within the second, or the
+/// member is promoted by its restart instead.
+const PROMOTE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
+[ \"$(psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 -c 'SELECT pg_promote(true, 1)')\" = t ]";
+
 impl Agent for Postgres {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(STATUS)
@@ -380,6 +387,10 @@ impl Agent for Postgres {
     /// psql as the superuser, over TCP to the local server (what pg_hba allows).
     fn client_command(_spec: DatabaseSpec) -> Vec<String> {
         shell("PGPASSWORD=\"$POSTGRES_PASSWORD\" exec psql -h localhost -p 5432 -U postgres -d postgres")
+    }
+
+    fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(PROMOTE)
     }
 }
 

@@ -128,7 +128,8 @@ impl Sql {
         assert_eq!(node_of(&back), node, "{member} came back where its volume is");
         let caught_up = "SELECT count(*) FROM orders WHERE id >= 500 AND id < 510";
         self.client.eventually(&pod_ip(&back), caught_up, WAIT, |r| r.trim() == "10").await;
-        no_acknowledged_write_lost(&self.client, &self.stop, self.writer).await;
+        let (written, longest) = no_acknowledged_write_lost(&self.client, &self.stop, self.writer).await;
+        eprintln!("{ns}/{}: {written} acknowledged writes, none lost; at most {longest:?} between two", self.name);
     }
 
     /// Its member on `node`.
@@ -233,22 +234,14 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     let nodes = nodes(&cluster);
     let apart = json!({"spread": {"nodes": "Required"}});
     let etcd = crate::consensus::Etcd { ns, name: "kv" };
-    cluster.apply_database(ns, database("pg", Engine::Postgres, "15", 3, apart.clone())).await.expect("apply");
-    cluster.apply_database(ns, database("my", Engine::Mysql, "10.11", 3, apart.clone())).await.expect("apply");
-    cluster.apply_database(ns, etcd.manifest(3, apart.clone())).await.expect("apply etcd");
-    let mut apart_sql =
-        vec![Sql::start(&cluster, ns, "pg", Engine::Postgres, 3).await, Sql::start(&cluster, ns, "my", Engine::Mysql, 3).await];
-    // The node to lose holds a replica of each.
-    let mut primary_nodes = Vec::new();
-    for d in &apart_sql {
-        primary_nodes.push(node_of(&d.primary(&cluster, ns).await));
-    }
     let all: Vec<String> = plugdb_tests::node::NodeSpec::all().map(|n| n.name()).collect();
-    let node = all.iter().find(|n| !primary_nodes.contains(n)).expect("a node with no primary: two primaries, three nodes").clone();
+    let node = all[0].clone();
     let others: Vec<String> = all.iter().filter(|n| **n != node).cloned().collect();
 
-    // mv's first two members away from the node, lp's first (its primary) on it; then
-    // each grows to three, and spreading puts mv's third member on the node.
+    // Placed by cordons before pg and my exist (a cordon of a primary's node switches it
+    // over): mv's first two members away from the node, lp's and lm's first (their
+    // primary) on it; then each grows to three, and spreading puts mv's third member on
+    // the node.
     let moved = json!({"spread": {"moveFromLostNodeAfter": "30s"}});
     {
         let _away = cordon(nodes, std::slice::from_ref(&node));
@@ -268,6 +261,20 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 3, moved)).await.expect("grow");
     for (name, engine, version) in lost_primaries {
         cluster.apply_database(ns, database(name, engine, version, 3, json!({}))).await.expect("grow");
+    }
+    cluster.apply_database(ns, database("pg", Engine::Postgres, "15", 3, apart.clone())).await.expect("apply");
+    cluster.apply_database(ns, database("my", Engine::Mysql, "10.11", 3, apart.clone())).await.expect("apply");
+    cluster.apply_database(ns, etcd.manifest(3, apart.clone())).await.expect("apply etcd");
+    let mut apart_sql =
+        vec![Sql::start(&cluster, ns, "pg", Engine::Postgres, 3).await, Sql::start(&cluster, ns, "my", Engine::Mysql, 3).await];
+    // The node to lose holds a replica of each: a primary there hands over first.
+    for d in &apart_sql {
+        if node_of(&d.primary(&cluster, ns).await) == node {
+            let elsewhere = d.client.members().await.into_iter().find(|p| node_of(p) != node).expect("a member elsewhere");
+            crate::plugdb(&cluster, &["switchover", d.name, &elsewhere.name_any(), "--namespace", ns]).await;
+            cluster.wait_database(ns, d.name, "3 members Ready", WAIT, |db| is_running(db, 3)).await.expect("running");
+        }
+        assert_ne!(node_of(&d.primary(&cluster, ns).await), node, "{}'s primary is elsewhere", d.name);
     }
     let mv = Sql::start(&cluster, ns, "mv", Engine::Postgres, 3).await;
     let mut failing_over = Vec::new();
@@ -460,13 +467,9 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
         let backed_up = |db: &Database| db.status.as_ref().and_then(|s| s.last_backup.as_ref()).is_some();
         cluster.wait_database(ns, d.name, "a backup", WAIT, backed_up).await.expect("backed up");
     }
-    let mut primaries = Vec::new();
-    for d in &dbs {
-        primaries.push(node_of(&d.primary(&cluster, ns).await));
-    }
-    let all: Vec<String> = plugdb_tests::node::NodeSpec::all().map(|n| n.name()).collect();
-    let node = all.iter().find(|n| !primaries.contains(n)).expect("a node with no primary").clone();
-    let second = primaries[0].clone();
+    // The node drained holds postgres's primary: it switches over before its eviction.
+    let pg_primary = dbs[0].primary(&cluster, ns).await;
+    let node = node_of(&pg_primary);
     let mut members = Vec::new();
     for d in &dbs {
         members.push(d.on(&node).await.name_any());
@@ -477,9 +480,28 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
         command.output().expect("kubectl")
     };
     // Whatever happens below, no node stays cordoned for the scenarios after this one.
-    let _uncordon = Uncordon(nodes, vec![node.clone(), second.clone()]);
+    let all: Vec<String> = plugdb_tests::node::NodeSpec::all().map(|n| n.name()).collect();
+    let _uncordon = Uncordon(nodes, all);
     let out = drain(&node, "120s");
     assert!(out.status.success(), "drain {node}: {}", String::from_utf8_lossy(&out.stderr));
+    // postgres's primary was not evicted as one: another member leads (its own budget
+    // held the eviction back until then), the old one waits below as a replica.
+    let db = api.get(dbs[0].name).await.expect("pg");
+    let led = db.status.as_ref().and_then(|s| s.primary.clone()).expect("a primary");
+    assert_ne!(led, pg_primary.name_any(), "the primary moved off {node}");
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&Default::default()).await.expect("events").items;
+    let said = |reason: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason) && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("pg"))
+            .filter_map(|e| e.note.clone())
+            .collect()
+    };
+    let drained = said("SwitchoverForDrain");
+    assert!(drained.iter().any(|n| n.contains(&format!("node {node} of primary {}", pg_primary.name_any()))), "{drained:?}");
+    assert!(said("SwitchoverPromoted").iter().any(|n| n.contains(&format!("promoting {led}"))), "{:?}", said("SwitchoverPromoted"));
+    assert!(said("FailoverPromoted").is_empty(), "no failover: {:?}", said("FailoverPromoted"));
+    let second = node_of(&dbs[0].primary(&cluster, ns).await);
     for (d, member) in dbs.iter().zip(&members) {
         let waits = format!("{member} cannot be scheduled");
         let db = cluster
@@ -495,7 +517,26 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
         );
     }
 
-    // A member of each is down: the budgets refuse any other eviction.
+    // A member of each is down: the budgets refuse any other eviction (postgres's
+    // primary, on `second`, is held by its own, and no switchover is tried for it).
+    // First the two others ready, the new primary leading as it runs (promoted in place)
+    // or restarted in its role.
+    for d in &dbs {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let others_ready = |db: &Database| db.status.as_ref().and_then(|s| s.ready_replicas) == Some(2);
+            cluster.wait_database(ns, d.name, "the two others ready", WAIT, others_ready).await.expect("the others serve");
+            let primary = d.primary(&cluster, ns).await;
+            let leads = primary.annotations().get("plugdb.io/primary") == Some(&primary.name_any())
+                || primary.annotations().contains_key("plugdb.io/promoted");
+            let ready = primary.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| c.type_ == "Ready" && c.status == "True");
+            if leads && ready {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: {} does not lead", d.name, primary.name_any());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
     let mut on_second = Vec::new();
     for d in &dbs {
         on_second.push(d.on(&second).await);

@@ -465,3 +465,20 @@ fn a_switchover_promotes_only_a_member_with_all_the_fenced_primary_wrote() {
     assert_eq!((kept.name.as_str(), kept.switching), ("db-0", false));
     assert!(refused.is_some_and(|n| n.reason == Reason::SwitchoverRefused && n.message.contains("did not fence it")));
 }
+
+/// A drain of the primary's node moves the primary to the first ready member on a node
+/// that is not cordoned; nothing moves while the primary's node is not cordoned, or when
+/// no member could lead in its place.
+#[test]
+fn a_cordoned_primary_switches_over_to_a_ready_member_elsewhere() {
+    let on = |ordinal: u32, ready: bool, node: &str| Observed { node: Some(node.into()), ..member(ordinal, ready, 100, "r") };
+    let members = vec![on(0, true, "n1"), on(1, true, "n1"), on(2, true, "n3"), on(3, true, "n4")];
+    let target = |cordoned: &[&str], members: &[Observed]| drain_target(members, "db-0", |n| cordoned.contains(&n)).map(|m| m.name.clone());
+    assert_eq!(target(&["n1"], &members).as_deref(), Some("db-2"), "db-1 shares the cordoned node");
+    assert_eq!(target(&["n2", "n3"], &members), None, "the primary's node is not cordoned");
+    assert_eq!(target(&["n1", "n3", "n4"], &members), None, "no member elsewhere");
+    let one_down = vec![on(0, true, "n1"), on(1, false, "n2"), on(2, true, "n3")];
+    assert_eq!(target(&["n1"], &one_down), None, "another member is down: the budgets refuse the drain, the primary stays");
+    let fenced = vec![on(0, true, "n1"), Observed { fenced: true, ..on(2, true, "n3") }];
+    assert_eq!(target(&["n1"], &fenced), None, "a fenced member does not lead");
+}
