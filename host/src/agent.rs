@@ -71,10 +71,9 @@ pub const ISOLATED_FENCE_AFTER: Duration = Duration::from_secs(15);
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 /// How long a look waits for the control plane, for the cluster's DNS, and for a member.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often a fenced member's fence command is run again once it has succeeded: a
-/// replica's stream that reconnected to it (through a Service not yet updated) is cut
-/// again within a second, well before the member restarts.
-const REFENCE_EVERY: Duration = Duration::from_secs(1);
+/// How often a fenced member's fence command is run again once it has succeeded (not
+/// more often: a fence may cut the streams a switchover's member catches up by).
+const REFENCE_EVERY: Duration = Duration::from_secs(5);
 /// How long `POST /fence` waits for the fence command to succeed before it answers
 /// `fencing` (ordered, the engine not confirmed yet) rather than `fenced`: inside the
 /// operator's 2 s for an answer.

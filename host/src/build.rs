@@ -470,22 +470,18 @@ impl Leadership {
 /// counts every member of the StatefulSet as expected, the primary with the others.
 pub fn disruption_budgets(db: &Database, leadership: Leadership, replicas: u32) -> Vec<Child> {
     let n = db.name_any();
-    let budget = |name: String, selector: LabelSelector, stay: IntOrString, unhealthy: Option<&str>| {
+    let budget = |name: String, selector: LabelSelector, stay: IntOrString| {
         let (max_unavailable, min_available) = match leadership {
             Leadership::Elected => (Some(stay), None),
             Leadership::HostChosen => (None, Some(stay)),
         };
-        let spec = PodDisruptionBudgetSpec {
-            max_unavailable,
-            min_available,
-            selector: Some(selector),
-            unhealthy_pod_eviction_policy: unhealthy.map(Into::into),
-        };
+        let spec =
+            PodDisruptionBudgetSpec { max_unavailable, min_available, selector: Some(selector), unhealthy_pod_eviction_policy: None };
         Child::new(name.clone(), PodDisruptionBudget { metadata: metadata(db, &name, true), spec: Some(spec), ..Default::default() })
     };
     let members = pod::member_selector(db);
     if leadership == Leadership::Elected {
-        return vec![budget(n, members, IntOrString::Int(1), None)];
+        return vec![budget(n, members, IntOrString::Int(1))];
     }
     let role = |operator: &str| LabelSelectorRequirement {
         key: ROLE_LABEL.into(),
@@ -496,9 +492,10 @@ pub fn disruption_budgets(db: &Database, leadership: Leadership, replicas: u32) 
     let others_stay = replicas.saturating_sub(2) as i32;
     let primary_stays = i32::from(replicas > 1);
     vec![
-        budget(n.clone(), with(role("NotIn")), IntOrString::Int(others_stay), None),
-        // A primary that is not ready serves nothing: its eviction is not held back.
-        budget(Names(&n).primary_budget(), with(role("In")), IntOrString::Int(primary_stays), Some("AlwaysAllow")),
+        budget(n.clone(), with(role("NotIn")), IntOrString::Int(others_stay)),
+        // Held back too while it is not ready: fenced for the switchover, it is evicted
+        // once another member leads; down, once a failover has promoted another.
+        budget(Names(&n).primary_budget(), with(role("In")), IntOrString::Int(primary_stays)),
     ]
 }
 
