@@ -176,11 +176,17 @@ pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> R
     };
     if !member.fenced {
         // Said on the pod: once another member leads, this one is restarted to follow.
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-        let mark = serde_json::json!({"metadata": {"annotations": {crate::names::FENCED: "true"}}});
-        pods.patch(&member.name, &PatchParams::default(), &Patch::Merge(&mark)).await?;
+        mark(ctx, db, &member.name, crate::names::FENCED).await?;
     }
     Ok(fenced)
+}
+
+/// Annotates member pod `pod` with `annotation` (`"true"`): what its agent did to it.
+async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let mark = serde_json::json!({"metadata": {"annotations": {annotation: "true"}}});
+    pods.patch(pod, &PatchParams::default(), &Patch::Merge(&mark)).await?;
+    Ok(())
 }
 
 /// Asks the agent of `member`, chosen to lead, to promote it in place; says whether it
@@ -193,9 +199,7 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
     if said.first().and_then(|a| a.as_deref()).map(str::trim) != Some("promoted") {
         return Ok(false);
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let mark = serde_json::json!({"metadata": {"annotations": {crate::names::PROMOTED: "true"}}});
-    pods.patch(&member.name, &PatchParams::default(), &Patch::Merge(&mark)).await?;
+    mark(ctx, db, &member.name, crate::names::PROMOTED).await?;
     Ok(true)
 }
 
