@@ -3,7 +3,9 @@
 //! HTTPS: `GET /status` with the line the plugin's status command prints (`primary
 //! <position>`, or `replica <position>` and the replica's lag), read from the local engine when asked, and,
 //! where the plugin declares `agent.fence-command`, `POST /fence`, which fences the member
-//! (`fenced` once the fence command has succeeded, `fencing` while it has not yet).
+//! (`fenced` once the fence command has succeeded, `fencing` while it has not yet), and
+//! `POST /promote` and `POST /synchronous/<n>` with `agent.promote-command` and
+//! `agent.synchronous-command` (how many replicas must confirm each commit, 0-9).
 //!
 //! Fencing: a fenced member takes no more writes for the rest of its pod's life. The
 //! agent marks it in a file the engine's start also reads (so that a restarted engine
@@ -79,6 +81,22 @@ const REFENCE_EVERY: Duration = Duration::from_secs(5);
 /// operator's 2 s for an answer.
 const FENCE_WAIT: Duration = Duration::from_millis(1600);
 
+/// The variable holding the number of replicas `agent.synchronous-command` sets.
+pub const SYNCHRONOUS_ENV: &str = "PLUGDB_SYNCHRONOUS_REPLICAS";
+
+/// The commands the agent runs, from the plugin (each empty when it declares none).
+#[derive(Debug, Clone, Default)]
+pub struct Commands {
+    /// `agent.status-command`.
+    pub status: Vec<String>,
+    /// `agent.fence-command`, with what the fence needs.
+    pub fence: Option<Fence>,
+    /// `agent.promote-command` (served with a fence only: a fenced member is never promoted).
+    pub promote: Vec<String>,
+    /// `agent.synchronous-command`.
+    pub synchronous: Vec<String>,
+}
+
 /// What a member says of itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
@@ -147,10 +165,7 @@ pub struct Fence {
 
 /// What every connection shares: the commands (one runs at a time) and the fence.
 struct Agent {
-    status: Vec<String>,
-    fence: Option<Fence>,
-    /// The promote command (served with a fence only); empty: none.
-    promote: Vec<String>,
+    commands: Commands,
     command: Semaphore,
     fenced: tokio::sync::Notify,
     /// How many times the fence command has succeeded (once: the engine takes no more writes).
@@ -161,12 +176,12 @@ struct Agent {
 
 impl Agent {
     fn is_fenced(&self) -> bool {
-        self.fence.as_ref().is_some_and(|f| f.mark.exists())
+        self.commands.fence.as_ref().is_some_and(|f| f.mark.exists())
     }
 
     /// Marks the member fenced (the watcher runs the fence command).
     fn mark_fenced(&self, why: &str) -> std::io::Result<()> {
-        let Some(fence) = &self.fence else { return Ok(()) };
+        let Some(fence) = &self.commands.fence else { return Ok(()) };
         if !fence.mark.exists() {
             std::fs::write(&fence.mark, format!("{why}\n"))?;
             tracing::warn!("fencing this member: {why}");
@@ -177,31 +192,53 @@ impl Agent {
 
     async fn run(&self, argv: &[String]) -> Result<String, String> {
         let _one_at_a_time = self.command.acquire().await.map_err(|e| e.to_string())?;
-        run(argv).await
+        run(argv, &[]).await
+    }
+
+    /// Runs the command `argv`, unless the member is fenced: its fence mark is read under
+    /// the command lock, which the fence command takes too.
+    async fn run_unfenced(&self, argv: &[String], env: &[(&str, &str)], done: &str) -> (&'static str, String) {
+        let Ok(_one_at_a_time) = self.command.acquire().await else { return ("503 Service Unavailable", "stopping\n".into()) };
+        if self.is_fenced() {
+            return ("409 Conflict", format!("fenced: not {done}\n"));
+        }
+        match run(argv, env).await {
+            Ok(_) => ("200 OK", format!("{done}\n")),
+            Err(e) => ("500 Internal Server Error", format!("not {done}: {e}\n")),
+        }
     }
 }
 
-/// Serves `GET /status` (and `POST /fence`, with a `fence`, and `POST /promote`, with a
-/// `promote` command too) on `port` until the process ends, answering with what `status`
-/// prints. The certificate is read again for each connection: a renewed one is served
-/// without a restart.
-pub async fn serve(port: u16, certs: PathBuf, status: Vec<String>, fence: Option<Fence>, promote: Vec<String>) -> anyhow::Result<()> {
-    anyhow::ensure!(!status.is_empty(), "no status command to run");
+/// The number of replicas in a `POST /synchronous/<n>` request head, 0-9.
+fn synchronous_replicas(head: &[u8]) -> Option<&str> {
+    let rest = head.strip_prefix(b"POST /synchronous/")?;
+    match rest {
+        [n @ b'0'..=b'9', b' ', ..] => std::str::from_utf8(std::slice::from_ref(n)).ok(),
+        _ => None,
+    }
+}
+
+/// Serves `GET /status` (and `POST /fence`, with a `fence`, `POST /promote`, with a
+/// `promote` command too, and `POST /synchronous/<n>`, with a `synchronous` command) on
+/// `port` until the process ends, answering with what `status` prints. The certificate
+/// is read again for each connection: a renewed one is served without a restart.
+pub async fn serve(port: u16, certs: PathBuf, mut commands: Commands) -> anyhow::Result<()> {
+    anyhow::ensure!(!commands.status.is_empty(), "no status command to run");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.with_context(|| format!("listening on port {port}"))?;
-    tracing::info!(port, command = %status.join(" "), fence = fence.is_some(), "the member agent serves");
+    tracing::info!(port, command = %commands.status.join(" "), fence = commands.fence.is_some(), "the member agent serves");
     let connections = Arc::new(Semaphore::new(CONNECTIONS));
-    let promote = if fence.is_some() { promote } else { Vec::new() };
+    if commands.fence.is_none() {
+        commands.promote.clear();
+    }
     let agent = Arc::new(Agent {
-        status,
-        fence,
-        promote,
+        commands,
         command: Semaphore::new(1),
         fenced: tokio::sync::Notify::new(),
         fence_runs: Default::default(),
         rerun: Default::default(),
     });
-    if agent.fence.is_some() {
+    if agent.commands.fence.is_some() {
         tokio::spawn(watch(agent.clone()));
     }
     loop {
@@ -260,11 +297,11 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
         head.extend_from_slice(&chunk[..n]);
     }
     let (status, body) = if head.starts_with(b"GET /status ") {
-        match agent.run(&agent.status).await {
+        match agent.run(&agent.commands.status).await {
             Ok(out) => ("200 OK", out),
             Err(e) => ("503 Service Unavailable", e),
         }
-    } else if head.starts_with(b"POST /fence ") && agent.fence.is_some() {
+    } else if head.starts_with(b"POST /fence ") && agent.commands.fence.is_some() {
         // Each ask runs the fence command again (a fence may also cut what the member
         // still serves, such as its replication to others), and waits for that run.
         let before = agent.fence_runs.load(Ordering::SeqCst);
@@ -280,23 +317,21 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
             }
             Err(e) => ("500 Internal Server Error", format!("cannot mark the member fenced: {e}\n")),
         }
-    } else if head.starts_with(b"POST /promote ") && !agent.promote.is_empty() {
-        // Never a fenced member (a fenced primary must not lead again as it runs): its
-        // fence mark is read under the command lock, which the fence command takes too.
-        let _one_at_a_time = agent.command.acquire().await?;
-        if agent.is_fenced() {
-            ("409 Conflict", "fenced: not promoted\n".to_string())
-        } else {
-            match run(&agent.promote).await {
-                Ok(_) => {
-                    tracing::warn!("promoted in place: this member leads");
-                    ("200 OK", "promoted\n".to_string())
-                }
-                Err(e) => ("500 Internal Server Error", format!("not promoted: {e}\n")),
-            }
+    } else if head.starts_with(b"POST /promote ") && !agent.commands.promote.is_empty() {
+        // Never a fenced member (a fenced primary must not lead again as it runs).
+        let answer = agent.run_unfenced(&agent.commands.promote, &[], "promoted").await;
+        if answer.0 == "200 OK" {
+            tracing::warn!("promoted in place: this member leads");
         }
+        answer
+    } else if let Some(n) = synchronous_replicas(&head).filter(|_| !agent.commands.synchronous.is_empty()) {
+        let answer = agent.run_unfenced(&agent.commands.synchronous, &[(SYNCHRONOUS_ENV, n)], "set").await;
+        if answer.0 == "200 OK" {
+            tracing::info!("commits now wait for {n} replicas");
+        }
+        answer
     } else {
-        ("404 Not Found", "only GET /status, POST /fence and POST /promote are served\n".to_string())
+        ("404 Not Found", "only GET /status, POST /fence, POST /promote and POST /synchronous/<n> are served\n".to_string())
     };
     let response = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     stream.write_all(response.as_bytes()).await?;
@@ -311,7 +346,7 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
 /// until it succeeds, and again every [`REFENCE_EVERY`] (an engine restarted in place
 /// must not stay unfenced).
 async fn watch(agent: Arc<Agent>) {
-    let Some(fence) = agent.fence.as_ref() else { return };
+    let Some(fence) = agent.commands.fence.as_ref() else { return };
     if fence.control_plane.is_none() {
         tracing::warn!("KUBERNETES_SERVICE_HOST is not set: this member never fences itself");
     }
@@ -338,7 +373,7 @@ async fn watch(agent: Arc<Agent>) {
             };
             cut_off_since = if cut_off { cut_off_since.or_else(|| Some(tokio::time::Instant::now())) } else { None };
             if cut_off_since.is_some_and(|since| since.elapsed() >= fence.cut_off_after) {
-                let primary = agent.run(&agent.status).await.ok().and_then(|said| parse(&said).ok()).is_some_and(|s| s.primary);
+                let primary = agent.run(&agent.commands.status).await.ok().and_then(|said| parse(&said).ok()).is_some_and(|s| s.primary);
                 if primary {
                     let why = format!("primary, and cut off from the control plane and every other member for {:?}", fence.cut_off_after);
                     if let Err(e) = agent.mark_fenced(&why) {
@@ -390,10 +425,11 @@ pub fn ready(mark: &Path) -> Result<(), String> {
 
 /// What `argv` prints, when it exits 0 within [`COMMAND_TIMEOUT`] with at most
 /// [`MAX_OUTPUT`] bytes of UTF-8; otherwise why not, with the end of what it said.
-pub async fn run(argv: &[String]) -> Result<String, String> {
+pub async fn run(argv: &[String], env: &[(&str, &str)]) -> Result<String, String> {
     let (program, args) = argv.split_first().ok_or("no command")?;
     let mut child = tokio::process::Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

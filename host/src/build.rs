@@ -83,6 +83,7 @@ pub fn engine_spec(db: &Database, version: &str) -> Result<EngineSpec, Vec<Viola
             })
             .collect(),
         tls: db.spec.tls_enabled().then(crate::tls::files),
+        synchronous_replicas: db.spec.synchronous_replicas(),
     };
     if problems.is_empty() { Ok(spec) } else { Err(problems) }
 }
@@ -397,7 +398,7 @@ pub fn statefulset(
             image,
             &mut containers[0],
             &workload.status_command,
-            (&workload.fence_command, &workload.promote_command),
+            (&workload.fence_command, &workload.promote_command, &workload.synchronous_command),
         );
         init.insert(0, copy);
         containers.push(agent);

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName cannot be changed after creation"))]
+#[x_kube(validation = Rule::new("!has(self.replication) || self.replication.mode != 'Synchronous' || self.replicas > self.replication.synchronousReplicas").message("replication.synchronousReplicas must be fewer than replicas: that many replicas must have each commit"))]
 pub struct DatabaseSpec {
     /// Engine that runs this database, e.g. `postgres` or `mysql`: the name of a loaded
     /// engine plugin. Cannot be changed after creation.
@@ -96,6 +97,67 @@ pub struct DatabaseSpec {
     /// default (plaintext for most).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+
+    /// How replicas follow the primary. Unset: asynchronously.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationSpec>,
+}
+
+/// How a commit reaches the replicas before the primary acknowledges it. (An engine that
+/// elects its leader, such as etcd, commits every write on a quorum whatever this says.)
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationSpec {
+    /// `Asynchronous` (default): the primary acknowledges a commit once it has it, and a
+    /// failover may lose the last commits no replica had received. `Synchronous`: once
+    /// `synchronousReplicas` replicas have it on disk too; a failover promotes the replica
+    /// that has the most, so no acknowledged commit is lost.
+    #[serde(default)]
+    pub mode: ReplicationMode,
+    /// `Synchronous`: how many replicas must have each commit (default 1); fewer than
+    /// `spec.replicas`.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 8))]
+    pub synchronous_replicas: i32,
+    /// `Synchronous`, while fewer replicas than `synchronousReplicas` are ready: `Wait`
+    /// (default): commits wait until enough are back; `Degrade`: after
+    /// `degradeAfterSeconds`, commits no longer wait (replication is asynchronous, as the
+    /// `SynchronousReplication` condition says) until enough are back.
+    #[serde(default)]
+    pub when_too_few_replicas: TooFewReplicas,
+    /// `Degrade`: how long commits may wait for too few replicas before they no longer
+    /// wait (default 30).
+    #[serde(default = "thirty")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub degrade_after_seconds: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+fn thirty() -> i32 {
+    30
+}
+
+/// Asynchronous or synchronous replication.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+pub enum ReplicationMode {
+    /// The primary acknowledges a commit once it has it.
+    #[default]
+    Asynchronous,
+    /// The primary acknowledges a commit once `synchronousReplicas` replicas have it too.
+    Synchronous,
+}
+
+/// What commits do while too few replicas are ready for synchronous replication.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+pub enum TooFewReplicas {
+    /// They wait until enough replicas are back: no acknowledged commit is ever lost.
+    #[default]
+    Wait,
+    /// After `degradeAfterSeconds` they no longer wait, until enough replicas are back.
+    Degrade,
 }
 
 /// TLS for a Database: a certificate for every name of its Services and members in
@@ -152,6 +214,14 @@ impl DatabaseSpec {
     /// The cert-manager issuer of the Database's certificate, when TLS is on and one is named.
     pub fn tls_issuer(&self) -> Option<&IssuerRef> {
         self.tls.as_ref().filter(|t| t.enabled).and_then(|t| t.issuer_ref.as_ref())
+    }
+
+    /// How many replicas must have each commit (0: asynchronous replication).
+    pub fn synchronous_replicas(&self) -> u32 {
+        match &self.replication {
+            Some(r) if r.mode == ReplicationMode::Synchronous => r.synchronous_replicas.max(1) as u32,
+            _ => 0,
+        }
     }
 }
 
@@ -414,7 +484,7 @@ pub struct DatabaseStatus {
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready, Progressing, Degraded, PluginReady, BackupHealthy.
+    /// Ready, Progressing, Degraded, PluginReady, BackupHealthy, Restored, SynchronousReplication.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Pod name of the current primary.

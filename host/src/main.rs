@@ -229,6 +229,9 @@ enum AgentCommand {
         /// fenced member is never promoted).
         #[arg(long, value_name = "JSON", requires = "fence_command")]
         promote_command: Option<String>,
+        /// The plugin's synchronous command, as a JSON list of strings.
+        #[arg(long, value_name = "JSON")]
+        synchronous_command: Option<String>,
         /// The name under which the cluster's DNS lists every member.
         #[arg(long, value_name = "HOST")]
         members: Option<String>,
@@ -448,7 +451,7 @@ fn main() -> Result<()> {
             let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
             plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
         }
-        Command::Agent(AgentCommand::Serve { port, certs, fence_command, promote_command, members, command }) => {
+        Command::Agent(AgentCommand::Serve { port, certs, fence_command, promote_command, synchronous_command, members, command }) => {
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
             let fence = match (fence_command, members) {
                 (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
@@ -461,9 +464,16 @@ fn main() -> Result<()> {
                 }),
                 _ => None,
             };
-            let promote = match promote_command {
-                Some(argv) => serde_json::from_str(&argv).context("--promote-command is a JSON list of strings")?,
-                None => Vec::new(),
+            let argv = |flag: &str, json: Option<String>| -> anyhow::Result<Vec<String>> {
+                json.map(|j| serde_json::from_str(&j).with_context(|| format!("--{flag} is a JSON list of strings")))
+                    .transpose()
+                    .map(Option::unwrap_or_default)
+            };
+            let commands = plugdb::agent::Commands {
+                status: command,
+                fence,
+                promote: argv("promote-command", promote_command)?,
+                synchronous: argv("synchronous-command", synchronous_command)?,
             };
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
             // The agent is its container's first process: without a handler it would ignore
@@ -471,7 +481,7 @@ fn main() -> Result<()> {
             runtime.block_on(async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
                 tokio::select! {
-                    served = plugdb::agent::serve(port, certs, command, fence, promote) => served,
+                    served = plugdb::agent::serve(port, certs, commands) => served,
                     _ = term.recv() => Ok(()),
                     _ = tokio::signal::ctrl_c() => Ok(()),
                 }

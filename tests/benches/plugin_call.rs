@@ -29,6 +29,7 @@ fn spec() -> EngineSpec {
             ("statement_timeout".into(), ParameterValue::Text("30s".into())),
         ],
         tls: None,
+        synchronous_replicas: 0,
     }
 }
 
@@ -58,6 +59,7 @@ fn native_inputs() -> (plugdb_sdk::DatabaseSpec, plugdb_sdk::ClusterContext) {
                 })
                 .collect(),
             tls: None,
+            synchronous_replicas: 0,
         },
         plugdb_sdk::ClusterContext {
             primary_host: c.primary_host,

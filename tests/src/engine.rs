@@ -47,6 +47,7 @@ impl EngineUnderTest {
             limits: ResourceAmounts { cpu_millis: Some(1000), memory_bytes: Some(1 << 30) },
             parameters: parameters.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             tls: None,
+            synchronous_replicas: 0,
         }
     }
 

@@ -354,21 +354,35 @@ pub fn signal_engine(pod: &Pod, binary: &str, signal: &str) {
     signal_container(pod, &engine, binary, signal)
 }
 
-/// Sends `signal` to the oldest process named `binary` in container `engine` of `pod`.
-pub fn signal_container(pod: &Pod, engine: &str, binary: &str, signal: &str) {
-    let container = pod
+/// The processes of container `container` of `pod`.
+fn processes(pod: &Pod, container: &str) -> impl Iterator<Item = u32> {
+    let id = pod
         .status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.iter().find(|c| c.name == engine))
+        .and_then(|c| c.iter().find(|c| c.name == container))
         .and_then(|c| c.container_id.clone())
         .expect("a running container");
-    let id = container.rsplit('/').next().unwrap_or_default().to_string();
-    let mut candidates: Vec<(u64, u32)> = std::fs::read_dir("/proc")
+    let id = id.rsplit('/').next().unwrap_or_default().to_string();
+    std::fs::read_dir("/proc")
         .expect("/proc")
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id)))
+        .filter(move |pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id)))
+}
+
+/// Sends `signal` to every process in container `container` of `pod` (`STOP`: the whole
+/// engine hangs, its replication too).
+pub fn signal_all(pod: &Pod, container: &str, signal: &str) {
+    let pids: Vec<String> = processes(pod, container).map(|p| p.to_string()).collect();
+    assert!(!pids.is_empty(), "no process in {container} of {}", pod.name_any());
+    let status = std::process::Command::new("kill").arg(format!("-{signal}")).args(&pids).status().expect("kill");
+    assert!(status.success(), "kill -{signal} {pids:?}");
+}
+
+/// Sends `signal` to the oldest process named `binary` in container `engine` of `pod`.
+pub fn signal_container(pod: &Pod, engine: &str, binary: &str, signal: &str) {
+    let mut candidates: Vec<(u64, u32)> = processes(pod, engine)
         .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == binary))
         .filter_map(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

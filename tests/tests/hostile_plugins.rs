@@ -80,6 +80,7 @@ fn spec(attack: &str) -> EngineSpec {
         limits: ResourceAmounts::default(),
         parameters: vec![("attack".into(), ParameterValue::Text(attack.into()))],
         tls: None,
+        synchronous_replicas: 0,
     }
 }
 
@@ -245,6 +246,9 @@ fn the_agent_commands_are_bounded_like_render() {
     let err = attack(&rt, &hostile, &good, "promote-argv");
     let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
     assert!(violations.iter().any(|v| v.field == "promoteCommand"), "{err}");
+    let err = attack(&rt, &hostile, &good, "synchronous-argv");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    assert!(violations.iter().any(|v| v.field == "synchronousCommand"), "{err}");
 }
 
 /// A log line past the copy bound fails the call, and the error says it was a log line,

@@ -15,6 +15,7 @@ fn spec(version: &str) -> EngineSpec {
         limits: ResourceAmounts { cpu_millis: Some(2000), memory_bytes: Some(4 << 30) },
         parameters: vec![("greeting".into(), ParameterValue::Text("hi".into()))],
         tls: None,
+        synchronous_replicas: 0,
     }
 }
 

@@ -32,14 +32,14 @@ fn a_status_is_a_role_and_a_position_on_one_line() {
 
 #[tokio::test]
 async fn the_status_command_is_bounded_in_time_and_output() {
-    assert_eq!(run(&sh("echo replica 0/5")).await, Ok("replica 0/5\n".into()));
-    let failed = run(&sh("echo 'connection refused' >&2; exit 2")).await.expect_err("a failure");
+    assert_eq!(run(&sh("echo replica 0/5"), &[]).await, Ok("replica 0/5\n".into()));
+    let failed = run(&sh("echo 'connection refused' >&2; exit 2"), &[]).await.expect_err("a failure");
     assert!(failed.contains("connection refused"), "{failed}");
     let started = std::time::Instant::now();
-    let slow = run(&sh("sleep 30")).await.expect_err("too slow");
+    let slow = run(&sh("sleep 30"), &[]).await.expect_err("too slow");
     assert!(slow.contains("longer than"), "{slow}");
     assert!(started.elapsed() < Duration::from_secs(10), "stopped at the timeout, not after the command");
-    let chatty = run(&sh("head -c 1000000 /dev/zero | tr '\\0' x")).await.expect_err("too long");
+    let chatty = run(&sh("head -c 1000000 /dev/zero | tr '\\0' x"), &[]).await.expect_err("too long");
     assert!(chatty.contains("more than"), "{chatty}");
 }
 
@@ -132,9 +132,7 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
         std::fs::create_dir_all(&dir).expect("dir");
         let fence = fence_in(&dir, control_plane);
         let agent = Agent {
-            status: sh(&format!("echo {said}")),
-            fence: Some(fence),
-            promote: Vec::new(),
+            commands: Commands { status: sh(&format!("echo {said}")), fence: Some(fence), ..Default::default() },
             command: Semaphore::new(1),
             fenced: Default::default(),
             fence_runs: Default::default(),
@@ -171,7 +169,9 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     let certs = ours.dir.0.clone();
     let fence = fence_in(&certs, None);
     let promote = sh(&format!("echo promoted >> {}/promoted", certs.display()));
-    tokio::spawn(serve(port, certs, sh("echo replica 0/3000148"), Some(fence), promote));
+    let synchronous = sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS\" >> {}/synchronous", certs.display()));
+    let commands = Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous };
+    tokio::spawn(serve(port, certs, commands));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
     let ask_to = |query: &crate::plugin::MemberQuery, identity: Option<Vec<u8>>| {
@@ -196,13 +196,23 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another Database's operator is refused");
 
     let promote = crate::plugin::MemberQuery { port, path: "/promote".into(), body: Some(String::new()), https: true };
+    let post = |path: &str| crate::plugin::MemberQuery { port, path: path.into(), body: Some(String::new()), https: true };
     let promoted = ours.dir.0.join("promoted");
+    let synchronous = ours.dir.0.join("synchronous");
     let (mark, ran) = (ours.dir.0.join(FENCED_FILE), ours.dir.0.join("ran"));
     for refused in [None, Some(ours.agent.clone()), Some(theirs.operator.clone())] {
         assert_eq!(ask_to(&fence, refused.clone()).await, None, "only the operator fences");
-        assert_eq!(ask_to(&promote, refused).await, None, "only the operator promotes");
+        assert_eq!(ask_to(&promote, refused.clone()).await, None, "only the operator promotes");
+        assert_eq!(ask_to(&post("/synchronous/0"), refused).await, None, "only the operator lowers synchronous replication");
     }
     assert!(!promoted.exists(), "not promoted by anyone else");
+    assert!(!synchronous.exists(), "synchronous replication not changed by anyone else");
+    for not_a_number in ["/synchronous/10", "/synchronous/x", "/synchronous/", "/synchronous/1;2"] {
+        assert_eq!(ask_to(&post(not_a_number), Some(ours.operator.clone())).await, None, "{not_a_number}: refused");
+    }
+    assert_eq!(ask_to(&post("/synchronous/0"), Some(ours.operator.clone())).await.as_deref(), Some("set\n"));
+    assert_eq!(ask_to(&post("/synchronous/2"), Some(ours.operator.clone())).await.as_deref(), Some("set\n"));
+    assert_eq!(std::fs::read_to_string(&synchronous).expect("the synchronous command ran"), "0\n2\n", "with the number asked for");
     assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await.as_deref(), Some("promoted\n"));
     assert_eq!(std::fs::read_to_string(&promoted).expect("the promote command ran"), "promoted\n");
     assert!(ready(&mark).is_ok() && !ran.exists(), "not fenced by anyone else");
@@ -210,5 +220,6 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert!(ready(&mark).is_err(), "fenced: not ready");
     assert!(within(Duration::from_secs(10), || ran.exists()).await, "the fence command ran");
     assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await, None, "a fenced member is not promoted");
+    assert_eq!(ask_to(&post("/synchronous/0"), Some(ours.operator.clone())).await, None, "nor has its synchronous replication changed");
     assert_eq!(std::fs::read_to_string(&promoted).expect("promoted once"), "promoted\n");
 }

@@ -20,13 +20,14 @@ use crate::names::Names;
 /// With a `fence` command the engine is given the agent's state, read-only, and the path
 /// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
 /// not ready. With a `promote` command too, the agent promotes its member in place when
-/// the operator asks.
+/// the operator asks; with a `synchronous` command, it changes how many replicas confirm
+/// each commit when the operator asks.
 pub fn containers(
     db: &Database,
     image: &str,
     engine: &mut Container,
     status: &[String],
-    (fence, promote): (&[String], &[String]),
+    (fence, promote, synchronous): (&[String], &[String], &[String]),
 ) -> (Container, Container, Vec<Volume>) {
     let binary = format!("{BIN_DIR}/plugdb");
     let quantity = |q: &str| Quantity(q.into());
@@ -52,6 +53,9 @@ pub fn containers(
     mounts.push(pod::mount("agent-certs", CERTS, true));
     let mut env = engine.env.clone().unwrap_or_default();
     let mut readiness = None;
+    if !synchronous.is_empty() {
+        command.extend(["--synchronous-command".into(), serde_json::to_string(synchronous).expect("a list of strings is JSON")]);
+    }
     if !fence.is_empty() {
         let members = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
         let argv = serde_json::to_string(fence).expect("a list of strings is JSON");

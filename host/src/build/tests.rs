@@ -60,6 +60,7 @@ fn workload(config: &str) -> Workload {
         fence_command: vec![],
         client_command: vec![],
         promote_command: vec![],
+        synchronous_command: vec![],
     }
 }
 

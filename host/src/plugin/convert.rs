@@ -83,6 +83,7 @@ pub(crate) struct Exports {
     /// `agent.client-command`, likewise.
     client_command: Option<ComponentExportIndex>,
     promote_command: Option<ComponentExportIndex>,
+    synchronous_command: Option<ComponentExportIndex>,
 }
 
 /// Dispatches a call to the module of the plugin's contract.
@@ -141,6 +142,10 @@ impl Exports {
                 Contract::V0_2 => agent_export(component, interface, "promote-command"),
                 Contract::V0_1 => None,
             },
+            synchronous_command: match contract {
+                Contract::V0_2 => agent_export(component, interface, "synchronous-command"),
+                Contract::V0_1 => None,
+            },
         })
     }
 
@@ -180,7 +185,10 @@ impl Exports {
                 w.client_command = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
             }
             if let Some(index) = &self.promote_command {
-                w.promote_command = v0_2::agent_command(store, instance, index, spec)?;
+                w.promote_command = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
+            }
+            if let Some(index) = &self.synchronous_command {
+                w.synchronous_command = v0_2::agent_command(store, instance, index, spec)?;
             }
         }
         Ok(workload)
@@ -421,6 +429,7 @@ macro_rules! conversions {
                 fence_command: Vec::new(),
                 client_command: Vec::new(),
                 promote_command: Vec::new(),
+                synchronous_command: Vec::new(),
             }
         }
 
@@ -508,6 +517,7 @@ pub(crate) mod v0_2 {
             limits: amounts(&s.limits),
             parameters,
             tls: s.tls.as_ref().map(|t| w::TlsFiles { certificate: &t.certificate, key: &t.key, ca: &t.ca }),
+            synchronous_replicas: s.synchronous_replicas,
         }
     }
 

@@ -140,6 +140,7 @@ mod tests {
             limits: Default::default(),
             parameters: Vec::new(),
             tls: None,
+            synchronous_replicas: 0,
         }
     }
 

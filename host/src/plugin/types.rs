@@ -128,6 +128,8 @@ pub struct EngineSpec {
     pub parameters: Vec<(String, ParameterValue)>,
     /// TLS files in every member and Job, when the Database asks for TLS (contract 0.2).
     pub tls: Option<TlsFiles>,
+    /// Replicas that must have each commit; 0: asynchronous replication (contract 0.2).
+    pub synchronous_replicas: u32,
 }
 
 /// Where the host mounts the Database's TLS certificate (PEM files).
@@ -328,6 +330,9 @@ pub struct Workload {
     /// `agent.promote-command`: how the agent promotes its member in place (empty: by
     /// the member's restart in its new role).
     pub promote_command: Vec<String>,
+    /// `agent.synchronous-command`: how the agent changes, as the primary runs, how many
+    /// replicas must confirm each commit (empty: never lowered).
+    pub synchronous_command: Vec<String>,
 }
 
 /// A request the host sends to every member of an engine that elects its leader.

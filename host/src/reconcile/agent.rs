@@ -203,6 +203,19 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
     Ok(true)
 }
 
+/// Asks the agent of `primary` to make each commit wait for `replicas` replicas (0: none);
+/// says whether it did.
+pub async fn synchronous(ctx: &Context, db: &Database, primary: Option<&Observed>, replicas: u32) -> Result<bool, Error> {
+    let Some(primary) = primary else { return Ok(false) };
+    let query = MemberQuery { port: agent::PORT, path: format!("/synchronous/{replicas}"), body: Some(String::new()), https: true };
+    let said = ask(ctx, db, &query, std::slice::from_ref(primary)).await?;
+    let done = said.first().and_then(|a| a.as_deref()).map(str::trim) == Some("set");
+    if done {
+        tracing::info!(database = %format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any()), primary = %primary.name, replicas, "commits wait for this many replicas");
+    }
+    Ok(done)
+}
+
 /// What the agents said (as [`statuses`] gives it), by pod, for those that said something.
 pub fn by_pod(members: &[Observed], said: &[Option<agent::Status>]) -> Vec<(String, agent::Status)> {
     members.iter().zip(said).filter_map(|(m, s)| Some((m.name.clone(), s.clone()?))).collect()

@@ -20,6 +20,7 @@
 //! hear       member agents    -                   agent::Agents::due    (positions and lag, for the status)
 //! apply      -                -                   build::children       server-side apply, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart
+//! replication members         -                   decide::replication   the primary's agent asked, condition
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod deleted
 //! steps      Jobs             -                   decide::steps         upgrade Jobs
 //! backups    backup Jobs      backup              schedule, retention   backup Jobs, deletions
@@ -48,7 +49,10 @@ use super::backups::{self, BackupReport, JobState};
 use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
-use super::{Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, restore, serving, stop_with, write_status};
+use super::{
+    Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, replication, restore, serving, stop_with,
+    write_status,
+};
 use crate::build;
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
@@ -91,8 +95,11 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let leadership = build::Leadership::of(&engine.plugin);
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
+    let elects = engine.plugin.info().capabilities.elects_leader;
+    let (notes, replication_due) = replication::reconcile(ctx, db, &mut pass.status, (&members.observed, &primary.name), elects).await?;
+    pass.say(&notes).await;
     // Members of an engine that elects its leader are part of the engine's membership: never moved.
-    let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !engine.plugin.info().capabilities.elects_leader);
+    let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !elects);
     let moving_due = match move_after {
         Some(after) => nodes::move_replicas(ctx, db, after, &members.observed, &members.pods, &members.lost, &primary.name).await?,
         None => None,
@@ -117,7 +124,6 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
             restoring: restoring == restore::Restore::Running,
         })
         .await?;
-    let elects = engine.plugin.info().capabilities.elects_leader;
     let settled = decide::Settled {
         moving: in_motion,
         waiting_for_members: progressing && !in_motion,
@@ -127,8 +133,9 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
         next: pass.next_look(&report),
     };
     let mut requeue = decide::requeue(&ctx.settings, &settled);
-    if let Some(due) = moving_due {
-        // A member waits for its node's loss to last long enough: looked at again then.
+    for due in [moving_due, replication_due].into_iter().flatten() {
+        // A member waits for its node's loss, or commits for too few replicas, to last
+        // long enough: looked at again then.
         requeue = requeue.min(due);
     }
     if workload.member_query.is_some() {

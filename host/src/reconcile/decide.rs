@@ -443,6 +443,8 @@ pub fn down_for(members: &[Observed], primary: &str) -> Option<Duration> {
 
 mod primary;
 pub use primary::*;
+mod replication;
+pub use replication::*;
 
 #[cfg(test)]
 mod tests;

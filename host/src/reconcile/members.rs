@@ -159,9 +159,11 @@ impl Wanted<'_> {
     /// follows the new primary through the read-write Service without a restart). A
     /// member the operator fenced that is not the primary runs nothing it should: its
     /// fence lasts until its pod is made again. The primary promoted in place by its
-    /// agent runs what it should if its template differs only in the primary's name.
+    /// agent runs what it should if its template differs only in the primary's name;
+    /// once another leads, it runs nothing it should (it led: it must rejoin as a
+    /// replica, and its agent may have fenced it where the operator could not see).
     fn runs(&self, m: &Observed, primary: &str) -> bool {
-        if m.fenced && m.name != primary {
+        if (m.fenced || m.promoted) && m.name != primary {
             return false;
         }
         let same_but_primary = |(was, hash): &(String, String)| *was != m.name && !self.role_free.is_empty() && *hash == self.role_free;
@@ -287,6 +289,14 @@ mod tests {
         assert_eq!(next_to_roll(&restarted, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "not promoted in place: restarts");
         let other = Wanted { revision: "new", role_free: "changed" };
         assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "anything else changed: first");
+        // A failover back to db-0 (db-1's node lost, its agent fenced it unseen): db-1,
+        // back and not ready, restarts to rejoin as a replica.
+        // Whatever revision it has: the template naming db-0 again may be the one it started on.
+        for (what, db1) in [("an older revision", replica(1)), ("the revision wanted", m(1, true, "new"))] {
+            let back = vec![m(0, true, "new"), Observed { promoted: true, ready: false, ..db1 }, replica(2)];
+            assert_eq!(next_to_roll(&back, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-1"), "{what}: it led, it rejoins");
+            assert!(!rolled(&back, NEW, "db-0", 3), "{what}");
+        }
     }
 
     /// A member fenced for a switchover that a failover overtook (db-1 promoted, then

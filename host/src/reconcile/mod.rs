@@ -22,6 +22,7 @@ mod delete;
 pub mod members;
 mod nodes;
 pub mod owner;
+mod replication;
 pub mod restore;
 pub mod status;
 mod switchover;

@@ -20,6 +20,9 @@ pub mod kind {
     pub const BACKUP_HEALTHY: &str = "BackupHealthy";
     /// `restoreFrom` was carried out (only on Databases that ask for it).
     pub const RESTORED: &str = "Restored";
+    /// Each commit waits for as many replicas as `spec.replication` asks (only on
+    /// Databases that ask for synchronous replication).
+    pub const SYNCHRONOUS_REPLICATION: &str = "SynchronousReplication";
 }
 
 /// The longest condition message kept; the rest is cut, so a status write never
@@ -122,6 +125,12 @@ pub enum Reason {
     CertificateUnavailable,
     /// An object with the name of one of the Database's children is not the Database's.
     NameTaken,
+    /// Each commit waits for as many replicas as the spec asks.
+    SynchronousReplication,
+    /// Too few replicas are ready for synchronous replication: commits wait.
+    ReplicasMissing,
+    /// Too few replicas were ready for longer than the spec allows: commits no longer wait.
+    ReplicationDegraded,
 }
 
 impl Reason {
@@ -174,6 +183,9 @@ impl Reason {
             Reason::CertificatePending => "CertificatePending",
             Reason::CertificateUnavailable => "CertificateUnavailable",
             Reason::NameTaken => "NameTaken",
+            Reason::SynchronousReplication => "SynchronousReplication",
+            Reason::ReplicasMissing => "ReplicasMissing",
+            Reason::ReplicationDegraded => "ReplicationDegraded",
         }
     }
 }

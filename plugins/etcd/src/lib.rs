@@ -361,6 +361,10 @@ exec sh"
     fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
     }
+
+    fn synchronous_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 export_engine!(Etcd);

@@ -11,6 +11,7 @@ fn spec(replicas: u32, parameters: Vec<(&str, ParameterValue)>) -> DatabaseSpec 
         limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(512 << 20) },
         parameters: parameters.into_iter().map(|(n, value)| Parameter { name: n.into(), value }).collect(),
         tls: None,
+        synchronous_replicas: 0,
     }
 }
 

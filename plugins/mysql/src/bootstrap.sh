@@ -39,8 +39,9 @@ SQL
 
 # A primary does not start replicating (a promoted replica's threads would only be
 # stopped again, and stopping one that is connecting to the primary Service, which now
-# leads to this member, can take a minute).
-role_args="--read-only=OFF --skip-slave-start"
+# leads to this member, can take a minute); with synchronous replication its commits
+# wait for a replica (a replica's must not: it has no replicas of its own).
+role_args="--read-only=OFF --skip-slave-start${SEMI_SYNC:+ --rpl-semi-sync-master-enabled=$SEMI_SYNC}"
 [ "$POD_NAME" = "$PRIMARY_POD" ] || role_args="--read-only=ON"
 
 local_sql() { mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" "$@"; }
@@ -92,10 +93,18 @@ archive_loop() {
     sleep 2
   done
 }
-# On shutdown the primary closes and hands over its last log before the server stops.
+# On shutdown the primary closes and hands over its last log before the server stops;
+# a replica applies what it received (its agent says that position, by which a failover
+# or a switchover chooses it to lead, after this restart; and a commit semi-synchronous
+# replication confirmed may be in its relay log only), for 20 s at most.
 stop() {
   if [ -n "$archiving" ]; then
     local_sql -e 'FLUSH BINARY LOGS' >/dev/null 2>&1 && archive_closed || true
+  fi
+  if [ -f "$volume/plugdb-replica" ]; then
+    received=$(bounded_sql -e 'SHOW SLAVE STATUS\G' 2>/dev/null | sed -n 's/^ *Gtid_IO_Pos: \([0-9][-0-9,]*\)$/\1/p') || true
+    [ -z "$received" ] || timeout 25 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" -N -B \
+      -e "SELECT MASTER_GTID_WAIT('$received', 20)" >/dev/null 2>&1 || true
   fi
   kill -TERM "$server" 2>/dev/null
   wait "$server"

@@ -17,7 +17,11 @@
 //!   position up to that moment; transactions that several members' logs repeat (after
 //!   a failover) apply once. Binary-log times have one-second resolution: what was
 //!   logged in the second of the moment is not replayed.
-//! - Failover promotes the ready replica whose GTID position covers all others.
+//! - Synchronous replication is semi-synchronous, waiting after sync: the primary
+//!   acknowledges a commit once a replica has it in its relay log (MariaDB waits for one
+//!   replica, never more); the agent turns it off and on as the server runs. A replica
+//!   applies all it received before it stops (it may be promoted by its restart).
+//! - Failover promotes the ready replica whose received GTID position covers all others.
 //! - Minor upgrades roll members; a major upgrade to the next LTS adds `mariadb-upgrade`;
 //!   skipping an LTS and downgrades are refused.
 
@@ -79,6 +83,16 @@ fn my_cnf(spec: &DatabaseSpec) -> String {
         lines.push(format!("ssl_ca = {}", tls.ca));
         // Connections over the socket count as secure; every network one needs TLS.
         lines.push("require_secure_transport = ON".into());
+    }
+    if spec.synchronous_replicas > 0 {
+        // Every member: any of them may lead next. Commits wait for a replica however long
+        // (the host turns it off when the user allows it, see SYNCHRONOUS). Waiting is
+        // turned on by the primary's start alone (`SEMI_SYNC`): a replica applying what it
+        // receives logs it too, and would wait for replicas of its own, which it has none of.
+        lines.push("rpl_semi_sync_slave_enabled = ON".into());
+        lines.push("rpl_semi_sync_master_wait_point = AFTER_SYNC".into());
+        lines.push("rpl_semi_sync_master_wait_no_slave = ON".into());
+        lines.push(format!("rpl_semi_sync_master_timeout = {}", u32::MAX));
     }
     lines.extend(settings.iter().map(|(k, v)| format!("{k} = {v}")));
     lines.join("\n") + "\n"
@@ -185,6 +199,12 @@ impl Engine for Mysql {
             ));
         }
         out.extend(check_memory(&spec, 256 << 20, "MariaDB"));
+        if spec.synchronous_replicas > 1 {
+            out.push(violation(
+                "spec.replication.synchronousReplicas",
+                format!("MariaDB's semi-synchronous replication waits for one replica, not {}; use 1", spec.synchronous_replicas),
+            ));
+        }
         out.extend(parameters::CATALOG.check(&spec.parameters));
         out
     }
@@ -206,6 +226,10 @@ impl Engine for Mysql {
             env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
         ];
         env.extend(tls_env(&spec));
+        if spec.synchronous_replicas > 0 {
+            // The primary's start turns on waiting for a replica (see my_cnf).
+            env.push(env_value("SEMI_SYNC", "ON"));
+        }
         if let Some(dir) = &cluster.archive_directory {
             env.push(env_value("ARCHIVE_DIR", dir.clone()));
             env.push(env_value("ARCHIVE_TIMEOUT", archive_timeout(&spec).to_string()));
@@ -216,9 +240,11 @@ impl Engine for Mysql {
             args: vec![],
             env,
             ports: vec![Port { name: "mysql".into(), port: PORT }],
+            // Bounded in itself: a hung server accepts the socket's connection and never
+            // answers, and an exec probe that does not end keeps the member ready.
             readiness: Some(Probe {
                 action: ProbeAction::Exec(shell(
-                    "test -f \"$(dirname \"$DATADIR\")/plugdb-ready\" && mariadb --socket=\"$MARIADB_SOCKET\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'SELECT 1' >/dev/null",
+                    "test -f \"$(dirname \"$DATADIR\")/plugdb-ready\" && timeout 2 mariadb --connect-timeout=2 --socket=\"$MARIADB_SOCKET\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'SELECT 1' >/dev/null",
                 )),
                 initial_delay_seconds: 5,
                 period_seconds: 5,
@@ -358,15 +384,23 @@ const CLIENT: &str =
 ";
 
 /// What the member agent runs: the member's role (a replica is read-only) and the GTID
-/// position it has (`@@gtid_current_pos`); a replica adds its lag (`Seconds_Behind_Master`,
-/// not known while it does not replicate). A primary fenced by shutting its server down
-/// says the last position it wrote, which the fence kept beside the fence's mark.
+/// position it has: a primary's (`@@gtid_current_pos`), a replica's received one
+/// (`Gtid_IO_Pos`, which it applies before it stops; what it has applied until it has
+/// received anything): a commit semi-synchronous replication confirmed may be in a
+/// replica's relay log only. A replica adds its lag (`Seconds_Behind_Master`, not known
+/// while it does not replicate). A primary fenced by shutting its server down says the
+/// last position it wrote, which the fence kept beside the fence's mark.
 const STATUS: &str = "if ! said=$(m -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\" 2>&1); then
   last=\"${PLUGDB_FENCED:-}.position\"
   case \"$said\" in *\"Can't connect to server\"*) [ -n \"${PLUGDB_FENCED:-}\" ] && [ -s \"$last\" ] && exec echo \"primary $(cat \"$last\")\" ;; esac
   echo \"$said\" >&2; exit 1
 fi
-case \"$said\" in replica*) lag=$(m -e 'SHOW SLAVE STATUS\\G' | sed -n 's/^ *Seconds_Behind_Master: \\([0-9][0-9]*\\)$/\\1/p') ;; esac
+case \"$said\" in replica*)
+  replication=$(m -e 'SHOW SLAVE STATUS\\G')
+  lag=$(printf '%s\\n' \"$replication\" | sed -n 's/^ *Seconds_Behind_Master: \\([0-9][0-9]*\\)$/\\1/p')
+  received=$(printf '%s\\n' \"$replication\" | sed -n 's/^ *Gtid_IO_Pos: \\([0-9][-0-9,]*\\)$/\\1/p')
+  [ -z \"$received\" ] || said=\"replica $received\" ;;
+esac
 echo \"$said${lag:+ $lag}\"";
 
 /// What the member agent runs to fence a primary: the server shuts down (`read_only`
@@ -391,6 +425,10 @@ said=$(m -e SHUTDOWN 2>&1) && exit 0
 case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
 echo \"$said\" >&2; exit 1";
 
+/// What the member agent runs to turn semi-synchronous replication off (0) or on (1).
+const SYNCHRONOUS: &str = "case \"$PLUGDB_SYNCHRONOUS_REPLICAS\" in 0) on=OFF ;; 1) on=ON ;; *) echo \"MariaDB waits for 0 or 1 replica, not $PLUGDB_SYNCHRONOUS_REPLICAS\" >&2; exit 2 ;; esac
+m -e \"SET GLOBAL rpl_semi_sync_master_enabled = $on\"";
+
 impl Agent for Mysql {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(&[CLIENT, STATUS].concat())
@@ -411,6 +449,15 @@ impl Agent for Mysql {
     /// minute) and begins archiving its binary logs.
     fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
+    }
+
+    /// Semi-synchronous replication off (0) or on, as the server runs: off, the commits
+    /// waiting for a replica complete; a restart turns it on again (`my.cnf`).
+    fn synchronous_command(spec: DatabaseSpec) -> Vec<String> {
+        if spec.synchronous_replicas == 0 {
+            return Vec::new();
+        }
+        shell(&[CLIENT, SYNCHRONOUS].concat())
     }
 }
 

@@ -11,6 +11,7 @@ fn spec(version: &str) -> DatabaseSpec {
         limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(2 << 30) },
         parameters: vec![],
         tls: None,
+        synchronous_replicas: 0,
     }
 }
 
@@ -238,4 +239,42 @@ fn cluster() -> ClusterContext {
         archive_directory: None,
         restoring: false,
     }
+}
+
+/// Synchronous replication is semi-synchronous after sync, on every member (any may lead
+/// next), waiting however long until the agent turns it off; MariaDB waits for one
+/// replica, so more is refused.
+#[test]
+fn synchronous_replication_is_semi_synchronous_for_one_replica() {
+    assert!(!my_cnf(&spec("11.8")).contains("semi_sync"), "asynchronous unless asked");
+    assert!(Mysql::synchronous_command(spec("11.8")).is_empty());
+    let sync = DatabaseSpec { synchronous_replicas: 1, ..spec("11.8") };
+    let cnf = my_cnf(&sync);
+    assert!(!cnf.contains("rpl_semi_sync_master_enabled"), "a replica must not wait for replicas of its own: {cnf}");
+    let w = Mysql::render(sync.clone(), cluster()).expect("renders");
+    assert!(w.env.contains(&env_value("SEMI_SYNC", "ON")), "the primary's start turns it on");
+    for line in [
+        "rpl_semi_sync_slave_enabled = ON",
+        "rpl_semi_sync_master_wait_point = AFTER_SYNC",
+        "rpl_semi_sync_master_wait_no_slave = ON",
+        "rpl_semi_sync_master_timeout = 4294967295",
+    ] {
+        assert!(cnf.lines().any(|l| l == line), "{line}: {cnf}");
+    }
+    assert!(Mysql::validate(sync.clone()).is_empty());
+    let command = Mysql::synchronous_command(sync).join(" ");
+    assert!(command.contains("SET GLOBAL rpl_semi_sync_master_enabled"), "{command}");
+    let two = Mysql::validate(DatabaseSpec { synchronous_replicas: 2, ..spec("11.8") });
+    assert!(two.iter().any(|v| v.field == "spec.replication.synchronousReplicas" && v.message.contains("one replica")), "{two:?}");
+}
+
+/// A hung server accepts the probe's connection and never answers: the probe ends by
+/// itself, so the member goes not ready (and a hung primary is failed over).
+#[test]
+fn the_readiness_probe_ends_by_itself_on_a_hung_server() {
+    let w = Mysql::render(spec("11.8"), cluster()).expect("renders");
+    let Some(Probe { action: ProbeAction::Exec(argv), timeout_seconds, .. }) = w.readiness else { panic!("an exec readiness probe") };
+    let script = argv.join(" ");
+    assert!(script.contains("timeout 2 mariadb --connect-timeout=2"), "{script}");
+    assert!(timeout_seconds > 2, "the kubelet's own timeout comes after the probe's");
 }

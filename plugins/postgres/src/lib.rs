@@ -12,7 +12,11 @@
 //!   60 s unless set); a restore to a point in time unpacks the base backup, places the
 //!   archived WAL beside it, and the first start replays it to that moment and ends
 //!   recovery on a new timeline.
-//! - Failover promotes the ready replica with the most advanced replay position.
+//! - Synchronous replication is quorum commit: `synchronous_standby_names = 'ANY n (*)'`,
+//!   any `n` replicas; the agent lowers it as the server runs (`ALTER SYSTEM`, reloaded,
+//!   removed at the next start) when the host asks.
+//! - Failover promotes the ready replica that has the most WAL on disk (it replays all
+//!   of it before it leads).
 //! - Minor upgrades roll members, replicas first; majors and downgrades are refused.
 
 mod parameters;
@@ -90,6 +94,10 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
         "wal_retrieve_retry_interval = '1s'".into(),
         format!("max_connections = {}", max_connections(spec)),
     ];
+    if spec.synchronous_replicas > 0 {
+        // Any n replicas: the primary changes with failovers, and members come and go.
+        lines.push(format!("synchronous_standby_names = 'ANY {} (*)'", spec.synchronous_replicas));
+    }
     if let Some(tls) = &spec.tls {
         lines.push("ssl = on".into());
         lines.push(format!("ssl_cert_file = '{}'", tls.certificate));
@@ -194,6 +202,20 @@ impl Engine for Postgres {
         }
         out.extend(check_memory(&spec, 256 << 20, "PostgreSQL"));
         out.extend(parameters::CATALOG.check(&spec.parameters));
+        let durable = ["on", "remote_write", "remote_apply"];
+        if let Some(p) = spec.parameters.iter().find(|p| p.name == "synchronous_commit")
+            && spec.synchronous_replicas > 0
+            && !durable.contains(&parameter_text(p).as_str())
+        {
+            out.push(violation(
+                "spec.parameters.synchronous_commit",
+                format!(
+                    "{:?} acknowledges commits no replica has, which spec.replication.mode Synchronous forbids; use one of {}",
+                    parameter_text(p),
+                    durable.join(", ")
+                ),
+            ));
+        }
         out
     }
 
@@ -340,13 +362,16 @@ impl Engine for Postgres {
     }
 }
 
-/// What the member agent runs: the member's role and replay (replica) or write (primary)
-/// position, over TCP to the local server (what pg_hba allows), in a second at most.
+/// What the member agent runs: the member's role and the WAL it has on disk (replica:
+/// received and flushed, or replayed, whichever is further; it replays all of it before
+/// it leads) or has written (primary), over TCP to the local server (what pg_hba
+/// allows), in a second at most. Synchronous replication counts a commit once replicas
+/// have flushed it: a failover must compare that, not what they have replayed yet.
 /// A replica that has replayed nothing yet prints nothing: its position stays unknown.
 /// A streaming replica adds its lag: 0 once it has replayed all it received, else how
 /// old the last transaction it replayed is; one that does not stream knows no lag.
 const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq \
-    -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || pg_last_wal_replay_lsn() || COALESCE(' ' || \
+    -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || greatest(pg_last_wal_replay_lsn(), pg_last_wal_receive_lsn()) || COALESCE(' ' || \
     CASE WHEN NOT EXISTS (SELECT FROM pg_stat_wal_receiver WHERE status = 'streaming') THEN NULL \
     WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN '0' \
     ELSE round(greatest(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0)::numeric, 3)::text END, '') \
@@ -375,6 +400,16 @@ sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE bac
 const PROMOTE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
 [ \"$(psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 -c 'SELECT pg_promote(true, 1)')\" = t ]";
 
+/// What the member agent runs to change how many replicas confirm each commit: as the
+/// server runs (`ALTER SYSTEM`, reloaded; the start removes it, so the rendered setting
+/// returns with the next start). An empty setting releases the commits waiting now.
+const SYNCHRONOUS: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
+n=\"$PLUGDB_SYNCHRONOUS_REPLICAS\"
+case \"$n\" in 0) names='' ;; [1-9]) names=\"ANY $n (*)\" ;; *) echo \"not a number of replicas: $n\" >&2; exit 2 ;; esac
+sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\"; }
+sql -c \"ALTER SYSTEM SET synchronous_standby_names = '$names'\" -c 'SELECT pg_reload_conf()' >/dev/null
+until [ \"$(sql -c 'SHOW synchronous_standby_names')\" = \"$names\" ]; do sleep 0.05; done";
+
 impl Agent for Postgres {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(STATUS)
@@ -391,6 +426,10 @@ impl Agent for Postgres {
 
     fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(PROMOTE)
+    }
+
+    fn synchronous_command(spec: DatabaseSpec) -> Vec<String> {
+        if spec.synchronous_replicas == 0 { Vec::new() } else { shell(SYNCHRONOUS) }
     }
 }
 

@@ -11,6 +11,7 @@ fn spec(version: &str) -> DatabaseSpec {
         limits: ResourceAmounts { cpu_millis: None, memory_bytes: Some(2 << 30) },
         parameters: vec![],
         tls: None,
+        synchronous_replicas: 0,
     }
 }
 
@@ -239,4 +240,31 @@ fn cluster() -> ClusterContext {
         archive_directory: None,
         restoring: false,
     }
+}
+
+/// Synchronous replication is quorum commit over any replicas, which the agent can lower
+/// as the server runs; a setting that acknowledges commits no replica has is refused.
+#[test]
+fn synchronous_replication_waits_for_any_n_replicas_and_refuses_local_commits() {
+    let conf = |spec: DatabaseSpec| {
+        let w = Postgres::render(spec, cluster()).expect("renders");
+        w.config_files.iter().find(|f| f.name == "postgresql.conf").expect("postgresql.conf").content.clone()
+    };
+    assert!(!conf(spec("17")).contains("synchronous_standby_names"), "asynchronous unless asked");
+    assert!(Postgres::synchronous_command(spec("17")).is_empty(), "nothing to lower");
+    let sync = DatabaseSpec { synchronous_replicas: 2, ..spec("17") };
+    assert!(conf(sync.clone()).contains("synchronous_standby_names = 'ANY 2 (*)'\n"));
+    let command = Postgres::synchronous_command(sync.clone()).join(" ");
+    assert!(command.contains("PLUGDB_SYNCHRONOUS_REPLICAS") && command.contains("ALTER SYSTEM SET synchronous_standby_names"), "{command}");
+    let with = |value: &str| DatabaseSpec {
+        parameters: vec![Parameter { name: "synchronous_commit".into(), value: ParameterValue::Text(value.into()) }],
+        ..sync.clone()
+    };
+    for refused in ["off", "local"] {
+        let v = Postgres::validate(with(refused));
+        assert!(v.iter().any(|v| v.field == "spec.parameters.synchronous_commit"), "{refused}: {v:?}");
+    }
+    assert!(Postgres::validate(with("remote_apply")).is_empty());
+    let async_off = DatabaseSpec { parameters: with("off").parameters, ..spec("17") };
+    assert!(Postgres::validate(async_off).is_empty(), "asynchronous replication may commit locally");
 }

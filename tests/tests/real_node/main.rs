@@ -53,6 +53,12 @@ fn main() -> ExitCode {
             ("a_spec_the_plugin_rejects_is_a_readable_condition", |c| Box::pin(lifecycle::rejected_spec(c))),
             ("postgres_scheduled_backups_with_retention_and_on_demand", |c| Box::pin(lifecycle::scheduled_backups(c))),
             ("postgres_hung_primary_fails_over_to_the_chosen_replica", |c| Box::pin(members::failover_promotion(c))),
+            ("postgres_synchronous_commits_wait_for_a_frozen_replica_then_degrade_and_recover", |c| {
+                Box::pin(members::synchronous_commits_wait_then_degrade(c, Engine::Postgres, "17"))
+            }),
+            ("mysql_synchronous_commits_wait_for_a_frozen_replica_then_degrade_and_recover", |c| {
+                Box::pin(members::synchronous_commits_wait_then_degrade(c, Engine::Mysql, "11.8"))
+            }),
             ("postgres_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Postgres, "15"))),
             ("mysql_members_replicate_and_accept_the_secret_password", |c| Box::pin(members_replicate(c, Engine::Mysql, "11.8"))),
             ("postgres_scale_3_to_5_restarts_no_running_member_and_back_keeps_volumes", |c| {

@@ -361,3 +361,76 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// Synchronous replication under a frozen replica (`whenTooFewReplicas: Degrade`): with
+/// two members each commit waits for the replica. Frozen (every process of its engine
+/// stopped), a commit waits, and `SynchronousReplication` says why, until the replica
+/// has been not ready for `degradeAfterSeconds`: then the primary's agent lowers
+/// synchronous replication and the waiting commit completes. Thawed, commits wait for
+/// the replica again, and it has every row.
+pub async fn synchronous_commits_wait_then_degrade(cluster: Arc<Cluster>, engine: Engine, version: &str) {
+    let ns = &format!("{}-synchronous", engine.name());
+    let spec = json!({"replication": {"mode": "Synchronous", "whenTooFewReplicas": "Degrade", "degradeAfterSeconds": 10}});
+    cluster.apply_database(ns, database("orders", engine, version, 2, spec)).await.expect("apply");
+    running(&cluster, ns, "orders", 2).await;
+    // (the setting, on and off; who confirms commits, and what it says)
+    let (setting, on, off, confirming, confirms) = match engine {
+        Engine::Postgres => ("SHOW synchronous_standby_names", "ANY 1 (*)", "", "SELECT sync_state FROM pg_stat_replication", "quorum"),
+        Engine::Mysql => (
+            "SELECT @@rpl_semi_sync_master_enabled",
+            "1",
+            "0",
+            "SELECT variable_value FROM information_schema.global_status WHERE variable_name = 'RPL_SEMI_SYNC_MASTER_CLIENTS'",
+            "1",
+        ),
+    };
+    let says = |reason: &'static str| {
+        move |d: &plugdb::crd::Database| {
+            d.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "SynchronousReplication" && c.reason == reason))
+        }
+    };
+    cluster.wait_database(ns, "orders", "commits wait for the replica", WAIT, says("SynchronousReplication")).await.expect("synchronous");
+    let client = Arc::new(Client::new(&cluster, engine, ns, "orders").await);
+    let rw = client.service_ip("orders").await;
+    client.create_table(&rw).await;
+    client.insert(&rw, 1..11).await;
+    let members = client.members().await;
+    let primary = pod_ip(&members[0]);
+    assert_eq!(client.query(&primary, setting).await.as_deref(), Ok(on));
+    let state = client.eventually(&primary, confirming, Duration::from_secs(30), |r| r == confirms).await;
+    assert_eq!(state, confirms, "the replica confirms commits");
+    let container = members[1].spec.as_ref().map(|s| s.containers[0].name.clone()).expect("the engine's container");
+
+    plugdb_tests::scenario::signal_all(&members[1], &container, "STOP");
+    let frozen = Instant::now();
+    let waiting = {
+        let (client, rw) = (client.clone(), rw.clone());
+        tokio::spawn(async move { client.query(&rw, "INSERT INTO orders VALUES (11, 'waited for the replica')").await })
+    };
+    let db = cluster.wait_database(ns, "orders", "too few replicas", WAIT, says("ReplicasMissing")).await.expect("ReplicasMissing");
+    assert!(!waiting.is_finished(), "the commit waits for the frozen replica: {:?}", db.status);
+    let missing = frozen.elapsed();
+    cluster.wait_database(ns, "orders", "degraded", WAIT, says("ReplicationDegraded")).await.expect("degraded");
+    let done = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the waiting commit completes once degraded");
+    done.expect("the writer").expect("the insert");
+    let completed = frozen.elapsed();
+    client.insert(&rw, 12..21).await;
+    assert_eq!(client.query(&primary, setting).await.as_deref(), Ok(off), "lowered as the primary runs");
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    assert!(events.iter().any(|e| e.reason.as_deref() == Some("ReplicationDegraded")), "an Event says so");
+
+    plugdb_tests::scenario::signal_all(&members[1], &container, "CONT");
+    cluster.wait_database(ns, "orders", "synchronous again", WAIT, says("SynchronousReplication")).await.expect("restored");
+    assert_eq!(client.query(&primary, setting).await.as_deref(), Ok(on));
+    let rows = client.eventually(&pod_ip(&members[1]), "SELECT count(*) FROM orders", Duration::from_secs(60), |r| r == "20").await;
+    assert_eq!(rows, "20", "the thawed replica has every row");
+    let started = Instant::now();
+    client.insert(&rw, 21..31).await;
+    eprintln!(
+        "{ns}: replica frozen; ReplicasMissing after {:.1} s, the waiting commit completed after {:.1} s (degradeAfterSeconds 10); \
+         synchronous again once thawed, 10 commits in {:?}",
+        missing.as_secs_f64(),
+        completed.as_secs_f64(),
+        started.elapsed()
+    );
+}

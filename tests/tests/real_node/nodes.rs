@@ -66,17 +66,19 @@ pub async fn no_acknowledged_write_lost(
     (acknowledged.len(), longest)
 }
 
-/// After an asynchronous failover: stops the writer and checks the acknowledged writes
-/// against the new primary. Those lost, if any, are one run of consecutive writes (the
-/// old primary's last, not yet replicated when it was lost); every write acknowledged
-/// after them is there, on every member.
-async fn lost_only_at_the_failover(d: Sql) {
+/// After a failover: stops the writer and checks the acknowledged writes against the
+/// new primary. `synchronous`: none is lost. Otherwise those lost, if any, are one run
+/// of consecutive writes (the old primary's last, not yet replicated when it was lost);
+/// every write acknowledged after them is there, on every member.
+async fn lost_only_at_the_failover(d: Sql, synchronous: bool) {
     d.stop.store(true, Ordering::SeqCst);
     let (acknowledged, _) = d.writer.await.expect("writer");
     let rw = d.client.service_ip(d.name).await;
     let present = d.client.ids(&rw).await.expect("ids");
     let lost: Vec<usize> = acknowledged.iter().enumerate().filter(|(_, id)| !present.contains(id)).map(|(i, _)| i).collect();
-    eprintln!("{}: {} of {} acknowledged writes lost at the asynchronous failover", d.name, lost.len(), acknowledged.len());
+    let mode = if synchronous { "synchronous" } else { "asynchronous" };
+    eprintln!("{}: {} of {} acknowledged writes lost at the {mode} failover", d.name, lost.len(), acknowledged.len());
+    assert!(!synchronous || lost.is_empty(), "{}: synchronous replication lost acknowledged writes {lost:?}", d.name);
     if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
         assert_eq!(last - first + 1, lost.len(), "{}: the writes lost are one run, at the failover: {lost:?}", d.name);
         assert!(*last + 1 < acknowledged.len(), "{}: writes were acknowledged after the failover", d.name);
@@ -219,14 +221,16 @@ fn cordon<'a>(nodes: &'a Nodes, names: &[String]) -> Uncordon<'a> {
 /// - `mv` (postgres, `spread.moveFromLostNodeAfter: 30s`): its replica on the node is
 ///   made again on another node from a copy of the primary, with an Event, before the
 ///   node returns, and is not started again when it does;
-/// - `lp` (postgres) and `lm` (mysql), their primary on the node: with nothing set by the test, the
-///   operator asks the members' agents their positions and promotes a replica; writes
-///   are accepted again through the read-write Service. Every member is asked to take a
-///   write throughout, the old primary from its side of the cut: its agent fences it
-///   on its own, before the promotion, and at no moment do two members take writes. Replication is asynchronous: the
-///   writes lost, if any, are the last ones the old primary acknowledged before the loss
-///   (counted and shown), never one the new primary acknowledged. Back, the old primary
-///   follows the new one.
+/// - `lp` (postgres, synchronous replication, members apart) and `lm` (mysql), their
+///   primary on the node: with nothing set by the test, the operator asks the members'
+///   agents their positions and promotes a replica; writes are accepted again through
+///   the read-write Service. Every member is asked to take a write throughout, the old
+///   primary from its side of the cut: its agent fences it on its own, before the
+///   promotion, and at no moment do two members take writes. `lp` loses no acknowledged
+///   write, and its old primary, cut off from every replica, acknowledges none after the
+///   loss. `lm` replicates asynchronously: the writes lost, if any, are the last ones the
+///   old primary acknowledged before the loss (counted and shown), never one the new
+///   primary acknowledged. Back, the old primary follows the new one.
 ///
 /// Back: every member rejoins and catches up, and no acknowledged write is lost.
 pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
@@ -248,7 +252,7 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 2, moved.clone())).await.expect("apply");
         cluster.wait_database(ns, "mv", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("running");
     }
-    let lost_primaries = [("lp", Engine::Postgres, "15"), ("lm", Engine::Mysql, "10.11")];
+    let lost_primaries = [("lm", Engine::Mysql, "10.11")];
     {
         let _onto = cordon(nodes, &others);
         for (name, engine, version) in lost_primaries {
@@ -277,13 +281,28 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         assert_ne!(node_of(&d.primary(&cluster, ns).await), node, "{}'s primary is elsewhere", d.name);
     }
     let mv = Sql::start(&cluster, ns, "mv", Engine::Postgres, 3).await;
+    let mv_member = mv.on(&node).await;
+    // lp, made once mv's members are placed, has its primary handed to its member on the node.
+    let synchronous = json!({"spread": {"nodes": "Required"}, "replication": {"mode": "Synchronous"}});
+    cluster.apply_database(ns, database("lp", Engine::Postgres, "15", 3, synchronous)).await.expect("apply");
+    let lp = Sql::start(&cluster, ns, "lp", Engine::Postgres, 3).await;
+    let there = lp.on(&node).await.name_any();
+    if lp.primary(&cluster, ns).await.name_any() != there {
+        crate::plugdb(&cluster, &["switchover", "lp", &there, "--namespace", ns]).await;
+        let led = |db: &Database| db.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(there.as_str()) && is_running(db, 3);
+        cluster.wait_database(ns, "lp", "its member on the node primary", WAIT, led).await.expect("switched over");
+    }
     let mut failing_over = Vec::new();
     for (name, engine, _) in lost_primaries {
-        let d = Sql::start(&cluster, ns, name, engine, 3).await;
-        assert_eq!(node_of(&d.primary(&cluster, ns).await), node, "{name}'s primary is on the node");
-        failing_over.push((d, engine));
+        failing_over.push((Sql::start(&cluster, ns, name, engine, 3).await, engine, false));
     }
-    let mv_member = mv.on(&node).await;
+    failing_over.push((lp, Engine::Postgres, true));
+    let mut old_primaries = Vec::new();
+    for (d, ..) in &failing_over {
+        let old = d.primary(&cluster, ns).await;
+        assert_eq!(node_of(&old), node, "{}'s primary is on the node", d.name);
+        old_primaries.push(old.name_any());
+    }
     assert_ne!(node_of(&mv.primary(&cluster, ns).await), node, "mv's primary is elsewhere");
 
     // etcd's leader is moved there, so that losing the node loses the leader. Every
@@ -310,9 +329,11 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     assert_eq!(old_leader, target, "etcd's leader is on the node to lose");
 
     let mut writers = Vec::new();
-    for (d, engine) in &failing_over {
+    for (d, engine, _) in &failing_over {
         writers.push(Writers::start(d.client.clone(), *engine).await);
     }
+    // Every member asked a few times first: a synchronous primary cut off takes no write after.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     eprintln!("{ns}: losing {node}");
     let lost = Instant::now();
     nodes.cut(&node).expect("cut the node");
@@ -366,11 +387,10 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
         // lp and lm: a replica promoted by the operator, from what the agents said.
-        for (d, _) in &failing_over {
-            let old = format!("{}-0", d.name);
+        for ((d, ..), old) in failing_over.iter().zip(&old_primaries) {
             let db = cluster
                 .wait_database(ns, d.name, "a replica promoted", WAIT, |db| {
-                    db.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != old)
+                    db.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != old.as_str())
                 })
                 .await
                 .map_err(|e| format!("{e:#}"))?;
@@ -405,13 +425,13 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     }
     crate::consensus::running(&cluster, etcd, 3).await;
     crate::consensus::one_cluster_with(&cluster, etcd, 3, "written-while-away", "2").await;
-    for ((d, engine), writers) in failing_over.into_iter().zip(writers) {
-        let (name, old) = (d.name, format!("{}-0", d.name));
+    for (((d, engine, synchronous), writers), old) in failing_over.into_iter().zip(writers).zip(old_primaries) {
+        let name = d.name;
         let db = cluster.wait_database(ns, name, "3 members Ready again", WAIT, |db| is_running(db, 3)).await.expect("back");
         let promoted = db.status.and_then(|s| s.primary).expect("a primary");
         assert_ne!(promoted, old, "{name}: the promoted member stays primary");
         let client = d.client.clone();
-        lost_only_at_the_failover(d).await;
+        lost_only_at_the_failover(d, synchronous).await;
         let old = client.members().await.into_iter().find(|p| p.name_any() == old).expect("the old primary");
         let (query, following) = match engine {
             Engine::Postgres => ("SELECT pg_is_in_recovery()", "t"),
@@ -424,7 +444,12 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         let (turns, took) = writers.turns().await;
         assert_eq!(turns, [old.name_any(), promoted], "{name}: the members that took writes, in turn");
         let last_old = took.iter().filter(|(_, m)| *m == old.name_any()).map(|(at, _)| *at).max().expect("the old primary took writes");
-        assert!(last_old > lost, "{name}: the old primary was reached from its side of the cut");
+        if synchronous {
+            // Its commits wait for a replica it no longer reaches (those in flight at the cut aside).
+            assert!(last_old < lost + Duration::from_secs(1), "{name}: the old primary acknowledged a write it alone had");
+        } else {
+            assert!(last_old > lost, "{name}: the old primary was reached from its side of the cut");
+        }
         eprintln!("{ns}: {name}'s old primary took its last write {:.1} s after the loss (fenced)", (last_old - lost).as_secs_f64());
     }
     let again = mv.client.members().await.into_iter().find(|p| p.name_any() == member).expect("mv's member");

@@ -482,3 +482,49 @@ fn a_cordoned_primary_switches_over_to_a_ready_member_elsewhere() {
     let fenced = vec![on(0, true, "n1"), Observed { fenced: true, ..on(2, true, "n3") }];
     assert_eq!(target(&["n1"], &fenced), None, "a fenced member does not lead");
 }
+
+/// Synchronous replication with too few replicas ready: commits wait (the user's choice,
+/// or until the bound), then the primary is asked to wait for none, and once enough are
+/// back to wait for them again; the condition says which, and when it changed.
+#[test]
+fn too_few_replicas_for_synchronous_commits_wait_or_degrade_after_the_bound_and_recover() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let ago = |s: i64| now - k8s_openapi::jiff::SignedDuration::from_secs(s);
+    let condition = |status: bool, reason: Reason, since: i64| Condition {
+        type_: kind::SYNCHRONOUS_REPLICATION.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.as_str().into(),
+        message: String::new(),
+        observed_generation: None,
+        last_transition_time: Time(ago(since)),
+    };
+    let wait = Synchronous { replicas: 1, degrade_after: None };
+    let degrade = Synchronous { replicas: 2, degrade_after: Some(Duration::from_secs(30)) };
+    let healthy = condition(true, Reason::SynchronousReplication, 600);
+    let missing = |since| condition(false, Reason::ReplicasMissing, since);
+    let degraded = condition(false, Reason::ReplicationDegraded, 5);
+    // (what, the choice, ready replicas, the condition before; what is set, the condition after, look again)
+    type Row<'a> = (&'a str, Synchronous, u32, Option<&'a Condition>, Option<u32>, (bool, Reason), Option<u64>);
+    let rows: [Row; 9] = [
+        ("enough, at creation", wait, 1, None, None, (true, Reason::SynchronousReplication), None),
+        ("enough, steady", degrade, 2, Some(&healthy), None, (true, Reason::SynchronousReplication), None),
+        ("too few, waiting by choice", wait, 0, Some(&healthy), None, (false, Reason::ReplicasMissing), None),
+        ("too few, just now", degrade, 1, Some(&healthy), None, (false, Reason::ReplicasMissing), Some(30)),
+        ("too few for 20 s", degrade, 1, Some(&missing(20)), None, (false, Reason::ReplicasMissing), Some(10)),
+        ("too few for 30 s: degraded", degrade, 1, Some(&missing(30)), Some(0), (false, Reason::ReplicationDegraded), None),
+        ("degraded, still too few: said again", degrade, 0, Some(&degraded), Some(0), (false, Reason::ReplicationDegraded), None),
+        ("degraded, enough again: restored", degrade, 2, Some(&degraded), Some(2), (true, Reason::SynchronousReplication), None),
+        ("waiting, enough again", degrade, 3, Some(&missing(20)), None, (true, Reason::SynchronousReplication), None),
+    ];
+    for (what, sync, ready, said, set, (status, reason), look_again) in rows {
+        let plan = replication(sync, ready, said, now);
+        assert_eq!(plan.set, set, "{what}");
+        assert_eq!((plan.note.condition, plan.note.reason), (Some((kind::SYNCHRONOUS_REPLICATION, status)), reason), "{what}");
+        assert_eq!(plan.look_again.map(|d| d.as_secs()), look_again, "{what}");
+    }
+    let degrading = replication(degrade, 1, Some(&missing(31)), now);
+    assert_eq!(degrading.note.event, Event::Warning, "degrading is news");
+    assert!(degrading.note.message.contains("1 of the 2 replicas"), "{}", degrading.note.message);
+    assert_eq!(replication(degrade, 2, Some(&degraded), now).note.event, Event::Normal, "so is recovering");
+}

@@ -1,0 +1,43 @@
+//! Synchronous replication, carried out: the decision ([`decide::replication`]) and, when
+//! it says so, the primary's agent asked to change how many replicas each commit waits
+//! for (`agent.synchronous-command`).
+
+use std::time::Duration;
+
+use super::decide::{self, Event, Note, Synchronous};
+use super::members::Observed;
+use super::status::kind;
+use super::{Context, Error};
+use crate::crd::{Database, DatabaseStatus, Phase};
+
+/// What the pass says about synchronous replication, and when to look again. A Database
+/// with asynchronous replication, or of an engine that elects its leader (which commits
+/// on a quorum whatever the spec says), says nothing (and loses the condition).
+pub async fn reconcile(
+    ctx: &Context,
+    db: &Database,
+    status: &mut DatabaseStatus,
+    (members, primary): (&[Observed], &str),
+    elects: bool,
+) -> Result<(Vec<Note>, Option<Duration>), Error> {
+    let Some(sync) = Synchronous::of(&db.spec).filter(|_| !elects) else {
+        status.conditions.retain(|c| c.type_ != kind::SYNCHRONOUS_REPLICATION);
+        return Ok((Vec::new(), None));
+    };
+    let ready = members.iter().filter(|m| m.ready && !m.fenced && m.name != primary).count() as u32;
+    let said = status.conditions.iter().find(|c| c.type_ == kind::SYNCHRONOUS_REPLICATION);
+    let plan = decide::replication(sync, ready, said, k8s_openapi::jiff::Timestamp::now());
+    if let Some(replicas) = plan.set {
+        let leader = members.iter().find(|m| m.name == primary && m.ready);
+        if !super::agent::synchronous(ctx, db, leader, replicas).await? {
+            // Not done (no primary, or its agent did not answer): the condition stays.
+            return Ok((Vec::new(), Some(decide::ASK_AGAIN)));
+        }
+    }
+    let mut note = plan.note;
+    if matches!(status.phase, None | Some(Phase::Pending | Phase::Creating | Phase::Restoring)) {
+        // Replicas still joining are no news.
+        note.event = Event::None;
+    }
+    Ok((vec![note], plan.look_again))
+}
