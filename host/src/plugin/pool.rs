@@ -441,12 +441,14 @@ mod tests {
     }
 
     /// An engine not yet seen, or a slow one, queues only so deep; one whose calls are
-    /// known to be quick queues as deep as its callers come.
+    /// known to be quick queues as deep as its callers come. (Of 16 calls, 2 run and 4
+    /// wait; on a loaded machine a call may end before the burst is in, or a slot be
+    /// taken a moment late: one more or fewer turned away.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_a_quick_engine_queues_beyond_its_depth() {
         let pool = Arc::new(CallPool::new(4, 2));
         let unknown = burst(&pool, "new", 16, Duration::from_millis(50)).await;
-        assert_eq!(unknown, 12, "an engine with no call ended yet queues 4 deep");
+        assert!((11..=13).contains(&unknown), "an engine with no call ended yet queues 4 deep: {unknown} turned away");
 
         assert_eq!(burst(&pool, "fast", 1, Duration::ZERO).await, 0);
         let fast = burst(&pool, "fast", 16, Duration::from_micros(200)).await;
@@ -454,7 +456,7 @@ mod tests {
 
         assert_eq!(burst(&pool, "slow", 1, Duration::from_millis(50)).await, 0);
         let slow = burst(&pool, "slow", 16, Duration::from_millis(50)).await;
-        assert_eq!(slow, 12, "calls of 50 ms queue 4 deep");
+        assert!((11..=13).contains(&slow), "calls of 50 ms queue 4 deep: {slow} turned away");
     }
 
     /// Calls run on the pool's own threads at the operator's priority, answering before
