@@ -151,6 +151,13 @@ async fn ask(ctx: &Context, db: &Database, query: &MemberQuery, members: &[Obser
     Ok(super::ask::answers(transport, query, members).await)
 }
 
+/// What the agent of `member` answers to `POST path`, trimmed (`None`: no answer).
+async fn post(ctx: &Context, db: &Database, member: &Observed, path: &str) -> Result<Option<String>, Error> {
+    let query = MemberQuery { port: agent::PORT, path: path.into(), body: Some(String::new()), https: true };
+    let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
+    Ok(said.into_iter().next().flatten().map(|a| a.trim().to_string()))
+}
+
 /// What the agent of a member said when asked to fence it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced {
@@ -167,9 +174,7 @@ pub enum Fenced {
 /// Asks the agent of `member` to fence it (before another member is promoted).
 pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<Fenced, Error> {
     let Some(member) = member else { return Ok(Fenced::Unknown) };
-    let query = MemberQuery { port: agent::PORT, path: "/fence".into(), body: Some(String::new()), https: true };
-    let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
-    let fenced = match said.first().and_then(|a| a.as_deref()).map(str::trim) {
+    let fenced = match post(ctx, db, member, "/fence").await?.as_deref() {
         Some("fenced") => Fenced::Confirmed,
         Some("fencing") => Fenced::Ordered,
         _ => return Ok(Fenced::Unknown),
@@ -194,9 +199,7 @@ async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str) -> Resu
 /// Otherwise (no promote command, no answer, a failure) it is promoted by its restart.
 pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
     let Some(member) = member.filter(|m| !m.fenced) else { return Ok(false) };
-    let query = MemberQuery { port: agent::PORT, path: "/promote".into(), body: Some(String::new()), https: true };
-    let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
-    if said.first().and_then(|a| a.as_deref()).map(str::trim) != Some("promoted") {
+    if post(ctx, db, member, "/promote").await?.as_deref() != Some("promoted") {
         return Ok(false);
     }
     mark(ctx, db, &member.name, crate::names::PROMOTED).await?;
@@ -207,9 +210,7 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
 /// says whether it did.
 pub async fn synchronous(ctx: &Context, db: &Database, primary: Option<&Observed>, replicas: u32) -> Result<bool, Error> {
     let Some(primary) = primary else { return Ok(false) };
-    let query = MemberQuery { port: agent::PORT, path: format!("/synchronous/{replicas}"), body: Some(String::new()), https: true };
-    let said = ask(ctx, db, &query, std::slice::from_ref(primary)).await?;
-    let done = said.first().and_then(|a| a.as_deref()).map(str::trim) == Some("set");
+    let done = post(ctx, db, primary, &format!("/synchronous/{replicas}")).await?.as_deref() == Some("set");
     if done {
         tracing::info!(database = %format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any()), primary = %primary.name, replicas, "commits wait for this many replicas");
     }

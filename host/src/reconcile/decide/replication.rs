@@ -51,11 +51,11 @@ pub fn replication(sync: Synchronous, ready: u32, said: Option<&Condition>, now:
     let condition = kind::SYNCHRONOUS_REPLICATION;
     if ready >= n {
         let message = format!("each commit waits for {n} of the {ready} ready replicas");
-        let note = if degraded {
-            Note { event: Event::Normal, ..Note::condition(condition, true, Reason::SynchronousReplication, message) }
-        } else {
-            Note::condition(condition, true, Reason::SynchronousReplication, message)
-        };
+        let mut note = Note::condition(condition, true, Reason::SynchronousReplication, message);
+        if degraded {
+            // Synchronous again: news.
+            note.event = Event::Normal;
+        }
         return ReplicationPlan { set: degraded.then_some(n), note, look_again: None };
     }
     let missing = format!("{ready} of the {n} replicas each commit waits for are ready");
