@@ -30,8 +30,8 @@
 //! A stage that finds a permanent problem ends the pass with a condition
 //! ([`super::stop_with`]): nothing after it runs until the spec or the plugin changes.
 //!
-//! Past 600 lines for now: the stages are methods of one `Pass`, in the order the
-//! table gives, so that a pass reads top to bottom here.
+//! The stages are methods of one `Pass`, in the order the table gives, so that a pass
+//! reads top to bottom here; those that decide who leads are in [`leads`].
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -72,6 +72,8 @@ macro_rules! proceed {
         }
     };
 }
+
+mod leads;
 
 /// Converges `db` towards its spec.
 pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Error> {
@@ -304,113 +306,6 @@ impl<'a> Pass<'a> {
         let mut observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
         let lost = nodes::read(self.ctx, &mut observed).await;
         Members { pods, observed, lost }
-    }
-
-    /// The primary: the one in status, or the member the plugin chooses when it has been
-    /// lost for longer than the failover delay.
-    async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
-        let ctx = self.ctx;
-        let primary = self.status.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
-        let after = ctx.settings.failover_after;
-        let elects = plugin.info().capabilities.elects_leader;
-        let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {
-            FailoverQuestion::Keep => self.switchover(&primary, members, elects).await?,
-            FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
-            FailoverQuestion::Ask(candidates) => {
-                let said = super::agent::statuses(ctx, self.db, &members.observed).await?;
-                self.heard = super::agent::by_pod(&members.observed, &said);
-                let input = (spec.clone(), members::with_positions(candidates, said));
-                let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
-                    Err(Error::Plugin(e)) => Err(e.to_string()),
-                    asked => Ok(asked?),
-                };
-                // The old primary takes no more writes before another is promoted.
-                let fenced = match &answer {
-                    Ok(crate::plugin::FailoverDecision::Promote { .. }) => {
-                        let old = members.observed.iter().find(|m| m.name == primary);
-                        super::agent::fence(ctx, self.db, old).await?
-                    }
-                    _ => super::agent::Fenced::Unknown,
-                };
-                let chosen = decide::failover(&primary, after, answer, fenced);
-                if chosen.failed_over {
-                    super::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
-                }
-                chosen
-            }
-        };
-        self.say(&chosen.notes).await;
-        Ok(chosen)
-    }
-
-    /// What each member's agent says of it (its position, and a replica's lag), for the
-    /// status: asked once every `member_poll`, unless the failover stage asked this pass.
-    async fn hear(&mut self, agent: bool, members: &Members) -> Result<(), Error> {
-        let due = self.ctx.agents.due(self.db, self.ctx.settings.member_poll);
-        if !agent || !self.heard.is_empty() || members.observed.is_empty() || !due {
-            return Ok(());
-        }
-        let said = super::agent::statuses(self.ctx, self.db, &members.observed).await?;
-        self.heard = super::agent::by_pod(&members.observed, &said);
-        Ok(())
-    }
-
-    /// A planned switchover, when the Database's annotation asks for one (see
-    /// [`super::switchover`]).
-    async fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Error> {
-        let (chosen, heard) = super::switchover::carry_out(self.ctx, self.db, primary, &members.observed, elects).await?;
-        self.heard = heard.unwrap_or_default();
-        Ok(chosen)
-    }
-
-    /// An engine that elects its leader: every member is asked the workload's member
-    /// query and the plugin names the leader from the answers; the read-write Service
-    /// follows it. Nobody answering (members starting, or all down) keeps the last one.
-    async fn elected(
-        &mut self,
-        plugin: &Plugin,
-        spec: &EngineSpec,
-        members: &Members,
-        workload: &Workload,
-        primary: Primary,
-    ) -> Result<Primary, Error> {
-        let (ctx, db) = (self.ctx, self.db);
-        // Host policy lets a workload carry a member query only with `elects-leader`.
-        let Some(query) = workload.member_query.as_ref() else { return Ok(primary) };
-        let ca = match (query.https, spec.tls.is_some()) {
-            (false, _) => None,
-            (true, true) => Some(self.authority_certificate().await?),
-            // Host policy refuses a member query over HTTPS without TLS.
-            (true, false) => return Ok(primary),
-        };
-        let domain = build::cluster_context(db, &primary.name, false).headless_host;
-        let transport = match &ca {
-            Some(ca) => super::ask::Transport::Tls { ca, domain: &domain, identity: None },
-            None => super::ask::Transport::Plain(&ctx.members_client),
-        };
-        let answers = super::ask::answers(transport, query, &members.observed).await;
-        let mut candidates = members::for_plugin(&members.observed, &primary.name);
-        for (member, answer) in candidates.iter_mut().zip(answers) {
-            member.answer = answer;
-        }
-        if candidates.iter().all(|m| m.answer.is_none()) {
-            return Ok(primary);
-        }
-        let answer = match ctx.ask::<ChoosePrimary>(plugin, (spec.clone(), candidates)).await {
-            Err(Error::Plugin(e)) => Err(e.to_string()),
-            asked => Ok(asked?),
-        };
-        let leader = decide::elected(&primary.name, &plugin.id(), answer);
-        self.say(&leader.notes).await;
-        Ok(leader)
-    }
-
-    /// The certificate of the Database's authority (PEM), from its TLS Secret; empty until
-    /// the Secret is there.
-    async fn authority_certificate(&self) -> Result<Vec<u8>, Error> {
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let secret = secrets.get_opt(&Names(&self.name).tls()).await?;
-        Ok(secret.and_then(|s| s.data).and_then(|mut d| d.remove(crate::tls::CA)).map(|b| b.0).unwrap_or_default())
     }
 
     /// Whether the Database's status already says `reason` (with `message`, when given).
