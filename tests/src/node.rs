@@ -716,6 +716,22 @@ fn import_images(node: NodeSpec, dir: &Path, index: &Path) -> Result<()> {
         }
         imported += 1;
     }
+    // A tag imported earlier under a repository this index still names but no longer
+    // lists (the operator's image is tagged by its content, so each build adds one)
+    // goes, or every build's image stays in the node's store for good.
+    let listed: Vec<&str> = text.lines().flat_map(|l| l.split_whitespace().skip(2)).collect();
+    let repository = |tag: &str| tag.rsplit_once(':').map_or(tag.to_string(), |(repo, _)| repo.to_string());
+    let repositories: Vec<String> = listed.iter().map(|t| repository(t)).collect();
+    let stale: Vec<String> = records
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|tag| !listed.contains(tag) && repositories.contains(&repository(tag)))
+        .map(str::to_string)
+        .collect();
+    for tag in &stale {
+        let _ = ctr(dir, &["images", "rm", "--sync", tag]);
+    }
+    records.retain(|l| l.split_whitespace().nth(1).is_none_or(|tag| !stale.iter().any(|s| s == tag)));
     std::fs::write(&record, records.join("\n") + "\n")?;
     // The CRI keeps a `sha256:<config>` reference per image; drop those no tag uses, or old layers stay.
     let listing = ctr(dir, &["images", "ls"])?;
