@@ -50,6 +50,10 @@ pub const BACKUP_MOUNT: &str = "/backups";
 pub const ARCHIVE_MOUNT: &str = "/plugdb/archive";
 /// Label naming the Database a child or member belongs to.
 pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// The label naming a Database's engine on everything made for it.
+pub const NAME_LABEL: &str = "app.kubernetes.io/name";
+/// The label the StatefulSet controller puts on each pod: the revision it runs.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
 /// Label naming who manages a child: [`MANAGER`].
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Longest Database name: pod names `<name>-<ordinal>` must stay valid label values.
@@ -126,7 +130,7 @@ pub const MAX_JOB_NAME: usize = 63;
 /// Labels every child and member pod carries.
 pub fn labels(db: &Database) -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("app.kubernetes.io/name".to_string(), db.spec.engine.clone()),
+        (NAME_LABEL.to_string(), db.spec.engine.clone()),
         (INSTANCE_LABEL.to_string(), db.name_any()),
         (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
     ])

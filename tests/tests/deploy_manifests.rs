@@ -181,7 +181,15 @@ fn each_value_renders_what_it_says() {
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "mirror"}]));
     assert_eq!(pod["nodeSelector"], json!({"pool": "ops"}));
     assert_eq!(pod["tolerations"], json!([{"key": "ops", "operator": "Exists"}]));
-    assert_eq!(pod["containers"][0]["resources"]["limits"]["memory"], "1Gi");
+    assert_eq!(pod["containers"][0]["resources"]["limits"]["memory"], "1Gi", "a limit given wins");
+    let limit = |args: &[&str]| {
+        let objects = parse(&helm_template(args));
+        let pod = &rendered(&objects, "Deployment").expect("the Deployment")["spec"]["template"]["spec"];
+        pod["containers"][0]["resources"]["limits"]["memory"].as_str().map(str::to_string)
+    };
+    let defaults_limit = limit(&[]);
+    assert_eq!(defaults_limit.as_deref(), Some("423Mi"), "the plugins' 400 Mi and 24 Ki for each of 1,000 Databases");
+    assert_eq!(limit(&["--set", "expectedDatabases=10000"]).as_deref(), Some("634Mi"), "the limit follows the count");
     let env = pod["containers"][0]["env"].as_array().expect("env");
     let var = |name: &str| env.iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
     assert_eq!(var("PLUGDB_IMAGE_REGISTRY"), Some(json!("mirror.example:5000/hub")));

@@ -1,10 +1,14 @@
 //! Tier 4: the `plugdb` binary under its deployed memory limit (the Deployment's
 //! `resources.limits.memory`), in a memory cgroup of its own, against a real API
 //! server, while hostile plugins load and are called: a compile bomb, memory bombs,
-//! aliased and oversized results. It is never OOM-killed and a good engine keeps serving.
+//! aliased and oversized results, with as many postgres Databases in place as the
+//! chart's default `expectedDatabases` (the count its memory limit is computed for). It
+//! is never OOM-killed and a good engine keeps serving.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -15,6 +19,14 @@ use plugdb::plugin::Limits;
 use plugdb::plugin::registry::PLUGIN_LABEL;
 use plugdb_tests::control_plane::{ControlPlane, Options};
 use plugdb_tests::operator::{OPERATOR_NAMESPACE, prepare};
+
+/// The Databases the chart's default memory limit is computed for: `expectedDatabases`
+/// in its values.
+fn expected_databases() -> usize {
+    let text = std::fs::read_to_string(plugdb_tests::workspace_root().join("deploy/chart/plugdb/values.yaml")).expect("the chart's values");
+    let values: serde_json::Value = yaml_serde::from_str(&text).expect("the chart's values as YAML");
+    values["expectedDatabases"].as_u64().expect("expectedDatabases in the chart's values") as usize
+}
 
 /// The Deployment's memory limit, in bytes, as `deploy/plugdb.yaml` sets it.
 fn deployed_limit() -> u64 {
@@ -79,6 +91,17 @@ impl Drop for Operator {
     }
 }
 
+/// A postgres Database as the scale benchmark makes them.
+fn postgres(name: &str) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "plugdb.io/v1alpha1", "kind": "Database",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"engine": "postgres", "version": "17", "replicas": 3, "storage": "10Gi",
+                 "resources": {"limits": {"memory": "2Gi"}}, "parameters": {"max_connections": 200}},
+    }))
+    .expect("a Database")
+}
+
 fn database(name: &str, engine: &str, attack: Option<&str>) -> DynamicObject {
     let mut spec = serde_json::json!({"engine": engine, "version": "1", "replicas": 1, "storage": "1Gi"});
     if let Some(attack) = attack {
@@ -95,7 +118,7 @@ fn database(name: &str, engine: &str, attack: Option<&str>) -> DynamicObject {
 async fn the_operator_under_its_deployed_memory_limit_is_never_oom_killed_by_hostile_plugins() {
     let limit = deployed_limit();
     let cp = ControlPlane::start_with(Options { controller_manager: false, ..Default::default() }).await.expect("control plane");
-    prepare(&cp.client, &[("minimal", "minimal"), ("hostile", "hostile")]).await.expect("CRD and plugins");
+    prepare(&cp.client, &[("minimal", "minimal"), ("hostile", "hostile"), ("postgres", "postgres")]).await.expect("CRD and plugins");
 
     let cgroup = Cgroup::create(limit);
     let child = std::process::Command::new(plugdb_tests::plugdb_binary())
@@ -108,6 +131,29 @@ async fn the_operator_under_its_deployed_memory_limit_is_never_oom_killed_by_hos
     let mut operator = Operator(child);
     cgroup.write("cgroup.procs", &operator.0.id().to_string());
 
+    // The Databases the limit is computed for, reconciled before the attack.
+    let expected = expected_databases();
+    let gvk = GroupVersionKind::gvk("plugdb.io", "v1alpha1", "Database");
+    let dbs: Api<DynamicObject> = Api::namespaced_with(cp.client.clone(), "default", &ApiResource::from_gvk(&gvk));
+    let creates = (0..expected).map(|i| {
+        let dbs = dbs.clone();
+        async move { dbs.create(&PostParams::default(), &postgres(&format!("pg-{i:04}"))).await.map(|_| ()) }
+    });
+    futures::stream::iter(creates).buffer_unordered(16).try_collect::<()>().await.expect("the postgres Databases");
+    let judged = |db: &DynamicObject| db.data.pointer("/status/phase").and_then(|p| p.as_str()).is_some();
+    let mut reconciled = 0;
+    for _ in 0..600 {
+        assert!(operator.0.try_wait().expect("the operator's status").is_none(), "the operator exited ({} OOM kills)", cgroup.oom_kills());
+        reconciled = dbs.list(&ListParams::default()).await.expect("list Databases").items.iter().filter(|d| judged(d)).count();
+        if reconciled == expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(reconciled, expected, "every postgres Database reconciled");
+    let before: u64 = cgroup.read("memory.max_usage_in_bytes").trim().parse().expect("a number");
+    eprintln!("peak memory with {expected} Databases reconciled: {} MiB", before >> 20);
+
     // A compile bomb within the shape limits, beside the plugins.
     let bomb = plugdb_tests::bomb::component("branches", &Limits::default().shape);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
@@ -118,8 +164,6 @@ async fn the_operator_under_its_deployed_memory_limit_is_never_oom_killed_by_hos
     let cms: Api<ConfigMap> = Api::namespaced(cp.client.clone(), OPERATOR_NAMESPACE);
     cms.create(&PostParams::default(), &cm).await.expect("the bomb's ConfigMap");
 
-    let gvk = GroupVersionKind::gvk("plugdb.io", "v1alpha1", "Database");
-    let dbs: Api<DynamicObject> = Api::namespaced_with(cp.client.clone(), "default", &ApiResource::from_gvk(&gvk));
     let attacks = ["memory", "memory", "memory", "memory", "alias", "alias", "huge", "memory"];
     for (i, attack) in attacks.iter().enumerate() {
         dbs.create(&PostParams::default(), &database(&format!("hostile-{i}"), "hostile", Some(attack))).await.expect("a hostile Database");
@@ -129,7 +173,6 @@ async fn the_operator_under_its_deployed_memory_limit_is_never_oom_killed_by_hos
     // The bomb is refused, the good engine serves, every Database is judged.
     let sts: Api<StatefulSet> = Api::namespaced(cp.client.clone(), "default");
     let events: Api<Event> = Api::namespaced(cp.client.clone(), OPERATOR_NAMESPACE);
-    let judged = |db: &DynamicObject| db.data.pointer("/status/phase").and_then(|p| p.as_str()).is_some();
     let (mut refused, mut served, mut phases) = (None, false, 0);
     for _ in 0..360 {
         assert!(operator.0.try_wait().expect("the operator's status").is_none(), "the operator exited ({} OOM kills)", cgroup.oom_kills());
@@ -139,7 +182,7 @@ async fn the_operator_under_its_deployed_memory_limit_is_never_oom_killed_by_hos
         });
         served = sts.get_opt("good").await.expect("get the StatefulSet").is_some();
         phases = dbs.list(&ListParams::default()).await.expect("list Databases").items.iter().filter(|d| judged(d)).count();
-        if refused.is_some() && served && phases == attacks.len() + 1 {
+        if refused.is_some() && served && phases == expected + attacks.len() + 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -147,7 +190,7 @@ async fn the_operator_under_its_deployed_memory_limit_is_never_oom_killed_by_hos
     let refused = refused.expect("the bomb is refused with a PluginRejected Event");
     assert!(refused.starts_with("too big to compile: "), "{refused}");
     assert!(served, "the good Database got its StatefulSet");
-    assert_eq!(phases, attacks.len() + 1, "every Database has a phase");
+    assert_eq!(phases, expected + attacks.len() + 1, "every Database has a phase");
     // Hostile renders are retried: keep the operator under attack a while longer.
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert!(operator.0.try_wait().expect("the operator's status").is_none(), "the operator exited ({} OOM kills)", cgroup.oom_kills());

@@ -52,9 +52,9 @@ pub async fn apply(ctx: &Context, db: &Database, child: &Child) -> Result<Option
     // by expanding their claims instead).
     if child.kind == Kind::StatefulSet
         && let Some(live) = ctx.caches.stateful_set(db)
-        && let Some(templates) = live.spec.as_ref().and_then(|s| s.volume_claim_templates.as_ref())
+        && let Some(templates) = live.claim_templates()
     {
-        object["spec"]["volumeClaimTemplates"] = serde_json::to_value(templates)?;
+        object["spec"]["volumeClaimTemplates"] = templates;
     }
     let applied = api.patch(&child.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await?;
     Ok(Some(applied))
@@ -276,7 +276,7 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error
 }
 
 /// The annotation cert-manager puts on the Secrets it writes: the Certificate's name.
-const CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
+pub(super) const CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
 
 /// cert-manager's `Certificate` resource.
 fn certificate_resource() -> ApiResource {

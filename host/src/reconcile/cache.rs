@@ -13,6 +13,7 @@
 //! operator then never holds a whole list of thousands of objects at once. Servers
 //! without it are asked for one whole list each, served from their cache.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -32,10 +33,19 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
+use super::apply::CERTIFICATE_NAME;
 use super::owner;
 use crate::build::Kind;
 use crate::crd::Database;
-use crate::names::{APPLIED_HASH, MANAGER};
+use crate::names::{
+    APPLIED_HASH, FENCED, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, NAME_LABEL, PRIMARY_ANNOTATION, PROMOTED, REVISION_LABEL,
+    ROLE_FREE_HASH, ROLE_LABEL,
+};
+use crate::tls;
+
+mod facts;
+pub use facts::SetFacts;
+use facts::{Applied, Facts};
 
 /// Where `kubectl apply` keeps the whole manifest it last applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -59,11 +69,11 @@ pub enum Seen {
 /// Caches of the managed objects, filled by watches that run as long as this value.
 pub struct Caches {
     listing: Listing,
-    config_maps: Store<PartialObjectMeta<ConfigMap>>,
-    services: Store<PartialObjectMeta<Service>>,
-    budgets: Store<PartialObjectMeta<PodDisruptionBudget>>,
+    config_maps: Facts<Applied>,
+    services: Facts<Applied>,
+    budgets: Facts<Applied>,
     secrets: Store<Secret>,
-    stateful_sets: Store<StatefulSet>,
+    stateful_sets: Facts<SetFacts>,
     pods: Store<Pod>,
     jobs: Store<Job>,
     claims: Store<PersistentVolumeClaim>,
@@ -195,6 +205,51 @@ where
     (reader, AbortOnDrop(tokio::spawn(watch.for_each(|_| async {}))))
 }
 
+/// A cache of the applied children `api` lists, as [`Applied`] facts, filled for as
+/// long as the returned task lives.
+fn applied<K>(api: Api<K>, listing: &Listing) -> (Facts<Applied>, AbortOnDrop)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let facts = Facts::new();
+    let events = watch_events(api, listing.clone());
+    let filling = facts.clone();
+    let task = tokio::spawn(events.for_each(move |event| {
+        match event {
+            Ok(event) => filling.apply(&event, Applied::of),
+            Err(e) => tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"),
+        }
+        async {}
+    }));
+    (facts, AbortOnDrop(task))
+}
+
+/// The StatefulSets' facts, and their watch as the controller reads it (which fills
+/// the facts as it is read, each before the StatefulSet is yielded).
+fn stateful_sets(api: Api<StatefulSet>, listing: &Listing) -> (Facts<SetFacts>, Watch<StatefulSet>) {
+    let facts = Facts::new();
+    let filling = facts.clone();
+    let watch = watch_events(api, listing.clone())
+        .inspect_ok(move |event| filling.apply(event, SetFacts::of))
+        .touched_objects()
+        .inspect_err(|e| tracing::warn!(kind = "StatefulSet", error = %e, "watch failed; retrying"))
+        .boxed();
+    (facts, watch)
+}
+
+/// The events of a watch of the managed objects `api` lists, retried with backoff.
+fn watch_events<K>(api: Api<K>, listing: Listing) -> futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    futures::stream::once(async move {
+        let config = listing.config().await.labels(&managed());
+        watcher(api, config).default_backoff()
+    })
+    .flatten()
+    .boxed()
+}
+
 /// When `store` has first listed.
 fn listing_done<K>(store: &Store<K>) -> futures::future::BoxFuture<'static, ()>
 where
@@ -220,37 +275,52 @@ pub(super) fn database_essentials(db: &mut Database) {
     }
 }
 
-/// Managed fields reduced to what a pass asks of them: whether plugdb's create still
-/// holds fields no apply has taken over. An empty list says it does (and allocates
-/// nothing); none says it does not.
-fn created_mark(meta: &mut ObjectMeta) {
-    let created = meta.managed_fields.take().into_iter().flatten().any(|e| owner::set_by_us(&e, "Update"));
-    meta.managed_fields = created.then(Vec::new);
-}
-
-/// A child a pass only asks whether it holds what would be applied (ConfigMaps,
-/// Services, PodDisruptionBudgets): its name, its controller's uid (whose it is), the
-/// hash of what was applied and whether a create's fields await their first apply.
-fn applied_hash_only<K: Resource>(o: &mut K) {
-    let meta = o.meta_mut();
-    created_mark(meta);
-    let hash = meta.annotations.as_mut().and_then(|a| a.remove(APPLIED_HASH));
-    let controller = owner::controller(meta).map(|c| OwnerReference { uid: c.uid.clone(), controller: Some(true), ..Default::default() });
+/// Metadata reduced to what a pass reads: name, namespace, uid, version, generation and
+/// when it was made and is being deleted,
+/// the `annotations` and `labels` named, and the controller reference (what the
+/// controller maps a change back to its Database by). Managed fields are left as they
+/// are.
+fn meta_essentials(meta: &mut ObjectMeta, annotations: &[&str], labels: &[&str]) {
+    let only = |map: Option<BTreeMap<String, String>>, keys: &[&str]| {
+        let kept: BTreeMap<String, String> = map.into_iter().flatten().filter(|(k, _)| keys.contains(&k.as_str())).collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    let controller = owner::controller(meta).map(|c| OwnerReference {
+        api_version: c.api_version.clone(),
+        kind: c.kind.clone(),
+        name: c.name.clone(),
+        uid: c.uid.clone(),
+        controller: Some(true),
+        ..Default::default()
+    });
     *meta = ObjectMeta {
         name: meta.name.take(),
         namespace: meta.namespace.take(),
-        annotations: hash.map(|h| [(APPLIED_HASH.to_string(), h)].into()),
+        uid: meta.uid.take(),
+        resource_version: meta.resource_version.take(),
+        generation: meta.generation,
+        creation_timestamp: meta.creation_timestamp.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        annotations: only(meta.annotations.take(), annotations),
+        labels: only(meta.labels.take(), labels),
         managed_fields: meta.managed_fields.take(),
         owner_references: controller.map(|c| vec![c]),
         ..Default::default()
     };
 }
 
+/// A Secret as a pass reads it: the names of its keys (no values); the annotations
+/// that say whose certificate it is, for which names, until when and how it was
+/// applied; and, for one no Database controls (credentials kept after their Database
+/// went), the labels that say which Database's it was.
 fn key_names_only(s: &mut Secret) {
     no_managed_fields(s);
+    let annotations = [APPLIED_HASH, tls::NOT_AFTER, tls::NAMES, CERTIFICATE_NAME];
+    let labels: &[&str] = if owner::controller(&s.metadata).is_none() { &[MANAGED_BY_LABEL, INSTANCE_LABEL] } else { &[] };
+    meta_essentials(&mut s.metadata, &annotations, labels);
     s.string_data = None;
     if let Some(data) = &mut s.data {
-        data.values_mut().for_each(|v| v.0.clear());
+        data.values_mut().for_each(|v| v.0 = Vec::new());
     }
 }
 
@@ -264,19 +334,31 @@ fn node_essentials(n: &mut Node) {
     };
 }
 
-/// A pod as a pass reads it: its conditions, phase, address and node, and for each
-/// container only whether it is ready and why not (no images, no ids, no spec).
+/// A pod as a pass reads it: the labels that say whose member it is, in which role and
+/// revision; the annotations that say what it was rendered for and whether its agent
+/// fenced or promoted it; its Ready and PodScheduled conditions, phase, address and node;
+/// and, for a container that is not ready, why not (no images, no ids, no spec, nothing
+/// of a ready container: what a member costs is mostly what its pod is kept as).
 fn pod_essentials(p: &mut Pod) {
     no_managed_fields(p);
+    let annotations = [PRIMARY_ANNOTATION, ROLE_FREE_HASH, FENCED, PROMOTED];
+    meta_essentials(&mut p.metadata, &annotations, &[NAME_LABEL, INSTANCE_LABEL, ROLE_LABEL, REVISION_LABEL]);
     let node_name = p.spec.take().and_then(|s| s.node_name);
     p.spec = node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });
     p.status = p.status.take().map(|s| {
-        let containers = s.container_statuses.map(|cs| {
-            cs.into_iter()
-                .map(|c| ContainerStatus { name: c.name, ready: c.ready, state: c.state.map(short_state), ..Default::default() })
-                .collect()
-        });
-        PodStatus { conditions: s.conditions, phase: s.phase, pod_ip: s.pod_ip, container_statuses: containers, ..Default::default() }
+        // Shrunk: a list filtered in place keeps its whole buffer.
+        fn shrunk<T>(mut kept: Vec<T>) -> Vec<T> {
+            kept.shrink_to_fit();
+            kept
+        }
+        let conditions =
+            s.conditions.map(|cs| shrunk(cs.into_iter().filter(|c| c.type_ == "Ready" || c.type_ == "PodScheduled").collect()));
+        let unready = s.container_statuses.into_iter().flatten().filter(|c| !c.ready);
+        let containers: Vec<_> = unready
+            .map(|c| ContainerStatus { name: c.name, ready: c.ready, state: c.state.map(short_state), ..Default::default() })
+            .collect();
+        let containers = (!containers.is_empty()).then(|| shrunk(containers));
+        PodStatus { conditions, phase: s.phase, pod_ip: s.pod_ip, container_statuses: containers, ..Default::default() }
     });
 }
 
@@ -295,13 +377,6 @@ fn short_state(mut state: ContainerState) -> ContainerState {
         cut(&mut t.message);
     }
     state
-}
-
-fn no_pod_template(s: &mut StatefulSet) {
-    created_mark(&mut s.metadata);
-    if let Some(spec) = &mut s.spec {
-        spec.template = Default::default();
-    }
 }
 
 fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>>
@@ -343,26 +418,26 @@ impl Caches {
     pub fn start(client: &Client, namespace: Option<&str>) -> (Self, Triggers) {
         let listing = Listing::new(client, namespace);
         let l = &listing;
-        let (config_maps, t1) = filled(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, applied_hash_only);
-        let (services, t2) = filled(api::<PartialObjectMeta<Service>>(client, namespace), l, applied_hash_only);
-        let (budgets, t3) = filled(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, applied_hash_only);
+        let (config_maps, t1) = applied(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l);
+        let (services, t2) = applied(api::<PartialObjectMeta<Service>>(client, namespace), l);
+        let (budgets, t3) = applied(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l);
         let (secrets, t4) = filled(api(client, namespace), l, key_names_only);
         let (pods, t5) = filled(api(client, namespace), l, pod_essentials);
         let (claims, t6) = filled(api(client, namespace), l, no_managed_fields);
-        let (stateful_sets, sts_watch) = cache(api(client, namespace), l, no_pod_template);
+        let (stateful_sets, sts_watch) = stateful_sets(api(client, namespace), l);
         let (jobs, job_watch) = cache(api(client, namespace), l, no_managed_fields);
         let (nodes, node_watch) = cache_of(Api::all(client.clone()), l, None, node_essentials);
         // One waiter on the stores, many on `listed`: a store's first listing wakes only
         // the waker that polled it last.
         let (tell, listed) = tokio::sync::watch::channel(false);
         let waits = vec![
-            listing_done(&config_maps),
-            listing_done(&services),
-            listing_done(&budgets),
+            config_maps.listed(),
+            services.listed(),
+            budgets.listed(),
             listing_done(&secrets),
             listing_done(&pods),
             listing_done(&claims),
-            listing_done(&stateful_sets),
+            stateful_sets.listed(),
             listing_done(&jobs),
         ];
         let t7 = AbortOnDrop(tokio::spawn(async move {
@@ -401,11 +476,11 @@ impl Caches {
     /// What the cache knows of `db`'s child `kind` `name`.
     pub fn seen(&self, kind: Kind, db: &Database, name: &str) -> Seen {
         match kind {
-            Kind::ConfigMap => seen(&self.config_maps, db, name),
-            Kind::Service => seen(&self.services, db, name),
-            Kind::PodDisruptionBudget => seen(&self.budgets, db, name),
+            Kind::ConfigMap => self.config_maps.seen(db, name),
+            Kind::Service => self.services.seen(db, name),
+            Kind::PodDisruptionBudget => self.budgets.seen(db, name),
             Kind::Secret => seen(&self.secrets, db, name),
-            Kind::StatefulSet => seen(&self.stateful_sets, db, name),
+            Kind::StatefulSet => self.stateful_sets.seen(db, name),
             Kind::Job => seen(&self.jobs, db, name),
             Kind::PersistentVolumeClaim => seen(&self.claims, db, name),
         }
@@ -422,9 +497,9 @@ impl Caches {
         self.secret(db, name).map(|s| s.data.iter().flat_map(|d| d.keys().cloned()).collect())
     }
 
-    /// `db`'s StatefulSet, without its pod template.
-    pub fn stateful_set(&self, db: &Database) -> Option<Arc<StatefulSet>> {
-        get(&self.stateful_sets, &db.namespace().unwrap_or_default(), &db.name_any()).and_then(|s| own(db, s))
+    /// What a pass reads of `db`'s StatefulSet.
+    pub fn stateful_set(&self, db: &Database) -> Option<SetFacts> {
+        self.stateful_sets.own(db)
     }
 
     /// `db`'s Job `name`; a Job of that name that is not the Database's is not returned.
@@ -494,36 +569,6 @@ mod tests {
     }
 
     #[test]
-    fn metadata_only_children_keep_their_name_and_applied_hash_alone() {
-        let mut service = PartialObjectMeta::<Service> { metadata: meta(&[(APPLIED_HASH, "b790"), ("note", "x")]), ..Default::default() };
-        applied_hash_only(&mut service);
-        let expected = ObjectMeta {
-            name: Some("orders".into()),
-            namespace: Some("shop".into()),
-            annotations: Some([(APPLIED_HASH.to_string(), "b790".to_string())].into()),
-            ..Default::default()
-        };
-        assert_eq!(service.metadata, expected, "no controller: none kept");
-        let mut service = PartialObjectMeta::<Service> { metadata: meta(&[(APPLIED_HASH, "b790")]), ..Default::default() };
-        let controller = OwnerReference {
-            kind: "Database".into(),
-            name: "orders".into(),
-            uid: "db-1".into(),
-            controller: Some(true),
-            ..Default::default()
-        };
-        service.metadata.owner_references.get_or_insert_default().push(controller);
-        applied_hash_only(&mut service);
-        let kept = OwnerReference { uid: "db-1".into(), controller: Some(true), ..Default::default() };
-        let expected = ObjectMeta { owner_references: Some(vec![kept]), ..expected };
-        assert_eq!(service.metadata, expected);
-
-        let mut unhashed = PartialObjectMeta::<Service> { metadata: meta(&[]), ..Default::default() };
-        applied_hash_only(&mut unhashed);
-        assert_eq!(unhashed.metadata.annotations, None, "no hash: nothing to compare with, so applied again");
-    }
-
-    #[test]
     fn a_child_made_by_a_create_is_marked_until_an_apply_takes_its_fields_over() {
         let entry = |operation: &str, subresource: Option<&str>| ManagedFieldsEntry {
             manager: Some(MANAGER.into()),
@@ -544,12 +589,9 @@ mod tests {
                 ..Default::default()
             };
             let metadata = ObjectMeta { managed_fields: Some(entries), owner_references: Some(vec![owner]), ..meta(&[]) };
-            let mut set = StatefulSet { metadata, ..Default::default() };
-            no_pod_template(&mut set);
-            let store = reflector::store::<StatefulSet>();
-            let mut writer = store.1;
-            writer.apply_watcher_event(&watcher::Event::Apply(set));
-            seen(&store.0, &db, "orders")
+            let store = Facts::new();
+            store.apply(&watcher::Event::Apply(StatefulSet { metadata, ..Default::default() }), SetFacts::of);
+            store.seen(&db, "orders")
         };
         assert_eq!(seen_with(vec![entry("Update", None)], "db-1"), Seen::Present { hash: None, created: true });
         let applied = vec![entry("Apply", None), entry("Update", Some("status"))];
@@ -568,5 +610,96 @@ mod tests {
         let annotations: Vec<&str> = db.annotations().keys().map(String::as_str).collect();
         assert_eq!(annotations, ["plugdb.io/backup-now"], "the operator's own annotations stay");
         assert_eq!(db.metadata.resource_version.as_deref(), Some("42"), "the rest of the metadata stays");
+    }
+
+    fn controlled(mut meta: ObjectMeta) -> ObjectMeta {
+        let controller = OwnerReference {
+            api_version: "plugdb.io/v1alpha1".into(),
+            kind: "Database".into(),
+            name: "orders".into(),
+            uid: "db-1".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let other = OwnerReference { kind: "Backup".into(), name: "b".into(), uid: "b-1".into(), ..Default::default() };
+        meta.owner_references = Some(vec![other, controller]);
+        meta
+    }
+
+    #[test]
+    fn a_secret_keeps_its_key_names_and_what_says_whose_and_until_when() {
+        let mut secret = Secret {
+            metadata: controlled(meta(&[(tls::NOT_AFTER, "2027-01-01T00:00:00Z"), ("kubectl.kubernetes.io/restartedAt", "x")])),
+            data: Some([("password".to_string(), k8s_openapi::ByteString(b"s3cret".to_vec()))].into()),
+            ..Default::default()
+        };
+        secret.metadata.labels.get_or_insert_default().insert("team".into(), "a".into());
+        key_names_only(&mut secret);
+        assert_eq!(secret.data, Some([("password".to_string(), k8s_openapi::ByteString(Vec::new()))].into()), "no value");
+        let annotations: Vec<&str> = secret.annotations().keys().map(String::as_str).collect();
+        assert_eq!(annotations, [tls::NOT_AFTER]);
+        assert_eq!(secret.metadata.labels, None, "a Database controls it: its labels say nothing more");
+        assert_eq!(secret.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(secret.metadata.owner_references.as_ref().map(Vec::len), Some(1));
+
+        let mut kept = Secret { metadata: meta(&[]), ..Default::default() };
+        kept.metadata.owner_references = None;
+        kept.metadata.labels.get_or_insert_default().insert("team".into(), "a".into());
+        key_names_only(&mut kept);
+        let labels: Vec<&str> = kept.labels().keys().map(String::as_str).collect();
+        assert_eq!(labels, [INSTANCE_LABEL], "kept credentials: the label that says which Database's they were");
+    }
+
+    #[test]
+    fn a_pod_keeps_what_says_whose_member_it_is_and_why_it_is_not_ready() {
+        use k8s_openapi::api::core::v1::{ContainerStateWaiting, PodCondition};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let condition = |type_: &str, status: &str| PodCondition { type_: type_.into(), status: status.into(), ..Default::default() };
+        let container = |name: &str, ready: bool| ContainerStatus {
+            name: name.into(),
+            ready,
+            image: "postgres:17".into(),
+            state: (!ready).then(|| ContainerState {
+                waiting: Some(ContainerStateWaiting { reason: Some("CrashLoopBackOff".into()), message: Some("back-off".into()) }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut metadata = meta(&[(PRIMARY_ANNOTATION, "orders-0"), (FENCED, "x"), ("kubectl.kubernetes.io/restartedAt", "now")]);
+        metadata.labels.get_or_insert_default().extend([
+            (ROLE_LABEL.to_string(), "primary".to_string()),
+            (REVISION_LABEL.to_string(), "orders-7f".to_string()),
+            ("statefulset.kubernetes.io/pod-name".to_string(), "orders-0".to_string()),
+        ]);
+        metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let mut pod = Pod {
+            metadata,
+            spec: Some(PodSpec { node_name: Some("node-a".into()), ..Default::default() }),
+            status: Some(PodStatus {
+                conditions: Some(vec![condition("Initialized", "True"), condition("Ready", "False"), condition("PodScheduled", "True")]),
+                container_statuses: Some(vec![container("agent", true), container("postgres", false)]),
+                pod_ip: Some("10.0.0.5".into()),
+                ..Default::default()
+            }),
+        };
+        pod_essentials(&mut pod);
+        let labels: Vec<&str> = pod.labels().keys().map(String::as_str).collect();
+        assert_eq!(labels, [INSTANCE_LABEL, REVISION_LABEL, ROLE_LABEL]);
+        let annotations: Vec<&str> = pod.annotations().keys().map(String::as_str).collect();
+        assert_eq!(annotations, [FENCED, PRIMARY_ANNOTATION]);
+        assert!(pod.metadata.creation_timestamp.is_some(), "a member's age counts");
+        let status = pod.status.as_ref().expect("status");
+        let conditions: Vec<&str> = status.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+        assert_eq!(conditions, ["Ready", "PodScheduled"]);
+        let containers = status.container_statuses.as_deref().unwrap_or_default();
+        assert_eq!(containers.len(), 1, "a ready container says nothing a pass reads");
+        assert_eq!(containers[0].name, "postgres");
+        assert_eq!(
+            containers[0].state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref()),
+            Some("CrashLoopBackOff")
+        );
+        assert_eq!(containers[0].image, "", "no image");
+        assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.5"));
+        assert_eq!(pod.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some("node-a"));
     }
 }

@@ -37,7 +37,6 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -46,6 +45,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::backups::{self, BackupReport, JobState};
+use super::cache::SetFacts;
 use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::status::{self, Growth, Reason, kind};
@@ -184,7 +184,7 @@ struct Members {
 /// What the apply stage left.
 struct Applied {
     /// The StatefulSet, as last written or cached.
-    stateful_set: Option<Arc<StatefulSet>>,
+    stateful_set: Option<SetFacts>,
     /// The members' template's hash without the primary's name ([`crate::names::ROLE_FREE_HASH`]).
     role_free: String,
     growth: Growth,
@@ -452,7 +452,7 @@ impl<'a> Pass<'a> {
             }
             let applied = apply::apply(ctx, db, &child).await?;
             if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
-                stateful_set = Some(Arc::new(serde_json::from_value(serde_json::to_value(applied)?)?));
+                stateful_set = Some(SetFacts::of(&serde_json::from_value(serde_json::to_value(applied)?)?));
             }
         }
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
@@ -473,7 +473,7 @@ impl<'a> Pass<'a> {
     /// replicas first, primary last) among the `granted` members of this pass.
     async fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Result<Rolled, Error> {
         let (ctx, db) = (self.ctx, self.db);
-        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_deref(), &applied.role_free, granted);
+        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_ref(), &applied.role_free, granted);
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
         for (name, role) in &roll.labels {
             pods.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
@@ -523,7 +523,7 @@ impl<'a> Pass<'a> {
         let desired = spec.replicas;
         let restored = self.restore_unfinished().then(|| restore::members_restored(ctx, self.db, desired));
         let set = ctx.caches.stateful_set(self.db);
-        let current = set.and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)).map(|r| r.max(1) as u32);
+        let current = set.and_then(|s| s.replicas).map(|r| r.max(1) as u32);
         let progress = self.status.scale.clone();
         let scale = match decide::scale_question(desired, restored, current, progress.as_ref()) {
             ScaleQuestion::Settled(scale) => scale,

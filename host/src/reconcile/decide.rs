@@ -17,11 +17,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-
 use super::Settings;
 use super::agent::Fenced;
 use super::backups::JobState;
+use super::cache::SetFacts;
 use super::members::{self, Observed};
 use super::status::{Reason, kind};
 use crate::crd::{ScaleStatus, UpgradeStatus};
@@ -313,9 +312,9 @@ pub struct Roll {
 /// Role labels, and the next member restart of a roll (one at a time, replicas first,
 /// primary last) among the `granted` members, once the StatefulSet controller has seen
 /// the StatefulSet's latest spec (revisions mean nothing before).
-pub fn roll(members: &[Observed], primary: &str, set: Option<&StatefulSet>, role_free: &str, granted: u32) -> Roll {
-    let current = set.is_some_and(|s| s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation);
-    let revision = set.and_then(|s| s.status.as_ref()).and_then(|s| s.update_revision.as_deref()).unwrap_or_default();
+pub fn roll(members: &[Observed], primary: &str, set: Option<&SetFacts>, role_free: &str, granted: u32) -> Roll {
+    let current = set.is_some_and(|s| s.observed);
+    let revision = set.and_then(|s| s.update_revision.as_deref()).unwrap_or_default();
     let wanted = members::Wanted { revision, role_free };
     let labels = members
         .iter()

@@ -5,10 +5,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::names::ROLE_LABEL;
+use crate::names::{REVISION_LABEL, ROLE_LABEL};
 use crate::plugin::Member;
 
-const REVISION_LABEL: &str = "controller-revision-hash";
 /// How long a new member pod may take to become ready before it counts as down: the
 /// new primary restarting to take its role after a failover must not be failed over.
 pub const STARTUP_GRACE_SECONDS: i64 = 60;

@@ -3,6 +3,8 @@
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 
+use crate::reconcile::cache::SetFacts;
+
 use super::*;
 
 /// Member `ordinal` of Database `db`: ready or not (for `since` seconds), on `revision`.
@@ -293,21 +295,23 @@ fn a_scale_plan_grants_members_step_by_step_and_waits_on_its_jobs() {
 
 #[test]
 fn members_roll_one_at_a_time_only_once_the_stateful_set_is_observed() {
-    let set = |observed: i64, revision: &str| StatefulSet {
-        metadata: kube::api::ObjectMeta { generation: Some(2), ..Default::default() },
-        status: Some(StatefulSetStatus {
-            observed_generation: Some(observed),
-            update_revision: Some(revision.into()),
+    let set = |observed: i64, revision: &str| {
+        SetFacts::of(&StatefulSet {
+            metadata: kube::api::ObjectMeta { generation: Some(2), ..Default::default() },
+            status: Some(StatefulSetStatus {
+                observed_generation: Some(observed),
+                update_revision: Some(revision.into()),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
+        })
     };
     let (seen, unseen) = (set(2, "new"), set(1, "new"));
     let old = [member(0, true, 600, "old"), member(1, true, 600, "old"), member(2, true, 600, "old")];
     let new = [member(0, true, 600, "new"), member(1, true, 600, "new"), member(2, true, 600, "new")];
     let one_down = [member(0, true, 600, "new"), member(1, false, 600, "old"), member(2, true, 600, "new")];
     // (what, members, StatefulSet, granted, expected restart, rolled)
-    type Row<'a> = (&'a str, &'a [Observed], Option<&'a StatefulSet>, u32, Option<&'a str>, bool);
+    type Row<'a> = (&'a str, &'a [Observed], Option<&'a SetFacts>, u32, Option<&'a str>, bool);
     let rows: [Row; 7] = [
         ("replicas first, highest ordinal", &old, Some(&seen), 3, Some("db-2"), false),
         ("the controller has not seen the spec: nothing moves", &old, Some(&unseen), 3, None, false),
