@@ -22,7 +22,8 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ContainerState, ContainerStatus, Node, NodeSpec, PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service,
+    ConfigMap, ContainerState, ContainerStatus, Node, NodeSpec, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, Pod, PodSpec, PodStatus, Secret, Service, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -324,6 +325,19 @@ fn key_names_only(s: &mut Secret) {
     }
 }
 
+/// A volume claim as a pass reads it: whether it is bound, what it asks for and holds,
+/// and the labels that say which Database's it is (a kept claim has no controller).
+fn claim_essentials(c: &mut PersistentVolumeClaim) {
+    no_managed_fields(c);
+    meta_essentials(&mut c.metadata, &[APPLIED_HASH], &[MANAGED_BY_LABEL, INSTANCE_LABEL]);
+    let requests = c.spec.take().and_then(|s| s.resources).and_then(|r| r.requests);
+    c.spec = Some(PersistentVolumeClaimSpec {
+        resources: requests.map(|requests| VolumeResourceRequirements { requests: Some(requests), ..Default::default() }),
+        ..Default::default()
+    });
+    c.status = c.status.take().map(|s| PersistentVolumeClaimStatus { phase: s.phase, capacity: s.capacity, ..Default::default() });
+}
+
 /// A node as a pass reads it: its name, and whether it is cordoned.
 fn node_essentials(n: &mut Node) {
     let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable);
@@ -423,7 +437,7 @@ impl Caches {
         let (budgets, t3) = applied(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l);
         let (secrets, t4) = filled(api(client, namespace), l, key_names_only);
         let (pods, t5) = filled(api(client, namespace), l, pod_essentials);
-        let (claims, t6) = filled(api(client, namespace), l, no_managed_fields);
+        let (claims, t6) = filled(api(client, namespace), l, claim_essentials);
         let (stateful_sets, sts_watch) = stateful_sets(api(client, namespace), l);
         let (jobs, job_watch) = cache(api(client, namespace), l, no_managed_fields);
         let (nodes, node_watch) = cache_of(Api::all(client.clone()), l, None, node_essentials);
