@@ -276,9 +276,39 @@ pub async fn scheduled_backups(cluster: Arc<Cluster>) {
             assert!(db.status.as_ref().and_then(|s| s.next_backup.clone()).is_some());
         }
         let listed = jobs.list(&ListParams::default().labels("plugdb.io/backup-of=orders")).await.expect("jobs").items;
-        let succeeded = listed.iter().filter(|j| j.status.as_ref().and_then(|s| s.succeeded) == Some(1)).count();
-        assert!(succeeded <= 3, "retention keeps 2 (and one just finished): {:?}", listed.iter().map(|j| j.name_any()).collect::<Vec<_>>());
+        // Beyond the newest 2, a backup that completed a while ago should be gone: the
+        // pass its successor's completion wakes removes it (given 10 s on a loaded machine).
+        let completed = |j: &&Job| {
+            j.status.as_ref().and_then(|s| s.completion_time.clone()).filter(|_| j.status.as_ref().and_then(|s| s.succeeded) == Some(1))
+        };
+        let mut done: Vec<&Job> = listed.iter().filter(|j| completed(j).is_some()).collect();
+        done.sort_by_key(|j| std::cmp::Reverse(completed(j)));
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let overdue: Vec<String> = done
+            .iter()
+            .skip(2)
+            .filter(|j| completed(j).is_some_and(|t| now.duration_since(t.0).as_secs() > 10))
+            .map(|j| j.name_any())
+            .collect();
+        assert!(
+            overdue.is_empty(),
+            "retention keeps 2: {overdue:?} completed over 10 s ago and are kept (of {:?})",
+            done.iter().map(|j| j.name_any()).collect::<Vec<_>>()
+        );
         watch(&mut created, &listed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // And it catches up: soon at most the newest 2 and one just finished are kept.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = jobs.list(&ListParams::default().labels("plugdb.io/backup-of=orders")).await.expect("jobs").items;
+        let succeeded: Vec<String> =
+            listed.iter().filter(|j| j.status.as_ref().and_then(|s| s.succeeded) == Some(1)).map(|j| j.name_any()).collect();
+        watch(&mut created, &listed);
+        if succeeded.len() <= 3 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "retention keeps 2 (and one just finished): {succeeded:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), ns).get("orders-backups").await.expect("the backup volume");
