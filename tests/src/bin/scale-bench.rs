@@ -544,7 +544,7 @@ fn table(runs: &[Run]) -> String {
             Some(p) => format!("{:.1} KiB", (r.peak_rss as f64 - p.peak_rss as f64) * 1024.0 / (r.count - p.count) as f64),
             None => "–".into(),
         },
-        "≤ 40 KiB beyond 1,000",
+        "≤ 16 KiB beyond 1,000",
     );
     out += &row(
         "restarted operator resyncing all: requests / writes (of which Events) / plugin calls",
