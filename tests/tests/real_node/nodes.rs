@@ -288,7 +288,17 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     let lp = Sql::start(&cluster, ns, "lp", Engine::Postgres, 3).await;
     let there = lp.on(&node).await.name_any();
     if lp.primary(&cluster, ns).await.name_any() != there {
-        crate::plugdb(&cluster, &["switchover", "lp", &there, "--namespace", ns]).await;
+        // On a loaded machine a member's liveness probe may restart it just then, and the
+        // operator refuses the switchover: asked again (twice at most) once lp runs whole.
+        for attempt in 1.. {
+            let (c, args) = (cluster.clone(), ["switchover", "lp", there.as_str(), "--namespace", ns].map(str::to_string));
+            let asked = tokio::task::spawn_blocking(move || crate::kubectl_plugdb_with(&c, &args.each_ref().map(String::as_str), None)).await;
+            match asked {
+                Ok(_) => break,
+                Err(e) if attempt == 3 => panic!("switchover to {there}: {e}"),
+                Err(_) => cluster.wait_database(ns, "lp", "running whole again", WAIT, |db| is_running(db, 3)).await.expect("running"),
+            };
+        }
         let led = |db: &Database| db.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(there.as_str()) && is_running(db, 3);
         cluster.wait_database(ns, "lp", "its member on the node primary", WAIT, led).await.expect("switched over");
     }
