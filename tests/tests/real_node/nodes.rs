@@ -292,7 +292,8 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         // operator refuses the switchover: asked again (twice at most) once lp runs whole.
         for attempt in 1.. {
             let (c, args) = (cluster.clone(), ["switchover", "lp", there.as_str(), "--namespace", ns].map(str::to_string));
-            let asked = tokio::task::spawn_blocking(move || crate::kubectl_plugdb_with(&c, &args.each_ref().map(String::as_str), None)).await;
+            let asked =
+                tokio::task::spawn_blocking(move || crate::kubectl_plugdb_with(&c, &args.each_ref().map(String::as_str), None)).await;
             match asked {
                 Ok(_) => break,
                 Err(e) if attempt == 3 => panic!("switchover to {there}: {e}"),
