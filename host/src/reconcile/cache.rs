@@ -181,19 +181,10 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let listing = listing.clone();
-    let watch = futures::stream::once(async move {
-        let config = listing.config().await;
-        let config = match &labels {
-            Some(labels) => config.labels(labels),
-            None => config,
-        };
-        reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim))
-    })
-    .flatten()
-    .touched_objects()
-    .inspect_err(|e| tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"))
-    .boxed();
+    let watch = reflector::reflector(writer, watch_events(api, listing.clone(), labels).modify(trim))
+        .touched_objects()
+        .inspect_err(|e| tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"))
+        .boxed();
     (reader, watch)
 }
 
@@ -206,45 +197,49 @@ where
     (reader, AbortOnDrop(tokio::spawn(watch.for_each(|_| async {}))))
 }
 
-/// A cache of the applied children `api` lists, as [`Applied`] facts, filled for as
-/// long as the returned task lives.
-fn applied<K>(api: Api<K>, listing: &Listing) -> (Facts<Applied>, AbortOnDrop)
+/// A cache of the facts `of` each object `api` lists, and its watch: a stream that
+/// fills the facts as it is read and yields every touched object once they hold it.
+fn facts<K, V>(api: Api<K>, listing: &Listing, of: fn(&K) -> V) -> (Facts<V>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
 {
     let facts = Facts::new();
-    let events = watch_events(api, listing.clone());
     let filling = facts.clone();
-    let task = tokio::spawn(events.for_each(move |event| {
-        match event {
-            Ok(event) => filling.apply(&event, Applied::of),
-            Err(e) => tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"),
-        }
-        async {}
-    }));
-    (facts, AbortOnDrop(task))
-}
-
-/// The StatefulSets' facts, and their watch as the controller reads it (which fills
-/// the facts as it is read, each before the StatefulSet is yielded).
-fn stateful_sets(api: Api<StatefulSet>, listing: &Listing) -> (Facts<SetFacts>, Watch<StatefulSet>) {
-    let facts = Facts::new();
-    let filling = facts.clone();
-    let watch = watch_events(api, listing.clone())
-        .inspect_ok(move |event| filling.apply(event, SetFacts::of))
+    let watch = watch_events(api, listing.clone(), Some(managed()))
+        .inspect_ok(move |event| filling.apply(event, of))
         .touched_objects()
-        .inspect_err(|e| tracing::warn!(kind = "StatefulSet", error = %e, "watch failed; retrying"))
+        .inspect_err(|e| tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"))
         .boxed();
     (facts, watch)
 }
 
-/// The events of a watch of the managed objects `api` lists, retried with backoff.
-fn watch_events<K>(api: Api<K>, listing: Listing) -> futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+/// [`facts`] that fill themselves, for as long as the returned task lives.
+fn filled_facts<K, V>(api: Api<K>, listing: &Listing, of: fn(&K) -> V) -> (Facts<V>, AbortOnDrop)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    let (facts, watch) = facts(api, listing, of);
+    (facts, AbortOnDrop(tokio::spawn(watch.for_each(|_| async {}))))
+}
+
+/// The events of a watch of the objects `labels` selects (all when `None`), retried
+/// with backoff.
+fn watch_events<K>(
+    api: Api<K>,
+    listing: Listing,
+    labels: Option<String>,
+) -> futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     futures::stream::once(async move {
-        let config = listing.config().await.labels(&managed());
+        let config = listing.config().await;
+        let config = match &labels {
+            Some(labels) => config.labels(labels),
+            None => config,
+        };
         watcher(api, config).default_backoff()
     })
     .flatten()
@@ -276,11 +271,10 @@ pub(super) fn database_essentials(db: &mut Database) {
     }
 }
 
-/// Metadata reduced to what a pass reads: name, namespace, uid, version, generation and
-/// when it was made and is being deleted,
-/// the `annotations` and `labels` named, and the controller reference (what the
-/// controller maps a change back to its Database by). Managed fields are left as they
-/// are.
+/// Metadata reduced to what a pass reads: name, namespace, uid, version, generation,
+/// when it was made and is being deleted, the `annotations` and `labels` named, and the
+/// controller reference (what the controller maps a change back to its Database by).
+/// Managed fields are left as they are.
 fn meta_essentials(meta: &mut ObjectMeta, annotations: &[&str], labels: &[&str]) {
     let only = |map: Option<BTreeMap<String, String>>, keys: &[&str]| {
         let kept: BTreeMap<String, String> = map.into_iter().flatten().filter(|(k, _)| keys.contains(&k.as_str())).collect();
@@ -432,13 +426,13 @@ impl Caches {
     pub fn start(client: &Client, namespace: Option<&str>) -> (Self, Triggers) {
         let listing = Listing::new(client, namespace);
         let l = &listing;
-        let (config_maps, t1) = applied(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l);
-        let (services, t2) = applied(api::<PartialObjectMeta<Service>>(client, namespace), l);
-        let (budgets, t3) = applied(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l);
+        let (config_maps, t1) = filled_facts(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, Applied::of);
+        let (services, t2) = filled_facts(api::<PartialObjectMeta<Service>>(client, namespace), l, Applied::of);
+        let (budgets, t3) = filled_facts(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, Applied::of);
         let (secrets, t4) = filled(api(client, namespace), l, key_names_only);
         let (pods, t5) = filled(api(client, namespace), l, pod_essentials);
         let (claims, t6) = filled(api(client, namespace), l, claim_essentials);
-        let (stateful_sets, sts_watch) = stateful_sets(api(client, namespace), l);
+        let (stateful_sets, sts_watch) = facts(api(client, namespace), l, SetFacts::of);
         let (jobs, job_watch) = cache(api(client, namespace), l, no_managed_fields);
         let (nodes, node_watch) = cache_of(Api::all(client.clone()), l, None, node_essentials);
         // One waiter on the stores, many on `listed`: a store's first listing wakes only
