@@ -390,10 +390,11 @@ fn plugins_compiled_in_a_child_process_load_and_answer() {
 /// Code within the shape limits can still be costly to compile (deep blocks left by
 /// wide branch tables: about 20 s and 950 MiB in one optimised compile here). The
 /// child compiler runs out of its time or memory and is stopped; the operator spends
-/// neither, and loads the next plugin.
+/// neither, and loads the next plugin (within the same bound: 15 s, which a small
+/// plugin's compile stays well within even on a machine busy with the other tiers).
 #[test]
 fn a_compile_bomb_within_the_shape_limits_is_stopped_by_the_compilers_bounds() {
-    let limits = Limits { compile_timeout: Duration::from_secs(5), ..Limits::default() };
+    let limits = Limits { compile_timeout: Duration::from_secs(15), ..Limits::default() };
     let bomb = plugdb_tests::bomb::component("branches", &limits.shape);
     assert_eq!(Shape::of(&bomb).expect("shape").excess(&limits.shape), Vec::<String>::new(), "the bomb passes the shape limits");
     let rt = Runtime::with_tier(limits, Tier::Optimized).expect("runtime").with_compiler(&plugdb_tests::plugdb_binary());
@@ -401,7 +402,7 @@ fn a_compile_bomb_within_the_shape_limits_is_stopped_by_the_compilers_bounds() {
     assert!(matches!(err, LoadError::TooBig(_)), "{err}");
     let said = err.to_string();
     let memory = format!("more than {} MiB", limits.compile_memory >> 20);
-    assert!(said.contains("longer than 5s") || said.contains(&memory), "{said}");
+    assert!(said.contains("longer than 15s") || said.contains(&memory), "{said}");
     rt.load(&plugdb_tests::component("minimal")).expect("the next plugin loads");
 }
 

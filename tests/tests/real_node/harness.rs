@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::FutureExt;
+use plugdb::logging::LogFormat;
 use plugdb_tests::node::{Nodes, machine_state, run_dir, state_difference, teardown};
 use plugdb_tests::operator::{Backing, Cluster};
 use plugdb_tests::release;
@@ -45,6 +46,12 @@ pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario
     if selected.is_empty() {
         println!("\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in 0.00s\n");
         return ExitCode::SUCCESS;
+    }
+    // The operator's log, for the failures: what it did in a failed scenario's namespaces.
+    if let Ok(file) = std::fs::File::create(operator_log()) {
+        let log =
+            plugdb::logging::subscriber(LogFormat::Text, plugdb::logging::filter("info,kube=warn"), std::sync::Mutex::new(file), false);
+        let _ = tracing::subscriber::set_global_default(log);
     }
     let parallel = std::env::var("PLUGDB_SCENARIO_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize).max(1);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -113,6 +120,7 @@ async fn run_one(name: &str, scenario: Scenario, cluster: Arc<Cluster>) -> bool 
     if !ok {
         for ns in &namespaces {
             eprintln!("{name} failed; what it left:\n{}", release::describe(&cluster, ns).await);
+            eprintln!("{name}: the operator's last records of {ns}:\n{}", operator_records(ns, 80));
         }
     }
     for ns in &namespaces {
@@ -122,6 +130,19 @@ async fn run_one(name: &str, scenario: Scenario, cluster: Arc<Cluster>) -> bool 
     }
     println!("test {name} ... {} ({:.1} s)", if ok { "ok" } else { "FAILED" }, started.elapsed().as_secs_f64());
     ok
+}
+
+/// Where the operator's log of this run is written.
+fn operator_log() -> std::path::PathBuf {
+    std::env::temp_dir().join("plugdb-real-node-operator.log")
+}
+
+/// The operator's last `count` records that name namespace `ns`.
+fn operator_records(ns: &str, count: usize) -> String {
+    let log = std::fs::read_to_string(operator_log()).unwrap_or_default();
+    let named = format!(".{ns}");
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&named) || l.contains(&format!("namespace={ns}"))).collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
 }
 
 /// How long a scenario's namespace may take to go once it is deleted.
