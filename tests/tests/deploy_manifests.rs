@@ -259,6 +259,9 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     nodes.get_opt("no-such-node").await.expect("the operator's role lets it read a member's node");
     // And every node's cordon is watched, to switch over before a drain evicts a primary.
     nodes.list(&Default::default()).await.expect("the operator's role lets it list the nodes");
+    // And their leases, to take a node whose kubelet went silent as cut off.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(operator.clone(), "kube-node-lease");
+    leases.list(&Default::default()).await.expect("the operator's role lets it list the nodes' leases");
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
     let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));

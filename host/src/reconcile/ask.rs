@@ -1,8 +1,8 @@
 //! Asking the members of an engine that elects its own leader what they know: the
 //! plugin's `member-query`, sent from the operator to each member's pod address, the
 //! way an in-cluster operator reaches its instances. Every request is bounded before
-//! anything is spent on it (one client, 2 s per request, 16 KiB per answer), and a
-//! member that does not answer in time is simply one without an answer.
+//! anything is spent on it (one client, 2 s to connect and 5 s per request, 16 KiB per
+//! answer), and a member that does not answer in time is simply one without an answer.
 //!
 //! Over HTTPS each member is asked under its own DNS name (`<pod>.<headless Service>`,
 //! which its certificate carries), connected to at its pod address, and verified
@@ -16,8 +16,12 @@ use futures::future::join_all;
 use super::members::Observed;
 use crate::plugin::MemberQuery;
 
-/// Time a member has to answer.
-pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a member's address has to take the connection: a lost node is given up on
+/// after this.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a member has to answer, connection included: its agent may wait up to
+/// 1.6 s for a fence to take, and a TLS handshake on a busy node takes its share.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest answer read; a longer one is no answer.
 pub const MAX_ANSWER: usize = 16 << 10;
 
@@ -27,7 +31,7 @@ fn builder() -> reqwest::ClientBuilder {
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(ANSWER_TIMEOUT)
-        .connect_timeout(ANSWER_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
 }
 
 /// The client every plain question goes through (HTTP, no proxy, no redirects).

@@ -45,6 +45,7 @@ use crate::names::{
 use crate::tls;
 
 mod facts;
+pub mod leases;
 pub use facts::SetFacts;
 use facts::{Applied, Facts};
 
@@ -79,6 +80,7 @@ pub struct Caches {
     jobs: Store<Job>,
     claims: Store<PersistentVolumeClaim>,
     nodes: Store<Node>,
+    leases: leases::Leases,
     listed: tokio::sync::watch::Receiver<bool>,
     _tasks: Vec<AbortOnDrop>,
 }
@@ -452,6 +454,17 @@ impl Caches {
             futures::future::join_all(waits).await;
             let _ = tell.send(true);
         }));
+        // Not waited for: an operator that may not read the leases still runs.
+        let leases = leases::Leases::default();
+        let filling = leases.clone();
+        let lease_events = watch_events(Api::namespaced(client.clone(), leases::NAMESPACE), listing.clone(), None);
+        let t8 = AbortOnDrop(tokio::spawn(lease_events.for_each(move |event| {
+            match event {
+                Ok(event) => filling.apply(&event, std::time::Instant::now()),
+                Err(e) => tracing::debug!(error = %e, "cannot watch the nodes' leases; retrying"),
+            }
+            futures::future::ready(())
+        })));
         let caches = Self {
             listing,
             config_maps,
@@ -463,8 +476,9 @@ impl Caches {
             jobs,
             claims,
             nodes,
+            leases,
             listed,
-            _tasks: vec![t1, t2, t3, t4, t5, t6, t7],
+            _tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8],
         };
         (caches, Triggers { stateful_sets: sts_watch, jobs: job_watch, nodes: node_watch })
     }
@@ -534,16 +548,40 @@ impl Caches {
 
     /// The Databases whose primary runs on node `name`, by their members' labels.
     pub fn primaries_on(&self, name: &str) -> Vec<ObjectRef<Database>> {
-        let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name);
-        let primary = |p: &Pod| p.labels().get(crate::names::ROLE_LABEL).map(String::as_str) == Some("primary");
-        self.pods
-            .state_filter(|p| on(p) && primary(p))
+        self.databases_on(name, |p| p.labels().get(crate::names::ROLE_LABEL).map(String::as_str) == Some("primary"))
+    }
+
+    /// The Databases with a member on node `name`, by their members' labels.
+    pub fn members_on(&self, name: &str) -> Vec<ObjectRef<Database>> {
+        self.databases_on(name, |_| true)
+    }
+
+    /// The Databases of the pods on node `name` that `which` keeps, each once.
+    fn databases_on(&self, name: &str, which: impl Fn(&Pod) -> bool) -> Vec<ObjectRef<Database>> {
+        let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name) && which(p);
+        let mut dbs: Vec<ObjectRef<Database>> = self
+            .pods
+            .state_filter(on)
             .iter()
             .filter_map(|p| {
                 let db = p.labels().get(crate::names::INSTANCE_LABEL)?;
                 Some(ObjectRef::new(db).within(p.metadata.namespace.as_deref()?))
             })
-            .collect()
+            .collect();
+        dbs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        dbs.dedup();
+        dbs
+    }
+
+    /// How long node `name` has been silent at `now` (see [`leases`]), once it counts as
+    /// cut off.
+    pub fn silent_for(&self, name: &str, now: std::time::Instant) -> Option<std::time::Duration> {
+        self.leases.silent_for(name, now)
+    }
+
+    /// The nodes silent at `now` (see [`leases`]).
+    pub fn silent_nodes(&self, now: std::time::Instant) -> std::collections::HashSet<String> {
+        self.leases.silent(now)
     }
 
     /// `db`'s member pods: those its StatefulSet made, whose labels include all of

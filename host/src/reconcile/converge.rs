@@ -300,10 +300,13 @@ impl<'a> Pass<'a> {
         Ok(ControlFlow::Continue(upgrade))
     }
 
-    /// The members as the pod cache has them, and the nodes of those that are down.
+    /// The members as the pod cache has them (those on a node cut off from the control
+    /// plane taken as down), and the nodes of those that are down.
     async fn observe(&self) -> Members {
         let pods = self.ctx.caches.pods(self.db, &crate::names::selector(self.db));
         let mut observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
+        let now = std::time::Instant::now();
+        members::cut_off(&mut observed, |node| self.ctx.caches.silent_for(node, now));
         let lost = nodes::read(self.ctx, &mut observed).await;
         Members { pods, observed, lost }
     }

@@ -48,6 +48,9 @@ pub struct Observed {
     pub fenced: bool,
     /// Its agent promoted it in place ([`crate::names::PROMOTED`]).
     pub promoted: bool,
+    /// Taken as down because its node stopped renewing its lease ([`cut_off`]), though
+    /// its pod still says it is ready.
+    pub cut_off: bool,
 }
 
 impl Observed {
@@ -70,6 +73,7 @@ impl Observed {
             rendered: None,
             fenced: false,
             promoted: false,
+            cut_off: false,
             address,
         }
     }
@@ -116,12 +120,25 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                     .zip(p.annotations().get(crate::names::ROLE_FREE_HASH).cloned()),
                 fenced: p.annotations().contains_key(crate::names::FENCED),
                 promoted: p.annotations().contains_key(crate::names::PROMOTED),
+                cut_off: false,
                 name,
             })
         })
         .collect();
     out.sort_by_key(|m| m.ordinal);
     out
+}
+
+/// Takes each ready member on a node that has been silent (its lease unrenewed, see
+/// [`super::cache::leases`]) as down since the node's last renewal: its pod still says
+/// it is ready only because its kubelet can no longer say otherwise.
+pub fn cut_off(members: &mut [Observed], silent_for: impl Fn(&str) -> Option<std::time::Duration>) {
+    for m in members.iter_mut().filter(|m| m.ready) {
+        let Some(silent) = m.node.as_deref().and_then(&silent_for) else { continue };
+        let node = m.node.as_deref().unwrap_or_default();
+        m.down = Some(format!("node {node} has not renewed its lease for {} s: cut off from the control plane", silent.as_secs()));
+        (m.ready, m.cut_off, m.since_seconds) = (false, true, silent.as_secs() as i64);
+    }
 }
 
 /// What a member's pod says about why it is not ready: a container waiting or ended
@@ -153,21 +170,23 @@ pub struct Wanted<'a> {
 }
 
 impl Wanted<'_> {
-    /// Whether `m` runs what it should: the revision, or, for a member started as a
-    /// replica that is still one, the same template but for the primary's name (it
-    /// follows the new primary through the read-write Service without a restart). A
-    /// member the operator fenced that is not the primary runs nothing it should: its
-    /// fence lasts until its pod is made again. The primary promoted in place by its
-    /// agent runs what it should if its template differs only in the primary's name;
-    /// once another leads, it runs nothing it should (it led: it must rejoin as a
-    /// replica, and its agent may have fenced it where the operator could not see).
+    /// Whether `m` runs what it should: the revision, or, for the primary its agent
+    /// promoted in place, the same template but for the primary's name (it leads as it
+    /// runs). A replica runs what it should only on the revision: once another member
+    /// leads it restarts, so that it starts on the new primary's history (a replica that
+    /// followed the old primary to its last record may hold what the new one never had,
+    /// and could not follow it otherwise). A member the operator fenced that is not the
+    /// primary runs nothing it should: its fence lasts until its pod is made again. The
+    /// primary promoted in place runs nothing it should once another leads (it led: it
+    /// must rejoin as a replica, and its agent may have fenced it where the operator
+    /// could not see).
     fn runs(&self, m: &Observed, primary: &str) -> bool {
         if (m.fenced || m.promoted) && m.name != primary {
             return false;
         }
         let same_but_primary = |(was, hash): &(String, String)| *was != m.name && !self.role_free.is_empty() && *hash == self.role_free;
-        let same_role = m.rendered.as_ref().is_some_and(same_but_primary) && (m.name != primary || m.promoted);
-        m.revision.as_deref() == Some(self.revision) || same_role
+        let in_place = m.name == primary && m.promoted && m.rendered.as_ref().is_some_and(same_but_primary);
+        m.revision.as_deref() == Some(self.revision) || in_place
     }
 }
 
@@ -181,9 +200,6 @@ impl Wanted<'_> {
 ///    then the primary. A fenced member is not among them: it restarts once its fence
 ///    shows (it is not ready, so no Service leads to it any more, and nothing that
 ///    reconnects through one follows it into its shutdown).
-///
-/// A replica that was started as one and whose template differs only in the primary's
-/// name is not restarted by a failover.
 pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &str, desired: usize) -> Option<&'a Observed> {
     if members.iter().any(|m| m.terminating) {
         return None;
@@ -238,10 +254,22 @@ pub fn with_positions(mut candidates: Vec<Member>, said: Vec<Option<crate::agent
     candidates
 }
 
-/// Whether the primary has been not ready (or missing) for at least `after_seconds`.
+/// The least time since its node's last lease renewal seen before a primary taken as
+/// down by that silence ([`cut_off`]) is replaced, whatever the failover delay: its node
+/// may have been cut off up to a renewal interval (10 s) after that renewal, and its
+/// agent fences it 15 s into its isolation ([`crate::agent::ISOLATED_FENCE_AFTER`]),
+/// which its fence command may take seconds more to carry out (MariaDB: about 5 s on a
+/// busy node). So a lost node's primary is replaced 30–40 s after the loss.
+pub const CUT_OFF_FAILOVER_SECONDS: i64 = 40;
+
+/// Whether the primary has been not ready (or missing) for at least `after_seconds`
+/// (and, when its node went silent, [`CUT_OFF_FAILOVER_SECONDS`]).
 pub fn primary_lost(members: &[Observed], primary: &str, after_seconds: i64) -> bool {
     match members.iter().find(|m| m.name == primary) {
-        Some(m) => !m.ready && !m.terminating && m.since_seconds >= after_seconds,
+        Some(m) => {
+            let after = if m.cut_off { after_seconds.max(CUT_OFF_FAILOVER_SECONDS) } else { after_seconds };
+            !m.ready && !m.terminating && m.since_seconds >= after
+        }
         None => false,
     }
 }
@@ -256,23 +284,21 @@ mod tests {
 
     const NEW: Wanted = Wanted { revision: "new", role_free: "same" };
 
-    /// After a failover only the promoted member (to take its role) and the old primary
-    /// (to follow) restart: a replica started as one, whose template differs only in the
-    /// primary's name, follows the new primary without a restart.
+    /// After a failover the promoted member (to take its role) restarts first, then the
+    /// old primary (to follow), then the other replicas (onto the new primary's history),
+    /// highest ordinal first, only once every member is ready.
     #[test]
-    fn a_failover_restarts_the_promoted_member_and_the_old_primary_only() {
+    fn a_failover_restarts_the_promoted_member_then_the_old_primary_then_the_replicas() {
         let rendered = |ordinal: u32, ready: bool| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, ready, "old") };
         let members = vec![rendered(0, false), rendered(1, true), rendered(2, true)];
         assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"));
         let members = vec![rendered(0, false), m(1, true, "new"), rendered(2, true)];
         assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
         let members = vec![m(0, true, "new"), m(1, true, "new"), rendered(2, true)];
-        assert_eq!(next_to_roll(&members, NEW, "db-1", 3), None, "db-2 keeps running");
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "the other replica too");
+        assert!(!rolled(&members, NEW, "db-1", 3));
+        let members = vec![m(0, true, "new"), m(1, true, "new"), m(2, true, "new")];
         assert!(rolled(&members, NEW, "db-1", 3));
-        // Any other change of the template restarts it.
-        let other = Wanted { revision: "new", role_free: "changed" };
-        assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
-        assert!(!rolled(&members, other, "db-1", 3));
     }
 
     /// A member its agent promoted in place leads as it runs: not restarted for its role,
@@ -283,6 +309,8 @@ mod tests {
         let members = vec![Observed { fenced: true, ready: false, ..replica(0) }, Observed { promoted: true, ..replica(1) }, replica(2)];
         assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"), "only the fenced old primary");
         let members = vec![m(0, true, "new"), Observed { promoted: true, ..replica(1) }, replica(2)];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "the other replica, onto its history");
+        let members = vec![m(0, true, "new"), Observed { promoted: true, ..replica(1) }, m(2, true, "new")];
         assert!(rolled(&members, NEW, "db-1", 3));
         let restarted = vec![m(0, true, "new"), replica(1), replica(2)];
         assert_eq!(next_to_roll(&restarted, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "not promoted in place: restarts");
@@ -300,8 +328,8 @@ mod tests {
 
     /// A member fenced for a switchover that a failover overtook (db-1 promoted, then
     /// fenced for the switchover to db-2) keeps its fence until its pod is made again: it
-    /// restarts though its template is still a replica's, and the primary fenced while
-    /// the switchover waits is not restarted for it.
+    /// restarts as soon as its fence shows, and the primary fenced while the switchover
+    /// waits is not restarted for it.
     #[test]
     fn a_fenced_member_that_does_not_lead_restarts() {
         let replica = |ordinal: u32, ready: bool| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, ready, "old") };
@@ -312,9 +340,36 @@ mod tests {
         let showing = vec![m(0, true, "new"), Observed { ready: true, ..fenced.clone() }, m(2, true, "new")];
         assert_eq!(next_to_roll(&showing, NEW, "db-2", 3), None, "not before its fence shows: a Service may still lead to it");
         let unfenced = vec![m(0, true, "new"), replica(1, true), m(2, true, "new")];
-        assert_eq!(next_to_roll(&unfenced, NEW, "db-2", 3), None, "a replica that was not fenced keeps running");
+        assert_eq!(
+            next_to_roll(&unfenced, NEW, "db-2", 3).map(|m| m.name.as_str()),
+            Some("db-1"),
+            "a replica that was not fenced restarts too, once every member is ready"
+        );
         let waiting = vec![m(0, true, "new"), Observed { fenced: true, ..m(1, false, "new") }, m(2, true, "new")];
         assert_eq!(next_to_roll(&waiting, NEW, "db-1", 3), None, "the fenced primary stays while the switchover waits");
+    }
+
+    /// A ready member on a node that stopped renewing its lease is down since the node's
+    /// last renewal, and a primary there is lost once that is long enough; members on
+    /// other nodes, and one already down, are as their pods say.
+    #[test]
+    fn members_on_a_silent_node_are_down_since_its_last_renewal() {
+        let on = |ordinal: u32, node: &str, ready: bool| Observed { node: Some(node.into()), ..m(ordinal, ready, "new") };
+        let mut members = vec![on(0, "n1", true), on(1, "n2", true), on(2, "n1", false)];
+        let silent = |node: &str| (node == "n1").then_some(std::time::Duration::from_secs(41));
+        cut_off(&mut members, silent);
+        assert!(!members[0].ready && members[0].cut_off && members[0].since_seconds == 41, "{:?}", members[0]);
+        assert!(members[0].down.as_deref().is_some_and(|d| d.contains("node n1 has not renewed its lease for 41 s")), "{:?}", members[0]);
+        assert!(members[1].ready && !members[1].cut_off, "its node renews its lease");
+        assert!(!members[2].cut_off && members[2].since_seconds == 100, "down already: as its pod says");
+        assert!(primary_lost(&members, "db-0", 30));
+        assert!(!primary_lost(&members, "db-0", 42));
+        // However short the failover delay: not before its agent has fenced it.
+        let mut members = vec![on(0, "n1", true)];
+        cut_off(&mut members, |_| Some(std::time::Duration::from_secs(35)));
+        assert!(!primary_lost(&members, "db-0", 2), "35 s of silence: its agent may not have fenced it yet");
+        members[0].since_seconds = 40;
+        assert!(primary_lost(&members, "db-0", 2), "40 s: it has");
     }
 
     #[test]

@@ -340,6 +340,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .predicate_filter(predicates::generation.combine(predicates::annotations), Default::default());
     let plugin_changes = engine_changes(ctx.registry.subscribe(), reader.clone());
     let cordons = cordoned_primaries(triggers.nodes, ctx.clone());
+    let silenced = silenced_nodes(ctx.clone());
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
     Controller::for_stream(databases, reader)
         .with_config(config)
@@ -347,6 +348,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .owns_stream(triggers.jobs)
         .reconcile_on(plugin_changes)
         .reconcile_on(cordons)
+        .reconcile_on(silenced)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -371,6 +373,26 @@ fn cordoned_primaries(
         .predicate_filter(cordon, Default::default())
         .filter_map(|node| futures::future::ready(node.ok().filter(|n| cordon(n) == Some(1))))
         .flat_map(move |node| futures::stream::iter(ctx.caches.primaries_on(&node.name_any())))
+}
+
+/// How often the nodes' leases are looked at for a node that fell silent.
+const SILENCE_CHECK: Duration = Duration::from_secs(2);
+
+/// The Databases to pass over when a node falls silent (its lease unrenewed for
+/// [`cache::leases::SILENT_AFTER`]): those with a member there, which a pass takes as
+/// down from then on (see [`members::cut_off`]). Nothing else says so: the node's pods
+/// change only once the node controller's grace period ends.
+fn silenced_nodes(ctx: Arc<Context>) -> impl futures::Stream<Item = ObjectRef<Database>> + Send + 'static {
+    futures::stream::unfold((ctx, std::collections::HashSet::new()), |(ctx, before)| async move {
+        tokio::time::sleep(SILENCE_CHECK).await;
+        let silent = ctx.caches.silent_nodes(std::time::Instant::now());
+        let fell: Vec<ObjectRef<Database>> = silent.difference(&before).flat_map(|node| ctx.caches.members_on(node)).collect();
+        for node in silent.difference(&before) {
+            tracing::warn!(node = %node, "node has not renewed its lease for {:?}: its members count as down", cache::leases::SILENT_AFTER);
+        }
+        Some((futures::stream::iter(fell), (ctx, silent)))
+    })
+    .flatten()
 }
 
 /// The Databases to pass over when a plugin changes: those of the engine it serves. A

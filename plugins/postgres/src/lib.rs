@@ -92,6 +92,10 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
         // A replica whose stream a fence cut reconnects (to whichever member the read-write
         // Service selects) within a second.
         "wal_retrieve_retry_interval = '1s'".into(),
+        // A replica whose primary's node was lost gives up on it within 20 s (not 60 s),
+        // to follow the member promoted meanwhile: in synchronous mode the new primary's
+        // commits wait for it.
+        "wal_receiver_timeout = '20s'".into(),
         format!("max_connections = {}", max_connections(spec)),
     ];
     if spec.synchronous_replicas > 0 {

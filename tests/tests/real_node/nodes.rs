@@ -431,6 +431,14 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     let member = moved.name_any();
     assert!(said.contains(&member) && said.contains(&node) && said.contains(&format!("data-{member}")), "{said}");
 
+    // lp and lm failed over before the node controller's grace period ended: their
+    // primary counted as down from its node's last lease renewal.
+    for (d, ..) in &failing_over {
+        let promoted = events.iter().filter(|e| e.reason.as_deref() == Some("FailoverPromoted"));
+        let of = |e: &&Event| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(d.name);
+        let said: Vec<&str> = promoted.filter(of).filter_map(|e| e.note.as_deref()).collect();
+        assert!(said.iter().any(|n| n.contains(&format!("node {node} has not renewed its lease"))), "{}: {said:?}", d.name);
+    }
     for (d, member) in apart_sql.drain(..).zip(named) {
         d.back_on(&cluster, ns, &member, &node).await;
     }
@@ -453,7 +461,9 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         // At no moment did two members take writes: the old primary, fenced before the
         // promotion, and then the promoted member alone, asked throughout.
         let (turns, took) = writers.turns().await;
-        assert_eq!(turns, [old.name_any(), promoted], "{name}: the members that took writes, in turn");
+        assert_eq!(turns, [old.name_any(), promoted.clone()], "{name}: the members that took writes, in turn");
+        let first_new = took.iter().filter(|(_, m)| *m == promoted).map(|(at, _)| *at).min().expect("the new primary took writes");
+        eprintln!("{ns}: {name}'s node lost → {promoted} took its first write {:.1} s after", (first_new - lost).as_secs_f64());
         let last_old = took.iter().filter(|(_, m)| *m == old.name_any()).map(|(at, _)| *at).max().expect("the old primary took writes");
         if synchronous {
             // Its commits wait for a replica it no longer reaches (those in flight at the cut aside).

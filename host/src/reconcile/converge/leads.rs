@@ -18,6 +18,10 @@ impl Pass<'_> {
             FailoverQuestion::Ask(candidates) => {
                 let said = reconcile::agent::statuses(ctx, self.db, &members.observed).await?;
                 self.heard = reconcile::agent::by_pod(&members.observed, &said);
+                if let Some(kept) = decide::answering_though_cut_off(&members.observed, &primary, &said) {
+                    self.say(&kept.notes).await;
+                    return Ok(kept);
+                }
                 let input = (spec.clone(), members::with_positions(candidates, said));
                 let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
                     Err(Error::Plugin(e)) => Err(e.to_string()),
@@ -31,7 +35,8 @@ impl Pass<'_> {
                     }
                     _ => reconcile::agent::Fenced::Unknown,
                 };
-                let chosen = decide::failover(&primary, after, answer, fenced);
+                let down = members.observed.iter().find(|m| m.name == primary).and_then(|m| m.down.as_deref());
+                let chosen = decide::failover(&primary, after, down, answer, fenced);
                 if chosen.failed_over {
                     reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
                 }

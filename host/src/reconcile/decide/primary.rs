@@ -52,9 +52,9 @@ pub fn failover_question(
     }
 }
 
-/// The primary after the plugin chose (lost for `after`): the member it promotes, or
-/// the lost one, with why.
-pub fn failover(primary: &str, after: Duration, answer: Result<FailoverDecision, String>, fenced: Fenced) -> Primary {
+/// The primary after the plugin chose (lost for `after`, and `down` as its pod or node
+/// says): the member it promotes, or the lost one, with why.
+pub fn failover(primary: &str, after: Duration, down: Option<&str>, answer: Result<FailoverDecision, String>, fenced: Fenced) -> Primary {
     let note = match answer {
         Ok(FailoverDecision::Promote { pod, command }) => {
             let fence = match fenced {
@@ -65,7 +65,9 @@ pub fn failover(primary: &str, after: Duration, answer: Result<FailoverDecision,
                     crate::agent::ISOLATED_FENCE_AFTER
                 ),
             };
-            let message = format!("primary {primary} not ready for {after:?}, {fence}; promoting {pod} (promotion: {})", command.join(" "));
+            let down = down.map(|d| format!(" ({d})")).unwrap_or_default();
+            let message =
+                format!("primary {primary} not ready for {after:?}{down}, {fence}; promoting {pod} (promotion: {})", command.join(" "));
             let note = Note::event(true, Reason::FailoverPromoted, message);
             return Primary { name: pod, failed_over: true, switching: false, notes: vec![note] };
         }
@@ -77,6 +79,15 @@ pub fn failover(primary: &str, after: Duration, answer: Result<FailoverDecision,
         Err(e) => failover_failed(e),
     };
     Primary { notes: vec![note], ..Primary::keep(primary) }
+}
+
+/// The primary stays when it is down only because its node stopped renewing its lease
+/// ([`members::cut_off`]) and its agent (`said`, in the order of `members`) answers as the
+/// primary: the node lost the control plane, not its clients.
+pub fn answering_though_cut_off(members: &[Observed], primary: &str, said: &[Option<crate::agent::Status>]) -> Option<Primary> {
+    let answers = members.iter().zip(said).any(|(m, s)| m.name == primary && m.cut_off && s.as_ref().is_some_and(|s| s.primary));
+    let message = format!("primary {primary}'s node has not renewed its lease, but its agent answers as the primary: no failover");
+    answers.then(|| Primary { notes: vec![no_safe_failover(message)], ..Primary::keep(primary) })
 }
 
 /// The leader of an engine that elects its own, as the plugin reads the members'

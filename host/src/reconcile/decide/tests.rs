@@ -191,7 +191,7 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
         ("an election answer is not a promotion", Ok(FailoverDecision::Elected("db-1".into())), "db-0", false, &[]),
     ];
     for (what, answer, primary, failed_over, notes) in answers {
-        let chosen = failover("db-0", MINUTE, answer, Fenced::Unknown);
+        let chosen = failover("db-0", MINUTE, None, answer, Fenced::Unknown);
         assert_eq!((chosen.name.as_str(), chosen.failed_over, said(&chosen.notes).as_slice()), (primary, failed_over, notes), "{what}");
     }
     // The Event says whether the old primary was fenced before the promotion.
@@ -202,8 +202,34 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     ];
     for (fenced, says) in fences {
         let promote = Ok(FailoverDecision::Promote { pod: "db-1".into(), command: vec![] });
-        let chosen = failover("db-0", MINUTE, promote, fenced);
+        let chosen = failover("db-0", MINUTE, Some("node n1 has not renewed its lease for 31 s"), promote, fenced);
         assert!(chosen.notes[0].message.contains(says), "{}", chosen.notes[0].message);
+        assert!(chosen.notes[0].message.contains("not ready for 60s (node n1 has not renewed its lease"), "{}", chosen.notes[0].message);
+    }
+}
+
+/// A primary taken as down because its node went silent stays while its agent answers
+/// as the primary; not once its agent is silent too, or says it follows, or when its
+/// pod itself says it is down.
+#[test]
+fn a_primary_on_a_silent_node_whose_agent_answers_as_primary_stays() {
+    let status = |primary: bool| Some(crate::agent::Status { primary, position: "0/1".into(), lag: None });
+    let cut = Observed { cut_off: true, ..member(0, false, 40, "r1") };
+    let down = member(0, false, 40, "r1");
+    let members = |primary: &Observed| vec![primary.clone(), member(1, true, 0, "r1")];
+    // (what, the primary, what its agent said, kept)
+    let rows = [
+        ("cut off, answering as the primary: kept", &cut, status(true), true),
+        ("cut off, no answer: a failover", &cut, None, false),
+        ("cut off, says it follows: a failover", &cut, status(false), false),
+        ("down by its pod: a failover", &down, status(true), false),
+    ];
+    for (what, primary, answer, kept) in rows {
+        let chosen = answering_though_cut_off(&members(primary), "db-0", &[answer, status(false)]);
+        assert_eq!(chosen.as_ref().map(|c| (c.name.as_str(), c.failed_over)), kept.then_some(("db-0", false)), "{what}");
+        if let Some(chosen) = chosen {
+            assert_eq!(said(&chosen.notes), [(Reason::NoSafeFailover, true)], "{what}");
+        }
     }
 }
 

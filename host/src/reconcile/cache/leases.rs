@@ -1,0 +1,105 @@
+//! When each node's kubelet last renewed its Lease (namespace `kube-node-lease`). A
+//! kubelet renews its lease every 10 s; one that has gone unrenewed for
+//! [`SILENT_AFTER`] belongs to a node cut off from the control plane — long before the
+//! node controller marks the node not ready, and its pods with it
+//! (`node-monitor-grace-period`, 40–50 s). A primary there is then down since its
+//! node's last renewal, and its failover is not held back by that grace period.
+//!
+//! A renewal counts from when the operator saw it, not from the time the kubelet wrote
+//! in it: a node's clock may differ from the operator's. At start, every lease counts
+//! as renewed when listed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::runtime::watcher;
+
+/// The namespace of the nodes' leases.
+pub const NAMESPACE: &str = "kube-node-lease";
+
+/// How long a node's lease may go unrenewed before the node counts as cut off: two of
+/// its kubelet's renewals missed.
+pub const SILENT_AFTER: Duration = Duration::from_secs(20);
+
+/// A node's last lease renewal seen: the renew time it carried, and when it was seen.
+type Renewal = (Option<String>, Instant);
+
+/// Each node's last lease renewal seen, by node.
+#[derive(Clone, Default)]
+pub struct Leases(Arc<RwLock<HashMap<String, Renewal>>>);
+
+impl Leases {
+    /// Takes in one event of the leases' watch, at `now`.
+    pub fn apply(&self, event: &watcher::Event<Lease>, now: Instant) {
+        let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0.to_string());
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            // A relist keeps what was seen of the leases it finds again.
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(l) | watcher::Event::Apply(l) => {
+                let renew = renewed(l);
+                let entry = map.entry(l.name_any()).or_insert((None, now));
+                if entry.0 != renew {
+                    *entry = (renew, now);
+                }
+            }
+            watcher::Event::InitDone => {}
+            watcher::Event::Delete(l) => {
+                map.remove(&l.name_any());
+            }
+        }
+    }
+
+    /// How long node `name` has been silent at `now`, once that is [`SILENT_AFTER`] or
+    /// longer; `None` for a node renewing its lease, or one whose lease is not known.
+    pub fn silent_for(&self, name: &str, now: Instant) -> Option<Duration> {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        let (_, seen) = map.get(name)?;
+        Some(now.saturating_duration_since(*seen)).filter(|d| *d >= SILENT_AFTER)
+    }
+
+    /// The nodes silent at `now`.
+    pub fn silent(&self, now: Instant) -> HashSet<String> {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        map.iter().filter(|(_, (_, seen))| now.saturating_duration_since(*seen) >= SILENT_AFTER).map(|(n, _)| n.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn lease(node: &str, renewed: &str) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some(node.into());
+        lease.spec = Some(LeaseSpec { renew_time: Some(MicroTime(renewed.parse().expect("a time"))), ..Default::default() });
+        lease
+    }
+
+    /// A node is silent once its lease has gone unrenewed for SILENT_AFTER as the
+    /// operator saw it; an update that does not renew it (same renew time) changes
+    /// nothing; a renewal ends the silence; a deleted lease is not known.
+    #[test]
+    fn a_node_is_silent_once_its_lease_goes_unrenewed() {
+        let leases = Leases::default();
+        let start = Instant::now();
+        leases.apply(&watcher::Event::InitApply(lease("a", "2026-01-01T00:00:00Z")), start);
+        leases.apply(&watcher::Event::InitApply(lease("b", "2026-01-01T00:00:00Z")), start);
+        assert_eq!(leases.silent_for("a", start + Duration::from_secs(19)), None);
+        let later = start + Duration::from_secs(15);
+        leases.apply(&watcher::Event::Apply(lease("b", "2026-01-01T00:00:00Z")), later);
+        leases.apply(&watcher::Event::Apply(lease("a", "2026-01-01T00:00:10Z")), later);
+        let now = start + Duration::from_secs(25);
+        assert_eq!(leases.silent_for("b", now), Some(Duration::from_secs(25)), "not renewed since it was listed");
+        assert_eq!(leases.silent_for("a", now), None, "renewed 10 s ago");
+        assert_eq!(leases.silent(now), HashSet::from(["b".to_string()]));
+        leases.apply(&watcher::Event::Delete(lease("b", "2026-01-01T00:00:00Z")), now);
+        assert_eq!(leases.silent_for("b", now), None);
+        assert_eq!(leases.silent_for("c", now), None, "a node whose lease is not known");
+    }
+}
