@@ -276,23 +276,24 @@ pub async fn scheduled_backups(cluster: Arc<Cluster>) {
             assert!(db.status.as_ref().and_then(|s| s.next_backup.clone()).is_some());
         }
         let listed = jobs.list(&ListParams::default().labels("plugdb.io/backup-of=orders")).await.expect("jobs").items;
-        // Beyond the newest 2, a backup that completed a while ago should be gone: the
-        // pass its successor's completion wakes removes it (given 10 s on a loaded machine).
+        // Beyond the newest 2, a backup should be gone once the second newer one completed:
+        // the pass that completion wakes removes it (given 10 s on a loaded machine).
         let completed = |j: &&Job| {
             j.status.as_ref().and_then(|s| s.completion_time.clone()).filter(|_| j.status.as_ref().and_then(|s| s.succeeded) == Some(1))
         };
         let mut done: Vec<&Job> = listed.iter().filter(|j| completed(j).is_some()).collect();
         done.sort_by_key(|j| std::cmp::Reverse(completed(j)));
         let now = k8s_openapi::jiff::Timestamp::now();
+        // Each beyond the newest 2 has been surplus since the backup two newer completed.
         let overdue: Vec<String> = done
             .iter()
-            .skip(2)
-            .filter(|j| completed(j).is_some_and(|t| now.duration_since(t.0).as_secs() > 10))
-            .map(|j| j.name_any())
+            .zip(done.iter().skip(2))
+            .filter(|(newer, _)| completed(newer).is_some_and(|t| now.duration_since(t.0).as_secs() > 10))
+            .map(|(_, kept)| kept.name_any())
             .collect();
         assert!(
             overdue.is_empty(),
-            "retention keeps 2: {overdue:?} completed over 10 s ago and are kept (of {:?})",
+            "retention keeps 2: {overdue:?} kept over 10 s after the backup two newer completed (of {:?})",
             done.iter().map(|j| j.name_any()).collect::<Vec<_>>()
         );
         watch(&mut created, &listed);
