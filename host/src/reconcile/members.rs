@@ -297,6 +297,10 @@ mod tests {
         let members = vec![m(0, true, "new"), m(1, true, "new"), rendered(2, true)];
         assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "the other replica too");
         assert!(!rolled(&members, NEW, "db-1", 3));
+        // Any other change of the template restarts it as well.
+        let other = Wanted { revision: "new", role_free: "changed" };
+        assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
+        assert!(!rolled(&members, other, "db-1", 3));
         let members = vec![m(0, true, "new"), m(1, true, "new"), m(2, true, "new")];
         assert!(rolled(&members, NEW, "db-1", 3));
     }

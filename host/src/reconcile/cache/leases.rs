@@ -27,26 +27,42 @@ pub const SILENT_AFTER: Duration = Duration::from_secs(20);
 /// A node's last lease renewal seen: the renew time it carried, and when it was seen.
 type Renewal = (Option<String>, Instant);
 
-/// Each node's last lease renewal seen, by node.
+/// Each node's last lease renewal seen.
 #[derive(Clone, Default)]
-pub struct Leases(Arc<RwLock<HashMap<String, Renewal>>>);
+pub struct Leases(Arc<RwLock<State>>);
+
+#[derive(Default)]
+struct State {
+    /// By node.
+    renewals: HashMap<String, Renewal>,
+    /// During a relist, the nodes it has found so far (those it does not find go when it
+    /// is done).
+    relisted: Option<HashSet<String>>,
+}
 
 impl Leases {
     /// Takes in one event of the leases' watch, at `now`.
     pub fn apply(&self, event: &watcher::Event<Lease>, now: Instant) {
         let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0.to_string());
-        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let State { renewals: map, relisted } = &mut *guard;
         match event {
             // A relist keeps what was seen of the leases it finds again.
-            watcher::Event::Init => {}
+            watcher::Event::Init => *relisted = Some(HashSet::new()),
             watcher::Event::InitApply(l) | watcher::Event::Apply(l) => {
+                if let Some(found) = relisted.as_mut() {
+                    found.insert(l.name_any());
+                }
                 let renew = renewed(l);
                 let entry = map.entry(l.name_any()).or_insert((None, now));
                 if entry.0 != renew {
                     *entry = (renew, now);
                 }
             }
-            watcher::Event::InitDone => {}
+            watcher::Event::InitDone => {
+                let found = relisted.take().unwrap_or_default();
+                map.retain(|node, _| found.contains(node));
+            }
             watcher::Event::Delete(l) => {
                 map.remove(&l.name_any());
             }
@@ -56,16 +72,20 @@ impl Leases {
     /// How long node `name` has been silent at `now`, once that is [`SILENT_AFTER`] or
     /// longer; `None` for a node renewing its lease, or one whose lease is not known.
     pub fn silent_for(&self, name: &str, now: Instant) -> Option<Duration> {
-        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
-        let (_, seen) = map.get(name)?;
-        Some(now.saturating_duration_since(*seen)).filter(|d| *d >= SILENT_AFTER)
+        let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
+        guard.renewals.get(name).and_then(|(_, seen)| silence(*seen, now))
     }
 
     /// The nodes silent at `now`.
     pub fn silent(&self, now: Instant) -> HashSet<String> {
-        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
-        map.iter().filter(|(_, (_, seen))| now.saturating_duration_since(*seen) >= SILENT_AFTER).map(|(n, _)| n.clone()).collect()
+        let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
+        guard.renewals.iter().filter(|(_, (_, seen))| silence(*seen, now).is_some()).map(|(n, _)| n.clone()).collect()
     }
+}
+
+/// How long a node last seen renewing at `seen` has been silent at `now`, once it counts.
+fn silence(seen: Instant, now: Instant) -> Option<Duration> {
+    Some(now.saturating_duration_since(seen)).filter(|d| *d >= SILENT_AFTER)
 }
 
 #[cfg(test)]
@@ -101,5 +121,11 @@ mod tests {
         leases.apply(&watcher::Event::Delete(lease("b", "2026-01-01T00:00:00Z")), now);
         assert_eq!(leases.silent_for("b", now), None);
         assert_eq!(leases.silent_for("c", now), None, "a node whose lease is not known");
+        // A relist forgets the leases it no longer finds (deleted while the watch was down).
+        leases.apply(&watcher::Event::Apply(lease("c", "2026-01-01T00:00:00Z")), start);
+        leases.apply(&watcher::Event::Init, now);
+        leases.apply(&watcher::Event::InitApply(lease("a", "2026-01-01T00:00:10Z")), now);
+        leases.apply(&watcher::Event::InitDone, now);
+        assert_eq!(leases.silent(now + Duration::from_secs(30)), HashSet::from(["a".to_string()]), "c went with the relist");
     }
 }

@@ -18,32 +18,44 @@ impl Pass<'_> {
             FailoverQuestion::Ask(candidates) => {
                 let said = reconcile::agent::statuses(ctx, self.db, &members.observed).await?;
                 self.heard = reconcile::agent::by_pod(&members.observed, &said);
-                if let Some(kept) = decide::answering_though_cut_off(&members.observed, &primary, &said) {
-                    self.say(&kept.notes).await;
-                    return Ok(kept);
+                match decide::answering_though_cut_off(&members.observed, &primary, &said) {
+                    Some(kept) => kept,
+                    None => self.replace(plugin, spec, members, &primary, candidates, said).await?,
                 }
-                let input = (spec.clone(), members::with_positions(candidates, said));
-                let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
-                    Err(Error::Plugin(e)) => Err(e.to_string()),
-                    asked => Ok(asked?),
-                };
-                // The old primary takes no more writes before another is promoted.
-                let fenced = match &answer {
-                    Ok(crate::plugin::FailoverDecision::Promote { .. }) => {
-                        let old = members.observed.iter().find(|m| m.name == primary);
-                        reconcile::agent::fence(ctx, self.db, old).await?
-                    }
-                    _ => reconcile::agent::Fenced::Unknown,
-                };
-                let down = members.observed.iter().find(|m| m.name == primary).and_then(|m| m.down.as_deref());
-                let chosen = decide::failover(&primary, after, down, answer, fenced);
-                if chosen.failed_over {
-                    reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
-                }
-                chosen
             }
         };
         self.say(&chosen.notes).await;
+        Ok(chosen)
+    }
+
+    /// The primary the plugin chooses among `candidates` (with what their agents `said`)
+    /// for lost `primary`: the old one fenced where its agent answers, the new one
+    /// promoted in place where its agent can.
+    async fn replace(
+        &mut self,
+        plugin: &Plugin,
+        spec: &EngineSpec,
+        members: &Members,
+        primary: &str,
+        candidates: Vec<crate::plugin::Member>,
+        said: Vec<Option<crate::agent::Status>>,
+    ) -> Result<Primary, Error> {
+        let ctx = self.ctx;
+        let input = (spec.clone(), members::with_positions(candidates, said));
+        let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
+            Err(Error::Plugin(e)) => Err(e.to_string()),
+            asked => Ok(asked?),
+        };
+        let old = members.observed.iter().find(|m| m.name == primary);
+        // The old primary takes no more writes before another is promoted.
+        let fenced = match &answer {
+            Ok(crate::plugin::FailoverDecision::Promote { .. }) => reconcile::agent::fence(ctx, self.db, old).await?,
+            _ => reconcile::agent::Fenced::Unknown,
+        };
+        let chosen = decide::failover(primary, ctx.settings.failover_after, old.and_then(|m| m.down.as_deref()), answer, fenced);
+        if chosen.failed_over {
+            reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
+        }
         Ok(chosen)
     }
 
