@@ -21,7 +21,8 @@
 //! only, which only the operator holds (both in Secret `<name>-agent`), so one member's
 //! agent cannot ask another's, and another Database's operator certificate is refused.
 //! Everything is bounded: 16 connections at a time, one command at a time, 3 s a
-//! connection, 4 KiB of request head, 1.5 s and 4 KiB of command output.
+//! connection, 4 KiB of request head, 4 KiB of command output, and 1.5 s a status or
+//! fence command (4 s a promotion or a change of synchronous replicas).
 //!
 //! The agent runs in the engine's image (its client tools and environment), from this
 //! binary, which an init container copies out of the operator's image.
@@ -49,8 +50,11 @@ pub const FILES: [&str; 3] = [crate::tls::CERTIFICATE, crate::tls::KEY, crate::t
 pub const CLIENT_CERTIFICATE: &str = "client.crt";
 /// Its key.
 pub const CLIENT_KEY: &str = "client.key";
-/// How long the status command may run.
+/// How long the status and fence commands may run.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How long the promote and synchronous commands may run: a promotion ends recovery,
+/// which a loaded server may take seconds to do (inside the operator's 6 s for an answer).
+pub const ACTION_TIMEOUT: Duration = Duration::from_secs(4);
 /// The most of the status command's output that is read.
 pub const MAX_OUTPUT: usize = 4 << 10;
 const MAX_HEAD: usize = 4 << 10;
@@ -65,14 +69,21 @@ pub const FENCED_ENV: &str = "PLUGDB_FENCED";
 /// The agent's variable holding its pod's address.
 pub const OWN_ADDRESS_ENV: &str = "PLUGDB_POD_IP";
 /// How long a primary cut off from the control plane and from every other member goes
-/// on taking writes before its agent fences it: well inside the time the control plane
-/// takes to see its node lost (Kubernetes' node monitor grace period, 40-50 s), after
-/// which the operator may promote another member.
-pub const ISOLATED_FENCE_AFTER: Duration = Duration::from_secs(15);
+/// on taking writes before its agent fences it (counted from the last look that reached
+/// one of them). Shorter fails a lost node's primary over sooner, and fences a primary
+/// whose node only lost its network for a moment more often.
+pub const ISOLATED_FENCE_AFTER: Duration = Duration::from_secs(8);
 /// How often the agent looks whether its member is cut off.
-const LOOK_EVERY: Duration = Duration::from_secs(2);
-/// How long a look waits for the control plane, for the cluster's DNS, and for a member.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// How long a look waits for the control plane, for the cluster's DNS, and for a member
+/// (the control plane and the members are looked at side by side: a look takes two).
 const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Within how long of its isolation a cut-off primary is fenced, at worst: its fence
+/// delay, from the start of a look up to [`LOOK_EVERY`] and a look (two
+/// [`LOOK_TIMEOUT`]s) before the isolation, the status command it waits for (one ask
+/// under way) and runs itself, and the fence command. The operator replaces a lost
+/// node's primary no sooner (`reconcile::members::CUT_OFF_FAILOVER_SECONDS`).
+pub const FENCED_WITHIN: Duration = Duration::from_secs(16);
 /// How often a fenced member's fence command is run again once it has succeeded (not
 /// more often: a fence may cut the streams a switchover's member catches up by).
 const REFENCE_EVERY: Duration = Duration::from_secs(5);
@@ -192,7 +203,7 @@ impl Agent {
 
     async fn run(&self, argv: &[String]) -> Result<String, String> {
         let _one_at_a_time = self.command.acquire().await.map_err(|e| e.to_string())?;
-        run(argv, &[]).await
+        run(argv, &[], COMMAND_TIMEOUT).await
     }
 
     /// Runs the command `argv`, unless the member is fenced: its fence mark is read under
@@ -202,7 +213,7 @@ impl Agent {
         if self.is_fenced() {
             return ("409 Conflict", format!("fenced: not {done}\n"));
         }
-        match run(argv, env).await {
+        match run(argv, env, ACTION_TIMEOUT).await {
             Ok(_) => ("200 OK", format!("{done}\n")),
             Err(e) => ("500 Internal Server Error", format!("not {done}: {e}\n")),
         }
@@ -350,7 +361,8 @@ async fn watch(agent: Arc<Agent>) {
     if fence.control_plane.is_none() {
         tracing::warn!("KUBERNETES_SERVICE_HOST is not set: this member never fences itself");
     }
-    let (mut cut_off_since, mut fenced_at): (Option<tokio::time::Instant>, Option<tokio::time::Instant>) = (None, None);
+    // The start of the last look that reached the control plane or another member.
+    let (mut reached, mut fenced_at) = (tokio::time::Instant::now(), None::<tokio::time::Instant>);
     loop {
         let wait = if agent.is_fenced() {
             if agent.rerun.swap(false, Ordering::SeqCst) || fenced_at.is_none_or(|at| at.elapsed() >= REFENCE_EVERY) {
@@ -367,12 +379,18 @@ async fn watch(agent: Arc<Agent>) {
             }
             Duration::from_millis(200)
         } else {
+            let look = tokio::time::Instant::now();
             let cut_off = match &fence.control_plane {
-                Some(address) => !reachable(address).await && !any_member_reachable(fence).await,
+                Some(address) => {
+                    let (control_plane, member) = tokio::join!(reachable(address), any_member_reachable(fence));
+                    !control_plane && !member
+                }
                 None => false,
             };
-            cut_off_since = if cut_off { cut_off_since.or_else(|| Some(tokio::time::Instant::now())) } else { None };
-            if cut_off_since.is_some_and(|since| since.elapsed() >= fence.cut_off_after) {
+            if !cut_off {
+                reached = look;
+            }
+            if cut_off && reached.elapsed() >= fence.cut_off_after {
                 let primary = agent.run(&agent.commands.status).await.ok().and_then(|said| parse(&said).ok()).is_some_and(|s| s.primary);
                 if primary {
                     let why = format!("primary, and cut off from the control plane and every other member for {:?}", fence.cut_off_after);
@@ -423,9 +441,9 @@ pub fn ready(mark: &Path) -> Result<(), String> {
     }
 }
 
-/// What `argv` prints, when it exits 0 within [`COMMAND_TIMEOUT`] with at most
-/// [`MAX_OUTPUT`] bytes of UTF-8; otherwise why not, with the end of what it said.
-pub async fn run(argv: &[String], env: &[(&str, &str)]) -> Result<String, String> {
+/// What `argv` prints, when it exits 0 within `timeout` with at most [`MAX_OUTPUT`]
+/// bytes of UTF-8; otherwise why not, with the end of what it said.
+pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Result<String, String> {
     let (program, args) = argv.split_first().ok_or("no command")?;
     let mut child = tokio::process::Command::new(program)
         .args(args)
@@ -444,20 +462,19 @@ pub async fn run(argv: &[String], env: &[(&str, &str)]) -> Result<String, String
         // command is killed when dropped).
         stdout.read_to_end(&mut out).await.map_err(|e| e.to_string())?;
         if out.len() > MAX_OUTPUT {
-            return Err(format!("the status command printed more than {MAX_OUTPUT} bytes"));
+            return Err(format!("the command printed more than {MAX_OUTPUT} bytes"));
         }
         stderr.read_to_end(&mut err).await.map_err(|e| e.to_string())?;
         let status = child.wait().await.map_err(|e| e.to_string())?;
         Ok((status, out, err))
     };
-    let (status, out, err) = tokio::time::timeout(COMMAND_TIMEOUT, finished)
-        .await
-        .map_err(|_| format!("the status command ran longer than {COMMAND_TIMEOUT:?}"))??;
+    let (status, out, err) =
+        tokio::time::timeout(timeout, finished).await.map_err(|_| format!("the command ran longer than {timeout:?}"))??;
     let said = || crate::events::truncate(String::from_utf8_lossy(&err).trim(), 512).to_string();
     if !status.success() {
-        return Err(format!("the status command failed ({status}): {}", said()));
+        return Err(format!("the command failed ({status}): {}", said()));
     }
-    String::from_utf8(out).map_err(|_| "the status command printed something other than UTF-8".into())
+    String::from_utf8(out).map_err(|_| "the command printed something other than UTF-8".into())
 }
 
 #[cfg(test)]

@@ -32,14 +32,14 @@ fn a_status_is_a_role_and_a_position_on_one_line() {
 
 #[tokio::test]
 async fn the_status_command_is_bounded_in_time_and_output() {
-    assert_eq!(run(&sh("echo replica 0/5"), &[]).await, Ok("replica 0/5\n".into()));
-    let failed = run(&sh("echo 'connection refused' >&2; exit 2"), &[]).await.expect_err("a failure");
+    assert_eq!(run(&sh("echo replica 0/5"), &[], COMMAND_TIMEOUT).await, Ok("replica 0/5\n".into()));
+    let failed = run(&sh("echo 'connection refused' >&2; exit 2"), &[], COMMAND_TIMEOUT).await.expect_err("a failure");
     assert!(failed.contains("connection refused"), "{failed}");
     let started = std::time::Instant::now();
-    let slow = run(&sh("sleep 30"), &[]).await.expect_err("too slow");
+    let slow = run(&sh("sleep 30"), &[], COMMAND_TIMEOUT).await.expect_err("too slow");
     assert!(slow.contains("longer than"), "{slow}");
     assert!(started.elapsed() < Duration::from_secs(10), "stopped at the timeout, not after the command");
-    let chatty = run(&sh("head -c 1000000 /dev/zero | tr '\\0' x"), &[]).await.expect_err("too long");
+    let chatty = run(&sh("head -c 1000000 /dev/zero | tr '\\0' x"), &[], COMMAND_TIMEOUT).await.expect_err("too long");
     assert!(chatty.contains("more than"), "{chatty}");
 }
 

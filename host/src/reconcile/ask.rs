@@ -20,8 +20,9 @@ use crate::plugin::MemberQuery;
 /// after this.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time a member has to answer, connection included: its agent may wait up to
-/// 1.6 s for a fence to take, and a TLS handshake on a busy node takes its share.
-pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// 1.6 s for a fence to take, or run a promotion for up to 4 s
+/// ([`crate::agent::ACTION_TIMEOUT`]), and a TLS handshake on a busy node takes its share.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(6);
 /// The longest answer read; a longer one is no answer.
 pub const MAX_ANSWER: usize = 16 << 10;
 

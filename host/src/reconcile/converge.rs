@@ -130,7 +130,9 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
         moving: in_motion,
         waiting_for_members: progressing && !in_motion,
         waited,
-        primary_down_for: (!elects).then(|| decide::down_for(&members.observed, &primary.name)).flatten(),
+        primary_lost_in: (!elects)
+            .then(|| super::members::primary_lost_in(&members.observed, &primary.name, ctx.settings.failover_after.as_secs() as i64))
+            .flatten(),
         grow_failed: matches!(applied.growth, Growth::Failed(_)),
         next: pass.next_look(&report),
     };

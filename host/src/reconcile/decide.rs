@@ -398,8 +398,8 @@ pub struct Settled {
     pub waiting_for_members: bool,
     /// How long the Database has not been Ready.
     pub waited: Duration,
-    /// How long the primary has been down, on an engine whose host chooses it.
-    pub primary_down_for: Option<Duration>,
+    /// How long until the primary, down, counts as lost, on an engine whose host chooses it.
+    pub primary_lost_in: Option<Duration>,
     /// The API server refused to grow a volume.
     pub grow_failed: bool,
     /// When a steady Database is looked at again.
@@ -425,19 +425,13 @@ pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
     if settled.waiting_for_members {
         let least = progress * MEMBER_WAIT;
         let net = settled.waited.clamp(least, settings.idle_requeue.max(least));
-        return match settled.primary_down_for {
+        return match settled.primary_lost_in {
             // Looked at again once the primary counts as lost, not before or much after.
-            Some(down) => net.min(settings.failover_after.saturating_sub(down).max(progress)),
+            Some(left) => net.min(left.max(progress)),
             None => net,
         };
     }
     if settled.grow_failed { progress * 6 } else { settled.next }
-}
-
-/// How long primary `primary` has been not ready, when it is a member that is not ready.
-pub fn down_for(members: &[Observed], primary: &str) -> Option<Duration> {
-    let m = members.iter().find(|m| m.name == primary && !m.ready && !m.terminating)?;
-    Some(Duration::from_secs(m.since_seconds.max(0) as u64))
 }
 
 mod primary;

@@ -256,22 +256,34 @@ pub fn with_positions(mut candidates: Vec<Member>, said: Vec<Option<crate::agent
 
 /// The least time since its node's last lease renewal seen before a primary taken as
 /// down by that silence ([`cut_off`]) is replaced, whatever the failover delay: its node
-/// may have been cut off up to a renewal interval (10 s) after that renewal, and its
-/// agent fences it 15 s into its isolation ([`crate::agent::ISOLATED_FENCE_AFTER`]),
-/// which its fence command may take seconds more to carry out (MariaDB: about 5 s on a
-/// busy node). So a lost node's primary is replaced 30–40 s after the loss.
-pub const CUT_OFF_FAILOVER_SECONDS: i64 = 40;
+/// may have been cut off up to a renewal interval (10 s, and a little jitter) after that
+/// renewal, and its agent fences it within [`crate::agent::FENCED_WITHIN`] of its
+/// isolation. So a lost node's primary is replaced 16–27 s after the loss; the node's
+/// silence ([`super::cache::leases::SILENT_AFTER`], two missed renewals) is what keeps a
+/// slow kubelet from counting as a lost node.
+pub const CUT_OFF_FAILOVER_SECONDS: i64 = 11 + crate::agent::FENCED_WITHIN.as_secs() as i64;
+
+/// How long primary `m` must be down before it counts as lost: the failover delay, or
+/// for a primary whose node went silent [`CUT_OFF_FAILOVER_SECONDS`] after the node's
+/// last renewal (the silence says more than a pod's readiness can).
+fn lost_after(m: &Observed, after_seconds: i64) -> i64 {
+    if m.cut_off { CUT_OFF_FAILOVER_SECONDS } else { after_seconds }
+}
 
 /// Whether the primary has been not ready (or missing) for at least `after_seconds`
-/// (and, when its node went silent, [`CUT_OFF_FAILOVER_SECONDS`]).
+/// (or, when its node went silent, [`CUT_OFF_FAILOVER_SECONDS`]).
 pub fn primary_lost(members: &[Observed], primary: &str, after_seconds: i64) -> bool {
     match members.iter().find(|m| m.name == primary) {
-        Some(m) => {
-            let after = if m.cut_off { after_seconds.max(CUT_OFF_FAILOVER_SECONDS) } else { after_seconds };
-            !m.ready && !m.terminating && m.since_seconds >= after
-        }
+        Some(m) => !m.ready && !m.terminating && m.since_seconds >= lost_after(m, after_seconds),
         None => false,
     }
+}
+
+/// How long until primary `primary`, a member that is down, counts as lost (zero once it
+/// does): when to look at it again.
+pub fn primary_lost_in(members: &[Observed], primary: &str, after_seconds: i64) -> Option<std::time::Duration> {
+    let m = members.iter().find(|m| m.name == primary && !m.ready && !m.terminating)?;
+    Some(std::time::Duration::from_secs((lost_after(m, after_seconds) - m.since_seconds).max(0) as u64))
 }
 
 #[cfg(test)]
@@ -366,14 +378,22 @@ mod tests {
         assert!(members[0].down.as_deref().is_some_and(|d| d.contains("node n1 has not renewed its lease for 41 s")), "{:?}", members[0]);
         assert!(members[1].ready && !members[1].cut_off, "its node renews its lease");
         assert!(!members[2].cut_off && members[2].since_seconds == 100, "down already: as its pod says");
-        assert!(primary_lost(&members, "db-0", 30));
-        assert!(!primary_lost(&members, "db-0", 42));
-        // However short the failover delay: not before its agent has fenced it.
+        // Its node's silence decides, whatever the failover delay: not before its agent
+        // has fenced it, and not later for a longer delay.
+        let floor = CUT_OFF_FAILOVER_SECONDS;
+        assert!(primary_lost(&members, "db-0", 300), "41 s of silence");
         let mut members = vec![on(0, "n1", true)];
-        cut_off(&mut members, |_| Some(std::time::Duration::from_secs(35)));
-        assert!(!primary_lost(&members, "db-0", 2), "35 s of silence: its agent may not have fenced it yet");
-        members[0].since_seconds = 40;
-        assert!(primary_lost(&members, "db-0", 2), "40 s: it has");
+        cut_off(&mut members, |_| Some(std::time::Duration::from_secs(floor as u64 - 1)));
+        assert!(!primary_lost(&members, "db-0", 2), "its agent may not have fenced it yet");
+        assert_eq!(primary_lost_in(&members, "db-0", 2), Some(std::time::Duration::from_secs(1)), "looked at again then");
+        members[0].since_seconds = floor;
+        assert!(primary_lost(&members, "db-0", 2), "it has");
+        assert_eq!(primary_lost_in(&members, "db-0", 2), Some(std::time::Duration::ZERO));
+        // A primary down as its pod says waits for the failover delay.
+        let down = vec![m(0, false, "new")];
+        assert_eq!(primary_lost_in(&down, "db-0", 130), Some(std::time::Duration::from_secs(30)));
+        assert_eq!(primary_lost_in(&down, "db-1", 130), None, "not a member");
+        assert_eq!(primary_lost_in(&[m(0, true, "new")], "db-0", 130), None, "ready: not down");
     }
 
     #[test]

@@ -399,10 +399,10 @@ sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE bac
 
 /// What the member agent runs to promote a replica in place: recovery ends on a new
 /// timeline (which the old primary rewinds onto when it restarts to follow) and the
-/// server takes writes as it runs, with no restart. Done within the second, or the
+/// server takes writes as it runs, with no restart. Done within three seconds, or the
 /// member is promoted by its restart instead.
 const PROMOTE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
-[ \"$(psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 -c 'SELECT pg_promote(true, 1)')\" = t ]";
+[ \"$(psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 -c 'SELECT pg_promote(true, 3)')\" = t ]";
 
 /// What the member agent runs to change how many replicas confirm each commit: as the
 /// server runs (`ALTER SYSTEM`, reloaded; the start removes it, so the rendered setting

@@ -3,8 +3,12 @@
 //! member Ready by its real probes, and the time from a failure struck at the primary
 //! (its pod deleted; its engine process killed with SIGKILL) to the first write the
 //! primary Service accepts again; then a planned switchover under a writer: the longest
-//! time without an accepted write, and the acknowledged writes lost (none may be). Needs
-//! root (the nodes). The table goes to stdout and to OUT (default `target/node-bench.md`).
+//! time without an accepted write, and the acknowledged writes lost (none may be); then
+//! the new primary's node lost without warning under a writer (its link cut, as the
+//! real-node scenario does), nothing set by the bench: the time to the first write the
+//! primary Service accepts, and the acknowledged writes the promoted member lacks once
+//! the node is back (asynchronous replication, the default). Needs root (the nodes).
+//! The table goes to stdout and to OUT (default `target/node-bench.md`).
 //!
 //! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT]`
 
@@ -13,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use plugdb::crd::Database;
@@ -39,6 +44,7 @@ async fn main() -> Result<()> {
     let mut rows = vec![format!("| node Ready (control plane, kubelet, add-ons; images cached) | {:.1} s |", node_ready.as_secs_f64())];
     for (engine, version) in [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")] {
         let (mut ready, mut deleted, mut killed, mut switched, mut lost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
+        let (mut node_lost, mut lost_with_node) = (Vec::new(), Vec::new());
         for run in 0..runs {
             let ns = format!("bench-{}-{run}", engine.name());
             let applied = Instant::now();
@@ -51,15 +57,20 @@ async fn main() -> Result<()> {
                 into.push(client.strike(failure).await);
                 cluster.wait_database(&ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
             }
-            let (gap, missing) = switchover(&cluster, &ns, Arc::new(client)).await?;
+            let client = Arc::new(client);
+            let (gap, missing) = switchover(&cluster, &ns, client.clone()).await?;
             switched.push(gap);
             lost += missing;
+            let (first, missing_after_loss) = lose_the_primarys_node(&cluster, &ns, client).await?;
+            node_lost.push(first);
+            lost_with_node.push(missing_after_loss);
             eprintln!(
-                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s; switchover: no write for {:.1} s, {missing} lost",
+                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s; switchover: no write for {:.1} s, {missing} lost; node lost: writes again after {:.1} s, {missing_after_loss} lost",
                 ready[run].as_secs_f64(),
                 deleted[run].as_secs_f64(),
                 killed[run].as_secs_f64(),
-                gap.as_secs_f64()
+                gap.as_secs_f64(),
+                first.as_secs_f64()
             );
         }
         let name = format!("{} {version}", engine.name());
@@ -74,6 +85,12 @@ async fn main() -> Result<()> {
             median(switched).as_secs_f64()
         ));
         rows.push(format!("| {name}: acknowledged writes lost at the switchovers (all {runs} runs) | {lost} |"));
+        rows.push(format!(
+            "| {name}: the primary's node lost → first accepted write (median) | {:.1} s |",
+            median(node_lost).as_secs_f64()
+        ));
+        let lost_with_node: Vec<String> = lost_with_node.iter().map(usize::to_string).collect();
+        rows.push(format!("| {name}: acknowledged writes lost with the node (asynchronous; each run) | {} |", lost_with_node.join(", ")));
     }
     let table = format!("| measure (real node, 2 cores) | value |\n| --- | --- |\n{}\n", rows.join("\n"));
     print!("{table}");
@@ -100,4 +117,54 @@ async fn switchover(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<
     let (acknowledged, longest) = writer.await?;
     let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
     Ok((longest, acknowledged.iter().filter(|id| !present.contains(id)).count()))
+}
+
+/// The primary's node lost without warning under a writer, nothing set by the bench: the
+/// time from the loss to the first write the primary Service accepts (a probe on a new
+/// connection every 250 ms, each given 5 s to connect), and, once the node is back and
+/// every member Ready, how many acknowledged writes the promoted member lacks.
+async fn lose_the_primarys_node(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<(Duration, usize)> {
+    let Backing::Node(nodes) = &cluster.backing else { anyhow::bail!("needs the real nodes") };
+    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let primary = api.get("orders").await?.status.and_then(|s| s.primary).context("a primary")?;
+    let pod = Api::<Pod>::namespaced(cluster.client.clone(), ns).get(&primary).await?;
+    let node = pod.spec.and_then(|s| s.node_name).context("the primary's node")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1_000_000, stop.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let service = client.service_ip("orders").await;
+    let lost = Instant::now();
+    nodes.cut(&node)?;
+    let first = async {
+        let (sender, mut received) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (mut probes, mut id) = (tokio::task::JoinSet::new(), 1_500_000_000);
+        loop {
+            // Probes sent in the first 2 s could reach the old primary before the cut lands.
+            if lost.elapsed() > Duration::from_secs(2) {
+                let (client, service, sender) = (client.clone(), service.clone(), sender.clone());
+                id += 1;
+                probes.spawn(async move {
+                    if client.query(&service, &format!("INSERT INTO orders VALUES ({id}, 'probe')")).await.is_ok() {
+                        let _ = sender.send(());
+                    }
+                });
+            }
+            tokio::select! {
+                _ = received.recv() => return Ok(lost.elapsed()),
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+            anyhow::ensure!(lost.elapsed() < WAIT, "{ns}: no write accepted within {WAIT:?} of losing {node}");
+        }
+    };
+    let first: Result<Duration> = first.await;
+    nodes.restore(&node)?;
+    let first = first?;
+    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != primary);
+    cluster.wait_database(ns, "orders", "another member leads", WAIT, led).await?;
+    cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (acknowledged, _) = writer.await?;
+    let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
+    Ok((first, acknowledged.iter().filter(|id| !present.contains(id)).count()))
 }
