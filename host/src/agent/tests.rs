@@ -223,3 +223,13 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert_eq!(ask_to(&post("/synchronous/0"), Some(ours.operator.clone())).await, None, "nor has its synchronous replication changed");
     assert_eq!(std::fs::read_to_string(&promoted).expect("promoted once"), "promoted\n");
 }
+
+/// The operator waits [`FENCED_WITHIN`] of a node's isolation before it promotes another
+/// member: a cut-off primary's agent has fenced it by then, whatever its timing.
+#[test]
+fn a_cut_off_primary_is_fenced_within_what_the_operator_waits_for() {
+    let look = LOOK_EVERY + 2 * LOOK_TIMEOUT;
+    // Its status command, waited for behind one ask under way, then its fence command.
+    let commands = 3 * COMMAND_TIMEOUT;
+    assert!(ISOLATED_FENCE_AFTER + look + commands <= FENCED_WITHIN, "{:?}", ISOLATED_FENCE_AFTER + look + commands);
+}

@@ -479,12 +479,14 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
 }
 
 /// A node drained under writers, after backups: a postgres and a mysql Database with
-/// members required apart, the node holding a replica of each, and an etcd Database
-/// with a member there too. The evictions honour the disruption budgets (which no
-/// backup Job's pod counts in), the Databases serve throughout (etcd keeps its quorum:
-/// its writes go on), and each evicted member, whose volume cannot leave its node, waits
-/// unscheduled with the scheduler's reason in `Ready`. A second drain while they wait is
-/// refused by the budgets. Uncordoned, the members return with their data.
+/// members required apart, the node holding postgres's primary and a member of the
+/// other, and an etcd Database with a member there too. The primary is switched over
+/// before it is evicted (an Event `SwitchoverForDrain`), with no acknowledged write lost.
+/// The evictions honour the disruption budgets (which no backup Job's pod counts in),
+/// the Databases serve throughout (etcd keeps its quorum: its writes go on), and each
+/// evicted member, whose volume cannot leave its node, waits unscheduled with the
+/// scheduler's reason in `Ready`. A second drain while they wait is refused by the
+/// budgets. Uncordoned, the members return with their data.
 pub async fn drain_under_writers(cluster: Arc<Cluster>) {
     let ns = "drain";
     let nodes = nodes(&cluster);
@@ -518,8 +520,8 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
         primaries.push(node_of(&d.primary(&cluster, ns).await));
     }
     let all: Vec<String> = plugdb_tests::node::NodeSpec::all().map(|n| n.name()).collect();
-    let node = all.iter().find(|n| !primaries.contains(n)).expect("a node with no primary").clone();
-    let second = primaries[0].clone();
+    let node = primaries[0].clone();
+    let second = all.iter().find(|n| **n != node).expect("another node").clone();
     let mut members = Vec::new();
     for d in &dbs {
         members.push(d.on(&node).await.name_any());
@@ -531,8 +533,17 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
     };
     // Whatever happens below, no node stays cordoned for the scenarios after this one.
     let _uncordon = Uncordon(nodes, vec![node.clone(), second.clone()]);
-    let out = drain(&node, "120s");
+    let out = drain(&node, "180s");
     assert!(out.status.success(), "drain {node}: {}", String::from_utf8_lossy(&out.stderr));
+    // Each primary on the node was handed to a member elsewhere before its eviction.
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    for (d, was) in dbs.iter().zip(&primaries).filter(|(_, was)| **was == node) {
+        let of = |e: &&Event| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(d.name);
+        let switched = events.iter().filter(of).any(|e| e.reason.as_deref() == Some("SwitchoverForDrain"));
+        assert!(switched, "{}: its primary on {was} was switched over for the drain", d.name);
+        let now = d.primary(&cluster, ns).await;
+        assert_ne!(node_of(&now), node, "{}: {} leads, elsewhere", d.name, now.name_any());
+    }
     for (d, member) in dbs.iter().zip(&members) {
         let waits = format!("{member} cannot be scheduled");
         let db = cluster
