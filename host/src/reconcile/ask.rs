@@ -18,7 +18,7 @@ use crate::plugin::MemberQuery;
 
 /// Time a member's address has to take the connection: a lost node is given up on
 /// after this.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Time a member has to answer, connection included: its agent may wait up to
 /// 1.6 s for a fence to take, or run a promotion for up to 4 s
 /// ([`crate::agent::ACTION_TIMEOUT`]), and a TLS handshake on a busy node takes its share.
