@@ -139,6 +139,11 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     let secrets = db.secrets("ha");
     let pw = secrets["root-password"].clone();
     let mut primary = db.start_member(&plugin, &s, 0, None, &secrets);
+    let rendered = plugin.render(&s, &plugdb_tests::cluster("ha", "default")).expect("render");
+    let status_command = rendered.status_command;
+    // A server that has written nothing yet (no GTID: `0-0-0`) still says its position.
+    let fresh = primary.agent_status(&status_command).expect("a fresh primary's status");
+    assert!(fresh.primary, "{fresh:?}");
     sql(&primary, &pw, SAMPLE).expect("sample data");
     let address = primary.address.clone();
     let replica = db.start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
@@ -155,8 +160,6 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // What each member's agent answers, read from the engine by the plugin's status command.
-    let rendered = plugin.render(&s, &plugdb_tests::cluster("ha", "default")).expect("render");
-    let status_command = rendered.status_command;
     assert!(primary.agent_status(&status_command).expect("the primary's status").primary, "member 0 says it is primary");
     let said = replica.agent_status(&status_command).expect("the replica's status");
     assert!(!said.primary, "member 1 says it is a replica");

@@ -390,7 +390,7 @@ const CLIENT: &str =
 /// replica's relay log only. A replica adds its lag (`Seconds_Behind_Master`, not known
 /// while it does not replicate). A primary fenced by shutting its server down says the
 /// last position it wrote, which the fence kept beside the fence's mark.
-const STATUS: &str = "if ! said=$(m -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), @@gtid_current_pos)\" 2>&1); then
+const STATUS: &str = "if ! said=$(m -N -B -e \"SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), IF(@@gtid_current_pos = '', '0-0-0', @@gtid_current_pos))\" 2>&1); then
   last=\"${PLUGDB_FENCED:-}.position\"
   case \"$said\" in *\"Can't connect to server\"*) [ -n \"${PLUGDB_FENCED:-}\" ] && [ -s \"$last\" ] && exec echo \"primary $(cat \"$last\")\" ;; esac
   echo \"$said\" >&2; exit 1
