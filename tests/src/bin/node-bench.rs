@@ -1,14 +1,17 @@
-//! Figures of Databases on the real node, per engine, medians of RUNS (default 3):
+//! Figures of Databases on the real nodes, per engine, medians of RUNS (default 3):
 //! the time from `kubectl apply` of a three-member Database to `Running` with every
-//! member Ready by its real probes, and the time from a failure struck at the primary
-//! (its pod deleted; its engine process killed with SIGKILL) to the first write the
-//! primary Service accepts again; then a planned switchover under a writer: the longest
-//! time without an accepted write, and the acknowledged writes lost (none may be); then
-//! the new primary's node lost without warning under a writer (its link cut, as the
-//! real-node scenario does), nothing set by the bench: the time to the first write the
-//! primary Service accepts, and the acknowledged writes the promoted member lacks once
-//! the node is back (asynchronous replication, the default). Needs root (the nodes).
-//! The table goes to stdout and to OUT (default `target/node-bench.md`).
+//! member Ready by its real probes; the time from a failure struck at the primary (its
+//! pod deleted; its engine killed with SIGKILL; its engine hung, every process of its
+//! container stopped with SIGSTOP until then) to the first write the primary Service
+//! accepts again; a planned switchover under a writer to a member that does not lead:
+//! the longest time without an accepted write, and the acknowledged writes lost (none
+//! may be); then the new primary's node lost without warning under a writer (its link
+//! cut, as the real-node scenario does), nothing set by the bench: the time to the
+//! first write the primary Service accepts, and the acknowledged writes the promoted
+//! member lacks once the node is back (asynchronous replication, the default). The
+//! operator runs with the tests' settings (failover delay 2 s, not 30 s; a lost node's
+//! primary is replaced whatever the delay). Needs root (the nodes). The table goes to
+//! stdout and to OUT (default `target/node-bench.md`).
 //!
 //! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT]`
 
@@ -24,7 +27,7 @@ use plugdb::crd::Database;
 use plugdb::names::SWITCHOVER;
 use plugdb_tests::node::Nodes;
 use plugdb_tests::operator::{Backing, Cluster};
-use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, is_running};
+use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, is_running, signal_all};
 use serde_json::json;
 
 fn median(mut values: Vec<Duration>) -> Duration {
@@ -44,7 +47,7 @@ async fn main() -> Result<()> {
     let mut rows = vec![format!("| node Ready (control plane, kubelet, add-ons; images cached) | {:.1} s |", node_ready.as_secs_f64())];
     for (engine, version) in [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")] {
         let (mut ready, mut deleted, mut killed, mut switched, mut lost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
-        let (mut node_lost, mut lost_with_node) = (Vec::new(), Vec::new());
+        let (mut node_lost, mut lost_with_node, mut hung) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..runs {
             let ns = format!("bench-{}-{run}", engine.name());
             let applied = Instant::now();
@@ -58,6 +61,7 @@ async fn main() -> Result<()> {
                 cluster.wait_database(&ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
             }
             let client = Arc::new(client);
+            hung.push(hang_the_primary(&cluster, &ns, engine, client.clone()).await?);
             let (gap, missing) = switchover(&cluster, &ns, client.clone()).await?;
             switched.push(gap);
             lost += missing;
@@ -65,10 +69,11 @@ async fn main() -> Result<()> {
             node_lost.push(first);
             lost_with_node.push(missing_after_loss);
             eprintln!(
-                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s; switchover: no write for {:.1} s, {missing} lost; node lost: writes again after {:.1} s, {missing_after_loss} lost",
+                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s, after a hang {:.1} s; switchover: no write for {:.1} s, {missing} lost; node lost: writes again after {:.1} s, {missing_after_loss} lost",
                 ready[run].as_secs_f64(),
                 deleted[run].as_secs_f64(),
                 killed[run].as_secs_f64(),
+                hung[run].as_secs_f64(),
                 gap.as_secs_f64(),
                 first.as_secs_f64()
             );
@@ -79,6 +84,10 @@ async fn main() -> Result<()> {
         rows.push(format!(
             "| {name}: kill -9 of the primary's engine → first accepted write (median) | {:.1} s |",
             median(killed).as_secs_f64()
+        ));
+        rows.push(format!(
+            "| {name}: the primary's engine hung (SIGSTOP) → first accepted write on another member (median; failover delay 2 s) | {:.1} s |",
+            median(hung).as_secs_f64()
         ));
         rows.push(format!(
             "| {name}: planned switchover under a writer → longest time without an accepted write (median) | {:.1} s |",
@@ -99,18 +108,20 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-/// A planned switchover to `orders-1` under a writer, waited for until every member is
-/// ready again: the longest time without an acknowledged write, and how many
-/// acknowledged writes the new primary lacks.
+/// A planned switchover under a writer to the first member that does not lead, waited
+/// for until every member is ready again: the longest time without an acknowledged
+/// write, and how many acknowledged writes the new primary lacks.
 async fn switchover(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<(Duration, usize)> {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = client.writer(1_000, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
-    let request = json!({"metadata": {"annotations": {SWITCHOVER: "orders-1"}}});
+    let primary = api.get("orders").await?.status.and_then(|s| s.primary).context("a primary")?;
+    let target = ["orders-0", "orders-1"].into_iter().find(|m| *m != primary).unwrap_or("orders-1");
+    let request = json!({"metadata": {"annotations": {SWITCHOVER: target}}});
     api.patch("orders", &PatchParams::default(), &Patch::Merge(&request)).await?;
-    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some("orders-1");
-    cluster.wait_database(ns, "orders", "orders-1 leads", WAIT, |d| led(d) && !d.annotations().contains_key(SWITCHOVER)).await?;
+    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(target);
+    cluster.wait_database(ns, "orders", "the member leads", WAIT, |d| led(d) && !d.annotations().contains_key(SWITCHOVER)).await?;
     cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::SeqCst);
@@ -132,31 +143,9 @@ async fn lose_the_primarys_node(cluster: &Cluster, ns: &str, client: Arc<Client>
     let stop = Arc::new(AtomicBool::new(false));
     let writer = client.writer(1_000_000, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let service = client.service_ip("orders").await;
     let lost = Instant::now();
     nodes.cut(&node)?;
-    let first = async {
-        let (sender, mut received) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let (mut probes, mut id) = (tokio::task::JoinSet::new(), 1_500_000_000);
-        loop {
-            // Probes sent in the first 2 s could reach the old primary before the cut lands.
-            if lost.elapsed() > Duration::from_secs(2) {
-                let (client, service, sender) = (client.clone(), service.clone(), sender.clone());
-                id += 1;
-                probes.spawn(async move {
-                    if client.query(&service, &format!("INSERT INTO orders VALUES ({id}, 'probe')")).await.is_ok() {
-                        let _ = sender.send(());
-                    }
-                });
-            }
-            tokio::select! {
-                _ = received.recv() => return Ok(lost.elapsed()),
-                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-            }
-            anyhow::ensure!(lost.elapsed() < WAIT, "{ns}: no write accepted within {WAIT:?} of losing {node}");
-        }
-    };
-    let first: Result<Duration> = first.await;
+    let first = first_write(&client, lost, 1_500_000_000).await;
     nodes.restore(&node)?;
     let first = first?;
     let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != primary);
@@ -167,4 +156,48 @@ async fn lose_the_primarys_node(cluster: &Cluster, ns: &str, client: Arc<Client>
     let (acknowledged, _) = writer.await?;
     let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
     Ok((first, acknowledged.iter().filter(|id| !present.contains(id)).count()))
+}
+
+/// The time from `since` to the first write the primary Service accepts: a probe on a new
+/// connection every 250 ms (ids from `first_id`), each given the client's 5 s to connect;
+/// those sent in the first 2 s could reach the old primary before the failure lands.
+async fn first_write(client: &Arc<Client>, since: Instant, first_id: i64) -> Result<Duration> {
+    let service = client.service_ip("orders").await;
+    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (mut probes, mut id) = (tokio::task::JoinSet::new(), first_id);
+    loop {
+        if since.elapsed() > Duration::from_secs(2) {
+            let (client, service, sender) = (client.clone(), service.clone(), sender.clone());
+            id += 1;
+            probes.spawn(async move {
+                if client.query(&service, &format!("INSERT INTO orders VALUES ({id}, 'probe')")).await.is_ok() {
+                    let _ = sender.send(());
+                }
+            });
+        }
+        tokio::select! {
+            _ = received.recv() => return Ok(since.elapsed()),
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        anyhow::ensure!(since.elapsed() < WAIT, "no write accepted within {WAIT:?}");
+    }
+}
+
+/// The primary's engine hung (every process of its container stopped), nothing set by
+/// the bench: the time to the first write another member accepts through the primary
+/// Service. Then the engine runs again (its agent fenced it: it rejoins as a replica).
+async fn hang_the_primary(cluster: &Cluster, ns: &str, engine: Engine, client: Arc<Client>) -> Result<Duration> {
+    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    let primary = api.get("orders").await?.status.and_then(|s| s.primary).context("a primary")?;
+    let pod = Api::<Pod>::namespaced(cluster.client.clone(), ns).get(&primary).await?;
+    let container = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).context("an engine container")?;
+    let hung = Instant::now();
+    signal_all(&pod, &container, "STOP");
+    let first = first_write(&client, hung, 1_600_000_000).await;
+    signal_all(&pod, &container, "CONT");
+    let first = first.with_context(|| format!("{ns}: {} hung", engine.name()))?;
+    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != primary);
+    cluster.wait_database(ns, "orders", "another member leads", WAIT, led).await?;
+    cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
+    Ok(first)
 }
