@@ -273,10 +273,7 @@ fn lost_after(m: &Observed, after_seconds: i64) -> i64 {
 /// Whether the primary has been not ready (or missing) for at least `after_seconds`
 /// (or, when its node went silent, [`CUT_OFF_FAILOVER_SECONDS`]).
 pub fn primary_lost(members: &[Observed], primary: &str, after_seconds: i64) -> bool {
-    match members.iter().find(|m| m.name == primary) {
-        Some(m) => !m.ready && !m.terminating && m.since_seconds >= lost_after(m, after_seconds),
-        None => false,
-    }
+    primary_lost_in(members, primary, after_seconds).is_some_and(|left| left.is_zero())
 }
 
 /// How long until primary `primary`, a member that is down, counts as lost (zero once it

@@ -116,18 +116,13 @@ async fn switchover(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<
     let writer = client.writer(1_000, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
-    let primary = api.get("orders").await?.status.and_then(|s| s.primary).context("a primary")?;
+    let primary = leader(cluster, ns).await?;
     let target = ["orders-0", "orders-1"].into_iter().find(|m| *m != primary).unwrap_or("orders-1");
     let request = json!({"metadata": {"annotations": {SWITCHOVER: target}}});
     api.patch("orders", &PatchParams::default(), &Patch::Merge(&request)).await?;
     let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(target);
     cluster.wait_database(ns, "orders", "the member leads", WAIT, |d| led(d) && !d.annotations().contains_key(SWITCHOVER)).await?;
-    cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::SeqCst);
-    let (acknowledged, longest) = writer.await?;
-    let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
-    Ok((longest, acknowledged.iter().filter(|id| !present.contains(id)).count()))
+    settled(cluster, ns, &client, &stop, writer).await
 }
 
 /// The primary's node lost without warning under a writer, nothing set by the bench: the
@@ -136,8 +131,7 @@ async fn switchover(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<
 /// every member Ready, how many acknowledged writes the promoted member lacks.
 async fn lose_the_primarys_node(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<(Duration, usize)> {
     let Backing::Node(nodes) = &cluster.backing else { anyhow::bail!("needs the real nodes") };
-    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
-    let primary = api.get("orders").await?.status.and_then(|s| s.primary).context("a primary")?;
+    let primary = leader(cluster, ns).await?;
     let pod = Api::<Pod>::namespaced(cluster.client.clone(), ns).get(&primary).await?;
     let node = pod.spec.and_then(|s| s.node_name).context("the primary's node")?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -148,14 +142,9 @@ async fn lose_the_primarys_node(cluster: &Cluster, ns: &str, client: Arc<Client>
     let first = first_write(&client, lost, 1_500_000_000).await;
     nodes.restore(&node)?;
     let first = first?;
-    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != primary);
-    cluster.wait_database(ns, "orders", "another member leads", WAIT, led).await?;
-    cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::SeqCst);
-    let (acknowledged, _) = writer.await?;
-    let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
-    Ok((first, acknowledged.iter().filter(|id| !present.contains(id)).count()))
+    another_leads(cluster, ns, &primary).await?;
+    let (_, missing) = settled(cluster, ns, &client, &stop, writer).await?;
+    Ok((first, missing))
 }
 
 /// The time from `since` to the first write the primary Service accepts: a probe on a new
@@ -187,8 +176,7 @@ async fn first_write(client: &Arc<Client>, since: Instant, first_id: i64) -> Res
 /// the bench: the time to the first write another member accepts through the primary
 /// Service. Then the engine runs again (its agent fenced it: it rejoins as a replica).
 async fn hang_the_primary(cluster: &Cluster, ns: &str, engine: Engine, client: Arc<Client>) -> Result<Duration> {
-    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
-    let primary = api.get("orders").await?.status.and_then(|s| s.primary).context("a primary")?;
+    let primary = leader(cluster, ns).await?;
     let pod = Api::<Pod>::namespaced(cluster.client.clone(), ns).get(&primary).await?;
     let container = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).context("an engine container")?;
     let hung = Instant::now();
@@ -196,8 +184,37 @@ async fn hang_the_primary(cluster: &Cluster, ns: &str, engine: Engine, client: A
     let first = first_write(&client, hung, 1_600_000_000).await;
     signal_all(&pod, &container, "CONT");
     let first = first.with_context(|| format!("{ns}: {} hung", engine.name()))?;
-    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != primary);
-    cluster.wait_database(ns, "orders", "another member leads", WAIT, led).await?;
+    another_leads(cluster, ns, &primary).await?;
     cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
     Ok(first)
+}
+
+/// The member that leads `orders` in `ns`, as its status says.
+async fn leader(cluster: &Cluster, ns: &str) -> Result<String> {
+    let api: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
+    api.get("orders").await?.status.and_then(|s| s.primary).context("a primary")
+}
+
+/// Waits until a member other than `primary` leads `orders`.
+async fn another_leads(cluster: &Cluster, ns: &str, primary: &str) -> Result<()> {
+    let led = |d: &Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != primary);
+    cluster.wait_database(ns, "orders", "another member leads", WAIT, led).await?;
+    Ok(())
+}
+
+/// Once every member is Ready again, stops `writer` and returns the longest time it went
+/// without an acknowledged write and how many acknowledged writes the primary lacks.
+async fn settled(
+    cluster: &Cluster,
+    ns: &str,
+    client: &Client,
+    stop: &AtomicBool,
+    writer: tokio::task::JoinHandle<(Vec<i64>, Duration)>,
+) -> Result<(Duration, usize)> {
+    cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (acknowledged, longest) = writer.await?;
+    let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
+    Ok((longest, acknowledged.iter().filter(|id| !present.contains(id)).count()))
 }
