@@ -3,7 +3,9 @@
 //! HTTPS: `GET /status` with the line the plugin's status command prints (`primary
 //! <position>`, or `replica <position>` and the replica's lag), read from the local engine when asked, and,
 //! where the plugin declares `agent.fence-command`, `POST /fence`, which fences the member
-//! (`fenced` once the fence command has succeeded, `fencing` while it has not yet), and
+//! (`fenced` once the fence command has succeeded, `fencing` while it has not yet),
+//! `POST /stop`, which has the fenced member's engine killed by its guard when it does
+//! not confirm the fence (`stopped` once the fence command then succeeds), and
 //! `POST /promote` and `POST /synchronous/<n>` with `agent.promote-command` and
 //! `agent.synchronous-command` (how many replicas must confirm each commit, 0-9).
 //!
@@ -163,6 +165,8 @@ pub struct Fence {
     pub argv: Vec<String>,
     /// [`FENCED_FILE`], in the volume the engine mounts too.
     pub mark: PathBuf,
+    /// [`guard::STOP_FILE`], beside it: written, the engine's guard kills the engine.
+    pub stop: PathBuf,
     /// The name under which the cluster's DNS lists every member (the headless Service).
     pub members: String,
     /// This member's own address (not another member).
@@ -318,15 +322,23 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
         let before = agent.fence_runs.load(Ordering::SeqCst);
         agent.rerun.store(true, Ordering::SeqCst);
         match agent.mark_fenced("the operator fenced it before promoting another member") {
-            Ok(()) => {
-                let deadline = tokio::time::Instant::now() + FENCE_WAIT;
-                let ran = || agent.fence_runs.load(Ordering::SeqCst) > before;
-                while !ran() && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                ("200 OK", if ran() { "fenced\n" } else { "fencing\n" }.to_string())
-            }
+            Ok(()) => ("200 OK", if fence_ran(agent, before).await { "fenced\n" } else { "fencing\n" }.to_string()),
             Err(e) => ("500 Internal Server Error", format!("cannot mark the member fenced: {e}\n")),
+        }
+    } else if let Some(fence) = agent.commands.fence.as_ref().filter(|_| head.starts_with(b"POST /stop ")) {
+        // Only a fenced member's engine is stopped, and its stop is confirmed as its fence
+        // is: by the fence command, which a stopped engine does not refuse.
+        let before = agent.fence_runs.load(Ordering::SeqCst);
+        if !agent.is_fenced() {
+            ("409 Conflict", "not fenced: not stopped\n".to_string())
+        } else if let Err(e) = std::fs::write(&fence.stop, "its fence was not confirmed\n") {
+            ("500 Internal Server Error", format!("cannot order the engine stopped: {e}\n"))
+        } else {
+            tracing::warn!("the engine did not confirm its fence: its guard stops it");
+            agent.rerun.store(true, Ordering::SeqCst);
+            agent.fenced.notify_one();
+            let ran = fence_ran(agent, before).await;
+            ("200 OK", if ran { "stopped\n" } else { "fencing\n" }.to_string())
         }
     } else if head.starts_with(b"POST /promote ") && !agent.commands.promote.is_empty() {
         // Never a fenced member (a fenced primary must not lead again as it runs).
@@ -342,13 +354,23 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
         }
         answer
     } else {
-        ("404 Not Found", "only GET /status, POST /fence, POST /promote and POST /synchronous/<n> are served\n".to_string())
+        ("404 Not Found", "only GET /status, POST /fence, POST /stop, POST /promote and POST /synchronous/<n> are served\n".to_string())
     };
     let response = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     stream.write_all(response.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await?;
     Ok(())
+}
+
+/// Whether the fence command succeeds within [`FENCE_WAIT`], after `before` successes.
+async fn fence_ran(agent: &Agent, before: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + FENCE_WAIT;
+    let ran = || agent.fence_runs.load(Ordering::SeqCst) > before;
+    while !ran() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ran()
 }
 
 /// The fence, for as long as the agent runs: while the member is not fenced, a look
@@ -476,6 +498,8 @@ pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Re
     }
     String::from_utf8(out).map_err(|_| "the command printed something other than UTF-8".into())
 }
+
+pub mod guard;
 
 #[cfg(test)]
 mod tests;

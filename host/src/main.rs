@@ -241,6 +241,16 @@ enum AgentCommand {
     },
     /// Exit 0 unless the member is fenced (the agent's readiness).
     Ready,
+    /// Run COMMAND (the engine) as this process's child, and kill it when the agent says
+    /// (see `plugdb::agent::guard`).
+    Guard {
+        /// The file whose writing orders the engine stopped.
+        #[arg(long, value_name = "FILE")]
+        stop: PathBuf,
+        /// The engine's command.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -447,6 +457,7 @@ fn main() -> Result<()> {
             std::fs::copy(&me, &to).with_context(|| format!("copying {} to {}", me.display(), to.display()))?;
             Ok(())
         }
+        Command::Agent(AgentCommand::Guard { stop, command }) => std::process::exit(plugdb::agent::guard::guard(&stop, &command)?),
         Command::Agent(AgentCommand::Ready) => {
             let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
             plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
@@ -457,6 +468,7 @@ fn main() -> Result<()> {
                 (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
                     argv: serde_json::from_str(&argv).context("--fence-command is a JSON list of strings")?,
                     mark: Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE),
+                    stop: Path::new(plugdb::agent::STATE).join(plugdb::agent::guard::STOP_FILE),
                     members,
                     own: std::env::var(plugdb::agent::OWN_ADDRESS_ENV).ok().and_then(|a| a.parse().ok()),
                     control_plane: plugdb::agent::control_plane(),

@@ -371,13 +371,31 @@ fn processes(pod: &Pod, container: &str) -> impl Iterator<Item = u32> {
         .filter(move |pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id)))
 }
 
-/// Sends `signal` to every process in container `container` of `pod` (`STOP`: the whole
-/// engine hangs, its replication too).
+/// The processes of the engine in container `container` of `pod`: every one but the
+/// guard the engine runs under (`plugdb agent guard`), which only waits on it.
+fn engine_processes(pod: &Pod, container: &str) -> Vec<String> {
+    let guard = |pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "plugdb");
+    processes(pod, container).filter(|pid| !guard(pid)).map(|p| p.to_string()).collect()
+}
+
+/// Sends `signal` to every process of the engine in container `container` of `pod`
+/// (`STOP`: the whole engine hangs, its replication too).
 pub fn signal_all(pod: &Pod, container: &str, signal: &str) {
-    let pids: Vec<String> = processes(pod, container).map(|p| p.to_string()).collect();
+    let pids = engine_processes(pod, container);
     assert!(!pids.is_empty(), "no process in {container} of {}", pod.name_any());
     let status = std::process::Command::new("kill").arg(format!("-{signal}")).args(&pids).status().expect("kill");
     assert!(status.success(), "kill -{signal} {pids:?}");
+}
+
+/// Lets what is left of the engine stopped by [`signal_all`] run again (SIGCONT); says
+/// how many of its processes were still there to run.
+pub fn resume_all(pod: &Pod, container: &str) -> usize {
+    let pids = engine_processes(pod, container);
+    if !pids.is_empty() {
+        // One may end between the look and the signal: what is left runs again all the same.
+        let _ = std::process::Command::new("kill").arg("-CONT").args(&pids).status();
+    }
+    pids.len()
 }
 
 /// Sends `signal` to the oldest process named `binary` in container `engine` of `pod`.

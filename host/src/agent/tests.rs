@@ -91,6 +91,7 @@ fn fence_in(dir: &Path, control_plane: Option<String>) -> Fence {
     Fence {
         argv: sh(&format!("echo fenced >> {}/ran", dir.display())),
         mark: dir.join(FENCED_FILE),
+        stop: dir.join(guard::STOP_FILE),
         // Unresolvable: as when the cluster's DNS is out of reach.
         members: "db-headless.shop.svc.invalid".into(),
         own: None,
@@ -222,6 +223,42 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await, None, "a fenced member is not promoted");
     assert_eq!(ask_to(&post("/synchronous/0"), Some(ours.operator.clone())).await, None, "nor has its synchronous replication changed");
     assert_eq!(std::fs::read_to_string(&promoted).expect("promoted once"), "promoted\n");
+}
+
+/// An engine that does not confirm its fence (its fence command fails: hung) is stopped
+/// when the operator asks, once fenced and not before; the stop is confirmed as the fence
+/// is, by the fence command, which here succeeds once the guard's order is written.
+#[tokio::test]
+async fn a_fence_the_engine_does_not_confirm_is_confirmed_once_its_engine_is_stopped() {
+    let ours = issued("hung");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("address").port()
+    };
+    let dir = ours.dir.0.clone();
+    let stop = dir.join(guard::STOP_FILE);
+    let fence = Fence { argv: sh(&format!("test -e {}", stop.display())), ..fence_in(&dir, None) };
+    tokio::spawn(serve(port, dir.clone(), Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() }));
+    let ask = |path: &str, body: Option<String>| {
+        let (ca, operator) = (ours.ca.clone(), ours.operator.clone());
+        let query = crate::plugin::MemberQuery { port, path: path.into(), body, https: true };
+        async move {
+            let transport = Transport::Tls { ca: &ca, domain: "db-headless.shop.svc", identity: Some(&operator) };
+            answers(transport, &query, &[member("db-0")]).await.remove(0)
+        }
+    };
+    let post = |path: &str| ask(path, Some(String::new()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ask("/status", None).await.is_none() {
+        assert!(std::time::Instant::now() < deadline, "the agent never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(post("/stop").await, None, "a member not fenced is not stopped");
+    assert!(!stop.exists());
+    assert_eq!(post("/fence").await.as_deref(), Some("fencing\n"), "fenced, the engine not confirming");
+    assert!(!stop.exists(), "a fence alone stops nothing");
+    assert_eq!(post("/stop").await.as_deref(), Some("stopped\n"));
+    assert!(stop.exists(), "the guard's order");
 }
 
 /// The operator waits [`FENCED_WITHIN`] of a node's isolation before it promotes another

@@ -19,7 +19,8 @@ use crate::names::Names;
 /// (the engine's image, environment and files, but not its data), and their volumes.
 /// With a `fence` command the engine is given the agent's state, read-only, and the path
 /// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
-/// not ready. With a `promote` command too, the agent promotes its member in place when
+/// not ready, and the engine's command runs under the agent's guard (`plugdb agent
+/// guard`), which stops it when the agent says. With a `promote` command too, the agent promotes its member in place when
 /// the operator asks; with a `synchronous` command, it changes how many replicas confirm
 /// each commit when the operator asks.
 pub fn containers(
@@ -67,7 +68,7 @@ pub fn containers(
         let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };
         env.extend(pod::env(&[own]));
         readiness = Some(Probe {
-            exec: Some(ExecAction { command: Some(vec![binary, "agent".into(), "ready".into()]) }),
+            exec: Some(ExecAction { command: Some(vec![binary.clone(), "agent".into(), "ready".into()]) }),
             // An exec on a busy node can take seconds: three slow looks in a row, not one,
             // make the member not ready (a fence itself is held by the engine's start).
             period_seconds: Some(5),
@@ -76,6 +77,15 @@ pub fn containers(
             ..Default::default()
         });
         engine.volume_mounts.get_or_insert_default().push(pod::mount("agent-state", STATE, true));
+        // The engine runs under the guard, which kills it when the agent says (a fence
+        // the engine does not confirm); without a command of its own there is nothing to
+        // run under it, and such an engine is never stopped.
+        if let Some(start) = engine.command.take() {
+            let stop = format!("{STATE}/{}", crate::agent::guard::STOP_FILE);
+            let guarded = [binary.clone(), "agent".into(), "guard".into(), "--stop".into(), stop, "--".into()];
+            engine.command = Some(guarded.into_iter().chain(start).collect());
+            engine.volume_mounts.get_or_insert_default().push(pod::mount("agent-bin", BIN_DIR, true));
+        }
         let fenced = EnvVar { name: FENCED_ENV.into(), value: Some(format!("{STATE}/{FENCED_FILE}")), value_from: None };
         // The agent's commands see it too: a fence may keep what it found beside the mark.
         env.push(fenced.clone());

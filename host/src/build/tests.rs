@@ -343,6 +343,12 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     let fenced = pod.containers[0].env.iter().flatten().find(|e| e.name == "PLUGDB_FENCED").and_then(|e| e.value.clone());
     assert_eq!(fenced.as_deref(), Some("/plugdb-agent/fenced"));
     assert!(pod.volumes.iter().flatten().any(|v| v.name == "agent-state" && v.empty_dir.is_some()), "ends with the pod");
+    // The engine runs under the guard, which stops it when the agent says.
+    let engine = pod.containers[0].command.clone().unwrap_or_default();
+    let guard = ["/plugdb-bin/plugdb", "agent", "guard", "--stop", "/plugdb-agent/stop", "--"];
+    assert_eq!((&engine[..guard.len()], &engine[guard.len()..]), (&guard.map(String::from)[..], &w.command[..]));
+    let bin = pod.containers[0].volume_mounts.iter().flatten().find(|m| m.name == "agent-bin").map(|m| m.read_only);
+    assert_eq!(bin, Some(Some(true)), "the engine runs the guard from the agent's binary, read-only");
 }
 
 #[test]

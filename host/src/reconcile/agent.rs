@@ -163,8 +163,12 @@ async fn post(ctx: &Context, db: &Database, member: &Observed, path: &str) -> Re
 pub enum Fenced {
     /// Its engine takes no more writes (the fence command succeeded).
     Confirmed,
+    /// Its engine did not confirm the fence, so its guard killed it (the fence command
+    /// then succeeded): a hung engine, which could otherwise take writes once it ran again.
+    Stopped,
     /// The agent marked it fenced; its fence command has not succeeded yet (a hung engine
-    /// refuses nothing until it answers, or its start, after a restart, waits).
+    /// refuses nothing until it answers, or its start, after a restart, waits), nor has
+    /// its engine been stopped.
     Ordered,
     /// No answer: no agent, or none reached (its node lost, say). A member cut off from
     /// the control plane and from every other member fences itself.
@@ -184,6 +188,16 @@ pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> R
         mark(ctx, db, &member.name, crate::names::FENCED).await?;
     }
     Ok(fenced)
+}
+
+/// Has the engine of `member`, fenced but not confirmed ([`Fenced::Ordered`]), stopped by
+/// its guard: [`Fenced::Stopped`] once confirmed, else still [`Fenced::Ordered`] (an
+/// agent reached a moment ago that does not answer now, or that cannot stop its engine,
+/// has not shown the engine takes no writes).
+pub async fn stop(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<Fenced, Error> {
+    let Some(member) = member else { return Ok(Fenced::Ordered) };
+    let stopped = post(ctx, db, member, "/stop").await?.as_deref() == Some("stopped");
+    Ok(if stopped { Fenced::Stopped } else { Fenced::Ordered })
 }
 
 /// Annotates member pod `pod` with `annotation` (`"true"`): what its agent did to it.

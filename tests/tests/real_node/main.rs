@@ -53,6 +53,9 @@ fn main() -> ExitCode {
             ("a_spec_the_plugin_rejects_is_a_readable_condition", |c| Box::pin(lifecycle::rejected_spec(c))),
             ("postgres_scheduled_backups_with_retention_and_on_demand", |c| Box::pin(lifecycle::scheduled_backups(c))),
             ("postgres_hung_primary_fails_over_to_the_chosen_replica", |c| Box::pin(members::failover_promotion(c))),
+            ("mysql_hung_primary_is_stopped_before_a_replica_is_promoted_and_loses_no_write", |c| {
+                Box::pin(members::hung_primary_under_a_writer(c, Engine::Mysql, "11.8"))
+            }),
             ("postgres_synchronous_commits_wait_for_a_frozen_replica_then_degrade_and_recover", |c| {
                 Box::pin(members::synchronous_commits_wait_then_degrade(c, Engine::Postgres, "17"))
             }),

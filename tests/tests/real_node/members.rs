@@ -366,6 +366,58 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
     assert_eq!(in_recovery, "t", "{} follows the new primary", now.name_any());
 }
 
+/// The primary hangs for a minute under a writer (every process of its engine stopped),
+/// with synchronous replication and nothing set by the test. Its agent answers but its
+/// engine cannot confirm the fence, so the guard the engine runs under kills it before a
+/// replica is promoted (the failover's Event says so), and writes go on through the
+/// read-write Service. When the minute is up nothing of the old engine is left to run
+/// again and commit what it had in flight: no acknowledged write is lost, and every
+/// member, the old primary following the new one, ends with the same rows.
+pub async fn hung_primary_under_a_writer(cluster: Arc<Cluster>, engine: Engine, version: &str) {
+    let ns = &format!("{}-hung", engine.name());
+    let spec = json!({"replication": {"mode": "Synchronous"}});
+    cluster.apply_database(ns, database("orders", engine, version, 3, spec)).await.expect("apply");
+    running(&cluster, ns, "orders", 3).await;
+    let client = Arc::new(Client::new(&cluster, engine, ns, "orders").await);
+    let rw = client.service_ip("orders").await;
+    client.create_table(&rw).await;
+    client.insert(&rw, 1..11).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1000, stop.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let old = client.members().await.into_iter().find(|p| p.name_any() == "orders-0").expect("the primary");
+    let container = old.spec.as_ref().map(|s| s.containers[0].name.clone()).expect("the engine's container");
+
+    plugdb_tests::scenario::signal_all(&old, &container, "STOP");
+    let hung = Instant::now();
+    let led_elsewhere = |d: &plugdb::crd::Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != "orders-0");
+    cluster.wait_database(ns, "orders", "another member leads", WAIT, led_elsewhere).await.expect("a failover");
+    let promoted = hung.elapsed();
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    let said = events.iter().find(|e| e.reason.as_deref() == Some("FailoverPromoted")).and_then(|e| e.note.clone());
+    let said = said.expect("a FailoverPromoted Event");
+    assert!(said.contains("primary orders-0") && said.contains("which stopped its engine"), "{said}");
+
+    tokio::time::sleep(Duration::from_secs(60).saturating_sub(hung.elapsed())).await;
+    let left = plugdb_tests::scenario::resume_all(&old, &container);
+    assert_eq!(left, 0, "a process of the hung engine was left to run again");
+    running(&cluster, ns, "orders", 3).await;
+    let (written, longest) = crate::nodes::no_acknowledged_write_lost(&client, &stop, writer).await;
+    let rw = client.service_ip("orders").await;
+    let expected = client.checksum(&rw).await;
+    for pod in client.members().await {
+        let deadline = Instant::now() + WAIT;
+        while client.checksum(&pod_ip(&pod)).await != expected {
+            assert!(Instant::now() < deadline, "{} does not hold the new primary's rows", pod.name_any());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    eprintln!(
+        "{ns}: primary hung; another member led {:.1} s later; {written} acknowledged writes, none lost; at most {longest:?} between two",
+        promoted.as_secs_f64()
+    );
+}
+
 /// Synchronous replication under a frozen replica (`whenTooFewReplicas: Degrade`): with
 /// two members each commit waits for the replica. Frozen (every process of its engine
 /// stopped), a commit waits, and `SynchronousReplication` says why, until the replica

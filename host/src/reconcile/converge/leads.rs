@@ -47,9 +47,13 @@ impl Pass<'_> {
             asked => Ok(asked?),
         };
         let old = members.observed.iter().find(|m| m.name == primary);
-        // The old primary takes no more writes before another is promoted.
+        // The old primary takes no more writes before another is promoted: fenced, or, when
+        // its engine does not confirm the fence (hung), stopped.
         let fenced = match &answer {
-            Ok(crate::plugin::FailoverDecision::Promote { .. }) => reconcile::agent::fence(ctx, self.db, old).await?,
+            Ok(crate::plugin::FailoverDecision::Promote { .. }) => match reconcile::agent::fence(ctx, self.db, old).await? {
+                reconcile::agent::Fenced::Ordered => reconcile::agent::stop(ctx, self.db, old).await?,
+                fenced => fenced,
+            },
             _ => reconcile::agent::Fenced::Unknown,
         };
         let chosen = decide::failover(primary, ctx.settings.failover_after, old.and_then(|m| m.down.as_deref()), answer, fenced);

@@ -10,7 +10,8 @@ pub struct Primary {
     pub name: String,
     /// Another member was promoted in this pass.
     pub failed_over: bool,
-    /// A switchover waits for its member to catch up with the fenced primary.
+    /// The primary is being replaced: a switchover waits for its member to catch up with
+    /// the fenced primary, or a failover for the old primary's fence to be confirmed.
     pub switching: bool,
     /// What to tell the user.
     pub notes: Vec<Note>,
@@ -53,19 +54,28 @@ pub fn failover_question(
 }
 
 /// The primary after the plugin chose (lost for `after`, and `down` as its pod or node
-/// says): the member it promotes, or the lost one, with why.
+/// says): the member it promotes, or the lost one, with why. Nobody is promoted while the
+/// old primary's agent answers but its engine has neither confirmed the fence nor been
+/// stopped: it may take writes again.
 pub fn failover(primary: &str, after: Duration, down: Option<&str>, answer: Result<FailoverDecision, String>, fenced: Fenced) -> Primary {
+    let down = down.map(|d| format!(" ({d})")).unwrap_or_default();
     let note = match answer {
         Ok(FailoverDecision::Promote { pod, command }) => {
             let fence = match fenced {
                 Fenced::Confirmed => "fenced by its agent".to_string(),
-                Fenced::Ordered => "fenced by its agent (its engine has not confirmed yet)".to_string(),
+                Fenced::Stopped => "fenced by its agent, which stopped its engine (it did not confirm the fence)".to_string(),
+                Fenced::Ordered => {
+                    let message = format!(
+                        "primary {primary} not ready for {after:?}{down}: its agent fenced it, but its engine has not confirmed the \
+                         fence and was not stopped; {pod} is promoted once it is (a hung engine that ran again could take writes)"
+                    );
+                    return Primary { switching: true, notes: vec![no_safe_failover(message)], ..Primary::keep(primary) };
+                }
                 Fenced::Unknown => format!(
                     "its agent did not fence it (unreachable, or no fence command); a primary cut off from every member fences itself after {:?}",
                     crate::agent::ISOLATED_FENCE_AFTER
                 ),
             };
-            let down = down.map(|d| format!(" ({d})")).unwrap_or_default();
             let message =
                 format!("primary {primary} not ready for {after:?}{down}, {fence}; promoting {pod} (promotion: {})", command.join(" "));
             let note = Note::event(true, Reason::FailoverPromoted, message);

@@ -197,15 +197,22 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     // The Event says whether the old primary was fenced before the promotion.
     let fences = [
         (Fenced::Confirmed, "fenced by its agent;"),
-        (Fenced::Ordered, "fenced by its agent (its engine has not confirmed yet)"),
+        (Fenced::Stopped, "fenced by its agent, which stopped its engine"),
         (Fenced::Unknown, "its agent did not fence it"),
     ];
+    let promote = || Ok(FailoverDecision::Promote { pod: "db-1".into(), command: vec![] });
     for (fenced, says) in fences {
-        let promote = Ok(FailoverDecision::Promote { pod: "db-1".into(), command: vec![] });
-        let chosen = failover("db-0", MINUTE, Some("node n1 has not renewed its lease for 31 s"), promote, fenced);
+        let chosen = failover("db-0", MINUTE, Some("node n1 has not renewed its lease for 31 s"), promote(), fenced);
+        assert_eq!((chosen.name.as_str(), chosen.failed_over), ("db-1", true));
         assert!(chosen.notes[0].message.contains(says), "{}", chosen.notes[0].message);
         assert!(chosen.notes[0].message.contains("not ready for 60s (node n1 has not renewed its lease"), "{}", chosen.notes[0].message);
     }
+    // An engine that neither confirmed its fence nor was stopped may take writes again:
+    // nobody is promoted yet, and the pass comes back soon.
+    let waiting = failover("db-0", MINUTE, None, promote(), Fenced::Ordered);
+    assert_eq!((waiting.name.as_str(), waiting.failed_over, waiting.switching), ("db-0", false, true));
+    assert_eq!(said(&waiting.notes), [(Reason::NoSafeFailover, true)]);
+    assert!(waiting.notes[0].message.contains("has not confirmed the fence and was not stopped; db-1 is promoted once it is"));
 }
 
 /// A primary taken as down because its node went silent stays while its agent answers
