@@ -382,7 +382,7 @@ fn engine_processes(pod: &Pod, container: &str) -> Vec<String> {
 /// (`STOP`: the whole engine hangs, its replication too).
 pub fn signal_all(pod: &Pod, container: &str, signal: &str) {
     let pids = engine_processes(pod, container);
-    assert!(!pids.is_empty(), "no process in {container} of {}", pod.name_any());
+    assert!(!pids.is_empty(), "no process of the engine in {container} of {}", pod.name_any());
     let status = std::process::Command::new("kill").arg(format!("-{signal}")).args(&pids).status().expect("kill");
     assert!(status.success(), "kill -{signal} {pids:?}");
 }

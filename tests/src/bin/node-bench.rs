@@ -1,8 +1,8 @@
 //! Figures of Databases on the real nodes, per engine, medians of RUNS (default 3):
 //! the time from `kubectl apply` of a three-member Database to `Running` with every
 //! member Ready by its real probes; the time from a failure struck at the primary (its
-//! pod deleted; its engine killed with SIGKILL; its engine hung, every process of its
-//! container stopped with SIGSTOP until then) to the first write the primary Service
+//! pod deleted; its engine killed with SIGKILL; its engine hung, every process of it
+//! stopped with SIGSTOP until then) to the first write the primary Service
 //! accepts again; a planned switchover under a writer to a member that does not lead:
 //! the longest time without an accepted write, and the acknowledged writes lost (none
 //! may be); then the new primary's node lost without warning under a writer (its link
@@ -27,7 +27,7 @@ use plugdb::crd::Database;
 use plugdb::names::SWITCHOVER;
 use plugdb_tests::node::Nodes;
 use plugdb_tests::operator::{Backing, Cluster};
-use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, is_running, signal_all};
+use plugdb_tests::scenario::{Client, Engine, Failure, WAIT, database, is_running, resume_all, signal_all};
 use serde_json::json;
 
 fn median(mut values: Vec<Duration>) -> Duration {
@@ -172,9 +172,10 @@ async fn first_write(client: &Arc<Client>, since: Instant, first_id: i64) -> Res
     }
 }
 
-/// The primary's engine hung (every process of its container stopped), nothing set by
-/// the bench: the time to the first write another member accepts through the primary
-/// Service. Then the engine runs again (its agent fenced it: it rejoins as a replica).
+/// The primary's engine hung (every process of it stopped), nothing set by the bench:
+/// the time to the first write another member accepts through the primary Service.
+/// Then what is left of the engine would run again: nothing is (its guard killed it
+/// before the promotion), and it rejoins as a replica.
 async fn hang_the_primary(cluster: &Cluster, ns: &str, engine: Engine, client: Arc<Client>) -> Result<Duration> {
     let primary = leader(cluster, ns).await?;
     let pod = Api::<Pod>::namespaced(cluster.client.clone(), ns).get(&primary).await?;
@@ -182,7 +183,9 @@ async fn hang_the_primary(cluster: &Cluster, ns: &str, engine: Engine, client: A
     let hung = Instant::now();
     signal_all(&pod, &container, "STOP");
     let first = first_write(&client, hung, 1_600_000_000).await;
-    signal_all(&pod, &container, "CONT");
+    // Its guard killed it before another member was promoted: nothing is left to run.
+    let left = resume_all(&pod, &container);
+    anyhow::ensure!(left == 0, "{ns}: {left} processes of the hung engine were left to run again");
     let first = first.with_context(|| format!("{ns}: {} hung", engine.name()))?;
     another_leads(cluster, ns, &primary).await?;
     cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
