@@ -194,6 +194,56 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5002", "no data lost");
 }
 
+/// A former primary whose last commit never reached the replica promoted in its place
+/// (asynchronous replication) starts again as that member's replica: its data and GTID
+/// position become a copy of the new primary's, and the commits only it had are gone.
+#[test]
+fn a_former_primary_with_a_commit_its_successor_never_had_rejoins_as_its_copy() {
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = db.spec("rejoin", vec![]);
+    let secrets = db.secrets("rejoin");
+    let pw = secrets["root-password"].clone();
+    let mut primary = db.start_member(&plugin, &s, 0, None, &secrets);
+    sql(&primary, &pw, SAMPLE).expect("sample data");
+    let address = primary.address.clone();
+    let replica = db.start_member(&plugin, &s, 1, Some(("rejoin-0", &address)), &secrets);
+    let caught_up = |a: &LocalPod, b: &LocalPod| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sql(a, &pw, FINGERPRINT).ok() != sql(b, &pw, FINGERPRINT).ok() {
+            assert!(Instant::now() < deadline, "{} did not catch up with {}:\n{}", a.name, b.name, a.log());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    caught_up(&replica, &primary);
+    sql(&replica, &pw, "STOP SLAVE").expect("the replica stops following");
+    // Two: its GTID position gets ahead of the one the new primary's copy will say.
+    for id in [7001, 7003] {
+        sql(&primary, &pw, &format!("INSERT INTO shop.orders VALUES ({id}, 'never sent', 1)")).expect("a commit only the primary has");
+    }
+    primary.stop();
+
+    let rendered = plugin.render(&s, &plugdb_tests::cluster("rejoin", "default")).expect("render");
+    let position = replica.agent_status(&rendered.status_command).expect("the replica's status").position;
+    let members = [
+        Member { pod: "rejoin-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
+        Member { pod: "rejoin-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position), answer: None },
+    ];
+    let FailoverDecision::Promote { command, .. } = plugin.choose_primary(&s, &members).expect("choose") else {
+        panic!("the plugin should promote rejoin-1")
+    };
+    assert!(replica.exec(&command).expect("promotion").status.success(), "promoted");
+    sql(&replica, &pw, "INSERT INTO shop.orders VALUES (7002, 'after the failover', 2)").expect("the new primary writes");
+
+    let new_address = replica.address.clone();
+    let old = db.run(primary, &plugin, &s, Some(("rejoin-1", &new_address)), &secrets, false);
+    caught_up(&old, &replica);
+    let unsent = sql(&old, &pw, "SELECT COUNT(*) FROM shop.orders WHERE id IN (7001, 7003)");
+    assert_eq!(unsent.as_deref(), Ok("0"), "the unsent commits are gone");
+    let status = sql(&old, &pw, "SHOW SLAVE STATUS\\G").expect("slave status");
+    assert_eq!(status.lines().filter(|l| l.trim() == "Yes").count(), 2, "it follows the new primary: {status}");
+}
+
 /// Every file in `dirs`, copied into `to`, readable by the members' user.
 fn gather(dirs: &[std::path::PathBuf], to: &std::path::Path) -> Vec<String> {
     use std::os::unix::fs::PermissionsExt;

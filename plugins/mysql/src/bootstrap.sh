@@ -135,6 +135,10 @@ if [ "$POD_NAME" != "$PRIMARY_POD" ] && [ ! -f "$volume/plugdb-replica" ]; then
     echo "waiting for the primary at $PRIMARY_HOST:$PRIMARY_PORT to be dumped" >&2
     sleep 2
   done
+  # A former primary's binary log may hold commits the new primary never had (its last,
+  # unsent, under asynchronous replication): the copy replaces its data, and its binary
+  # log and GTID position start again from the copy's.
+  local_sql -e 'RESET MASTER'
   # The dump carries the primary's accounts; re-apply ours after loading it.
   cat "$volume/clone.sql" "$volume/init.sql" | local_sql --init-command='SET SESSION sql_log_bin = 0'
   rm -f "$volume/clone.sql"
