@@ -13,7 +13,8 @@
 //! primary is replaced whatever the delay). Needs root (the nodes). The table goes to
 //! stdout and to OUT (default `target/node-bench.md`).
 //!
-//! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT]`
+//! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT] [ENGINES]` (ENGINES:
+//! `postgres,mysql` by default). The in-process operator logs to OUT with `.log` added.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,13 +40,20 @@ fn median(mut values: Vec<Duration>) -> Duration {
 async fn main() -> Result<()> {
     let runs: usize = std::env::args().nth(1).map(|r| r.parse()).transpose().context("RUNS")?.unwrap_or(3);
     let out = std::env::args().nth(2).unwrap_or_else(|| "target/node-bench.md".into());
+    let engines = std::env::args().nth(3).unwrap_or_else(|| "postgres,mysql".into());
+    let log = std::fs::File::create(format!("{out}.log")).with_context(|| format!("creating {out}.log"))?;
+    let filter = plugdb::logging::filter("info,kube=warn");
+    let subscriber = plugdb::logging::subscriber(plugdb::logging::LogFormat::Text, filter, std::sync::Mutex::new(log), false);
+    tracing::subscriber::set_global_default(subscriber).context("the operator's log")?;
     let started = Instant::now();
     let node = Nodes::start().await?;
     let node_ready = started.elapsed();
     let cluster = Cluster::on(Backing::Node(Box::new(node)), &[("postgres", "postgres"), ("mysql", "mysql")]).await?;
 
     let mut rows = vec![format!("| node Ready (control plane, kubelet, add-ons; images cached) | {:.1} s |", node_ready.as_secs_f64())];
-    for (engine, version) in [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")] {
+    let benched =
+        [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")].into_iter().filter(|(e, _)| engines.split(',').any(|n| n == e.name()));
+    for (engine, version) in benched {
         let (mut ready, mut deleted, mut killed, mut switched, mut lost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
         let (mut node_lost, mut lost_with_node, mut hung) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..runs {
