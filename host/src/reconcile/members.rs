@@ -10,7 +10,6 @@ use crate::plugin::Member;
 
 /// How long a new member pod may take to become ready before it counts as down: the
 /// new primary restarting to take its role after a failover must not be failed over.
-/// A pod that has been ready since it started has no more grace.
 pub const STARTUP_GRACE_SECONDS: i64 = 60;
 
 /// What the host knows about one member pod.
@@ -99,15 +98,8 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
             let age = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| now.duration_since(t.0).as_secs();
             let transition = ready_condition.and_then(|c| c.last_transition_time);
             let ready_since = transition.as_ref().map(|t| t.0.to_string());
-            // Its Ready condition changed since the pod started: it was ready, and is down
-            // again, not starting (the kubelet sets the first, not ready, as it starts it).
-            let start = p.status.as_ref().and_then(|s| s.start_time.as_ref());
-            let was_ready = !ready && transition.as_ref().zip(start).is_some_and(|(t, s)| t.0.duration_since(s.0).as_secs() >= 2);
             let changed = transition.map(|t| age(&t)).unwrap_or(0);
-            let started = match p.metadata.creation_timestamp.as_ref() {
-                Some(created) if !was_ready => age(created) - STARTUP_GRACE_SECONDS,
-                _ => i64::MAX,
-            };
+            let started = p.metadata.creation_timestamp.as_ref().map(|t| age(t) - STARTUP_GRACE_SECONDS).unwrap_or(i64::MAX);
             let since_seconds = changed.min(started);
             Some(Observed {
                 ordinal,
@@ -455,8 +447,7 @@ mod tests {
     }
 
     /// A pod not ready since it was made is starting, not down, for its first minute: the
-    /// new primary restarting into its role after a failover is not failed over again. A
-    /// young pod that was ready and is not any more is down at once.
+    /// new primary restarting into its role after a failover is not failed over again.
     #[test]
     fn a_new_pod_counts_as_down_only_after_its_startup_grace() {
         let now = Timestamp::now();
@@ -474,15 +465,6 @@ mod tests {
         assert_eq!(since(pod(100, 100)), 100 - STARTUP_GRACE_SECONDS, "down once the grace is over");
         assert_eq!(since(pod(3600, 40)), 40, "an old pod: since its Ready condition changed");
         assert!(primary_lost(&observe("db", &[pod(3600, 40)], now), "db-0", 30));
-        // A young pod that was ready, and is not any more, is down from then: no grace.
-        let mut hung = pod(40, 10);
-        hung.status.as_mut().expect("status").start_time = pod(40, 40).status.and_then(|s| s.conditions?.pop()?.last_transition_time);
-        assert_eq!(since(hung.clone()), 10, "down since it stopped being ready");
-        assert!(primary_lost(&observe("db", &[hung], now), "db-0", 2));
-        let mut starting = pod(40, 40);
-        starting.status.as_mut().expect("status").start_time =
-            starting.status.clone().and_then(|s| s.conditions?.pop()?.last_transition_time);
-        assert!(since(starting) <= 0, "not ready since it started: still within its grace");
     }
 
     #[test]
