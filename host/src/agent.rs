@@ -83,7 +83,8 @@ const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Within how long of its isolation a cut-off primary is fenced, at worst: its fence
 /// delay, from the start of a look up to [`LOOK_EVERY`] and a look (two
 /// [`LOOK_TIMEOUT`]s) before the isolation, the status command it waits for (one ask
-/// under way) and runs itself, and the fence command. The operator replaces a lost
+/// under way) and runs itself, and the fence command (failed, the guard's look at its
+/// stop order, [`guard::LOOK_EVERY`], after it). The operator replaces a lost
 /// node's primary no sooner (`reconcile::members::CUT_OFF_FAILOVER_SECONDS`).
 pub const FENCED_WITHIN: Duration = Duration::from_secs(16);
 /// How often a fenced member's fence command is run again once it has succeeded (not
@@ -377,7 +378,10 @@ async fn fence_ran(agent: &Agent, before: u64) -> bool {
 /// every [`LOOK_EVERY`] whether it is cut off (it fences itself once cut off for
 /// [`ISOLATED_FENCE_AFTER`] while it says it is primary); once fenced, the fence command
 /// until it succeeds, and again every [`REFENCE_EVERY`] (an engine restarted in place
-/// must not stay unfenced).
+/// must not stay unfenced). A member that fenced itself, cut off, has no one to order
+/// its engine stopped when the fence command fails (a hung engine, or a commit that
+/// waits for a replica it no longer reaches): its agent orders its guard to stop it
+/// then, so that it is fenced within [`FENCED_WITHIN`] all the same.
 async fn watch(agent: Arc<Agent>) {
     let Some(fence) = agent.commands.fence.as_ref() else { return };
     if fence.control_plane.is_none() {
@@ -385,6 +389,7 @@ async fn watch(agent: Arc<Agent>) {
     }
     // The start of the last look that reached the control plane or another member.
     let (mut reached, mut fenced_at) = (tokio::time::Instant::now(), None::<tokio::time::Instant>);
+    let mut cut_off_fence = false;
     loop {
         let wait = if agent.is_fenced() {
             if agent.rerun.swap(false, Ordering::SeqCst) || fenced_at.is_none_or(|at| at.elapsed() >= REFENCE_EVERY) {
@@ -395,6 +400,13 @@ async fn watch(agent: Arc<Agent>) {
                         }
                         fenced_at = Some(tokio::time::Instant::now());
                         agent.fence_runs.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) if cut_off_fence && fenced_at.is_none() && !fence.stop.exists() => {
+                        tracing::warn!("the fence command failed while cut off ({e}): the engine's guard stops it");
+                        match std::fs::write(&fence.stop, "cut off, and its fence was not confirmed\n") {
+                            Ok(()) => agent.rerun.store(true, Ordering::SeqCst),
+                            Err(e) => tracing::warn!("cannot order the engine stopped: {e}"),
+                        }
                     }
                     Err(e) => tracing::warn!("the fence command failed (tried again): {e}"),
                 }
@@ -416,8 +428,9 @@ async fn watch(agent: Arc<Agent>) {
                 let primary = agent.run(&agent.commands.status).await.ok().and_then(|said| parse(&said).ok()).is_some_and(|s| s.primary);
                 if primary {
                     let why = format!("primary, and cut off from the control plane and every other member for {:?}", fence.cut_off_after);
-                    if let Err(e) = agent.mark_fenced(&why) {
-                        tracing::warn!("cannot mark the member fenced: {e}");
+                    match agent.mark_fenced(&why) {
+                        Ok(()) => cut_off_fence = true,
+                        Err(e) => tracing::warn!("cannot mark the member fenced: {e}"),
                     }
                     continue;
                 }

@@ -21,7 +21,7 @@ use tokio::signal::unix::{SignalKind, signal};
 /// The file in the agent's state whose writing orders the guard to stop the engine.
 pub const STOP_FILE: &str = "stop";
 /// How often the guard looks at [`STOP_FILE`] (and reaps, should a SIGCHLD be missed).
-const LOOK_EVERY: Duration = Duration::from_millis(100);
+pub const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// The signals passed on to the engine: those a container is stopped by (the runtime's
 /// SIGTERM, a user's SIGINT or SIGQUIT) or an engine reloads on.
 const PASSED_ON: [Signal; 6] = [Signal::TERM, Signal::INT, Signal::QUIT, Signal::HUP, Signal::USR1, Signal::USR2];

@@ -156,6 +156,50 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
     }
 }
 
+/// A primary cut off from everyone whose fence command fails (its engine hung, or a
+/// commit waiting for a replica it no longer reaches) orders its guard to stop the
+/// engine, and its fence is then confirmed; a fence the operator ordered does not
+/// (the operator orders the stop, `POST /stop`).
+#[tokio::test]
+async fn a_cut_off_primary_whose_fence_fails_is_stopped_by_its_guard() {
+    let closed = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("address").to_string()
+    };
+    let open = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let mut watched = Vec::new();
+    for (i, (control_plane, stops)) in [(closed, true), (open.local_addr().expect("address").to_string(), false)].into_iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("plugdb-agent-cut-off-hung-{i}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let stop = dir.join(guard::STOP_FILE);
+        // The engine confirms nothing until its guard has been told to stop it.
+        let fence = Fence { argv: sh(&format!("test -e {}", stop.display())), ..fence_in(&dir, Some(control_plane)) };
+        let agent = Arc::new(Agent {
+            commands: Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() },
+            command: Semaphore::new(1),
+            fenced: Default::default(),
+            fence_runs: Default::default(),
+            rerun: Default::default(),
+        });
+        if !stops {
+            agent.mark_fenced("the operator fenced it").expect("mark");
+        }
+        tokio::spawn(watch(agent.clone()));
+        watched.push((tempdir::Dir(dir), agent, stops));
+    }
+    for (dir, agent, stops) in &watched {
+        if *stops {
+            let confirmed = || agent.fence_runs.load(Ordering::SeqCst) > 0;
+            assert!(within(Duration::from_secs(15), confirmed).await, "cut off: fenced, then confirmed once stopped");
+            assert!(dir.0.join(guard::STOP_FILE).exists(), "the guard's order");
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (dir, agent, _) = &watched[1];
+    assert!(!dir.0.join(guard::STOP_FILE).exists(), "an ordered fence that fails stops nothing by itself");
+    assert_eq!(agent.fence_runs.load(Ordering::SeqCst), 0, "nor is it confirmed");
+}
+
 /// The agent answers the operator's certificate, and nobody else: no certificate, the
 /// agent's own (for servers only), or another Database's operator. The operator alone
 /// promotes and fences the member, and a fenced member is never promoted.
@@ -266,7 +310,8 @@ async fn a_fence_the_engine_does_not_confirm_is_confirmed_once_its_engine_is_sto
 #[test]
 fn a_cut_off_primary_is_fenced_within_what_the_operator_waits_for() {
     let look = LOOK_EVERY + 2 * LOOK_TIMEOUT;
-    // Its status command, waited for behind one ask under way, then its fence command.
-    let commands = 3 * COMMAND_TIMEOUT;
+    // Its status command, waited for behind one ask under way, then its fence command,
+    // and when that fails, the guard's look at the stop order.
+    let commands = 3 * COMMAND_TIMEOUT + guard::LOOK_EVERY;
     assert!(ISOLATED_FENCE_AFTER + look + commands <= FENCED_WITHIN, "{:?}", ISOLATED_FENCE_AFTER + look + commands);
 }

@@ -202,16 +202,32 @@ impl Writers {
     }
 }
 
-/// Cordons `names` (undone by the guard it returns).
-fn cordon<'a>(nodes: &'a Nodes, names: &[String]) -> Uncordon<'a> {
+/// Keeps new pods off `names` with a `NoSchedule` taint of the test's own (removed when
+/// the guard it returns drops). Not a cordon: a cordon is a drain beginning, and the
+/// operator switches a primary away from a cordoned node.
+fn keep_off<'a>(nodes: &'a Nodes, names: &[String]) -> Untaint<'a> {
     for node in names {
-        let out = nodes.kubectl().args(["cordon", node]).output().expect("kubectl");
-        assert!(out.status.success(), "cordon {node}: {}", String::from_utf8_lossy(&out.stderr));
+        let out =
+            nodes.kubectl().args(["taint", "nodes", node, &format!("{KEEP_OFF}=:NoSchedule"), "--overwrite"]).output().expect("kubectl");
+        assert!(out.status.success(), "taint {node}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Uncordon(nodes, names.to_vec())
+    Untaint(nodes, names.to_vec())
 }
 
-/// One node lost without warning for two minutes or more, then back, under five
+const KEEP_OFF: &str = "plugdb.io/test-keep-off";
+
+/// Removes [`keep_off`]'s taint from its nodes when dropped.
+struct Untaint<'a>(&'a Nodes, Vec<String>);
+
+impl Drop for Untaint<'_> {
+    fn drop(&mut self) {
+        for node in &self.1 {
+            let _ = self.0.kubectl().args(["taint", "nodes", node, &format!("{KEEP_OFF}:NoSchedule-")]).output();
+        }
+    }
+}
+
+/// One node lost without warning for two minutes or more, then back, under seven
 /// Databases with a member on it:
 /// - `pg` (postgres) and `my` (mysql), members required apart, primaries elsewhere,
 ///   each with a writer: they stay writable through their read-write Service, and
@@ -221,13 +237,14 @@ fn cordon<'a>(nodes: &'a Nodes, names: &[String]) -> Uncordon<'a> {
 /// - `mv` (postgres, `spread.moveFromLostNodeAfter: 30s`): its replica on the node is
 ///   made again on another node from a copy of the primary, with an Event, before the
 ///   node returns, and is not started again when it does;
-/// - `lp` (postgres, synchronous replication, members apart) and `lm` (mysql), their
-///   primary on the node: with nothing set by the test, the operator asks the members'
-///   agents their positions and promotes a replica; writes are accepted again through
-///   the read-write Service. Every member is asked to take a write throughout, the old
-///   primary from its side of the cut: its agent fences it on its own, before the
-///   promotion, and at no moment do two members take writes. `lp` loses no acknowledged
-///   write, and its old primary, cut off from every replica, acknowledges none after the
+/// - `lp` (postgres, synchronous replication, members apart), `ls` (mysql, synchronous)
+///   and `lm` (mysql), their primary on the node: with nothing set by the test, the
+///   operator asks the members' agents their positions and promotes a replica; writes
+///   are accepted again through the read-write Service. Every member is asked to take a
+///   write throughout, the old primary from its side of the cut: its agent fences it on
+///   its own, before the promotion, and at no moment do two members take writes. `lp`
+///   and `ls` lose no acknowledged write, and their old primary, cut off from every
+///   replica, acknowledges none after the
 ///   loss. `lm` replicates asynchronously: the writes lost, if any, are the last ones the
 ///   old primary acknowledged before the loss (counted and shown), never one the new
 ///   primary acknowledged. Back, the old primary follows the new one.
@@ -242,29 +259,30 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     let node = all[0].clone();
     let others: Vec<String> = all.iter().filter(|n| **n != node).cloned().collect();
 
-    // Placed by cordons before pg and my exist (a cordon of a primary's node switches it
-    // over): mv's first two members away from the node, lp's and lm's first (their
-    // primary) on it; then each grows to three, and spreading puts mv's third member on
-    // the node.
+    // Placed by taints before pg and my exist: mv's first two members away from the
+    // node, then lm's first (its primary) and mv's third on it.
     let moved = json!({"spread": {"moveFromLostNodeAfter": "30s"}});
     {
-        let _away = cordon(nodes, std::slice::from_ref(&node));
+        let _away = keep_off(nodes, std::slice::from_ref(&node));
         cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 2, moved.clone())).await.expect("apply");
         cluster.wait_database(ns, "mv", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("running");
     }
-    let lost_primaries = [("lm", Engine::Mysql, "10.11")];
+    let sync_spec = |synchronous: bool| if synchronous { json!({"replication": {"mode": "Synchronous"}}) } else { json!({}) };
+    let lost_primaries = [("lm", Engine::Mysql, "10.11", false), ("ls", Engine::Mysql, "11.8", true)];
     {
-        let _onto = cordon(nodes, &others);
-        for (name, engine, version) in lost_primaries {
+        let _onto = keep_off(nodes, &others);
+        // One member replicates to no one: synchronous once grown (admission refuses it before).
+        for (name, engine, version, _) in lost_primaries {
             cluster.apply_database(ns, database(name, engine, version, 1, json!({}))).await.expect("apply");
         }
+        cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 3, moved)).await.expect("grow");
         for (name, ..) in lost_primaries {
             cluster.wait_database(ns, name, "1 member Ready", WAIT, |d| is_running(d, 1)).await.expect("running");
         }
+        cluster.wait_database(ns, "mv", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
     }
-    cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 3, moved)).await.expect("grow");
-    for (name, engine, version) in lost_primaries {
-        cluster.apply_database(ns, database(name, engine, version, 3, json!({}))).await.expect("grow");
+    for (name, engine, version, synchronous) in lost_primaries {
+        cluster.apply_database(ns, database(name, engine, version, 3, sync_spec(synchronous))).await.expect("grow");
     }
     cluster.apply_database(ns, database("pg", Engine::Postgres, "15", 3, apart.clone())).await.expect("apply");
     cluster.apply_database(ns, database("my", Engine::Mysql, "10.11", 3, apart.clone())).await.expect("apply");
@@ -304,8 +322,8 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         cluster.wait_database(ns, "lp", "its member on the node primary", WAIT, led).await.expect("switched over");
     }
     let mut failing_over = Vec::new();
-    for (name, engine, _) in lost_primaries {
-        failing_over.push((Sql::start(&cluster, ns, name, engine, 3).await, engine, false));
+    for (name, engine, _, synchronous) in lost_primaries {
+        failing_over.push((Sql::start(&cluster, ns, name, engine, 3).await, engine, synchronous));
     }
     failing_over.push((lp, Engine::Postgres, true));
     let mut old_primaries = Vec::new();
@@ -397,7 +415,7 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
-        // lp and lm: a replica promoted by the operator, from what the agents said.
+        // lp, ls and lm: a replica promoted by the operator, from what the agents said.
         for ((d, ..), old) in failing_over.iter().zip(&old_primaries) {
             let db = cluster
                 .wait_database(ns, d.name, "a replica promoted", WAIT, |db| {
@@ -431,7 +449,7 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     let member = moved.name_any();
     assert!(said.contains(&member) && said.contains(&node) && said.contains(&format!("data-{member}")), "{said}");
 
-    // lp and lm failed over before the node controller's grace period ended: their
+    // lp, ls and lm failed over before the node controller's grace period ended: their
     // primary counted as down from its node's last lease renewal.
     for (d, ..) in &failing_over {
         let promoted = events.iter().filter(|e| e.reason.as_deref() == Some("FailoverPromoted"));
