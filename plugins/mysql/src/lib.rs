@@ -76,6 +76,11 @@ fn my_cnf(spec: &DatabaseSpec) -> String {
         "log_slave_updates = ON".into(),
         "gtid_strict_mode = ON".into(),
         "character_set_server = utf8mb4".into(),
+        // A replica whose primary's node was lost gives up on it within 20 s (not 60 s)
+        // and reconnects to whichever member the read-write Service selects by then; the
+        // primary's heartbeat (every 10 s, half of this) keeps an idle stream up. Under
+        // synchronous replication the promoted member's commits wait for it.
+        "slave_net_timeout = 20".into(),
     ];
     if let Some(tls) = &spec.tls {
         lines.push(format!("ssl_cert = {}", tls.certificate));

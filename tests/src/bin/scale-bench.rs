@@ -493,7 +493,7 @@ fn row(measure: &str, runs: &[Run], cell: impl Fn(usize, &Run) -> String, goal: 
 }
 
 fn table(runs: &[Run]) -> String {
-    let children = 7; // credentials, config, 3 Services, StatefulSet, PodDisruptionBudget
+    let children = 8; // credentials, the agents' certificates, config, 3 Services, StatefulSet, PodDisruptionBudget
     let header: Vec<String> = runs.iter().map(|r| format!("{} Databases / {} namespaces", r.count, r.namespaces)).collect();
     let mut out = format!("| measure | {} | goal |\n|{}", header.join(" | "), " --- |".repeat(runs.len() + 2));
     out.push('\n');
