@@ -191,6 +191,16 @@ struct Agent {
 }
 
 impl Agent {
+    fn new(commands: Commands) -> Self {
+        Agent {
+            commands,
+            command: Semaphore::new(1),
+            fenced: tokio::sync::Notify::new(),
+            fence_runs: Default::default(),
+            rerun: Default::default(),
+        }
+    }
+
     fn is_fenced(&self) -> bool {
         self.commands.fence.as_ref().is_some_and(|f| f.mark.exists())
     }
@@ -247,13 +257,7 @@ pub async fn serve(port: u16, certs: PathBuf, mut commands: Commands) -> anyhow:
     if commands.fence.is_none() {
         commands.promote.clear();
     }
-    let agent = Arc::new(Agent {
-        commands,
-        command: Semaphore::new(1),
-        fenced: tokio::sync::Notify::new(),
-        fence_runs: Default::default(),
-        rerun: Default::default(),
-    });
+    let agent = Arc::new(Agent::new(commands));
     if agent.commands.fence.is_some() {
         tokio::spawn(watch(agent.clone()));
     }

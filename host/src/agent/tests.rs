@@ -132,13 +132,7 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
         let dir = std::env::temp_dir().join(format!("plugdb-agent-cut-off-{i}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let fence = fence_in(&dir, control_plane);
-        let agent = Agent {
-            commands: Commands { status: sh(&format!("echo {said}")), fence: Some(fence), ..Default::default() },
-            command: Semaphore::new(1),
-            fenced: Default::default(),
-            fence_runs: Default::default(),
-            rerun: Default::default(),
-        };
+        let agent = Agent::new(Commands { status: sh(&format!("echo {said}")), fence: Some(fence), ..Default::default() });
         tokio::spawn(watch(Arc::new(agent)));
         watched.push((tempdir::Dir(dir), said, fences));
     }
@@ -174,13 +168,7 @@ async fn a_cut_off_primary_whose_fence_fails_is_stopped_by_its_guard() {
         let stop = dir.join(guard::STOP_FILE);
         // The engine confirms nothing until its guard has been told to stop it.
         let fence = Fence { argv: sh(&format!("test -e {}", stop.display())), ..fence_in(&dir, Some(control_plane)) };
-        let agent = Arc::new(Agent {
-            commands: Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() },
-            command: Semaphore::new(1),
-            fenced: Default::default(),
-            fence_runs: Default::default(),
-            rerun: Default::default(),
-        });
+        let agent = Arc::new(Agent::new(Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() }));
         if !stops {
             agent.mark_fenced("the operator fenced it").expect("mark");
         }
