@@ -112,15 +112,21 @@ async fn within(within: Duration, check: impl Fn() -> bool) -> bool {
     true
 }
 
-/// A primary cut off from the control plane and from every other member fences itself;
-/// a replica does not, nor does a primary that still reaches the control plane.
-#[tokio::test]
-async fn a_primary_cut_off_from_everyone_fences_itself() {
+/// A control plane out of reach (an address nothing listens on) and one in reach (the
+/// listener returned, kept open while the test runs).
+fn control_planes() -> (String, std::net::TcpListener) {
     let closed = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         probe.local_addr().expect("address").to_string()
     };
-    let open = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    (closed, std::net::TcpListener::bind("127.0.0.1:0").expect("a port"))
+}
+
+/// A primary cut off from the control plane and from every other member fences itself;
+/// a replica does not, nor does a primary that still reaches the control plane.
+#[tokio::test]
+async fn a_primary_cut_off_from_everyone_fences_itself() {
+    let (closed, open) = control_planes();
     let cases = [
         ("primary 0/5", Some(closed.clone()), true),
         ("replica 0/5", Some(closed), false),
@@ -156,11 +162,7 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
 /// (the operator orders the stop, `POST /stop`).
 #[tokio::test]
 async fn a_cut_off_primary_whose_fence_fails_is_stopped_by_its_guard() {
-    let closed = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        probe.local_addr().expect("address").to_string()
-    };
-    let open = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let (closed, open) = control_planes();
     let mut watched = Vec::new();
     for (i, (control_plane, stops)) in [(closed, true), (open.local_addr().expect("address").to_string(), false)].into_iter().enumerate() {
         let dir = std::env::temp_dir().join(format!("plugdb-agent-cut-off-hung-{i}-{}", std::process::id()));

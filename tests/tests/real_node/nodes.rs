@@ -244,10 +244,10 @@ impl Drop for Untaint<'_> {
 ///   write throughout, the old primary from its side of the cut: its agent fences it on
 ///   its own, before the promotion, and at no moment do two members take writes. `lp`
 ///   and `ls` lose no acknowledged write, and their old primary, cut off from every
-///   replica, acknowledges none after the
-///   loss. `lm` replicates asynchronously: the writes lost, if any, are the last ones the
-///   old primary acknowledged before the loss (counted and shown), never one the new
-///   primary acknowledged. Back, the old primary follows the new one.
+///   replica, acknowledges none after the loss. `lm` replicates asynchronously: the
+///   writes lost, if any, are the last ones the old primary acknowledged before the loss
+///   (counted and shown), never one the new primary acknowledged. Back, the old primary
+///   follows the new one.
 ///
 /// Back: every member rejoins and catches up, and no acknowledged write is lost.
 pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
