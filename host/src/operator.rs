@@ -142,15 +142,10 @@ struct Term {
 impl Term {
     fn start(client: &Client, registry: &Registry, metrics: &Arc<Metrics>, options: &Options, health: &Health) -> Self {
         let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
+        let (caches, triggers) = reconcile::cache::Caches::start(client, options.watch_namespace.as_deref());
         let ctx = Arc::new(
-            reconcile::Context::new(
-                client.clone(),
-                registry.clone(),
-                metrics.clone(),
-                options.settings.clone(),
-                options.watch_namespace.clone(),
-            )
-            .with_operator_image(options.operator_image.clone()),
+            reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), options.settings.clone(), caches)
+                .with_operator_image(options.operator_image.clone()),
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = health.clone();
@@ -162,7 +157,7 @@ impl Term {
                 health.set_synced();
                 std::future::pending::<()>().await
             };
-            let controller = reconcile::run(ctx.clone(), async move {
+            let controller = reconcile::run(ctx.clone(), triggers, async move {
                 let _ = stopped.await;
             });
             tokio::select! {

@@ -8,6 +8,7 @@ pub mod control_plane;
 pub mod engine;
 pub mod local_pod;
 pub mod minio;
+pub mod mock_api;
 pub mod node;
 pub mod operator;
 pub mod proxy;

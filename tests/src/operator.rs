@@ -108,11 +108,12 @@ impl Operator {
     fn start(admin: &Client, client: &Client, image: Option<String>) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
-        let ctx = reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), None);
+        let (caches, triggers) = reconcile::cache::Caches::start(client, None);
+        let ctx = reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), caches);
         let ctx = Arc::new(ctx.with_operator_image(image));
         let tasks = vec![
             tokio::spawn(registry.clone().watch(admin.clone(), OPERATOR_NAMESPACE.into())),
-            tokio::spawn(reconcile::run(ctx, std::future::pending())),
+            tokio::spawn(reconcile::run(ctx, triggers, std::future::pending())),
         ];
         Ok(Self { registry, metrics, tasks })
     }

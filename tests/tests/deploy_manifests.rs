@@ -265,8 +265,9 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
     let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));
-    let ctx = Arc::new(reconcile::Context::new(operator, registry.clone(), metrics, test_settings(), None));
-    let controller = tokio::spawn(reconcile::run(ctx, std::future::pending()));
+    let (caches, triggers) = reconcile::cache::Caches::start(&operator, None);
+    let ctx = Arc::new(reconcile::Context::new(operator, registry.clone(), metrics, test_settings(), caches));
+    let controller = tokio::spawn(reconcile::run(ctx, triggers, std::future::pending()));
 
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "plugdb-system");
     cms.create(&PostParams::default(), &plugin_config_map("postgres", "postgres")).await.expect("plugin");

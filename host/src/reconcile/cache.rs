@@ -70,7 +70,7 @@ pub enum Seen {
 
 /// Caches of the managed objects, filled by watches that run as long as this value.
 pub struct Caches {
-    listing: Listing,
+    listing: Option<Listing>,
     config_maps: Facts<Applied>,
     services: Facts<Applied>,
     budgets: Facts<Applied>,
@@ -140,6 +140,11 @@ pub(super) struct Listing {
 impl Listing {
     fn new(client: &Client, namespace: Option<&str>) -> Self {
         Self { client: client.clone(), namespace: namespace.map(Into::into), streaming: Arc::default() }
+    }
+
+    /// The namespace watched (all when `None`).
+    pub(super) fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
     }
 
     /// A watcher configuration that lists by streaming where the server can.
@@ -466,7 +471,7 @@ impl Caches {
             futures::future::ready(())
         })));
         let caches = Self {
-            listing,
+            listing: Some(listing),
             config_maps,
             services,
             budgets,
@@ -490,9 +495,70 @@ impl Caches {
         let _ = listed.wait_for(|listed| *listed).await;
     }
 
-    /// How watches list what exists when they start.
-    pub(super) fn listing(&self) -> &Listing {
-        &self.listing
+    /// How watches list what exists when they start: `None` for caches that watch nothing.
+    pub(super) fn listing(&self) -> Option<&Listing> {
+        self.listing.as_ref()
+    }
+
+    /// Caches that hold `objects` (as the API server serves them, each with its `kind`)
+    /// and watch nothing: a pass run against them reads what was built by hand, as the
+    /// unit-speed tests of whole passes do. Each object is trimmed as a watch would trim
+    /// it; a kind no cache keeps is an error.
+    pub fn holding(objects: &[serde_json::Value]) -> Result<Self, serde_json::Error> {
+        use serde::de::Error as _;
+        fn put<K>(store: &mut reflector::store::Writer<K>, object: &serde_json::Value, trim: fn(&mut K)) -> Result<(), serde_json::Error>
+        where
+            K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        {
+            let mut o: K = serde_json::from_value(object.clone())?;
+            trim(&mut o);
+            store.apply_watcher_event(&watcher::Event::Apply(o));
+            Ok(())
+        }
+        fn fact<K, V>(facts: &Facts<V>, object: &serde_json::Value, of: fn(&K) -> V) -> Result<(), serde_json::Error>
+        where
+            K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
+            V: Clone + Send + Sync + 'static,
+        {
+            facts.apply(&watcher::Event::Apply(serde_json::from_value::<K>(object.clone())?), of);
+            Ok(())
+        }
+        let (config_maps, services, budgets, stateful_sets) = (Facts::new(), Facts::new(), Facts::new(), Facts::new());
+        let (secrets, mut secrets_in) = reflector::store();
+        let (pods, mut pods_in) = reflector::store();
+        let (jobs, mut jobs_in) = reflector::store();
+        let (claims, mut claims_in) = reflector::store();
+        let (nodes, mut nodes_in) = reflector::store();
+        for object in objects {
+            match object["kind"].as_str().unwrap_or_default() {
+                "ConfigMap" => fact::<ConfigMap, _>(&config_maps, object, Applied::of)?,
+                "Service" => fact::<Service, _>(&services, object, Applied::of)?,
+                "PodDisruptionBudget" => fact::<PodDisruptionBudget, _>(&budgets, object, Applied::of)?,
+                "StatefulSet" => fact::<StatefulSet, _>(&stateful_sets, object, SetFacts::of)?,
+                "Secret" => put(&mut secrets_in, object, key_names_only)?,
+                "Pod" => put(&mut pods_in, object, pod_essentials)?,
+                "Job" => put(&mut jobs_in, object, no_managed_fields)?,
+                "PersistentVolumeClaim" => put(&mut claims_in, object, claim_essentials)?,
+                "Node" => put(&mut nodes_in, object, node_essentials)?,
+                other => return Err(serde_json::Error::custom(format!("no cache keeps kind {other:?}"))),
+            }
+        }
+        let (_, listed) = tokio::sync::watch::channel(true);
+        Ok(Self {
+            listing: None,
+            config_maps,
+            services,
+            budgets,
+            secrets,
+            stateful_sets,
+            pods,
+            jobs,
+            claims,
+            nodes,
+            leases: leases::Leases::default(),
+            listed,
+            _tasks: Vec::new(),
+        })
     }
 
     /// What the cache knows of `db`'s child `kind` `name`.

@@ -112,8 +112,6 @@ pub struct Context {
     /// What the managed objects look like now.
     pub caches: Caches,
     calls: Arc<CallPool>,
-    namespace: Option<String>,
-    triggers: Mutex<Option<Triggers>>,
     failures: Mutex<HashMap<ObjectRef<Database>, u32>>,
     written: Mutex<HashMap<ObjectRef<Database>, Written>>,
     /// The operator's own image: backup and restore Jobs run `plugdb transfer` from it.
@@ -132,10 +130,11 @@ struct Written {
 }
 
 impl Context {
-    /// A context for Databases in `namespace` (all when `None`); starts the caches.
-    pub fn new(client: Client, registry: Registry, metrics: Arc<Metrics>, settings: Settings, namespace: Option<String>) -> Self {
+    /// A context that reads the managed objects from `caches`: started by
+    /// [`Caches::start`] (whose namespace is that of the Databases reconciled), or
+    /// holding hand-built objects ([`Caches::holding`]) for a pass run in a test.
+    pub fn new(client: Client, registry: Registry, metrics: Arc<Metrics>, settings: Settings, caches: Caches) -> Self {
         let recorder = crate::events::Recorder::new(client.clone(), MANAGER, "Reconcile");
-        let (caches, triggers) = Caches::start(&client, namespace.as_deref());
         let calls =
             CallPool::new(settings.plugin_calls, settings.plugin_calls_per_engine).with_cpu_per_engine(settings.plugin_cpu_per_engine);
         Self {
@@ -146,8 +145,6 @@ impl Context {
             settings,
             caches,
             calls: Arc::new(calls),
-            namespace,
-            triggers: Mutex::new(Some(triggers)),
             failures: Mutex::default(),
             written: Mutex::default(),
             operator_image: None,
@@ -303,22 +300,23 @@ impl Error {
 }
 
 /// Runs the controller until `shutdown` completes; in-flight reconciles finish first.
-/// The controller reads the StatefulSet and Job watches from the start (they fill
-/// their caches as it reads); Databases are watched, and so reconciled, once every cache
-/// has listed and the plugins present at start are loaded.
-pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
-    let Some(triggers) = ctx.triggers.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-        tracing::error!("this context's controller already ran");
+/// The controller reads the StatefulSet and Job watches (`triggers`, from the
+/// [`Caches::start`] that made `ctx`'s caches) from the start: they fill their caches as
+/// it reads. Databases are watched, and so reconciled, once every cache has listed and
+/// the plugins present at start are loaded.
+pub async fn run(ctx: Arc<Context>, triggers: Triggers, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let Some(listing) = ctx.caches.listing().cloned() else {
+        tracing::error!("caches that watch nothing cannot drive a controller");
         return;
     };
-    let dbs: Api<Database> = cache::api(&ctx.client, ctx.namespace.as_deref());
+    let dbs: Api<Database> = cache::api(&ctx.client, listing.namespace());
     // Nothing is judged before the caches and the plugins are loaded: a restarted
     // operator must not report engines missing that are merely still loading. Until the
     // Databases have listed, kube holds every reconcile the other watches ask for.
     let loaded = ctx.clone();
     let watched = futures::stream::once(async move {
         loaded.loaded().await;
-        watcher(dbs, loaded.caches.listing().config().await)
+        watcher(dbs, listing.config().await)
     });
     // A Database's own status and finalizer writes do not start another pass: only its
     // spec (generation, which deletion also bumps) and annotations (backup-now) do.

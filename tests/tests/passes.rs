@@ -1,0 +1,417 @@
+//! Whole passes at unit speed: the reconciler runs one pass over hand-built caches
+//! ([`Caches::holding`]) with the bundled plugins, against a mocked API client that
+//! records every request in order ([`MockApi`]). No cluster, no root: what a pass
+//! decides and writes, request by request, for a table of situations. What the API
+//! server and the nodes make of those writes is the real tiers' part.
+
+use std::sync::Arc;
+
+use plugdb::crd::Database;
+use plugdb::metrics::Metrics;
+use plugdb::plugin::{Limits, Registry, Runtime};
+use plugdb::reconcile::cache::Caches;
+use plugdb::reconcile::{self, Context};
+use plugdb_tests::component;
+use plugdb_tests::mock_api::{Call, MockApi};
+use plugdb_tests::operator::test_settings;
+use serde_json::{Value, json};
+
+/// A registry serving the bundled postgres plugin (compiled once per test).
+async fn registry() -> Registry {
+    let metrics = Arc::new(Metrics::default());
+    let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics);
+    for engine in ["postgres"] {
+        let outcome = registry.load_bytes(&format!("bundled/{engine}.wasm"), component(engine)).await;
+        assert!(matches!(outcome, plugdb::plugin::Outcome::Loaded { .. }), "{engine}: {outcome:?}");
+    }
+    registry
+}
+
+/// A Database `orders` in `shop` as the API server serves it: `spec` over a minimal one.
+fn database(spec: Value) -> Database {
+    let mut whole = json!({"engine": "postgres", "storage": "1Gi"});
+    json_patch::merge(&mut whole, &spec);
+    serde_json::from_value(json!({
+        "apiVersion": "plugdb.io/v1alpha1", "kind": "Database",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "db-uid", "generation": 1, "resourceVersion": "10"},
+        "spec": whole,
+    }))
+    .expect("a Database")
+}
+
+/// One pass over `db` with the caches holding `objects`; the requests it made.
+async fn pass(registry: &Registry, db: &Database, objects: &[Value]) -> (Vec<Call>, MockApi) {
+    let api = MockApi::new(db);
+    let caches = Caches::holding(objects).expect("caches");
+    let ctx = Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), test_settings(), caches);
+    reconcile::reconcile(Arc::new(db.clone()), Arc::new(ctx)).await.expect("the pass");
+    (api.take(), api)
+}
+
+fn lines(calls: &[Call]) -> Vec<String> {
+    calls.iter().map(Call::line).collect()
+}
+
+/// The objects `calls` created or applied, as the API server would serve them back.
+fn written(calls: &[Call]) -> Vec<Value> {
+    calls.iter().filter(|c| c.method == "POST" || c.is_apply()).filter(|c| c.body["kind"] != "Event").map(|c| c.body.clone()).collect()
+}
+
+/// What the Database's status says now.
+fn status(api: &MockApi) -> plugdb::crd::DatabaseStatus {
+    api.database().status.expect("a status")
+}
+
+const DATABASES: &str = "/apis/plugdb.io/v1alpha1/namespaces/shop/databases/orders";
+
+#[tokio::test]
+async fn a_new_databases_first_pass_makes_its_children_and_a_second_writes_nothing() {
+    let registry = registry().await;
+    let db = database(json!({"replicas": 3}));
+    let (calls, api) = pass(&registry, &db, &[]).await;
+    let expected = [
+        // The finalizer first: a final backup (the default policy, Snapshot) is owed from now.
+        format!("PATCH {DATABASES}"),
+        // Credentials, then the children, each made by a create (nothing had the name).
+        "POST /api/v1/namespaces/shop/secrets".into(),
+        "POST /api/v1/namespaces/shop/configmaps".into(),
+        "POST /api/v1/namespaces/shop/services".into(),
+        "POST /api/v1/namespaces/shop/services".into(),
+        "POST /api/v1/namespaces/shop/services".into(),
+        "POST /apis/apps/v1/namespaces/shop/statefulsets".into(),
+        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
+        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
+        // The status last, once.
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    let made = written(&calls);
+    for object in &made {
+        let (name, controller) = (&object["metadata"]["name"], &object["metadata"]["ownerReferences"][0]);
+        if name == "orders-credentials" {
+            // Kept after the Database unless its policy is Delete: labelled, not owned.
+            assert_eq!((controller, &object["metadata"]["labels"]["app.kubernetes.io/instance"]), (&Value::Null, &json!("orders")));
+        } else {
+            assert_eq!((&controller["uid"], &controller["controller"]), (&json!("db-uid"), &json!(true)), "{name}");
+        }
+    }
+    let set = made.iter().find(|o| o["kind"] == "StatefulSet").expect("the StatefulSet");
+    assert_eq!(set["spec"]["replicas"], 3);
+    let status = status(&api);
+    assert_eq!(status.phase, Some(plugdb::crd::Phase::Creating));
+    assert_eq!(status.primary.as_deref(), Some("orders-0"));
+    assert!(api.database().metadata.finalizers.iter().flatten().any(|f| f == reconcile::FINALIZER));
+
+    // The same pass over what the first one made, as the caches now hold it: nothing to write.
+    let (again, _) = pass(&registry, &api.database(), &made).await;
+    assert_eq!(lines(&again), Vec::<String>::new(), "a pass over an unchanged cluster writes nothing");
+}
+
+/// A Database that had its first pass: the Database as that pass left it, and what it
+/// made.
+async fn made(registry: &Registry, spec: Value) -> (Database, Vec<Value>) {
+    let (calls, api) = pass(registry, &database(spec), &[]).await;
+    (api.database(), written(&calls))
+}
+
+/// `made`, its StatefulSet's controller caught up at revision `revision`, and its
+/// members as the StatefulSet's template makes them: one pod per `(ready, revision)`,
+/// started an hour ago, member 0 labelled primary.
+fn running(made: &[Value], revision: &str, members: &[(bool, &str)]) -> Vec<Value> {
+    let an_hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut objects: Vec<Value> = made.to_vec();
+    let set = objects.iter_mut().find(|o| o["kind"] == "StatefulSet").expect("a StatefulSet");
+    set["metadata"]["generation"] = json!(1);
+    set["status"] = json!({"observedGeneration": 1, "updateRevision": revision, "currentRevision": revision, "replicas": members.len()});
+    let template = set["spec"]["template"]["metadata"].clone();
+    for (ordinal, (ready, revision)) in members.iter().enumerate() {
+        let mut labels = template["labels"].clone();
+        labels["controller-revision-hash"] = json!(revision);
+        labels["plugdb.io/role"] = json!(if ordinal == 0 { "primary" } else { "replica" });
+        let owner = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "orders", "uid": "set-uid", "controller": true});
+        objects.push(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": format!("orders-{ordinal}"), "namespace": "shop", "uid": format!("pod-{ordinal}"),
+                "creationTimestamp": an_hour_ago, "labels": labels, "annotations": template["annotations"], "ownerReferences": [owner],
+            },
+            "spec": {"nodeName": format!("node-{ordinal}"), "containers": []},
+            "status": {
+                "phase": "Running", "podIP": format!("10.0.0.{}", 10 + ordinal),
+                "conditions": [{"type": "Ready", "status": if *ready { "True" } else { "False" }, "lastTransitionTime": an_hour_ago}],
+            },
+        }));
+    }
+    objects
+}
+
+#[tokio::test]
+async fn members_that_run_make_the_database_ready_and_then_nothing_is_written() {
+    let registry = registry().await;
+    let (db, made) = made(&registry, json!({"replicas": 3})).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    assert_eq!(lines(&calls), [format!("PATCH {DATABASES}/status")], "the status only");
+    let status = status(&api);
+    assert_eq!(status.phase, Some(plugdb::crd::Phase::Running));
+    assert_eq!(status.members.iter().map(|m| m.pod.as_str()).collect::<Vec<_>>(), ["orders-0", "orders-1", "orders-2"]);
+    let (again, _) = pass(&registry, &api.database(), &cluster).await;
+    assert_eq!(lines(&again), Vec::<String>::new(), "a steady Database's pass writes nothing");
+}
+
+/// A Database of three members that became Ready at revision `r1`: the Database as
+/// its passes left it, and the cluster (`running`).
+async fn steady(registry: &Registry) -> (Database, Vec<Value>) {
+    let (db, made) = made(registry, json!({"replicas": 3})).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (_, api) = pass(registry, &db, &cluster).await;
+    (api.database(), made)
+}
+
+#[tokio::test]
+async fn a_scale_up_applies_the_new_count_and_says_it_is_progressing() {
+    let registry = registry().await;
+    let (mut db, made) = steady(&registry).await;
+    db.spec.replicas = 5;
+    db.metadata.generation = Some(2);
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    let expected = [
+        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string(),
+        // The disruption budget follows the count: a majority stays.
+        "PATCH /apis/policy/v1/namespaces/shop/poddisruptionbudgets/orders".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert!(calls[..2].iter().all(Call::is_apply), "children change by server-side apply");
+    assert_eq!(calls[0].body["spec"]["replicas"], 5);
+    let status = status(&api);
+    let progressing = status.conditions.iter().find(|c| c.type_ == "Progressing").expect("Progressing");
+    assert_eq!((progressing.status.as_str(), progressing.observed_generation), ("True", Some(2)));
+}
+
+#[tokio::test]
+async fn a_roll_restarts_one_replica_at_a_time_the_highest_first() {
+    let registry = registry().await;
+    let (db, made) = steady(&registry).await;
+    // The StatefulSet's template changed: its members are to run revision r2.
+    let cluster = running(&made, "r2", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    let expected = [
+        "DELETE /api/v1/namespaces/shop/pods/orders-2".to_string(),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[1].body["reason"], "MemberRestarted");
+    assert!(status(&api).conditions.iter().any(|c| c.type_ == "Progressing" && c.status == "True"));
+    // The next pass, the restarted member back and Ready at r2: the next replica.
+    let cluster = running(&made, "r2", &[(true, "r1"), (true, "r1"), (true, "r2")]);
+    let (calls, _) = pass(&registry, &api.database(), &cluster).await;
+    assert_eq!(calls[0].line(), "DELETE /api/v1/namespaces/shop/pods/orders-1");
+    // The primary last.
+    let cluster = running(&made, "r2", &[(true, "r1"), (true, "r2"), (true, "r2")]);
+    let (calls, _) = pass(&registry, &api.database(), &cluster).await;
+    assert_eq!(calls[0].line(), "DELETE /api/v1/namespaces/shop/pods/orders-0");
+}
+
+#[tokio::test]
+async fn a_primary_lost_with_no_replica_position_known_is_not_replaced_and_the_database_is_degraded() {
+    let registry = registry().await;
+    let (db, made) = steady(&registry).await;
+    // Without the operator's image there is no member agent to say where each replica
+    // has replayed to: no member is known to be safe to promote.
+    let cluster = running(&made, "r1", &[(false, "r1"), (true, "r1"), (true, "r1")]);
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    let expected = [
+        // The lost member's node, to say whether the node is lost too.
+        "GET /api/v1/nodes/node-0".to_string(),
+        // The agents' credentials, to ask them (there are none).
+        "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[2].body["reason"], "NoSafeFailover");
+    let status = status(&api);
+    assert_eq!((status.phase, status.primary.as_deref()), (Some(plugdb::crd::Phase::Degraded), Some("orders-0")));
+    // Nothing of the members changed: no pod deleted, relabelled or re-rendered.
+    assert!(calls.iter().all(|c| c.method != "DELETE" && !c.path.contains("/pods/") && !c.path.contains("statefulsets")));
+}
+
+/// A backup Job of `orders` named `name`, completed at `completed` (running when `None`).
+fn backup_job(name: &str, completed: Option<&str>) -> Value {
+    let conditions = match completed {
+        Some(_) => json!([{"type": "Complete", "status": "True"}]),
+        None => json!([]),
+    };
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": name, "namespace": "shop", "uid": format!("job-{name}"), "creationTimestamp": completed.unwrap_or("2026-11-28T00:00:00Z"),
+            "labels": {"plugdb.io/backup-of": "orders", "app.kubernetes.io/instance": "orders", "app.kubernetes.io/managed-by": "plugdb"},
+            "ownerReferences": [{"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "name": "orders", "uid": "db-uid", "controller": true}],
+        },
+        "spec": {"template": {"spec": {"containers": []}}},
+        "status": {"completionTime": completed, "conditions": conditions},
+    })
+}
+
+#[tokio::test]
+async fn a_backup_asked_for_starts_one_job_and_retention_deletes_the_oldest_beyond_the_count() {
+    let registry = registry().await;
+    let backup = json!({"backup": {"schedule": "0 2 * * *", "retention": 2, "storage": "1Gi"}});
+    let (mut db, made) = made(&registry, backup).await;
+    let mut cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    cluster.extend([
+        backup_job("orders-2611260200", Some("2026-11-26T02:01:00Z")),
+        backup_job("orders-2611270200", Some("2026-11-27T02:01:00Z")),
+        backup_job("orders-2611280200", Some("2026-11-28T02:01:00Z")),
+    ]);
+    db.metadata.annotations = Some([("plugdb.io/backup-now".to_string(), "now-1".to_string())].into());
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    let manual = plugdb::reconcile::backups::manual_backup("orders", "now-1");
+    let expected = [
+        // The backup volume, made with the first backup Job.
+        "POST /api/v1/namespaces/shop/persistentvolumeclaims".to_string(),
+        "POST /apis/batch/v1/namespaces/shop/jobs".into(),
+        // The newest two successful backups stay.
+        "DELETE /apis/batch/v1/namespaces/shop/jobs/orders-2611260200".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[1].body["metadata"]["name"], manual.as_str());
+    assert_eq!(calls[2].body["propagationPolicy"], "Background", "the Job's pods go with it");
+    let status = status(&api);
+    assert_eq!(status.backup_request.as_deref(), Some("now-1"), "the request is acted on once");
+    assert_eq!(status.last_backup.map(|b| b.name).as_deref(), Some("orders-2611280200"));
+    // The same request seen again (the Job made, the status written): nothing more.
+    cluster.extend(written(&calls));
+    let (again, _) = pass(&registry, &api.database(), &cluster).await;
+    assert!(again.iter().all(|c| c.method != "POST"), "{:?}", lines(&again));
+}
+
+/// `db` being deleted, under `policy`.
+fn deleted(mut db: Database, policy: &str) -> Database {
+    db.spec.deletion_policy = serde_json::from_value(json!(policy)).expect("a policy");
+    db.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    db
+}
+
+#[tokio::test]
+async fn deletion_follows_the_policy() {
+    let registry = registry().await;
+    let (db, made) = steady(&registry).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let finalizers = |call: &Call| call.body["metadata"]["finalizers"].clone();
+
+    // Retain and Delete: the finalizer goes at once; the API server's garbage collector
+    // removes what the owner references say.
+    for policy in ["Retain", "Delete"] {
+        let (calls, _) = pass(&registry, &deleted(db.clone(), policy), &cluster).await;
+        assert_eq!(lines(&calls), [format!("PATCH {DATABASES}")], "{policy}");
+        assert_eq!(finalizers(&calls[0]), json!([]), "{policy}");
+    }
+
+    // Snapshot: a final backup Job first, the Database kept meanwhile.
+    let (calls, api) = pass(&registry, &deleted(db.clone(), "Snapshot"), &cluster).await;
+    let expected = [
+        "POST /api/v1/namespaces/shop/persistentvolumeclaims".to_string(),
+        "POST /apis/batch/v1/namespaces/shop/jobs".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[1].body["metadata"]["name"], "orders-final");
+    assert_eq!(status(&api).phase, Some(plugdb::crd::Phase::Deleting));
+    // Once it succeeded, the finalizer goes.
+    let mut with_final = cluster.clone();
+    with_final.push(backup_job("orders-final", Some("2026-11-29T00:00:00Z")));
+    let (calls, _) = pass(&registry, &api.database(), &with_final).await;
+    assert_eq!(lines(&calls), ["POST /apis/events.k8s.io/v1/namespaces/shop/events".to_string(), format!("PATCH {DATABASES}")]);
+    assert_eq!(calls[0].body["reason"], "FinalBackupTaken");
+    assert_eq!(finalizers(&calls[1]), json!([]));
+}
+
+/// `objects` with each of `newer` in place of the one of its kind and name.
+fn replaced(objects: &[Value], newer: &[Value]) -> Vec<Value> {
+    let key = |o: &Value| (o["kind"].clone(), o["metadata"]["name"].clone());
+    let mut out: Vec<Value> = objects.iter().filter(|o| !newer.iter().any(|n| key(n) == key(o))).cloned().collect();
+    out.extend(newer.iter().cloned());
+    out
+}
+
+#[tokio::test]
+async fn a_minor_upgrade_rolls_the_members_onto_the_new_version_then_completes() {
+    let registry = registry().await;
+    let (db, made) = made(&registry, json!({"replicas": 3, "version": "17.2"})).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (_, api) = pass(&registry, &db, &cluster).await;
+    let mut db = api.database();
+    db.spec.version = "17.5".into();
+    db.metadata.generation = Some(2);
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    let expected = [
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".to_string(),
+        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[0].body["reason"], "UpgradeStarted");
+    let image = calls[1].body["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string();
+    assert!(image.ends_with(":17.5"), "{image}");
+    let rolling = status(&api);
+    assert_eq!(rolling.phase, Some(plugdb::crd::Phase::Updating));
+    let upgrade = rolling.upgrade.expect("the upgrade's progress");
+    assert_eq!((upgrade.from.as_str(), upgrade.to.as_str(), upgrade.step), ("17.2", "17.5", 0));
+    assert_eq!(rolling.current_version.as_deref(), Some("17.2"), "the members run 17.2 until the roll is done");
+
+    // Every member rolled onto the new revision: the upgrade is done.
+    let cluster = running(&replaced(&made, &written(&calls)), "r2", &[(true, "r2"), (true, "r2"), (true, "r2")]);
+    let (calls, api) = pass(&registry, &api.database(), &cluster).await;
+    assert_eq!(lines(&calls), ["POST /apis/events.k8s.io/v1/namespaces/shop/events".to_string(), format!("PATCH {DATABASES}/status")]);
+    assert_eq!(calls[0].body["reason"], "UpgradeCompleted");
+    let done = status(&api);
+    assert_eq!((done.current_version.as_deref(), done.upgrade, done.phase), (Some("17.5"), None, Some(plugdb::crd::Phase::Running)));
+}
+
+#[tokio::test]
+async fn an_upgrade_of_a_database_with_backups_takes_one_first_at_the_running_version() {
+    let registry = registry().await;
+    let spec = json!({"replicas": 3, "version": "17.2", "backup": {"schedule": "0 2 * * *", "storage": "1Gi"}});
+    let (db, made) = made(&registry, spec).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (_, api) = pass(&registry, &db, &cluster).await;
+    let mut db = api.database();
+    db.spec.version = "17.5".into();
+    db.metadata.generation = Some(2);
+    let (calls, _) = pass(&registry, &db, &cluster).await;
+    let expected = [
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".to_string(),
+        "POST /api/v1/namespaces/shop/persistentvolumeclaims".into(),
+        "POST /apis/batch/v1/namespaces/shop/jobs".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected, "no member is rendered at the new version before the backup");
+    let job = &calls[2].body;
+    assert_eq!(job["metadata"]["annotations"]["plugdb.io/backup"], job["metadata"]["name"]);
+    let image = job["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
+    assert!(image.ends_with(":17.2"), "taken by the running version: {image}");
+}
+
+#[tokio::test]
+async fn a_restore_fills_the_first_members_volume_before_any_member_starts() {
+    let registry = registry().await;
+    let db = database(json!({"replicas": 2, "restoreFrom": {"database": "old", "backup": "old-2611280200"}}));
+    let (calls, api) = pass(&registry, &db, &[]).await;
+    let expected = [
+        format!("PATCH {DATABASES}"),
+        "POST /api/v1/namespaces/shop/secrets".into(),
+        "POST /api/v1/namespaces/shop/persistentvolumeclaims".into(),
+        "POST /apis/batch/v1/namespaces/shop/jobs".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected, "no StatefulSet: members wait for their data");
+    assert_eq!(calls[2].body["metadata"]["name"], "data-orders-0");
+    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/backup"], "old-2611280200");
+    assert_eq!(status(&api).phase, Some(plugdb::crd::Phase::Restoring));
+}
