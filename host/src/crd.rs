@@ -1,4 +1,7 @@
 //! The `Database` custom resource (`plugdb.io/v1alpha1`).
+//!
+//! One file though long: it is the resource's whole schema, and its doc comments are the
+//! field descriptions `kubectl explain` shows, read best in the order of the spec.
 
 use std::collections::BTreeMap;
 

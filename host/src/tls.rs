@@ -35,6 +35,8 @@ pub const CA_KEY: &str = "ca.key";
 pub const NOT_AFTER: &str = "plugdb.io/not-after";
 /// Annotation on the certificate's Secret: a hash of the names it carries.
 pub const NAMES: &str = "plugdb.io/names";
+/// The annotation cert-manager puts on the Secrets it writes: the Certificate's name.
+pub const CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
 /// How long a certificate is valid.
 pub const VALIDITY_DAYS: i64 = 365;
 /// How long before it expires a certificate is replaced.

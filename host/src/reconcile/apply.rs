@@ -232,7 +232,7 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let current = |s: &Secret| {
         let stamp = s.annotations().get(tls::NOT_AFTER);
-        let ours = !s.annotations().contains_key(CERTIFICATE_NAME);
+        let ours = !s.annotations().contains_key(tls::CERTIFICATE_NAME);
         (ours && s.annotations().get(tls::NAMES) == Some(&hash) && !tls::due(stamp.map(String::as_str), now))
             .then(|| stamp.cloned())
             .flatten()
@@ -245,7 +245,7 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error
     if let Some(stamp) = live.as_ref().and_then(current) {
         return Ok(Certified::Issued(stamp));
     }
-    if live.as_ref().and_then(|s| s.annotations().get(CERTIFICATE_NAME)) == Some(&n.tls()) {
+    if live.as_ref().and_then(|s| s.annotations().get(tls::CERTIFICATE_NAME)) == Some(&n.tls()) {
         // cert-manager issued it while `issuerRef` was set: its Certificate goes first
         // (or it would write the Secret again), then the Secret with its annotations.
         let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
@@ -274,9 +274,6 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error
     tracing::info!(database = %format!("{ns}/{name}"), expires = %stamp, "issued the Database's TLS certificate");
     Ok(Certified::Issued(stamp))
 }
-
-/// The annotation cert-manager puts on the Secrets it writes: the Certificate's name.
-pub(super) const CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
 
 /// cert-manager's `Certificate` resource.
 fn certificate_resource() -> ApiResource {

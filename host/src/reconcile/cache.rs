@@ -13,7 +13,6 @@
 //! operator then never holds a whole list of thousands of objects at once. Servers
 //! without it are asked for one whole list each, served from their cache.
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -21,12 +20,8 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, ContainerState, ContainerStatus, Node, NodeSpec, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimStatus, Pod, PodSpec, PodStatus, Secret, Service, VolumeResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, PartialObjectMeta, WatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -34,20 +29,18 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
-use super::apply::CERTIFICATE_NAME;
 use super::owner;
 use crate::build::Kind;
 use crate::crd::Database;
-use crate::names::{
-    APPLIED_HASH, FENCED, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, NAME_LABEL, PRIMARY_ANNOTATION, PROMOTED, REVISION_LABEL,
-    ROLE_FREE_HASH, ROLE_LABEL,
-};
-use crate::tls;
+use crate::names::{APPLIED_HASH, MANAGER};
 
 mod facts;
 pub mod leases;
+mod trim;
 pub use facts::SetFacts;
 use facts::{Applied, Facts};
+pub(super) use trim::database_essentials;
+use trim::{claim_essentials, key_names_only, no_managed_fields, node_essentials, pod_essentials};
 
 /// Where `kubectl apply` keeps the whole manifest it last applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -263,135 +256,6 @@ where
         let _ = store.wait_until_ready().await;
     }
     .boxed()
-}
-
-fn no_managed_fields<K: Resource>(o: &mut K) {
-    o.meta_mut().managed_fields = None;
-}
-
-/// A Database as the reconciler reads it: without who manages which field, and
-/// without the copy of the whole manifest `kubectl apply` keeps in an annotation.
-pub(super) fn database_essentials(db: &mut Database) {
-    no_managed_fields(db);
-    if let Some(annotations) = &mut db.metadata.annotations {
-        annotations.remove(LAST_APPLIED);
-    }
-}
-
-/// Metadata reduced to what a pass reads: name, namespace, uid, version, generation,
-/// when it was made and is being deleted, the `annotations` and `labels` named, and the
-/// controller reference (what the controller maps a change back to its Database by).
-/// Managed fields are left as they are.
-fn meta_essentials(meta: &mut ObjectMeta, annotations: &[&str], labels: &[&str]) {
-    let only = |map: Option<BTreeMap<String, String>>, keys: &[&str]| {
-        let kept: BTreeMap<String, String> = map.into_iter().flatten().filter(|(k, _)| keys.contains(&k.as_str())).collect();
-        (!kept.is_empty()).then_some(kept)
-    };
-    let controller = owner::controller(meta).map(|c| OwnerReference {
-        api_version: c.api_version.clone(),
-        kind: c.kind.clone(),
-        name: c.name.clone(),
-        uid: c.uid.clone(),
-        controller: Some(true),
-        ..Default::default()
-    });
-    *meta = ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        uid: meta.uid.take(),
-        resource_version: meta.resource_version.take(),
-        generation: meta.generation,
-        creation_timestamp: meta.creation_timestamp.take(),
-        deletion_timestamp: meta.deletion_timestamp.take(),
-        annotations: only(meta.annotations.take(), annotations),
-        labels: only(meta.labels.take(), labels),
-        managed_fields: meta.managed_fields.take(),
-        owner_references: controller.map(|c| vec![c]),
-        ..Default::default()
-    };
-}
-
-/// A Secret as a pass reads it: the names of its keys (no values); the annotations
-/// that say whose certificate it is, for which names, until when and how it was
-/// applied; and, for one no Database controls (credentials kept after their Database
-/// went), the labels that say which Database's it was.
-fn key_names_only(s: &mut Secret) {
-    no_managed_fields(s);
-    let annotations = [APPLIED_HASH, tls::NOT_AFTER, tls::NAMES, CERTIFICATE_NAME];
-    let labels: &[&str] = if owner::controller(&s.metadata).is_none() { &[MANAGED_BY_LABEL, INSTANCE_LABEL] } else { &[] };
-    meta_essentials(&mut s.metadata, &annotations, labels);
-    s.string_data = None;
-    if let Some(data) = &mut s.data {
-        data.values_mut().for_each(|v| v.0 = Vec::new());
-    }
-}
-
-/// A volume claim as a pass reads it: whether it is bound, what it asks for and holds,
-/// and the labels that say which Database's it is (a kept claim has no controller).
-fn claim_essentials(c: &mut PersistentVolumeClaim) {
-    no_managed_fields(c);
-    meta_essentials(&mut c.metadata, &[APPLIED_HASH], &[MANAGED_BY_LABEL, INSTANCE_LABEL]);
-    let requests = c.spec.take().and_then(|s| s.resources).and_then(|r| r.requests);
-    c.spec = Some(PersistentVolumeClaimSpec {
-        resources: requests.map(|requests| VolumeResourceRequirements { requests: Some(requests), ..Default::default() }),
-        ..Default::default()
-    });
-    c.status = c.status.take().map(|s| PersistentVolumeClaimStatus { phase: s.phase, capacity: s.capacity, ..Default::default() });
-}
-
-/// A node as a pass reads it: its name, and whether it is cordoned.
-fn node_essentials(n: &mut Node) {
-    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable);
-    *n = Node {
-        metadata: ObjectMeta { name: n.metadata.name.take(), resource_version: n.metadata.resource_version.take(), ..Default::default() },
-        spec: Some(NodeSpec { unschedulable, ..Default::default() }),
-        status: None,
-    };
-}
-
-/// A pod as a pass reads it: the labels that say whose member it is, in which role and
-/// revision; the annotations that say what it was rendered for and whether its agent
-/// fenced or promoted it; its Ready and PodScheduled conditions, phase, address and node;
-/// and, for a container that is not ready, why not (no images, no ids, no spec, nothing
-/// of a ready container: what a member costs is mostly what its pod is kept as).
-fn pod_essentials(p: &mut Pod) {
-    no_managed_fields(p);
-    let annotations = [PRIMARY_ANNOTATION, ROLE_FREE_HASH, FENCED, PROMOTED];
-    meta_essentials(&mut p.metadata, &annotations, &[NAME_LABEL, INSTANCE_LABEL, ROLE_LABEL, REVISION_LABEL]);
-    let node_name = p.spec.take().and_then(|s| s.node_name);
-    p.spec = node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });
-    p.status = p.status.take().map(|s| {
-        // Shrunk: a list filtered in place keeps its whole buffer.
-        fn shrunk<T>(mut kept: Vec<T>) -> Vec<T> {
-            kept.shrink_to_fit();
-            kept
-        }
-        let conditions =
-            s.conditions.map(|cs| shrunk(cs.into_iter().filter(|c| c.type_ == "Ready" || c.type_ == "PodScheduled").collect()));
-        let unready = s.container_statuses.into_iter().flatten().filter(|c| !c.ready);
-        let containers: Vec<_> = unready
-            .map(|c| ContainerStatus { name: c.name, ready: c.ready, state: c.state.map(short_state), ..Default::default() })
-            .collect();
-        let containers = (!containers.is_empty()).then(|| shrunk(containers));
-        PodStatus { conditions, phase: s.phase, pod_ip: s.pod_ip, container_statuses: containers, ..Default::default() }
-    });
-}
-
-/// A container's state with its messages cut to what a condition shows.
-fn short_state(mut state: ContainerState) -> ContainerState {
-    let cut = |m: &mut Option<String>| {
-        if let Some(text) = m {
-            let end = crate::events::truncate(text, 200).len();
-            text.truncate(end);
-        }
-    };
-    if let Some(w) = &mut state.waiting {
-        cut(&mut w.message);
-    }
-    if let Some(t) = &mut state.terminated {
-        cut(&mut t.message);
-    }
-    state
 }
 
 fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>>

@@ -1,6 +1,11 @@
 //! The caches' trims: what a pass reads of each kind, and nothing else.
 
+use super::trim::*;
 use super::*;
+use crate::names::*;
+use crate::tls;
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
 
 fn meta(annotations: &[(&str, &str)]) -> ObjectMeta {
