@@ -351,13 +351,14 @@ async fn a_minor_upgrade_rolls_the_members_onto_the_new_version_then_completes()
     db.metadata.generation = Some(2);
     let (calls, api) = pass(&registry, &db, &cluster).await;
     let expected = [
-        "POST /apis/events.k8s.io/v1/namespaces/shop/events".to_string(),
-        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".into(),
+        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string(),
+        // Events after the writes they tell of, the status last.
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
         format!("PATCH {DATABASES}/status"),
     ];
     assert_eq!(lines(&calls), expected);
-    assert_eq!(calls[0].body["reason"], "UpgradeStarted");
-    let image = calls[1].body["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string();
+    assert_eq!(calls[1].body["reason"], "UpgradeStarted");
+    let image = calls[0].body["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string();
     assert!(image.ends_with(":17.5"), "{image}");
     let rolling = status(&api);
     assert_eq!(rolling.phase, Some(plugdb::crd::Phase::Updating));
@@ -386,13 +387,14 @@ async fn an_upgrade_of_a_database_with_backups_takes_one_first_at_the_running_ve
     db.metadata.generation = Some(2);
     let (calls, _) = pass(&registry, &db, &cluster).await;
     let expected = [
-        "POST /apis/events.k8s.io/v1/namespaces/shop/events".to_string(),
-        "POST /api/v1/namespaces/shop/persistentvolumeclaims".into(),
+        "POST /api/v1/namespaces/shop/persistentvolumeclaims".to_string(),
         "POST /apis/batch/v1/namespaces/shop/jobs".into(),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
         format!("PATCH {DATABASES}/status"),
     ];
     assert_eq!(lines(&calls), expected, "no member is rendered at the new version before the backup");
-    let job = &calls[2].body;
+    assert_eq!(calls[2].body["reason"], "UpgradeStarted");
+    let job = &calls[1].body;
     assert_eq!(job["metadata"]["annotations"]["plugdb.io/backup"], job["metadata"]["name"]);
     let image = job["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
     assert!(image.ends_with(":17.2"), "taken by the running version: {image}");

@@ -6,7 +6,8 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
-use super::{Context, Error, apply, bucket};
+use super::plan::Plan;
+use super::{Context, Error, bucket};
 use crate::build;
 use crate::crd::{BackupRecord, Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
@@ -45,14 +46,15 @@ pub fn state(job: Option<&Job>) -> JobState {
     }
 }
 
-/// Creates the backup Job `name` from the plugin's plan (once), and returns its state.
-pub async fn ensure_backup(
+/// The backup `name`: its Job's state, the Job (from the plugin's plan, with the backup
+/// volume it needs) planned when there is none yet.
+pub(super) async fn backup(
     ctx: &Context,
     db: &Database,
-    plugin: &Plugin,
-    spec: &EngineSpec,
+    (plugin, spec): (&Plugin, &EngineSpec),
     name: &str,
     run_as_user: u32,
+    made: &mut Plan,
 ) -> Result<Result<JobState, String>, Error> {
     let ns = db.namespace().unwrap_or_default();
     if let Some(job) = ctx.caches.job(db, name) {
@@ -71,8 +73,8 @@ pub async fn ensure_backup(
         archive_directory: None,
         point_in_time: None,
     };
-    let plan = match ctx.ask::<crate::plugin::calls::Backup>(plugin, (spec.clone(), location)).await {
-        Ok(plan) => plan,
+    let job_plan = match ctx.ask::<crate::plugin::calls::Backup>(plugin, (spec.clone(), location)).await {
+        Ok(job_plan) => job_plan,
         Err(Error::Plugin(e)) => return Ok(Err(e.to_string())),
         Err(e) => return Err(e),
     };
@@ -85,17 +87,15 @@ pub async fn ensure_backup(
             let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
             let key = object_storage::backup_key(&target.prefix, &ns, &db.name_any(), name);
             let storage = Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: false });
-            jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user, &ctx.settings.pull)
+            jobs::job(db, name, Purpose::Backup, &job_plan, storage, name, None, run_as_user, &ctx.settings.pull)
         }
         None => {
-            apply::create_once(ctx, db, &jobs::backup_claim(db)).await?;
+            made.make(jobs::backup_claim(db));
             let storage = Storage::Volume { of: &db.name_any() };
-            jobs::job(db, name, Purpose::Backup, &plan, storage, name, None, run_as_user, &ctx.settings.pull)
+            jobs::job(db, name, Purpose::Backup, &job_plan, storage, name, None, run_as_user, &ctx.settings.pull)
         }
     };
-    if apply::create_once(ctx, db, &job).await? {
-        tracing::info!(database = %db.name_any(), namespace = %ns, backup = name, "backup started");
-    }
+    made.make(job);
     Ok(Ok(JobState::Running))
 }
 
@@ -179,7 +179,13 @@ pub fn manual_backup(database: &str, token: &str) -> String {
 /// and each `backup-now` value makes one backup: what was already started is in the
 /// Database's status (`last_scheduled_backup`, `backup_request`), not only in its Jobs,
 /// which retention removes.
-pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &EngineSpec, run_as_user: u32) -> Result<BackupReport, Error> {
+pub(super) async fn reconcile(
+    ctx: &Context,
+    db: &Database,
+    (plugin, spec): (&Plugin, &EngineSpec),
+    run_as_user: u32,
+    plan: &mut Plan,
+) -> Result<BackupReport, Error> {
     let previous = db.status.clone().unwrap_or_default();
     let mut report =
         BackupReport { request: previous.backup_request.clone(), scheduled: previous.last_scheduled_backup.clone(), ..Default::default() };
@@ -221,7 +227,7 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
     let mut backups = ctx.caches.jobs_labelled(db, BACKUP_OF, &name);
     for job_name in &wanted {
         if !backups.iter().any(|j| j.name_any() == *job_name) {
-            if let Err(reason) = ensure_backup(ctx, db, plugin, spec, job_name, run_as_user).await? {
+            if let Err(reason) = backup(ctx, db, (plugin, spec), job_name, run_as_user, plan).await? {
                 report.problem = Some(format!("the {} plugin cannot back up: {reason}", spec.name));
                 continue;
             }
@@ -259,7 +265,7 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
     // with any still being written.
     let retention = db.spec.backup.as_ref().map(|b| b.retention.max(1) as usize).unwrap_or(usize::MAX);
     for old in succeeded.iter().skip(retention) {
-        delete_job(&ctx.client, &ns, &old.name_any()).await?;
+        plan.remove_job(old.name_any());
     }
     let completed_now = report.last.as_ref().is_some_and(|last| previous.last_backup.as_ref().map(|b| &b.name) != Some(&last.name));
     let s3 = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref());
@@ -318,7 +324,7 @@ pub async fn reconcile(ctx: &Context, db: &Database, plugin: &Plugin, spec: &Eng
                         listed(&unfinished),
                         pruned.segments
                     );
-                    super::event(ctx, db, false, super::status::Reason::BackupsPruned, message).await;
+                    plan.tell(None, false, super::status::Reason::BackupsPruned, message);
                 }
                 Err(e) => {
                     report.problem = Some(format!("spec.backup.s3: retention: {e}"));

@@ -1,37 +1,44 @@
 //! One pass over a Database that is not being deleted: a short driver over named
 //! stages. Each stage observes (the watch caches, as values), asks the plugin the
-//! question the decide stage names, lets [`decide`] choose (pure, table-tested), and
-//! carries the decision out: the Jobs it names, the pods it restarts, the conditions
-//! and Events it notes. The pass ends with [`status::conclude`], a pure function of what
-//! the stages found and did, and one status write.
+//! question the decide stage names, and lets [`decide`] choose (pure, table-tested).
+//! What they decide to make, label, restart, move, remove and say goes into one
+//! [`Plan`], carried out in one place in a fixed order when the pass ends (however it
+//! ends), before its one status write: [`status::conclude`], a pure function of what the
+//! stages found and decided.
 //!
 //! ```text
-//!            observe          ask the plugin      decide (pure)         carry out
+//!            observe          ask the plugin      decide (pure)         the plan / written in the stage
 //! engine     spec             validate            (host checks)         -
-//! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job
+//! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job, Event
 //! observe    member pods,     -                   members::observe      -
 //!            down ones' nodes
-//! failover   members          choose-primary      decide::failover      Event, Degraded
-//!  switchover member agents    -                   decide::switchover    the primary fenced, Event
-//! scale      StatefulSet      plan-scale          decide::scale         scale Job
-//! render     -                render              -                     credentials, TLS Secret
-//! elected    member answers   choose-primary      decide::elected       Event, Degraded
-//! restore    restore Jobs     restore             restore::progress     claims, restore Jobs
+//! failover   members          choose-primary      decide::failover      Event / the old primary fenced, the new one promoted
+//!  switchover member agents    -                   decide::switchover    Event / the fence, the read-write Service
+//! scale      StatefulSet      plan-scale          decide::scale         scale Job, Event
+//! render     -                render              -                     - / credentials, TLS and agent Secrets
+//! elected    member answers   choose-primary      decide::elected       Event
+//! restore    restore Jobs     restore             restore::progress     claims, restore Jobs, Event
 //! hear       member agents    -                   agent::Agents::due    (positions and lag, for the status)
-//! apply      -                -                   build::children       server-side apply, claims grown
-//! members    StatefulSet      -                   decide::roll          role labels, one restart
-//! replication members         -                   decide::replication   the primary's agent asked, condition
-//! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod deleted
-//! steps      Jobs             -                   decide::steps         upgrade Jobs
-//! backups    backup Jobs      backup              schedule, retention   backup Jobs, deletions
-//! conclude   -                -                   status::conclude      the status written
+//! apply      -                -                   build::children       Event / server-side apply, claims grown
+//! members    StatefulSet      -                   decide::roll          role labels, one restart, Event
+//! replication members         -                   decide::replication   Event / the primary's agent asked
+//! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
+//! steps      Jobs             -                   decide::steps         upgrade Jobs, Event
+//! backups    backup Jobs      backup              schedule, retention   backup Jobs, removals, Event / the bucket pruned
+//! conclude   -                -                   status::conclude      the plan carried out, the status written
 //! ```
 //!
+//! What is still written in a stage is what a later decision of the same pass reads:
+//! the Secrets the children mount, the children themselves (a roll reads the StatefulSet
+//! they leave), and the fence and promotion a failover or switchover waits on.
+//!
 //! A stage that finds a permanent problem ends the pass with a condition
-//! ([`super::stop_with`]): nothing after it runs until the spec or the plugin changes.
+//! ([`super::stopped`]): the plan so far is carried out, and nothing after it runs until
+//! the spec or the plugin changes.
 //!
 //! The stages are methods of one `Pass`, in the order the table gives, so that a pass
-//! reads top to bottom here; those that decide who leads are in [`leads`].
+//! reads top to bottom here; those that decide who leads are in [`leads`], those whose
+//! work runs as Jobs in [`work`].
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -39,24 +46,20 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::backups::{self, BackupReport, JobState};
 use super::cache::SetFacts;
 use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
+use super::plan::{Plan, member_ref};
 use super::status::{self, Growth, Reason, kind};
-use super::{
-    Context, Error, apply, event, event_about, join, nodes, plugin_failed, plugin_uid, replication, restore, serving, stop_with,
-    write_status,
-};
+use super::{Context, Error, after_stop, apply, join, nodes, plugin_uid, replication, restore, serving, stopped, write_status};
 use crate::build;
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
-use crate::names::{Names, ROLE_LABEL};
+use crate::names::Names;
 use crate::plugin::calls::{ChoosePrimary, PlanScale, PlanUpgrade, Render, Validate};
 use crate::plugin::{CallError, Capability, EngineSpec, Plugin, Workload};
 
@@ -74,11 +77,23 @@ macro_rules! proceed {
 }
 
 mod leads;
+mod work;
 
-/// Converges `db` towards its spec.
+/// Converges `db` towards its spec. A pass that fails part way still says what it did
+/// (see [`Plan`]).
 pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Error> {
     super::set_finalizer(ctx, db, db.spec.deletion_policy == DeletionPolicy::Snapshot).await?;
     let mut pass = Pass::new(ctx, db);
+    let result = stages(&mut pass).await;
+    if result.is_err() {
+        std::mem::take(&mut pass.plan).tell_all(ctx, db).await;
+    }
+    result
+}
+
+/// The stages of a pass, in order, then its end.
+async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
+    let (ctx, db) = (pass.ctx, pass.db);
     let engine = proceed!(pass.engine().await);
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
@@ -90,23 +105,23 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
     let members_now = EngineSpec { replicas: scale.granted, ..spec.clone() };
     let workload = proceed!(pass.render(&engine.plugin, &members_now, &primary.name, archiver.is_some()).await);
     let primary = pass.elected(&engine.plugin, &spec, &members, &workload, primary).await?;
-    pass.scale_job(&scale, &workload).await?;
+    pass.scale_job(&scale, &workload);
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload), pull: &ctx.settings.pull };
     pass.hear(sidecars.agent.is_some(), &members).await?;
     let leadership = build::Leadership::of(&engine.plugin);
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
-    let rolled = pass.members(&members, &primary.name, &applied, scale.granted).await?;
+    let rolled = pass.members(&members, &primary.name, &applied, scale.granted);
     let elects = engine.plugin.info().capabilities.elects_leader;
     let (notes, replication_due) = replication::reconcile(ctx, db, &mut pass.status, (&members.observed, &primary.name), elects).await?;
-    pass.say(&notes).await;
+    pass.say(&notes);
     // Members of an engine that elects its leader are part of the engine's membership: never moved.
     let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !elects);
-    let moving_due = match move_after {
-        Some(after) => nodes::move_replicas(ctx, db, after, &members.observed, &members.pods, &members.lost, &primary.name).await?,
-        None => None,
-    };
-    let upgrading = pass.steps(&upgrade, &workload, rolled.done).await?;
+    let moving_due = move_after.and_then(|after| {
+        let pods = (members.observed.as_slice(), members.pods.as_slice());
+        nodes::move_replicas(ctx, db, after, pods, &members.lost, &primary.name, &mut pass.plan)
+    });
+    let upgrading = pass.steps(&upgrade, &workload, rolled.done);
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
     let moving = primary.failed_over || primary.switching || rolled.restarted || upgrading || scale.under_way;
     let in_motion = moving
@@ -168,6 +183,8 @@ struct Pass<'a> {
     /// The primary the workload was rendered for (member 0 for an engine that elects its
     /// leader), once the render stage ran.
     rendered_for: String,
+    /// What the stages decided to write, carried out when the pass ends.
+    plan: Plan,
 }
 
 /// The engine's plugin and the spec it accepted (at the desired version).
@@ -212,18 +229,34 @@ impl<'a> Pass<'a> {
             tls: None,
             heard: Vec::new(),
             rendered_for: String::new(),
+            plan: Plan::default(),
         }
     }
 
-    /// Ends the pass with a permanent problem (see [`stop_with`]).
+    /// Ends the pass with a permanent problem (see [`stopped`]): nothing after it runs
+    /// until the spec or the plugin changes.
     async fn stop<T>(&mut self, condition: &str, reason: Reason, message: String) -> Flow<T> {
-        let status = std::mem::take(&mut self.status);
-        stop_with(self.ctx, self.db, status, condition, reason, message).await.map(ControlFlow::Break)
+        self.stop_after(condition, reason, message, None).await
     }
 
-    /// Ends the pass on a failed plugin call (see [`plugin_failed`]).
+    /// Ends the pass on a failed plugin call: `PluginReady` says why (see [`after_stop`]).
     async fn plugin_failed<T>(&mut self, reason: Reason, e: &CallError) -> Flow<T> {
-        plugin_failed(self.ctx, self.db, std::mem::take(&mut self.status), reason, e).await.map(ControlFlow::Break)
+        self.stop_after(kind::PLUGIN_READY, reason, e.to_string(), Some(e)).await
+    }
+
+    async fn stop_after<T>(&mut self, condition: &str, reason: Reason, message: String, call: Option<&CallError>) -> Flow<T> {
+        let (status, news) = stopped(self.db, std::mem::take(&mut self.status), condition, reason, &message);
+        if news {
+            self.plan.tell(None, true, reason, message);
+        }
+        self.finish(status).await?;
+        Ok(ControlFlow::Break(after_stop(self.ctx, call)))
+    }
+
+    /// The end of every pass: the plan carried out, then the status written once.
+    async fn finish(&mut self, status: DatabaseStatus) -> Result<(), Error> {
+        std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
+        write_status(self.ctx, self.db, status).await
     }
 
     /// The plugin serving the engine, and the spec it and the host accept.
@@ -285,7 +318,7 @@ impl<'a> Pass<'a> {
             backup: backup_state,
         };
         let upgrade = decide::upgrade(facts, answer);
-        self.say(&upgrade.notes).await;
+        self.say(&upgrade.notes);
         self.status.upgrade = upgrade.progress.clone();
         if let Some(backup) = upgrade.backup_first.as_deref().filter(|_| backup_state == JobState::Missing) {
             // Taken at the running version, before anything is rendered at the new one.
@@ -295,7 +328,7 @@ impl<'a> Pass<'a> {
                 Err(Error::Plugin(e)) => return self.plugin_failed(Reason::RenderFailed, &e).await,
                 Err(e) => return Err(e),
             };
-            if let Err(reason) = backups::ensure_backup(ctx, db, &engine.plugin, &current_spec, backup, uid).await? {
+            if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), backup, uid, &mut self.plan).await? {
                 return self.stop(kind::PROGRESSING, Reason::PreUpgradeBackupImpossible, reason).await;
             }
         }
@@ -324,8 +357,8 @@ impl<'a> Pass<'a> {
         backups::state(self.ctx.caches.job(self.db, name).as_deref())
     }
 
-    /// Tells the user what a decision noted: conditions set, Events sent.
-    async fn say(&mut self, notes: &[Note]) {
+    /// Tells the user what a decision noted: conditions set, Events planned.
+    fn say(&mut self, notes: &[Note]) {
         for note in notes {
             let Note { condition, reason, message, event: sent } = note.clone();
             let warning = match sent {
@@ -336,7 +369,7 @@ impl<'a> Pass<'a> {
                 Event::WarningOnce { any_message } => (!self.said(reason, (!any_message).then_some(message.as_str()))).then_some(true),
             };
             if let Some(warning) = warning {
-                event(self.ctx, self.db, warning, reason, message.clone()).await;
+                self.plan.tell(None, warning, reason, message.clone());
             }
             if let Some((condition, status)) = condition {
                 status::set(&mut self.status.conditions, condition, status, reason, message, self.generation);
@@ -388,53 +421,18 @@ impl<'a> Pass<'a> {
     /// it once, `phase` (when given) is the phase, and the pass is tried again shortly.
     /// Members that run go on running.
     async fn wait<T>(&mut self, reason: Reason, message: String, phase: Option<Phase>) -> Flow<T> {
-        let (ctx, db, generation) = (self.ctx, self.db, self.generation);
+        let generation = self.generation;
         if !self.said(reason, Some(&message)) {
-            event(ctx, db, true, reason, message.clone()).await;
+            self.plan.tell(None, true, reason, message.clone());
         }
         status::set(&mut self.status.conditions, kind::PROGRESSING, false, reason, message, generation);
         if phase.is_some() {
             self.status.phase = phase;
         }
         self.status.observed_generation = generation;
-        write_status(ctx, db, std::mem::take(&mut self.status)).await?;
-        Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)))
-    }
-
-    /// Whether a restore was asked for and has not completed.
-    fn restore_unfinished(&self) -> bool {
-        self.db.spec.restore_from.is_some() && !status::is_true(&self.status.conditions, kind::RESTORED)
-    }
-
-    /// A restore asked for and not yet done (the `Restored` condition remembers it). A
-    /// physical restore holds the members back: the pass ends until its Job is done.
-    async fn restore(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Flow<restore::Restore> {
-        let (ctx, db, generation) = (self.ctx, self.db, self.generation);
-        if db.spec.restore_from.is_none() || status::is_true(&self.status.conditions, kind::RESTORED) {
-            return Ok(ControlFlow::Continue(restore::Restore::Done));
-        }
-        let was_ready = status::is_true(&self.status.conditions, kind::READY);
-        let restoring = restore::reconcile(ctx, db, plugin, spec, workload, was_ready).await?;
-        match &restoring {
-            restore::Restore::Done => {
-                let message = format!("restored from backup {}", restore::restored_from(ctx, db));
-                event(ctx, db, false, Reason::Restored, message.clone()).await;
-                status::set(&mut self.status.conditions, kind::RESTORED, true, Reason::Restored, message, generation);
-            }
-            restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, Reason::RestoreFailed, reason.clone()).await,
-            // Nothing starts before the data is there; the pass is tried again.
-            restore::Restore::Waiting(reason) => return self.wait(Reason::RestoreWaiting, reason.clone(), Some(Phase::Restoring)).await,
-            restore::Restore::HoldMembers => {
-                self.status.phase = Some(Phase::Restoring);
-                let message = format!("restoring into the members' data volumes (Jobs {}*)", restore::job_name(db, 0));
-                status::set(&mut self.status.conditions, kind::PROGRESSING, true, Reason::Restoring, message, generation);
-                self.status.observed_generation = generation;
-                write_status(ctx, db, std::mem::take(&mut self.status)).await?;
-                return Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)));
-            }
-            restore::Restore::Running => {}
-        }
-        Ok(ControlFlow::Continue(restoring))
+        let status = std::mem::take(&mut self.status);
+        self.finish(status).await?;
+        Ok(ControlFlow::Break(Action::requeue(self.ctx.settings.progress_requeue)))
     }
 
     /// The children, applied where they differ; member volumes grown to the spec.
@@ -465,7 +463,7 @@ impl<'a> Pass<'a> {
         if let Growth::Failed(message) = &growth
             && !self.said(Reason::VolumeGrowFailed, Some(message))
         {
-            event(ctx, db, true, Reason::VolumeGrowFailed, message.clone()).await;
+            self.plan.tell(None, true, Reason::VolumeGrowFailed, message.clone());
         }
         self.status.primary = Some(primary.to_string());
         if self.status.current_version.is_none() {
@@ -476,114 +474,18 @@ impl<'a> Pass<'a> {
 
     /// Role labels on the members, and the next member restart of a roll (one at a time,
     /// replicas first, primary last) among the `granted` members of this pass.
-    async fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Result<Rolled, Error> {
-        let (ctx, db) = (self.ctx, self.db);
+    fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Rolled {
         let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_ref(), &applied.role_free, granted);
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &self.ns);
-        for (name, role) in &roll.labels {
-            pods.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}))).await?;
+        for (name, role) in roll.labels {
+            self.plan.label(name, role);
         }
         if let Some(next) = &roll.restart {
-            // A fenced member is fenced again first: a replica's stream that reconnected
-            // to it meanwhile is cut before its shutdown writes past the new primary's start.
-            if let Some(fenced) = members.observed.iter().find(|m| m.name == *next && m.fenced) {
-                super::agent::fence(ctx, db, Some(fenced)).await?;
-            }
-            pods.delete(next, &DeleteParams::default()).await?;
-            let pod = members.pods.iter().find(|p| p.name_any() == *next).map(|p| p.object_ref(&()));
-            event_about(ctx, db, pod, false, Reason::MemberRestarted, format!("restarted {next} onto the current revision")).await;
+            let fenced = members.observed.iter().find(|m| m.name == *next && m.fenced).cloned();
+            self.plan.restart(next.clone(), fenced);
+            let note = format!("restarted {next} onto the current revision");
+            self.plan.tell(member_ref(&members.pods, next), false, Reason::MemberRestarted, note);
         }
-        Ok(Rolled { done: roll.done, restarted: roll.restart.is_some() })
-    }
-
-    /// The upgrade plan's steps, in order, once the new version is rendered (until then a
-    /// pre-upgrade backup runs). Returns whether an upgrade is under way in this pass.
-    async fn steps(&mut self, upgrade: &Upgrade, workload: &Workload, rolled: bool) -> Result<bool, Error> {
-        let (ctx, db) = (self.ctx, self.db);
-        let jobs = |name: &str| self.job_state(name);
-        let steps = decide::steps(&self.name, self.status.upgrade.as_ref(), &upgrade.version, upgrade.plan.as_ref(), rolled, &jobs);
-        if let Some((name, job)) = &steps.job {
-            // Upgrade steps keep no artefact: the backup volume when there is one, else scratch.
-            let storage = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
-                Some(_) => jobs::Storage::Scratch,
-                None => jobs::Storage::Volume { of: &self.name },
-            };
-            let child = jobs::job(db, name, Purpose::Upgrade, job, storage, "", None, workload.run_as_user, &ctx.settings.pull);
-            apply::create_once(ctx, db, &child).await?;
-        }
-        self.say(&steps.notes).await;
-        if let Some(version) = steps.completed {
-            self.status.current_version = Some(version);
-        }
-        self.status.upgrade = steps.progress;
-        Ok(steps.under_way)
-    }
-
-    /// How many members the StatefulSet gets in this pass: the spec's count once the
-    /// plugin's scale plan got there, step by step; a refused plan keeps the count the
-    /// members have and says why in `Progressing` (an Event the first time). A new
-    /// Database starts with the spec's count.
-    async fn scale(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Scale, Error> {
-        let ctx = self.ctx;
-        let desired = spec.replicas;
-        let restored = self.restore_unfinished().then(|| restore::members_restored(ctx, self.db, desired));
-        let set = ctx.caches.stateful_set(self.db);
-        let current = set.and_then(|s| s.replicas).map(|r| r.max(1) as u32);
-        let progress = self.status.scale.clone();
-        let scale = match decide::scale_question(desired, restored, current, progress.as_ref()) {
-            ScaleQuestion::Settled(scale) => scale,
-            ScaleQuestion::Ask { from } => {
-                let now = members::for_plugin(&members.observed, self.status.primary.as_deref().unwrap_or_default());
-                let input = (spec.clone(), from, now);
-                let answer = match ctx.ask::<PlanScale>(plugin, input).await {
-                    Err(Error::Plugin(e)) => Err(e.to_string()),
-                    asked => Ok(asked?),
-                };
-                let current = current.unwrap_or(desired);
-                let facts = decide::ScaleFacts {
-                    name: &self.name,
-                    from,
-                    desired,
-                    current,
-                    progress: progress.as_ref(),
-                    members: &members.observed,
-                };
-                let jobs = |name: &str| self.job_state(name);
-                decide::scale(facts, answer, &jobs)
-            }
-        };
-        self.say(&scale.notes).await;
-        self.status.scale = scale.progress.clone();
-        Ok(scale)
-    }
-
-    /// Starts the scale plan's Job of this pass, once, as the engine's user.
-    async fn scale_job(&self, scale: &Scale, workload: &Workload) -> Result<(), Error> {
-        if let Some((name, job)) = &scale.job {
-            let pull = &self.ctx.settings.pull;
-            let child = jobs::job(self.db, name, Purpose::Scale, job, jobs::Storage::Scratch, "", None, workload.run_as_user, pull);
-            apply::create_once(self.ctx, self.db, &child).await?;
-        }
-        Ok(())
-    }
-
-    /// Scheduled and requested backups, and retention.
-    async fn backups(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Result<BackupReport, Error> {
-        let report = backups::reconcile(self.ctx, self.db, plugin, spec, workload.run_as_user).await?;
-        let status = &mut self.status;
-        status.last_backup = report.last.clone();
-        status.next_backup = report.next.map(|t| t.to_rfc3339());
-        status.recoverable = report.recoverable.clone();
-        status.backup_request = report.request.clone();
-        status.last_scheduled_backup = report.scheduled.clone();
-        match &report.problem {
-            Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, Reason::BackupProblem, p.clone(), self.generation),
-            None => {
-                let message = super::backup_message(&report);
-                status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, Reason::BackupsHealthy, message, self.generation);
-            }
-        }
-        Ok(report)
+        Rolled { done: roll.done, restarted: roll.restart.is_some() }
     }
 
     /// The end of the pass: the status follows from what the stages found and did.
@@ -600,7 +502,8 @@ impl<'a> Pass<'a> {
         }
         self.status.members = members;
         let waited = status::not_ready_for(&self.status, now);
-        write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
+        let status = std::mem::take(&mut self.status);
+        self.finish(status).await?;
         Ok((progressing, waited))
     }
 

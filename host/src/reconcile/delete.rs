@@ -6,10 +6,11 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
 use super::backups::{self, JobState};
+use super::plan::Plan;
 use super::status::{self, Reason, kind};
-use super::{Context, Error, FINALIZER, event, join, plugin_uid, set_finalizer, stop_with, write_status};
+use super::{Context, Error, FINALIZER, join, plugin_uid, set_finalizer, stopped, write_status};
 use crate::build;
-use crate::crd::{Database, DeletionPolicy, Phase};
+use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::names::Names;
 
 /// What deleting a Database takes.
@@ -40,20 +41,32 @@ pub fn ending(db: &Database, has_members: bool) -> Ending {
     }
 }
 
-/// Deletion: under Snapshot, a final backup must succeed before the finalizer goes.
+/// Deletion: under Snapshot, a final backup must succeed before the finalizer goes. The
+/// same shape as a pass that converges: what is decided goes into a [`Plan`], carried
+/// out in one place, then the status or the finalizer is written.
 pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error> {
+    let mut plan = Plan::default();
+    let (status, action) = decide(db, ctx, &mut plan).await?;
+    plan.carry_out(ctx, db).await?;
+    match status {
+        Some(status) => write_status(ctx, db, status).await?,
+        None => set_finalizer(ctx, db, false).await?,
+    }
+    Ok(action)
+}
+
+/// What deleting `db` takes now: Events and Jobs in `plan`; the status to write, or
+/// `None` when the finalizer goes.
+async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option<DatabaseStatus>, Action), Error> {
     let name = db.name_any();
     match ending(db, ctx.caches.stateful_set(db).is_some()) {
-        Ending::Gone => return Ok(Action::await_change()),
-        Ending::Release => {
-            set_finalizer(ctx, db, false).await?;
-            return Ok(Action::await_change());
-        }
+        // Nothing of ours holds it: the finalizer is gone already.
+        Ending::Gone => return Ok((None, Action::await_change())),
+        Ending::Release => return Ok((None, Action::await_change())),
         Ending::NeverRan => {
             let note = "the Database never ran, so it holds no data: no final backup taken";
-            event(ctx, db, false, Reason::DeletedWithoutBackup, note.into()).await;
-            set_finalizer(ctx, db, false).await?;
-            return Ok(Action::await_change());
+            plan.tell(None, false, Reason::DeletedWithoutBackup, note.into());
+            return Ok((None, Action::await_change()));
         }
         Ending::FinalBackup => {}
     }
@@ -77,36 +90,35 @@ pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error
                     match plugin_uid(ctx, &plugin, &spec, db).await {
                         Err(Error::Plugin(e)) => Err(cannot(e.to_string())),
                         Err(e) => return Err(e),
-                        Ok(uid) => backups::ensure_backup(ctx, db, &plugin, &spec, &final_name, uid).await?.map_err(cannot),
+                        Ok(uid) => backups::backup(ctx, db, (&plugin, &spec), &final_name, uid, plan).await?.map_err(cannot),
                     }
                 }
             }
         }
     };
+    let stop = |plan: &mut Plan, reason: Reason, message: String| {
+        let (status, news) = stopped(db, status.clone(), kind::BACKUP_HEALTHY, reason, &message);
+        if news {
+            plan.tell(None, true, reason, message);
+        }
+        Ok((Some(status), Action::await_change()))
+    };
     match outcome {
         Ok(JobState::Succeeded) => {
-            event(ctx, db, false, Reason::FinalBackupTaken, format!("final backup {final_name} succeeded; deleting")).await;
-            set_finalizer(ctx, db, false).await?;
-            Ok(Action::await_change())
+            plan.tell(None, false, Reason::FinalBackupTaken, format!("final backup {final_name} succeeded; deleting"));
+            Ok((None, Action::await_change()))
         }
         Ok(JobState::Failed) => {
             let message =
                 format!("final backup {final_name} failed; the Database is kept. Delete the Job to retry, or set deletionPolicy: Retain");
-            stop_with(ctx, db, status, kind::BACKUP_HEALTHY, Reason::FinalBackupFailed, message).await
+            stop(plan, Reason::FinalBackupFailed, message)
         }
         Ok(_) => {
-            status::set(
-                &mut status.conditions,
-                kind::BACKUP_HEALTHY,
-                true,
-                Reason::FinalBackupRunning,
-                format!("waiting for final backup {final_name}"),
-                db.metadata.generation,
-            );
-            write_status(ctx, db, status).await?;
-            Ok(Action::requeue(ctx.settings.progress_requeue))
+            let message = format!("waiting for final backup {final_name}");
+            status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, Reason::FinalBackupRunning, message, db.metadata.generation);
+            Ok((Some(status), Action::requeue(ctx.settings.progress_requeue)))
         }
-        Err(message) => stop_with(ctx, db, status, kind::BACKUP_HEALTHY, Reason::FinalBackupImpossible, message).await,
+        Err(message) => stop(plan, Reason::FinalBackupImpossible, message),
     }
 }
 

@@ -23,6 +23,7 @@ mod delete;
 pub mod members;
 mod nodes;
 pub mod owner;
+mod plan;
 mod replication;
 pub mod restore;
 pub mod status;
@@ -420,20 +421,14 @@ async fn set_finalizer(ctx: &Context, db: &Database, present: bool) -> Result<()
     Ok(())
 }
 
-/// A permanent problem: recorded as conditions and an Event; nothing else changes
-/// until the spec or the plugin does.
-async fn stop_with(
-    ctx: &Context,
-    db: &Database,
-    mut status: DatabaseStatus,
-    condition: &str,
-    reason: Reason,
-    message: String,
-) -> Result<Action, Error> {
+/// A permanent problem, as the status says it: `condition` (and `Ready`) false for
+/// `reason`, and the phase. Nothing else changes until the spec or the plugin does.
+/// Returns the status and whether the problem is news (an Event says it once).
+fn stopped(db: &Database, mut status: DatabaseStatus, condition: &str, reason: Reason, message: &str) -> (DatabaseStatus, bool) {
     let generation = db.metadata.generation;
-    status::set(&mut status.conditions, condition, false, reason, message.clone(), generation);
+    status::set(&mut status.conditions, condition, false, reason, message.to_string(), generation);
     if condition != kind::READY {
-        status::set(&mut status.conditions, kind::READY, false, reason, message.clone(), generation);
+        status::set(&mut status.conditions, kind::READY, false, reason, message.to_string(), generation);
     }
     // A Database that never ran and waits for its engine's plugin is Pending, not Failed:
     // the plugin may be on its way.
@@ -443,24 +438,19 @@ async fn stop_with(
         (false, _) => Phase::Failed,
     });
     status.observed_generation = generation;
-    let changed =
-        db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition).map(|c| &c.message)) != Some(Some(&message));
-    if changed {
-        event(ctx, db, true, reason, message).await;
-    }
-    write_status(ctx, db, status).await?;
-    Ok(Action::await_change())
+    let news =
+        db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition).map(|c| c.message.as_str())) != Some(Some(message));
+    (status, news)
 }
 
-/// A plugin call failed: the condition says why. A call stopped at its deadline may
-/// succeed on a less busy machine, so it is tried again after a pause; a refusal, a
-/// trap or a policy breach waits for a change (of the spec or the plugin).
-async fn plugin_failed(ctx: &Context, db: &Database, status: DatabaseStatus, reason: Reason, e: &CallError) -> Result<Action, Error> {
-    let action = stop_with(ctx, db, status, kind::PLUGIN_READY, reason, e.to_string()).await?;
-    Ok(match e {
-        CallError::Timeout { .. } => Action::requeue(ctx.settings.progress_requeue * 10),
-        _ => action,
-    })
+/// A pass that stopped on a permanent problem waits for a change; one stopped by a
+/// plugin call that ran out of time (which may succeed on a less busy machine) is tried
+/// again after a pause.
+fn after_stop(ctx: &Context, e: Option<&CallError>) -> Action {
+    match e {
+        Some(CallError::Timeout { .. }) => Action::requeue(ctx.settings.progress_requeue * 10),
+        _ => Action::await_change(),
+    }
 }
 
 fn backup_message(report: &backups::BackupReport) -> String {

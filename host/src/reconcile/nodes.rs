@@ -6,13 +6,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, Preconditions};
-use kube::{Resource, ResourceExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
 
+use super::Context;
 use super::members::Observed;
+use super::plan::Plan;
 use super::status::Reason;
-use super::{Context, Error, event_about};
 use crate::crd::Database;
 use crate::names::Names;
 
@@ -73,18 +74,16 @@ fn lost(node: &Node) -> Option<Lost> {
 /// deleted and its pod deleted at once (its kubelet cannot confirm), so the StatefulSet
 /// makes both anew on a node that runs and the member joins as a new replica does.
 /// Never the primary. Returns when a replica still waiting will be due.
-pub async fn move_replicas(
+pub(super) fn move_replicas(
     ctx: &Context,
     db: &Database,
     after: Duration,
-    members: &[Observed],
-    pods: &[Arc<Pod>],
+    (members, pods): (&[Observed], &[Arc<Pod>]),
     lost: &LostNodes,
     primary: &str,
-) -> Result<Option<Duration>, Error> {
-    let (name, ns) = (db.name_any(), db.namespace().unwrap_or_default());
-    let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    plan: &mut Plan,
+) -> Option<Duration> {
+    let name = db.name_any();
     let mut due: Option<Duration> = None;
     for member in members.iter().filter(|m| !m.ready && m.name != primary) {
         let Some((node, lost)) = member.node.as_deref().and_then(|n| Some((n, lost.0.get(n)?))) else { continue };
@@ -94,21 +93,14 @@ pub async fn move_replicas(
             continue;
         }
         let claim = Names(&name).data_claim(member.ordinal);
-        if let Some(own) = ctx.caches.claim(db, &claim).filter(|c| c.metadata.deletion_timestamp.is_none()) {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions { uid: own.metadata.uid.clone(), resource_version: None }),
-                ..Default::default()
-            };
-            claims.delete(&claim, &params).await?;
-        }
-        pod_api.delete(&member.name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
-        let pod = pods.iter().find(|p| p.name_any() == member.name).map(|p| p.object_ref(&()));
+        let own = ctx.caches.claim(db, &claim).filter(|c| c.metadata.deletion_timestamp.is_none());
+        plan.move_member(member.name.clone(), own.map(|c| (claim.clone(), c.metadata.uid.clone())));
         let note = format!(
             "{} moved from node {node}, lost for {} s: its volume {claim} deleted, the member made again from the primary on a node that runs",
             member.name,
             lost.for_.as_secs()
         );
-        event_about(ctx, db, pod, true, Reason::MemberMoved, note).await;
+        plan.tell(super::plan::member_ref(pods, &member.name), true, Reason::MemberMoved, note);
     }
-    Ok(due)
+    due
 }

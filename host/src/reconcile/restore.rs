@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 
 use super::backups::{self, JobState};
-use super::{Context, Error, apply, bucket};
+use super::plan::Plan;
+use super::{Context, Error, bucket};
 use chrono::{DateTime, Utc};
 
 use crate::build::{self, Child};
@@ -102,13 +103,14 @@ pub fn restored_members(answers: Vec<Option<JobPlan>>) -> Result<Vec<JobPlan>, S
 
 /// Advances the restore of a new Database. `members_ready`: whether the cluster is up
 /// (network restores wait for it).
-pub async fn reconcile(
+pub(super) async fn reconcile(
     ctx: &Context,
     db: &Database,
     plugin: &Plugin,
     spec: &EngineSpec,
     workload: &Workload,
     members_ready: bool,
+    plan: &mut Plan,
 ) -> Result<Restore, Error> {
     let Some(source) = &db.spec.restore_from else { return Ok(Restore::Done) };
     let ns = db.namespace().unwrap_or_default();
@@ -182,15 +184,15 @@ pub async fn reconcile(
         Some((target, key, image)) => Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: point_in_time.is_some() }),
         None => Storage::Volume { of: &source.database },
     };
-    for (ordinal, plan) in plans.iter().enumerate().rev() {
+    for (ordinal, member) in plans.iter().enumerate().rev() {
         let claim = Names(&name).data_claim(ordinal as u32);
-        if plan.mounts_data {
-            apply::create_once(ctx, db, &data_claim(db, &claim)).await?;
+        if member.mounts_data {
+            plan.make(data_claim(db, &claim));
         }
         let job_name = job_name(db, ordinal as u32);
         let volume = Some((claim.as_str(), workload.data_mount_path.as_str()));
-        let job = jobs::job(db, &job_name, Purpose::Restore, plan, storage(), &backup, volume, workload.run_as_user, &ctx.settings.pull);
-        apply::create_once(ctx, db, &job).await?;
+        let job = jobs::job(db, &job_name, Purpose::Restore, member, storage(), &backup, volume, workload.run_as_user, &ctx.settings.pull);
+        plan.make(job);
     }
     Ok(if into_volumes { Restore::HoldMembers } else { Restore::Running })
 }

@@ -24,7 +24,7 @@ impl Pass<'_> {
                 }
             }
         };
-        self.say(&chosen.notes).await;
+        self.say(&chosen.notes);
         Ok(chosen)
     }
 
@@ -121,14 +121,14 @@ impl Pass<'_> {
             asked => Ok(asked?),
         };
         let leader = decide::elected(&primary.name, &plugin.id(), answer);
-        self.say(&leader.notes).await;
+        self.say(&leader.notes);
         Ok(leader)
     }
 
     /// The certificate of the Database's authority (PEM), from its TLS Secret; empty until
     /// the Secret is there.
     async fn authority_certificate(&self) -> Result<Vec<u8>, Error> {
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(self.ctx.client.clone(), &self.ns);
         let secret = secrets.get_opt(&Names(&self.name).tls()).await?;
         Ok(secret.and_then(|s| s.data).and_then(|mut d| d.remove(crate::tls::CA)).map(|b| b.0).unwrap_or_default())
     }
