@@ -3,8 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, PropagationPolicy};
-use kube::{Client, ResourceExt};
+use kube::{Api, ResourceExt};
 
 use super::plan::Plan;
 use super::{Context, Error, bucket};
@@ -377,17 +376,6 @@ async fn failure_cause(ctx: &Context, ns: &str, name: &str) -> Option<String> {
         tail = crate::events::truncate(lines.last().copied().unwrap_or_default(), MAX_CAUSE).to_string();
     }
     Some(crate::plugin::logs::escaped(&format!("container {container} exited {code}: {tail}")))
-}
-
-/// Deletes a Job and its pods.
-pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<(), Error> {
-    let api: Api<Job> = Api::namespaced(client.clone(), ns);
-    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
-    match api.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 #[cfg(test)]

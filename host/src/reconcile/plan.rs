@@ -12,14 +12,15 @@
 //! of what it already did (a promotion is not undone) and nothing else: the next pass
 //! decides the rest again from what it finds.
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::members::Observed;
 use super::status::Reason;
-use super::{Context, Error, apply, backups, event_about};
+use super::{Context, Error, apply, event_about};
 use crate::build::{Child, Kind};
 use crate::crd::Database;
 use crate::names::ROLE_LABEL;
@@ -132,8 +133,14 @@ impl Plan {
             }
             pods.delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
         }
+        let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
         for job in &self.removed {
-            backups::delete_job(&ctx.client, &ns, job).await?;
+            // Its pods with it; one already gone is no error.
+            let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+            match jobs.delete(job, &params).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                done => _ = done?,
+            }
         }
         Ok(())
     }
