@@ -20,6 +20,12 @@ use crate::names::{APPLIED_HASH, MANAGER, Names, labels};
 use crate::plugin::Credential;
 use crate::tls;
 
+/// Whether the cache holds `child` as the Database's own with the hash it would be
+/// applied with: [`apply`] writes nothing for it.
+pub fn unchanged(ctx: &Context, db: &Database, child: &Child) -> bool {
+    matches!(ctx.caches.seen(child.kind, db, &child.name), Seen::Present { hash: Some(hash), .. } if hash == child.hash())
+}
+
 /// Writes `child` unless the live object already has its hash. Returns the written
 /// object when a write was made.
 ///
@@ -31,16 +37,16 @@ use crate::tls;
 ///
 /// Only the Database's own object is written ([`owner`]): anything else with the
 /// child's name stops the pass with [`Error::Taken`], untouched.
-pub async fn apply(ctx: &Context, db: &Database, child: &Child) -> Result<Option<DynamicObject>, Error> {
+pub async fn apply(ctx: &Context, db: &Database, child: &Child) -> Result<(), Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &db.namespace().unwrap_or_default(), &child.resource);
     match ctx.caches.seen(child.kind, db, &child.name) {
-        Seen::Present { hash, .. } if hash.as_deref() == Some(child.hash()) => return Ok(None),
+        Seen::Present { hash, .. } if hash.as_deref() == Some(child.hash()) => return Ok(()),
         Seen::Present { created: true, .. } => take_over_created_fields(&api, db, child).await?,
         Seen::Present { created: false, .. } => {}
         // The cache may be behind a change of hands: the live object decides.
         Seen::Foreign => take_over_created_fields(&api, db, child).await?,
         Seen::Absent => match api.create(&post_params(), &serde_json::from_value(child.object.clone())?).await {
-            Ok(created) => return Ok(Some(created)),
+            Ok(_) => return Ok(()),
             // Not in the cache, which sees only plugdb's objects: made a moment ago, or
             // not plugdb's at all. Applied over only when it is the Database's.
             Err(kube::Error::Api(e)) if e.code == 409 => take_over_created_fields(&api, db, child).await?,
@@ -56,8 +62,8 @@ pub async fn apply(ctx: &Context, db: &Database, child: &Child) -> Result<Option
     {
         object["spec"]["volumeClaimTemplates"] = templates;
     }
-    let applied = api.patch(&child.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await?;
-    Ok(Some(applied))
+    api.patch(&child.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await?;
+    Ok(())
 }
 
 fn post_params() -> PostParams {

@@ -1,7 +1,7 @@
 //! One pass over a Database that is not being deleted: a short driver over named
 //! stages. Each stage observes (the watch caches, as values), asks the plugin the
 //! question the decide stage names, and lets [`decide`] choose (pure, table-tested).
-//! What they decide to make, label, restart, move, remove and say goes into one
+//! What they decide to apply, make, label, restart, move, remove and say goes into one
 //! [`Plan`], carried out in one place in a fixed order when the pass ends (however it
 //! ends), before its one status write: [`status::conclude`], a pure function of what the
 //! stages found and decided.
@@ -19,7 +19,7 @@
 //! elected    member answers   choose-primary      decide::elected       Event
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs, Event
 //! hear       member agents    -                   agent::Agents::due    (positions and lag, for the status)
-//! apply      -                -                   build::children       Event / server-side apply, claims grown
+//! apply      -                -                   build::children       the children, Event / claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart, Event
 //! replication members         -                   decide::replication   Event / the primary's agent asked
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
@@ -29,8 +29,10 @@
 //! ```
 //!
 //! What is still written in a stage is what a later decision of the same pass reads:
-//! the Secrets the children mount, the children themselves (a roll reads the StatefulSet
-//! they leave), and the fence and promotion a failover or switchover waits on.
+//! the Secrets the children mount (and the certificate's stamp on their template), the
+//! claims grown (whether the growth is refused), and the fence and promotion a failover
+//! or switchover waits on. A StatefulSet the plan writes is one its controller has not
+//! seen yet: no member is rolled onto it in the same pass.
 //!
 //! A stage that finds a permanent problem ends the pass with a condition
 //! ([`super::stopped`]): the plan so far is carried out, and nothing after it runs until
@@ -200,9 +202,10 @@ struct Members {
     lost: nodes::LostNodes,
 }
 
-/// What the apply stage left.
+/// What the apply stage decided.
 struct Applied {
-    /// The StatefulSet, as last written or cached.
+    /// The StatefulSet as the cache has it, unless this pass writes it: then its
+    /// controller has not seen the new spec yet, and no member is rolled onto it.
     stateful_set: Option<SetFacts>,
     /// The members' template's hash without the primary's name ([`crate::names::ROLE_FREE_HASH`]).
     role_free: String,
@@ -435,7 +438,8 @@ impl<'a> Pass<'a> {
         Ok(ControlFlow::Break(Action::requeue(self.ctx.settings.progress_requeue)))
     }
 
-    /// The children, applied where they differ; member volumes grown to the spec.
+    /// The children, planned to be applied where they differ; member volumes grown to
+    /// the spec.
     async fn apply(
         &mut self,
         workload: &Workload,
@@ -452,11 +456,11 @@ impl<'a> Pass<'a> {
             if child.kind == build::Kind::StatefulSet {
                 let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
                 role_free = annotations[crate::names::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
+                if !apply::unchanged(ctx, db, &child) {
+                    stateful_set = None;
+                }
             }
-            let applied = apply::apply(ctx, db, &child).await?;
-            if let Some(applied) = applied.filter(|_| child.kind == build::Kind::StatefulSet) {
-                stateful_set = Some(SetFacts::of(&serde_json::from_value(serde_json::to_value(applied)?)?));
-            }
+            self.plan.apply(child);
         }
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
         let growth = apply::grow_volumes(ctx, db, ns).await?;

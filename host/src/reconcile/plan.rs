@@ -1,12 +1,14 @@
 //! What a pass decided to write, gathered as its stages decide and carried out in one
 //! place, in a fixed order, when the pass ends (however it ends):
 //!
-//! 1. the Jobs and the volumes they need, made when absent, in the order decided;
-//! 2. role labels on the members;
-//! 3. the one member restart of a roll (a fenced member fenced again first);
-//! 4. the replicas moved off a lost node: the volume claim, then the pod;
-//! 5. the Jobs retention removes;
-//! 6. the Events, in the order decided;
+//! 1. the children (ConfigMaps, Services, the StatefulSet, disruption budgets), applied
+//!    where they differ from what the cache holds;
+//! 2. the Jobs and the volumes they need, made when absent, in the order decided;
+//! 3. role labels on the members;
+//! 4. the one member restart of a roll (a fenced member fenced again first);
+//! 5. the replicas moved off a lost node: the volume claim, then the pod;
+//! 6. the Jobs retention removes;
+//! 7. the Events, in the order decided;
 //!
 //! then the caller writes the status, once. A pass that fails part way sends the Events
 //! of what it already did (a promotion is not undone) and nothing else: the next pass
@@ -28,6 +30,8 @@ use crate::names::ROLE_LABEL;
 /// The writes a pass decided, not yet carried out.
 #[derive(Default)]
 pub(super) struct Plan {
+    /// Applied where they differ, in order.
+    applied: Vec<Child>,
     /// Made when absent, in order: a Job's volume comes before the Job.
     made: Vec<Child>,
     /// Role labels to set, by member pod.
@@ -67,6 +71,11 @@ struct Said {
 }
 
 impl Plan {
+    /// Applies `child` unless the cache holds it as it is (see [`apply::apply`]).
+    pub(super) fn apply(&mut self, child: Child) {
+        self.applied.push(child);
+    }
+
     /// Makes `child` (a Job, or a volume a Job needs) unless it exists.
     pub(super) fn make(&mut self, child: Child) {
         self.made.push(child);
@@ -110,6 +119,9 @@ impl Plan {
 
     async fn write(&self, ctx: &Context, db: &Database) -> Result<(), Error> {
         let ns = db.namespace().unwrap_or_default();
+        for child in &self.applied {
+            apply::apply(ctx, db, child).await?;
+        }
         for child in &self.made {
             if apply::create_once(ctx, db, child).await? && child.kind == Kind::Job {
                 tracing::info!(database = %db.name_any(), namespace = %ns, job = %child.name, "job started");
