@@ -1,8 +1,10 @@
 //! A mocked API client for unit-speed tests of whole passes: every request the operator
 //! makes is recorded in order, and answered as the API server answers a request that
-//! succeeds, from the request itself: a create or an apply returns what was sent, a
+//! succeeds, from the request itself: a create or an apply returns what was sent (a
+//! create of an object it holds is refused as the API server refuses it), a
 //! patch of the Database returns the Database with the patch applied, a delete returns
-//! success, a read finds nothing. Nothing is kept between requests but the Database.
+//! success, a read finds what the test said the API server holds ([`MockApi::serving`])
+//! or nothing. Nothing is kept between requests but the Database.
 //!
 //! This is not a control plane: what a pass writes is checked here, what the API
 //! server and the nodes make of it is checked by the real tiers.
@@ -43,13 +45,20 @@ impl Call {
 pub struct MockApi {
     calls: Arc<Mutex<Vec<Call>>>,
     database: Arc<Mutex<Value>>,
+    served: Arc<Vec<(String, Value)>>,
 }
 
 impl MockApi {
     /// A mock whose Database is `database`.
     pub fn new(database: &plugdb::crd::Database) -> Self {
         let database = serde_json::to_value(database).expect("a Database is JSON");
-        Self { calls: Arc::default(), database: Arc::new(Mutex::new(database)) }
+        Self { calls: Arc::default(), database: Arc::new(Mutex::new(database)), served: Arc::default() }
+    }
+
+    /// The same mock, answering a read of each path of `served` with its object.
+    pub fn serving(mut self, served: &[(String, Value)]) -> Self {
+        self.served = Arc::new(served.to_vec());
+        self
     }
 
     /// A client whose every request this mock answers.
@@ -72,6 +81,11 @@ impl MockApi {
         serde_json::from_value(self.database.lock().expect("database").clone()).expect("the Database")
     }
 
+    /// Whether a read of `path` finds an object.
+    fn serves(&self, path: &str) -> bool {
+        self.served.iter().any(|(served, _)| served == path)
+    }
+
     async fn answer(&self, request: Request<Body>) -> Response<Body> {
         use http_body_util::BodyExt;
         let (parts, body) = request.into_parts();
@@ -90,8 +104,14 @@ impl MockApi {
         };
         self.calls.lock().expect("calls").push(call.clone());
         let (status, answer) = match parts.method {
-            Method::GET => (StatusCode::NOT_FOUND, status(404, "NotFound")),
+            Method::GET => match self.served.iter().find(|(path, _)| *path == call.path) {
+                Some((_, object)) => (StatusCode::OK, object.clone()),
+                None => (StatusCode::NOT_FOUND, status(404, "NotFound")),
+            },
             Method::DELETE => (StatusCode::OK, status(200, "Success")),
+            Method::POST if self.serves(&format!("{}/{}", call.path, body["metadata"]["name"].as_str().unwrap_or_default())) => {
+                (StatusCode::CONFLICT, status(409, "AlreadyExists"))
+            }
             Method::POST => (StatusCode::CREATED, stored(body)),
             Method::PATCH if call.path.contains("/databases/") => (StatusCode::OK, self.patch_database(&content_type, body)),
             Method::PATCH if call.is_apply() => (StatusCode::OK, stored(body)),

@@ -44,15 +44,29 @@ fn database(spec: Value) -> Database {
 /// the controller does, the pass is run again over the same state once the answer is
 /// expected (the plugin's memo has it then), and only that run's requests count.
 async fn pass(registry: &Registry, db: &Database, objects: &[Value]) -> (Vec<Call>, MockApi) {
+    let (result, calls, api) = pass_over(registry, db, objects, &[]).await;
+    if let Err(e) = result {
+        panic!("the pass: {e}");
+    }
+    (calls, api)
+}
+
+/// [`pass`], with the API server holding `served` (path, object) for reads, whatever the
+/// pass ends with.
+async fn pass_over(
+    registry: &Registry,
+    db: &Database,
+    objects: &[Value],
+    served: &[(String, Value)],
+) -> (Result<(), reconcile::Error>, Vec<Call>, MockApi) {
     let mut earlier = Vec::new();
     loop {
-        let api = MockApi::new(db);
+        let api = MockApi::new(db).serving(served);
         let caches = Caches::holding(objects).expect("caches");
         let ctx = Arc::new(Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), test_settings(), caches));
         match reconcile::reconcile(Arc::new(db.clone()), ctx.clone()).await {
-            Ok(_) => return (api.take(), api),
             Err(reconcile::Error::Busy(busy)) => tokio::time::sleep(busy.retry_in()).await,
-            Err(e) => panic!("the pass: {e}"),
+            ended => return (ended.map(|_| ()), api.take(), api),
         }
         // The call goes on in this context's pool: it is kept until the pass is done.
         earlier.push(ctx);
@@ -327,6 +341,79 @@ async fn a_scheduled_backup_due_starts_its_job_once() {
     cluster.extend(written(&calls));
     let (again, _) = pass(&registry, &api.database(), &cluster).await;
     assert!(again.iter().all(|c| c.body["metadata"]["name"] != due.as_str()), "{:?}", lines(&again));
+}
+
+#[tokio::test]
+async fn a_users_object_with_a_childs_name_is_left_alone_and_the_pass_stops_saying_so() {
+    let registry = registry().await;
+    // The user's own Service, named as the Database's read-write Service would be.
+    let theirs = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "their-uid", "labels": {"app": "theirs"}},
+        "spec": {"ports": [{"port": 80}]},
+    });
+    let served = [("/api/v1/namespaces/shop/services/orders".to_string(), theirs)];
+    let db = database(json!({"replicas": 3}));
+    let (result, calls, api) = pass_over(&registry, &db, &[], &served).await;
+    assert!(matches!(result, Err(reconcile::Error::Taken(_))), "{result:?}");
+    let touched: Vec<&Call> = calls.iter().filter(|c| c.path.ends_with("/services/orders") && c.method != "GET").collect();
+    assert!(touched.is_empty(), "the user's Service is not written: {:?}", lines(&calls));
+    let status = status(&api);
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready");
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NameTaken"));
+    assert!(ready.message.contains("orders"), "{}", ready.message);
+    assert!(calls.iter().any(|c| c.body["reason"] == "NameTaken"), "a Warning Event says it: {:?}", lines(&calls));
+}
+
+#[tokio::test]
+async fn a_replica_on_a_node_lost_past_the_users_delay_is_moved() {
+    let registry = registry().await;
+    let (db, made) = made(&registry, json!({"replicas": 3, "spread": {"moveFromLostNodeAfter": "5m"}})).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (false, "r1")]);
+    let (_, api) = pass(&registry, &db, &running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")])).await;
+    let claim = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": "data-orders-2", "namespace": "shop", "uid": "claim-2",
+            "labels": {"app.kubernetes.io/instance": "orders", "app.kubernetes.io/managed-by": "plugdb"},
+            "ownerReferences": [{"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "name": "orders", "uid": "db-uid", "controller": true}],
+        },
+        "spec": {"resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}},
+    });
+    let an_hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let lost = json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-2"},
+        "status": {"conditions": [{
+            "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.", "lastTransitionTime": an_hour_ago,
+        }]},
+    });
+    let served = [("/api/v1/nodes/node-2".to_string(), lost)];
+    let mut objects = cluster.clone();
+    objects.push(claim);
+    let (result, calls, api) = pass_over(&registry, &api.database(), &objects, &served).await;
+    result.expect("the pass");
+    let expected = [
+        // The down member's node, read once.
+        "GET /api/v1/nodes/node-2".to_string(),
+        // Its volume (only while it is still the one the cache saw), then the pod at once.
+        "DELETE /api/v1/namespaces/shop/persistentvolumeclaims/data-orders-2".into(),
+        "DELETE /api/v1/namespaces/shop/pods/orders-2".into(),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[1].body["preconditions"]["uid"], "claim-2");
+    assert_eq!(calls[2].body["gracePeriodSeconds"], 0);
+    assert_eq!(calls[3].body["reason"], "MemberMoved");
+    let member = status(&api).members.into_iter().find(|m| m.pod == "orders-2").expect("orders-2 in the status");
+    assert!(format!("{member:?}").contains("node-2"), "{member:?}");
+    // The primary is never moved.
+    let primary_down = running(&made, "r1", &[(false, "r1"), (true, "r1"), (true, "r1")]);
+    let served = [("/api/v1/nodes/node-0".to_string(), served[0].1.clone())];
+    let (_, calls, _) = pass_over(&registry, &api.database(), &primary_down, &served).await;
+    assert!(calls.iter().all(|c| c.method != "DELETE"), "{:?}", lines(&calls));
 }
 
 /// `db` being deleted, under `policy`.
