@@ -327,9 +327,14 @@ pub fn members(
     observed
         .iter()
         .map(|m| {
-            let said =
-                heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, s)| (Some(s.position.clone()), s.lag.map(lag), Some(at.clone())));
-            let kept = || before.iter().find(|b| b.pod == m.name).map(|b| (b.position.clone(), b.lag.clone(), b.heard.clone()));
+            let earlier = before.iter().find(|b| b.pod == m.name);
+            let said = heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, s)| {
+                let (position, lag) = (Some(s.position.clone()), s.lag.map(lag));
+                // The time moves when the answer changes: the same answer again writes nothing.
+                let same = earlier.filter(|b| b.position == position && b.lag == lag).and_then(|b| b.heard.clone());
+                (position, lag, Some(same.unwrap_or_else(|| at.clone())))
+            });
+            let kept = || earlier.map(|b| (b.position.clone(), b.lag.clone(), b.heard.clone()));
             let (position, lag, heard) = said.or_else(kept).unwrap_or_default();
             MemberStatus {
                 pod: m.name.clone(),

@@ -50,6 +50,9 @@ fn members_say_their_node_role_readiness_and_last_position() {
     let caught_up = [("db-2".to_string(), said("0/3000148", Some(0)))];
     let third = super::members(&again, &observed[1..], Some("db-1"), (&caught_up, later));
     assert_eq!((third[1].lag.as_deref(), third[1].heard.as_deref()), (Some("0s"), Some("2027-01-15T08:01:00Z")));
+    // Said again unchanged a minute on: nothing moves, so a steady Database writes nothing.
+    let much_later = later + k8s_openapi::jiff::SignedDuration::from_secs(60);
+    assert_eq!(super::members(&third, &observed[1..], Some("db-1"), (&caught_up, much_later)), third, "the same answer");
 }
 
 #[test]
