@@ -60,9 +60,8 @@ pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error
 async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option<DatabaseStatus>, Action), Error> {
     let name = db.name_any();
     match ending(db, ctx.caches.stateful_set(db).is_some()) {
-        // Nothing of ours holds it: the finalizer is gone already.
-        Ending::Gone => return Ok((None, Action::await_change())),
-        Ending::Release => return Ok((None, Action::await_change())),
+        // Nothing of ours holds it, or nothing is owed: the finalizer goes (if still there).
+        Ending::Gone | Ending::Release => return Ok((None, Action::await_change())),
         Ending::NeverRan => {
             let note = "the Database never ran, so it holds no data: no final backup taken";
             plan.tell(None, false, Reason::DeletedWithoutBackup, note.into());
