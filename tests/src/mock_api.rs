@@ -4,7 +4,8 @@
 //! create of an object it holds is refused as the API server refuses it), a
 //! patch of the Database returns the Database with the patch applied, a delete returns
 //! success, a read finds what the test said the API server holds ([`MockApi::serving`])
-//! or nothing. Nothing is kept between requests but the Database.
+//! or nothing; a write the test says the API server refuses ([`MockApi::refusing`]) is
+//! refused. Nothing is kept between requests but the Database.
 //!
 //! This is not a control plane: what a pass writes is checked here, what the API
 //! server and the nodes make of it is checked by the real tiers.
@@ -46,18 +47,26 @@ pub struct MockApi {
     calls: Arc<Mutex<Vec<Call>>>,
     database: Arc<Mutex<Value>>,
     served: Arc<Vec<(String, Value)>>,
+    refused: Arc<Vec<(String, u16)>>,
 }
 
 impl MockApi {
     /// A mock whose Database is `database`.
     pub fn new(database: &plugdb::crd::Database) -> Self {
         let database = serde_json::to_value(database).expect("a Database is JSON");
-        Self { calls: Arc::default(), database: Arc::new(Mutex::new(database)), served: Arc::default() }
+        Self { calls: Arc::default(), database: Arc::new(Mutex::new(database)), served: Arc::default(), refused: Arc::default() }
     }
 
     /// The same mock, answering a read of each path of `served` with its object.
     pub fn serving(mut self, served: &[(String, Value)]) -> Self {
         self.served = Arc::new(served.to_vec());
+        self
+    }
+
+    /// The same mock, refusing a write (not a read) of each path of `refused` with its
+    /// status code (`422`: the object is invalid).
+    pub fn refusing(mut self, refused: &[(String, u16)]) -> Self {
+        self.refused = Arc::new(refused.to_vec());
         self
     }
 
@@ -103,19 +112,25 @@ impl MockApi {
             body: body.clone(),
         };
         self.calls.lock().expect("calls").push(call.clone());
-        let (status, answer) = match parts.method {
-            Method::GET => match self.served.iter().find(|(path, _)| *path == call.path) {
+        let refusal = self.refused.iter().find(|(path, _)| *path == call.path).map(|(_, code)| *code);
+        let (status, answer) = match (parts.method, refusal) {
+            (Method::GET, _) => match self.served.iter().find(|(path, _)| *path == call.path) {
                 Some((_, object)) => (StatusCode::OK, object.clone()),
                 None => (StatusCode::NOT_FOUND, status(404, "NotFound")),
             },
-            Method::DELETE => (StatusCode::OK, status(200, "Success")),
-            Method::POST if self.serves(&format!("{}/{}", call.path, body["metadata"]["name"].as_str().unwrap_or_default())) => {
+            (_, Some(code)) => {
+                let mut refusal = status(code, "Invalid");
+                refusal["message"] = json!("refused as the test asked");
+                (StatusCode::from_u16(code).expect("a status code"), refusal)
+            }
+            (Method::DELETE, _) => (StatusCode::OK, status(200, "Success")),
+            (Method::POST, _) if self.serves(&format!("{}/{}", call.path, body["metadata"]["name"].as_str().unwrap_or_default())) => {
                 (StatusCode::CONFLICT, status(409, "AlreadyExists"))
             }
-            Method::POST => (StatusCode::CREATED, stored(body)),
-            Method::PATCH if call.path.contains("/databases/") => (StatusCode::OK, self.patch_database(&content_type, body)),
-            Method::PATCH if call.is_apply() => (StatusCode::OK, stored(body)),
-            Method::PATCH => (StatusCode::OK, named(&call.path)),
+            (Method::POST, _) => (StatusCode::CREATED, stored(body)),
+            (Method::PATCH, _) if call.path.contains("/databases/") => (StatusCode::OK, self.patch_database(&content_type, body)),
+            (Method::PATCH, _) if call.is_apply() => (StatusCode::OK, stored(body)),
+            (Method::PATCH, _) => (StatusCode::OK, named(&call.path)),
             _ => (StatusCode::METHOD_NOT_ALLOWED, status(405, "MethodNotAllowed")),
         };
         let mut response = Response::new(Body::from(serde_json::to_vec(&answer).expect("JSON")));

@@ -44,26 +44,42 @@ fn database(spec: Value) -> Database {
 /// the controller does, the pass is run again over the same state once the answer is
 /// expected (the plugin's memo has it then), and only that run's requests count.
 async fn pass(registry: &Registry, db: &Database, objects: &[Value]) -> (Vec<Call>, MockApi) {
-    let (result, calls, api) = pass_over(registry, db, objects, &[]).await;
+    let (result, calls, api) = pass_over(registry, db, objects, &Server::default()).await;
     if let Err(e) = result {
         panic!("the pass: {e}");
     }
     (calls, api)
 }
 
-/// [`pass`], with the API server holding `served` (path, object) for reads, whatever the
-/// pass ends with.
+/// The API server beyond the Database, and how the operator runs.
+#[derive(Default)]
+struct Server {
+    /// (path, object): what a read of the path finds.
+    served: Vec<(String, Value)>,
+    /// (path, status code): a write of the path is refused so.
+    refused: Vec<(String, u16)>,
+    /// The operator's own image: members get an agent beside them.
+    image: Option<&'static str>,
+}
+
+/// The API server holding `served` (path, object) for reads.
+fn serving(served: &[(String, Value)]) -> Server {
+    Server { served: served.to_vec(), ..Server::default() }
+}
+
+/// [`pass`], with the API server as `server` says, whatever the pass ends with.
 async fn pass_over(
     registry: &Registry,
     db: &Database,
     objects: &[Value],
-    served: &[(String, Value)],
+    server: &Server,
 ) -> (Result<(), reconcile::Error>, Vec<Call>, MockApi) {
     let mut earlier = Vec::new();
     loop {
-        let api = MockApi::new(db).serving(served);
+        let api = MockApi::new(db).serving(&server.served).refusing(&server.refused);
         let caches = Caches::holding(objects).expect("caches");
-        let ctx = Arc::new(Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), test_settings(), caches));
+        let ctx = Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), test_settings(), caches);
+        let ctx = Arc::new(ctx.with_operator_image(server.image.map(str::to_string)));
         match reconcile::reconcile(Arc::new(db.clone()), ctx.clone()).await {
             Err(reconcile::Error::Busy(busy)) => tokio::time::sleep(busy.retry_in()).await,
             ended => return (ended.map(|_| ()), api.take(), api),
@@ -354,7 +370,7 @@ async fn a_users_object_with_a_childs_name_is_left_alone_and_the_pass_stops_sayi
     });
     let served = [("/api/v1/namespaces/shop/services/orders".to_string(), theirs)];
     let db = database(json!({"replicas": 3}));
-    let (result, calls, api) = pass_over(&registry, &db, &[], &served).await;
+    let (result, calls, api) = pass_over(&registry, &db, &[], &serving(&served)).await;
     assert!(matches!(result, Err(reconcile::Error::Taken(_))), "{result:?}");
     let touched: Vec<&Call> = calls.iter().filter(|c| c.path.ends_with("/services/orders") && c.method != "GET").collect();
     assert!(touched.is_empty(), "the user's Service is not written: {:?}", lines(&calls));
@@ -392,7 +408,7 @@ async fn a_replica_on_a_node_lost_past_the_users_delay_is_moved() {
     let served = [("/api/v1/nodes/node-2".to_string(), lost)];
     let mut objects = cluster.clone();
     objects.push(claim);
-    let (result, calls, api) = pass_over(&registry, &api.database(), &objects, &served).await;
+    let (result, calls, api) = pass_over(&registry, &api.database(), &objects, &serving(&served)).await;
     result.expect("the pass");
     let expected = [
         // The down member's node, read once.
@@ -412,7 +428,7 @@ async fn a_replica_on_a_node_lost_past_the_users_delay_is_moved() {
     // The primary is never moved.
     let primary_down = running(&made, "r1", &[(false, "r1"), (true, "r1"), (true, "r1")]);
     let served = [("/api/v1/nodes/node-0".to_string(), served[0].1.clone())];
-    let (_, calls, _) = pass_over(&registry, &api.database(), &primary_down, &served).await;
+    let (_, calls, _) = pass_over(&registry, &api.database(), &primary_down, &serving(&served)).await;
     assert!(calls.iter().all(|c| c.method != "DELETE"), "{:?}", lines(&calls));
 }
 
@@ -541,4 +557,92 @@ async fn a_restore_fills_the_first_members_volume_before_any_member_starts() {
     assert_eq!(calls[2].body["metadata"]["name"], "data-orders-0");
     assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/backup"], "old-2611280200");
     assert_eq!(status(&api).phase, Some(plugdb::crd::Phase::Restoring));
+}
+
+#[tokio::test]
+async fn tls_and_agent_certificates_come_from_one_authority_before_anything_mounts_them() {
+    let registry = registry().await;
+    let db = database(json!({"replicas": 3, "tls": {"enabled": true}}));
+    // With the operator's image, members get an agent: its certificates too.
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let (result, calls, api) = pass_over(&registry, &db, &[], &server).await;
+    result.expect("the pass");
+    let expected = [
+        // Read before deciding to issue (the cache may be behind): nothing is written yet.
+        "GET /api/v1/namespaces/shop/secrets/orders-tls".to_string(),
+        "GET /api/v1/namespaces/shop/secrets/orders-ca".into(),
+        "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
+        format!("PATCH {DATABASES}"),
+        // The Secrets, before anything that mounts them: credentials, the authority
+        // (made once), the TLS and the agents' certificates it issued.
+        "POST /api/v1/namespaces/shop/secrets".into(),
+        "POST /api/v1/namespaces/shop/secrets".into(),
+        "PATCH /api/v1/namespaces/shop/secrets/orders-tls".into(),
+        "PATCH /api/v1/namespaces/shop/secrets/orders-agent".into(),
+        "POST /api/v1/namespaces/shop/configmaps".into(),
+        "POST /api/v1/namespaces/shop/services".into(),
+        "POST /api/v1/namespaces/shop/services".into(),
+        "POST /api/v1/namespaces/shop/services".into(),
+        "POST /apis/apps/v1/namespaces/shop/statefulsets".into(),
+        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
+        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    let made = written(&calls);
+    let named = |name: &str| made.iter().find(|o| o["metadata"]["name"] == name && o["kind"] == "Secret").expect(name).clone();
+    let (authority, certificate, agents) = (named("orders-ca"), named("orders-tls"), named("orders-agent"));
+    assert!(authority["data"]["ca.crt"].is_string(), "{authority}");
+    for issued in [&certificate, &agents] {
+        assert_eq!(issued["data"]["ca.crt"], authority["data"]["ca.crt"], "issued by the authority made: {}", issued["metadata"]["name"]);
+    }
+    // The certificate's expiry is on the members' template: a renewal rolls them.
+    let set = made.iter().find(|o| o["kind"] == "StatefulSet").expect("the StatefulSet");
+    let stamp = &certificate["metadata"]["annotations"]["plugdb.io/not-after"];
+    assert!(stamp.is_string(), "{certificate}");
+    assert_eq!(&set["spec"]["template"]["metadata"]["annotations"]["plugdb.io/tls-not-after"], stamp);
+
+    // Over what it made, as the caches hold it: nothing is read or issued again.
+    let (_, again, _) = pass_over(&registry, &api.database(), &made, &server).await;
+    assert_eq!(lines(&again), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_volume_growth_the_api_server_refuses_is_said_once_and_tried_again() {
+    let registry = registry().await;
+    let (mut db, made) = steady(&registry).await;
+    db.spec.storage.0 = "2Gi".into();
+    let mut cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    for ordinal in 0..3 {
+        cluster.push(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": format!("data-orders-{ordinal}"), "namespace": "shop", "uid": format!("claim-{ordinal}"),
+                "labels": {"app.kubernetes.io/instance": "orders", "app.kubernetes.io/managed-by": "plugdb"}},
+            "spec": {"resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}},
+        }));
+    }
+    // A storage class that cannot expand: the API server refuses the growth.
+    let claim = "/api/v1/namespaces/shop/persistentvolumeclaims/data-orders-0";
+    let server = Server { refused: vec![(claim.into(), 403)], ..Server::default() };
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let expected = [
+        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string(),
+        format!("PATCH {claim}"),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[1].body["spec"]["resources"]["requests"]["storage"], "2Gi");
+    assert_eq!((calls[2].body["reason"].as_str(), calls[2].body["type"].as_str()), (Some("VolumeGrowFailed"), Some("Warning")));
+    let status = status(&api);
+    let progressing = status.conditions.iter().find(|c| c.type_ == "Progressing").expect("Progressing");
+    assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("False", "VolumeGrowFailed"));
+    assert!(progressing.message.contains("data-orders-0 cannot grow to 2Gi: refused as the test asked"), "{}", progressing.message);
+
+    // The next pass tries again; the status already says why, so no second Warning.
+    let (_, again, _) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    assert!(again.iter().any(|c| c.line() == format!("PATCH {claim}")), "{:?}", lines(&again));
+    assert!(again.iter().all(|c| c.body["reason"] != "VolumeGrowFailed"), "{:?}", lines(&again));
 }

@@ -14,10 +14,11 @@ use kube::api::{Api, Patch, PatchParams};
 
 use super::apply::{authority, own_secret, secret_metadata};
 use super::members::Observed;
+use super::plan::{Plan, SecretWrite};
 use super::{Context, Error};
 use crate::agent;
 use crate::crd::Database;
-use crate::names::{MANAGER, Names};
+use crate::names::Names;
 use crate::plugin::MemberQuery;
 use crate::tls::{self, Use};
 
@@ -30,7 +31,7 @@ fn member_names(name: &str, namespace: &str) -> Vec<String> {
 /// Secret `<name>-agent`: the agents' certificate (for servers only), the operator's (for
 /// clients only) and the authority's, issued once and again 30 days before they expire.
 /// The agents read theirs on every connection: a renewal restarts nothing.
-pub async fn ensure(ctx: &Context, db: &Database) -> Result<(), Error> {
+pub(super) async fn ensure(ctx: &Context, db: &Database, plan: &mut Plan) -> Result<(), Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let secret_name = Names(&name).agent();
     let now = chrono::Utc::now();
@@ -43,7 +44,7 @@ pub async fn ensure(ctx: &Context, db: &Database) -> Result<(), Error> {
     if own_secret(db, api.get_opt(&secret_name).await?)?.is_some_and(|s| current(&s)) {
         return Ok(());
     }
-    let authority = authority(db, &api).await?;
+    let authority = authority(db, &api, plan).await?;
     let server = tls::issue_for(&name, &ns, &authority.key, (&Names(&name).headless(), &member_names(&name, &ns)), Use::Server, now)
         .map_err(Error::Tls)?;
     let client = tls::issue_for(&name, &ns, &authority.key, ("plugdb operator", &["plugdb-operator".to_string()]), Use::Client, now)
@@ -66,7 +67,7 @@ pub async fn ensure(ctx: &Context, db: &Database) -> Result<(), Error> {
         type_: Some("Opaque".into()),
         ..Default::default()
     };
-    api.patch(&secret_name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await?;
+    plan.secret(SecretWrite::Apply(secret));
     tracing::info!(database = %format!("{ns}/{name}"), expires = %stamp, "issued the member agents' certificates");
     Ok(())
 }

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::cache::Seen;
 use super::owner;
+use super::plan::{Plan, SecretWrite};
 use super::status::Reason;
 use super::{Context, Error};
 use crate::build::{Child, Kind};
@@ -66,7 +67,7 @@ pub async fn apply(ctx: &Context, db: &Database, child: &Child) -> Result<(), Er
     Ok(())
 }
 
-fn post_params() -> PostParams {
+pub(super) fn post_params() -> PostParams {
     PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }
 }
 
@@ -160,7 +161,7 @@ fn generate(length: u32) -> Result<String, Error> {
 /// Makes sure the credentials Secret holds every key the plugin asks for. Keys are
 /// generated once and never overwritten; the Secret outlives the Database unless the
 /// deletion policy is Delete.
-pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credential]) -> Result<bool, Error> {
+pub(super) async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credential], plan: &mut Plan) -> Result<(), Error> {
     let ns = db.namespace().unwrap_or_default();
     let name = Names(&db.name_any()).credentials();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
@@ -178,33 +179,23 @@ pub async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credenti
                 type_: Some("Opaque".into()),
                 ..Default::default()
             };
-            match api.create(&post_params(), &secret).await {
-                Ok(_) => Ok(true),
-                // Made a moment ago by another pass, or not plugdb's: used only when it is
-                // the Database's (or kept for a Database of its name).
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    own_secret(db, api.get_opt(&name).await?)?;
-                    Ok(false)
-                }
-                Err(e) => Err(e.into()),
-            }
+            plan.secret(SecretWrite::Make(secret));
         }
-        Some(_) if missing.is_empty() => Ok(false),
+        Some(_) if missing.is_empty() => {}
         Some(_) => {
             // The cache may be behind a key added a moment ago: ask the API server before
             // adding, so a generated value is never replaced by another.
-            let Some(live) = own_secret(db, api.get_opt(&name).await?)? else { return Ok(false) };
+            let Some(live) = own_secret(db, api.get_opt(&name).await?)? else { return Ok(()) };
             missing.retain(|k, _| !live.data.as_ref().is_some_and(|d| d.contains_key(k)));
-            if missing.is_empty() {
-                return Ok(false);
+            if !missing.is_empty() {
+                // Add only the missing keys; a merge patch leaves the others as they are,
+                // and the resourceVersion makes it fail if the Secret changed since it was read.
+                let patch = json!({"metadata": {"resourceVersion": live.resource_version()}, "data": missing});
+                plan.secret(SecretWrite::AddKeys { name, patch });
             }
-            // Add only the missing keys; a merge patch leaves the others as they are, and
-            // the resourceVersion makes it fail if the Secret changed since it was read.
-            let patch = json!({"metadata": {"resourceVersion": live.resource_version()}, "data": missing});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await?;
-            Ok(true)
         }
     }
+    Ok(())
 }
 
 /// Where the Database's TLS certificate stands after [`ensure_tls`].
@@ -223,12 +214,12 @@ pub enum Certified {
 /// `spec.tls.issuerRef` names, else issued by the Database's own authority (`<name>-ca`,
 /// made once and kept like the credentials), again 30 days before it expires or when
 /// the names it must carry change.
-pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error> {
+pub(super) async fn ensure_tls(ctx: &Context, db: &Database, plan: &mut Plan) -> Result<Certified, Error> {
     if !db.spec.tls_enabled() {
         return Ok(Certified::Off);
     }
     if let Some(issuer) = db.spec.tls_issuer() {
-        return ensure_certificate(ctx, db, issuer).await;
+        return ensure_certificate(ctx, db, issuer, plan).await;
     }
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let n = Names(&name);
@@ -255,13 +246,13 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error
         // cert-manager issued it while `issuerRef` was set: its Certificate goes first
         // (or it would write the Secret again), then the Secret with its annotations.
         let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
-        if let Some(certificate) = certificates.get_opt(&n.tls()).await? {
+        let certificate = certificates.get_opt(&n.tls()).await?;
+        if let Some(certificate) = &certificate {
             owner::check_as(db, "Certificate", false, &certificate.metadata)?;
-            ignore_missing(certificates.delete(&n.tls(), &Default::default()).await.map(|_| ()))?;
         }
-        ignore_missing(api.delete(&n.tls(), &Default::default()).await.map(|_| ()))?;
+        plan.secret(SecretWrite::Reclaim { name: n.tls(), certificate: certificate.is_some() });
     }
-    let authority = authority(db, &api).await?;
+    let authority = authority(db, &api, plan).await?;
     let issued = tls::issue(&name, &ns, &authority.key, &names, now).map_err(Error::Tls)?;
     let stamp = issued.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let data = BTreeMap::from([
@@ -276,28 +267,21 @@ pub async fn ensure_tls(ctx: &Context, db: &Database) -> Result<Certified, Error
         type_: Some("kubernetes.io/tls".into()),
         ..Default::default()
     };
-    api.patch(&n.tls(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await?;
+    plan.secret(SecretWrite::Apply(secret));
     tracing::info!(database = %format!("{ns}/{name}"), expires = %stamp, "issued the Database's TLS certificate");
     Ok(Certified::Issued(stamp))
 }
 
 /// cert-manager's `Certificate` resource.
-fn certificate_resource() -> ApiResource {
+pub(super) fn certificate_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate"))
 }
 
-fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), Error> {
-    match result {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        other => Ok(other?),
-    }
-}
-
 /// The Database's certificate from cert-manager: its `Certificate` `<name>-tls` is
-/// applied when it differs from what it should be (one read a pass otherwise), and the
+/// applied when it differs from what it should be (one read a pass), and the
 /// certificate counts as issued once cert-manager has written the Secret with all three
 /// files. Renewals are cert-manager's; its `status.notAfter` is the stamp.
-async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) -> Result<Certified, Error> {
+async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef, plan: &mut Plan) -> Result<Certified, Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let n = Names(&name);
     let wanted = tls::certificate(db, issuer);
@@ -306,8 +290,8 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) ->
     object["metadata"]["annotations"] = json!({ APPLIED_HASH: hash });
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
     let issuer_named = format!("{} {}", issuer.kind, issuer.name);
-    // A 404 to a read or an apply is the resource missing, not the object (an object
-    // missing is `None` to a read, and an apply creates it).
+    // A 404 to a read is the resource missing, not the object (an object missing is
+    // `None` to a read).
     let unserved = || {
         let message = format!(
             "spec.tls.issuerRef: {issuer_named} cannot issue the certificate: this cluster does not serve cert-manager's \
@@ -320,17 +304,18 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) ->
         owner::check_as(db, "Certificate", false, &live.metadata)?;
     }
     let live = match read {
-        Ok(Some(live)) if live.annotations().get(APPLIED_HASH) == Some(&hash) => live,
-        Ok(_) => match api.patch(&n.tls(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&object)).await {
-            Ok(live) => live,
-            Err(kube::Error::Api(e)) if e.code == 404 => return unserved(),
-            Err(e) => return Err(e.into()),
-        },
+        Ok(live) => live,
         Err(kube::Error::Api(e)) if e.code == 404 => return unserved(),
         Err(e) => return Err(e.into()),
     };
-    let Some(not_after) = live.data["status"]["notAfter"].as_str().map(str::to_string) else {
-        let ready = live.data["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).cloned();
+    if live.as_ref().and_then(|l| l.annotations().get(APPLIED_HASH)) != Some(&hash) {
+        plan.secret(SecretWrite::ApplyCertificate { name: n.tls(), object });
+    }
+    // What cert-manager says of the certificate it holds: a Certificate applied anew is
+    // looked at again on the next pass.
+    let status = live.map(|l| l.data["status"].clone()).unwrap_or_default();
+    let Some(not_after) = status["notAfter"].as_str().map(str::to_string) else {
+        let ready = status["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).cloned();
         let said = ready.and_then(|c| c["message"].as_str().map(str::to_string)).unwrap_or_else(|| "not looked at yet".into());
         let message = format!("waiting for cert-manager to issue Certificate {ns}/{} from {issuer_named}: {said}", n.tls());
         return Ok(Certified::Waiting(Reason::CertificatePending, message));
@@ -357,7 +342,10 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef) ->
 /// The Database's certificate authority from its Secret, made the first time. It is kept
 /// like the credentials (owned by the Database only under `Delete`): clients that trust
 /// it keep trusting a Database created again over retained volumes.
-pub(super) async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::Authority, Error> {
+pub(super) async fn authority(db: &Database, api: &Api<Secret>, plan: &mut Plan) -> Result<tls::Authority, Error> {
+    if let Some(made) = plan.authority() {
+        return Ok(made.clone());
+    }
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let secret_name = Names(&name).authority();
     let read = |s: Secret| -> Result<tls::Authority, Error> {
@@ -382,15 +370,8 @@ pub(super) async fn authority(db: &Database, api: &Api<Secret>) -> Result<tls::A
         type_: Some("Opaque".into()),
         ..Default::default()
     };
-    match api.create(&post_params(), &secret).await {
-        Ok(_) => Ok(made),
-        // Made by another pass a moment ago: that one is the authority.
-        Err(kube::Error::Api(e)) if e.code == 409 => match own_secret(db, api.get_opt(&secret_name).await?)? {
-            Some(live) => read(live),
-            None => Err(Error::Tls(format!("Secret {ns}/{secret_name} went away while it was made; tried again"))),
-        },
-        Err(e) => Err(e.into()),
-    }
+    plan.make_authority(made.clone(), secret);
+    Ok(made)
 }
 
 /// `secret` when it is `db`'s ([`Error::Taken`] when it is not).
@@ -413,10 +394,11 @@ pub(super) fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::a
 }
 
 /// Grows member claims to `spec.storage` (claims grow, never shrink). A StatefulSet's
-/// claim templates cannot change, so the claims themselves are patched.
-pub(super) async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Result<super::status::Growth, Error> {
-    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return Ok(super::status::Growth::Done) };
-    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+/// claim templates cannot change, so the claims themselves are patched (in `plan`).
+/// Returns whether a claim has less than it asks for (a refused growth is found when
+/// the plan is carried out).
+pub(super) fn grow_volumes(ctx: &Context, db: &Database, plan: &mut Plan) -> super::status::Growth {
+    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return super::status::Growth::Done };
     let name = db.name_any();
     let mut growth = super::status::Growth::Done;
     for ordinal in 0..db.spec.replicas.max(1) as u32 {
@@ -430,14 +412,7 @@ pub(super) async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Resu
         };
         let requested = storage(pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()));
         if requested.is_some_and(|r| r < want) {
-            let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": db.spec.storage.0}}}}));
-            match api.patch(&claim, &PatchParams::default(), &patch).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
-                    return Ok(super::status::Growth::Failed(format!("claim {claim} cannot grow to {}: {}", db.spec.storage.0, e.message)));
-                }
-                Err(e) => return Err(e.into()),
-            }
+            plan.grow(claim.clone(), db.spec.storage.0.clone());
         }
         let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
         if growth == super::status::Growth::Done && capacity.is_some_and(|c| c < want) {
@@ -445,7 +420,7 @@ pub(super) async fn grow_volumes(ctx: &Context, db: &Database, ns: &str) -> Resu
                 super::status::Growth::Waiting(format!("claim {claim} asks for {}; the storage provider is growing it", db.spec.storage.0));
         }
     }
-    Ok(growth)
+    growth
 }
 
 #[cfg(test)]

@@ -15,24 +15,26 @@
 //! failover   members          choose-primary      decide::failover      Event / the old primary fenced, the new one promoted
 //!  switchover member agents    -                   decide::switchover    Event / the fence, the read-write Service
 //! scale      StatefulSet      plan-scale          decide::scale         scale Job, Event
-//! render     -                render              -                     - / credentials, TLS and agent Secrets
+//! render     Secrets          render              certificates due      credentials, TLS and agent Secrets
 //! elected    member answers   choose-primary      decide::elected       Event
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs, Event
 //! hear       member agents    -                   agent::Agents::due    (positions and lag, for the status)
-//! apply      -                -                   build::children       the children, Event / claims grown
+//! apply      claims           -                   build::children       the children, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart, Event
 //! replication members         -                   decide::replication   Event / the primary's agent asked
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
 //! steps      Jobs             -                   decide::steps         upgrade Jobs, Event
 //! backups    backup Jobs      backup              schedule, retention   backup Jobs, removals, Event / the bucket pruned
-//! conclude   -                -                   status::conclude      the plan carried out, the status written
+//! conclude   what was carried -                   status::conclude      the plan carried out, then the status written
 //! ```
 //!
-//! What is still written in a stage is what a later decision of the same pass reads:
-//! the Secrets the children mount (and the certificate's stamp on their template), the
-//! claims grown (whether the growth is refused), and the fence and promotion a failover
-//! or switchover waits on. A StatefulSet the plan writes is one its controller has not
-//! seen yet: no member is rolled onto it in the same pass.
+//! The finalizer is the plan's first write. What is still done in a stage is a
+//! conversation with the members, not a write to the API server: the fence and promotion
+//! a failover or switchover waits on, and the primary asked for synchronous replicas;
+//! and pruning the bucket, whose answer is the status's list of backups. A growth the API
+//! server refuses is found when the plan is carried out, and the status says it. A
+//! StatefulSet the plan writes is one its controller has not seen yet: no member is
+//! rolled onto it in the same pass.
 //!
 //! A stage that finds a permanent problem ends the pass with a condition
 //! ([`super::stopped`]): the plan so far is carried out, and nothing after it runs until
@@ -84,11 +86,11 @@ mod work;
 /// Converges `db` towards its spec. A pass that fails part way still says what it did
 /// (see [`Plan`]).
 pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Error> {
-    super::set_finalizer(ctx, db, db.spec.deletion_policy == DeletionPolicy::Snapshot).await?;
     let mut pass = Pass::new(ctx, db);
+    pass.plan.finalizer(db.spec.deletion_policy == DeletionPolicy::Snapshot);
     let result = stages(&mut pass).await;
     if result.is_err() {
-        std::mem::take(&mut pass.plan).tell_all(ctx, db).await;
+        std::mem::take(&mut pass.plan).after_failure(ctx, db).await;
     }
     result
 }
@@ -131,7 +133,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
         || matches!(applied.growth, Growth::Waiting(_))
         || report.running
         || pass.status.upgrade.is_some();
-    let (progressing, waited) = pass
+    let (progressing, waited, growth) = pass
         .conclude(status::Pass {
             generation: db.metadata.generation,
             desired: scale.granted as usize,
@@ -150,7 +152,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
         primary_lost_in: (!elects)
             .then(|| super::members::primary_lost_in(&members.observed, &primary.name, ctx.settings.failover_after.as_secs() as i64))
             .flatten(),
-        grow_failed: matches!(applied.growth, Growth::Failed(_)),
+        grow_failed: matches!(growth, Growth::Failed(_)),
         next: pass.next_look(&report),
     };
     let mut requeue = decide::requeue(&ctx.settings, &settled);
@@ -256,7 +258,8 @@ impl<'a> Pass<'a> {
         Ok(ControlFlow::Break(after_stop(self.ctx, call)))
     }
 
-    /// The end of every pass: the plan carried out, then the status written once.
+    /// The end of a pass that stopped or waits: the plan carried out, then the status
+    /// written once.
     async fn finish(&mut self, status: DatabaseStatus) -> Result<(), Error> {
         std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
         write_status(self.ctx, self.db, status).await
@@ -404,8 +407,8 @@ impl<'a> Pass<'a> {
             None => (Reason::Rendered, format!("rendered by {}", serving(plugin))),
         };
         status::set(&mut self.status.conditions, kind::PLUGIN_READY, true, reason, message, self.generation);
-        apply::ensure_credentials(ctx, db, &workload.credentials).await?;
-        self.tls = match apply::ensure_tls(ctx, db).await? {
+        apply::ensure_credentials(ctx, db, &workload.credentials, &mut self.plan).await?;
+        self.tls = match apply::ensure_tls(ctx, db, &mut self.plan).await? {
             apply::Certified::Off => None,
             apply::Certified::Issued(stamp) => Some(stamp),
             apply::Certified::Waiting(reason, message) => {
@@ -414,7 +417,7 @@ impl<'a> Pass<'a> {
             }
         };
         if super::agent_image(ctx, plugin, &workload).is_some() {
-            super::agent::ensure(ctx, db).await?;
+            super::agent::ensure(ctx, db, &mut self.plan).await?;
         }
         Ok(ControlFlow::Continue(workload))
     }
@@ -448,7 +451,7 @@ impl<'a> Pass<'a> {
         sidecars: build::Sidecars<'_>,
         (replicas, leadership): (u32, build::Leadership),
     ) -> Result<Applied, Error> {
-        let (ctx, db, ns) = (self.ctx, self.db, self.ns.as_str());
+        let (ctx, db) = (self.ctx, self.db);
         let mut stateful_set = ctx.caches.stateful_set(db);
         let mut role_free = String::new();
         let template = (self.rendered_for.as_str(), replicas, leadership);
@@ -463,12 +466,7 @@ impl<'a> Pass<'a> {
             self.plan.apply(child);
         }
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
-        let growth = apply::grow_volumes(ctx, db, ns).await?;
-        if let Growth::Failed(message) = &growth
-            && !self.said(Reason::VolumeGrowFailed, Some(message))
-        {
-            self.plan.tell(None, true, Reason::VolumeGrowFailed, message.clone());
-        }
+        let growth = apply::grow_volumes(ctx, db, &mut self.plan);
         self.status.primary = Some(primary.to_string());
         if self.status.current_version.is_none() {
             self.status.current_version = Some(version.to_string());
@@ -492,10 +490,14 @@ impl<'a> Pass<'a> {
         Rolled { done: roll.done, restarted: roll.restart.is_some() }
     }
 
-    /// The end of the pass: the status follows from what the stages found and did.
-    /// Returns whether the Database is still progressing, and how long it has not
-    /// been Ready.
-    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, Duration), Error> {
+    /// The end of the pass: the plan carried out, then the status, which follows from
+    /// what the stages found and decided and what carrying out found, written once.
+    /// Returns whether the Database is still progressing, how long it has not been
+    /// Ready, and how growing its volumes stands.
+    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, Duration, Growth), Error> {
+        let carried = std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
+        let growth = carried.growth(pass.growth.clone());
+        let pass = status::Pass { growth: &growth, ..pass };
         let now = k8s_openapi::jiff::Timestamp::now();
         let progressing = status::conclude(&mut self.status, &pass);
         let primary = self.status.primary.clone();
@@ -506,9 +508,8 @@ impl<'a> Pass<'a> {
         }
         self.status.members = members;
         let waited = status::not_ready_for(&self.status, now);
-        let status = std::mem::take(&mut self.status);
-        self.finish(status).await?;
-        Ok((progressing, waited))
+        write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
+        Ok((progressing, waited, growth))
     }
 
     /// When a steady Database is looked at again: at the next backup, the next read of

@@ -1,37 +1,52 @@
 //! What a pass decided to write, gathered as its stages decide and carried out in one
 //! place, in a fixed order, when the pass ends (however it ends):
 //!
-//! 1. the children (ConfigMaps, Services, the StatefulSet, disruption budgets), applied
+//! 0. the finalizer, when the deletion policy asks for one or no longer does;
+//! 1. the Secrets the members mount (credentials, the authority, the TLS and agent
+//!    certificates) and cert-manager's Certificate, before anything that mounts them;
+//! 2. the children (ConfigMaps, Services, the StatefulSet, disruption budgets), applied
 //!    where they differ from what the cache holds;
-//! 2. the Jobs and the volumes they need, made when absent, in the order decided;
-//! 3. role labels on the members;
-//! 4. the one member restart of a roll (a fenced member fenced again first);
-//! 5. the replicas moved off a lost node: the volume claim, then the pod;
-//! 6. the Jobs retention removes;
-//! 7. the Events, in the order decided;
+//! 3. member volume claims grown to the spec;
+//! 4. the Jobs and the volumes they need, made when absent, in the order decided;
+//! 5. role labels on the members;
+//! 6. the one member restart of a roll (a fenced member fenced again first);
+//! 7. the replicas moved off a lost node: the volume claim, then the pod;
+//! 8. the Jobs retention removes;
+//! 9. the Events, in the order decided;
 //!
-//! then the caller writes the status, once. A pass that fails part way sends the Events
-//! of what it already did (a promotion is not undone) and nothing else: the next pass
-//! decides the rest again from what it finds.
+//! then the caller writes the status, once, from what the stages decided and what
+//! carrying out found ([`Carried`]). A pass that fails part way sets the finalizer and
+//! sends the Events of what it already did (a promotion is not undone), and nothing
+//! else: the next pass decides the rest again from what it finds.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::members::Observed;
-use super::status::Reason;
+use super::status::{Growth, Reason};
 use super::{Context, Error, apply, event_about};
 use crate::build::{Child, Kind};
 use crate::crd::Database;
-use crate::names::ROLE_LABEL;
+use crate::names::{MANAGER, ROLE_LABEL};
+use crate::tls;
 
 /// The writes a pass decided, not yet carried out.
 #[derive(Default)]
 pub(super) struct Plan {
+    /// The finalizer: whether the Database should have it.
+    finalizer: Option<bool>,
+    /// Secrets (and cert-manager's Certificate) written, in order.
+    secrets: Vec<SecretWrite>,
+    /// The Database's authority when this pass made it: what else the pass issues is
+    /// issued by it.
+    authority: Option<tls::Authority>,
     /// Applied where they differ, in order.
     applied: Vec<Child>,
+    /// Member volume claims grown: the claim, and the size asked for.
+    grown: Vec<(String, String)>,
     /// Made when absent, in order: a Job's volume comes before the Job.
     made: Vec<Child>,
     /// Role labels to set, by member pod.
@@ -44,6 +59,39 @@ pub(super) struct Plan {
     removed: Vec<String>,
     /// Events, in the order decided.
     events: Vec<Said>,
+}
+
+/// A write of a Secret the members mount, or of what issues one.
+pub(super) enum SecretWrite {
+    /// Made; one that exists meanwhile is kept when it is the Database's (the cache was
+    /// behind a pass that made it).
+    Make(Secret),
+    /// The Database's authority made: one that appeared meanwhile fails the pass, since
+    /// what this pass issued from its own would not verify.
+    MakeAuthority(Secret),
+    /// Keys added to Secret `name` by a merge patch that carries the version read.
+    AddKeys { name: String, patch: Value },
+    /// Applied whole.
+    Apply(Secret),
+    /// cert-manager's Certificate applied.
+    ApplyCertificate { name: String, object: Value },
+    /// A certificate cert-manager issued, left behind when `issuerRef` is removed: its
+    /// Certificate (when there is one) goes first, or it would write the Secret again.
+    Reclaim { name: String, certificate: bool },
+}
+
+/// What carrying out the plan found that the status says.
+#[derive(Debug, Default)]
+pub(super) struct Carried {
+    /// The API server refused to grow a claim: why.
+    pub grow_refused: Option<String>,
+}
+
+impl Carried {
+    /// How growing the volumes stands, given what the stage found (`found`).
+    pub(super) fn growth(&self, found: Growth) -> Growth {
+        self.grow_refused.clone().map(Growth::Failed).unwrap_or(found)
+    }
 }
 
 /// A member restarted onto the current revision.
@@ -71,6 +119,32 @@ struct Said {
 }
 
 impl Plan {
+    /// Adds the finalizer (`present`) or removes it, unless the Database is so already.
+    pub(super) fn finalizer(&mut self, present: bool) {
+        self.finalizer = Some(present);
+    }
+
+    /// Writes a Secret the members mount (or what issues one).
+    pub(super) fn secret(&mut self, write: SecretWrite) {
+        self.secrets.push(write);
+    }
+
+    /// The authority this pass made, if it made one.
+    pub(super) fn authority(&self) -> Option<&tls::Authority> {
+        self.authority.as_ref()
+    }
+
+    /// Makes the Database's authority (`secret` holds it).
+    pub(super) fn make_authority(&mut self, authority: tls::Authority, secret: Secret) {
+        self.authority = Some(authority);
+        self.secrets.push(SecretWrite::MakeAuthority(secret));
+    }
+
+    /// Grows member volume claim `claim` to `size`.
+    pub(super) fn grow(&mut self, claim: String, size: String) {
+        self.grown.push((claim, size));
+    }
+
     /// Applies `child` unless the cache holds it as it is (see [`apply::apply`]).
     pub(super) fn apply(&mut self, child: Child) {
         self.applied.push(child);
@@ -110,17 +184,44 @@ impl Plan {
 
     /// Carries the plan out, in the order the module gives. The Events are sent even when
     /// a write before them failed: they say what the pass already did.
-    pub(super) async fn carry_out(mut self, ctx: &Context, db: &Database) -> Result<(), Error> {
+    pub(super) async fn carry_out(mut self, ctx: &Context, db: &Database) -> Result<Carried, Error> {
         let events = std::mem::take(&mut self.events);
-        let written = self.write(ctx, db).await;
-        Plan { events, ..Plan::default() }.tell_all(ctx, db).await;
-        written
+        let mut carried = Carried::default();
+        let written = self.write(ctx, db, &mut carried).await;
+        let mut after = Plan { events, ..Plan::default() };
+        if let Some(refused) = &carried.grow_refused
+            && !said(db, Reason::VolumeGrowFailed, refused)
+        {
+            after.tell(None, true, Reason::VolumeGrowFailed, refused.clone());
+        }
+        after.tell_all(ctx, db).await;
+        written.map(|()| carried)
     }
 
-    async fn write(&self, ctx: &Context, db: &Database) -> Result<(), Error> {
+    async fn write(&self, ctx: &Context, db: &Database, carried: &mut Carried) -> Result<(), Error> {
         let ns = db.namespace().unwrap_or_default();
+        if let Some(present) = self.finalizer {
+            super::set_finalizer(ctx, db, present).await?;
+        }
+        for write in &self.secrets {
+            write_secret(ctx, db, write).await?;
+        }
         for child in &self.applied {
             apply::apply(ctx, db, child).await?;
+        }
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+        for (claim, size) in &self.grown {
+            let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}}));
+            match claims.patch(claim, &PatchParams::default(), &patch).await {
+                Ok(_) => {}
+                // Refused (a storage class that cannot expand, a quota): said, and tried
+                // again on later passes.
+                Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
+                    carried.grow_refused = Some(format!("claim {claim} cannot grow to {size}: {}", e.message));
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         for child in &self.made {
             if apply::create_once(ctx, db, child).await? && child.kind == Kind::Job {
@@ -137,7 +238,6 @@ impl Plan {
             }
             pods.delete(&restart.pod, &DeleteParams::default()).await?;
         }
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
         for Move { pod, claim } in &self.moved {
             if let Some((claim, uid)) = claim {
                 let preconditions = Some(Preconditions { uid: uid.clone(), resource_version: None });
@@ -157,8 +257,19 @@ impl Plan {
         Ok(())
     }
 
-    /// Sends the Events only: what a pass that failed part way already did is said.
-    pub(super) async fn tell_all(self, ctx: &Context, db: &Database) {
+    /// What a pass that failed part way still carries out: the finalizer, and the
+    /// Events of what it already did.
+    pub(super) async fn after_failure(self, ctx: &Context, db: &Database) {
+        if let Some(present) = self.finalizer
+            && let Err(e) = super::set_finalizer(ctx, db, present).await
+        {
+            tracing::warn!(error = %e, "could not set the finalizer");
+        }
+        self.tell_all(ctx, db).await;
+    }
+
+    /// Sends the Events only.
+    async fn tell_all(self, ctx: &Context, db: &Database) {
         for said in self.events {
             event_about(ctx, db, said.about, said.warning, said.reason, said.note).await;
         }
@@ -168,4 +279,55 @@ impl Plan {
 /// A reference to member `pod` of `pods`, for an Event about it.
 pub(super) fn member_ref(pods: &[std::sync::Arc<Pod>], pod: &str) -> Option<ObjectReference> {
     pods.iter().find(|p| p.name_any() == pod).map(|p| p.object_ref(&()))
+}
+
+/// Whether `db`'s status already says `reason` with `message`.
+pub(super) fn said(db: &Database, reason: Reason, message: &str) -> bool {
+    db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == reason.as_str() && c.message == message))
+}
+
+async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Result<(), Error> {
+    let ns = db.namespace().unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let apply = PatchParams::apply(MANAGER).force();
+    match write {
+        SecretWrite::Make(secret) => match api.create(&apply::post_params(), secret).await {
+            Ok(_) => {}
+            // Made a moment ago by another pass, or not plugdb's: used only when it is the
+            // Database's (or kept for a Database of its name).
+            Err(kube::Error::Api(e)) if e.code == 409 => _ = apply::own_secret(db, api.get_opt(&secret.name_any()).await?)?,
+            Err(e) => return Err(e.into()),
+        },
+        SecretWrite::MakeAuthority(secret) => match api.create(&apply::post_params(), secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let name = secret.name_any();
+                apply::own_secret(db, api.get_opt(&name).await?)?;
+                return Err(Error::Tls(format!("Secret {ns}/{name} was made by another pass meanwhile; tried again")));
+            }
+            Err(e) => return Err(e.into()),
+        },
+        SecretWrite::AddKeys { name, patch } => _ = api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await?,
+        SecretWrite::Apply(secret) => _ = api.patch(&secret.name_any(), &apply, &Patch::Apply(secret)).await?,
+        SecretWrite::ApplyCertificate { name, object } => {
+            let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &apply::certificate_resource());
+            certificates.patch(name, &apply, &Patch::Apply(object)).await?;
+        }
+        SecretWrite::Reclaim { name, certificate } => {
+            if *certificate {
+                let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &apply::certificate_resource());
+                ignore_missing(certificates.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
+            }
+            ignore_missing(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
+        }
+    }
+    Ok(())
+}
+
+/// One already gone is no error.
+fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), Error> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => Ok(other?),
+    }
 }
