@@ -245,14 +245,14 @@ fn synchronous_replicas(head: &[u8]) -> Option<&str> {
 }
 
 /// Serves `GET /status` (and `POST /fence`, with a `fence`, `POST /promote`, with a
-/// `promote` command too, and `POST /synchronous/<n>`, with a `synchronous` command) on
-/// `port` until the process ends, answering with what `status` prints. The certificate
+/// `promote` command too, and `POST /synchronous/<n>`, with a `synchronous` command) at
+/// `address` (in a member, every address of its pod on [`PORT`]) until the process ends, answering with what `status` prints. The certificate
 /// is read again for each connection: a renewed one is served without a restart.
-pub async fn serve(port: u16, certs: PathBuf, mut commands: Commands) -> anyhow::Result<()> {
+pub async fn serve(address: std::net::SocketAddr, certs: PathBuf, mut commands: Commands) -> anyhow::Result<()> {
     anyhow::ensure!(!commands.status.is_empty(), "no status command to run");
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.with_context(|| format!("listening on port {port}"))?;
-    tracing::info!(port, command = %commands.status.join(" "), fence = commands.fence.is_some(), "the member agent serves");
+    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("listening at {address}"))?;
+    tracing::info!(%address, command = %commands.status.join(" "), fence = commands.fence.is_some(), "the member agent serves");
     let connections = Arc::new(Semaphore::new(CONNECTIONS));
     if commands.fence.is_none() {
         commands.promote.clear();

@@ -493,7 +493,7 @@ fn main() -> Result<()> {
             runtime.block_on(async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
                 tokio::select! {
-                    served = plugdb::agent::serve(port, certs, commands) => served,
+                    served = plugdb::agent::serve(([0, 0, 0, 0], port).into(), certs, commands) => served,
                     _ = term.recv() => Ok(()),
                     _ = tokio::signal::ctrl_c() => Ok(()),
                 }

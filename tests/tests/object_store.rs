@@ -240,7 +240,9 @@ async fn the_archive_ships_finished_segments_only_and_a_restore_takes_what_its_b
     // A backup that started long after them needs none, and retention removes them.
     let later = manifest.started + Duration::from_secs(3600);
     assert_eq!(object_storage::download_archive(store.as_ref(), &database, later, &work.path().join("none")).await.expect("download"), 0);
-    assert_eq!(object_storage::prune_archive(store.as_ref(), &database, &segments, manifest.started).await.expect("prune"), 0);
-    assert_eq!(object_storage::prune_archive(store.as_ref(), &database, &segments, later).await.expect("prune"), 2);
+    assert!(object_storage::not_replayed(&segments, manifest.started).is_empty(), "the backup replays them");
+    let old = object_storage::not_replayed(&segments, later);
+    assert_eq!(old.len(), 2);
+    assert_eq!(object_storage::remove_segments(store.as_ref(), &database, &old).await.expect("remove"), 2);
     assert!(object_storage::archived(store.as_ref(), &database).await.expect("archived").is_empty());
 }

@@ -646,3 +646,117 @@ async fn a_volume_growth_the_api_server_refuses_is_said_once_and_tried_again() {
     assert!(again.iter().any(|c| c.line() == format!("PATCH {claim}")), "{:?}", lines(&again));
     assert!(again.iter().all(|c| c.body["reason"] != "VolumeGrowFailed"), "{:?}", lines(&again));
 }
+
+/// Member agents as the members run them, at `addresses` on the agent's port: each
+/// answers with `status` as its member's status command prints it, fences with a command
+/// that succeeds, and promotes with one that does. They serve the certificate the pass
+/// issued (Secret `orders-agent`, in `made`) and answer only the operator's. The
+/// directory holds their certificates and what they marked; it goes when dropped.
+async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
+    let secret = made.iter().find(|o| o["kind"] == "Secret" && o["metadata"]["name"] == "orders-agent").expect("the agents' Secret");
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(secret.clone()).expect("a Secret");
+    let data = secret.data.expect("certificates");
+    let dir = tempfile::tempdir().expect("a directory");
+    for file in plugdb::agent::FILES {
+        std::fs::write(dir.path().join(file), &data[file].0).expect("a certificate on disk");
+    }
+    let sh = |script: &str| vec!["sh".to_string(), "-c".into(), script.into()];
+    for (ordinal, (address, status)) in members.iter().enumerate() {
+        let state = dir.path().join(format!("member-{ordinal}"));
+        std::fs::create_dir_all(&state).expect("the member's state");
+        let fence = plugdb::agent::Fence {
+            argv: sh("true"),
+            mark: state.join(plugdb::agent::FENCED_FILE),
+            stop: state.join(plugdb::agent::guard::STOP_FILE),
+            members: "orders-headless.shop.svc.invalid".into(),
+            own: None,
+            // Never cut off: only the operator fences it.
+            control_plane: None,
+            cut_off_after: plugdb::agent::ISOLATED_FENCE_AFTER,
+        };
+        let commands = plugdb::agent::Commands {
+            status: sh(&format!("echo {status}")),
+            fence: Some(fence),
+            promote: sh("true"),
+            ..Default::default()
+        };
+        let address: std::net::SocketAddr = format!("{address}:{}", plugdb::agent::PORT).parse().expect("an address");
+        tokio::spawn(plugdb::agent::serve(address, dir.path().to_path_buf(), commands));
+        while tokio::net::TcpStream::connect(address).await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    dir
+}
+
+/// Loopback addresses for `n` members, apart from another copy of these tests running
+/// at the same time.
+fn loopback(n: usize) -> Vec<String> {
+    let id = std::process::id();
+    (0..n).map(|i| format!("127.{}.{}.{}", 1 + (id >> 8) % 250, id % 256, 10 + i)).collect()
+}
+
+#[tokio::test]
+async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let (result, calls, api) = pass_over(&registry, &database(json!({"replicas": 3})), &[], &server).await;
+    result.expect("the first pass");
+    let mut made = written(&calls);
+    let secret = made.iter_mut().find(|o| o["metadata"]["name"] == "orders-agent").expect("the agents' Secret");
+    secret["metadata"]["resourceVersion"] = json!("1");
+    let secret = secret.clone();
+    // Member 0 (the primary) has not been ready for an hour, its node gone; its agent
+    // still answers. Member 2 received more than member 1.
+    let addresses = loopback(3);
+    let mut cluster = running(&made, "r1", &[(false, "r1"), (true, "r1"), (true, "r1")]);
+    for (pod, address) in cluster.iter_mut().filter(|o| o["kind"] == "Pod").zip(&addresses) {
+        pod["status"]["podIP"] = json!(address);
+    }
+    let said = [
+        (addresses[0].as_str(), "primary 0/5000000"),
+        (addresses[1].as_str(), "replica 0/4000000 1.5"),
+        (addresses[2].as_str(), "replica 0/5000000 0"),
+    ];
+    let agents = agents(&made, &said).await;
+    let server = Server { served: vec![("/api/v1/namespaces/shop/secrets/orders-agent".into(), secret)], ..server };
+    let (result, calls, api) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    result.expect("the pass");
+    let expected = [
+        // The down member's node, then the operator's certificate for the agents (read
+        // once, kept while the Secret's version stands).
+        "GET /api/v1/nodes/node-0".to_string(),
+        "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
+        // Every agent asked where its member is; the old primary's fenced (its pod
+        // marked at once), then the new one's promoted in place.
+        "PATCH /api/v1/namespaces/shop/pods/orders-0".into(),
+        "PATCH /api/v1/namespaces/shop/pods/orders-2".into(),
+        // The plan: the read-write Service and the members' primary, the role labels.
+        "PATCH /api/v1/namespaces/shop/services/orders".into(),
+        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".into(),
+        "PATCH /api/v1/namespaces/shop/pods/orders-0".into(),
+        "PATCH /api/v1/namespaces/shop/pods/orders-2".into(),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[2].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
+    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"], "true");
+    assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
+    assert!(!agents.path().join("member-2").join(plugdb::agent::FENCED_FILE).exists());
+    assert_eq!(calls[4].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
+    assert_eq!(
+        (calls[6].body["metadata"]["labels"]["plugdb.io/role"].as_str(), calls[7].body["metadata"]["labels"]["plugdb.io/role"].as_str()),
+        (Some("replica"), Some("primary"))
+    );
+    assert_eq!(calls[8].body["reason"], "FailoverPromoted");
+    assert!(
+        calls[8].body["note"].as_str().is_some_and(|n| n.contains("fenced by its agent; promoting orders-2")),
+        "{}",
+        calls[8].body["note"]
+    );
+    let status = status(&api);
+    assert_eq!(status.primary.as_deref(), Some("orders-2"));
+    let positions: Vec<_> = status.members.iter().map(|m| (m.pod.as_str(), m.position.as_deref())).collect();
+    assert_eq!(positions, [("orders-0", Some("0/5000000")), ("orders-1", Some("0/4000000")), ("orders-2", Some("0/5000000"))]);
+}

@@ -206,7 +206,7 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     let promote = sh(&format!("echo promoted >> {}/promoted", certs.display()));
     let synchronous = sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS\" >> {}/synchronous", certs.display()));
     let commands = Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous };
-    tokio::spawn(serve(port, certs, commands));
+    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
     let ask_to = |query: &crate::plugin::MemberQuery, identity: Option<Vec<u8>>| {
@@ -272,7 +272,11 @@ async fn a_fence_the_engine_does_not_confirm_is_confirmed_once_its_engine_is_sto
     let dir = ours.dir.0.clone();
     let stop = dir.join(guard::STOP_FILE);
     let fence = Fence { argv: sh(&format!("test -e {}", stop.display())), ..fence_in(&dir, None) };
-    tokio::spawn(serve(port, dir.clone(), Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() }));
+    tokio::spawn(serve(
+        ([0, 0, 0, 0], port).into(),
+        dir.clone(),
+        Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() },
+    ));
     let ask = |path: &str, body: Option<String>| {
         let (ca, operator) = (ours.ca.clone(), ours.operator.clone());
         let query = crate::plugin::MemberQuery { port, path: path.into(), body, https: true };

@@ -78,17 +78,17 @@ pub async fn download_archive(store: &dyn ObjectStore, database: &Key, started: 
     Ok(count)
 }
 
-/// Removes archived segments that no kept backup replays: stored before `oldest_started`
-/// (the oldest kept backup's start) less [`CLOCK_SKEW`]. Returns how many.
-pub async fn prune_archive(
-    store: &dyn ObjectStore,
-    database: &Key,
-    segments: &[Segment],
-    oldest_started: DateTime<Utc>,
-) -> Result<usize, Error> {
+/// The archived segments that no kept backup replays: stored before `oldest_started`
+/// (the oldest kept backup's start) less [`CLOCK_SKEW`].
+pub fn not_replayed(segments: &[Segment], oldest_started: DateTime<Utc>) -> Vec<Segment> {
     let before = oldest_started - CLOCK_SKEW;
+    segments.iter().filter(|s| s.at < before).cloned().collect()
+}
+
+/// Removes archived `segments` (one already gone is no error). Returns how many.
+pub async fn remove_segments(store: &dyn ObjectStore, database: &Key, segments: &[Segment]) -> Result<usize, Error> {
     let mut count = 0;
-    for segment in segments.iter().filter(|s| s.at < before) {
+    for segment in segments {
         let key = database.clone().join(ARCHIVE).join(segment.name.as_str());
         match store.delete(&key).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => count += 1,

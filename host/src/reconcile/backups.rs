@@ -301,18 +301,18 @@ pub(super) async fn reconcile(
         let mut running: Vec<String> = backups.iter().filter(|j| state(Some(j)) == JobState::Running).map(|j| j.name_any()).collect();
         running.extend(wanted);
         match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
-            Ok(opened) => match bucket::prune(&opened, retention, &running).await {
-                Ok(pruned) => {
+            Ok(opened) => match bucket::to_remove(&opened, retention, &running).await {
+                Ok(removal) => {
                     let kept: Vec<DateTime<Utc>> =
-                        opened.listed.iter().filter(|b| !pruned.backups.contains(&b.name)).filter_map(|b| b.completed).collect();
+                        opened.listed.iter().filter(|b| !removal.backups.contains(&b.name)).filter_map(|b| b.completed).collect();
                     let archived = opened.archive.iter().map(|s| s.at).max().filter(|_| archiving);
                     let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                     report.recoverable = Some(Recoverable { confirmed: Some(stamp), ..window_with_archive(&kept, archived) });
-                    if pruned.backups.is_empty() && pruned.segments == 0 {
+                    if removal.backups.is_empty() && removal.segments.is_empty() {
                         return Ok(report);
                     }
                     let incomplete = |name: &String| opened.listed.iter().any(|b| &b.name == name && b.completed.is_none());
-                    let (unfinished, old): (Vec<String>, Vec<String>) = pruned.backups.iter().cloned().partition(incomplete);
+                    let (unfinished, old): (Vec<String>, Vec<String>) = removal.backups.iter().cloned().partition(incomplete);
                     let listed = |names: &[String]| if names.is_empty() { "none".to_string() } else { names.join(", ") };
                     let message = format!(
                         "removed from bucket {}: {} backup(s) beyond the newest {retention} ({}); {} incomplete one(s) no Job writes any                          more ({}); and {} archived log segment(s) no kept backup replays",
@@ -321,9 +321,9 @@ pub(super) async fn reconcile(
                         listed(&old),
                         unfinished.len(),
                         listed(&unfinished),
-                        pruned.segments
+                        removal.segments.len()
                     );
-                    plan.tell(None, false, super::status::Reason::BackupsPruned, message);
+                    plan.prune(opened, removal, message);
                 }
                 Err(e) => {
                     report.problem = Some(format!("spec.backup.s3: retention: {e}"));
@@ -341,7 +341,7 @@ pub(super) async fn reconcile(
 
 /// The window last known, now that the bucket cannot be read: kept, marked unreachable
 /// since the first failed read.
-fn unreachable(known: Option<&Recoverable>, now: DateTime<Utc>) -> Option<Recoverable> {
+pub(super) fn unreachable(known: Option<&Recoverable>, now: DateTime<Utc>) -> Option<Recoverable> {
     let since = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     known.cloned().map(|r| Recoverable { unreachable_since: r.unreachable_since.clone().or(Some(since)), ..r })
 }

@@ -102,34 +102,39 @@ pub async fn open(
     })
 }
 
-/// What retention removed.
+/// What retention removes from the bucket.
 #[derive(Debug, Default)]
-pub struct Pruned {
+pub struct Removal {
     /// The backups.
     pub backups: Vec<String>,
-    /// How many archived segments (those no kept backup replays).
-    pub segments: usize,
+    /// The archived segments no kept backup replays.
+    pub segments: Vec<Segment>,
 }
 
-/// Applies retention in the bucket: keeps the newest `keep` complete backups and those
-/// `running`, and the archived log the oldest kept one replays; returns what it
-/// removed, or what stopped it.
-pub async fn prune(opened: &Opened, keep: usize, running: &[String]) -> Result<Pruned, String> {
-    let store = opened.store.as_ref();
-    let mut pruned = Pruned::default();
-    for name in object_storage::to_prune(&opened.listed, keep, running) {
-        object_storage::remove(store, &opened.database.clone().join(name.as_str())).await.map_err(|e| e.to_string())?;
-        pruned.backups.push(name);
-    }
-    let oldest_kept =
-        opened.listed.iter().filter(|b| b.completed.is_some() && !pruned.backups.contains(&b.name)).min_by_key(|b| b.completed);
+/// What retention removes in the bucket: all but the newest `keep` complete backups and
+/// those `running`, and the archived log the oldest kept one does not replay (its
+/// manifest says where it starts); or what stopped the reading.
+pub async fn to_remove(opened: &Opened, keep: usize, running: &[String]) -> Result<Removal, String> {
+    let backups = object_storage::to_prune(&opened.listed, keep, running);
+    let oldest_kept = opened.listed.iter().filter(|b| b.completed.is_some() && !backups.contains(&b.name)).min_by_key(|b| b.completed);
+    let mut segments = Vec::new();
     if let Some(oldest) = oldest_kept
         && !opened.archive.is_empty()
-        && let Some(manifest) =
-            object_storage::manifest(store, &opened.database.clone().join(oldest.name.as_str())).await.map_err(|e| e.to_string())?
+        && let Some(manifest) = object_storage::manifest(opened.store.as_ref(), &opened.database.clone().join(oldest.name.as_str()))
+            .await
+            .map_err(|e| e.to_string())?
     {
-        pruned.segments =
-            object_storage::prune_archive(store, &opened.database, &opened.archive, manifest.started).await.map_err(|e| e.to_string())?;
+        segments = object_storage::not_replayed(&opened.archive, manifest.started);
     }
-    Ok(pruned)
+    Ok(Removal { backups, segments })
+}
+
+/// Removes `removal` from the bucket, or says what stopped it.
+pub async fn remove(opened: &Opened, removal: &Removal) -> Result<(), String> {
+    let store = opened.store.as_ref();
+    for name in &removal.backups {
+        object_storage::remove(store, &opened.database.clone().join(name.as_str())).await.map_err(|e| e.to_string())?;
+    }
+    object_storage::remove_segments(store, &opened.database, &removal.segments).await.map_err(|e| e.to_string())?;
+    Ok(())
 }

@@ -3,8 +3,11 @@
 //! question the decide stage names, and lets [`decide`] choose (pure, table-tested).
 //! What they decide to apply, make, label, restart, move, remove and say goes into one
 //! [`Plan`], carried out in one place in a fixed order when the pass ends (however it
-//! ends), before its one status write: [`status::conclude`], a pure function of what the
-//! stages found and decided.
+//! ends), and so does what they decide the status says (its conditions and fields,
+//! [`status::Told`]): the stages read the status as the pass found it and never write
+//! it. The one status write is a pure function of the old status, what was told, what
+//! the members show and what carrying out found ([`status::after`], then
+//! [`status::conclude`]).
 //!
 //! ```text
 //!            observe          ask the plugin      decide (pure)         the plan / written in the stage
@@ -24,17 +27,19 @@
 //! replication members         -                   decide::replication   Event / the primary's agent asked
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
 //! steps      Jobs             -                   decide::steps         upgrade Jobs, Event
-//! backups    backup Jobs      backup              schedule, retention   backup Jobs, removals, Event / the bucket pruned
+//! backups    backup Jobs,     backup              schedule, retention   backup Jobs, removals, the bucket pruned, Event
+//!            the bucket
 //! conclude   what was carried -                   status::conclude      the plan carried out, then the status written
 //! ```
 //!
-//! The finalizer is the plan's first write. What is still done in a stage is a
-//! conversation with the members, not a write to the API server: the fence and promotion
-//! a failover or switchover waits on, and the primary asked for synchronous replicas;
-//! and pruning the bucket, whose answer is the status's list of backups. A growth the API
-//! server refuses is found when the plan is carried out, and the status says it. A
-//! StatefulSet the plan writes is one its controller has not seen yet: no member is
-//! rolled onto it in the same pass.
+//! The finalizer is the plan's first write. What is still done in a stage is the
+//! conversation with the members' agents that a failover or a switchover waits on: the
+//! old primary fenced (and its pod marked so at once, so that an operator stopped
+//! mid-pass leaves no fenced member unmarked), the new one promoted, the read-write
+//! Service moved before the promotion, and the primary asked for synchronous replicas.
+//! A growth the API server refuses, or a bucket retention cannot prune, is found when
+//! the plan is carried out, and the status says it. A StatefulSet the plan writes is one
+//! its controller has not seen yet: no member is rolled onto it in the same pass.
 //!
 //! A stage that finds a permanent problem ends the pass with a condition
 //! ([`super::stopped`]): the plan so far is carried out, and nothing after it runs until
@@ -117,7 +122,8 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary.name, &applied, scale.granted);
     let elects = engine.plugin.info().capabilities.elects_leader;
-    let (notes, replication_due) = replication::reconcile(ctx, db, &mut pass.status, (&members.observed, &primary.name), elects).await?;
+    let (notes, replication_due) =
+        replication::reconcile(ctx, db, (&pass.old, &mut pass.plan.told), (&members.observed, &primary.name), elects).await?;
     pass.say(&notes);
     // Members of an engine that elects its leader are part of the engine's membership: never moved.
     let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !elects);
@@ -132,7 +138,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
         || restoring == restore::Restore::Running
         || matches!(applied.growth, Growth::Waiting(_))
         || report.running
-        || pass.status.upgrade.is_some();
+        || pass.plan.told.upgrading(&pass.old);
     let (progressing, waited, growth) = pass
         .conclude(status::Pass {
             generation: db.metadata.generation,
@@ -172,14 +178,15 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     Ok(Action::requeue(requeue))
 }
 
-/// What the stages share: the Database, and the status they build up.
+/// What the stages share: the Database, its status as the pass found it, and the plan.
 struct Pass<'a> {
     ctx: &'a Context,
     db: &'a Database,
     name: String,
     ns: String,
     generation: Option<i64>,
-    status: DatabaseStatus,
+    /// The status as the pass found it: what the stages decided it says goes in the plan.
+    old: DatabaseStatus,
     /// The stamp of the TLS certificate the members mount, once the render stage made sure of it.
     tls: Option<String>,
     /// What the members' agents said in this pass, by pod.
@@ -187,7 +194,8 @@ struct Pass<'a> {
     /// The primary the workload was rendered for (member 0 for an engine that elects its
     /// leader), once the render stage ran.
     rendered_for: String,
-    /// What the stages decided to write, carried out when the pass ends.
+    /// What the stages decided to write, and what the status says, carried out and
+    /// written when the pass ends.
     plan: Plan,
 }
 
@@ -230,7 +238,7 @@ impl<'a> Pass<'a> {
             name: db.name_any(),
             ns: db.namespace().unwrap_or_default(),
             generation: db.metadata.generation,
-            status: db.status.clone().unwrap_or_default(),
+            old: db.status.clone().unwrap_or_default(),
             tls: None,
             heard: Vec::new(),
             rendered_for: String::new(),
@@ -250,12 +258,17 @@ impl<'a> Pass<'a> {
     }
 
     async fn stop_after<T>(&mut self, condition: &str, reason: Reason, message: String, call: Option<&CallError>) -> Flow<T> {
-        let (status, news) = stopped(self.db, std::mem::take(&mut self.status), condition, reason, &message);
+        let (status, news) = stopped(self.db, self.told(), condition, reason, &message);
         if news {
             self.plan.tell(None, true, reason, message);
         }
         self.finish(status).await?;
         Ok(ControlFlow::Break(after_stop(self.ctx, call)))
+    }
+
+    /// The old status with what the stages told so far ([`status::after`]).
+    fn told(&mut self) -> DatabaseStatus {
+        status::after(&self.old, std::mem::take(&mut self.plan.told), self.generation)
     }
 
     /// The end of a pass that stopped or waits: the plan carried out, then the status
@@ -275,7 +288,7 @@ impl<'a> Pass<'a> {
             }
             return self.stop(kind::PLUGIN_READY, Reason::EngineNotFound, message).await;
         };
-        self.status.plugin = Some(plugin.id());
+        self.plan.told.plugin = Some(plugin.id());
         if db.spec.tls_enabled()
             && let Some(why) = plugin.lacks(Capability::Tls)
         {
@@ -304,8 +317,8 @@ impl<'a> Pass<'a> {
     async fn upgrade(&mut self, engine: &Engine) -> Flow<Upgrade> {
         let (ctx, db) = (self.ctx, self.db);
         let desired = engine.spec.version.clone();
-        let Some(running) = decide::upgrade_from(self.status.current_version.as_deref(), &desired).map(str::to_string) else {
-            self.status.upgrade = None;
+        let Some(running) = decide::upgrade_from(self.old.current_version.as_deref(), &desired).map(str::to_string) else {
+            self.plan.told.upgrade = Some(None);
             return Ok(ControlFlow::Continue(Upgrade::none(&desired)));
         };
         let input = (engine.spec.clone(), running.clone());
@@ -319,13 +332,13 @@ impl<'a> Pass<'a> {
             name: &self.name,
             running: &running,
             desired: &desired,
-            progress: self.status.upgrade.as_ref(),
+            progress: self.old.upgrade.as_ref(),
             backups: db.spec.backup.as_ref().is_some_and(|b| b.enabled),
             backup: backup_state,
         };
         let upgrade = decide::upgrade(facts, answer);
         self.say(&upgrade.notes);
-        self.status.upgrade = upgrade.progress.clone();
+        self.plan.told.upgrade = Some(upgrade.progress.clone());
         if let Some(backup) = upgrade.backup_first.as_deref().filter(|_| backup_state == JobState::Missing) {
             // Taken at the running version, before anything is rendered at the new one.
             let current_spec = EngineSpec { version: running.clone(), ..engine.spec.clone() };
@@ -378,7 +391,7 @@ impl<'a> Pass<'a> {
                 self.plan.tell(None, warning, reason, message.clone());
             }
             if let Some((condition, status)) = condition {
-                status::set(&mut self.status.conditions, condition, status, reason, message, self.generation);
+                self.plan.told.set(condition, status, reason, message);
             }
         }
     }
@@ -406,13 +419,13 @@ impl<'a> Pass<'a> {
             ),
             None => (Reason::Rendered, format!("rendered by {}", serving(plugin))),
         };
-        status::set(&mut self.status.conditions, kind::PLUGIN_READY, true, reason, message, self.generation);
+        self.plan.told.set(kind::PLUGIN_READY, true, reason, message);
         apply::ensure_credentials(ctx, db, &workload.credentials, &mut self.plan).await?;
         self.tls = match apply::ensure_tls(ctx, db, &mut self.plan).await? {
             apply::Certified::Off => None,
             apply::Certified::Issued(stamp) => Some(stamp),
             apply::Certified::Waiting(reason, message) => {
-                let phase = self.status.current_version.is_none().then_some(Phase::Pending);
+                let phase = self.old.current_version.is_none().then_some(Phase::Pending);
                 return self.wait(reason, message, phase).await;
             }
         };
@@ -427,16 +440,12 @@ impl<'a> Pass<'a> {
     /// it once, `phase` (when given) is the phase, and the pass is tried again shortly.
     /// Members that run go on running.
     async fn wait<T>(&mut self, reason: Reason, message: String, phase: Option<Phase>) -> Flow<T> {
-        let generation = self.generation;
         if !self.said(reason, Some(&message)) {
             self.plan.tell(None, true, reason, message.clone());
         }
-        status::set(&mut self.status.conditions, kind::PROGRESSING, false, reason, message, generation);
-        if phase.is_some() {
-            self.status.phase = phase;
-        }
-        self.status.observed_generation = generation;
-        let status = std::mem::take(&mut self.status);
+        self.plan.told.set(kind::PROGRESSING, false, reason, message);
+        self.plan.told.phase = phase;
+        let status = self.told();
         self.finish(status).await?;
         Ok(ControlFlow::Break(Action::requeue(self.ctx.settings.progress_requeue)))
     }
@@ -467,9 +476,9 @@ impl<'a> Pass<'a> {
         }
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
         let growth = apply::grow_volumes(ctx, db, &mut self.plan);
-        self.status.primary = Some(primary.to_string());
-        if self.status.current_version.is_none() {
-            self.status.current_version = Some(version.to_string());
+        self.plan.told.primary = Some(primary.to_string());
+        if self.old.current_version.is_none() {
+            self.plan.told.current_version = Some(version.to_string());
         }
         Ok(Applied { stateful_set, role_free, growth })
     }
@@ -495,20 +504,22 @@ impl<'a> Pass<'a> {
     /// Returns whether the Database is still progressing, how long it has not been
     /// Ready, and how growing its volumes stands.
     async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, Duration, Growth), Error> {
+        let mut told = std::mem::take(&mut self.plan.told);
         let carried = std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
+        carried.tell(&mut told, &self.old);
+        let mut status = status::after(&self.old, told, self.generation);
         let growth = carried.growth(pass.growth.clone());
         let pass = status::Pass { growth: &growth, ..pass };
         let now = k8s_openapi::jiff::Timestamp::now();
-        let progressing = status::conclude(&mut self.status, &pass);
-        let primary = self.status.primary.clone();
-        let members = status::members(&self.status.members, pass.members, primary.as_deref(), (&self.heard, now));
-        let gone = self.status.members.iter().filter(|b| !members.iter().any(|m| m.pod == b.pod));
+        let progressing = status::conclude(&mut status, &pass);
+        let members = status::members(&status.members, pass.members, status.primary.as_deref(), (&self.heard, now));
+        let gone = status.members.iter().filter(|b| !members.iter().any(|m| m.pod == b.pod));
         for (pod, lag) in gone.map(|b| (&b.pod, None)).chain(self.heard.iter().map(|(pod, said)| (pod, said.lag))) {
             self.ctx.metrics.member_lag(&self.ns, &self.name, pod, lag);
         }
-        self.status.members = members;
-        let waited = status::not_ready_for(&self.status, now);
-        write_status(self.ctx, self.db, std::mem::take(&mut self.status)).await?;
+        status.members = members;
+        let waited = status::not_ready_for(&status, now);
+        write_status(self.ctx, self.db, status).await?;
         Ok((progressing, waited, growth))
     }
 

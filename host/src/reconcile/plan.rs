@@ -12,10 +12,12 @@
 //! 6. the one member restart of a roll (a fenced member fenced again first);
 //! 7. the replicas moved off a lost node: the volume claim, then the pod;
 //! 8. the Jobs retention removes;
-//! 9. the Events, in the order decided;
+//! 9. the backups and archived log retention removes from the bucket;
+//! 10. the Events, in the order decided;
 //!
-//! then the caller writes the status, once, from what the stages decided and what
-//! carrying out found ([`Carried`]). A pass that fails part way sets the finalizer and
+//! then the caller writes the status, once: the old status with what the stages told
+//! ([`Told`], which the plan keeps beside its writes) and what carrying out found
+//! ([`Carried`]). A pass that fails part way sets the finalizer and
 //! sends the Events of what it already did (a promotion is not undone), and nothing
 //! else: the next pass decides the rest again from what it finds.
 
@@ -25,8 +27,9 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditi
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::bucket;
 use super::members::Observed;
-use super::status::{Growth, Reason};
+use super::status::{Growth, Reason, Told, kind};
 use super::{Context, Error, apply, event_about};
 use crate::build::{Child, Kind};
 use crate::crd::Database;
@@ -57,8 +60,12 @@ pub(super) struct Plan {
     moved: Vec<Move>,
     /// Jobs removed (and their pods with them).
     removed: Vec<String>,
+    /// What retention removes from the bucket, and what the Event says of it.
+    pruned: Option<(bucket::Opened, bucket::Removal, String)>,
     /// Events, in the order decided.
     events: Vec<Said>,
+    /// What the status says, as the stages decided it (the caller writes the status).
+    pub(super) told: Told,
 }
 
 /// A write of a Secret the members mount, or of what issues one.
@@ -85,12 +92,26 @@ pub(super) enum SecretWrite {
 pub(super) struct Carried {
     /// The API server refused to grow a claim: why.
     pub grow_refused: Option<String>,
+    /// Retention could not remove from the bucket: why.
+    pub prune_failed: Option<String>,
 }
 
 impl Carried {
     /// How growing the volumes stands, given what the stage found (`found`).
     pub(super) fn growth(&self, found: Growth) -> Growth {
         self.grow_refused.clone().map(Growth::Failed).unwrap_or(found)
+    }
+
+    /// Tells the status what carrying out found, over what the stages `told` of the `old`
+    /// status: a bucket retention could not prune is a backup problem, and the window it
+    /// holds is unconfirmed.
+    pub(super) fn tell(&self, told: &mut Told, old: &crate::crd::DatabaseStatus) {
+        if let Some(problem) = &self.prune_failed {
+            told.set(kind::BACKUP_HEALTHY, false, Reason::BackupProblem, problem.clone());
+            if let Some(backups) = told.backups.as_mut() {
+                backups.recoverable = super::backups::unreachable(old.recoverable.as_ref(), chrono::Utc::now());
+            }
+        }
     }
 }
 
@@ -177,6 +198,11 @@ impl Plan {
         self.removed.push(name);
     }
 
+    /// Removes `removal` from the `opened` bucket; `message` says what, once it is done.
+    pub(super) fn prune(&mut self, opened: bucket::Opened, removal: bucket::Removal, message: String) {
+        self.pruned = Some((opened, removal, message));
+    }
+
     /// Sends an Event about the Database (`about`: a related object, such as a member).
     pub(super) fn tell(&mut self, about: Option<ObjectReference>, warning: bool, reason: Reason, note: String) {
         self.events.push(Said { about, warning, reason, note });
@@ -185,20 +211,15 @@ impl Plan {
     /// Carries the plan out, in the order the module gives. The Events are sent even when
     /// a write before them failed: they say what the pass already did.
     pub(super) async fn carry_out(mut self, ctx: &Context, db: &Database) -> Result<Carried, Error> {
-        let events = std::mem::take(&mut self.events);
         let mut carried = Carried::default();
         let written = self.write(ctx, db, &mut carried).await;
-        let mut after = Plan { events, ..Plan::default() };
-        if let Some(refused) = &carried.grow_refused
-            && !said(db, Reason::VolumeGrowFailed, refused)
-        {
-            after.tell(None, true, Reason::VolumeGrowFailed, refused.clone());
-        }
-        after.tell_all(ctx, db).await;
+        self.tell_all(ctx, db).await;
         written.map(|()| carried)
     }
 
-    async fn write(&self, ctx: &Context, db: &Database, carried: &mut Carried) -> Result<(), Error> {
+    /// The writes, in order; what they found that the status and the Events say goes in
+    /// `carried` and the Events.
+    async fn write(&mut self, ctx: &Context, db: &Database, carried: &mut Carried) -> Result<(), Error> {
         let ns = db.namespace().unwrap_or_default();
         if let Some(present) = self.finalizer {
             super::set_finalizer(ctx, db, present).await?;
@@ -210,14 +231,18 @@ impl Plan {
             apply::apply(ctx, db, child).await?;
         }
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-        for (claim, size) in &self.grown {
+        for (claim, size) in std::mem::take(&mut self.grown) {
             let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}}));
-            match claims.patch(claim, &PatchParams::default(), &patch).await {
+            match claims.patch(&claim, &PatchParams::default(), &patch).await {
                 Ok(_) => {}
                 // Refused (a storage class that cannot expand, a quota): said, and tried
                 // again on later passes.
                 Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
-                    carried.grow_refused = Some(format!("claim {claim} cannot grow to {size}: {}", e.message));
+                    let refused = format!("claim {claim} cannot grow to {size}: {}", e.message);
+                    if !said(db, Reason::VolumeGrowFailed, &refused) {
+                        self.tell(None, true, Reason::VolumeGrowFailed, refused.clone());
+                    }
+                    carried.grow_refused = Some(refused);
                     break;
                 }
                 Err(e) => return Err(e.into()),
@@ -252,6 +277,12 @@ impl Plan {
             match jobs.delete(job, &params).await {
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 done => _ = done?,
+            }
+        }
+        if let Some((opened, removal, message)) = self.pruned.take() {
+            match bucket::remove(&opened, &removal).await {
+                Ok(()) => self.tell(None, false, Reason::BackupsPruned, message),
+                Err(e) => carried.prune_failed = Some(format!("spec.backup.s3: retention: {e}")),
             }
         }
         Ok(())

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::decide::{self, Event, Note, Synchronous};
 use super::members::Observed;
-use super::status::kind;
+use super::status::{Told, kind};
 use super::{Context, Error};
 use crate::crd::{Database, DatabaseStatus, Phase};
 
@@ -16,12 +16,12 @@ use crate::crd::{Database, DatabaseStatus, Phase};
 pub async fn reconcile(
     ctx: &Context,
     db: &Database,
-    status: &mut DatabaseStatus,
+    (status, told): (&DatabaseStatus, &mut Told),
     (members, primary): (&[Observed], &str),
     elects: bool,
 ) -> Result<(Vec<Note>, Option<Duration>), Error> {
     let Some(sync) = Synchronous::of(&db.spec).filter(|_| !elects) else {
-        status.conditions.retain(|c| c.type_ != kind::SYNCHRONOUS_REPLICATION);
+        told.remove(kind::SYNCHRONOUS_REPLICATION);
         return Ok((Vec::new(), None));
     };
     let ready = members.iter().filter(|m| m.ready && !m.fenced && m.name != primary).count() as u32;

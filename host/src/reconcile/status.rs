@@ -1,10 +1,12 @@
-//! Conditions and phase: deterministic, so an unchanged cluster writes nothing. The
-//! end of a pass, [`conclude`], is a pure function of what the pass found and did.
+//! Conditions and phase: deterministic, so an unchanged cluster writes nothing. A pass's
+//! status is a pure function of the old status and the pass: what its stages decided it
+//! says ([`Told`], applied by [`after`]), then what follows from the members and from
+//! carrying the plan out ([`conclude`], [`members`]).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::members::Observed;
-use crate::crd::{DatabaseStatus, MemberStatus, Phase};
+use crate::crd::{BackupRecord, DatabaseStatus, MemberStatus, Phase, Recoverable, ScaleStatus, UpgradeStatus};
 
 /// Condition types a Database reports.
 pub mod kind {
@@ -223,6 +225,102 @@ pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: Reaso
         });
     }
     conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+/// What the stages of a pass decided the status says, in the order they decided it;
+/// each field is `None` while no stage decided it.
+#[derive(Debug, Default)]
+pub struct Told {
+    conditions: Vec<Change>,
+    /// The plugin that serves the Database.
+    pub plugin: Option<String>,
+    /// The upgrade under way, or none.
+    pub upgrade: Option<Option<UpgradeStatus>>,
+    /// The scale plan under way, or none.
+    pub scale: Option<Option<ScaleStatus>>,
+    /// The member the read-write Service leads to.
+    pub primary: Option<String>,
+    /// The version the members run.
+    pub current_version: Option<String>,
+    /// What the backups stage found.
+    pub backups: Option<Backups>,
+    /// The phase, when a stage ended the pass with one.
+    pub phase: Option<Phase>,
+}
+
+/// A condition set or gone.
+#[derive(Debug)]
+enum Change {
+    Set { type_: &'static str, ok: bool, reason: Reason, message: String },
+    Gone(&'static str),
+}
+
+/// The status's backup fields, as the backups stage found them.
+#[derive(Debug, Default)]
+pub struct Backups {
+    /// `lastBackup`.
+    pub last: Option<BackupRecord>,
+    /// `nextBackup`.
+    pub next: Option<String>,
+    /// `recoverable`.
+    pub recoverable: Option<Recoverable>,
+    /// `backupRequest`.
+    pub request: Option<String>,
+    /// `lastScheduledBackup`.
+    pub scheduled: Option<String>,
+}
+
+impl Told {
+    /// Sets condition `type_` (see [`set`]).
+    pub fn set(&mut self, type_: &'static str, ok: bool, reason: Reason, message: impl Into<String>) {
+        self.conditions.push(Change::Set { type_, ok, reason, message: message.into() });
+    }
+
+    /// Removes condition `type_`.
+    pub fn remove(&mut self, type_: &'static str) {
+        self.conditions.push(Change::Gone(type_));
+    }
+
+    /// Whether an upgrade is under way, as `old` and what was told say.
+    pub fn upgrading(&self, old: &DatabaseStatus) -> bool {
+        self.upgrade.as_ref().map_or(old.upgrade.is_some(), Option::is_some)
+    }
+}
+
+/// `old` with what a pass `told` over it, for the spec's `generation`: the status of a
+/// pass that ends here, or the one [`conclude`] completes.
+pub fn after(old: &DatabaseStatus, told: Told, generation: Option<i64>) -> DatabaseStatus {
+    let mut status = old.clone();
+    for change in told.conditions {
+        match change {
+            Change::Set { type_, ok, reason, message } => set(&mut status.conditions, type_, ok, reason, message, generation),
+            Change::Gone(type_) => status.conditions.retain(|c| c.type_ != type_),
+        }
+    }
+    if told.plugin.is_some() {
+        status.plugin = told.plugin;
+    }
+    if told.primary.is_some() {
+        status.primary = told.primary;
+    }
+    if let Some(upgrade) = told.upgrade {
+        status.upgrade = upgrade;
+    }
+    if let Some(scale) = told.scale {
+        status.scale = scale;
+    }
+    if told.current_version.is_some() {
+        status.current_version = told.current_version;
+    }
+    if let Some(backups) = told.backups {
+        (status.last_backup, status.next_backup, status.recoverable) = (backups.last, backups.next, backups.recoverable);
+        (status.backup_request, status.last_scheduled_backup) = (backups.request, backups.scheduled);
+    }
+    if told.phase.is_some() {
+        status.phase = told.phase;
+    }
+    status.observed_generation = generation;
+    status
 }
 
 /// Whether condition `type_` is currently True.

@@ -253,8 +253,13 @@ impl Engine for Postgres {
                 timeout_seconds: 3,
                 failure_threshold: 3,
             }),
+            // Alive while the server listens (refusing connections as it starts or
+            // recovers counts), or while the bootstrap prepares the data directory: a
+            // rewind or a clone cut short by a restart only begins again.
             liveness: Some(Probe {
-                action: ProbeAction::TcpSocket(PORT),
+                action: ProbeAction::Exec(shell(&format!(
+                    "pg_isready -q -h 127.0.0.1 -p {PORT} -t 4; [ $? -le 1 ] || [ -n \"$(find {DATA_MOUNT}/preparing -mmin -1 2>/dev/null)\" ]"
+                ))),
                 initial_delay_seconds: 30,
                 period_seconds: 10,
                 timeout_seconds: 5,

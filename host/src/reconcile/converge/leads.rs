@@ -9,7 +9,7 @@ impl Pass<'_> {
     /// lost for longer than the failover delay.
     pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
         let ctx = self.ctx;
-        let primary = self.status.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
+        let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
         let after = ctx.settings.failover_after;
         let elects = plugin.info().capabilities.elects_leader;
         let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {

@@ -6,33 +6,32 @@ use super::*;
 impl Pass<'_> {
     /// Whether a restore was asked for and has not completed.
     pub(super) fn restore_unfinished(&self) -> bool {
-        self.db.spec.restore_from.is_some() && !status::is_true(&self.status.conditions, kind::RESTORED)
+        self.db.spec.restore_from.is_some() && !status::is_true(&self.old.conditions, kind::RESTORED)
     }
 
     /// A restore asked for and not yet done (the `Restored` condition remembers it). A
     /// physical restore holds the members back: the pass ends until its Job is done.
     pub(super) async fn restore(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Flow<restore::Restore> {
-        let (ctx, db, generation) = (self.ctx, self.db, self.generation);
-        if db.spec.restore_from.is_none() || status::is_true(&self.status.conditions, kind::RESTORED) {
+        let (ctx, db) = (self.ctx, self.db);
+        if !self.restore_unfinished() {
             return Ok(ControlFlow::Continue(restore::Restore::Done));
         }
-        let was_ready = status::is_true(&self.status.conditions, kind::READY);
+        let was_ready = status::is_true(&self.old.conditions, kind::READY);
         let restoring = restore::reconcile(ctx, db, plugin, spec, workload, was_ready, &mut self.plan).await?;
         match &restoring {
             restore::Restore::Done => {
                 let message = format!("restored from backup {}", restore::restored_from(ctx, db));
                 self.plan.tell(None, false, Reason::Restored, message.clone());
-                status::set(&mut self.status.conditions, kind::RESTORED, true, Reason::Restored, message, generation);
+                self.plan.told.set(kind::RESTORED, true, Reason::Restored, message);
             }
             restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, Reason::RestoreFailed, reason.clone()).await,
             // Nothing starts before the data is there; the pass is tried again.
             restore::Restore::Waiting(reason) => return self.wait(Reason::RestoreWaiting, reason.clone(), Some(Phase::Restoring)).await,
             restore::Restore::HoldMembers => {
-                self.status.phase = Some(Phase::Restoring);
+                self.plan.told.phase = Some(Phase::Restoring);
                 let message = format!("restoring into the members' data volumes (Jobs {}*)", restore::job_name(db, 0));
-                status::set(&mut self.status.conditions, kind::PROGRESSING, true, Reason::Restoring, message, generation);
-                self.status.observed_generation = generation;
-                let status = std::mem::take(&mut self.status);
+                self.plan.told.set(kind::PROGRESSING, true, Reason::Restoring, message);
+                let status = self.told();
                 self.finish(status).await?;
                 return Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)));
             }
@@ -46,7 +45,7 @@ impl Pass<'_> {
     pub(super) fn steps(&mut self, upgrade: &Upgrade, workload: &Workload, rolled: bool) -> bool {
         let (ctx, db) = (self.ctx, self.db);
         let jobs = |name: &str| self.job_state(name);
-        let steps = decide::steps(&self.name, self.status.upgrade.as_ref(), &upgrade.version, upgrade.plan.as_ref(), rolled, &jobs);
+        let steps = decide::steps(&self.name, upgrade.progress.as_ref(), &upgrade.version, upgrade.plan.as_ref(), rolled, &jobs);
         if let Some((name, job)) = &steps.job {
             // Upgrade steps keep no artefact: the backup volume when there is one, else scratch.
             let storage = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
@@ -56,10 +55,10 @@ impl Pass<'_> {
             self.plan.make(jobs::job(db, name, Purpose::Upgrade, job, storage, "", None, workload.run_as_user, &ctx.settings.pull));
         }
         self.say(&steps.notes);
-        if let Some(version) = steps.completed {
-            self.status.current_version = Some(version);
+        if steps.completed.is_some() {
+            self.plan.told.current_version = steps.completed;
         }
-        self.status.upgrade = steps.progress;
+        self.plan.told.upgrade = Some(steps.progress);
         steps.under_way
     }
 
@@ -73,11 +72,11 @@ impl Pass<'_> {
         let restored = self.restore_unfinished().then(|| restore::members_restored(ctx, self.db, desired));
         let set = ctx.caches.stateful_set(self.db);
         let current = set.and_then(|s| s.replicas).map(|r| r.max(1) as u32);
-        let progress = self.status.scale.clone();
+        let progress = self.old.scale.clone();
         let scale = match decide::scale_question(desired, restored, current, progress.as_ref()) {
             ScaleQuestion::Settled(scale) => scale,
             ScaleQuestion::Ask { from } => {
-                let now = members::for_plugin(&members.observed, self.status.primary.as_deref().unwrap_or_default());
+                let now = members::for_plugin(&members.observed, self.old.primary.as_deref().unwrap_or_default());
                 let input = (spec.clone(), from, now);
                 let answer = match ctx.ask::<PlanScale>(plugin, input).await {
                     Err(Error::Plugin(e)) => Err(e.to_string()),
@@ -97,7 +96,7 @@ impl Pass<'_> {
             }
         };
         self.say(&scale.notes);
-        self.status.scale = scale.progress.clone();
+        self.plan.told.scale = Some(scale.progress.clone());
         Ok(scale)
     }
 
@@ -113,18 +112,17 @@ impl Pass<'_> {
     /// Scheduled and requested backups, and retention.
     pub(super) async fn backups(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Result<BackupReport, Error> {
         let report = backups::reconcile(self.ctx, self.db, (plugin, spec), workload.run_as_user, &mut self.plan).await?;
-        let status = &mut self.status;
-        status.last_backup = report.last.clone();
-        status.next_backup = report.next.map(|t| t.to_rfc3339());
-        status.recoverable = report.recoverable.clone();
-        status.backup_request = report.request.clone();
-        status.last_scheduled_backup = report.scheduled.clone();
+        let told = &mut self.plan.told;
+        told.backups = Some(status::Backups {
+            last: report.last.clone(),
+            next: report.next.map(|t| t.to_rfc3339()),
+            recoverable: report.recoverable.clone(),
+            request: report.request.clone(),
+            scheduled: report.scheduled.clone(),
+        });
         match &report.problem {
-            Some(p) => status::set(&mut status.conditions, kind::BACKUP_HEALTHY, false, Reason::BackupProblem, p.clone(), self.generation),
-            None => {
-                let message = crate::reconcile::backup_message(&report);
-                status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, Reason::BackupsHealthy, message, self.generation);
-            }
+            Some(p) => told.set(kind::BACKUP_HEALTHY, false, Reason::BackupProblem, p.clone()),
+            None => told.set(kind::BACKUP_HEALTHY, true, Reason::BackupsHealthy, crate::reconcile::backup_message(&report)),
         }
         Ok(report)
     }

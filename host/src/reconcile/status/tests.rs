@@ -308,3 +308,33 @@ fn down_members_are_named_with_why_in_degraded_and_ready() {
     );
     assert!(condition(&status, kind::READY).2.starts_with("1/5 members ready; orders-1: node n2"));
 }
+
+/// What a pass told goes over the old status, in the order told; what it did not tell
+/// stays as it was.
+#[test]
+fn what_a_pass_told_goes_over_the_old_status_and_nothing_else_changes() {
+    let mut old = DatabaseStatus {
+        primary: Some("orders-0".into()),
+        current_version: Some("17".into()),
+        plugin: Some("postgres@0.1.0".into()),
+        observed_generation: Some(1),
+        ..Default::default()
+    };
+    set(&mut old.conditions, kind::PLUGIN_READY, true, Reason::Rendered, "rendered", Some(1));
+    set(&mut old.conditions, kind::SYNCHRONOUS_REPLICATION, true, Reason::SynchronousReplication, "1 replica", Some(1));
+    assert_eq!(after(&old, Told::default(), Some(2)), DatabaseStatus { observed_generation: Some(2), ..old.clone() }, "nothing told");
+
+    let mut told = Told::default();
+    told.set(kind::PROGRESSING, true, Reason::Converging, "first");
+    told.set(kind::PROGRESSING, false, Reason::UpgradeRefused, "second");
+    told.remove(kind::SYNCHRONOUS_REPLICATION);
+    told.primary = Some("orders-1".into());
+    told.phase = Some(Phase::Restoring);
+    let new = after(&old, told, Some(2));
+    assert_eq!((new.primary.as_deref(), new.phase), (Some("orders-1"), Some(Phase::Restoring)));
+    assert_eq!((&new.current_version, &new.plugin), (&old.current_version, &old.plugin));
+    let progressing = new.conditions.iter().find(|c| c.type_ == kind::PROGRESSING).expect("Progressing");
+    assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("False", "UpgradeRefused"), "the later one");
+    assert!(new.conditions.iter().all(|c| c.type_ != kind::SYNCHRONOUS_REPLICATION), "removed");
+    assert_eq!(new.conditions.iter().find(|c| c.type_ == kind::PLUGIN_READY), old.conditions.first(), "untold: as it was");
+}
