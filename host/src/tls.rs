@@ -1,7 +1,7 @@
 //! TLS for a Database (`spec.tls`): a certificate authority of its own and one
 //! certificate for every name its Services and members answer to, or the cert-manager
 //! `Certificate` that has an issuer of the user's issue it. Pure: the reconciler keeps
-//! them in Secrets (see `reconcile::apply::ensure_tls`).
+//! them in Secrets (see `reconcile::secrets::ensure_tls`).
 //!
 //! The authority's key never leaves its Secret (`<name>-ca`); the certificate, its key
 //! and the authority's certificate go to `<name>-tls` (a `kubernetes.io/tls` Secret

@@ -105,26 +105,28 @@ fn status(api: &MockApi) -> plugdb::crd::DatabaseStatus {
 
 const DATABASES: &str = "/apis/plugdb.io/v1alpha1/namespaces/shop/databases/orders";
 
+/// The children a new Database's first pass makes, in order, each by a create.
+const CHILDREN: [&str; 7] = [
+    "POST /api/v1/namespaces/shop/configmaps",
+    "POST /api/v1/namespaces/shop/services",
+    "POST /api/v1/namespaces/shop/services",
+    "POST /api/v1/namespaces/shop/services",
+    "POST /apis/apps/v1/namespaces/shop/statefulsets",
+    "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets",
+    "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets",
+];
+
 #[tokio::test]
 async fn a_new_databases_first_pass_makes_its_children_and_a_second_writes_nothing() {
     let registry = registry().await;
     let db = database(json!({"replicas": 3}));
     let (calls, api) = pass(&registry, &db, &[]).await;
-    let expected = [
-        // The finalizer first: a final backup (the default policy, Snapshot) is owed from now.
-        format!("PATCH {DATABASES}"),
-        // Credentials, then the children, each made by a create (nothing had the name).
-        "POST /api/v1/namespaces/shop/secrets".into(),
-        "POST /api/v1/namespaces/shop/configmaps".into(),
-        "POST /api/v1/namespaces/shop/services".into(),
-        "POST /api/v1/namespaces/shop/services".into(),
-        "POST /api/v1/namespaces/shop/services".into(),
-        "POST /apis/apps/v1/namespaces/shop/statefulsets".into(),
-        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
-        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
-        // The status last, once.
-        format!("PATCH {DATABASES}/status"),
-    ];
+    // The finalizer first: a final backup (the default policy, Snapshot) is owed from
+    // now. Credentials, then the children, each made by a create (nothing had the name).
+    let mut expected = vec![format!("PATCH {DATABASES}"), "POST /api/v1/namespaces/shop/secrets".into()];
+    expected.extend(CHILDREN.map(str::to_string));
+    // The status last, once.
+    expected.push(format!("PATCH {DATABASES}/status"));
     assert_eq!(lines(&calls), expected);
     let made = written(&calls);
     for object in &made {
@@ -579,15 +581,10 @@ async fn tls_and_agent_certificates_come_from_one_authority_before_anything_moun
         "POST /api/v1/namespaces/shop/secrets".into(),
         "PATCH /api/v1/namespaces/shop/secrets/orders-tls".into(),
         "PATCH /api/v1/namespaces/shop/secrets/orders-agent".into(),
-        "POST /api/v1/namespaces/shop/configmaps".into(),
-        "POST /api/v1/namespaces/shop/services".into(),
-        "POST /api/v1/namespaces/shop/services".into(),
-        "POST /api/v1/namespaces/shop/services".into(),
-        "POST /apis/apps/v1/namespaces/shop/statefulsets".into(),
-        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
-        "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets".into(),
-        format!("PATCH {DATABASES}/status"),
     ];
+    let mut expected = expected.to_vec();
+    expected.extend(CHILDREN.map(str::to_string));
+    expected.push(format!("PATCH {DATABASES}/status"));
     assert_eq!(lines(&calls), expected);
     let made = written(&calls);
     let named = |name: &str| made.iter().find(|o| o["metadata"]["name"] == name && o["kind"] == "Secret").expect(name).clone();

@@ -1,76 +1,24 @@
-//! The member agents of a Database, from the operator's side: their certificates (Secret
-//! `<name>-agent`, issued by the Database's own authority, whether or not its clients use
-//! TLS), the questions the failover, switchover and hear stages ask them, and what the
-//! operator keeps to ask them ([`Agents`]).
+//! The member agents of a Database, from the operator's side: the questions the
+//! failover, switchover and hear stages ask them, and what the operator keeps to ask them
+//! ([`Agents`]): the operator's certificate from Secret `<name>-agent` (which
+//! [`super::secrets`] issues).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
-use super::apply::{authority, own_secret, secret_metadata};
+use super::apply::own_secret;
 use super::members::Observed;
-use super::plan::{Plan, SecretWrite};
 use super::{Context, Error};
 use crate::agent;
 use crate::crd::Database;
 use crate::names::Names;
 use crate::plugin::MemberQuery;
-use crate::tls::{self, Use};
-
-/// The agents' names: every member under the headless Service.
-fn member_names(name: &str, namespace: &str) -> Vec<String> {
-    let headless = Names(name).headless();
-    [format!("*.{headless}.{namespace}.svc"), format!("*.{headless}.{namespace}.svc.cluster.local")].into()
-}
-
-/// Secret `<name>-agent`: the agents' certificate (for servers only), the operator's (for
-/// clients only) and the authority's, issued once and again 30 days before they expire.
-/// The agents read theirs on every connection: a renewal restarts nothing.
-pub(super) async fn ensure(ctx: &Context, db: &Database, plan: &mut Plan) -> Result<(), Error> {
-    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
-    let secret_name = Names(&name).agent();
-    let now = chrono::Utc::now();
-    let current = |s: &Secret| !tls::due(s.annotations().get(tls::NOT_AFTER).map(String::as_str), now);
-    if ctx.caches.secret(db, &secret_name).is_some_and(|s| current(&s)) {
-        return Ok(());
-    }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    // The cache may be behind a Secret written a moment ago: ask before issuing.
-    if own_secret(db, api.get_opt(&secret_name).await?)?.is_some_and(|s| current(&s)) {
-        return Ok(());
-    }
-    let authority = authority(db, &api, plan).await?;
-    let server = tls::issue_for(&name, &ns, &authority.key, (&Names(&name).headless(), &member_names(&name, &ns)), Use::Server, now)
-        .map_err(Error::Tls)?;
-    let client = tls::issue_for(&name, &ns, &authority.key, ("plugdb operator", &["plugdb-operator".to_string()]), Use::Client, now)
-        .map_err(Error::Tls)?;
-    let stamp = server.not_after.min(client.not_after).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let bytes = |s: String| ByteString(s.into_bytes());
-    let data = BTreeMap::from([
-        (tls::CERTIFICATE.to_string(), bytes(server.certificate)),
-        (tls::KEY.to_string(), bytes(server.key)),
-        (tls::CA.to_string(), bytes(authority.certificate)),
-        (agent::CLIENT_CERTIFICATE.to_string(), bytes(client.certificate)),
-        (agent::CLIENT_KEY.to_string(), bytes(client.key)),
-    ]);
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            annotations: Some(BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone())])),
-            ..secret_metadata(db, &secret_name, true)
-        },
-        data: Some(data),
-        type_: Some("Opaque".into()),
-        ..Default::default()
-    };
-    plan.secret(SecretWrite::Apply(secret));
-    tracing::info!(database = %format!("{ns}/{name}"), expires = %stamp, "issued the member agents' certificates");
-    Ok(())
-}
+use crate::tls;
 
 /// What the operator keeps to ask each Database's agents: the authority's certificate
 /// and its own, as Secret `<name>-agent` had them at a version (read once, not on every

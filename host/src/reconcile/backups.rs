@@ -327,23 +327,16 @@ pub(super) async fn reconcile(
                 }
                 Err(e) => {
                     report.problem = Some(format!("spec.backup.s3: retention: {e}"));
-                    report.recoverable = unreachable(previous.recoverable.as_ref(), now);
+                    report.recoverable = bucket::unreachable(previous.recoverable.as_ref(), now);
                 }
             },
             Err(problem) => {
                 report.problem = Some(problem);
-                report.recoverable = unreachable(previous.recoverable.as_ref(), now);
+                report.recoverable = bucket::unreachable(previous.recoverable.as_ref(), now);
             }
         }
     }
     Ok(report)
-}
-
-/// The window last known, now that the bucket cannot be read: kept, marked unreachable
-/// since the first failed read.
-pub(super) fn unreachable(known: Option<&Recoverable>, now: DateTime<Utc>) -> Option<Recoverable> {
-    let since = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    known.cloned().map(|r| Recoverable { unreachable_since: r.unreachable_since.clone().or(Some(since)), ..r })
 }
 
 /// The longest cause of a failed Job the status and its Event quote.

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use object_store::ObjectStore;
 
 use super::{Context, Error};
-use crate::crd::{S3Target, SecretKey};
+use crate::crd::{Recoverable, S3Target, SecretKey};
 use crate::object_storage::{self, Bucket, Listed, Segment};
 
 /// An opened bucket and the Database's place in it.
@@ -137,4 +138,11 @@ pub async fn remove(opened: &Opened, removal: &Removal) -> Result<(), String> {
     }
     object_storage::remove_segments(store, &opened.database, &removal.segments).await.map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The window last known, now that the bucket cannot be read: kept, marked unreachable
+/// since the first failed read.
+pub fn unreachable(known: Option<&Recoverable>, now: DateTime<Utc>) -> Option<Recoverable> {
+    let since = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    known.cloned().map(|r| Recoverable { unreachable_since: r.unreachable_since.clone().or(Some(since)), ..r })
 }

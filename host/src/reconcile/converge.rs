@@ -64,7 +64,7 @@ use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQu
 use super::members::{self, Observed};
 use super::plan::{Plan, member_ref};
 use super::status::{self, Growth, Reason, kind};
-use super::{Context, Error, after_stop, apply, join, nodes, plugin_uid, replication, restore, serving, stopped, write_status};
+use super::{Context, Error, after_stop, apply, join, nodes, plugin_uid, replication, restore, secrets, serving, stopped, write_status};
 use crate::build;
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
 use crate::jobs::{self, Purpose};
@@ -420,17 +420,17 @@ impl<'a> Pass<'a> {
             None => (Reason::Rendered, format!("rendered by {}", serving(plugin))),
         };
         self.plan.told.set(kind::PLUGIN_READY, true, reason, message);
-        apply::ensure_credentials(ctx, db, &workload.credentials, &mut self.plan).await?;
-        self.tls = match apply::ensure_tls(ctx, db, &mut self.plan).await? {
-            apply::Certified::Off => None,
-            apply::Certified::Issued(stamp) => Some(stamp),
-            apply::Certified::Waiting(reason, message) => {
+        secrets::ensure_credentials(ctx, db, &workload.credentials, &mut self.plan).await?;
+        self.tls = match secrets::ensure_tls(ctx, db, &mut self.plan).await? {
+            secrets::Certified::Off => None,
+            secrets::Certified::Issued(stamp) => Some(stamp),
+            secrets::Certified::Waiting(reason, message) => {
                 let phase = self.old.current_version.is_none().then_some(Phase::Pending);
                 return self.wait(reason, message, phase).await;
             }
         };
         if super::agent_image(ctx, plugin, &workload).is_some() {
-            super::agent::ensure(ctx, db, &mut self.plan).await?;
+            secrets::ensure_agents(ctx, db, &mut self.plan).await?;
         }
         Ok(ControlFlow::Continue(workload))
     }
@@ -475,7 +475,10 @@ impl<'a> Pass<'a> {
             self.plan.apply(child);
         }
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
-        let growth = apply::grow_volumes(ctx, db, &mut self.plan);
+        let (grown, growth) = apply::grow_volumes(ctx, db);
+        for claim in grown {
+            self.plan.grow(claim, db.spec.storage.0.clone());
+        }
         self.plan.told.primary = Some(primary.to_string());
         if self.old.current_version.is_none() {
             self.plan.told.current_version = Some(version.to_string());

@@ -6,7 +6,8 @@
 //! and call pool, watch caches, metrics, Events), the controller loop and its
 //! triggers, error handling, and the status and finalizer writes. A pass is
 //! `converge` (its stages are listed there) or, for a Database being deleted,
-//! `delete`. Reading is [`cache`]; writing children is `apply`; the pure parts are
+//! `delete`. Reading is [`cache`]; what a pass writes is gathered in its `plan` and
+//! carried out there (children through `apply`, the Secrets `secrets` decides); the pure parts are
 //! [`members`] (observing pods, rolls, failover questions) and [`status`] (conditions
 //! and the end of a pass); backups and restores have their own modules.
 
@@ -26,6 +27,7 @@ pub mod owner;
 mod plan;
 mod replication;
 pub mod restore;
+mod secrets;
 pub mod status;
 mod switchover;
 

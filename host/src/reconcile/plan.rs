@@ -109,7 +109,7 @@ impl Carried {
         if let Some(problem) = &self.prune_failed {
             told.set(kind::BACKUP_HEALTHY, false, Reason::BackupProblem, problem.clone());
             if let Some(backups) = told.backups.as_mut() {
-                backups.recoverable = super::backups::unreachable(old.recoverable.as_ref(), chrono::Utc::now());
+                backups.recoverable = bucket::unreachable(old.recoverable.as_ref(), chrono::Utc::now());
             }
         }
     }
