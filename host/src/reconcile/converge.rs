@@ -54,7 +54,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
@@ -367,8 +366,7 @@ impl<'a> Pass<'a> {
 
     /// Whether the Database's status already says `reason` (with `message`, when given).
     fn said(&self, reason: Reason, message: Option<&str>) -> bool {
-        let says = |c: &Condition| c.reason == reason.as_str() && message.is_none_or(|m| c.message == m);
-        self.db.status.as_ref().is_some_and(|s| s.conditions.iter().any(says))
+        super::plan::said(self.db, reason, message)
     }
 
     /// The state of the Database's Job `name`, as the cache has it.
@@ -477,7 +475,7 @@ impl<'a> Pass<'a> {
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
         let (grown, growth) = apply::grow_volumes(ctx, db);
         for claim in grown {
-            self.plan.grow(claim, db.spec.storage.0.clone());
+            self.plan.grow(claim);
         }
         self.plan.told.primary = Some(primary.to_string());
         if self.old.current_version.is_none() {

@@ -48,8 +48,8 @@ pub(super) struct Plan {
     authority: Option<tls::Authority>,
     /// Applied where they differ, in order.
     applied: Vec<Child>,
-    /// Member volume claims grown: the claim, and the size asked for.
-    grown: Vec<(String, String)>,
+    /// Member volume claims grown to `spec.storage`.
+    grown: Vec<String>,
     /// Made when absent, in order: a Job's volume comes before the Job.
     made: Vec<Child>,
     /// Role labels to set, by member pod.
@@ -161,9 +161,9 @@ impl Plan {
         self.secrets.push(SecretWrite::MakeAuthority(secret));
     }
 
-    /// Grows member volume claim `claim` to `size`.
-    pub(super) fn grow(&mut self, claim: String, size: String) {
-        self.grown.push((claim, size));
+    /// Grows member volume claim `claim` to `spec.storage`.
+    pub(super) fn grow(&mut self, claim: String) {
+        self.grown.push(claim);
     }
 
     /// Applies `child` unless the cache holds it as it is (see [`apply::apply`]).
@@ -231,7 +231,8 @@ impl Plan {
             apply::apply(ctx, db, child).await?;
         }
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-        for (claim, size) in std::mem::take(&mut self.grown) {
+        let size = &db.spec.storage.0;
+        for claim in std::mem::take(&mut self.grown) {
             let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}}));
             match claims.patch(&claim, &PatchParams::default(), &patch).await {
                 Ok(_) => {}
@@ -239,7 +240,7 @@ impl Plan {
                 // again on later passes.
                 Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
                     let refused = format!("claim {claim} cannot grow to {size}: {}", e.message);
-                    if !said(db, Reason::VolumeGrowFailed, &refused) {
+                    if !said(db, Reason::VolumeGrowFailed, Some(&refused)) {
                         self.tell(None, true, Reason::VolumeGrowFailed, refused.clone());
                     }
                     carried.grow_refused = Some(refused);
@@ -312,9 +313,9 @@ pub(super) fn member_ref(pods: &[std::sync::Arc<Pod>], pod: &str) -> Option<Obje
     pods.iter().find(|p| p.name_any() == pod).map(|p| p.object_ref(&()))
 }
 
-/// Whether `db`'s status already says `reason` with `message`.
-pub(super) fn said(db: &Database, reason: Reason, message: &str) -> bool {
-    db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == reason.as_str() && c.message == message))
+/// Whether `db`'s status already says `reason` (with `message`, when given).
+pub(super) fn said(db: &Database, reason: Reason, message: Option<&str>) -> bool {
+    db.status.iter().flat_map(|s| &s.conditions).any(|c| c.reason == reason.as_str() && message.is_none_or(|m| c.message == m))
 }
 
 async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Result<(), Error> {
