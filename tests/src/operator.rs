@@ -45,14 +45,16 @@ impl RequestCounts {
         metric_sum(&self.0.encode(), "plugdb_api_requests_total", verb) as u64
     }
 
-    /// Every request but watches.
-    pub fn all(&self) -> u64 {
-        self.count(|v| v != "watch")
-    }
-
     /// Requests that may change state.
     pub fn writes(&self) -> u64 {
         self.count(|v| v != "watch" && v != "get")
+    }
+
+    /// Every request but watches, by verb and resource: what a failed comparison names.
+    pub fn by_kind(&self) -> BTreeMap<String, u64> {
+        let text = self.0.encode();
+        let kinds = text.lines().filter(|l| l.starts_with("plugdb_api_requests_total{") && !l.contains("verb=\"watch\""));
+        kinds.filter_map(|l| Some((l.split_once('{')?.1.split_once('}')?.0.to_string(), l.rsplit(' ').next()?.parse().ok()?))).collect()
     }
 }
 
