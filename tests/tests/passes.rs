@@ -693,8 +693,10 @@ fn loopback(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("127.{}.{}.{}", 1 + (id >> 8) % 250, id % 256, 10 + i)).collect()
 }
 
-#[tokio::test]
-async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted() {
+/// A Database of three members whose primary (member 0) has not been ready for an hour,
+/// its node gone, while its agent still answers; member 2 received more than member 1.
+/// The registry, the Database, what the caches hold, the API server and the agents.
+async fn a_lost_primary() -> (Registry, Database, Vec<Value>, Server, tempfile::TempDir) {
     let registry = registry().await;
     let server = Server { image: Some("plugdb:test"), ..Server::default() };
     let (result, calls, api) = pass_over(&registry, &database(json!({"replicas": 3})), &[], &server).await;
@@ -717,7 +719,13 @@ async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted
     ];
     let agents = agents(&made, &said).await;
     let server = Server { served: vec![("/api/v1/namespaces/shop/secrets/orders-agent".into(), secret)], ..server };
-    let (result, calls, api) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    (registry, api.database(), cluster, server, agents)
+}
+
+#[tokio::test]
+async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted() {
+    let (registry, db, cluster, server, agents) = a_lost_primary().await;
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
     result.expect("the pass");
     let expected = [
         // The down member's node, then the operator's certificate for the agents (read
@@ -756,4 +764,26 @@ async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted
     assert_eq!(status.primary.as_deref(), Some("orders-2"));
     let positions: Vec<_> = status.members.iter().map(|m| (m.pod.as_str(), m.position.as_deref())).collect();
     assert_eq!(positions, [("orders-0", Some("0/5000000")), ("orders-1", Some("0/4000000")), ("orders-2", Some("0/5000000"))]);
+}
+
+#[tokio::test]
+async fn a_pass_that_fails_after_a_promotion_still_says_who_leads_now() {
+    let (registry, db, cluster, server, _agents) = a_lost_primary().await;
+    // The API server fails the read-write Service's move, after the promotion.
+    let service = "/api/v1/namespaces/shop/services/orders";
+    let server = Server { refused: vec![(service.into(), 500)], ..server };
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    assert!(matches!(result, Err(reconcile::Error::Kube(_))), "{result:?}");
+    let tail: Vec<String> = lines(&calls).into_iter().skip_while(|l| *l != format!("PATCH {service}")).collect();
+    let expected =
+        [format!("PATCH {service}"), "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(), format!("PATCH {DATABASES}/status")];
+    assert_eq!(tail, expected);
+    assert_eq!(calls.iter().rev().nth(1).map(|c| c.body["reason"].clone()), Some(json!("FailoverPromoted")));
+    // The promotion is not undone: the status says who leads, and the next pass keeps it.
+    assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
+    let server = Server { refused: vec![], ..server };
+    let (result, again, api) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    result.expect("the next pass");
+    assert!(again.iter().all(|c| c.body["reason"] != "FailoverPromoted"), "{:?}", lines(&again));
+    assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
 }

@@ -334,7 +334,8 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
         if db.metadata.deletion_timestamp.is_some() { delete::delete(&db, &ctx).await } else { converge::converge(&db, &ctx).await };
     ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     if let Some((reason, message)) = result.as_ref().err().and_then(Error::refusal) {
-        refused(&ctx, &db, reason, message).await;
+        // Over what the failed pass still wrote (a new primary), not the status it found.
+        refused(&ctx, &ctx.freshest(db.clone()), reason, message).await;
     }
     if result.is_ok() && ctx.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&ObjectRef::from_obj(db.as_ref())).is_some() {
         ctx.count_state();

@@ -17,9 +17,10 @@
 //!
 //! then the caller writes the status, once: the old status with what the stages told
 //! ([`Told`], which the plan keeps beside its writes) and what carrying out found
-//! ([`Carried`]). A pass that fails part way sets the finalizer and
-//! sends the Events of what it already did (a promotion is not undone), and nothing
-//! else: the next pass decides the rest again from what it finds.
+//! ([`Carried`]). A pass that fails part way sets the finalizer, sends the Events of
+//! what it already did, and, when it promoted a member (which is not undone), writes the
+//! status's primary: nothing else. The next pass decides the rest again from what it
+//! finds, and finds the new primary leading.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret};
@@ -64,6 +65,9 @@ pub(super) struct Plan {
     pruned: Option<(bucket::Opened, bucket::Removal, String)>,
     /// Events, in the order decided.
     events: Vec<Said>,
+    /// The member this pass promoted: the status says it leads even when the pass fails
+    /// after the promotion, which is not undone.
+    promoted: Option<String>,
     /// What the status says, as the stages decided it (the caller writes the status).
     pub(super) told: Told,
 }
@@ -203,17 +207,26 @@ impl Plan {
         self.pruned = Some((opened, removal, message));
     }
 
+    /// Member `pod` was promoted: it leads now, whatever else the pass does.
+    pub(super) fn promoted(&mut self, pod: String) {
+        self.told.primary = Some(pod.clone());
+        self.promoted = Some(pod);
+    }
+
     /// Sends an Event about the Database (`about`: a related object, such as a member).
     pub(super) fn tell(&mut self, about: Option<ObjectReference>, warning: bool, reason: Reason, note: String) {
         self.events.push(Said { about, warning, reason, note });
     }
 
-    /// Carries the plan out, in the order the module gives. The Events are sent even when
-    /// a write before them failed: they say what the pass already did.
+    /// Carries the plan out, in the order the module gives. A write that fails ends it
+    /// as [`Plan::after_failure`] says.
     pub(super) async fn carry_out(mut self, ctx: &Context, db: &Database) -> Result<Carried, Error> {
         let mut carried = Carried::default();
         let written = self.write(ctx, db, &mut carried).await;
-        self.tell_all(ctx, db).await;
+        match written {
+            Ok(()) => self.tell_all(ctx, db).await,
+            Err(_) => self.failed(ctx, db).await,
+        }
         written.map(|()| carried)
     }
 
@@ -289,15 +302,30 @@ impl Plan {
         Ok(())
     }
 
-    /// What a pass that failed part way still carries out: the finalizer, and the
-    /// Events of what it already did.
+    /// What a pass whose stage failed part way still carries out: the finalizer, then
+    /// what [`Plan::failed`] says.
     pub(super) async fn after_failure(self, ctx: &Context, db: &Database) {
         if let Some(present) = self.finalizer
             && let Err(e) = super::set_finalizer(ctx, db, present).await
         {
             tracing::warn!(error = %e, "could not set the finalizer");
         }
+        self.failed(ctx, db).await;
+    }
+
+    /// What a pass that failed still says: the Events of what it already did, and, when
+    /// it promoted a member, that the member leads (the status's primary, nothing else).
+    async fn failed(mut self, ctx: &Context, db: &Database) {
+        let promoted = self.promoted.take();
         self.tell_all(ctx, db).await;
+        let db = ctx.freshest(std::sync::Arc::new(db.clone()));
+        let old = db.status.clone().unwrap_or_default();
+        if let Some(primary) = promoted.filter(|p| old.primary.as_ref() != Some(p)) {
+            let status = crate::crd::DatabaseStatus { primary: Some(primary), ..old };
+            if let Err(e) = super::write_status(ctx, &db, status).await {
+                tracing::warn!(error = %e, "could not record the new primary in the status");
+            }
+        }
     }
 
     /// Sends the Events only.

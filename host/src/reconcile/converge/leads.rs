@@ -25,6 +25,9 @@ impl Pass<'_> {
             }
         };
         self.say(&chosen.notes);
+        if chosen.failed_over {
+            self.plan.promoted(chosen.name.clone());
+        }
         Ok(chosen)
     }
 
