@@ -81,10 +81,15 @@ pub async fn children_then_quiet(cluster: Arc<Cluster>) {
     let after = Api::<Secret>::namespaced(c.clone(), ns).get("orders-credentials").await.expect("credentials").data.expect("data");
     assert_eq!(after["superuser-password"], data["superuser-password"]);
 
-    // Steady state: a resync is served from the caches and makes no request. Only what
-    // the members' agents say moves without a change to anything (a checkpoint moves a
-    // member's position; the status follows when the agents are next asked): a pass that
-    // wrote that alone into the status is looked at again, a few times at most.
+    // Steady state: a resync is served from the caches and makes no request. The members'
+    // agents are asked where each member is every half minute, the first time once the
+    // operator has run that long (with the operator's certificate, read then and kept):
+    // their first answers are in the status before anything is counted. After that, only
+    // what they say moves without a change to anything (a checkpoint moves a position;
+    // the status follows when they are next asked): a pass that wrote that alone into the
+    // status is looked at again, a few times at most.
+    let heard = |db: &Database| db.status.as_ref().is_some_and(|s| s.members.len() == 3 && s.members.iter().all(|m| m.heard.is_some()));
+    cluster.wait_database(ns, "orders", "every member's agent said where it is", WAIT, heard).await.expect("heard");
     for attempt in 1.. {
         let (all, before) = (cluster.requests.by_kind(), dbs.get("orders").await.expect("orders").status);
         let reconciles = cluster.reconciles("postgres");
