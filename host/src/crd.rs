@@ -562,7 +562,7 @@ pub struct MemberStatus {
 
 /// Where a Database is in its life: `Pending` (waiting for its engine's plugin),
 /// `Creating` (members not all ready yet), `Restoring` (loading a backup), `Running`
-/// (every member ready on the desired spec), `Updating` (an upgrade rolling out),
+/// (every member ready on the desired spec), `Updating` (a change or an upgrade rolling out),
 /// `Degraded` (it ran; now fewer members are ready, or a problem stops it), `Failed` (it
 /// never ran and waits for a change of its spec or plugin), `Deleting` (waiting for the
 /// final backup). The conditions say why.
@@ -577,7 +577,7 @@ pub enum Phase {
     Restoring,
     /// Every member ready, on the desired spec.
     Running,
-    /// An upgrade is rolling out.
+    /// A change or an upgrade is rolling out.
     Updating,
     /// It ran, and now fewer members are ready than desired, or a problem stops it.
     Degraded,

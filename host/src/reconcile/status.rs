@@ -383,6 +383,11 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
         let why = crate::events::truncate(m.unschedulable.as_deref().unwrap_or_default(), 400);
         ready_message.push_str(&format!("; {} cannot be scheduled: {why}", m.name));
     }
+    // Every member serves, and a change (or an upgrade) rolls onto them.
+    let rolling = ready == desired && !pass.rolled && status.current_version.is_some();
+    if rolling {
+        ready_message.push_str("; not all run the current spec yet");
+    }
     let reason = if all_ready { Reason::AllMembersReady } else { Reason::MembersNotReady };
     set(&mut status.conditions, kind::READY, all_ready, reason, ready_message, generation);
     match pass.growth {
@@ -408,7 +413,7 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
         let reason = if degraded { Reason::MembersDown } else { Reason::AllMembersUp };
         set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready{down}"), generation);
     }
-    status.phase = Some(phase(status, pass.restoring, all_ready, ready));
+    status.phase = Some(phase(status, pass.restoring, (all_ready, rolling), ready));
     progressing
 }
 
@@ -471,10 +476,10 @@ fn down_members(members: &[Observed]) -> String {
 
 /// The phase: a restore that loads over the network keeps a Database `Restoring` while
 /// its members already run, since its data is not there yet.
-fn phase(status: &DatabaseStatus, restoring: bool, all_ready: bool, ready: usize) -> Phase {
+fn phase(status: &DatabaseStatus, restoring: bool, (all_ready, rolling): (bool, bool), ready: usize) -> Phase {
     if restoring {
         Phase::Restoring
-    } else if status.upgrade.is_some() {
+    } else if status.upgrade.is_some() || rolling {
         Phase::Updating
     } else if all_ready {
         Phase::Running
