@@ -234,6 +234,28 @@ async fn a_scale_up_applies_the_new_count_and_says_it_is_progressing() {
 }
 
 #[tokio::test]
+async fn a_change_that_keeps_the_members_template_keeps_the_database_ready_and_one_that_does_not_is_updating() {
+    let registry = registry().await;
+    let (mut db, made) = steady(&registry).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    // Another deletion policy: claims kept otherwise, and the members' template as it was.
+    db.spec.deletion_policy = plugdb::crd::DeletionPolicy::Delete;
+    db.metadata.generation = Some(2);
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    assert!(lines(&calls).contains(&"PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".to_string()), "{:?}", lines(&calls));
+    let said = status(&api);
+    let ready = said.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready");
+    assert_eq!((said.phase, ready.status.as_str()), (Some(plugdb::crd::Phase::Running), "True"), "{}", ready.message);
+    // Another parameter: a new template, which no member runs yet.
+    db.spec.parameters = serde_json::from_value(json!({"max_connections": 150})).expect("parameters");
+    let (_, api) = pass(&registry, &db, &cluster).await;
+    let said = status(&api);
+    let ready = said.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready");
+    assert_eq!((said.phase, ready.status.as_str()), (Some(plugdb::crd::Phase::Updating), "False"));
+    assert_eq!(ready.message, "3/3 members ready; not all run the current spec yet");
+}
+
+#[tokio::test]
 async fn a_roll_restarts_one_replica_at_a_time_the_highest_first() {
     let registry = registry().await;
     let (db, made) = steady(&registry).await;

@@ -38,8 +38,9 @@
 //! mid-pass leaves no fenced member unmarked), the new one promoted, the read-write
 //! Service moved before the promotion, and the primary asked for synchronous replicas.
 //! A growth the API server refuses, or a bucket retention cannot prune, is found when
-//! the plan is carried out, and the status says it. A StatefulSet the plan writes is one
-//! its controller has not seen yet: no member is rolled onto it in the same pass.
+//! the plan is carried out, and the status says it. A members' template the plan writes
+//! is one the StatefulSet's controller has not seen yet: no member is rolled onto it in
+//! the same pass.
 //!
 //! A stage that finds a permanent problem ends the pass with a condition
 //! ([`super::stopped`]): the plan so far is carried out, and nothing after it runs until
@@ -213,8 +214,8 @@ struct Members {
 
 /// What the apply stage decided.
 struct Applied {
-    /// The StatefulSet as the cache has it, unless this pass writes it: then its
-    /// controller has not seen the new spec yet, and no member is rolled onto it.
+    /// The StatefulSet as the cache has it, unless this pass writes a new members'
+    /// template: its controller has not seen it yet, and no member is rolled onto it.
     stateful_set: Option<SetFacts>,
     /// The members' template's hash without the primary's name ([`crate::names::ROLE_FREE_HASH`]).
     role_free: String,
@@ -466,7 +467,11 @@ impl<'a> Pass<'a> {
             if child.kind == build::Kind::StatefulSet {
                 let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
                 role_free = annotations[crate::names::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
-                if !apply::unchanged(ctx, db, &child) {
+                // A new members' template is one its controller has not seen: what the
+                // members run is not known until it has. Another change (the count, how
+                // claims are kept) leaves it known.
+                let annotations = serde_json::from_value(annotations.clone()).ok();
+                if !apply::unchanged(ctx, db, &child) && !stateful_set.as_ref().is_some_and(|s| s.same_template(annotations.as_ref())) {
                     stateful_set = None;
                 }
             }

@@ -8,7 +8,7 @@
 //! bytes and under 1 KiB. With five applied children and a StatefulSet per Database,
 //! this was most of what the operator held per Database (docs/benchmarks.md).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -17,7 +17,7 @@ use kube::{Resource, ResourceExt};
 
 use super::{Seen, owner};
 use crate::crd::Database;
-use crate::names::APPLIED_HASH;
+use crate::names::{APPLIED_HASH, PRIMARY_ANNOTATION, ROLE_FREE_HASH};
 
 /// How plugdb last applied an object, and whose it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,6 +67,9 @@ pub struct SetFacts {
     /// Its `spec.volumeClaimTemplates` as JSON: they cannot change, so every apply
     /// sends them as they are.
     claim_templates: Option<Box<str>>,
+    /// Its members' template, as the hash without the primary's name and the primary's
+    /// name: the same pair, the same template.
+    template: Option<(Box<str>, Box<str>)>,
     applied: Applied,
 }
 
@@ -81,8 +84,15 @@ impl SetFacts {
             observed: status.and_then(|s| s.observed_generation) == set.metadata.generation,
             update_revision: status.and_then(|s| s.update_revision.as_deref()).map(Into::into),
             claim_templates: templates.and_then(|t| serde_json::to_string(t).ok()).map(Into::into),
+            template: template_of(spec.and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.annotations.as_ref())),
             applied: Applied::of(set),
         }
+    }
+
+    /// Whether its members' template is the one whose annotations are `annotations`
+    /// (those of a StatefulSet about to be applied): writing that one rolls no member.
+    pub fn same_template(&self, annotations: Option<&BTreeMap<String, String>>) -> bool {
+        self.template.is_some() && self.template == template_of(annotations)
     }
 
     /// Its volume claim templates.
@@ -178,6 +188,12 @@ fn insert<K: Resource, V>(map: &mut Map<V>, o: &K, facts: V) {
     let meta = o.meta();
     let (Some(namespace), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else { return };
     map.entry(namespace.into()).or_default().insert(name.into(), facts);
+}
+
+/// The identity of a members' template, from its annotations.
+fn template_of(annotations: Option<&BTreeMap<String, String>>) -> Option<(Box<str>, Box<str>)> {
+    let a = annotations?;
+    Some((a.get(ROLE_FREE_HASH)?.as_str().into(), a.get(PRIMARY_ANNOTATION)?.as_str().into()))
 }
 
 #[cfg(test)]
