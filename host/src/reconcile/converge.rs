@@ -470,8 +470,8 @@ impl<'a> Pass<'a> {
                 // A new members' template is one its controller has not seen: what the
                 // members run is not known until it has. Another change (the count, how
                 // claims are kept) leaves it known.
-                let annotations = serde_json::from_value(annotations.clone()).ok();
-                if !apply::unchanged(ctx, db, &child) && !stateful_set.as_ref().is_some_and(|s| s.same_template(annotations.as_ref())) {
+                let named = annotations[crate::names::PRIMARY_ANNOTATION].as_str().unwrap_or_default();
+                if !apply::unchanged(ctx, db, &child) && !stateful_set.as_ref().is_some_and(|s| s.same_template(&role_free, named)) {
                     stateful_set = None;
                 }
             }

@@ -89,10 +89,10 @@ impl SetFacts {
         }
     }
 
-    /// Whether its members' template is the one whose annotations are `annotations`
-    /// (those of a StatefulSet about to be applied): writing that one rolls no member.
-    pub fn same_template(&self, annotations: Option<&BTreeMap<String, String>>) -> bool {
-        self.template.is_some() && self.template == template_of(annotations)
+    /// Whether its members' template is the one with hash `role_free` naming `primary`
+    /// (that of a StatefulSet about to be applied): writing that one rolls no member.
+    pub fn same_template(&self, role_free: &str, primary: &str) -> bool {
+        self.template.as_ref().is_some_and(|(hash, named)| **hash == *role_free && **named == *primary)
     }
 
     /// Its volume claim templates.
