@@ -60,8 +60,11 @@ for plugin in "$work"/plugins/*.wasm; do
   target/debug/plugdb plugin pack "$plugin" --namespace plugdb-system | kubectl apply --server-side -f -
 done
 
-echo "== starting the operator"
-target/debug/plugdb run --namespace plugdb-system --listen 127.0.0.1:0 >"$work/operator.log" 2>&1 &
+# As the chart runs it: knowing its own image (which the nodes hold), so every member runs
+# the member agent beside its engine (failover, fencing, switchover, positions in status).
+image=$(cat "$KUBECONFIG.image")
+echo "== starting the operator (its image: $image)"
+target/debug/plugdb run --namespace plugdb-system --listen 127.0.0.1:0 --image "$image" >"$work/operator.log" 2>&1 &
 operator_pid=$!
 
 echo "== applying examples/orders-db.yaml"
@@ -76,6 +79,9 @@ echo "orders Running with its members Ready after $((SECONDS - started)) s"
 kubectl get statefulsets,services -l app.kubernetes.io/instance=orders
 echo
 kubectl get pods -o wide -l app.kubernetes.io/instance=orders
+containers=$(kubectl get pod orders-0 -o jsonpath='{.spec.containers[*].name}')
+[[ " $containers " == *" agent "* ]] || { echo "run: the members run no member agent (containers: $containers)" >&2; exit 1; }
+echo "each member runs its engine and the member agent ($containers)"
 echo
 kubectl get db
 

@@ -18,13 +18,16 @@
 //! [`ISOLATED_FENCE_AFTER`] (a node lost to the others, whose clients may still reach
 //! it): sooner than the operator can see the node lost and promote a replica.
 //!
-//! Who may ask is settled by mutual TLS against the Database's own authority: the agent
-//! serves a certificate for servers only and asks for a client certificate for clients
-//! only, which only the operator holds (both in Secret `<name>-agent`), so one member's
-//! agent cannot ask another's, and another Database's operator certificate is refused.
-//! Everything is bounded: 16 connections at a time, one command at a time, 3 s a
-//! connection, 4 KiB of request head, 4 KiB of command output, and 1.5 s a status or
-//! fence command (4 s a promotion or a change of synchronous replicas).
+//! Who may ask is settled by mutual TLS: the agent serves a certificate for servers only,
+//! from the Database's own authority (Secret `<name>-agent`), and asks for a client
+//! certificate from the operator's own authority ([`CLIENTS_CA`]), whose key and client
+//! certificate live in the operator's namespace only: not the Database's authority, whose
+//! certificates the members and Jobs hold (and the engine can read), so neither the
+//! application, another member's agent, nor another Database's certificate is obeyed.
+//! Everything is bounded: 16 connections at a time and [`PER_PEER`] from one address (idle
+//! connections from a few places cannot take every slot from the operator), 5 s a
+//! connection, one command at a time, 4 KiB of request head, 4 KiB of command output, and
+//! 1.5 s a status or fence command (4 s a promotion or a change of synchronous replicas).
 //!
 //! The agent runs in the engine's image (its client tools and environment), from this
 //! binary, which an init container copies out of the operator's image.
@@ -46,12 +49,14 @@ pub const PORT: u16 = 8443;
 pub const CERTS: &str = "/etc/plugdb-agent";
 /// Where the init container copies the binary to, and the agent runs it from.
 pub const BIN_DIR: &str = "/plugdb-bin";
-/// The agent's certificate and key, and the authority's certificate, in [`CERTS`].
-pub const FILES: [&str; 3] = [crate::tls::CERTIFICATE, crate::tls::KEY, crate::tls::CA];
-/// The operator's certificate for asking the agents, in the Secret only.
-pub const CLIENT_CERTIFICATE: &str = "client.crt";
-/// Its key.
-pub const CLIENT_KEY: &str = "client.key";
+/// The operator's authority's certificate, in [`CERTS`]: the only one trusted for clients.
+pub const CLIENTS_CA: &str = "clients-ca.crt";
+/// Annotation on Secret `<name>-agent`: a hash of the [`CLIENTS_CA`] it holds, so that
+/// another operator authority is written again.
+pub const CLIENTS_HASH: &str = "plugdb.io/clients-ca";
+/// The agent's certificate and key, the Database authority's certificate (the operator
+/// verifies the agent by it) and the operator's authority's, in [`CERTS`].
+pub const FILES: [&str; 4] = [crate::tls::CERTIFICATE, crate::tls::KEY, crate::tls::CA, CLIENTS_CA];
 /// How long the status and fence commands may run.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
 /// How long the promote and synchronous commands may run: a promotion ends recovery,
@@ -60,8 +65,14 @@ pub const ACTION_TIMEOUT: Duration = Duration::from_secs(4);
 /// The most of the status command's output that is read.
 pub const MAX_OUTPUT: usize = 4 << 10;
 const MAX_HEAD: usize = 4 << 10;
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one connection may take, handshake and answer: the longest command
+/// ([`ACTION_TIMEOUT`]) and a handshake on a busy node, within the operator's wait
+/// ([`crate::reconcile::ask::ANSWER_TIMEOUT`]), so that an answer is never cut short.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECTIONS: usize = 16;
+/// The most connections at a time from one address: idle connections from a few places
+/// cannot take every slot from the operator.
+pub const PER_PEER: usize = 4;
 /// Where the agent keeps its state: a volume of the pod, which the engine mounts read-only.
 pub const STATE: &str = "/plugdb-agent";
 /// The file in [`STATE`] whose presence says the member is fenced.
@@ -139,7 +150,7 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     let primary = match role {
         "primary" => true,
         "replica" => false,
-        _ => return Err(format!("role {:?} is neither primary nor replica", crate::events::truncate(role, 32))),
+        _ => return Err(format!("role {:?} is neither primary nor replica", crate::said::cut(role, 32))),
     };
     let printable = |c: char| c.is_ascii_graphic();
     if position.is_empty() || position.len() > 128 || !position.chars().all(printable) {
@@ -156,7 +167,7 @@ fn parse_lag(lag: &str) -> Result<Duration, String> {
         .flatten()
         .map(Duration::from_secs_f64)
         .filter(|d| *d <= MAX_LAG);
-    seconds.ok_or_else(|| format!("the lag {:?} is not seconds up to a day", crate::events::truncate(lag, 32)))
+    seconds.ok_or_else(|| format!("the lag {:?} is not seconds up to a day", crate::said::cut(lag, 32)))
 }
 
 /// How the agent fences its member, from the plugin's fence command.
@@ -254,6 +265,7 @@ pub async fn serve(address: std::net::SocketAddr, certs: PathBuf, mut commands: 
     let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("listening at {address}"))?;
     tracing::info!(%address, command = %commands.status.join(" "), fence = commands.fence.is_some(), "the member agent serves");
     let connections = Arc::new(Semaphore::new(CONNECTIONS));
+    let peers = Peers::default();
     if commands.fence.is_none() {
         commands.promote.clear();
     }
@@ -272,6 +284,7 @@ pub async fn serve(address: std::net::SocketAddr, certs: PathBuf, mut commands: 
                 continue;
             }
         };
+        let Some(peer_permit) = peers.admit(peer.ip()) else { continue };
         let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
         let config = match server_config(&certs) {
             Ok(config) => config,
@@ -286,18 +299,53 @@ pub async fn serve(address: std::net::SocketAddr, certs: PathBuf, mut commands: 
             if let Ok(Err(e)) = answered {
                 tracing::debug!("{peer}: {e:#}");
             }
-            drop(permit);
+            drop((permit, peer_permit));
         });
     }
 }
 
-/// The agent's TLS: its certificate, and client certificates for clients, from its authority.
+/// How many connections each address has open, bounded by [`PER_PEER`].
+#[derive(Default, Clone)]
+struct Peers(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+
+/// One connection counted for its address until dropped.
+struct PeerPermit {
+    peers: Peers,
+    ip: std::net::IpAddr,
+}
+
+impl Peers {
+    fn admit(&self, ip: std::net::IpAddr) -> Option<PeerPermit> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(ip).or_default();
+        if *count >= PER_PEER {
+            return None;
+        }
+        *count += 1;
+        Some(PeerPermit { peers: self.clone(), ip })
+    }
+}
+
+impl Drop for PeerPermit {
+    fn drop(&mut self) {
+        let mut open = self.peers.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The agent's TLS: its certificate, and client certificates for clients, from the
+/// operator's authority alone.
 fn server_config(certs: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let read = |file: &str| std::fs::read(certs.join(file)).with_context(|| format!("reading {}", certs.join(file).display()));
     let chain: Vec<CertificateDer> = CertificateDer::pem_slice_iter(&read(crate::tls::CERTIFICATE)?).collect::<Result<_, _>>()?;
     let key = PrivateKeyDer::from_pem_slice(&read(crate::tls::KEY)?)?;
     let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(&read(crate::tls::CA)?) {
+    for ca in CertificateDer::pem_slice_iter(&read(CLIENTS_CA)?) {
         roots.add(ca?)?;
     }
     let clients = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots)).build()?;
@@ -509,7 +557,7 @@ pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Re
     };
     let (status, out, err) =
         tokio::time::timeout(timeout, finished).await.map_err(|_| format!("the command ran longer than {timeout:?}"))??;
-    let said = || crate::events::truncate(String::from_utf8_lossy(&err).trim(), 512).to_string();
+    let said = || crate::said::cut(String::from_utf8_lossy(&err).trim(), 512).to_string();
     if !status.success() {
         return Err(format!("the command failed ({status}): {}", said()));
     }

@@ -10,6 +10,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+/// The rule refusing, when a Database is created, a name that ends in one of
+/// [`crate::names::SHARED_SUFFIXES`]: its children would share names with another
+/// Database's (an existing one keeps its name and children).
+fn shared_suffix_rule() -> kube::core::Rule {
+    let suffixes = crate::names::SHARED_SUFFIXES;
+    let ends: Vec<String> = suffixes.iter().map(|s| format!("self.metadata.name.endsWith('{s}')")).collect();
+    let message = format!(
+        "metadata.name must not end in {}: another Database's children (its read-only and headless Services, its primary's disruption budget) are named so",
+        suffixes.join(", ")
+    );
+    kube::core::Rule::new(format!("oldSelf.hasValue() || !({})", ends.join(" || ")))
+        .optional_old_self(true)
+        .message(kube::core::Message::Message(message))
+}
+
 /// A database cluster of one engine: `kubectl apply` it and plugdb builds and runs it.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -28,9 +43,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     // Checked when a Database is created (an existing one keeps its name and children).
-    validation = Rule::new("oldSelf.hasValue() || !(self.metadata.name.endsWith('-replicas') || self.metadata.name.endsWith('-headless'))")
-        .optional_old_self(true)
-        .message("metadata.name must not end in -replicas or -headless: another Database's read-only and headless Services are named so"),
+    validation = shared_suffix_rule(),
     validation = Rule::new("oldSelf.hasValue() || size(self.metadata.name) <= 52")
         .optional_old_self(true)
         .message("metadata.name must be at most 52 characters: member pod names <name>-<ordinal> must stay valid label values")
@@ -487,7 +500,7 @@ pub struct DatabaseStatus {
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready, Progressing, Degraded, PluginReady, BackupHealthy, Restored, SynchronousReplication.
+    /// Ready, Progressing, Degraded, PluginReady, BackupHealthy, Restored, SynchronousReplication, MemberAgents.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Pod name of the current primary.

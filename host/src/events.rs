@@ -79,7 +79,7 @@ impl Recorder {
         reason: &str,
         note: &str,
     ) -> Result<(), kube::Error> {
-        let note = truncate(note, MAX_NOTE).to_string();
+        let note = crate::said::bounded(note, MAX_NOTE);
         let key = Key {
             regarding: (regarding.namespace.clone(), regarding.name.clone(), regarding.uid.clone(), regarding.kind.clone()),
             related: related.map(|r| (r.namespace.clone(), r.name.clone(), r.kind.clone())),
@@ -125,26 +125,5 @@ impl Recorder {
         }
         published.insert(key, Published { name: created.metadata.name.unwrap_or_default(), count: 1, last: now });
         Ok(())
-    }
-}
-
-/// `text` cut to at most `max` bytes, on a character boundary.
-pub fn truncate(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncation_keeps_whole_characters() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("héllo", 3), "hé");
-        assert_eq!(truncate("abc", 10), "abc");
     }
 }

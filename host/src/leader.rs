@@ -15,6 +15,10 @@ use kube::{Client, ResourceExt};
 
 use crate::health::Health;
 
+/// The name of the operator's lease, in its namespace: who holds it leads, and its
+/// renewals say the operator is alive (`kubectl plugdb status` reads them).
+pub const LEASE: &str = "plugdb-leader";
+
 /// One contender for the lease.
 #[derive(Clone)]
 pub struct LeaderElection {

@@ -332,10 +332,20 @@ struct RunArgs {
     /// This replica's name in the leader election (default: a name unique on this host).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// This operator's own image: backup and restore Jobs run `plugdb transfer` from it
-    /// to move artefacts to and from object storage (`spec.backup.s3`).
+    /// This operator's own image. Every member runs the member agent from it: without it,
+    /// members have no agent, so failover, fencing, switchover, drains that hand the
+    /// primary over and the members' positions are off. Backup and restore Jobs run
+    /// `plugdb transfer` from it to reach object storage (`spec.backup.s3`).
     #[arg(long, env = "PLUGDB_IMAGE")]
     image: Option<String>,
+    /// Networks (CIDR, or an address) an endpoint a tenant names (a backup bucket's) may
+    /// not reach, besides loopback, link-local and the API server: the cluster's Service
+    /// and Pod ranges and its nodes' addresses, say. Repeat, or comma-separate.
+    #[arg(long = "egress-forbid", env = "PLUGDB_EGRESS_FORBID", value_name = "CIDR", value_delimiter = ',')]
+    egress_forbid: Vec<plugdb::egress::Network>,
+    /// Networks such an endpoint may reach all the same (an object store in the cluster).
+    #[arg(long = "egress-allow", env = "PLUGDB_EGRESS_ALLOW", value_name = "CIDR", value_delimiter = ',')]
+    egress_allow: Vec<plugdb::egress::Network>,
     /// Pull every image the members and Jobs run from this registry (a host, with an
     /// optional path: `mirror.example:5000/hub`), under the image's own path
     /// (`postgres:17` → `mirror.example:5000/hub/library/postgres:17`).
@@ -352,6 +362,15 @@ struct RunArgs {
     /// Load no bundled engine: only plugin ConfigMaps.
     #[arg(long, env = "PLUGDB_NO_BUNDLED_ENGINES")]
     no_bundled_engines: bool,
+}
+
+/// The API server's addresses and port, as the operator reaches it: a tenant's endpoint
+/// may not name them. None when its name does not resolve (nothing else would work then).
+async fn api_server(url: &http::Uri) -> Vec<std::net::SocketAddr> {
+    let Some(host) = url.host() else { return Vec::new() };
+    let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("http") { 80 } else { 443 });
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    tokio::net::lookup_host((host, port)).await.map(Iterator::collect).unwrap_or_default()
 }
 
 /// `--image-registry`: a registry host and optional path, no scheme, no tag.
@@ -406,7 +425,19 @@ fn parse() -> Cli {
     Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
 }
 
-fn main() -> Result<()> {
+/// Says why a command failed in one message with its causes (`error: …: …`), never a
+/// backtrace, whatever `RUST_BACKTRACE` says: what a user sees is the reason.
+fn main() -> std::process::ExitCode {
+    match command() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn command() -> Result<()> {
     match parse().command {
         Command::Run(args) => tokio::runtime::Runtime::new().context("starting the async runtime")?.block_on(run(args)),
         Command::Status { name, at } => against_cluster(cli::status::status(&at.target(), &name)),
@@ -573,6 +604,12 @@ async fn run(args: RunArgs) -> Result<()> {
     tokio::spawn(serve::serve(listener, metrics.clone(), health.clone()));
     tracing::info!(plugin_namespace = %options.plugin_namespace, watch_namespace = options.watch_namespace.as_deref().unwrap_or("(all)"), %listen, "plugdb starting; serving /healthz, /readyz and /metrics on {listen}");
     let config = kube::Config::infer().await.context("finding the cluster (in-cluster config or $KUBECONFIG)")?;
+    options.egress = plugdb::egress::Policy::new(args.egress_forbid, args.egress_allow, api_server(&config.cluster_url).await);
+    if options.operator_image.is_none() {
+        tracing::warn!(
+            "no --image (PLUGDB_IMAGE): members run without the member agent, so failover, fencing, switchover and drains that hand the primary over are off, and backups to object storage cannot run"
+        );
+    }
     let client = metrics.counted_client(config).context("connecting to the cluster")?;
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");

@@ -59,6 +59,18 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Longest Database name: pod names `<name>-<ordinal>` must stay valid label values.
 pub const MAX_NAME: usize = 52;
 
+/// The read-only Service's suffix.
+const REPLICAS: &str = "-replicas";
+/// The headless Service's suffix.
+const HEADLESS: &str = "-headless";
+/// The primary's PodDisruptionBudget's suffix.
+const PRIMARY_BUDGET: &str = "-primary";
+/// The suffixes children take after the Database's name where a child of the same kind
+/// is named as the Database alone (the read-write Service, the members' budget): a
+/// Database named `<other><suffix>` would share that child with Database `<other>`, so
+/// such names are refused when a Database is created.
+pub const SHARED_SUFFIXES: [&str; 3] = [REPLICAS, HEADLESS, PRIMARY_BUDGET];
+
 /// Names of a Database's children.
 pub struct Names<'a>(pub &'a str);
 
@@ -89,15 +101,15 @@ impl Names<'_> {
     }
     /// Read-only Service.
     pub fn replicas(&self) -> String {
-        format!("{}-replicas", self.0)
+        format!("{}{REPLICAS}", self.0)
     }
     /// The primary's PodDisruptionBudget (the others' is named as the Database).
     pub fn primary_budget(&self) -> String {
-        format!("{}-primary", self.0)
+        format!("{}{PRIMARY_BUDGET}", self.0)
     }
     /// Headless Service.
     pub fn headless(&self) -> String {
-        format!("{}-headless", self.0)
+        format!("{}{HEADLESS}", self.0)
     }
     /// Backup volume claim.
     pub fn backups(&self) -> String {

@@ -64,7 +64,8 @@ pub const ENV_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
 pub struct Error(String);
 
 /// `what` failed with `e`, and every cause under it (a TLS or connection failure sits
-/// a few sources down an HTTP error; each cause is said once).
+/// a few sources down an HTTP error; each cause is said once), with no response body:
+/// see [`without_body`].
 fn error(what: impl std::fmt::Display, e: impl std::error::Error) -> Error {
     let mut text = format!("{what}: {e}");
     let mut source = e.source();
@@ -76,7 +77,35 @@ fn error(what: impl std::fmt::Display, e: impl std::error::Error) -> Error {
         }
         source = cause.source();
     }
-    Error(text)
+    Error(without_body(&text))
+}
+
+/// The most of an S3 error code that is said.
+const MAX_CODE: usize = 64;
+
+/// `text` up to the server's answer, which is said by its status and its S3 error code
+/// (`<Code>`, letters and digits) alone: whatever else a server answers (the API server's
+/// `/version`, a metadata service's keys) never reaches a status, an Event or a log.
+pub fn without_body(text: &str) -> String {
+    const ANSWERS: [&str; 2] = ["Server returned non-2xx status code: ", "Server returned error response: "];
+    let Some((at, answer)) = ANSWERS.iter().filter_map(|a| Some((text.find(a)?, *a))).min_by_key(|(at, _)| *at) else {
+        return text.to_string();
+    };
+    let rest = &text[at + answer.len()..];
+    let status = match answer.starts_with("Server returned non-2xx") {
+        true => rest.split(": ").next().unwrap_or_default().chars().filter(|c| c.is_ascii_alphanumeric() || *c == ' ').take(40).collect(),
+        false => "an error".to_string(),
+    };
+    let code = rest
+        .split_once("<Code>")
+        .and_then(|(_, after)| after.split_once("</Code>"))
+        .map(|(code, _)| code.chars().filter(char::is_ascii_alphanumeric).take(MAX_CODE).collect::<String>())
+        .filter(|code| !code.is_empty());
+    let said = format!("{}the server answered {}", &text[..at], status.trim());
+    match code {
+        Some(code) => format!("{said} ({code})"),
+        None => said,
+    }
 }
 
 /// What reaching a bucket takes. `Debug` leaves the secret out.
@@ -134,6 +163,12 @@ impl Bucket {
 
     /// A client for the bucket: path-style requests, bounded timeouts, a few retries.
     pub fn store(&self) -> Result<Arc<dyn ObjectStore>, Error> {
+        self.store_resolving(None)
+    }
+
+    /// [`Bucket::store`], resolving the endpoint's host with `resolver` (the operator's:
+    /// the addresses its egress policy checked) rather than the system's.
+    pub fn store_resolving(&self, resolver: Option<Arc<dyn object_store::client::DnsResolver>>) -> Result<Arc<dyn ObjectStore>, Error> {
         // HTTPS through rustls with ring, the provider the Kubernetes client uses too.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut options =
@@ -141,6 +176,9 @@ impl Bucket {
         if let Some(pem) = &self.ca_pem {
             let ca = object_store::Certificate::from_pem(pem).map_err(|e| error("the CA bundle", e))?;
             options = options.with_root_certificate(ca);
+        }
+        if let Some(resolver) = resolver {
+            options = options.with_dns_resolver(resolver);
         }
         let retry = object_store::RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(60), ..Default::default() };
         let store = AmazonS3Builder::new()
@@ -474,6 +512,52 @@ pub use archive::*;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_servers_answer_is_said_by_its_status_and_code_alone() {
+        let listed = "listing shop/orders/: Generic S3 error: Error performing list request: Server returned non-2xx status code: \
+            403 Forbidden: <?xml version=\"1.0\"?><Error><Code>SignatureDoesNotMatch</Code><Message>secret words</Message></Error>";
+        assert_eq!(
+            without_body(listed),
+            "listing shop/orders/: Generic S3 error: Error performing list request: the server answered 403 Forbidden (SignatureDoesNotMatch)"
+        );
+        let version = "listing x/: Server returned non-2xx status code: 404 Not Found: {\"major\": \"1\", \"gitVersion\": \"v1.36.3\"}";
+        assert_eq!(without_body(version), "listing x/: the server answered 404 Not Found");
+        let escaped = "x: Server returned error response: <Code>\u{1b}[2JNo\nSuch</Code> and more";
+        assert_eq!(without_body(escaped), "x: the server answered an error (2JNoSuch)");
+        assert_eq!(without_body("connecting: connection refused"), "connecting: connection refused", "no answer, nothing taken");
+    }
+
+    /// A real answer from a server that is not a bucket (an API server's `/version`, say):
+    /// its body is never in the error, its status and S3 code are.
+    #[tokio::test]
+    async fn a_listing_refused_says_no_body() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut head = [0u8; 4096];
+                let _ = socket.read(&mut head).await;
+                let body = "<Error><Code>AccessDenied</Code><Message>gitVersion v1.36.3 SECRET-BODY</Message></Error>";
+                let answer = format!("HTTP/1.1 403 Forbidden\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+        });
+        let bucket = Bucket {
+            endpoint: format!("http://{address}"),
+            bucket: "b".into(),
+            region: "us-east-1".into(),
+            access_key_id: "id".into(),
+            secret_access_key: "key".into(),
+            ca_pem: None,
+        };
+        let store = bucket.store().expect("a client");
+        let e = list(store.as_ref(), &database_key("", "shop", "orders")).await.expect_err("refused");
+        let said = e.to_string();
+        assert!(said.contains("403") && said.contains("AccessDenied"), "{said}");
+        assert!(!said.contains("SECRET-BODY") && !said.contains("gitVersion"), "{said}");
+    }
 
     fn at(minute: u32) -> DateTime<Utc> {
         DateTime::from_timestamp(1_790_000_000 + i64::from(minute) * 60, 0).expect("time")

@@ -12,6 +12,7 @@ use crate::leader::LeaderElection;
 use crate::metrics::Metrics;
 use crate::plugin::{Limits, Registry, Runtime, Tier};
 use crate::reconcile::{self, Settings};
+use crate::tls::OperatorIdentity;
 
 /// How the operator runs.
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ pub struct Options {
     /// The directory of the plugins bundled with the operator, loaded at start (a
     /// ConfigMap for the same engine takes precedence); none when `None`.
     pub bundled: Option<std::path::PathBuf>,
+    /// Where the operator may send a request a tenant named (a backup bucket's endpoint).
+    pub egress: crate::egress::Policy,
 }
 
 impl Default for Options {
@@ -51,6 +54,7 @@ impl Default for Options {
             compiler: None,
             operator_image: None,
             bundled: None,
+            egress: crate::egress::Policy::default(),
         }
     }
 }
@@ -70,7 +74,7 @@ pub async fn run(
     let election = options
         .identity
         .as_ref()
-        .map(|id| LeaderElection::new(client.clone(), &options.plugin_namespace, "plugdb-leader", id, options.lease_duration));
+        .map(|id| LeaderElection::new(client.clone(), &options.plugin_namespace, crate::leader::LEASE, id, options.lease_duration));
     let retry = options.lease_duration / 5;
     // Plugins serve from a quick compile at once; an optimised build replaces it when
     // ready. Loaded plugins outlive a term of leading.
@@ -89,6 +93,10 @@ pub async fn run(
         }
     }
     tokio::pin!(shutdown);
+    let agent_identity = tokio::select! {
+        identity = agent_identity(&client, &options.plugin_namespace, retry) => identity,
+        _ = &mut shutdown => return Ok(()),
+    };
     loop {
         let renewed = match &election {
             Some(e) => {
@@ -102,7 +110,7 @@ pub async fn run(
         };
         tracing::info!(identity = options.identity.as_deref(), "leading");
         health.set_leading(true);
-        let mut term = Term::start(&client, &registry, &metrics, &options, &health);
+        let mut term = Term::start(&client, &registry, &metrics, &options, &health, &agent_identity);
         let lost = async {
             match &election {
                 Some(e) => e.keep(retry, renewed, &health).await,
@@ -140,12 +148,21 @@ struct Term {
 }
 
 impl Term {
-    fn start(client: &Client, registry: &Registry, metrics: &Arc<Metrics>, options: &Options, health: &Health) -> Self {
+    fn start(
+        client: &Client,
+        registry: &Registry,
+        metrics: &Arc<Metrics>,
+        options: &Options,
+        health: &Health,
+        agent_identity: &OperatorIdentity,
+    ) -> Self {
         let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
         let (caches, triggers) = reconcile::cache::Caches::start(client, options.watch_namespace.as_deref());
         let ctx = Arc::new(
             reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), options.settings.clone(), caches)
-                .with_operator_image(options.operator_image.clone()),
+                .with_operator_image(options.operator_image.clone())
+                .with_agent_identity(agent_identity.clone())
+                .with_egress(options.egress.clone()),
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = health.clone();
@@ -175,6 +192,101 @@ impl Term {
         }
         let _ = (&mut self.controller.0).await;
     }
+}
+
+/// The Secret in the operator's namespace holding its identity towards member agents.
+pub const AGENT_IDENTITY_SECRET: &str = "plugdb-agent-clients";
+
+/// The operator's identity towards member agents ([`OperatorIdentity`]), from Secret
+/// [`AGENT_IDENTITY_SECRET`] in its own namespace: made the first time (the replicas of
+/// the operator share it; one made by another at the same moment is taken), its client
+/// certificate issued again 30 days before it expires. Tried again every `retry` until it
+/// is had: nothing asks an agent before.
+async fn agent_identity(client: &Client, namespace: &str, retry: Duration) -> OperatorIdentity {
+    loop {
+        match read_or_make_agent_identity(client, namespace).await {
+            Ok(identity) => return identity,
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), namespace, "the operator's agent identity: trying again"),
+        }
+        tokio::time::sleep(retry).await;
+    }
+}
+
+async fn read_or_make_agent_identity(client: &Client, namespace: &str) -> anyhow::Result<OperatorIdentity> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let now = chrono::Utc::now();
+    if let Some(secret) = api.get_opt(AGENT_IDENTITY_SECRET).await? {
+        let identity = identity_of(&secret)?;
+        if !crate::tls::due(Some(&identity.client.not_after.to_rfc3339()), now) {
+            return Ok(identity);
+        }
+        let client = OperatorIdentity::client(&identity.authority.key, now).map_err(anyhow::Error::msg)?;
+        let renewed = OperatorIdentity { client, ..identity };
+        let mut written = identity_secret(&renewed);
+        written.metadata.resource_version = secret.metadata.resource_version.clone();
+        // Fails if the Secret changed since it was read (another replica renewed it).
+        api.patch(AGENT_IDENTITY_SECRET, &PatchParams::default(), &Patch::Merge(&written)).await?;
+        tracing::info!(namespace, "issued the operator's client certificate for member agents again");
+        return Ok(renewed);
+    }
+    let made = OperatorIdentity::new(now).map_err(anyhow::Error::msg)?;
+    match api.create(&PostParams::default(), &identity_secret(&made)).await {
+        Ok(_) => {
+            tracing::info!(namespace, secret = AGENT_IDENTITY_SECRET, "made the operator's identity for member agents");
+            Ok(made)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => identity_of(&api.get(AGENT_IDENTITY_SECRET).await?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+const CLIENT_CERTIFICATE: &str = "client.crt";
+const CLIENT_KEY: &str = "client.key";
+
+fn identity_secret(identity: &OperatorIdentity) -> k8s_openapi::api::core::v1::Secret {
+    let bytes = |s: &str| k8s_openapi::ByteString(s.as_bytes().to_vec());
+    k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(AGENT_IDENTITY_SECRET.into()),
+            labels: Some([("app.kubernetes.io/managed-by".to_string(), "plugdb".to_string())].into()),
+            annotations: Some([(crate::tls::NOT_AFTER.to_string(), identity.client.not_after.to_rfc3339())].into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                (crate::tls::CA, bytes(&identity.authority.certificate)),
+                (crate::tls::CA_KEY, bytes(&identity.authority.key)),
+                (CLIENT_CERTIFICATE, bytes(&identity.client.certificate)),
+                (CLIENT_KEY, bytes(&identity.client.key)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        ),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+fn identity_of(secret: &k8s_openapi::api::core::v1::Secret) -> anyhow::Result<OperatorIdentity> {
+    let data = secret.data.clone().unwrap_or_default();
+    let text = |key: &str| {
+        data.get(key)
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .ok_or_else(|| anyhow::anyhow!("Secret {AGENT_IDENTITY_SECRET} has no {key}"))
+    };
+    // An unreadable expiry is taken as now: the client certificate is issued again.
+    let not_after = kube::ResourceExt::annotations(secret)
+        .get(crate::tls::NOT_AFTER)
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map_or_else(chrono::Utc::now, |t| t.with_timezone(&chrono::Utc));
+    Ok(OperatorIdentity {
+        authority: crate::tls::Authority { certificate: text(crate::tls::CA)?, key: text(crate::tls::CA_KEY)? },
+        client: crate::tls::Issued { certificate: text(CLIENT_CERTIFICATE)?, key: text(CLIENT_KEY)?, not_after },
+    })
 }
 
 /// A spawned task that is aborted when dropped: if `run` itself is cancelled, nothing

@@ -88,10 +88,14 @@ fn moment(t: DateTime<Utc>) -> Result<time::OffsetDateTime, String> {
 /// alone (from the Secret) signs with the issuer name and key identifier its
 /// certificate carries.
 fn authority_params(name: &str, namespace: &str, now: DateTime<Utc>) -> Result<CertificateParams, String> {
+    named_authority_params(&format!("plugdb {namespace}/{name} CA"), now)
+}
+
+fn named_authority_params(common: &str, now: DateTime<Utc>) -> Result<CertificateParams, String> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "plugdb");
-    dn.push(DnType::CommonName, format!("plugdb {namespace}/{name} CA"));
+    dn.push(DnType::CommonName, common);
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
@@ -144,8 +148,20 @@ pub fn issue_for(
     usage: Use,
     now: DateTime<Utc>,
 ) -> Result<Issued, String> {
+    issue_by(authority_params(name, namespace, now)?, authority_key, (common, names), usage, (now, VALIDITY_DAYS))
+}
+
+/// A certificate signed by the authority of `authority` (its parameters) whose key is
+/// `authority_key` (PEM).
+fn issue_by(
+    authority: CertificateParams,
+    authority_key: &str,
+    (common, names): (&str, &[String]),
+    usage: Use,
+    (now, days): (DateTime<Utc>, i64),
+) -> Result<Issued, String> {
     let signer = KeyPair::from_pem(authority_key).map_err(|e| format!("the authority's key in its Secret is unreadable: {e}"))?;
-    let issuer = Issuer::new(authority_params(name, namespace, now)?, signer);
+    let issuer = Issuer::new(authority, signer);
     let key = KeyPair::generate().map_err(|e| format!("generating a key: {e}"))?;
     let mut params = CertificateParams::new(names.to_vec()).map_err(|e| format!("certificate names: {e}"))?;
     let mut dn = DistinguishedName::new();
@@ -158,11 +174,55 @@ pub fn issue_for(
         Use::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
         Use::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
     };
-    let not_after = now + chrono::Duration::days(VALIDITY_DAYS);
+    let not_after = now + chrono::Duration::days(days);
     params.not_before = moment(now - chrono::Duration::hours(1))?;
     params.not_after = moment(not_after)?;
     let certificate = params.signed_by(&key, &issuer).map_err(|e| format!("signing the certificate: {e}"))?;
     Ok(Issued { certificate: certificate.pem(), key: key.serialize_pem(), not_after })
+}
+
+/// The common name of the operator's own authority, which member agents trust for clients.
+const OPERATOR_AUTHORITY: &str = "plugdb operator (member agents' clients) CA";
+/// The name the operator's client certificate carries.
+const OPERATOR_CLIENT: &str = "plugdb-operator";
+
+/// What the operator asks member agents with: an authority of its own, kept in its own
+/// namespace (no Database's tenant reads it), and a certificate for clients it signed.
+/// Member agents trust this authority alone for clients: not the Database's, whose
+/// certificates its members and Jobs hold.
+#[derive(Debug, Clone)]
+pub struct OperatorIdentity {
+    /// The authority: agents trust its certificate; its key signs the client certificate.
+    pub authority: Authority,
+    /// The client certificate the operator presents.
+    pub client: Issued,
+}
+
+impl OperatorIdentity {
+    /// A new authority and a client certificate from it.
+    pub fn new(now: DateTime<Utc>) -> Result<Self, String> {
+        let key = KeyPair::generate().map_err(|e| format!("generating the operator authority's key: {e}"))?;
+        let certificate = named_authority_params(OPERATOR_AUTHORITY, now)?
+            .self_signed(&key)
+            .map_err(|e| format!("signing the operator authority's certificate: {e}"))?;
+        let authority = Authority { certificate: certificate.pem(), key: key.serialize_pem() };
+        let client = Self::client(&authority.key, now)?;
+        Ok(Self { authority, client })
+    }
+
+    /// A client certificate signed by the authority whose key is `authority_key`, as long
+    /// as the authority lasts: the operator checks it when it starts, and one that runs for
+    /// years without a restart still asks its agents (its key never leaves its namespace).
+    pub fn client(authority_key: &str, now: DateTime<Utc>) -> Result<Issued, String> {
+        let names = [OPERATOR_CLIENT.to_string()];
+        let authority = named_authority_params(OPERATOR_AUTHORITY, now)?;
+        issue_by(authority, authority_key, (OPERATOR_CLIENT, &names), Use::Client, (now, AUTHORITY_DAYS - RENEW_BEFORE_DAYS))
+    }
+
+    /// The client certificate and its key, PEM, as a TLS client presents them.
+    pub fn client_pem(&self) -> Vec<u8> {
+        [self.client.certificate.as_str(), self.client.key.as_str()].concat().into_bytes()
+    }
 }
 
 /// Whether a certificate expiring at `not_after` (as recorded on its Secret) is due for

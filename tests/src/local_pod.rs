@@ -144,10 +144,15 @@ impl LocalPod {
         cmd
     }
 
-    /// Writes the workload's config files into the config "mount".
+    /// Writes the workload's config files into the config "mount", read-only as a
+    /// ConfigMap volume serves them (mode 0444).
     pub fn write_config(&self, workload: &Workload) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
         for file in &workload.config_files {
-            std::fs::write(self.dir.path().join("config").join(&file.name), &file.content)?;
+            let path = self.dir.path().join("config").join(&file.name);
+            let _ = std::fs::remove_file(&path);
+            std::fs::write(&path, &file.content)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))?;
         }
         self.chown_all()
     }

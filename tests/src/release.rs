@@ -76,9 +76,11 @@ pub async fn describe(cluster: &Cluster, namespace: &str) -> String {
                     status.init_container_statuses.unwrap_or_default().into_iter().chain(status.container_statuses.unwrap_or_default());
                 for c in containers {
                     let _ = writeln!(out, "  {}", container_line(&c));
-                    if c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()) {
+                    // A container waiting to restart (crash looping) says why in its last run's log.
+                    let previous = c.state.as_ref().is_some_and(|s| s.waiting.is_some()) && c.restart_count > 0;
+                    if previous || c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()) {
                         let lines = if c.ready { 6 } else { 15 };
-                        let params = LogParams { container: Some(c.name.clone()), tail_lines: Some(lines), ..Default::default() };
+                        let params = LogParams { container: Some(c.name.clone()), tail_lines: Some(lines), previous, ..Default::default() };
                         match pods.logs(&pod.name_any(), &params).await {
                             Ok(log) => log.lines().for_each(|l| {
                                 let _ = writeln!(out, "    | {l}");

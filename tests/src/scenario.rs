@@ -19,6 +19,9 @@ const SCHEMA: &str = "plugdb";
 /// How long a Database may take to reach a state on the real node.
 pub const WAIT: Duration = Duration::from_secs(240);
 
+/// The longest one SQL statement of a scenario may take.
+pub const QUERY_LIMIT: Duration = WAIT;
+
 /// The engines, as a client talks to them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -187,7 +190,13 @@ impl Client {
             }
         };
         command.stdin(std::process::Stdio::null());
-        let out = tokio::process::Command::from(command).output().await.map_err(|e| format!("running the client: {e}"))?;
+        let mut command = tokio::process::Command::from(command);
+        // A statement may wait on purpose (a synchronous commit), never for ever: a client
+        // still waiting after QUERY_LIMIT is stopped and that is its answer.
+        let out = tokio::time::timeout(QUERY_LIMIT, command.kill_on_drop(true).output())
+            .await
+            .map_err(|_| format!("no answer within {QUERY_LIMIT:?}: the client was stopped"))?
+            .map_err(|e| format!("running the client: {e}"))?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
         } else {
@@ -315,7 +324,8 @@ impl Client {
             let host = client.service_ip(&client.name).await;
             let (mut acknowledged, mut id) = (Vec::new(), first);
             let (mut last, mut longest) = (tokio::time::Instant::now(), Duration::ZERO);
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            // Until told to stop, or until the scenario that holds `stop` is gone.
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && std::sync::Arc::strong_count(&stop) > 1 {
                 match client.query(&host, &format!("INSERT INTO orders VALUES ({id}, 'written during the change')")).await {
                     Ok(_) => {
                         acknowledged.push(id);

@@ -128,9 +128,23 @@ fn every_command_has_help_and_unknown_flags_are_errors() {
         "PLUGDB_PLUGIN_CPU",
         "PLUGDB_LOG_FORMAT",
         "PLUGDB_IMAGE_REGISTRY",
+        "PLUGDB_EGRESS_FORBID",
+        "PLUGDB_EGRESS_ALLOW",
     ] {
         assert!(help.contains(&format!("env: {variable}")), "{variable} missing from: {help}");
     }
+    // Without its image an operator runs members without agents: the help says what is off.
+    let image = help.split("--image").nth(1).unwrap_or_default();
+    assert!(image.contains("failover, fencing, switchover"), "--image says what needs it: {help}");
+    // A failure says why in one line, never a backtrace, whatever RUST_BACKTRACE says.
+    let missing = std::process::Command::new(plugdb_tests::plugdb_binary())
+        .args(["plugin", "inspect", "/nonexistent/plugin.wasm"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("plugdb");
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && said.starts_with("error: "), "{said}");
+    assert!(!said.contains("Stack backtrace") && !said.contains("backtrace"), "{said}");
     for (args, complaint) in [
         (&["run", "--listn", ":0"][..], "unexpected argument '--listn'"),
         (&["run", "--concurrency", "many"], "invalid value 'many' for '--concurrency <CONCURRENCY>'"),

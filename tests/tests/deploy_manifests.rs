@@ -100,6 +100,7 @@ fn a_mistyped_value_fails_at_install() {
         (["--set", "metrics.serviceMonitor.interval=often"], "interval"),
         (["--set", "networkPolicy.apiServer.cidrs={10.0.0.1}"], "cidrs"),
         (["--set", "engineImages.registry=https://mirror"], "registry"),
+        (["--set", "egress.forbid={everything}"], "forbid"),
     ] {
         let e = helm(&["template", "plugdb", "deploy/chart/plugdb"], &args).err().unwrap_or_else(|| panic!("{args:?} was accepted"));
         assert!(e.contains("schema") && e.contains(field), "{args:?}: the error should name {field}: {e}");
@@ -166,6 +167,10 @@ fn each_value_renders_what_it_says() {
         "engineImages.pullSecrets={mirror-pull,other}",
         "--set",
         "bundledEngines=false",
+        "--set",
+        "egress.forbid={10.96.0.0/12,10.244.0.0/16}",
+        "--set",
+        "egress.allow={10.96.12.7}",
         "--set-json",
         r#"affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["ops"]}]}]}}}"#,
         "--set",
@@ -195,6 +200,8 @@ fn each_value_renders_what_it_says() {
     assert_eq!(var("PLUGDB_IMAGE_REGISTRY"), Some(json!("mirror.example:5000/hub")));
     assert_eq!(var("PLUGDB_IMAGE_PULL_SECRETS"), Some(json!("mirror-pull,other")));
     assert_eq!(var("PLUGDB_NO_BUNDLED_ENGINES"), Some(json!("true")));
+    assert_eq!(var("PLUGDB_EGRESS_FORBID"), Some(json!("10.96.0.0/12,10.244.0.0/16")));
+    assert_eq!(var("PLUGDB_EGRESS_ALLOW"), Some(json!("10.96.12.7")));
     assert_eq!(
         pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
         "pool"

@@ -89,11 +89,32 @@ async fn only_the_leader_writes_and_a_follower_takes_over_when_it_dies() {
     wait_for("2 members under replica-b", Duration::from_secs(60), async || reconciled(&dbs, 2).await).await;
     assert!(writes_b.writes() > 0, "the new leader reconciles");
     assert_eq!(writes_a.writes(), a_writes, "the dead leader writes nothing more");
+    let screen = status_screen(&cp);
+    let leading = format!("operator: replica-b (lease {OPERATOR_NAMESPACE}/plugdb-leader renewed ");
+    assert!(screen.lines().any(|l| l.starts_with(&leading)), "{screen}");
 
-    // A graceful stop releases the lease at once.
+    // A graceful stop releases the lease at once: no operator looks, and the screen says so.
     let _ = stop_b.send(());
     b.await.expect("join").expect("run");
     assert_eq!(holder(&cp.client).await, None);
+    let screen = status_screen(&cp);
+    assert!(
+        screen.contains(
+            "operator: none holds lease plugdb-leader: no operator looks (or it runs without leader election), this status may be stale"
+        ),
+        "{screen}"
+    );
+}
+
+/// `plugdb status orders`, as a user runs it against the control plane.
+fn status_screen(cp: &ControlPlane) -> String {
+    let out = std::process::Command::new(plugdb_tests::plugdb_binary())
+        .args(["status", "orders", "--namespace", "default"])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .output()
+        .expect("plugdb status");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// When and how often each of two replicas acted as the leader, sampled every 10 ms.

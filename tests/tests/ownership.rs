@@ -177,8 +177,9 @@ async fn objects_a_database_did_not_make_are_never_adopted_overwritten_or_delete
     assert_eq!(after, before, "deleting the Databases touched an object they did not make");
 }
 
-/// Two Databases can never name the same child: a name ending in `-replicas` or
-/// `-headless` (another Database's read-only and headless Services) or too long for
+/// Two Databases can never name the same child: a name ending in `-replicas`,
+/// `-headless` or `-primary` (another Database's read-only and headless Services and its
+/// primary's disruption budget) or too long for
 /// member pod names is refused when the Database is created, with the reason.
 #[tokio::test]
 async fn names_that_would_collide_with_another_databases_children_are_refused() {
@@ -187,8 +188,9 @@ async fn names_that_would_collide_with_another_databases_children_are_refused() 
     let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
     let spec = json!({"engine": "minimal", "storage": "1Gi"});
     for (name, said) in [
-        ("coll-replicas", "metadata.name must not end in -replicas or -headless"),
-        ("coll-headless", "metadata.name must not end in -replicas or -headless"),
+        ("coll-replicas", "metadata.name must not end in -replicas, -headless, -primary"),
+        ("coll-headless", "metadata.name must not end in -replicas, -headless, -primary"),
+        ("coll-primary", "metadata.name must not end in -replicas, -headless, -primary"),
         (&"d".repeat(53) as &str, "metadata.name must be at most 52 characters"),
     ] {
         let body: Database = serde_json::from_value(database(name, spec.clone())).expect("database");

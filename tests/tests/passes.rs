@@ -60,6 +60,8 @@ struct Server {
     refused: Vec<(String, u16)>,
     /// The operator's own image: members get an agent beside them.
     image: Option<&'static str>,
+    /// The members' agents are asked where they are on every pass (not every half minute).
+    poll: bool,
 }
 
 /// The API server holding `served` (path, object) for reads.
@@ -78,7 +80,11 @@ async fn pass_over(
     loop {
         let api = MockApi::new(db).serving(&server.served).refusing(&server.refused);
         let caches = Caches::holding(objects).expect("caches");
-        let ctx = Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), test_settings(), caches);
+        let mut settings = test_settings();
+        if server.poll {
+            settings.member_poll = std::time::Duration::ZERO;
+        }
+        let ctx = Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), settings, caches);
         let ctx = Arc::new(ctx.with_operator_image(server.image.map(str::to_string)));
         match reconcile::reconcile(Arc::new(db.clone()), ctx.clone()).await {
             Err(reconcile::Error::Busy(busy)) => tokio::time::sleep(busy.retry_in()).await,
@@ -125,9 +131,12 @@ async fn a_new_databases_first_pass_makes_its_children_and_a_second_writes_nothi
     // now. Credentials, then the children, each made by a create (nothing had the name).
     let mut expected = vec![format!("PATCH {DATABASES}"), "POST /api/v1/namespaces/shop/secrets".into()];
     expected.extend(CHILDREN.map(str::to_string));
+    // This operator knows no image of its own: a Warning says the members run no agent.
+    expected.push("POST /apis/events.k8s.io/v1/namespaces/shop/events".into());
     // The status last, once.
     expected.push(format!("PATCH {DATABASES}/status"));
     assert_eq!(lines(&calls), expected);
+    assert_eq!((&calls[9].body["reason"], &calls[9].body["type"]), (&json!("NoOperatorImage"), &json!("Warning")));
     let made = written(&calls);
     for object in &made {
         let (name, controller) = (&object["metadata"]["name"], &object["metadata"]["ownerReferences"][0]);
@@ -143,6 +152,9 @@ async fn a_new_databases_first_pass_makes_its_children_and_a_second_writes_nothi
     let status = status(&api);
     assert_eq!(status.phase, Some(plugdb::crd::Phase::Creating));
     assert_eq!(status.primary.as_deref(), Some("orders-0"));
+    let agents = status.conditions.iter().find(|c| c.type_ == "MemberAgents").expect("MemberAgents");
+    assert_eq!((agents.status.as_str(), agents.reason.as_str()), ("False", "NoOperatorImage"));
+    assert!(agents.message.contains("no failover, fence or switchover happens"), "{}", agents.message);
     assert!(api.database().metadata.finalizers.iter().flatten().any(|f| f == reconcile::FINALIZER));
 
     // The same pass over what the first one made, as the caches now hold it: nothing to write.
@@ -209,6 +221,36 @@ async fn steady(registry: &Registry) -> (Database, Vec<Value>) {
     let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
     let (_, api) = pass(registry, &db, &cluster).await;
     (api.database(), made)
+}
+
+/// A replica whose agent has said for two minutes that it streams nothing, its pod ready
+/// all along, is taken as down: named in `Degraded` with why, and restarted (made again)
+/// with a Warning saying why.
+#[tokio::test]
+async fn a_replica_that_streams_nothing_is_named_and_made_again() {
+    let registry = registry().await;
+    let (mut db, made) = steady(&registry).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let two_minutes_ago = (chrono::Utc::now() - chrono::Duration::minutes(2)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let before = db.status.as_mut().expect("a status");
+    let said = before.members.iter_mut().find(|m| m.pod == "orders-1").expect("orders-1");
+    (said.position, said.lag, said.heard) = (Some("0/3000148".into()), None, Some(two_minutes_ago));
+    let leads = before.members.iter_mut().find(|m| m.pod == "orders-0").expect("orders-0");
+    leads.position = Some("0/3000200".into());
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    assert!(lines(&calls).contains(&"DELETE /api/v1/namespaces/shop/pods/orders-1".to_string()), "{:?}", lines(&calls));
+    let why = "ready, but it has not replicated from orders-0 for 1";
+    let warned = calls.iter().any(|c| {
+        c.body["reason"] == "MemberRestarted"
+            && c.body["type"] == "Warning"
+            && c.body["note"].as_str().is_some_and(|n| n.starts_with(&format!("restarted orders-1 to make it again: {why}")))
+    });
+    assert!(warned, "{:?}", calls.iter().map(|c| &c.body["note"]).collect::<Vec<_>>());
+    let status = status(&api);
+    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
+    assert_eq!(degraded.status, "True");
+    assert!(degraded.message.starts_with(&format!("2/3 members ready; orders-1: {why}")), "{}", degraded.message);
+    assert!(status.members.iter().any(|m| m.pod == "orders-1" && !m.ready), "{:?}", status.members);
 }
 
 #[tokio::test]
@@ -405,6 +447,33 @@ async fn a_users_object_with_a_childs_name_is_left_alone_and_the_pass_stops_sayi
     assert!(calls.iter().any(|c| c.body["reason"] == "NameTaken"), "a Warning Event says it: {:?}", lines(&calls));
 }
 
+/// A bucket endpoint the tenant points at the node's own loopback (where an API server or
+/// a kubelet may listen) is refused before anything is sent there: the condition says so,
+/// and no listing reaches it.
+#[tokio::test]
+async fn a_bucket_endpoint_at_the_clusters_own_addresses_is_refused_unasked() {
+    let registry = registry().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let endpoint = format!("http://{}", listener.local_addr().expect("address"));
+    let s3 = json!({"endpoint": endpoint, "bucket": "b", "credentials": {"secretName": "s3"}});
+    let (db, made) = made(&registry, json!({"replicas": 3, "backup": {"schedule": "0 2 * * *", "s3": s3}})).await;
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s3", "namespace": "shop"},
+        "data": {"accessKeyId": "aWQ=", "secretAccessKey": "a2V5"},
+    });
+    let served = [("/api/v1/namespaces/shop/secrets/s3".to_string(), secret)];
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &serving(&served)).await;
+    assert!(result.is_ok(), "{result:?}: {:?}", lines(&calls));
+    let status = status(&api);
+    let backups = status.conditions.iter().find(|c| c.type_ == "BackupHealthy").expect("BackupHealthy");
+    assert_eq!(backups.status, "False", "{backups:?}");
+    assert!(backups.message.contains("spec.backup.s3.endpoint") && backups.message.contains("127.0.0.0/8"), "{}", backups.message);
+    assert!(listener.accept().is_err(), "nothing connected to the endpoint");
+}
+
 #[tokio::test]
 async fn a_replica_on_a_node_lost_past_the_users_delay_is_moved() {
     let registry = registry().await;
@@ -478,23 +547,30 @@ async fn deletion_follows_the_policy() {
         assert_eq!(finalizers(&calls[0]), json!([]), "{policy}");
     }
 
-    // Snapshot: a final backup Job first, the Database kept meanwhile.
+    // Snapshot: a final backup Job first (unless its namespace is going), the Database
+    // kept meanwhile.
     let (calls, api) = pass(&registry, &deleted(db.clone(), "Snapshot"), &cluster).await;
     let expected = [
-        "POST /api/v1/namespaces/shop/persistentvolumeclaims".to_string(),
+        "GET /api/v1/namespaces/shop".to_string(),
+        "POST /api/v1/namespaces/shop/persistentvolumeclaims".into(),
         "POST /apis/batch/v1/namespaces/shop/jobs".into(),
         format!("PATCH {DATABASES}/status"),
     ];
     assert_eq!(lines(&calls), expected);
-    assert_eq!(calls[1].body["metadata"]["name"], "orders-final");
+    assert_eq!(calls[2].body["metadata"]["name"], "orders-final");
     assert_eq!(status(&api).phase, Some(plugdb::crd::Phase::Deleting));
     // Once it succeeded, the finalizer goes.
     let mut with_final = cluster.clone();
     with_final.push(backup_job("orders-final", Some("2026-11-29T00:00:00Z")));
     let (calls, _) = pass(&registry, &api.database(), &with_final).await;
-    assert_eq!(lines(&calls), ["POST /apis/events.k8s.io/v1/namespaces/shop/events".to_string(), format!("PATCH {DATABASES}")]);
-    assert_eq!(calls[0].body["reason"], "FinalBackupTaken");
-    assert_eq!(finalizers(&calls[1]), json!([]));
+    let expected = [
+        "GET /api/v1/namespaces/shop".to_string(),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[1].body["reason"], "FinalBackupTaken");
+    assert_eq!(finalizers(&calls[2]), json!([]));
 }
 
 /// `objects` with each of `newer` in place of the one of its kind and name.
@@ -607,7 +683,8 @@ async fn tls_and_agent_certificates_come_from_one_authority_before_anything_moun
     let mut expected = expected.to_vec();
     expected.extend(CHILDREN.map(str::to_string));
     expected.push(format!("PATCH {DATABASES}/status"));
-    assert_eq!(lines(&calls), expected);
+    assert_eq!(lines(&calls), expected, "no Warning: the members run their agent");
+    assert!(status(&api).conditions.iter().all(|c| c.type_ != "MemberAgents"));
     let made = written(&calls);
     let named = |name: &str| made.iter().find(|o| o["metadata"]["name"] == name && o["kind"] == "Secret").expect(name).clone();
     let (authority, certificate, agents) = (named("orders-ca"), named("orders-tls"), named("orders-agent"));
@@ -708,11 +785,64 @@ async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
     dir
 }
 
-/// Loopback addresses for `n` members, apart from another copy of these tests running
-/// at the same time.
-fn loopback(n: usize) -> Vec<String> {
+/// Loopback addresses for `n` members from the `first`th, apart from another copy of
+/// these tests running at the same time (and, by `first`, from another test's in this run).
+fn loopback_from(first: usize, n: usize) -> Vec<String> {
     let id = std::process::id();
-    (0..n).map(|i| format!("127.{}.{}.{}", 1 + (id >> 8) % 250, id % 256, 10 + i)).collect()
+    (0..n).map(|i| format!("127.{}.{}.{}", 1 + (id >> 8) % 250, id % 256, first + i)).collect()
+}
+
+/// A Database of three members made by a first pass on `server`, its members `ready` as
+/// given, at loopback addresses from the `first`th, each with an agent saying `said`.
+/// The Database, what the caches hold, the API server (serving the agents' Secret) and
+/// the agents.
+async fn with_agents(
+    registry: &Registry,
+    server: Server,
+    first: usize,
+    ready: [bool; 3],
+    said: [&str; 3],
+) -> (Database, Vec<Value>, Server, tempfile::TempDir) {
+    let (result, calls, api) = pass_over(registry, &database(json!({"replicas": 3})), &[], &server).await;
+    result.expect("the first pass");
+    let mut made = written(&calls);
+    let secret = made.iter_mut().find(|o| o["metadata"]["name"] == "orders-agent").expect("the agents' Secret");
+    secret["metadata"]["resourceVersion"] = json!("1");
+    let secret = secret.clone();
+    let addresses = loopback_from(first, 3);
+    let members = ready.map(|ready| (ready, "r1"));
+    let mut cluster = running(&made, "r1", &members);
+    for (pod, address) in cluster.iter_mut().filter(|o| o["kind"] == "Pod").zip(&addresses) {
+        pod["status"]["podIP"] = json!(address);
+    }
+    let said: Vec<(&str, &str)> = addresses.iter().map(String::as_str).zip(said).collect();
+    let agents = agents(&made, &said).await;
+    let server = Server { served: vec![("/api/v1/namespaces/shop/secrets/orders-agent".into(), secret)], ..server };
+    (api.database(), cluster, server, agents)
+}
+
+/// A replica promoted behind the operator's back (its agent says it takes writes while
+/// member 0 leads) is fenced by the next look at the members, named in `Degraded` and a
+/// Warning; the primary stays.
+#[tokio::test]
+async fn a_second_primary_is_fenced_and_named() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), poll: true, ..Server::default() };
+    let said = ["primary 0/5000000", "primary 0/5000100", "replica 0/5000000 0"];
+    let (db, cluster, server, agents) = with_agents(&registry, server, 30, [true; 3], said).await;
+    let (result, calls, api2) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let fenced: Vec<&Call> = calls.iter().filter(|c| c.line() == "PATCH /api/v1/namespaces/shop/pods/orders-1").collect();
+    assert_eq!(fenced.len(), 1, "{:?}", lines(&calls));
+    assert_eq!(fenced[0].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
+    assert!(agents.path().join("member-1").join(plugdb::agent::FENCED_FILE).exists(), "its agent fenced it");
+    assert!(!agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "not the primary");
+    assert!(calls.iter().any(|c| c.body["reason"] == "SecondPrimary" && c.body["type"] == "Warning"), "{:?}", lines(&calls));
+    let status = status(&api2);
+    assert_eq!(status.primary.as_deref(), Some("orders-0"), "the primary stays");
+    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "SecondPrimary"), "{degraded:?}");
+    assert!(degraded.message.starts_with("orders-1 says it takes writes while orders-0 is the primary"), "{}", degraded.message);
 }
 
 /// A Database of three members whose primary (member 0) has not been ready for an hour,
@@ -721,27 +851,11 @@ fn loopback(n: usize) -> Vec<String> {
 async fn a_lost_primary() -> (Registry, Database, Vec<Value>, Server, tempfile::TempDir) {
     let registry = registry().await;
     let server = Server { image: Some("plugdb:test"), ..Server::default() };
-    let (result, calls, api) = pass_over(&registry, &database(json!({"replicas": 3})), &[], &server).await;
-    result.expect("the first pass");
-    let mut made = written(&calls);
-    let secret = made.iter_mut().find(|o| o["metadata"]["name"] == "orders-agent").expect("the agents' Secret");
-    secret["metadata"]["resourceVersion"] = json!("1");
-    let secret = secret.clone();
     // Member 0 (the primary) has not been ready for an hour, its node gone; its agent
     // still answers. Member 2 received more than member 1.
-    let addresses = loopback(3);
-    let mut cluster = running(&made, "r1", &[(false, "r1"), (true, "r1"), (true, "r1")]);
-    for (pod, address) in cluster.iter_mut().filter(|o| o["kind"] == "Pod").zip(&addresses) {
-        pod["status"]["podIP"] = json!(address);
-    }
-    let said = [
-        (addresses[0].as_str(), "primary 0/5000000"),
-        (addresses[1].as_str(), "replica 0/4000000 1.5"),
-        (addresses[2].as_str(), "replica 0/5000000 0"),
-    ];
-    let agents = agents(&made, &said).await;
-    let server = Server { served: vec![("/api/v1/namespaces/shop/secrets/orders-agent".into(), secret)], ..server };
-    (registry, api.database(), cluster, server, agents)
+    let said = ["primary 0/5000000", "replica 0/4000000 1.5", "replica 0/5000000 0"];
+    let (db, cluster, server, agents) = with_agents(&registry, server, 10, [false, true, true], said).await;
+    (registry, db, cluster, server, agents)
 }
 
 #[tokio::test]

@@ -172,6 +172,28 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
         assert!(Instant::now() < deadline, "the replica did not catch up:\n{}", replica.log());
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A database user's functions shadowing the server's, first in the role's search_path:
+    // what the agent says is still the server's own (its role, its position).
+    const LIAR: &str = "CREATE SCHEMA liar; \
+        CREATE FUNCTION liar.pg_is_in_recovery() RETURNS boolean LANGUAGE sql AS 'SELECT true'; \
+        CREATE FUNCTION liar.pg_current_wal_lsn() RETURNS pg_lsn LANGUAGE sql AS 'SELECT ''FF/FFFFFFFF''::pg_lsn'; \
+        CREATE FUNCTION liar.pg_last_wal_receive_lsn() RETURNS pg_lsn LANGUAGE sql AS 'SELECT ''FF/FFFFFFFF''::pg_lsn'; \
+        CREATE FUNCTION liar.pg_last_wal_replay_lsn() RETURNS pg_lsn LANGUAGE sql AS 'SELECT ''FF/FFFFFFFF''::pg_lsn'; \
+        ALTER ROLE postgres SET search_path = liar, pg_catalog, public";
+    sql(&primary, LIAR).expect("the liar's functions");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sql(&replica, "SELECT count(*) FROM pg_namespace WHERE nspname = 'liar'").ok().as_deref() != Some("1") {
+        assert!(Instant::now() < deadline, "the liar's schema did not reach the replica");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(sql(&primary, "SELECT pg_is_in_recovery()").expect("the liar answers"), "t", "the role's sessions are lied to");
+    {
+        let command = &plugin.render(&s, &plugdb_tests::cluster("ha", "default")).expect("render").status_command;
+        let (on_primary, on_replica) = (primary.agent_status(command).expect("status"), replica.agent_status(command).expect("status"));
+        assert!(on_primary.primary && on_primary.position != "FF/FFFFFFFF", "the primary's own word: {on_primary:?}");
+        assert!(!on_replica.primary && on_replica.position != "FF/FFFFFFFF", "the replica's own word: {on_replica:?}");
+    }
+    sql(&primary, "ALTER ROLE postgres RESET search_path; DROP SCHEMA liar CASCADE").expect("the liar gone");
     let err = sql(&replica, "INSERT INTO orders VALUES (9999, 'x', 1)").expect_err("a standby refuses writes");
     assert!(err.contains("read-only"), "{err}");
     // What each member's agent answers, read from the engine by the plugin's status command.
@@ -221,4 +243,19 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     // With no replica left, the plugin refuses to choose.
     let lonely = [Member { pod: "ha-1".into(), ordinal: 1, ready: false, primary: true, position: None, answer: None }];
     assert!(matches!(plugin.choose_primary(&s, &lonely).expect("choose"), FailoverDecision::NoSafeMember(_)));
+}
+
+/// A member started again over its data (a roll, a restart) starts as the first time,
+/// its config files mounted read-only as a ConfigMap volume mounts them.
+#[test]
+fn a_member_started_again_serves_again() {
+    let pg = postgres();
+    let plugin = pg.plugin();
+    let s = pg.spec("again", vec![]);
+    let secrets = pg.secrets("again");
+    let mut m = pg.start_member(&plugin, &s, 0, None, &secrets);
+    m.stop();
+    let mut m = pg.run(m, &plugin, &s, None, &secrets, false);
+    with_password(&mut m, &secrets["superuser-password"]);
+    sql(&m, "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int)").expect("serves again");
 }

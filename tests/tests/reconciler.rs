@@ -99,15 +99,7 @@ async fn a_write_the_api_server_refuses_is_reported_once_as_an_event_and_a_condi
     // Retried with backoff (1 s, 2 s, 4 s): the same refusal, told once.
     let first = errors();
     wait_for("two more tries", Duration::from_secs(30), async || errors() >= first + 2).await;
-    let events: Api<Event> = Api::namespaced(cp.client.clone(), ns);
-    let refusals: Vec<Event> = events
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("WriteRefused"))
-        .collect();
+    let refusals = events_with_reason(&cp, ns, "WriteRefused").await;
     assert_eq!(refusals.len(), 1, "{refusals:?}");
     assert_eq!(refusals[0].type_.as_deref(), Some("Warning"));
     assert!(refusals[0].series.is_none(), "repeated as a series: {:?}", refusals[0].series);
@@ -356,4 +348,53 @@ async fn a_failed_bucket_read_is_retried_on_the_next_pass_and_the_window_known_i
         })
     })
     .await;
+}
+
+/// A namespace deleted with its Databases in it finishes. Their final backup (`Snapshot`,
+/// the default) cannot be made in a namespace that takes no new object: the postgres
+/// one's backup Job is refused, the minimal one's plugin takes no backup at all. Neither
+/// holds the namespace: each finalizer goes, and a Warning about the namespace (which
+/// takes no Event any more) says so, in `default`.
+#[tokio::test]
+async fn a_namespace_deleted_with_its_databases_finishes_and_says_no_final_backup_was_made() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("postgres", "postgres"), ("minimal", "minimal")]).await.expect("CRD and plugins");
+    let ns = "doomed";
+    let namespaces: Api<Namespace> = Api::all(cp.client.clone());
+    namespaces
+        .create(&PostParams::default(), &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns"))
+        .await
+        .expect("namespace");
+    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), ns);
+    for (name, engine) in [("orders", "postgres"), ("cache", "minimal")] {
+        let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": name},
+                                    "spec": {"engine": engine, "storage": "1Gi"}});
+        dbs.patch(name, &PatchParams::apply("test"), &Patch::Apply(&db)).await.expect("database");
+    }
+    let sets: Api<StatefulSet> = Api::namespaced(cp.client.clone(), ns);
+    wait_for("both Databases have members and hold their final backup", Duration::from_secs(240), async || {
+        let list = dbs.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+        let held = list.iter().filter(|d| d.finalizers().iter().any(|f| f == FINALIZER)).count();
+        held == 2 && sets.list(&ListParams::default()).await.is_ok_and(|l| l.items.len() == 2)
+    })
+    .await;
+
+    namespaces.delete(ns, &DeleteParams::default()).await.expect("delete the namespace");
+    wait_for("the namespace is gone", Duration::from_secs(300), async || namespaces.get_opt(ns).await.is_ok_and(|n| n.is_none())).await;
+    let said = events_with_reason(&cp, "default", "DeletedWithoutBackup").await;
+    for name in ["orders", "cache"] {
+        let about = said.iter().find(|e| e.related.as_ref().and_then(|r| r.name.as_deref()) == Some(name)).expect(name);
+        assert_eq!(about.type_.as_deref(), Some("Warning"));
+        assert_eq!(about.regarding.as_ref().map(|r| (r.kind.as_deref(), r.name.as_deref())), Some((Some("Namespace"), Some(ns))));
+        let note = about.note.as_deref().unwrap_or_default();
+        assert!(note.starts_with(&format!("Database {ns}/{name} was deleted with its namespace")), "{note}");
+    }
+}
+
+/// The Events of namespace `ns` with reason `reason`.
+async fn events_with_reason(cp: &ControlPlane, ns: &str, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(cp.client.clone(), ns);
+    let all = events.list(&ListParams::default()).await.expect("events").items;
+    all.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect()
 }

@@ -44,12 +44,15 @@ async fn the_status_command_is_bounded_in_time_and_output() {
 }
 
 /// Certificates of one Database's authority, on disk as the agent's volume holds them,
-/// and the operator's identity (PEM certificate and key).
+/// the operator's identity (PEM certificate and key, from an authority of its own), and
+/// what else holds a certificate: the agent's own and the Database's serving certificate
+/// (for servers and clients, which its members and Jobs mount and the engine can read).
 struct Issued {
     dir: tempdir::Dir,
     ca: Vec<u8>,
     operator: Vec<u8>,
     agent: Vec<u8>,
+    serving: Vec<u8>,
 }
 
 mod tempdir {
@@ -67,18 +70,20 @@ fn issued(name: &str) -> Issued {
     let authority = new_authority(name, "shop", now).expect("authority");
     let names = ["*.db-headless.shop.svc".to_string()];
     let server = issue_for(name, "shop", &authority.key, ("db-headless", &names), Use::Server, now).expect("server");
-    let client =
-        issue_for(name, "shop", &authority.key, ("plugdb operator", &["plugdb-operator".into()]), Use::Client, now).expect("client");
+    let serving = crate::tls::issue(name, "shop", &authority.key, &crate::tls::names(name, "shop"), now).expect("serving");
+    let operator = crate::tls::OperatorIdentity::new(now).expect("the operator's identity");
     let dir = std::env::temp_dir().join(format!("plugdb-agent-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join(crate::tls::CERTIFICATE), &server.certificate).expect("write");
     std::fs::write(dir.join(crate::tls::KEY), &server.key).expect("write");
     std::fs::write(dir.join(crate::tls::CA), &authority.certificate).expect("write");
+    std::fs::write(dir.join(CLIENTS_CA), &operator.authority.certificate).expect("write");
     Issued {
         dir: tempdir::Dir(dir),
         ca: authority.certificate.into_bytes(),
-        operator: [client.certificate, client.key].concat().into_bytes(),
+        operator: operator.client_pem(),
         agent: [server.certificate, server.key].concat().into_bytes(),
+        serving: [serving.certificate, serving.key].concat().into_bytes(),
     }
 }
 
@@ -191,10 +196,12 @@ async fn a_cut_off_primary_whose_fence_fails_is_stopped_by_its_guard() {
 }
 
 /// The agent answers the operator's certificate, and nobody else: no certificate, the
-/// agent's own (for servers only), or another Database's operator. The operator alone
-/// promotes and fences the member, and a fenced member is never promoted.
+/// agent's own (for servers only), the Database's serving certificate (signed by the same
+/// authority as the agent's, for clients too, and readable by the engine), or another
+/// operator's. The operator alone promotes and fences the member, and a fenced member is
+/// never promoted.
 #[tokio::test]
-async fn only_the_operator_of_the_same_database_is_answered() {
+async fn only_the_operator_is_answered() {
     let ours = issued("db");
     let theirs = issued("other");
     let port = {
@@ -228,14 +235,15 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into(), lag: None }));
     assert_eq!(ask(None).await, None, "no client certificate: refused");
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
-    assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another Database's operator is refused");
+    assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another operator is refused");
+    assert_eq!(ask(Some(ours.serving.clone())).await, None, "the Database's own certificate is refused");
 
     let promote = crate::plugin::MemberQuery { port, path: "/promote".into(), body: Some(String::new()), https: true };
     let post = |path: &str| crate::plugin::MemberQuery { port, path: path.into(), body: Some(String::new()), https: true };
     let promoted = ours.dir.0.join("promoted");
     let synchronous = ours.dir.0.join("synchronous");
     let (mark, ran) = (ours.dir.0.join(FENCED_FILE), ours.dir.0.join("ran"));
-    for refused in [None, Some(ours.agent.clone()), Some(theirs.operator.clone())] {
+    for refused in [None, Some(ours.agent.clone()), Some(theirs.operator.clone()), Some(ours.serving.clone())] {
         assert_eq!(ask_to(&fence, refused.clone()).await, None, "only the operator fences");
         assert_eq!(ask_to(&promote, refused.clone()).await, None, "only the operator promotes");
         assert_eq!(ask_to(&post("/synchronous/0"), refused).await, None, "only the operator lowers synchronous replication");
@@ -257,6 +265,41 @@ async fn only_the_operator_of_the_same_database_is_answered() {
     assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await, None, "a fenced member is not promoted");
     assert_eq!(ask_to(&post("/synchronous/0"), Some(ours.operator.clone())).await, None, "nor has its synchronous replication changed");
     assert_eq!(std::fs::read_to_string(&promoted).expect("promoted once"), "promoted\n");
+}
+
+/// Idle connections that never finish a handshake, from another address (a pod of the
+/// tenant's), hold at most [`PER_PEER`] of the agent's slots: the operator is answered
+/// at once while they hang on.
+#[tokio::test]
+async fn idle_connections_from_elsewhere_do_not_starve_the_operator() {
+    let ours = issued("idle");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("address").port()
+    };
+    let certs = ours.dir.0.clone();
+    let commands = Commands { status: sh("echo replica 0/1"), ..Default::default() };
+    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands));
+    let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
+    let ask = || {
+        let (ca, operator, status) = (ours.ca.clone(), ours.operator.clone(), status.clone());
+        async move {
+            let transport = Transport::Tls { ca: &ca, domain: "db-headless.shop.svc", identity: Some(&operator) };
+            answers(transport, &status, &[member("db-0")]).await.remove(0)
+        }
+    };
+    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).await, "serving");
+    let mut idle = Vec::new();
+    for _ in 0..24 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.bind("127.0.0.2:0".parse().expect("an address")).expect("bound to another address");
+        idle.push(socket.connect(([127, 0, 0, 1], port).into()).await.expect("connected"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..5 {
+        assert_eq!(ask().await.as_deref(), Some("replica 0/1\n"), "the operator is answered while 24 idle connections hang on");
+    }
+    drop(idle);
 }
 
 /// An engine that does not confirm its fence (its fence command fails: hung) is stopped

@@ -316,7 +316,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     let certs = pod.volumes.iter().flatten().find(|v| v.name == "agent-certs").and_then(|v| v.secret.clone()).expect("certificates");
     assert_eq!(certs.secret_name.as_deref(), Some("orders-agent"));
     let keys: Vec<String> = certs.items.unwrap_or_default().into_iter().map(|i| i.key).collect();
-    assert_eq!(keys, ["tls.crt", "tls.key", "ca.crt"], "the agent's own, never the operator's client key");
+    assert_eq!(keys, ["tls.crt", "tls.key", "ca.crt", "clients-ca.crt"], "the agent's own and the authorities' certificates, no other key");
     assert!(agent.readiness_probe.is_none() && !mounts.contains(&"agent-state"), "no fence command: never fenced");
 
     // With a fence command: the agent fences the member, and says so in its readiness;

@@ -6,6 +6,7 @@
 use std::fmt::Write;
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -74,13 +75,39 @@ impl Target {
 pub async fn status(target: &Target, name: &str) -> Result<String> {
     let Found { client, namespace, db, .. } = target.database(name).await?;
     let about = format!("regarding.kind=Database,regarding.name={name}");
-    let events = Api::<Event>::namespaced(client, &namespace).list(&ListParams::default().fields(&about)).await.map(|l| l.items);
-    // Events are a help, not the point: a user who may not list them still gets the rest.
-    Ok(screen(&db, &events.unwrap_or_default(), Timestamp::now()))
+    let events = Api::<Event>::namespaced(client.clone(), &namespace).list(&ListParams::default().fields(&about)).await.map(|l| l.items);
+    // Events and the operator's lease are a help, not the point: a user who may not list
+    // them still gets the rest.
+    let leases = Api::<Lease>::all(client).list(&ListParams::default().fields(&format!("metadata.name={}", crate::leader::LEASE))).await;
+    Ok(screen(&db, &events.unwrap_or_default(), leases.ok().map(|l| l.items).as_deref(), Timestamp::now()))
 }
 
-/// The screen for `db` and its `events`, at `now`.
-pub fn screen(db: &Database, events: &[Event], now: Timestamp) -> String {
+/// What the operator's leases (`leases`, when they could be read) say of it at `now`:
+/// who holds one and when it renewed it, or that none renewed its lease in time (no
+/// operator looks, and the status is only as new as its last look).
+fn operator_line(leases: &[Lease], now: Timestamp) -> String {
+    let renewed = |l: &Lease| {
+        let spec = l.spec.as_ref()?;
+        let at = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
+        let lease = format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any());
+        Some((at, spec.holder_identity.clone()?, i64::from(spec.lease_duration_seconds.unwrap_or(15)), lease))
+    };
+    let Some((at, holder, lasts, lease)) = leases.iter().filter_map(renewed).max_by_key(|(at, ..)| *at) else {
+        return format!(
+            "operator: none holds lease {}: no operator looks (or it runs without leader election), this status may be stale",
+            crate::leader::LEASE
+        );
+    };
+    let since = now.duration_since(at).as_secs();
+    if since > lasts {
+        format!("operator: {holder} has not renewed lease {lease} for {since}s: no operator looks, this status may be stale")
+    } else {
+        format!("operator: {holder} (lease {lease} renewed {since}s ago)")
+    }
+}
+
+/// The screen for `db`, its `events` and the operator's `leases` (`None`: not readable), at `now`.
+pub fn screen(db: &Database, events: &[Event], leases: Option<&[Lease]>, now: Timestamp) -> String {
     let status = db.status.clone().unwrap_or_default();
     let mut out = String::new();
     let version = status.current_version.as_deref().unwrap_or(&db.spec.version);
@@ -94,6 +121,9 @@ pub fn screen(db: &Database, events: &[Event], now: Timestamp) -> String {
         status.primary.as_deref().unwrap_or("(none)"),
         status.plugin.as_deref().map(|p| format!(", rendered by {p}")).unwrap_or_default()
     );
+    if let Some(leases) = leases {
+        let _ = writeln!(out, "{}", operator_line(leases, now));
+    }
     if !status.members.is_empty() {
         let rows: Vec<[String; 7]> = status
             .members
@@ -189,7 +219,7 @@ fn ago(rfc3339: &str, now: Timestamp) -> String {
 
 fn cut(text: &str, max: usize) -> String {
     let line = text.replace('\n', " ");
-    let kept = crate::events::truncate(&line, max);
+    let kept = crate::said::cut(&line, max);
     if kept.len() < line.len() { format!("{kept}…") } else { line }
 }
 
@@ -292,7 +322,7 @@ mod tests {
             event("FailoverPromoted", "promoted orders-1", "2026-11-28T09:59:00Z"),
             event("MemberDown", "orders-2: node lost", "2026-11-28T10:03:00Z"),
         ];
-        let screen = screen(&database(), &events, now);
+        let screen = screen(&database(), &events, None, now);
         assert!(screen.starts_with("Database shop/orders: postgres 17, Degraded\n"), "{screen}");
         assert!(screen.contains("members:  2/3 ready, primary orders-1, rendered by postgres@0.2.0"), "{screen}");
         let lines: Vec<&str> = screen.lines().collect();
@@ -310,5 +340,42 @@ mod tests {
         assert!(!screen.contains("Progressing=") && !screen.contains("PluginReady="), "fine conditions are left out: {screen}");
         let newest = screen.find("MemberDown").expect("an Event");
         assert!(newest < screen.find("FailoverPromoted").expect("an Event"), "newest first: {screen}");
+        assert!(!screen.contains("operator:"), "the operator's lease was not readable: nothing said of it");
+    }
+
+    /// The screen says whether an operator looks: its lease renewed within its duration,
+    /// or not (the status is then only as new as the operator's last look).
+    #[test]
+    fn the_screen_says_when_no_operator_renewed_its_lease() {
+        let now: Timestamp = "2026-11-28T10:05:00Z".parse().expect("now");
+        let lease = |holder: &str, renewed: &str| Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(crate::leader::LEASE.into()),
+                namespace: Some("plugdb-system".into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(renewed.parse().expect("time"))),
+                ..Default::default()
+            }),
+        };
+        let line = |leases: &[Lease]| {
+            let screen = screen(&database(), &[], Some(leases), now);
+            screen.lines().find(|l| l.starts_with("operator: ")).map(str::to_string).unwrap_or_else(|| panic!("{screen}"))
+        };
+        assert_eq!(
+            line(&[lease("plugdb-7f9c", "2026-11-28T10:04:58Z")]),
+            "operator: plugdb-7f9c (lease plugdb-system/plugdb-leader renewed 2s ago)"
+        );
+        assert_eq!(
+            line(&[lease("plugdb-7f9c", "2026-11-28T10:04:25Z")]),
+            "operator: plugdb-7f9c has not renewed lease plugdb-system/plugdb-leader for 35s: no operator looks, this status may be stale"
+        );
+        assert_eq!(
+            line(&[]),
+            "operator: none holds lease plugdb-leader: no operator looks (or it runs without leader election), this status may be stale"
+        );
     }
 }

@@ -10,21 +10,6 @@ pub const BYTES_PER_SECOND: f64 = 4096.0;
 /// Bytes of plugin log an engine may write at once after a quiet spell.
 pub const BURST_BYTES: f64 = 65536.0;
 
-/// `message` with every control character (newlines, carriage returns, NUL, escape
-/// sequences) and Unicode line or paragraph separator written as an escape, so that
-/// it prints as one line that cannot pass for another record.
-pub fn escaped(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for c in message.chars() {
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Each engine's allowance of log bytes: earned at [`BYTES_PER_SECOND`], banked up to
 /// [`BURST_BYTES`]; a line beyond it is dropped and counted.
 #[derive(Debug)]
@@ -87,6 +72,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::said::escaped;
 
     #[test]
     fn control_characters_and_line_separators_are_escaped() {

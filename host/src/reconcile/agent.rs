@@ -1,6 +1,7 @@
 //! The member agents of a Database, from the operator's side: the questions the
 //! failover, switchover and hear stages ask them, and what the operator keeps to ask them
-//! ([`Agents`]): the operator's certificate from Secret `<name>-agent` (which
+//! ([`Agents`]): its own identity ([`tls::OperatorIdentity`], the same for every
+//! Database) and each Database authority's certificate from Secret `<name>-agent` (which
 //! [`super::secrets`] issues).
 
 use std::collections::HashMap;
@@ -20,11 +21,14 @@ use crate::names::Names;
 use crate::plugin::MemberQuery;
 use crate::tls;
 
-/// What the operator keeps to ask each Database's agents: the authority's certificate
-/// and its own, as Secret `<name>-agent` had them at a version (read once, not on every
-/// ask: the watch caches keep no Secret's values), and when it last asked for statuses.
+/// What the operator keeps to ask each Database's agents: its own identity, each
+/// Database authority's certificate as Secret `<name>-agent` had it at a version (read
+/// once, not on every ask: the watch caches keep no Secret's values), and when it last
+/// asked for statuses.
 #[derive(Debug)]
 pub struct Agents {
+    identity: Arc<tls::OperatorIdentity>,
+    client: Arc<[u8]>,
     keys: Mutex<HashMap<String, Keys>>,
     asked: Mutex<HashMap<String, Instant>>,
     started: Instant,
@@ -33,23 +37,21 @@ pub struct Agents {
 #[derive(Debug)]
 struct Keys {
     version: String,
-    pems: Pems,
-}
-
-/// The authority's certificate and the operator's identity (its certificate and key).
-#[derive(Debug, Clone)]
-struct Pems {
     ca: Arc<[u8]>,
-    identity: Arc<[u8]>,
-}
-
-impl Default for Agents {
-    fn default() -> Self {
-        Self { keys: Mutex::default(), asked: Mutex::default(), started: Instant::now() }
-    }
 }
 
 impl Agents {
+    /// Agents asked as `identity`.
+    pub fn new(identity: tls::OperatorIdentity) -> Self {
+        let client = identity.client_pem().into();
+        Self { identity: Arc::new(identity), client, keys: Mutex::default(), asked: Mutex::default(), started: Instant::now() }
+    }
+
+    /// The operator's identity, whose authority the agents trust for clients.
+    pub fn identity(&self) -> Arc<tls::OperatorIdentity> {
+        self.identity.clone()
+    }
+
     /// Whether `db`'s agents are asked for their statuses again: `every` after the last
     /// time, or after this operator started (a restarted operator reads nothing at once).
     pub fn due(&self, db: &Database, every: Duration) -> bool {
@@ -63,9 +65,9 @@ impl Agents {
         self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(db));
     }
 
-    fn kept(&self, db: &Database, version: Option<&str>) -> Option<Pems> {
+    fn kept(&self, db: &Database, version: Option<&str>) -> Option<Arc<[u8]>> {
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        keys.get(&key(db)).filter(|k| Some(k.version.as_str()) == version).map(|k| k.pems.clone())
+        keys.get(&key(db)).filter(|k| Some(k.version.as_str()) == version).map(|k| k.ca.clone())
     }
 }
 
@@ -73,9 +75,9 @@ fn key(db: &Database) -> String {
     format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())
 }
 
-/// The authority's certificate and the operator's identity (certificate and key) for
-/// `db`'s agents: kept while the Secret's version is the one the cache has, else read.
-async fn keys(ctx: &Context, db: &Database) -> Result<Option<Pems>, Error> {
+/// The Database authority's certificate, which `db`'s agents serve theirs from: kept while
+/// the Secret's version is the one the cache has, else read.
+async fn authority(ctx: &Context, db: &Database) -> Result<Option<Arc<[u8]>>, Error> {
     let secret_name = Names(&db.name_any()).agent();
     let version = ctx.caches.secret(db, &secret_name).and_then(|s| s.metadata.resource_version.clone());
     if let Some(kept) = ctx.agents.kept(db, version.as_deref()) {
@@ -84,19 +86,17 @@ async fn keys(ctx: &Context, db: &Database) -> Result<Option<Pems>, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
     let Some(secret) = own_secret(db, api.get_opt(&secret_name).await?)? else { return Ok(None) };
     let version = secret.metadata.resource_version.clone().unwrap_or_default();
-    let data = secret.data.unwrap_or_default();
-    let file = |key: &str| data.get(key).map(|b| b.0.clone()).unwrap_or_default();
-    let pems = Pems { ca: file(tls::CA).into(), identity: [file(agent::CLIENT_CERTIFICATE), file(agent::CLIENT_KEY)].concat().into() };
-    ctx.agents.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Keys { version, pems: pems.clone() });
-    Ok(Some(pems))
+    let ca: Arc<[u8]> = secret.data.unwrap_or_default().remove(tls::CA).map(|b| b.0).unwrap_or_default().into();
+    ctx.agents.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Keys { version, ca: ca.clone() });
+    Ok(Some(ca))
 }
 
 /// What the agents of `members` answer to `query` (`None`: no answer), in their order.
 /// Nothing is asked while the Database has no agent certificates.
 async fn ask(ctx: &Context, db: &Database, query: &MemberQuery, members: &[Observed]) -> Result<Vec<Option<String>>, Error> {
-    let Some(Pems { ca, identity }) = keys(ctx, db).await? else { return Ok(vec![None; members.len()]) };
+    let Some(ca) = authority(ctx, db).await? else { return Ok(vec![None; members.len()]) };
     let domain = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
-    let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&identity) };
+    let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&ctx.agents.client) };
     Ok(super::ask::answers(transport, query, members).await)
 }
 
@@ -219,7 +219,7 @@ mod tests {
             db.metadata.namespace = Some("shop".into());
             db
         };
-        let agents = Agents::default();
+        let agents = Agents::new(tls::OperatorIdentity::new(chrono::Utc::now()).expect("identity"));
         assert!(!agents.due(&db("orders"), Duration::from_secs(30)), "not at once after the operator starts");
         assert!(agents.due(&db("orders"), Duration::ZERO));
         agents.asked.lock().expect("lock").insert(key(&db("orders")), Instant::now() - Duration::from_secs(31));

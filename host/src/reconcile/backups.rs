@@ -315,7 +315,7 @@ pub(super) async fn reconcile(
                     let (unfinished, old): (Vec<String>, Vec<String>) = removal.backups.iter().cloned().partition(incomplete);
                     let listed = |names: &[String]| if names.is_empty() { "none".to_string() } else { names.join(", ") };
                     let message = format!(
-                        "removed from bucket {}: {} backup(s) beyond the newest {retention} ({}); {} incomplete one(s) no Job writes any                          more ({}); and {} archived log segment(s) no kept backup replays",
+                        "removed from bucket {}: {} backup(s) beyond the newest {retention} ({}); {} incomplete one(s) no Job writes any more ({}); and {} archived log segment(s) no kept backup replays",
                         target.bucket,
                         old.len(),
                         listed(&old),
@@ -366,9 +366,9 @@ async fn failure_cause(ctx: &Context, ns: &str, name: &str) -> Option<String> {
         tail = if tail.is_empty() { line.to_string() } else { format!("{line} | {tail}") };
     }
     if tail.is_empty() {
-        tail = crate::events::truncate(lines.last().copied().unwrap_or_default(), MAX_CAUSE).to_string();
+        tail = crate::said::cut(lines.last().copied().unwrap_or_default(), MAX_CAUSE).to_string();
     }
-    Some(crate::plugin::logs::escaped(&format!("container {container} exited {code}: {tail}")))
+    Some(crate::said::escaped(&format!("container {container} exited {code}: {tail}")))
 }
 
 #[cfg(test)]

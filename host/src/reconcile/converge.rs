@@ -106,7 +106,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let engine = proceed!(pass.engine().await);
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
-    let members = pass.observe().await;
+    let members = pass.observe(engine.plugin.info().capabilities.elects_leader).await;
     let primary = pass.failover(&engine.plugin, &spec, &members).await?;
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
@@ -117,11 +117,12 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     pass.scale_job(&scale, &workload);
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
     let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload), pull: &ctx.settings.pull };
-    pass.hear(sidecars.agent.is_some(), &members).await?;
+    let elects = engine.plugin.info().capabilities.elects_leader;
+    pass.agents(super::wants_agent(&engine.plugin, &workload), sidecars.agent.is_some());
+    let incident = pass.hear(sidecars.agent.is_some(), &members, &primary.name, elects).await?;
     let leadership = build::Leadership::of(&engine.plugin);
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
-    let rolled = pass.members(&members, &primary.name, &applied, scale.granted);
-    let elects = engine.plugin.info().capabilities.elects_leader;
+    let rolled = pass.members(&members, &primary, &applied, scale.granted);
     let (notes, replication_due) =
         replication::reconcile(ctx, db, (&pass.old, &mut pass.plan.told), (&members.observed, &primary.name), elects).await?;
     pass.say(&notes);
@@ -133,7 +134,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     });
     let upgrading = pass.steps(&upgrade, &workload, rolled.done);
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
-    let moving = primary.failed_over || primary.switching || rolled.restarted || upgrading || scale.under_way;
+    let moving = primary.failed_over || primary.switching.is_some() || rolled.restarted || upgrading || scale.under_way || incident;
     let in_motion = moving
         || restoring == restore::Restore::Running
         || matches!(applied.growth, Growth::Waiting(_))
@@ -149,6 +150,8 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
             growth: &applied.growth,
             plan_refused: upgrade.refused || scale.refused,
             restoring: restoring == restore::Restore::Running,
+            incident,
+            switching: primary.switching.as_deref(),
         })
         .await?;
     let settled = decide::Settled {
@@ -355,13 +358,19 @@ impl<'a> Pass<'a> {
     }
 
     /// The members as the pod cache has them (those on a node cut off from the control
-    /// plane taken as down), and the nodes of those that are down.
-    async fn observe(&self) -> Members {
+    /// plane taken as down, and, unless the engine elects its leader, replicas that do
+    /// not replicate), and the nodes of those that are down.
+    async fn observe(&self, elects: bool) -> Members {
         let pods = self.ctx.caches.pods(self.db, &crate::names::selector(self.db));
-        let mut observed = members::observe(&Names(&self.name).primary(), &pods, k8s_openapi::jiff::Timestamp::now());
+        let at = k8s_openapi::jiff::Timestamp::now();
+        let mut observed = members::observe(&Names(&self.name).primary(), &pods, at);
         let now = std::time::Instant::now();
         members::cut_off(&mut observed, |node| self.ctx.caches.silent_for(node, now));
         let lost = nodes::read(self.ctx, &mut observed).await;
+        // After the nodes are read: such a replica's pod, and so its node, is ready.
+        if let Some(primary) = self.old.primary.as_deref().filter(|_| !elects) {
+            members::not_replicating(&mut observed, primary, &self.old.members, at, 2 * self.ctx.settings.member_poll);
+        }
         Members { pods, observed, lost }
     }
 
@@ -491,16 +500,20 @@ impl<'a> Pass<'a> {
 
     /// Role labels on the members, and the next member restart of a roll (one at a time,
     /// replicas first, primary last) among the `granted` members of this pass.
-    fn members(&mut self, members: &Members, primary: &str, applied: &Applied, granted: u32) -> Rolled {
-        let roll = decide::roll(&members.observed, primary, applied.stateful_set.as_ref(), &applied.role_free, granted);
+    fn members(&mut self, members: &Members, primary: &Primary, applied: &Applied, granted: u32) -> Rolled {
+        let set = applied.stateful_set.as_ref();
+        let roll = decide::roll(&members.observed, &primary.name, set, &applied.role_free, (granted, primary.failed_over));
         for (name, role) in roll.labels {
             self.plan.label(name, role);
         }
         if let Some(next) = &roll.restart {
-            let fenced = members.observed.iter().find(|m| m.name == *next && m.fenced).cloned();
-            self.plan.restart(next.clone(), fenced);
-            let note = format!("restarted {next} onto the current revision");
-            self.plan.tell(member_ref(&members.pods, next), false, Reason::MemberRestarted, note);
+            let member = members.observed.iter().find(|m| m.name == *next);
+            self.plan.restart(next.clone(), member.filter(|m| m.fenced).cloned());
+            let (warning, note) = match member.filter(|m| m.remake).and_then(|m| m.down.as_deref()) {
+                Some(why) => (true, format!("restarted {next} to make it again: {why}")),
+                None => (false, format!("restarted {next} onto the current revision")),
+            };
+            self.plan.tell(member_ref(&members.pods, next), warning, Reason::MemberRestarted, note);
         }
         Rolled { done: roll.done, restarted: roll.restart.is_some() }
     }

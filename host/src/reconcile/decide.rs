@@ -311,8 +311,10 @@ pub struct Roll {
 
 /// Role labels, and the next member restart of a roll (one at a time, replicas first,
 /// primary last) among the `granted` members, once the StatefulSet controller has seen
-/// the StatefulSet's latest spec (revisions mean nothing before).
-pub fn roll(members: &[Observed], primary: &str, set: Option<&SetFacts>, role_free: &str, granted: u32) -> Roll {
+/// the StatefulSet's latest spec (revisions mean nothing before). A pass that
+/// `promoted` a member restarts none: what it saw of the members is from before the
+/// promotion (the promoted one not yet marked so, and so taken for one to restart).
+pub fn roll(members: &[Observed], primary: &str, set: Option<&SetFacts>, role_free: &str, (granted, promoted): (u32, bool)) -> Roll {
     let current = set.is_some_and(|s| s.observed);
     let revision = set.and_then(|s| s.update_revision.as_deref()).unwrap_or_default();
     let wanted = members::Wanted { revision, role_free };
@@ -324,7 +326,7 @@ pub fn roll(members: &[Observed], primary: &str, set: Option<&SetFacts>, role_fr
         .map(|(m, role)| (m.name.clone(), role))
         .collect();
     let desired = granted.max(1) as usize;
-    let restart = members::next_to_roll(members, wanted, primary, desired).filter(|_| current).map(|m| m.name.clone());
+    let restart = members::next_to_roll(members, wanted, primary, desired).filter(|_| current && !promoted).map(|m| m.name.clone());
     Roll { labels, restart, done: current && members::rolled(members, wanted, primary, desired) }
 }
 
@@ -411,8 +413,9 @@ pub struct Settled {
 /// pass at once; the requeue is only a safety net.
 pub const MEMBER_WAIT: u32 = 6;
 
-/// When to look again: soon while something moves; while members are only coming up,
-/// when the primary's failover delay runs out, or after the safety net, which grows with
+/// When to look again: soon while something moves; while the primary is down, when its
+/// failover delay runs out and soon after; while members are only coming up, after the
+/// safety net, which grows with
 /// the wait (as long again as the Database has not been Ready, from `MEMBER_WAIT`
 /// progress requeues up to the idle one), so members that stay down for long cost a
 /// few passes, not one every half minute; a while after a refused volume grow; else
@@ -422,16 +425,18 @@ pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
     if settled.moving {
         return progress;
     }
-    if settled.waiting_for_members {
+    let then = if settled.waiting_for_members {
         let least = progress * MEMBER_WAIT;
-        let net = settled.waited.clamp(least, settings.idle_requeue.max(least));
-        return match settled.primary_lost_in {
-            // Looked at again once the primary counts as lost, not before or much after.
-            Some(left) => net.min(left.max(progress)),
-            None => net,
-        };
-    }
-    if settled.grow_failed { progress * 6 } else { settled.next }
+        settled.waited.clamp(least, settings.idle_requeue.max(least))
+    } else if settled.grow_failed {
+        progress * 6
+    } else {
+        settled.next
+    };
+    // A primary down is looked at again once it counts as lost, not before or much
+    // after, and soon while it stays lost: a replica's agent that did not answer the
+    // last failover question may answer the next (whatever else the pass concluded).
+    settled.primary_lost_in.map_or(then, |left| then.min(left.max(progress)))
 }
 
 mod primary;

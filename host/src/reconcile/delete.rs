@@ -2,8 +2,10 @@
 //! finalizer goes; under `Retain` and `Delete` it goes at once (what the owner references
 //! remove is the API server's garbage collector's work).
 
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
 use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
 
 use super::backups::{self, JobState};
 use super::plan::Plan;
@@ -55,6 +57,45 @@ pub(super) async fn delete(db: &Database, ctx: &Context) -> Result<Action, Error
     Ok(action)
 }
 
+/// Whether the namespace of `db` is being deleted (unknown, as when the operator may not
+/// read namespaces: not).
+async fn namespace_terminating(ctx: &Context, db: &Database) -> bool {
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    match api.get_opt(&db.namespace().unwrap_or_default()).await {
+        Ok(found) => found.is_some_and(|n| n.metadata.deletion_timestamp.is_some()),
+        Err(e) => {
+            tracing::debug!(database = %db.name_any(), error = %e, "cannot read the Database's namespace");
+            false
+        }
+    }
+}
+
+/// Says that `db` was deleted with its namespace, where its final backup cannot be made
+/// (its finalizer goes then, or the namespace would never go), in a Warning. The Warning
+/// cannot be in that namespace, which takes no new Event either: it is about the
+/// namespace, in `default` (`kubectl get events -n default --field-selector
+/// reason=DeletedWithoutBackup`), and in the operator's log.
+async fn deleted_with_its_namespace(ctx: &Context, db: &Database) {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let last = db.status.as_ref().and_then(|s| s.last_backup.as_ref()).map_or_else(|| "none".into(), |b| b.name.clone());
+    let note = format!(
+        "Database {ns}/{name} was deleted with its namespace, which takes no new object: no final backup could be made \
+         (deletionPolicy Snapshot; its last backup: {last})"
+    );
+    tracing::warn!(database = %name, namespace = %ns, "{note}");
+    let namespace = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Namespace".into()),
+        name: Some(ns),
+        ..Default::default()
+    };
+    let about = db.object_ref(&());
+    let reason = Reason::DeletedWithoutBackup.as_str();
+    if let Err(e) = ctx.recorder.publish(&namespace, Some(&about), true, reason, &note).await {
+        tracing::warn!(error = %e, reason, "could not record event");
+    }
+}
+
 /// What deleting `db` takes now: Events and Jobs in `plan`; the status to write, or
 /// `None` when the finalizer goes.
 async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option<DatabaseStatus>, Action), Error> {
@@ -65,6 +106,12 @@ async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option
         Ending::NeverRan => {
             let note = "the Database never ran, so it holds no data: no final backup taken";
             plan.tell(None, false, Reason::DeletedWithoutBackup, note.into());
+            return Ok((None, Action::await_change()));
+        }
+        // A namespace being deleted takes no new object: no final backup can be made in
+        // it, and the Database must not hold it.
+        Ending::FinalBackup if namespace_terminating(ctx, db).await => {
+            deleted_with_its_namespace(ctx, db).await;
             return Ok((None, Action::await_change()));
         }
         Ending::FinalBackup => {}

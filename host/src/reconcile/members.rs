@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::crd::MemberStatus;
 use crate::names::{REVISION_LABEL, ROLE_LABEL};
 use crate::plugin::Member;
 
@@ -51,6 +52,14 @@ pub struct Observed {
     /// Taken as down because its node stopped renewing its lease ([`cut_off`]), though
     /// its pod still says it is ready.
     pub cut_off: bool,
+    /// Taken as down because it does not replicate ([`not_replicating`]), though its pod
+    /// still says it is ready.
+    pub not_replicating: bool,
+    /// It has not replicated for long enough to be made again: restarted.
+    pub remake: bool,
+    /// Its node is lost (not ready, or cut off): deleting its pod cannot end it until the
+    /// node is back, so the roll neither restarts it nor waits for it.
+    pub node_lost: bool,
 }
 
 impl Observed {
@@ -74,6 +83,9 @@ impl Observed {
             fenced: false,
             promoted: false,
             cut_off: false,
+            not_replicating: false,
+            remake: false,
+            node_lost: false,
             address,
         }
     }
@@ -121,12 +133,41 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 fenced: p.annotations().contains_key(crate::names::FENCED),
                 promoted: p.annotations().contains_key(crate::names::PROMOTED),
                 cut_off: false,
+                not_replicating: false,
+                remake: false,
+                node_lost: false,
                 name,
             })
         })
         .collect();
     out.sort_by_key(|m| m.ordinal);
     out
+}
+
+/// Takes each ready replica that does not replicate as down, while `primary` serves: the
+/// status (`before`, what the agents last said) has it a replica that streams nothing
+/// (it knows no lag) and is not at the primary's last position (it is behind, not
+/// caught up), with the same answer for `after` or longer, and it has been ready that
+/// long. Its pod is ready (its engine answers), but it would serve stale reads,
+/// confirm no synchronous commit, and lead with what it lacks: it is no switchover
+/// target and counts for no synchronous commit; half as long again, and it is made
+/// again (restarted, see [`Wanted::runs`]).
+pub fn not_replicating(members: &mut [Observed], primary: &str, before: &[MemberStatus], now: Timestamp, after: std::time::Duration) {
+    let after = after.as_secs() as i64;
+    let remake_after = after + after / 2;
+    if !members.iter().any(|m| m.name == primary && m.ready && !m.fenced) {
+        return;
+    }
+    let eligible = |m: &Observed| m.ready && !m.terminating && !m.fenced && m.name != primary && m.since_seconds >= after;
+    let Some(leads_at) = before.iter().find(|b| b.pod == primary).and_then(|b| b.position.as_deref()) else { return };
+    for m in members.iter_mut().filter(|m| eligible(m)) {
+        let behind = |b: &&MemberStatus| b.position.as_deref().is_some_and(|p| p != leads_at);
+        let said = before.iter().filter(behind).find(|b| b.pod == m.name && b.role == "replica" && b.lag.is_none());
+        let heard = said.and_then(|b| b.heard.as_deref()?.parse::<Timestamp>().ok());
+        let Some(silent) = heard.map(|at| now.duration_since(at).as_secs()).filter(|s| *s >= after) else { continue };
+        m.down = Some(format!("ready, but it has not replicated from {primary} for {silent} s: its agent says it streams nothing"));
+        (m.ready, m.not_replicating, m.remake) = (false, true, silent >= remake_after);
+    }
 }
 
 /// Takes each ready member on a node that has been silent (its lease unrenewed, see
@@ -137,7 +178,7 @@ pub fn cut_off(members: &mut [Observed], silent_for: impl Fn(&str) -> Option<std
         let Some(silent) = m.node.as_deref().and_then(&silent_for) else { continue };
         let node = m.node.as_deref().unwrap_or_default();
         m.down = Some(format!("node {node} has not renewed its lease for {} s: cut off from the control plane", silent.as_secs()));
-        (m.ready, m.cut_off, m.since_seconds) = (false, true, silent.as_secs() as i64);
+        (m.ready, m.cut_off, m.node_lost, m.since_seconds) = (false, true, true, silent.as_secs() as i64);
     }
 }
 
@@ -181,7 +222,7 @@ impl Wanted<'_> {
     /// must rejoin as a replica, and its agent may have fenced it where the operator
     /// could not see).
     fn runs(&self, m: &Observed, primary: &str) -> bool {
-        if (m.fenced || m.promoted) && m.name != primary {
+        if (m.fenced || m.promoted || m.remake) && m.name != primary {
             return false;
         }
         let same_but_primary = |(was, hash): &(String, String)| *was != m.name && !self.role_free.is_empty() && *hash == self.role_free;
@@ -200,8 +241,13 @@ impl Wanted<'_> {
 ///    then the primary. A fenced member is not among them: it restarts once its fence
 ///    shows (it is not ready, so no Service leads to it any more, and nothing that
 ///    reconnects through one follows it into its shutdown).
+///
+/// A member on a lost node is left out of all three: its pod cannot be deleted until
+/// the node is back, and the others must not wait for it (after a failover the replicas
+/// left restart to follow the new primary, or synchronous commits wait for as long as
+/// the node is away).
 pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &str, desired: usize) -> Option<&'a Observed> {
-    if members.iter().any(|m| m.terminating) {
+    if members.iter().any(|m| m.terminating && !m.node_lost) {
         return None;
     }
     let outdated = |m: &&Observed| !wanted.runs(m, primary);
@@ -210,17 +256,28 @@ pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &s
     if let Some(p) = the_primary.filter(outdated).filter(promoted) {
         return Some(p);
     }
-    let broken = members.iter().filter(outdated).find(|m| !m.ready && m.name != primary);
+    let broken = members.iter().filter(outdated).find(|m| !m.ready && !m.node_lost && m.name != primary);
     if let (Some(p), Some(_)) = (the_primary.filter(outdated).filter(|p| p.ready), broken) {
         return Some(p);
     }
     if let Some(m) = broken {
         return Some(m);
     }
-    if members.len() < desired || members.iter().any(|m| !m.ready) {
+    if members.len() < desired || members.iter().any(|m| !m.ready && !m.node_lost) {
         return None;
     }
-    members.iter().rev().filter(outdated).find(|m| m.name != primary && !m.fenced).or_else(|| the_primary.filter(outdated))
+    // While a member is away only what a new primary needs restarts: a replica that
+    // followed another leader. The primary last, and not while a member is away (it
+    // would leave none serving).
+    let away = members.iter().any(|m| m.node_lost);
+    let follows_another = |m: &&Observed| m.rendered.as_ref().is_some_and(|(was, _)| was != primary);
+    let replica = members
+        .iter()
+        .rev()
+        .filter(outdated)
+        .filter(|m| !away || follows_another(m))
+        .find(|m| m.name != primary && !m.fenced && !m.node_lost);
+    replica.or_else(|| the_primary.filter(outdated).filter(|_| !away))
 }
 
 /// Whether every member runs what it should (see [`Wanted`]) and is ready.
@@ -339,6 +396,30 @@ mod tests {
         }
     }
 
+    /// The old primary's node lost and db-1 promoted in place: db-2 restarts to follow it
+    /// at once (synchronous commits wait for it), the lost member is neither restarted
+    /// (its pod cannot go until the node is back) nor waited for, even once the
+    /// operator's deletion of it hangs; a change of spec and the primary's own restart
+    /// wait for it.
+    #[test]
+    fn a_member_on_a_lost_node_is_neither_restarted_nor_waited_for() {
+        let replica = |ordinal: u32| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, true, "old") };
+        let lost = Observed { ready: false, node_lost: true, ..replica(0) };
+        let members = vec![lost.clone(), Observed { promoted: true, ..replica(1) }, replica(2)];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "the replica left follows");
+        let deleting = Observed { terminating: true, ..lost.clone() };
+        let members = vec![deleting, Observed { promoted: true, ..replica(1) }, replica(2)];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "its deletion hangs: not waited for");
+        let members = vec![lost.clone(), replica(1), m(2, true, "new")];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "a new primary started as a replica");
+        let members = vec![lost.clone(), m(1, true, "new"), m(2, true, "old")];
+        assert_eq!(next_to_roll(&members, NEW, "db-2", 3), None, "the primary waits for the member away");
+        let changed = vec![lost, Observed { rendered: Some(("db-1".into(), "same".into())), ..m(1, true, "old") }, m(2, true, "old")];
+        assert_eq!(next_to_roll(&changed, NEW, "db-1", 3), None, "a change of spec waits for the member away");
+        let members = vec![Observed { ready: false, ..replica(0) }, m(1, true, "new"), m(2, true, "new")];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"), "down on a node that runs: restarted");
+    }
+
     /// A member fenced for a switchover that a failover overtook (db-1 promoted, then
     /// fenced for the switchover to db-2) keeps its fence until its pod is made again: it
     /// restarts as soon as its fence shows, and the primary fenced while the switchover
@@ -391,6 +472,68 @@ mod tests {
         assert_eq!(primary_lost_in(&down, "db-0", 130), Some(std::time::Duration::from_secs(30)));
         assert_eq!(primary_lost_in(&down, "db-1", 130), None, "not a member");
         assert_eq!(primary_lost_in(&[m(0, true, "new")], "db-0", 130), None, "ready: not down");
+    }
+
+    /// A ready replica whose agent has said for a minute that it streams nothing is down
+    /// (named why), then made again half a minute later; one that streams, one heard
+    /// that way only lately, one ready only lately, and any replica while the primary
+    /// does not serve are as their pods say.
+    #[test]
+    fn a_ready_replica_that_streams_nothing_is_down_then_made_again() {
+        let now: Timestamp = "2027-01-15T08:02:00Z".parse().expect("a time");
+        let said = |pod: &str, lag: Option<&str>, heard: &str| MemberStatus {
+            pod: pod.into(),
+            role: "replica".into(),
+            position: Some("0/3000148".into()),
+            lag: lag.map(str::to_string),
+            heard: Some(heard.into()),
+            ..Default::default()
+        };
+        let primary = MemberStatus { pod: "db-0".into(), role: "primary".into(), position: Some("0/3000200".into()), ..Default::default() };
+        let before = [
+            primary.clone(),
+            said("db-1", None, "2027-01-15T08:00:45Z"),
+            said("db-2", Some("0s"), "2027-01-15T08:00:00Z"),
+            said("db-3", None, "2027-01-15T08:01:30Z"),
+            said("db-4", None, "2027-01-15T08:00:00Z"),
+        ];
+        let after = std::time::Duration::from_secs(60);
+        let members = || {
+            vec![
+                m(0, true, "new"),
+                m(1, true, "new"),
+                m(2, true, "new"),
+                m(3, true, "new"),
+                Observed { since_seconds: 30, ..m(4, true, "new") },
+            ]
+        };
+        let mut observed = members();
+        not_replicating(&mut observed, "db-0", &before, now, after);
+        let named: Vec<(&str, bool)> = observed.iter().filter(|m| m.not_replicating).map(|m| (m.name.as_str(), m.remake)).collect();
+        assert_eq!(named, [("db-1", false)], "75 s without a stream; the others stream, were heard lately or started lately");
+        assert!(!observed[1].ready, "down, though its pod is ready");
+        let why = observed[1].down.as_deref().unwrap_or_default();
+        assert!(why.contains("has not replicated from db-0 for 75 s"), "{why}");
+        assert_eq!(next_to_roll(&observed, NEW, "db-0", 5), None, "named, not yet made again");
+        let mut later = members();
+        not_replicating(&mut later, "db-0", &before, "2027-01-15T08:02:15Z".parse().expect("a time"), after);
+        assert!(later[1].remake, "90 s: made again");
+        assert_eq!(next_to_roll(&later, NEW, "db-0", 5).map(|m| m.name.as_str()), Some("db-1"), "restarted");
+        // One at the primary's last position is caught up, not stalled; without the
+        // primary's position nobody is known to be behind.
+        let caught_up = [MemberStatus { position: Some("0/3000148".into()), ..primary.clone() }, before[1].clone()];
+        let mut observed = members();
+        not_replicating(&mut observed, "db-0", &caught_up, now, after);
+        assert!(observed.iter().all(|m| !m.not_replicating), "caught up");
+        let mut observed = members();
+        not_replicating(&mut observed, "db-0", &before[1..], now, after);
+        assert!(observed.iter().all(|m| !m.not_replicating), "the primary's position unknown");
+        for primary in [Observed { ready: false, ..m(0, true, "new") }, Observed { fenced: true, ..m(0, true, "new") }] {
+            let mut observed = members();
+            observed[0] = primary;
+            not_replicating(&mut observed, "db-0", &before, now, after);
+            assert!(observed.iter().all(|m| !m.not_replicating), "no primary serves: no replica streams");
+        }
     }
 
     #[test]

@@ -124,6 +124,18 @@ pub struct Context {
     members_client: reqwest::Client,
     /// What the operator keeps to ask the member agents.
     agents: agent::Agents,
+    /// Where the operator may send a request a tenant named (a bucket's endpoint).
+    egress: crate::egress::Policy,
+}
+
+/// The operator identity of the contexts not given one ([`Context::with_agent_identity`]):
+/// made once in this process, so that contexts made again (a pass test's, a restarted
+/// operator's in a test) ask as the same operator. The operator's own is read from its
+/// namespace. Making a key fails only without the system's random source, without which
+/// no Secret could be generated either.
+fn fresh_identity() -> crate::tls::OperatorIdentity {
+    static MADE: std::sync::OnceLock<crate::tls::OperatorIdentity> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| crate::tls::OperatorIdentity::new(chrono::Utc::now()).expect("the system's random source makes keys")).clone()
 }
 
 /// This operator's latest write to a Database, until the watch catches up with it.
@@ -153,8 +165,22 @@ impl Context {
             written: Mutex::default(),
             operator_image: None,
             members_client: ask::client(),
-            agents: agent::Agents::default(),
+            agents: agent::Agents::new(fresh_identity()),
+            egress: crate::egress::Policy::default(),
         }
+    }
+
+    /// The same context, reaching the endpoints a tenant names as `policy` allows.
+    pub fn with_egress(mut self, policy: crate::egress::Policy) -> Self {
+        self.egress = policy;
+        self
+    }
+
+    /// The same context, asking member agents as `identity` (the operator's, kept in its
+    /// namespace) rather than as one made for this context alone.
+    pub fn with_agent_identity(mut self, identity: crate::tls::OperatorIdentity) -> Self {
+        self.agents = agent::Agents::new(identity);
+        self
     }
 
     /// Waits until every cache has listed and the plugins present at start are loaded:
@@ -294,7 +320,7 @@ impl Error {
     pub fn refusal(&self) -> Option<(Reason, String)> {
         match self {
             Error::Kube(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 413 | 422) => {
-                let said = crate::events::truncate(&e.message, crate::events::MAX_NOTE / 2);
+                let said = crate::said::cut(&e.message, crate::events::MAX_NOTE / 2);
                 Some((Reason::WriteRefused, format!("the API server refused a write ({} {}): {said}", e.code, e.reason)))
             }
             Error::Taken(taken) => Some((Reason::NameTaken, taken.to_string())),
@@ -349,7 +375,8 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
 /// succeeds sets the conditions anew.
 async fn refused(ctx: &Context, db: &Database, reason: Reason, message: String) {
     let mut status = db.status.clone().unwrap_or_default();
-    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == reason.as_str() && c.message == message) {
+    let said = status::fit(&message);
+    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == reason.as_str() && c.message == said) {
         return;
     }
     event(ctx, db, true, reason, message.clone()).await;
@@ -375,7 +402,9 @@ async fn event_about(
     reason: Reason,
     note: String,
 ) {
-    // Every decision that changed a Database is an Event; the operator's log says it too.
+    // Every decision that changed a Database is an Event; the operator's log says it too,
+    // both as one bounded line whatever a plugin, a member or a bucket put in it.
+    let note = crate::said::bounded(&note, crate::events::MAX_NOTE);
     let (database, namespace) = (db.name_any(), db.namespace().unwrap_or_default());
     let member = related.as_ref().and_then(|r| r.name.as_deref()).unwrap_or_default();
     if warning {
@@ -490,9 +519,15 @@ pub fn archiver<'a>(ctx: &'a Context, db: &'a Database, plugin: &Plugin) -> Opti
 /// The operator's image, for the member agent beside `db`'s members: when the plugin
 /// says how a member tells its role and position and the host chooses the primary.
 pub fn agent_image<'a>(ctx: &'a Context, plugin: &Plugin, workload: &Workload) -> Option<&'a str> {
-    let host_chosen = plugin.lacks(crate::plugin::Capability::Failover).is_none() && !plugin.info().capabilities.elects_leader;
-    (host_chosen && !workload.status_command.is_empty()).then_some(())?;
+    wants_agent(plugin, workload).then_some(())?;
     ctx.operator_image.as_deref()
+}
+
+/// Whether the members of `workload` should run their agent: the host fails them over
+/// and the plugin says how a member tells its position.
+pub fn wants_agent(plugin: &Plugin, workload: &Workload) -> bool {
+    let host_chosen = plugin.lacks(crate::plugin::Capability::Failover).is_none() && !plugin.info().capabilities.elects_leader;
+    host_chosen && !workload.status_command.is_empty()
 }
 
 fn join(v: &[crate::plugin::Violation]) -> String {

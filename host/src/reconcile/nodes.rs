@@ -51,6 +51,7 @@ pub async fn read(ctx: &Context, members: &mut [Observed]) -> LostNodes {
         }
         if let Some(Some(lost)) = asked.get(&node) {
             member.down = Some(lost.problem.clone());
+            member.node_lost = true;
         }
     }
     LostNodes(asked.into_iter().filter_map(|(node, lost)| Some((node, lost?))).collect())

@@ -343,7 +343,8 @@ pub(super) fn member_ref(pods: &[std::sync::Arc<Pod>], pod: &str) -> Option<Obje
 
 /// Whether `db`'s status already says `reason` (with `message`, when given).
 pub(super) fn said(db: &Database, reason: Reason, message: Option<&str>) -> bool {
-    db.status.iter().flat_map(|s| &s.conditions).any(|c| c.reason == reason.as_str() && message.is_none_or(|m| c.message == m))
+    let message = message.map(super::status::fit);
+    db.status.iter().flat_map(|s| &s.conditions).any(|c| c.reason == reason.as_str() && message.as_ref().is_none_or(|m| &c.message == m))
 }
 
 async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Result<(), Error> {

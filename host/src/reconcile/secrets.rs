@@ -256,14 +256,21 @@ fn member_names(name: &str, namespace: &str) -> Vec<String> {
     [format!("*.{headless}.{namespace}.svc"), format!("*.{headless}.{namespace}.svc.cluster.local")].into()
 }
 
-/// Secret `<name>-agent`: the agents' certificate (for servers only), the operator's (for
-/// clients only) and the authority's, issued once and again 30 days before they expire.
-/// The agents read theirs on every connection: a renewal restarts nothing.
+/// Secret `<name>-agent`: the agents' certificate (for servers only) and the Database
+/// authority's, issued once and again 30 days before they expire, and the certificate of
+/// the operator's own authority, the only one the agents trust for clients (again when
+/// the operator's is another). The agents read them on every connection: a renewal
+/// restarts nothing.
 pub(super) async fn ensure_agents(ctx: &Context, db: &Database, plan: &mut Plan) -> Result<(), Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let secret_name = Names(&name).agent();
     let now = chrono::Utc::now();
-    let current = |s: &Secret| !tls::due(s.annotations().get(tls::NOT_AFTER).map(String::as_str), now);
+    let operator = ctx.agents.identity();
+    let clients = tls::names_hash(std::slice::from_ref(&operator.authority.certificate));
+    let current = |s: &Secret| {
+        !tls::due(s.annotations().get(tls::NOT_AFTER).map(String::as_str), now)
+            && s.annotations().get(agent::CLIENTS_HASH) == Some(&clients)
+    };
     if ctx.caches.secret(db, &secret_name).is_some_and(|s| current(&s)) {
         return Ok(());
     }
@@ -275,20 +282,17 @@ pub(super) async fn ensure_agents(ctx: &Context, db: &Database, plan: &mut Plan)
     let authority = authority(db, &api, plan).await?;
     let server = tls::issue_for(&name, &ns, &authority.key, (&Names(&name).headless(), &member_names(&name, &ns)), Use::Server, now)
         .map_err(Error::Tls)?;
-    let client = tls::issue_for(&name, &ns, &authority.key, ("plugdb operator", &["plugdb-operator".to_string()]), Use::Client, now)
-        .map_err(Error::Tls)?;
-    let stamp = server.not_after.min(client.not_after).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let stamp = server.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let bytes = |s: String| ByteString(s.into_bytes());
     let data = BTreeMap::from([
         (tls::CERTIFICATE.to_string(), bytes(server.certificate)),
         (tls::KEY.to_string(), bytes(server.key)),
         (tls::CA.to_string(), bytes(authority.certificate)),
-        (agent::CLIENT_CERTIFICATE.to_string(), bytes(client.certificate)),
-        (agent::CLIENT_KEY.to_string(), bytes(client.key)),
+        (agent::CLIENTS_CA.to_string(), bytes(operator.authority.certificate.clone())),
     ]);
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
-            annotations: Some(BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone())])),
+            annotations: Some(BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone()), (agent::CLIENTS_HASH.to_string(), clients)])),
             ..secret_metadata(db, &secret_name, true)
         },
         data: Some(data),

@@ -25,6 +25,9 @@ pub mod kind {
     /// Each commit waits for as many replicas as `spec.replication` asks (only on
     /// Databases that ask for synchronous replication).
     pub const SYNCHRONOUS_REPLICATION: &str = "SynchronousReplication";
+    /// False while members that should run their agent run none (the operator does not
+    /// know its image): no failover, fence or switchover happens. Only then.
+    pub const MEMBER_AGENTS: &str = "MemberAgents";
 }
 
 /// The longest condition message kept; the rest is cut, so a status write never
@@ -58,6 +61,12 @@ pub enum Reason {
     NoSafeFailover,
     /// The plugin's choose-primary call failed.
     FailoverFailed,
+    /// A member said it takes writes while another is the primary; it was fenced.
+    SecondPrimary,
+    /// The primary before a failover is back and still leads as it did; it was fenced.
+    FormerPrimaryBack,
+    /// The operator does not know its image: members run no agent.
+    NoOperatorImage,
     /// A switchover's member has everything the fenced primary wrote and is promoted.
     SwitchoverPromoted,
     /// The primary's node is cordoned: a switchover moves the primary off it.
@@ -155,6 +164,9 @@ impl Reason {
             Reason::SwitchoverRefused => "SwitchoverRefused",
             Reason::NoSafeFailover => "NoSafeFailover",
             Reason::FailoverFailed => "FailoverFailed",
+            Reason::SecondPrimary => "SecondPrimary",
+            Reason::FormerPrimaryBack => "FormerPrimaryBack",
+            Reason::NoOperatorImage => "NoOperatorImage",
             Reason::LeaderElected => "LeaderElected",
             Reason::NoLeader => "NoLeader",
             Reason::Rendered => "Rendered",
@@ -198,14 +210,16 @@ impl std::fmt::Display for Reason {
     }
 }
 
-/// Sets condition `type_`; `lastTransitionTime` moves only when the status changes.
+/// `message` as a condition says it: escaped and bounded ([`crate::said::bounded`]).
+pub fn fit(message: &str) -> String {
+    crate::said::bounded(message, MAX_MESSAGE)
+}
+
+/// Sets condition `type_` (its message [`fit`]); `lastTransitionTime` moves only when
+/// the status changes.
 pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: Reason, message: impl Into<String>, generation: Option<i64>) {
     let status = if ok { "True" } else { "False" };
-    let mut message: String = message.into();
-    if message.len() > MAX_MESSAGE {
-        let more = message.len() - MAX_MESSAGE;
-        message = format!("{}… ({more} more bytes)", crate::events::truncate(&message, MAX_MESSAGE));
-    }
+    let message = fit(&message.into());
     if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
         if c.status != status {
             c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::now());
@@ -365,6 +379,11 @@ pub struct Pass<'a> {
     pub plan_refused: bool,
     /// A restore is loading data while the members run.
     pub restoring: bool,
+    /// A second primary was fenced: `Degraded` says so until every member is back, from
+    /// the next pass on (its pod, as this pass found it, is still ready).
+    pub incident: bool,
+    /// A switchover or failover under way, and what it waits for: what `Progressing` says.
+    pub switching: Option<&'a str>,
 }
 
 /// Ends a pass: ready members, `Ready`, `Progressing`, `Degraded` and the phase. Returns
@@ -380,7 +399,7 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     let down = down_members(pass.members);
     let mut ready_message = format!("{ready}/{desired} members ready{down}");
     if let Some(m) = pass.members.iter().find(|m| m.unschedulable.is_some()) {
-        let why = crate::events::truncate(m.unschedulable.as_deref().unwrap_or_default(), 400);
+        let why = crate::said::cut(m.unschedulable.as_deref().unwrap_or_default(), 400);
         ready_message.push_str(&format!("; {} cannot be scheduled: {why}", m.name));
     }
     // Every member serves, and a change (or an upgrade) rolls onto them.
@@ -398,17 +417,20 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
         growth => {
             let message = match growth {
                 Growth::Waiting(message) => message.clone(),
-                _ => progress_message(status, pass.rolled),
+                _ => pass.switching.map_or_else(|| progress_message(status, pass.rolled), str::to_string),
             };
             let reason = if progressing { Reason::Converging } else { Reason::Steady };
             set(&mut status.conditions, kind::PROGRESSING, progressing, reason, message, generation);
         }
     }
-    // No safe failover (or no leader) stays the word until every member is back.
-    let held = [Reason::NoSafeFailover, Reason::NoLeader];
-    let no_primary =
-        status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.status == "True" && held.iter().any(|r| c.reason == r.as_str()));
-    if !no_primary || ready == desired {
+    // No safe failover (or no leader, or a second primary fenced) stays the word until
+    // every member is back; no safe failover, only until a primary serves again.
+    let serves = pass.members.iter().any(|m| m.ready && status.primary.as_deref() == Some(m.name.as_str()));
+    let held = |r: &str| {
+        r == Reason::NoLeader.as_str() || r == Reason::SecondPrimary.as_str() || (r == Reason::NoSafeFailover.as_str() && !serves)
+    };
+    let no_primary = status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.status == "True" && held(&c.reason));
+    if !no_primary || (ready == desired && !pass.incident) {
         let degraded = ready > 0 && ready < desired && status.current_version.is_some() && pass.members.len() == desired;
         let reason = if degraded { Reason::MembersDown } else { Reason::AllMembersUp };
         set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready{down}"), generation);
@@ -445,7 +467,7 @@ pub fn members(
                 role: if primary == Some(m.name.as_str()) { "primary" } else { "replica" }.into(),
                 ready: m.ready,
                 since: m.ready_since.clone(),
-                down: m.down.as_deref().map(|d| crate::events::truncate(d, 200).to_string()),
+                down: m.down.as_deref().map(|d| crate::said::cut(d, 200).to_string()),
                 position,
                 lag,
                 heard,
@@ -466,7 +488,7 @@ fn down_members(members: &[Observed]) -> String {
     let down: Vec<String> = members
         .iter()
         .filter(|m| !m.ready && !m.terminating)
-        .filter_map(|m| Some(format!("; {}: {}", m.name, crate::events::truncate(m.down.as_deref()?, 200))))
+        .filter_map(|m| Some(format!("; {}: {}", m.name, crate::said::cut(m.down.as_deref()?, 200))))
         .collect();
     match down.len() {
         0..=3 => down.concat(),

@@ -43,7 +43,7 @@ pub(super) async fn carry_out(
         SwitchoverQuestion::Fence => {
             let target = target.as_deref().unwrap_or_default();
             let old = members.iter().find(|m| m.name == primary);
-            let fenced = agent::fence(ctx, db, old).await?;
+            let fenced = fence_serving(ctx, db, old).await?;
             let said = agent::statuses(ctx, db, members).await?;
             let of = |pod: &str| members.iter().zip(&said).find(|(m, _)| m.name == pod).and_then(|(_, s)| s.as_ref());
             let (mut chosen, refused) =
@@ -80,6 +80,19 @@ pub(super) async fn carry_out(
         remove_request(ctx, db, &target).await;
     }
     Ok((chosen, heard))
+}
+
+/// Asks the agent of the primary `old` to fence it, again while a primary that serves
+/// gives no answer (up to [`decide::FENCE_ASKS`] times; a fence asked twice is one fence).
+async fn fence_serving(ctx: &Context, db: &Database, old: Option<&Observed>) -> Result<agent::Fenced, Error> {
+    let mut fenced = agent::fence(ctx, db, old).await?;
+    for _ in 1..decide::FENCE_ASKS {
+        if fenced != agent::Fenced::Unknown || !old.is_some_and(|m| m.ready) {
+            break;
+        }
+        fenced = agent::fence(ctx, db, old).await?;
+    }
+    Ok(fenced)
 }
 
 /// Removes the request, only while it still asks for `target`: a newer request stays.

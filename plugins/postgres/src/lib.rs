@@ -379,7 +379,11 @@ impl Engine for Postgres {
 /// A replica that has replayed nothing yet prints nothing: its position stays unknown.
 /// A streaming replica adds its lag: 0 once it has replayed all it received, else how
 /// old the last transaction it replayed is; one that does not stream knows no lag.
-const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq \
+/// The agent's status, promote and synchronous commands run with `search_path` set to
+/// `pg_catalog` as the session starts (a startup option wins over the role's settings):
+/// functions a database user defines elsewhere (a `pg_is_in_recovery` of their own) never
+/// answer for the server's.
+const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog' exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq \
     -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || greatest(pg_last_wal_replay_lsn(), pg_last_wal_receive_lsn()) || COALESCE(' ' || \
     CASE WHEN NOT EXISTS (SELECT FROM pg_stat_wal_receiver WHERE status = 'streaming') THEN NULL \
     WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN '0' \
@@ -406,13 +410,13 @@ sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE bac
 /// timeline (which the old primary rewinds onto when it restarts to follow) and the
 /// server takes writes as it runs, with no restart. Done within three seconds, or the
 /// member is promoted by its restart instead.
-const PROMOTE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
+const PROMOTE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
 [ \"$(psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 -c 'SELECT pg_promote(true, 3)')\" = t ]";
 
 /// What the member agent runs to change how many replicas confirm each commit: as the
 /// server runs (`ALTER SYSTEM`, reloaded; the start removes it, so the rendered setting
 /// returns with the next start). An empty setting releases the commits waiting now.
-const SYNCHRONOUS: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
+const SYNCHRONOUS: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
 n=\"$PLUGDB_SYNCHRONOUS_REPLICAS\"
 case \"$n\" in 0) names='' ;; [1-9]) names=\"ANY $n (*)\" ;; *) echo \"not a number of replicas: $n\" >&2; exit 2 ;; esac
 sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\"; }

@@ -5,6 +5,9 @@
 //! hand (`scripts/run.sh` uses it); needs root:
 //!
 //! `cargo run -p plugdb-tests --bin node -- KUBECONFIG_PATH`
+//!
+//! Once the nodes serve, it writes the kubeconfig there and the operator's image (imported
+//! into every node) to `KUBECONFIG_PATH.image`.
 
 use anyhow::{Context, Result};
 use plugdb_tests::node::Nodes;
@@ -18,6 +21,9 @@ async fn main() -> Result<()> {
         _ = tokio::signal::ctrl_c() => { plugdb_tests::node::teardown(&plugdb_tests::node::run_dir()); return Ok(()) }
         _ = term.recv() => { plugdb_tests::node::teardown(&plugdb_tests::node::run_dir()); return Ok(()) }
     };
+    // The operator's image the nodes hold (members run their agent from it), beside the
+    // kubeconfig: `plugdb run --image` takes it, as the chart's operator knows its own.
+    std::fs::write(format!("{target}.image"), &node.operator_image)?;
     // Written last and atomically: its presence means the cluster serves.
     let tmp = format!("{target}.tmp");
     std::fs::copy(&node.kubeconfig, &tmp)?;
@@ -29,5 +35,6 @@ async fn main() -> Result<()> {
     }
     drop(node);
     let _ = std::fs::remove_file(&target);
+    let _ = std::fs::remove_file(format!("{target}.image"));
     Ok(())
 }

@@ -73,7 +73,7 @@ pub(crate) fn writer(
     let client = cluster.client.clone();
     tokio::spawn(async move {
         let (mut acknowledged, mut n, mut last, mut longest) = (Vec::new(), 0u64, Instant::now(), Duration::ZERO);
-        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) && std::sync::Arc::strong_count(&stop) > 1 {
             let selector = format!("app.kubernetes.io/instance={},app.kubernetes.io/managed-by=plugdb", etcd.name);
             let pods = Api::<Pod>::namespaced(client.clone(), etcd.ns).list(&ListParams::default().labels(&selector)).await;
             let endpoints: Vec<String> = pods

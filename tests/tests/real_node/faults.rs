@@ -112,7 +112,7 @@ pub async fn killed_at_random_points(cluster: Arc<Cluster>) {
     let watcher = {
         let (jobs, seen, done) = (jobs.clone(), seen.clone(), done.clone());
         tokio::spawn(async move {
-            while !done.load(Ordering::Relaxed) {
+            while !done.load(Ordering::Relaxed) && Arc::strong_count(&done) > 1 {
                 for job in jobs.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
                     seen.lock().expect("seen").entry(job.name_any()).or_default().insert(job.uid().unwrap_or_default());
                 }

@@ -79,7 +79,8 @@ pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario
             }
         }
     });
-    drop(runtime);
+    // A scenario stopped at its limit may leave a blocking call behind: not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     let secs = started.elapsed().as_secs_f64();
     match outcome {
         Ok(failed) => {
@@ -110,8 +111,12 @@ pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario
 /// ran must not starve the scenarios after it of the node's CPU.
 async fn run_one(name: &str, scenario: Scenario, cluster: Arc<Cluster>) -> bool {
     let started = Instant::now();
-    let (outcome, namespaces) = release::noting_namespaces(AssertUnwindSafe(scenario(cluster.clone())).catch_unwind()).await;
-    let ok = outcome.is_ok();
+    let bounded = tokio::time::timeout(SCENARIO_LIMIT, scenario(cluster.clone()));
+    let (outcome, namespaces) = release::noting_namespaces(AssertUnwindSafe(bounded).catch_unwind()).await;
+    let ok = matches!(outcome, Ok(Ok(())));
+    if let Ok(Err(_)) = outcome {
+        eprintln!("{name} was still running after {SCENARIO_LIMIT:?}: stopped");
+    }
     if let plugdb_tests::operator::Backing::Node(nodes) = &cluster.backing {
         for node in nodes.restore_all() {
             eprintln!("{name} left {node} lost: brought back");
@@ -144,6 +149,10 @@ fn operator_records(ns: &str, count: usize) -> String {
     let lines: Vec<&str> = log.lines().filter(|l| l.contains(&named) || l.contains(&format!("namespace={ns}"))).collect();
     lines[lines.len().saturating_sub(count)..].join("\n")
 }
+
+/// The longest a scenario may run: one still running then has hung (every wait of its
+/// own is shorter), and is stopped and failed with what it left described.
+const SCENARIO_LIMIT: std::time::Duration = std::time::Duration::from_secs(25 * 60);
 
 /// How long a scenario's namespace may take to go once it is deleted.
 const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(180);

@@ -199,6 +199,93 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     eprintln!(
         "{ns}: switchover to orders-2 in {switched:?}, writes unavailable at most {longest:?}; {written} acknowledged writes, none lost"
     );
+    if engine == Engine::Postgres {
+        second_primary(&cluster, &client, &ns).await;
+        replica_not_replicating(&cluster, &client, &ns).await;
+    }
+}
+
+/// A replica whose stream breaks (the application took the replication role's login and
+/// ended orders-0's stream) still answers, so its pod stays ready: the operator's looks
+/// find it streams nothing and it is named (`Degraded`, the member down with why), a
+/// switchover to it is refused before the primary is fenced, and it is restarted; once
+/// it can log in again it streams, and the Database is whole.
+async fn replica_not_replicating(cluster: &Arc<Cluster>, client: &Client, ns: &str) {
+    let primary = pod_ip(&client.members().await.into_iter().find(|p| p.name_any() == "orders-2").expect("orders-2"));
+    client.query(&primary, "ALTER ROLE replicator NOLOGIN").await.expect("the replication role loses its login");
+    let ended = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication WHERE application_name = 'orders-0'";
+    assert_eq!(client.query(&primary, ended).await.as_deref(), Ok("1"), "orders-0's stream ended");
+    // A write it does not receive: it is behind, not merely idle.
+    client.query(&primary, "INSERT INTO orders VALUES (2999999, 'not received')").await.expect("a write");
+    let started = Instant::now();
+    let named = |d: &Database| {
+        d.status.iter().flat_map(|s| &s.conditions).any(|c| {
+            c.type_ == "Degraded" && c.status == "True" && c.message.contains("orders-0: ready, but it has not replicated from orders-2")
+        })
+    };
+    cluster.wait_database(ns, "orders", "orders-0 named as not replicating", WAIT, named).await.expect("named");
+    let found = started.elapsed();
+    let (c, args) = (cluster.clone(), ["switchover", "orders", "0", "--namespace", ns].map(str::to_string));
+    let asked = tokio::task::spawn_blocking(move || kubectl_plugdb_with(&c, &args.each_ref().map(String::as_str), None)).await;
+    assert!(asked.is_err(), "a switchover to a replica that does not replicate is refused");
+    client
+        .query(&primary, "INSERT INTO orders VALUES (3000000, 'the primary was not fenced')")
+        .await
+        .expect("the primary still takes writes");
+    // Half a minute after it is named, it is made again (restarted), with a Warning.
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns);
+    let remade = |e: &Event| {
+        e.reason.as_deref() == Some("MemberRestarted")
+            && e.type_.as_deref() == Some("Warning")
+            && e.note.as_deref().is_some_and(|n| n.starts_with("restarted orders-0 to make it again"))
+    };
+    let deadline = Instant::now() + WAIT;
+    while !events.list(&ListParams::default()).await.expect("events").items.iter().any(remade) {
+        assert!(Instant::now() < deadline, "orders-0 is made again within {WAIT:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    client.query(&primary, "ALTER ROLE replicator LOGIN").await.expect("the replication role logs in again");
+    let whole = |d: &Database| is_running(d, 3) && !named(d) && d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some("orders-2");
+    cluster.wait_database(ns, "orders", "orders-0 streams again, 3 members Ready", WAIT, whole).await.expect("whole again");
+    let back = pod_ip(&client.members().await.into_iter().find(|p| p.name_any() == "orders-0").expect("orders-0"));
+    let rows = client.eventually(&back, "SELECT item FROM orders WHERE id = 3000000", Duration::from_secs(60), |r| !r.is_empty()).await;
+    assert_eq!(rows, "the primary was not fenced");
+    eprintln!("{ns}: a replica that streams nothing named {found:?} after its stream ended, made again, and whole once it logs in");
+}
+
+/// A replica promoted behind the operator's back (`pg_promote()`, which the application
+/// may run) takes writes of its own: the operator's next look at the members fences it
+/// and names it (`Degraded`, `SecondPrimary`, a Warning), it takes no more (sessions start
+/// read-only), and it is made again to follow the primary.
+async fn second_primary(cluster: &Arc<Cluster>, client: &Client, ns: &str) {
+    let rogue = client.members().await.into_iter().find(|p| p.name_any() == "orders-1").expect("orders-1");
+    let ip = pod_ip(&rogue);
+    assert_eq!(client.query(&ip, "SELECT pg_promote()").await.as_deref(), Ok("t"), "promoted behind the operator's back");
+    client.query(&ip, "INSERT INTO orders VALUES (2000000, 'taken by a second primary')").await.expect("a second primary takes writes");
+    let named = |d: &Database| {
+        d.status.iter().flat_map(|s| &s.conditions).any(|c| {
+            c.type_ == "Degraded"
+                && c.status == "True"
+                && c.reason == "SecondPrimary"
+                && c.message.starts_with("orders-1 says it takes writes")
+        })
+    };
+    let started = Instant::now();
+    cluster.wait_database(ns, "orders", "the second primary named", WAIT, named).await.expect("named");
+    let found = started.elapsed();
+    let after = client.query(&ip, "INSERT INTO orders VALUES (2000001, 'after the fence')").await;
+    assert!(after.as_ref().is_err_and(|e| e.contains("read-only")), "a fenced second primary takes no more writes: {after:?}");
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("SecondPrimary") && e.type_.as_deref() == Some("Warning")),
+        "a Warning says it"
+    );
+    cluster.wait_database(ns, "orders", "3 members Ready, orders-2 primary", WAIT, |d| is_running(d, 3)).await.expect("it follows again");
+    let primary = cluster
+        .wait_database(ns, "orders", "orders-2 leads", WAIT, |d| d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some("orders-2"))
+        .await;
+    assert!(primary.is_ok(), "the primary stays");
+    eprintln!("{ns}: a second primary fenced and named {found:?} after it took a write");
 }
 
 /// [`kubectl_plugdb`] off the async runtime's threads: a command may wait minutes.

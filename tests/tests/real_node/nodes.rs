@@ -169,7 +169,7 @@ impl Writers {
         let until = stop.clone();
         let task = tokio::spawn(async move {
             let (mut took, mut id) = (Vec::new(), 0i64);
-            while !until.load(Ordering::SeqCst) {
+            while !until.load(Ordering::SeqCst) && Arc::strong_count(&until) > 1 {
                 for pod in client.members().await {
                     let (Some(node), Some(ip)) =
                         (pod.spec.as_ref().and_then(|s| s.node_name.clone()), pod.status.as_ref().and_then(|s| s.pod_ip.clone()))
@@ -494,6 +494,12 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     let again = mv.client.members().await.into_iter().find(|p| p.name_any() == member).expect("mv's member");
     assert_eq!(again.metadata.uid, moved.metadata.uid, "the moved member stays where it went");
     no_acknowledged_write_lost(&mv.client, &mv.stop, mv.writer).await;
+    // An old primary back from the node still leads as it did until it is made again:
+    // what a failover leaves, no second primary.
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    let second: Vec<&str> =
+        events.iter().filter(|e| e.reason.as_deref() == Some("SecondPrimary")).filter_map(|e| e.note.as_deref()).collect();
+    assert!(second.is_empty(), "an old primary back is not a second primary: {second:?}");
 }
 
 /// A node drained under writers, after backups: a postgres and a mysql Database with

@@ -157,26 +157,18 @@ impl convert::Logs for CallState {
     /// engine; dropped (and counted) when the engine is past its allowance over time.
     fn log_line(&mut self, level: tracing::Level, message: String) {
         self.log_lines += 1;
-        if self.log_lines > MAX_LOG_LINES {
-            return;
-        }
-        let mut message = message;
-        if message.len() > MAX_LOG_BYTES {
-            let mut cut = MAX_LOG_BYTES;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
-        let message = crate::plugin::logs::escaped(&message);
         let engine = self.info.engine.as_str();
-        match self.logs.admit(engine, message.len(), std::time::Instant::now()) {
-            Admitted::No => {
-                if let Some(m) = &self.metrics {
-                    m.plugin_log_lines_dropped.get_or_create(&crate::metrics::ReconcileLabels { engine: engine.to_string() }).inc();
-                }
-                return;
+        let dropped = || {
+            if let Some(m) = &self.metrics {
+                m.plugin_log_lines_dropped.get_or_create(&crate::metrics::ReconcileLabels { engine: engine.to_string() }).inc();
             }
+        };
+        if self.log_lines > MAX_LOG_LINES {
+            return dropped();
+        }
+        let message = crate::said::bounded(crate::said::cut(&message, MAX_LOG_BYTES), MAX_LOG_BYTES);
+        match self.logs.admit(engine, message.len(), std::time::Instant::now()) {
+            Admitted::No => return dropped(),
             Admitted::Yes { after_dropping: 0 } => {}
             Admitted::Yes { after_dropping } => {
                 tracing::warn!(target: TARGET, engine, dropped = after_dropping, "the plugin logged past its allowance; lines were dropped");
@@ -311,7 +303,7 @@ impl Plugin {
     fn validate_now(&self, spec: &EngineSpec) -> Result<Vec<Violation>, CallError> {
         let found: Vec<Violation> = self.call(Validate::NAME, |s, i| self.exports.validate(s, i, spec))?;
         // The plugin's words end up in a status: bounded in number and length.
-        let cut = |text: &str, max: usize| crate::events::truncate(text, max).to_string();
+        let cut = |text: &str, max: usize| crate::said::cut(text, max).to_string();
         Ok(crate::plugin::policy::capped(
             found.iter().map(|v| Violation { field: cut(&v.field, 128), message: cut(&v.message, 512) }).collect(),
         ))

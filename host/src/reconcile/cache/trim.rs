@@ -70,7 +70,7 @@ fn meta_essentials(meta: &mut ObjectMeta, annotations: &[&str], labels: &[&str])
 /// went), the labels that say which Database's it was.
 pub(super) fn key_names_only(s: &mut Secret) {
     no_managed_fields(s);
-    let annotations = [APPLIED_HASH, tls::NOT_AFTER, tls::NAMES, tls::CERTIFICATE_NAME];
+    let annotations = [APPLIED_HASH, tls::NOT_AFTER, tls::NAMES, tls::CERTIFICATE_NAME, crate::agent::CLIENTS_HASH];
     let labels: &[&str] = if owner::controller(&s.metadata).is_none() { &[MANAGED_BY_LABEL, INSTANCE_LABEL] } else { &[] };
     meta_essentials(&mut s.metadata, &annotations, labels);
     s.string_data = None;
@@ -134,7 +134,7 @@ pub(super) fn pod_essentials(p: &mut Pod) {
 fn short_state(mut state: ContainerState) -> ContainerState {
     let cut = |m: &mut Option<String>| {
         if let Some(text) = m {
-            let end = crate::events::truncate(text, 200).len();
+            let end = crate::said::cut(text, 200).len();
             text.truncate(end);
         }
     };

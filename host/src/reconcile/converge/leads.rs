@@ -10,7 +10,8 @@ impl Pass<'_> {
     pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
         let ctx = self.ctx;
         let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
-        let after = ctx.settings.failover_after;
+        let asked = self.db.annotations().contains_key(crate::names::SWITCHOVER);
+        let after = decide::failover_delay(&members.observed, &primary, asked, ctx.settings.failover_after);
         let elects = plugin.info().capabilities.elects_leader;
         let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {
             FailoverQuestion::Keep => self.switchover(&primary, members, elects).await?,
@@ -68,14 +69,33 @@ impl Pass<'_> {
 
     /// What each member's agent says of it (its position, and a replica's lag), for the
     /// status: asked once every `member_poll`, unless the failover stage asked this pass.
-    pub(super) async fn hear(&mut self, agent: bool, members: &Members) -> Result<(), Error> {
+    /// A member that says it takes writes while `primary` leads is fenced at once (an
+    /// engine that elects its leader has none such: its members say who leads); says
+    /// whether one was.
+    pub(super) async fn hear(&mut self, agent: bool, members: &Members, primary: &str, elects: bool) -> Result<bool, Error> {
         let due = self.ctx.agents.due(self.db, self.ctx.settings.member_poll);
         if !agent || !self.heard.is_empty() || members.observed.is_empty() || !due {
-            return Ok(());
+            return Ok(false);
         }
         let said = reconcile::agent::statuses(self.ctx, self.db, &members.observed).await?;
         self.heard = reconcile::agent::by_pod(&members.observed, &said);
-        Ok(())
+        let second = if elects { Vec::new() } else { decide::second_primaries(&members.observed, primary, &said) };
+        for (member, note) in &second {
+            reconcile::agent::fence(self.ctx, self.db, Some(member)).await?;
+            self.say(std::slice::from_ref(note));
+        }
+        Ok(!second.is_empty())
+    }
+
+    /// Says when members that should run their agent (`wanted`) run none (`given`): the
+    /// operator, without its image, fails nothing over, fences nothing and refuses every
+    /// switchover (a Warning, once).
+    pub(super) fn agents(&mut self, wanted: bool, given: bool) {
+        if wanted && !given {
+            self.say(&[decide::no_agents()]);
+        } else {
+            self.plan.told.remove(kind::MEMBER_AGENTS);
+        }
     }
 
     /// A planned switchover, when the Database's annotation asks for one (see

@@ -10,9 +10,10 @@ pub struct Primary {
     pub name: String,
     /// Another member was promoted in this pass.
     pub failed_over: bool,
-    /// The primary is being replaced: a switchover waits for its member to catch up with
-    /// the fenced primary, or a failover for the old primary's fence to be confirmed.
-    pub switching: bool,
+    /// The primary is being replaced, and what that waits for: a switchover for its member
+    /// to catch up with the fenced primary, or a failover for the old primary's fence to
+    /// be confirmed.
+    pub switching: Option<String>,
     /// What to tell the user.
     pub notes: Vec<Note>,
 }
@@ -20,7 +21,7 @@ pub struct Primary {
 impl Primary {
     /// `name` stays primary.
     pub fn keep(name: &str) -> Self {
-        Self { name: name.into(), failed_over: false, switching: false, notes: vec![] }
+        Self { name: name.into(), failed_over: false, switching: None, notes: vec![] }
     }
 }
 
@@ -69,7 +70,8 @@ pub fn failover(primary: &str, after: Duration, down: Option<&str>, answer: Resu
                         "primary {primary} not ready for {after:?}{down}: its agent fenced it, but its engine has not confirmed the \
                          fence and was not stopped; {pod} is promoted once it is (a hung engine that ran again could take writes)"
                     );
-                    return Primary { switching: true, notes: vec![no_safe_failover(message)], ..Primary::keep(primary) };
+                    let waits = format!("failover to {pod}: waiting for {primary}'s engine to confirm its fence, or its agent to stop it");
+                    return Primary { switching: Some(waits), notes: vec![no_safe_failover(message)], ..Primary::keep(primary) };
                 }
                 Fenced::Unknown => format!(
                     "its agent did not fence it (unreachable, or no fence command); a primary cut off from every member fences itself after {:?}",
@@ -79,7 +81,7 @@ pub fn failover(primary: &str, after: Duration, down: Option<&str>, answer: Resu
             let message =
                 format!("primary {primary} not ready for {after:?}{down}, {fence}; promoting {pod} (promotion: {})", command.join(" "));
             let note = Note::event(true, Reason::FailoverPromoted, message);
-            return Primary { name: pod, failed_over: true, switching: false, notes: vec![note] };
+            return Primary { name: pod, failed_over: true, switching: None, notes: vec![note] };
         }
         Ok(FailoverDecision::NoSafeMember(reason)) => {
             no_safe_failover(format!("primary {primary} is not ready and no member is safe to promote: {reason}"))
@@ -98,6 +100,38 @@ pub fn answering_though_cut_off(members: &[Observed], primary: &str, said: &[Opt
     let answers = members.iter().zip(said).any(|(m, s)| m.name == primary && m.cut_off && s.as_ref().is_some_and(|s| s.primary));
     let message = format!("primary {primary}'s node has not renewed its lease, but its agent answers as the primary: no failover");
     answers.then(|| Primary { notes: vec![no_safe_failover(message)], ..Primary::keep(primary) })
+}
+
+/// The members that say they take writes while `primary` leads (`said`, in the order of
+/// `members`): promoted behind the operator's back (a `pg_promote()` a database user ran),
+/// or never told they no longer lead. A member already fenced says so of itself until it is
+/// made again, and is not one. Each is fenced at once and made again to follow. One that
+/// was never the primary is named: a second primary is an incident, whose writes no
+/// other member has. The former primary back from a lost node (its pod made for it to
+/// lead; its own agent fenced it once it was cut off) is what a failover leaves: an
+/// Event says it is fenced and follows.
+pub fn second_primaries<'a>(members: &'a [Observed], primary: &str, said: &[Option<crate::agent::Status>]) -> Vec<(&'a Observed, Note)> {
+    let leads = |s: &Option<crate::agent::Status>| s.as_ref().is_some_and(|s| s.primary);
+    let led = |m: &Observed| m.rendered.as_ref().is_some_and(|(was, _)| *was == m.name);
+    members
+        .iter()
+        .zip(said)
+        .filter(|(m, s)| m.name != primary && !m.fenced && !m.terminating && leads(s))
+        .map(|(m, _)| {
+            let name = &m.name;
+            let note = if led(m) {
+                let message = format!("{name}, the primary before {primary}, is back and still leads as it did: fenced, and made again to follow {primary}");
+                Note::event(true, Reason::FormerPrimaryBack, message)
+            } else {
+                let message = format!(
+                    "{name} says it takes writes while {primary} is the primary: fenced (it takes no more, and is made again to follow {primary}); \
+                     writes it took are not on the other members"
+                );
+                Note::warn_once(kind::DEGRADED, true, Reason::SecondPrimary, message, false)
+            };
+            (m, note)
+        })
+        .collect()
 }
 
 /// The leader of an engine that elects its own, as the plugin reads the members'
@@ -147,6 +181,7 @@ pub fn switchover_question(target: Option<&str>, primary: &str, members: &[Obser
     match members.iter().find(|m| m.name == target && !m.terminating) {
         _ if elects_leader => refuse("the engine elects its own leader".into()),
         None => refuse(format!("{target} is not a member")),
+        Some(m) if m.not_replicating => refuse(format!("{target} is {}", m.down.as_deref().unwrap_or("not replicating"))),
         Some(m) if !m.ready => refuse(format!("{target} is not ready")),
         Some(_) => SwitchoverQuestion::Fence,
     }
@@ -172,6 +207,24 @@ pub fn switching_for_drain(node: &str, primary: &str, target: &str) -> Note {
     Note::event(false, Reason::SwitchoverForDrain, message)
 }
 
+/// How long a primary fenced for an asked switchover may stay not ready (its agent says
+/// so from its fence on) before it counts as lost: the member asked for catches up and is
+/// promoted within it, unless it cannot, when the failover takes over.
+pub const SWITCHOVER_PATIENCE: Duration = Duration::from_secs(15);
+
+/// The failover delay for `primary`: `after`, or at least [`SWITCHOVER_PATIENCE`] while a
+/// switchover is `asked` and the primary is not ready because the operator fenced it for
+/// that (not lost with its node: then nothing is waited for).
+pub fn failover_delay(members: &[Observed], primary: &str, asked: bool, after: Duration) -> Duration {
+    let fenced_for_it = asked && members.iter().any(|m| m.name == primary && m.fenced && !m.node_lost);
+    if fenced_for_it { after.max(SWITCHOVER_PATIENCE) } else { after }
+}
+
+/// How many times the agent of a primary that serves is asked to fence it before a
+/// switchover is refused: one answer lost on a busy node neither refuses the switchover
+/// nor leaves a primary its agent fenced unseen.
+pub const FENCE_ASKS: usize = 3;
+
 /// A switchover from `primary` to `target` once the primary's agent answered the fence
 /// (`fenced`) and the agents said their statuses: the target leads once the primary is
 /// fenced and the target, a replica, has reached the position the fenced primary says is
@@ -193,14 +246,33 @@ pub fn switchover(
         (Fenced::Confirmed, Some(position)) => {
             let message = format!("switchover: {primary} fenced; {target} has all it wrote (position {position}); promoting {target}");
             let note = Note::event(false, Reason::SwitchoverPromoted, message);
-            (Primary { name: target.into(), failed_over: true, switching: false, notes: vec![note] }, None)
+            (Primary { name: target.into(), failed_over: true, switching: None, notes: vec![note] }, None)
         }
         (Fenced::Unknown, _) if primary_ready => {
-            let message = format!("switchover to {target} refused: the agent of {primary} did not fence it (no agent, or no answer)");
+            let message = format!(
+                "switchover to {target} refused: the agent of {primary} did not fence it (no agent, or no answer to {FENCE_ASKS} asks)"
+            );
             (Primary::keep(primary), Some(Note::event(true, Reason::SwitchoverRefused, message)))
         }
-        _ => (Primary { switching: true, ..Primary::keep(primary) }, None),
+        _ => {
+            let waits = match (fenced, said_primary, said_target) {
+                (Fenced::Unknown, ..) => format!("the agent of {primary} to answer its fence"),
+                (Fenced::Ordered, ..) => format!("{primary}'s engine to confirm its fence"),
+                (_, None, _) => format!("the agent of {primary} to say its last position"),
+                (_, _, None) => format!("the agent of {target} to say its position"),
+                (_, Some(p), Some(t)) => format!("{target} (at {}) to reach {primary}'s last position {}", t.position, p.position),
+            };
+            let waits = format!("switchover to {target}: {primary} fenced; waiting for {waits}");
+            (Primary { switching: Some(waits), ..Primary::keep(primary) }, None)
+        }
     }
+}
+
+/// Members that should run their agent run none: the operator does not know its image.
+pub fn no_agents() -> Note {
+    let message =
+        "the operator runs without its image (plugdb run --image): members run no agent, so no failover, fence or switchover happens";
+    Note::warn_once(kind::MEMBER_AGENTS, false, Reason::NoOperatorImage, message.into(), false)
 }
 
 fn no_safe_failover(message: String) -> Note {

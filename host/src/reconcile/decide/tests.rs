@@ -210,7 +210,11 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     // An engine that neither confirmed its fence nor was stopped may take writes again:
     // nobody is promoted yet, and the pass comes back soon.
     let waiting = failover("db-0", MINUTE, None, promote(), Fenced::Ordered);
-    assert_eq!((waiting.name.as_str(), waiting.failed_over, waiting.switching), ("db-0", false, true));
+    assert_eq!((waiting.name.as_str(), waiting.failed_over), ("db-0", false));
+    assert_eq!(
+        waiting.switching.as_deref(),
+        Some("failover to db-1: waiting for db-0's engine to confirm its fence, or its agent to stop it")
+    );
     assert_eq!(said(&waiting.notes), [(Reason::NoSafeFailover, true)]);
     assert!(waiting.notes[0].message.contains("has not confirmed the fence and was not stopped; db-1 is promoted once it is"));
 }
@@ -236,6 +240,38 @@ fn a_primary_on_a_silent_node_whose_agent_answers_as_primary_stays() {
         assert_eq!(chosen.as_ref().map(|c| (c.name.as_str(), c.failed_over)), kept.then_some(("db-0", false)), "{what}");
         if let Some(chosen) = chosen {
             assert_eq!(said(&chosen.notes), [(Reason::NoSafeFailover, true)], "{what}");
+        }
+    }
+}
+
+/// A member that says it takes writes while another leads is a second primary, unless
+/// it is the primary, already fenced (a fenced primary says so of itself), or going.
+#[test]
+fn a_member_that_says_it_leads_beside_the_primary_is_a_second_primary() {
+    let status = |primary: bool| Some(crate::agent::Status { primary, position: "0/1".into(), lag: None });
+    let fenced = Observed { fenced: true, ..member(1, false, 5, "r1") };
+    let going = Observed { terminating: true, ..member(1, true, 5, "r1") };
+    // (what, member 1, what its agent said, a second primary)
+    let rows = [
+        ("promoted behind the operator's back", member(1, true, 0, "r1"), status(true), true),
+        ("a replica", member(1, true, 0, "r1"), status(false), false),
+        ("no answer", member(1, true, 0, "r1"), None, false),
+        ("fenced already", fenced, status(true), false),
+        ("being deleted", going, status(true), false),
+    ];
+    let back = Observed { rendered: Some(("db-1".into(), "h".into())), ..member(1, true, 0, "r1") };
+    let members = [member(0, true, 0, "r1"), back];
+    let found = second_primaries(&members, "db-0", &[status(true), status(true)]);
+    let said: Vec<_> = found.iter().map(|(m, n)| (m.name.as_str(), n.reason, n.condition)).collect();
+    assert_eq!(said, [("db-1", Reason::FormerPrimaryBack, None)], "the former primary back: fenced, with an Event, no incident");
+    for (what, one, answer, second) in rows {
+        let members = [member(0, true, 0, "r1"), one];
+        let found = second_primaries(&members, "db-0", &[status(true), answer]);
+        let names: Vec<&str> = found.iter().map(|(m, _)| m.name.as_str()).collect();
+        assert_eq!(names, if second { vec!["db-1"] } else { vec![] }, "{what}");
+        for (_, note) in &found {
+            assert_eq!((note.reason, note.condition), (Reason::SecondPrimary, Some((kind::DEGRADED, true))), "{what}");
+            assert!(note.message.starts_with("db-1 says it takes writes while db-0 is the primary"), "{}", note.message);
         }
     }
 }
@@ -355,15 +391,21 @@ fn members_roll_one_at_a_time_only_once_the_stateful_set_is_observed() {
         ("granted fewer during a scale: rolled at that count", &new[..2], Some(&seen), 2, None, true),
     ];
     for (what, members, set, granted, restart, done) in rows {
-        let roll = roll(members, "db-0", set, "", granted);
+        let roll = roll(members, "db-0", set, "", (granted, false));
         assert_eq!((roll.restart.as_deref(), roll.done), (restart, done), "{what}");
         assert!(roll.labels.is_empty(), "{what}: the labels already say each role");
     }
-    let after_failover = roll(&new, "db-1", Some(&seen), "", 3);
+    let promoting = roll(&old, "db-0", Some(&seen), "", (3, true));
+    assert_eq!(promoting.restart, None, "a pass that promoted a member restarts none: it saw the members before");
+    let after_failover = roll(&new, "db-1", Some(&seen), "", (3, true));
     assert_eq!(after_failover.labels, [("db-0".to_string(), "replica"), ("db-1".to_string(), "primary")], "roles follow the primary");
     let mut leaving = new.clone();
     leaving[0].terminating = true;
-    assert_eq!(roll(&leaving, "db-1", Some(&seen), "", 3).labels, [("db-1".to_string(), "primary")], "a terminating pod is not labelled");
+    assert_eq!(
+        roll(&leaving, "db-1", Some(&seen), "", (3, false)).labels,
+        [("db-1".to_string(), "primary")],
+        "a terminating pod is not labelled"
+    );
 }
 
 #[test]
@@ -443,6 +485,11 @@ fn a_database_waiting_only_for_its_members_is_looked_at_again_when_its_primary_w
         ("lost in 2 s: not sooner than a progress requeue", Settled { primary_lost_in: Some(secs(2)), ..waiting }, progress),
         ("down past the delay, no failover possible: soon", Settled { primary_lost_in: Some(secs(0)), ..waiting }, progress),
         ("just down: no later than the safety net", Settled { primary_lost_in: Some(after), ..waiting }, progress * MEMBER_WAIT),
+        (
+            "the primary lost, no member safe to promote, nothing else waited for: soon",
+            Settled { primary_lost_in: Some(secs(0)), ..steady },
+            progress,
+        ),
         ("a refused volume grow: a while", Settled { grow_failed: true, ..steady }, progress * 6),
         ("steady: when due", steady, MINUTE * 5),
     ];
@@ -471,6 +518,11 @@ fn a_switchover_is_asked_only_of_a_ready_member() {
         assert_eq!(reason, Reason::SwitchoverRefused, "{message}");
         assert!(message.starts_with(&format!("switchover to {target} refused: ")) && message.contains(why), "{message}");
     }
+    // A replica that does not replicate is refused before the primary is fenced, with why.
+    let why = "ready, but it has not replicated from db-0 for 75 s: its agent says it streams nothing";
+    let stalled = Observed { ready: false, not_replicating: true, down: Some(why.into()), ..member(1, true, 0, "r") };
+    let (reason, message) = dropped(switchover_question(Some("db-1"), "db-0", &[members[0].clone(), stalled], false));
+    assert_eq!((reason, message), (Reason::SwitchoverRefused, format!("switchover to db-1 refused: db-1 is {why}")));
 }
 
 /// The member leads only once the primary is fenced and the member says the position the
@@ -484,22 +536,26 @@ fn a_switchover_promotes_only_a_member_with_all_the_fenced_primary_wrote() {
     assert_eq!(promoted.0.notes[0].reason, Reason::SwitchoverPromoted);
     // (what, the fence, the primary ready, what the primary and the member said)
     type Row<'a> = (&'a str, Fenced, bool, Option<&'a crate::agent::Status>, Option<&'a crate::agent::Status>);
-    let waits: [Row; 5] = [
-        ("behind", Fenced::Confirmed, false, Some(&last), Some(&behind)),
-        ("the fence not confirmed", Fenced::Ordered, true, Some(&last), Some(&same)),
-        ("the primary silent", Fenced::Confirmed, false, None, Some(&same)),
-        ("the member silent", Fenced::Confirmed, false, Some(&last), None),
-        ("the primary's agent gone after the fence", Fenced::Unknown, false, Some(&last), Some(&same)),
+    let waits: [(Row, &str); 5] = [
+        (("behind", Fenced::Confirmed, false, Some(&last), Some(&behind)), "db-1 (at 0/4F00) to reach db-0's last position 0/5000"),
+        (("the fence not confirmed", Fenced::Ordered, true, Some(&last), Some(&same)), "db-0's engine to confirm its fence"),
+        (("the primary silent", Fenced::Confirmed, false, None, Some(&same)), "the agent of db-0 to say its last position"),
+        (("the member silent", Fenced::Confirmed, false, Some(&last), None), "the agent of db-1 to say its position"),
+        (
+            ("the primary's agent gone after the fence", Fenced::Unknown, false, Some(&last), Some(&same)),
+            "the agent of db-0 to answer its fence",
+        ),
     ];
-    for (what, fenced, ready, primary, target) in waits {
+    for ((what, fenced, ready, primary, target), waiting) in waits {
         let (kept, refused) = switchover("db-0", "db-1", fenced, ready, (primary, target));
-        assert_eq!((kept.name.as_str(), kept.failed_over, kept.switching, refused), ("db-0", false, true, None), "{what}");
+        assert_eq!((kept.name.as_str(), kept.failed_over, refused), ("db-0", false, None), "{what}");
+        assert_eq!(kept.switching, Some(format!("switchover to db-1: db-0 fenced; waiting for {waiting}")), "{what}");
     }
     let said_primary = said(true, "0/5000");
     let (kept, refused) = switchover("db-0", "db-1", Fenced::Confirmed, false, (Some(&last), Some(&said_primary)));
     assert_eq!((kept.name.as_str(), refused), ("db-0", None), "a member that says it is primary is not a replica that caught up");
     let (kept, refused) = switchover("db-0", "db-1", Fenced::Unknown, true, (Some(&last), Some(&same)));
-    assert_eq!((kept.name.as_str(), kept.switching), ("db-0", false));
+    assert_eq!((kept.name.as_str(), kept.switching), ("db-0", None));
     assert!(refused.is_some_and(|n| n.reason == Reason::SwitchoverRefused && n.message.contains("did not fence it")));
 }
 
@@ -564,4 +620,19 @@ fn too_few_replicas_for_synchronous_commits_wait_or_degrade_after_the_bound_and_
     assert_eq!(degrading.note.event, Event::Warning, "degrading is news");
     assert!(degrading.note.message.contains("1 of the 2 replicas"), "{}", degrading.note.message);
     assert_eq!(replication(degrade, 2, Some(&degraded), now).note.event, Event::Normal, "so is recovering");
+}
+
+/// A primary fenced for an asked switchover is given the switchover's patience before it
+/// counts as lost; unasked, unfenced, or on a lost node, the failover delay alone.
+#[test]
+fn a_primary_fenced_for_a_switchover_is_given_time_before_it_counts_as_lost() {
+    let after = Duration::from_secs(2);
+    let fenced = Observed { fenced: true, ..member(0, false, 5, "r1") };
+    let members = [fenced.clone(), member(1, true, 5, "r1")];
+    assert_eq!(failover_delay(&members, "db-0", true, after), SWITCHOVER_PATIENCE, "fenced for the switchover asked");
+    assert_eq!(failover_delay(&members, "db-0", false, after), after, "no switchover asked");
+    assert_eq!(failover_delay(&[member(0, false, 5, "r1")], "db-0", true, after), after, "not fenced: down of itself");
+    let lost = [Observed { node_lost: true, ..fenced }, member(1, true, 5, "r1")];
+    assert_eq!(failover_delay(&lost, "db-0", true, after), after, "its node lost");
+    assert_eq!(failover_delay(&members, "db-0", true, Duration::from_secs(30)), Duration::from_secs(30), "a longer delay stands");
 }

@@ -222,6 +222,8 @@ fn the_end_of_a_pass_follows_from_what_it_found() {
             growth: &row.growth,
             plan_refused: false,
             restoring: row.restoring,
+            incident: false,
+            switching: None,
         };
         let progressing = conclude(&mut status, &pass);
         let what = row.what;
@@ -249,6 +251,8 @@ fn a_refusal_or_a_failed_grow_keeps_its_reason_and_no_safe_failover_lasts_until_
         growth,
         plan_refused,
         restoring: false,
+        incident: false,
+        switching: None,
     };
     let mut status = ran();
     set(&mut status.conditions, kind::PROGRESSING, false, Reason::UpgradeRefused, "downgrade refused", Some(1));
@@ -260,6 +264,12 @@ fn a_refusal_or_a_failed_grow_keeps_its_reason_and_no_safe_failover_lasts_until_
     let failed = Growth::Failed("claim data-orders-0 cannot grow".into());
     conclude(&mut status, &pass(&failed, false));
     assert_eq!(condition(&status, kind::PROGRESSING), ("False", "VolumeGrowFailed", "claim data-orders-0 cannot grow"));
+
+    // Once a member is promoted and serves, no safe failover is no longer the word.
+    let promoted = DatabaseStatus { primary: Some("orders-1".into()), ..status.clone() };
+    let mut after = promoted.clone();
+    conclude(&mut after, &pass(&Growth::Done, false));
+    assert_eq!(condition(&after, kind::DEGRADED).1, "MembersDown");
 
     let all = members(&[true, true, true]);
     conclude(&mut status, &Pass { members: &all, rolled: true, ..pass(&Growth::Done, false) });
@@ -283,6 +293,8 @@ fn an_unschedulable_member_is_named_in_ready() {
         growth: &growth,
         plan_refused: false,
         restoring: false,
+        incident: false,
+        switching: None,
     };
     conclude(&mut status, &pass);
     let (_, _, message) = condition(&status, kind::READY);
@@ -310,6 +322,8 @@ fn down_members_are_named_with_why_in_degraded_and_ready() {
         growth: &growth,
         plan_refused: false,
         restoring: false,
+        incident: false,
+        switching: None,
     };
     conclude(&mut status, &pass);
     let (state, _, message) = condition(&status, kind::DEGRADED);
