@@ -93,7 +93,9 @@ fn the_server_runs_with_the_rendered_configuration() {
     assert_eq!(show("random_page_cost"), "1.1");
     assert_eq!(show("wal_level"), "replica");
     assert_eq!(show("password_encryption"), "scram-sha-256");
-    assert!(show("hba_file").ends_with("/config/pg_hba.conf"));
+    // A copy of the rendered pg_hba, beside the data: the one a fence rewrites.
+    let hba = show("hba_file");
+    assert!(hba.ends_with("/pg_hba.conf") && !hba.contains("/config/"), "{hba}");
 
     // pg_hba: a wrong password is refused over TCP and on the socket.
     with_password(&mut m, "wrong-password");
@@ -217,6 +219,13 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     let err = sql(&primary, "INSERT INTO orders VALUES (9998, 'fenced', 1)").expect_err("a fenced primary takes no writes");
     assert!(err.contains("read-only"), "{err}");
     primary.agent_fence(&rendered.fence_command).expect("fenced again");
+    // The rules it now serves let in replication and the superuser from the member's own
+    // addresses (its agent) alone: no session from elsewhere gets in to turn the
+    // read-only default off.
+    const RULES: &str = "SELECT concat_ws(' ', type, array_to_string(database, ','), array_to_string(user_name, ','), address, error) \
+        FROM pg_hba_file_rules ORDER BY line_number";
+    let rules = sql(&primary, RULES).expect("the fenced rules");
+    assert_eq!(rules, "local all postgres\nhost all postgres samehost\nhost replication replicator all", "fenced");
     // The fenced primary says the last position it wrote, and the replica reaches it: what
     // a planned switchover waits for before it promotes the replica.
     let last = primary.agent_status(&status_command).expect("the fenced primary's status");

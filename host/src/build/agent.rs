@@ -14,6 +14,18 @@ use crate::agent::{BIN_DIR, CERTS, FENCED_ENV, FENCED_FILE, FILES, OWN_ADDRESS_E
 use crate::crd::Database;
 use crate::names::Names;
 
+/// `text` as the kubelet passes it on in a container's command: it reads `$(NAME)` as a
+/// variable and `$$` as `$`, so every `$` is written `$$`. The plugin's commands reach
+/// the agent as they were written (a `DO $$ … $$` block, a `$(…)` substitution).
+fn verbatim(text: &str) -> String {
+    text.replace('$', "$$")
+}
+
+/// A plugin's command as one argument of the agent's: JSON, [`verbatim`].
+fn argument(argv: &[String]) -> String {
+    verbatim(&serde_json::to_string(argv).expect("a list of strings is JSON"))
+}
+
 /// What a member needs for its agent, beside `engine` (the engine's container): the init
 /// container that copies this binary out of the operator's `image`, the agent's container
 /// (the engine's image, environment and files, but not its data), and their volumes.
@@ -55,14 +67,13 @@ pub fn containers(
     let mut env = engine.env.clone().unwrap_or_default();
     let mut readiness = None;
     if !synchronous.is_empty() {
-        command.extend(["--synchronous-command".into(), serde_json::to_string(synchronous).expect("a list of strings is JSON")]);
+        command.extend(["--synchronous-command".into(), argument(synchronous)]);
     }
     if !fence.is_empty() {
         let members = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
-        let argv = serde_json::to_string(fence).expect("a list of strings is JSON");
-        command.extend(["--members".into(), members, "--fence-command".into(), argv]);
+        command.extend(["--members".into(), members, "--fence-command".into(), argument(fence)]);
         if !promote.is_empty() {
-            command.extend(["--promote-command".into(), serde_json::to_string(promote).expect("a list of strings is JSON")]);
+            command.extend(["--promote-command".into(), argument(promote)]);
         }
         mounts.push(pod::mount("agent-state", STATE, false));
         let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };
@@ -92,7 +103,7 @@ pub fn containers(
         engine.env.get_or_insert_default().push(fenced);
     }
     command.push("--".into());
-    command.extend(status.iter().cloned());
+    command.extend(status.iter().map(|a| verbatim(a)));
     let agent = Container {
         name: "agent".into(),
         image: engine.image.clone(),

@@ -321,7 +321,8 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
 
     // With a fence command: the agent fences the member, and says so in its readiness;
     // the engine sees the mark, read-only.
-    w.fence_command = vec!["sh".into(), "-c".into(), "echo fenced".into()];
+    // Written as the kubelet reads it back: `$(NAME)` and `$$` reach the agent as they were.
+    w.fence_command = vec!["sh".into(), "-c".into(), "DO $$ $f$ $(HOME) $ $$".into()];
     let set: StatefulSet = serde_json::from_value(
         statefulset(&db, &w, "postgres", Sidecars { agent: Some("plugdb/plugdb:1"), ..Default::default() }, ("orders-0", 3), None).object,
     )
@@ -330,7 +331,9 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
     let command = agent.command.clone().unwrap_or_default();
     let at = command.iter().position(|a| a == "--fence-command").expect("--fence-command");
-    assert_eq!(serde_json::from_str::<Vec<String>>(&command[at + 1]).expect("JSON"), w.fence_command);
+    let kubelet = |a: &str| a.replace("$$", "$");
+    assert!(!command[at + 1].replace("$$", "").contains('$'), "every $ escaped: {}", command[at + 1]);
+    assert_eq!(serde_json::from_str::<Vec<String>>(&kubelet(&command[at + 1])).expect("JSON"), w.fence_command);
     let at = command.iter().position(|a| a == "--members").expect("--members");
     assert_eq!(command[at + 1], "orders-headless.shop.svc");
     let ready = agent.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone()).expect("readiness");

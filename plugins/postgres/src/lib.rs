@@ -390,21 +390,57 @@ const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOP
     ELSE round(greatest(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0)::numeric, 3)::text END, '') \
     ELSE 'primary ' || pg_current_wal_lsn() END\"";
 
-/// What the member agent runs to fence a primary: new sessions start read-only (`ALTER
-/// SYSTEM`, reloaded; the start removes it, so it ends with the pod), and, once a new
-/// session says so, every other client session ends (an open transaction with it), and
-/// so does every replica's stream: a replica reconnects through the read-write Service,
+/// The rules a fenced primary lets in: the superuser from the member's own addresses
+/// (the agent, beside the engine in its pod) and replication (a switchover's member
+/// catches up from it). Every other login is refused, whatever it would do once in.
+fn fenced_hba(spec: &DatabaseSpec) -> [String; 3] {
+    let host = if spec.tls.is_some() { "hostssl" } else { "host" };
+    [
+        "local all postgres scram-sha-256".into(),
+        "host all postgres samehost scram-sha-256".into(),
+        format!("{host} replication replicator all scram-sha-256"),
+    ]
+}
+
+/// What the member agent runs to fence a primary, in one session (the agent gives it
+/// 1.5 s). The server's pg_hba (a copy the start makes of the rendered one, so the fence
+/// ends with the pod) is rewritten to [`fenced_hba`], new sessions start read-only
+/// (`ALTER SYSTEM`, which the start also removes), and the server reloads both, in one
+/// step that ends before it lets in another session; this session sees the reload once
+/// that step has told every session. Then every other client session ends (an open
+/// transaction with it), and once more a moment later (one let in before the reload may
+/// have been logging in): none is left to turn the default off, and no new one gets in.
+/// Every replica's stream ends too: a replica reconnects through the read-write Service,
 /// to the member it selects, so that once another member is promoted none follows this
 /// one any more (its shutdown, as it restarts, would write past the new primary's start).
 /// A server that refuses connections takes no writes either.
-const FENCE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1
-sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\" 2>&1; }
-if ! said=$(sql -c 'ALTER SYSTEM SET default_transaction_read_only = on' -c 'SELECT pg_reload_conf()'); then
-  case \"$said\" in *'Connection refused'*) exit 0 ;; esac
-  echo \"$said\" >&2; exit 1
-fi
-until [ \"$(sql -c 'SHOW default_transaction_read_only')\" = on ]; do sleep 0.05; done
-sql -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type IN ('client backend', 'walsender') AND pid <> pg_backend_pid()\" >/dev/null";
+fn fence(spec: &DatabaseSpec) -> String {
+    let rules: Vec<String> = fenced_hba(spec).iter().map(|r| format!("(''{r}'')")).collect();
+    let others = "FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND backend_type";
+    format!(
+        "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
+fence() {{
+  psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 2>&1 <<'SQL'
+DO $fence$ BEGIN EXECUTE format('COPY (VALUES {rules}) TO %L', current_setting('hba_file')); END $fence$;
+ALTER SYSTEM SET default_transaction_read_only = on;
+SELECT pg_reload_conf() \\g /dev/null
+SELECT pg_sleep(0.05) \\g /dev/null
+DO $fence$ BEGIN IF current_setting('default_transaction_read_only') <> 'on' THEN RAISE EXCEPTION 'not reloaded yet'; END IF; END $fence$;
+SELECT count(pg_terminate_backend(pid)) {others} IN ('client backend', 'walsender') \\g /dev/null
+SELECT pg_sleep(0.1) \\g /dev/null
+SELECT count(pg_terminate_backend(pid)) {others} = 'client backend' \\g /dev/null
+SQL
+}}
+until said=$( fence ); do
+  case \"$said\" in
+    *'Connection refused'*) exit 0 ;;
+    *'not reloaded yet'*) sleep 0.05 ;;
+    *) echo \"$said\" >&2; exit 1 ;;
+  esac
+done",
+        rules = rules.join(", ")
+    )
+}
 
 /// What the member agent runs to promote a replica in place: recovery ends on a new
 /// timeline (which the old primary rewinds onto when it restarts to follow) and the
@@ -428,8 +464,8 @@ impl Agent for Postgres {
         shell(STATUS)
     }
 
-    fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(FENCE)
+    fn fence_command(spec: DatabaseSpec) -> Vec<String> {
+        shell(&fence(&spec))
     }
 
     /// psql as the superuser, over TCP to the local server (what pg_hba allows).

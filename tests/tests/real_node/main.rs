@@ -172,6 +172,9 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
 
     // A planned switchover under a writer: the member asked for leads once it has all the
     // fenced primary wrote, no acknowledged write is lost, the old primary follows it.
+    // Every member is asked to take a write throughout (a postgres session turning the
+    // read-only default off first): the fenced primary takes none once the other may.
+    let probes = nodes::Writers::start(client.clone(), engine).await;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = client.writer(1000, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -189,6 +192,11 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     cluster.wait_database(&ns, "orders", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("the old primary follows");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (written, longest) = nodes::no_acknowledged_write_lost(&client, &stop, writer).await;
+    let (turns, took) = probes.turns().await;
+    assert_eq!(turns, ["orders-0", "orders-2"], "the members that took writes, in turn");
+    let leader = pod_ip(&client.members().await.into_iter().find(|p| p.name_any() == "orders-2").expect("orders-2"));
+    let lost = nodes::Writers::lost(&client, &leader, &took).await;
+    assert!(lost.is_empty(), "acknowledged by a member, then lost: {lost:?}");
     let old = client.members().await.into_iter().find(|p| p.name_any() == "orders-0").expect("orders-0");
     let follows = client.query(&pod_ip(&old), replica_sql).await.expect("replica state");
     assert!(follows == "t" || follows == "1", "the old primary follows the new one: {follows}");
@@ -197,7 +205,9 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         events.iter().filter(|e| e.reason.as_deref() == Some("SwitchoverPromoted")).filter_map(|e| e.note.clone()).collect();
     assert!(said.iter().any(|n| n.contains("orders-0 fenced") && n.contains("promoting orders-2")), "{said:?}");
     eprintln!(
-        "{ns}: switchover to orders-2 in {switched:?}, writes unavailable at most {longest:?}; {written} acknowledged writes, none lost"
+        "{ns}: switchover to orders-2 in {switched:?}, writes unavailable at most {longest:?}; {written} acknowledged writes, none lost; \
+         every member asked directly: {} writes taken, by orders-0 then orders-2 alone, none lost",
+        took.len()
     );
     if engine == Engine::Postgres {
         second_primary(&cluster, &client, &ns).await;
@@ -255,8 +265,8 @@ async fn replica_not_replicating(cluster: &Arc<Cluster>, client: &Client, ns: &s
 
 /// A replica promoted behind the operator's back (`pg_promote()`, which the application
 /// may run) takes writes of its own: the operator's next look at the members fences it
-/// and names it (`Degraded`, `SecondPrimary`, a Warning), it takes no more (sessions start
-/// read-only), and it is made again to follow the primary.
+/// and names it (`Degraded`, `SecondPrimary`, a Warning), it takes no more (no session
+/// but its agent's gets in), and it is made again to follow the primary.
 async fn second_primary(cluster: &Arc<Cluster>, client: &Client, ns: &str) {
     let rogue = client.members().await.into_iter().find(|p| p.name_any() == "orders-1").expect("orders-1");
     let ip = pod_ip(&rogue);
@@ -273,8 +283,10 @@ async fn second_primary(cluster: &Arc<Cluster>, client: &Client, ns: &str) {
     let started = Instant::now();
     cluster.wait_database(ns, "orders", "the second primary named", WAIT, named).await.expect("named");
     let found = started.elapsed();
-    let after = client.query(&ip, "INSERT INTO orders VALUES (2000001, 'after the fence')").await;
-    assert!(after.as_ref().is_err_and(|e| e.contains("read-only")), "a fenced second primary takes no more writes: {after:?}");
+    let forced =
+        "SET default_transaction_read_only = off; BEGIN READ WRITE; INSERT INTO orders VALUES (2000001, 'after the fence'); COMMIT";
+    let after = client.query(&ip, forced).await;
+    assert!(after.as_ref().is_err_and(|e| e.contains("no pg_hba.conf entry")), "a fenced second primary lets no session in: {after:?}");
     let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
     assert!(
         events.iter().any(|e| e.reason.as_deref() == Some("SecondPrimary") && e.type_.as_deref() == Some("Warning")),

@@ -144,15 +144,17 @@ impl Sql {
 /// Which members take writes, asked over and over: each member of a Database, one after
 /// another every 100 ms, from its own node (a member on a node cut off from the others
 /// is asked from there, where its clients are), to insert a row of its own into table
-/// `probe`. mysql is asked as an account without `READ_ONLY ADMIN` (a replica's
-/// `read_only` binds it, as it binds applications).
-struct Writers {
+/// `probe`. postgres is asked as a session that turns the read-only default off and
+/// begins read-write (what any session may do: a fence must hold against it). mysql is
+/// asked as an account without `READ_ONLY ADMIN` (a replica's `read_only` binds it, as it
+/// binds applications).
+pub(crate) struct Writers {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<(Instant, String)>>,
+    task: tokio::task::JoinHandle<Vec<(Instant, String, i64)>>,
 }
 
 impl Writers {
-    async fn start(client: Arc<Client>, engine: Engine) -> Writers {
+    pub(crate) async fn start(client: Arc<Client>, engine: Engine) -> Writers {
         let rw = client.service_ip(client.name()).await;
         client.reachable(&rw).await;
         let (table, user) = match engine {
@@ -177,8 +179,14 @@ impl Writers {
                         continue;
                     };
                     id += 1;
-                    if client.query_from(&node, &ip, user, &format!("INSERT INTO probe VALUES ({id})")).await.is_ok() {
-                        took.push((Instant::now(), pod.name_any()));
+                    let insert = match engine {
+                        Engine::Postgres => {
+                            format!("SET default_transaction_read_only = off; BEGIN READ WRITE; INSERT INTO probe VALUES ({id}); COMMIT")
+                        }
+                        Engine::Mysql => format!("INSERT INTO probe VALUES ({id})"),
+                    };
+                    if client.query_from(&node, &ip, user, &insert).await.is_ok() {
+                        took.push((Instant::now(), pod.name_any(), id));
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -188,17 +196,25 @@ impl Writers {
         Writers { stop, task }
     }
 
-    /// Stops asking; the members that took writes, in turn (each once per run).
-    async fn turns(self) -> (Vec<String>, Vec<(Instant, String)>) {
+    /// Stops asking; the members that took writes, in turn (each once per run), and when
+    /// each write was acknowledged, by which member, with which id.
+    pub(crate) async fn turns(self) -> (Vec<String>, Vec<(Instant, String, i64)>) {
         self.stop.store(true, Ordering::SeqCst);
         let took = self.task.await.expect("the probe");
         let mut turns: Vec<String> = Vec::new();
-        for (_, member) in &took {
+        for (_, member, _) in &took {
             if turns.last() != Some(member) {
                 turns.push(member.clone());
             }
         }
         (turns, took)
+    }
+
+    /// The acknowledged writes `at` (a member leading now) does not hold: each was lost.
+    pub(crate) async fn lost(client: &Client, at: &str, took: &[(Instant, String, i64)]) -> Vec<i64> {
+        let held = client.query(at, "SELECT id FROM probe").await.expect("the probe's rows");
+        let held: std::collections::BTreeSet<i64> = held.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        took.iter().map(|(.., id)| *id).filter(|id| !held.contains(id)).collect()
     }
 }
 
@@ -480,9 +496,9 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         // promotion, and then the promoted member alone, asked throughout.
         let (turns, took) = writers.turns().await;
         assert_eq!(turns, [old.name_any(), promoted.clone()], "{name}: the members that took writes, in turn");
-        let first_new = took.iter().filter(|(_, m)| *m == promoted).map(|(at, _)| *at).min().expect("the new primary took writes");
+        let first_new = took.iter().filter(|(_, m, _)| *m == promoted).map(|(at, ..)| *at).min().expect("the new primary took writes");
         eprintln!("{ns}: {name}'s node lost → {promoted} took its first write {:.1} s after", (first_new - lost).as_secs_f64());
-        let last_old = took.iter().filter(|(_, m)| *m == old.name_any()).map(|(at, _)| *at).max().expect("the old primary took writes");
+        let last_old = took.iter().filter(|(_, m, _)| *m == old.name_any()).map(|(at, ..)| *at).max().expect("the old primary took writes");
         if synchronous {
             // Its commits wait for a replica it no longer reaches (those in flight at the cut aside).
             assert!(last_old < lost + Duration::from_secs(1), "{name}: the old primary acknowledged a write it alone had");

@@ -10,8 +10,10 @@ impl Pass<'_> {
     pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
         let ctx = self.ctx;
         let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
-        let asked = self.db.annotations().contains_key(crate::names::SWITCHOVER);
-        let after = decide::failover_delay(&members.observed, &primary, asked, ctx.settings.failover_after);
+        // A switchover under way: asked for, or for a drain of the primary's node.
+        let draining = members.observed.iter().any(|m| m.name == primary && m.node.as_deref().is_some_and(|n| ctx.caches.cordoned(n)));
+        let switching = draining || self.db.annotations().contains_key(crate::names::SWITCHOVER);
+        let after = decide::failover_delay(&members.observed, &primary, switching, ctx.settings.failover_after);
         let elects = plugin.info().capabilities.elects_leader;
         let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {
             FailoverQuestion::Keep => self.switchover(&primary, members, elects).await?,

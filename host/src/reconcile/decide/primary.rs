@@ -108,11 +108,12 @@ pub fn answering_though_cut_off(members: &[Observed], primary: &str, said: &[Opt
 /// made again, and is not one. Each is fenced at once and made again to follow. One that
 /// was never the primary is named: a second primary is an incident, whose writes no
 /// other member has. The former primary back from a lost node (its pod made for it to
-/// lead; its own agent fenced it once it was cut off) is what a failover leaves: an
-/// Event says it is fenced and follows.
+/// lead, or promoted in place; its own agent fenced it once it was cut off) is what a
+/// failover leaves: an Event says it is fenced and follows.
 pub fn second_primaries<'a>(members: &'a [Observed], primary: &str, said: &[Option<crate::agent::Status>]) -> Vec<(&'a Observed, Note)> {
     let leads = |s: &Option<crate::agent::Status>| s.as_ref().is_some_and(|s| s.primary);
-    let led = |m: &Observed| m.rendered.as_ref().is_some_and(|(was, _)| *was == m.name);
+    // Its pod made for it to lead, or promoted in place by its agent (a switchover).
+    let led = |m: &Observed| m.promoted || m.rendered.as_ref().is_some_and(|(was, _)| *was == m.name);
     members
         .iter()
         .zip(said)
@@ -207,16 +208,17 @@ pub fn switching_for_drain(node: &str, primary: &str, target: &str) -> Note {
     Note::event(false, Reason::SwitchoverForDrain, message)
 }
 
-/// How long a primary fenced for an asked switchover may stay not ready (its agent says
-/// so from its fence on) before it counts as lost: the member asked for catches up and is
-/// promoted within it, unless it cannot, when the failover takes over.
+/// How long a primary fenced for a switchover (asked for, or for a drain) may stay not
+/// ready (its agent says so from its fence on) before it counts as lost: the member
+/// chosen catches up and is promoted within it, unless it cannot, when the failover
+/// takes over.
 pub const SWITCHOVER_PATIENCE: Duration = Duration::from_secs(15);
 
 /// The failover delay for `primary`: `after`, or at least [`SWITCHOVER_PATIENCE`] while a
-/// switchover is `asked` and the primary is not ready because the operator fenced it for
-/// that (not lost with its node: then nothing is waited for).
-pub fn failover_delay(members: &[Observed], primary: &str, asked: bool, after: Duration) -> Duration {
-    let fenced_for_it = asked && members.iter().any(|m| m.name == primary && m.fenced && !m.node_lost);
+/// switchover is under way (`switching`) and the primary is not ready because the
+/// operator fenced it for that (not lost with its node: then nothing is waited for).
+pub fn failover_delay(members: &[Observed], primary: &str, switching: bool, after: Duration) -> Duration {
+    let fenced_for_it = switching && members.iter().any(|m| m.name == primary && m.fenced && !m.node_lost);
     if fenced_for_it { after.max(SWITCHOVER_PATIENCE) } else { after }
 }
 

@@ -259,11 +259,14 @@ fn a_member_that_says_it_leads_beside_the_primary_is_a_second_primary() {
         ("fenced already", fenced, status(true), false),
         ("being deleted", going, status(true), false),
     ];
-    let back = Observed { rendered: Some(("db-1".into(), "h".into())), ..member(1, true, 0, "r1") };
-    let members = [member(0, true, 0, "r1"), back];
-    let found = second_primaries(&members, "db-0", &[status(true), status(true)]);
-    let said: Vec<_> = found.iter().map(|(m, n)| (m.name.as_str(), n.reason, n.condition)).collect();
-    assert_eq!(said, [("db-1", Reason::FormerPrimaryBack, None)], "the former primary back: fenced, with an Event, no incident");
+    let made_to_lead = Observed { rendered: Some(("db-1".into(), "h".into())), ..member(1, true, 0, "r1") };
+    let promoted_in_place = Observed { promoted: true, rendered: Some(("db-0".into(), "h".into())), ..member(1, true, 0, "r1") };
+    for back in [made_to_lead, promoted_in_place] {
+        let members = [member(0, true, 0, "r1"), back];
+        let found = second_primaries(&members, "db-0", &[status(true), status(true)]);
+        let said: Vec<_> = found.iter().map(|(m, n)| (m.name.as_str(), n.reason, n.condition)).collect();
+        assert_eq!(said, [("db-1", Reason::FormerPrimaryBack, None)], "the former primary back: fenced, with an Event, no incident");
+    }
     for (what, one, answer, second) in rows {
         let members = [member(0, true, 0, "r1"), one];
         let found = second_primaries(&members, "db-0", &[status(true), answer]);
