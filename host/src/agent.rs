@@ -7,7 +7,9 @@
 //! `POST /stop`, which has the fenced member's engine killed by its guard when it does
 //! not confirm the fence (`stopped` once the fence command then succeeds), and
 //! `POST /promote` and `POST /synchronous/<n>` with `agent.promote-command` and
-//! `agent.synchronous-command` (how many replicas must confirm each commit, 0-9).
+//! `agent.synchronous-command` (how many replicas must confirm each commit, 0-9), and
+//! `POST /follow/<member>` with `agent.follow-command` (a replica follows the member the
+//! operator has just promoted, named by its pod: an address under the members' name).
 //!
 //! Fencing: a fenced member takes no more writes for the rest of its pod's life. The
 //! agent marks it in a file the engine's start also reads (so that a restarted engine
@@ -108,6 +110,8 @@ const FENCE_WAIT: Duration = Duration::from_millis(1600);
 
 /// The variable holding the number of replicas `agent.synchronous-command` sets.
 pub const SYNCHRONOUS_ENV: &str = "PLUGDB_SYNCHRONOUS_REPLICAS";
+/// The variable holding the address of the member `agent.follow-command` follows.
+pub const PRIMARY_HOST_ENV: &str = "PLUGDB_PRIMARY_HOST";
 
 /// The commands the agent runs, from the plugin (each empty when it declares none).
 #[derive(Debug, Clone, Default)]
@@ -120,6 +124,8 @@ pub struct Commands {
     pub promote: Vec<String>,
     /// `agent.synchronous-command`.
     pub synchronous: Vec<String>,
+    /// `agent.follow-command` (served with a fence only, which knows the members' name).
+    pub follow: Vec<String>,
 }
 
 /// What a member says of itself.
@@ -255,6 +261,17 @@ fn synchronous_replicas(head: &[u8]) -> Option<&str> {
     }
 }
 
+/// The member in a `POST /follow/<member>` request head: a pod's name, a DNS label (1-63
+/// characters of `[a-z0-9-]`, neither first nor last a `-`), which nothing can read as
+/// more than a name.
+fn followed(head: &[u8]) -> Option<&str> {
+    let rest = head.strip_prefix(b"POST /follow/")?;
+    let name = std::str::from_utf8(&rest[..rest.iter().position(|b| *b == b' ')?]).ok()?;
+    let label = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    let fits = (1..=63).contains(&name.len()) && name.chars().all(label) && !name.starts_with('-') && !name.ends_with('-');
+    fits.then_some(name)
+}
+
 /// Serves `GET /status` (and `POST /fence`, with a `fence`, `POST /promote`, with a
 /// `promote` command too, and `POST /synchronous/<n>`, with a `synchronous` command) at
 /// `address` (in a member, every address of its pod on [`PORT`]) until the process ends, answering with what `status` prints. The certificate
@@ -268,6 +285,7 @@ pub async fn serve(address: std::net::SocketAddr, certs: PathBuf, mut commands: 
     let peers = Peers::default();
     if commands.fence.is_none() {
         commands.promote.clear();
+        commands.follow.clear();
     }
     let agent = Arc::new(Agent::new(commands));
     if agent.commands.fence.is_some() {
@@ -406,8 +424,16 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
             tracing::info!("commits now wait for {n} replicas");
         }
         answer
+    } else if let Some((member, fence)) = followed(&head).zip(agent.commands.fence.as_ref()).filter(|_| !agent.commands.follow.is_empty()) {
+        let host = format!("{member}.{}", fence.members);
+        let answer = agent.run_unfenced(&agent.commands.follow, &[(PRIMARY_HOST_ENV, &host)], "following").await;
+        if answer.0 == "200 OK" {
+            tracing::info!("follows {host}");
+        }
+        answer
     } else {
-        ("404 Not Found", "only GET /status, POST /fence, POST /stop, POST /promote and POST /synchronous/<n> are served\n".to_string())
+        let served = "GET /status, POST /fence, POST /stop, POST /promote, POST /synchronous/<n> and POST /follow/<member>";
+        ("404 Not Found", format!("only {served} are served\n"))
     };
     let response = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     stream.write_all(response.as_bytes()).await?;

@@ -398,7 +398,7 @@ pub fn statefulset(
             image,
             &mut containers[0],
             &workload.status_command,
-            (&workload.fence_command, &workload.promote_command, &workload.synchronous_command),
+            (&workload.fence_command, &workload.promote_command, &workload.synchronous_command, &workload.follow_command),
         );
         init.insert(0, copy);
         containers.push(agent);

@@ -229,6 +229,10 @@ enum AgentCommand {
         /// fenced member is never promoted).
         #[arg(long, value_name = "JSON", requires = "fence_command")]
         promote_command: Option<String>,
+        /// The plugin's follow command, as a JSON list of strings (with a fence only: the
+        /// new primary's address is named under `--members`).
+        #[arg(long, value_name = "JSON", requires = "fence_command")]
+        follow_command: Option<String>,
         /// The plugin's synchronous command, as a JSON list of strings.
         #[arg(long, value_name = "JSON")]
         synchronous_command: Option<String>,
@@ -493,7 +497,16 @@ fn command() -> Result<()> {
             let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
             plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
         }
-        Command::Agent(AgentCommand::Serve { port, certs, fence_command, promote_command, synchronous_command, members, command }) => {
+        Command::Agent(AgentCommand::Serve {
+            port,
+            certs,
+            fence_command,
+            promote_command,
+            synchronous_command,
+            follow_command,
+            members,
+            command,
+        }) => {
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
             let fence = match (fence_command, members) {
                 (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
@@ -517,6 +530,7 @@ fn command() -> Result<()> {
                 fence,
                 promote: argv("promote-command", promote_command)?,
                 synchronous: argv("synchronous-command", synchronous_command)?,
+                follow: argv("follow-command", follow_command)?,
             };
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
             // The agent is its container's first process: without a handler it would ignore

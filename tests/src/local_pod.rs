@@ -206,6 +206,17 @@ impl LocalPod {
         }
     }
 
+    /// Runs a plugin's follow command as the member agent would, with the address of the
+    /// member to follow (`PLUGDB_PRIMARY_HOST`).
+    pub fn agent_follow(&self, command: &[String], primary: &str) -> Result<(), String> {
+        let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
+        let out = self.agent_command(&argv).env(plugdb::agent::PRIMARY_HOST_ENV, primary).output().map_err(|e| e.to_string())?;
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(format!("the follow command failed: {}", String::from_utf8_lossy(&out.stderr))),
+        }
+    }
+
     /// `argv` as the member agent runs it: in the pod's environment, with the path of the
     /// fence's mark in `PLUGDB_FENCED` (its directory the agent's own).
     fn agent_command(&self, argv: &[String]) -> Command {

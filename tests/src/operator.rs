@@ -92,6 +92,8 @@ pub struct Cluster {
     /// Requests made by the operator's reconciler.
     pub requests: Arc<RequestCounts>,
     operator: std::sync::Mutex<Operator>,
+    /// The reconciler's timings (the tests' unless the cluster was started with others).
+    settings: Settings,
     /// The control plane or node (declared last: dropped after the operator's tasks).
     pub backing: Backing,
 }
@@ -107,11 +109,11 @@ impl Operator {
     /// The operator's registry watch (on `admin`: its Events about plugin ConfigMaps are
     /// not the reconciler's requests) and controller (on `client`), with fast test timings.
     /// `image`: the operator's image on the node, for backups to object storage.
-    fn start(admin: &Client, client: &Client, image: Option<String>) -> Result<Self> {
+    fn start(admin: &Client, client: &Client, image: Option<String>, settings: Settings) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
         let (caches, triggers) = reconcile::cache::Caches::start(client, None);
-        let ctx = reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), test_settings(), caches);
+        let ctx = reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), settings, caches);
         let ctx = Arc::new(ctx.with_operator_image(image));
         let tasks = vec![
             tokio::spawn(registry.clone().watch(admin.clone(), OPERATOR_NAMESPACE.into())),
@@ -250,10 +252,11 @@ pub async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut(
     }
 }
 
-/// Reconciler timings for tests: fast requeues, failover after 2 s.
+/// Reconciler timings for tests: fast requeues, failover after 4 s (two probes that time
+/// out on a busy machine make a primary not ready, and two more must for a failover).
 pub fn test_settings() -> Settings {
     Settings {
-        failover_after: Duration::from_secs(2),
+        failover_after: Duration::from_secs(4),
         progress_requeue: Duration::from_millis(300),
         idle_requeue: Duration::from_secs(300),
         ..Settings::default()
@@ -264,6 +267,12 @@ impl Cluster {
     /// Starts the operator on `backing`, installs the CRD and loads `plugins` (engine,
     /// component), with fast test timings.
     pub async fn on(backing: Backing, plugins: &[(&str, &str)]) -> Result<Self> {
+        Self::with_settings(backing, plugins, test_settings()).await
+    }
+
+    /// [`Cluster::on`], the operator's reconciler with `settings` (the benchmarks': its
+    /// defaults).
+    pub async fn with_settings(backing: Backing, plugins: &[(&str, &str)], settings: Settings) -> Result<Self> {
         let client = match &backing {
             Backing::ControlPlane(cp) => cp.client.clone(),
             Backing::Node(node) => node.client.clone(),
@@ -273,8 +282,8 @@ impl Cluster {
         // The operator gets a client of its own whose requests are counted.
         let (operator_client, requests) = counting_client(backing.kubeconfig()).await?;
 
-        let operator = std::sync::Mutex::new(Operator::start(&client, &operator_client, backing.operator_image())?);
-        let cluster = Self { client, operator_client, requests, operator, backing };
+        let operator = std::sync::Mutex::new(Operator::start(&client, &operator_client, backing.operator_image(), settings.clone())?);
+        let cluster = Self { client, operator_client, requests, operator, settings, backing };
         for (engine, _) in plugins {
             cluster.wait_engine(engine).await?;
         }
@@ -293,7 +302,7 @@ impl Cluster {
     /// Stops the operator and starts a fresh one (new registry, caches and metrics), as
     /// a restarted pod would be; its requests go on being counted in `requests`.
     pub fn restart_operator(&self) -> Result<()> {
-        let fresh = Operator::start(&self.client, &self.operator_client, self.backing.operator_image())?;
+        let fresh = Operator::start(&self.client, &self.operator_client, self.backing.operator_image(), self.settings.clone())?;
         drop(std::mem::replace(&mut *self.current(), fresh));
         Ok(())
     }

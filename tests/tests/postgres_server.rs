@@ -165,6 +165,8 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     let address = primary.address.clone();
     let mut replica = pg.start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
     with_password(&mut replica, &secrets["superuser-password"]);
+    let mut other = pg.start_member(&plugin, &s, 2, Some(("ha-0", &address)), &secrets);
+    with_password(&mut other, &secrets["superuser-password"]);
 
     assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "t", "member 1 is a standby");
     sql(&primary, "INSERT INTO orders VALUES (5001, 'late', 1)").expect("write on primary");
@@ -248,6 +250,22 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     sql(&replica, "INSERT INTO orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
     let after = sql(&replica, "SELECT count(*) FROM orders").expect("count");
     assert_eq!(after, "5002", "no data lost");
+
+    // The other replica, which streamed from the old primary, follows the promoted member
+    // once its agent is told to (the old one is gone: it would wait for it for ever).
+    let follow = &rendered.follow_command;
+    let err = replica.agent_follow(follow, &other.address).expect_err("a primary follows no one");
+    assert!(err.contains("not a replica"), "{err}");
+    let err = other.agent_follow(follow, "ha-1' port=1").expect_err("only a name is followed");
+    assert!(err.contains("not a member's address"), "{err}");
+    other.agent_follow(follow, &replica.address).expect("told to follow the promoted member");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sql(&other, "SELECT count(*) FROM orders").ok().as_deref() != Some("5002") {
+        assert!(Instant::now() < deadline, "the other replica never followed the promoted member:\n{}", other.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let upstream = sql(&other, "SELECT sender_host FROM pg_stat_wal_receiver WHERE status = 'streaming'").expect("its stream");
+    assert_eq!(upstream, replica.address, "it streams from the promoted member");
 
     // With no replica left, the plugin refuses to choose.
     let lonely = [Member { pod: "ha-1".into(), ordinal: 1, ready: false, primary: true, position: None, answer: None }];

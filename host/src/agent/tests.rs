@@ -212,7 +212,8 @@ async fn only_the_operator_is_answered() {
     let fence = fence_in(&certs, None);
     let promote = sh(&format!("echo promoted >> {}/promoted", certs.display()));
     let synchronous = sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS\" >> {}/synchronous", certs.display()));
-    let commands = Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous };
+    let follow = sh(&format!("echo \"$PLUGDB_PRIMARY_HOST\" >> {}/followed", certs.display()));
+    let commands = Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous, follow };
     tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
@@ -242,12 +243,21 @@ async fn only_the_operator_is_answered() {
     let post = |path: &str| crate::plugin::MemberQuery { port, path: path.into(), body: Some(String::new()), https: true };
     let promoted = ours.dir.0.join("promoted");
     let synchronous = ours.dir.0.join("synchronous");
+    let followed = ours.dir.0.join("followed");
     let (mark, ran) = (ours.dir.0.join(FENCED_FILE), ours.dir.0.join("ran"));
     for refused in [None, Some(ours.agent.clone()), Some(theirs.operator.clone()), Some(ours.serving.clone())] {
         assert_eq!(ask_to(&fence, refused.clone()).await, None, "only the operator fences");
         assert_eq!(ask_to(&promote, refused.clone()).await, None, "only the operator promotes");
-        assert_eq!(ask_to(&post("/synchronous/0"), refused).await, None, "only the operator lowers synchronous replication");
+        assert_eq!(ask_to(&post("/synchronous/0"), refused.clone()).await, None, "only the operator lowers synchronous replication");
+        assert_eq!(ask_to(&post("/follow/db-2"), refused).await, None, "only the operator says whom to follow");
     }
+    assert!(!followed.exists(), "following no one anyone else named");
+    for not_a_member in ["/follow/", "/follow/Db-2", "/follow/db-2.evil.example", "/follow/-db", "/follow/db%20x", "/follow/db;id"] {
+        assert_eq!(ask_to(&post(not_a_member), Some(ours.operator.clone())).await, None, "{not_a_member}: refused");
+    }
+    assert_eq!(ask_to(&post("/follow/db-2"), Some(ours.operator.clone())).await.as_deref(), Some("following\n"));
+    let host = "db-2.db-headless.shop.svc.invalid\n";
+    assert_eq!(std::fs::read_to_string(&followed).expect("the follow command ran"), host, "the member named, under the members' name");
     assert!(!promoted.exists(), "not promoted by anyone else");
     assert!(!synchronous.exists(), "synchronous replication not changed by anyone else");
     for not_a_number in ["/synchronous/10", "/synchronous/x", "/synchronous/", "/synchronous/1;2"] {
@@ -264,6 +274,8 @@ async fn only_the_operator_is_answered() {
     assert!(within(Duration::from_secs(10), || ran.exists()).await, "the fence command ran");
     assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await, None, "a fenced member is not promoted");
     assert_eq!(ask_to(&post("/synchronous/0"), Some(ours.operator.clone())).await, None, "nor has its synchronous replication changed");
+    assert_eq!(ask_to(&post("/follow/db-1"), Some(ours.operator.clone())).await, None, "nor follows anyone");
+    assert_eq!(std::fs::read_to_string(&followed).expect("followed once"), host);
     assert_eq!(std::fs::read_to_string(&promoted).expect("promoted once"), "promoted\n");
 }
 

@@ -32,15 +32,16 @@ fn argument(argv: &[String]) -> String {
 /// With a `fence` command the engine is given the agent's state, read-only, and the path
 /// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
 /// not ready, and the engine's command runs under the agent's guard (`plugdb agent
-/// guard`), which stops it when the agent says. With a `promote` command too, the agent promotes its member in place when
-/// the operator asks; with a `synchronous` command, it changes how many replicas confirm
-/// each commit when the operator asks.
+/// guard`), which stops it when the agent says. With a `promote` command too, the agent
+/// promotes its member in place when the operator asks, and with a `follow` command has
+/// its replica follow a new primary; with a `synchronous` command, it changes how many
+/// replicas confirm each commit when the operator asks.
 pub fn containers(
     db: &Database,
     image: &str,
     engine: &mut Container,
     status: &[String],
-    (fence, promote, synchronous): (&[String], &[String], &[String]),
+    (fence, promote, synchronous, follow): (&[String], &[String], &[String], &[String]),
 ) -> (Container, Container, Vec<Volume>) {
     let binary = format!("{BIN_DIR}/plugdb");
     let quantity = |q: &str| Quantity(q.into());
@@ -74,6 +75,9 @@ pub fn containers(
         command.extend(["--members".into(), members, "--fence-command".into(), argument(fence)]);
         if !promote.is_empty() {
             command.extend(["--promote-command".into(), argument(promote)]);
+        }
+        if !follow.is_empty() {
+            command.extend(["--follow-command".into(), argument(follow)]);
         }
         mounts.push(pod::mount("agent-state", STATE, false));
         let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };

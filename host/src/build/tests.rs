@@ -61,6 +61,7 @@ fn workload(config: &str) -> Workload {
         client_command: vec![],
         promote_command: vec![],
         synchronous_command: vec![],
+        follow_command: vec![],
     }
 }
 

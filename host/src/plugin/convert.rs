@@ -83,7 +83,8 @@ pub(crate) struct Exports {
 
 /// The functions of the `agent` interface, each filling the workload's field of the same
 /// name. The first, `status-command`, is the interface itself: without it, no agent.
-const AGENT_COMMANDS: [&str; 5] = ["status-command", "fence-command", "client-command", "promote-command", "synchronous-command"];
+const AGENT_COMMANDS: [&str; 6] =
+    ["status-command", "fence-command", "client-command", "promote-command", "synchronous-command", "follow-command"];
 
 /// Dispatches a call to the module of the plugin's contract.
 macro_rules! by_contract {
@@ -160,8 +161,14 @@ impl Exports {
         let mut store = store;
         let mut workload = by_contract!(self, render(store.as_context_mut(), instance, spec, cluster))?;
         if let (Some(_), Ok(w)) = (&self.agent[0], &mut workload) {
-            let fields =
-                [&mut w.status_command, &mut w.fence_command, &mut w.client_command, &mut w.promote_command, &mut w.synchronous_command];
+            let fields = [
+                &mut w.status_command,
+                &mut w.fence_command,
+                &mut w.client_command,
+                &mut w.promote_command,
+                &mut w.synchronous_command,
+                &mut w.follow_command,
+            ];
             for (index, field) in self.agent.iter().zip(fields) {
                 if let Some(index) = index {
                     *field = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
@@ -407,6 +414,7 @@ macro_rules! conversions {
                 client_command: Vec::new(),
                 promote_command: Vec::new(),
                 synchronous_command: Vec::new(),
+                follow_command: Vec::new(),
             }
         }
 

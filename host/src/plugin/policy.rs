@@ -180,6 +180,7 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     check_argv(&mut r, "clientCommand", &w.client_command);
     check_argv(&mut r, "promoteCommand", &w.promote_command);
     check_argv(&mut r, "synchronousCommand", &w.synchronous_command);
+    check_argv(&mut r, "followCommand", &w.follow_command);
     check!(r, w.ports.iter().all(|p| p.port != crate::agent::PORT), "ports", format!("port {} is the member agent's", crate::agent::PORT));
     check_env(&mut r, &w.env, &cluster.credentials_secret);
     check!(r, !w.ports.is_empty() && w.ports.len() <= MAX_PORTS, "ports", format!("1-{MAX_PORTS} ports"));
@@ -306,6 +307,7 @@ mod tests {
             client_command: vec![],
             promote_command: vec![],
             synchronous_command: vec![],
+            follow_command: vec![],
         }
     }
 

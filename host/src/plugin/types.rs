@@ -333,6 +333,9 @@ pub struct Workload {
     /// `agent.synchronous-command`: how the agent changes, as the primary runs, how many
     /// replicas must confirm each commit (empty: never lowered).
     pub synchronous_command: Vec<String>,
+    /// `agent.follow-command`: how the agent has a replica follow a newly promoted member
+    /// (empty: the replica finds it on its own).
+    pub follow_command: Vec<String>,
 }
 
 /// A request the host sends to every member of an engine that elects its leader.

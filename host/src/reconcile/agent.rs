@@ -169,6 +169,26 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
     Ok(true)
 }
 
+/// Asks the agents of the replicas that serve (ready, on a node that answers), all but
+/// `primary`, just promoted, and `old`, the primary before it, to have their members
+/// follow `primary` at once: a replica streaming from a primary whose node was lost would
+/// otherwise hold on to it until its own timeout, and synchronous commits wait for it.
+/// Says how many did, of how many asked; one that does not finds the new primary on its
+/// own.
+pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary: &str, old: &str) -> Result<(usize, usize), Error> {
+    let replicas: Vec<Observed> =
+        members.iter().filter(|m| m.name != primary && m.name != old && m.ready && !m.cut_off && !m.fenced).cloned().collect();
+    if replicas.is_empty() {
+        return Ok((0, 0));
+    }
+    let query = MemberQuery { port: agent::PORT, path: format!("/follow/{primary}"), body: Some(String::new()), https: true };
+    let said = ask(ctx, db, &query, &replicas).await?;
+    let following = said.iter().filter(|a| a.as_deref().map(str::trim) == Some("following")).count();
+    let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
+    tracing::info!(%database, %primary, following, of = replicas.len(), "replicas told to follow the new primary");
+    Ok((following, replicas.len()))
+}
+
 /// Asks the agent of `primary` to make each commit wait for `replicas` replicas (0: none);
 /// says whether it did.
 pub async fn synchronous(ctx: &Context, db: &Database, primary: Option<&Observed>, replicas: u32) -> Result<bool, Error> {

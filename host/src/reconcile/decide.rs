@@ -433,10 +433,12 @@ pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
     } else {
         settled.next
     };
-    // A primary down is looked at again once it counts as lost, not before or much
-    // after, and soon while it stays lost: a replica's agent that did not answer the
-    // last failover question may answer the next (whatever else the pass concluded).
-    settled.primary_lost_in.map_or(then, |left| then.min(left.max(progress)))
+    // A primary down is looked at again once it counts as lost (whole seconds from now),
+    // not before or after, and soon while it stays lost: a replica's agent that did not
+    // answer the last failover question may answer the next (whatever else the pass
+    // concluded).
+    let again = |left: Duration| if left.is_zero() { progress } else { left };
+    settled.primary_lost_in.map_or(then, |left| then.min(again(left)))
 }
 
 mod primary;

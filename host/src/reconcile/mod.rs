@@ -58,7 +58,10 @@ pub const FINALIZER: &str = "plugdb.io/final-backup";
 /// Timing of the reconciler, and where members pull their images.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// How long the primary may stay not ready before a failover.
+    /// How long the primary may stay not ready before a failover (the engines' readiness
+    /// probes say not ready 5-8 s into a hang: a hung primary's replacement takes writes
+    /// some 15-18 s in, while a restart in place, ready within the delay, fails nothing
+    /// over, nor does a pause of 5 s).
     pub failover_after: Duration,
     /// Requeue while something is in progress.
     pub progress_requeue: Duration,
@@ -86,7 +89,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            failover_after: Duration::from_secs(30),
+            failover_after: Duration::from_secs(6),
             progress_requeue: Duration::from_secs(5),
             idle_requeue: Duration::from_secs(300),
             concurrency: 16,

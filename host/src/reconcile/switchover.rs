@@ -3,7 +3,8 @@
 //! reached the position the fenced primary's says is its last (see
 //! [`decide::switchover`]). Before the promotion the read-write Service leaves the old
 //! primary and its fence runs again; the member's agent then promotes it in place where
-//! the plugin says how (else it restarts to lead). Done or refused, the request goes.
+//! the plugin says how (else it restarts to lead), and the other replicas' agents have
+//! them follow it. Done or refused, the request goes.
 //!
 //! Unasked, the same happens when the primary's node is cordoned, as a drain begins:
 //! the primary's disruption budget holds its eviction back until another member leads.
@@ -64,6 +65,8 @@ pub(super) async fn carry_out(
                 }
                 agent::fence(ctx, db, old).await?;
                 agent::promote(ctx, db, members.iter().find(|m| m.name == target)).await?;
+                let followed = agent::follow(ctx, db, members, target, primary).await?;
+                decide::told_to_follow(&mut chosen.notes, followed);
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
                 let relabel = json!({"metadata": {"labels": {ROLE_LABEL: "replica"}}});
                 pods.patch(primary, &PatchParams::default(), &Patch::Merge(&relabel)).await?;

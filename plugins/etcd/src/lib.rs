@@ -365,6 +365,9 @@ exec sh"
     fn synchronous_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
     }
+    fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 export_engine!(Etcd);

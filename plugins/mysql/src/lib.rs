@@ -246,15 +246,17 @@ impl Engine for Mysql {
             env,
             ports: vec![Port { name: "mysql".into(), port: PORT }],
             // Bounded in itself: a hung server accepts the socket's connection and never
-            // answers, and an exec probe that does not end keeps the member ready.
+            // answers, and an exec probe that does not end keeps the member ready. Not
+            // ready 5-8 s into a hang (two looks 3 s apart that get no answer within 2 s),
+            // which the failover delay then counts; a pause of 5 s is never two such looks.
             readiness: Some(Probe {
                 action: ProbeAction::Exec(shell(
                     "test -f \"$(dirname \"$DATADIR\")/plugdb-ready\" && timeout 2 mariadb --connect-timeout=2 --socket=\"$MARIADB_SOCKET\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'SELECT 1' >/dev/null",
                 )),
-                initial_delay_seconds: 5,
-                period_seconds: 5,
+                initial_delay_seconds: 2,
+                period_seconds: 3,
                 timeout_seconds: 3,
-                failure_threshold: 3,
+                failure_threshold: 2,
             }),
             liveness: Some(Probe {
                 action: ProbeAction::TcpSocket(PORT),
@@ -463,6 +465,13 @@ impl Agent for Mysql {
             return Vec::new();
         }
         shell(&[CLIENT, SYNCHRONOUS].concat())
+    }
+
+    /// None: a replica reconnects to the read-write Service on its own (its
+    /// `slave_net_timeout`); stopping a replication thread that is reconnecting can take
+    /// longer than the agent gives a command, and a stop cut short would leave it stopped.
+    fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
     }
 }
 

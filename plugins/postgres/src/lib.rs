@@ -246,12 +246,15 @@ impl Engine for Postgres {
             args: vec![],
             env,
             ports: vec![Port { name: "postgres".into(), port: PORT }],
+            // Not ready 5-8 s into a hang (two looks 3 s apart that get no answer within
+            // 2 s), which the failover delay then counts; a pause of 5 s is never two
+            // such looks. Ready again 2-5 s after a restart in place.
             readiness: Some(Probe {
                 action: ProbeAction::Exec(vec!["pg_isready".into(), "-U".into(), "postgres".into()]),
-                initial_delay_seconds: 5,
-                period_seconds: 5,
-                timeout_seconds: 3,
-                failure_threshold: 3,
+                initial_delay_seconds: 2,
+                period_seconds: 3,
+                timeout_seconds: 2,
+                failure_threshold: 2,
             }),
             // Alive while the server listens (refusing connections as it starts or
             // recovers counts), or while the bootstrap prepares the data directory: a
@@ -459,6 +462,21 @@ sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP
 sql -c \"ALTER SYSTEM SET synchronous_standby_names = '$names'\" -c 'SELECT pg_reload_conf()' >/dev/null
 until [ \"$(sql -c 'SHOW synchronous_standby_names')\" = \"$names\" ]; do sleep 0.05; done";
 
+/// What the member agent runs to have a replica follow a newly promoted member: its
+/// replication connection names that member (`ALTER SYSTEM`, which the start removes:
+/// a restarted replica follows the read-write Service again), and the reload restarts
+/// the WAL receiver at once, from where it was: a replica that was streaming from a
+/// primary whose node was lost would hold on to it until `wal_receiver_timeout`. The
+/// address is checked to be a name (it is written into the setting). A primary refuses.
+const FOLLOW: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
+host=\"$PLUGDB_PRIMARY_HOST\"
+case \"$host\" in ''|*[!a-z0-9.-]*) echo \"not a member's address: $host\" >&2; exit 2 ;; esac
+passfile=\"$(dirname \"$PGDATA\")/replication.pgpass\"
+conninfo=\"host=$host port=5432 user=replicator passfile=$passfile application_name=$POD_NAME connect_timeout=5\"
+psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \\
+  -c \"DO \\$follow\\$ BEGIN IF NOT pg_is_in_recovery() THEN RAISE EXCEPTION 'not a replica'; END IF; END \\$follow\\$\" \\
+  -c \"ALTER SYSTEM SET primary_conninfo = '$conninfo'\" -c 'SELECT pg_reload_conf()' >/dev/null";
+
 impl Agent for Postgres {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(STATUS)
@@ -479,6 +497,10 @@ impl Agent for Postgres {
 
     fn synchronous_command(spec: DatabaseSpec) -> Vec<String> {
         if spec.synchronous_replicas == 0 { Vec::new() } else { shell(SYNCHRONOUS) }
+    }
+
+    fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
+        shell(FOLLOW)
     }
 }
 

@@ -8,10 +8,12 @@
 //! may be); then the new primary's node lost without warning under a writer (its link
 //! cut, as the real-node scenario does), nothing set by the bench: the time to the
 //! first write the primary Service accepts, and the acknowledged writes the promoted
-//! member lacks once the node is back (asynchronous replication, the default). The
-//! operator runs with the tests' settings (failover delay 2 s, not 30 s; a lost node's
-//! primary is replaced whatever the delay). Needs root (the nodes). The table goes to
-//! stdout and to OUT (default `target/node-bench.md`).
+//! member lacks once the node is back (asynchronous replication, the default). Before
+//! the hang, the primary's engine is paused for 5 s (SIGSTOP, then SIGCONT): whether
+//! that failed it over (it must not). The operator runs with its defaults (failover
+//! delay 6 s; a lost node's primary is replaced whatever the delay), as a user runs it.
+//! Needs root (the nodes). The table goes to stdout and to OUT (default
+//! `target/node-bench.md`).
 //!
 //! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT] [ENGINES]` (ENGINES:
 //! `postgres,mysql` by default). The in-process operator logs to OUT with `.log` added.
@@ -48,14 +50,17 @@ async fn main() -> Result<()> {
     let started = Instant::now();
     let node = Nodes::start().await?;
     let node_ready = started.elapsed();
-    let cluster = Cluster::on(Backing::Node(Box::new(node)), &[("postgres", "postgres"), ("mysql", "mysql")]).await?;
+    let plugins = [("postgres", "postgres"), ("mysql", "mysql")];
+    let settings = plugdb::reconcile::Settings::default();
+    let delay = settings.failover_after;
+    let cluster = Cluster::with_settings(Backing::Node(Box::new(node)), &plugins, settings).await?;
 
     let mut rows = vec![format!("| node Ready (control plane, kubelet, add-ons; images cached) | {:.1} s |", node_ready.as_secs_f64())];
     let benched =
         [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")].into_iter().filter(|(e, _)| engines.split(',').any(|n| n == e.name()));
     for (engine, version) in benched {
         let (mut ready, mut deleted, mut killed, mut switched, mut lost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
-        let (mut node_lost, mut lost_with_node, mut hung) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut node_lost, mut lost_with_node, mut hung, mut paused) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for run in 0..runs {
             let ns = format!("bench-{}-{run}", engine.name());
             let applied = Instant::now();
@@ -69,6 +74,8 @@ async fn main() -> Result<()> {
                 cluster.wait_database(&ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
             }
             let client = Arc::new(client);
+            let primary = past_its_first_minute(&cluster, &ns).await?;
+            paused.push(if pause_the_primary(&cluster, &ns, &primary).await? { "failed over" } else { "kept" });
             hung.push(hang_the_primary(&cluster, &ns, engine, client.clone()).await?);
             let (gap, missing) = switchover(&cluster, &ns, client.clone()).await?;
             switched.push(gap);
@@ -94,7 +101,11 @@ async fn main() -> Result<()> {
             median(killed).as_secs_f64()
         ));
         rows.push(format!(
-            "| {name}: the primary's engine hung (SIGSTOP; its pod past its first minute) → first accepted write on another member (median; failover delay 2 s) | {:.1} s |",
+            "| {name}: the primary paused 5 s (SIGSTOP, then SIGCONT; its pod past its first minute): the primary after it (each run) | {} |",
+            paused.join(", ")
+        ));
+        rows.push(format!(
+            "| {name}: the primary's engine hung (SIGSTOP) → first accepted write on another member (median; failover delay {delay:?}) | {:.1} s |",
             median(hung).as_secs_f64()
         ));
         rows.push(format!(
@@ -180,24 +191,50 @@ async fn first_write(client: &Arc<Client>, since: Instant, first_id: i64) -> Res
     }
 }
 
-/// The primary's engine hung (every process of it stopped) once its pod is past its
-/// first minute, nothing set by the bench:
-/// the time to the first write another member accepts through the primary Service.
-/// Then what is left of the engine would run again: nothing is (its guard killed it
-/// before the promotion), and it rejoins as a replica.
-async fn hang_the_primary(cluster: &Cluster, ns: &str, engine: Engine, client: Arc<Client>) -> Result<Duration> {
+/// The primary, once its pod is past its first minute: a pod in its first minute is
+/// given the start-up grace before it counts as down (docs/operations.md, Failover),
+/// and the pod-deletion step made this one anew moments ago.
+async fn past_its_first_minute(cluster: &Cluster, ns: &str) -> Result<Pod> {
     let primary = leader(cluster, ns).await?;
     let pod = Api::<Pod>::namespaced(cluster.client.clone(), ns).get(&primary).await?;
-    // A primary that has served a while: a pod in its first minute is given the start-up
-    // grace before it counts as down (docs/operations.md, Failover), and the pod-deletion
-    // step made this one anew moments ago.
     let created = pod.metadata.creation_timestamp.as_ref().context("the primary's creation time")?.0;
     let age = Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(created)).unwrap_or_default();
     let past_grace = Duration::from_secs(plugdb::reconcile::members::STARTUP_GRACE_SECONDS as u64 + 1);
     if let Some(wait) = past_grace.checked_sub(age) {
         tokio::time::sleep(wait).await;
     }
-    let container = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).context("an engine container")?;
+    Ok(pod)
+}
+
+/// The engine's container of member `pod`.
+fn engine_container(pod: &Pod) -> Result<String> {
+    pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).context("an engine container")
+}
+
+/// The primary `pod`'s engine paused for 5 s (every process of it stopped, then let run
+/// on): whether another member leads 20 s later.
+async fn pause_the_primary(cluster: &Cluster, ns: &str, pod: &Pod) -> Result<bool> {
+    let container = engine_container(pod)?;
+    signal_all(pod, &container, "STOP");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    resume_all(pod, &container);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let failed_over = leader(cluster, ns).await? != pod.name_any();
+    if failed_over {
+        another_leads(cluster, ns, &pod.name_any()).await?;
+        cluster.wait_database(ns, "orders", "Running again", WAIT, |d| is_running(d, 3)).await?;
+    }
+    Ok(failed_over)
+}
+
+/// The primary's engine hung (every process of it stopped), nothing set by the bench:
+/// the time to the first write another member accepts through the primary Service.
+/// Then what is left of the engine would run again: nothing is (its guard killed it
+/// before the promotion), and it rejoins as a replica.
+async fn hang_the_primary(cluster: &Cluster, ns: &str, engine: Engine, client: Arc<Client>) -> Result<Duration> {
+    let pod = past_its_first_minute(cluster, ns).await?;
+    let primary = pod.name_any();
+    let container = engine_container(&pod)?;
     let hung = Instant::now();
     signal_all(&pod, &container, "STOP");
     let first = first_write(&client, hung, 1_600_000_000).await;

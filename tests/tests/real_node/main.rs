@@ -204,6 +204,9 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     let said: Vec<String> =
         events.iter().filter(|e| e.reason.as_deref() == Some("SwitchoverPromoted")).filter_map(|e| e.note.clone()).collect();
     assert!(said.iter().any(|n| n.contains("orders-0 fenced") && n.contains("promoting orders-2")), "{said:?}");
+    // orders-1 follows orders-2 at once, told by its agent where the plugin says how.
+    let told = if engine == Engine::Postgres { "; 1 of 1 replicas told to follow it" } else { "; 0 of 1 replicas told to follow it" };
+    assert!(said.iter().any(|n| n.ends_with(told)), "{said:?}");
     eprintln!(
         "{ns}: switchover to orders-2 in {switched:?}, writes unavailable at most {longest:?}; {written} acknowledged writes, none lost; \
          every member asked directly: {} writes taken, by orders-0 then orders-2 alone, none lost",

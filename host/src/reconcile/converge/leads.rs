@@ -62,9 +62,11 @@ impl Pass<'_> {
             },
             _ => reconcile::agent::Fenced::Unknown,
         };
-        let chosen = decide::failover(primary, ctx.settings.failover_after, old.and_then(|m| m.down.as_deref()), answer, fenced);
+        let mut chosen = decide::failover(primary, ctx.settings.failover_after, old.and_then(|m| m.down.as_deref()), answer, fenced);
         if chosen.failed_over {
             reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
+            let followed = reconcile::agent::follow(ctx, self.db, &members.observed, &chosen.name, primary).await?;
+            decide::told_to_follow(&mut chosen.notes, followed);
         }
         Ok(chosen)
     }

@@ -93,6 +93,16 @@ pub fn failover(primary: &str, after: Duration, down: Option<&str>, answer: Resu
     Primary { notes: vec![note], ..Primary::keep(primary) }
 }
 
+/// Says in the promotion's note how many of the replicas asked (`following` of `asked`)
+/// follow the new primary at once, told by their agents (the others find it on their
+/// own).
+pub fn told_to_follow(notes: &mut [Note], (following, asked): (usize, usize)) {
+    let promoted = notes.iter_mut().find(|n| matches!(n.reason, Reason::FailoverPromoted | Reason::SwitchoverPromoted));
+    if let Some(note) = promoted.filter(|_| asked > 0) {
+        note.message.push_str(&format!("; {following} of {asked} replicas told to follow it"));
+    }
+}
+
 /// The primary stays when it is down only because its node stopped renewing its lease
 /// ([`members::cut_off`]) and its agent (`said`, in the order of `members`) answers as the
 /// primary: the node lost the control plane, not its clients.

@@ -209,7 +209,7 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     }
     // An engine that neither confirmed its fence nor was stopped may take writes again:
     // nobody is promoted yet, and the pass comes back soon.
-    let waiting = failover("db-0", MINUTE, None, promote(), Fenced::Ordered);
+    let mut waiting = failover("db-0", MINUTE, None, promote(), Fenced::Ordered);
     assert_eq!((waiting.name.as_str(), waiting.failed_over), ("db-0", false));
     assert_eq!(
         waiting.switching.as_deref(),
@@ -217,6 +217,17 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     );
     assert_eq!(said(&waiting.notes), [(Reason::NoSafeFailover, true)]);
     assert!(waiting.notes[0].message.contains("has not confirmed the fence and was not stopped; db-1 is promoted once it is"));
+    // The promotion's Event says how many replicas were told to follow the new primary;
+    // nothing when none was asked, and no other note is touched.
+    let mut promoted = failover("db-0", MINUTE, None, promote(), Fenced::Confirmed);
+    told_to_follow(&mut promoted.notes, (1, 2));
+    assert!(promoted.notes[0].message.ends_with("; 1 of 2 replicas told to follow it"), "{}", promoted.notes[0].message);
+    let mut alone = failover("db-0", MINUTE, None, promote(), Fenced::Confirmed);
+    let before = alone.notes[0].message.clone();
+    told_to_follow(&mut alone.notes, (0, 0));
+    assert_eq!(alone.notes[0].message, before, "no replica asked: nothing said");
+    told_to_follow(&mut waiting.notes, (1, 1));
+    assert!(!waiting.notes[0].message.contains("told to follow"), "not a promotion");
 }
 
 /// A primary taken as down because its node went silent stays while its agent answers
@@ -476,18 +487,18 @@ fn a_database_waiting_only_for_its_members_is_looked_at_again_when_its_primary_w
         ("coming up for 100 s: as long again", Settled { waited: secs(100), ..waiting }, secs(100)),
         ("coming up for an hour: as often as a steady Database", Settled { waited: MINUTE * 60, ..waiting }, settings.idle_requeue),
         (
-            "long down, primary down 10 s: its delay still counts",
-            Settled { waited: MINUTE * 60, primary_lost_in: Some(after - secs(10)), ..waiting },
-            after - secs(10),
+            "long down, primary down 3 s: its delay still counts",
+            Settled { waited: MINUTE * 60, primary_lost_in: Some(after - secs(3)), ..waiting },
+            after - secs(3),
         ),
         (
-            "the primary down for 10 s: when its delay runs out",
-            Settled { primary_lost_in: Some(after - secs(10)), ..waiting },
-            after - secs(10),
+            "the primary down for 3 s: when its delay runs out",
+            Settled { primary_lost_in: Some(after - secs(3)), ..waiting },
+            after - secs(3),
         ),
-        ("lost in 2 s: not sooner than a progress requeue", Settled { primary_lost_in: Some(secs(2)), ..waiting }, progress),
+        ("lost in 1 s: then, though sooner than a progress requeue", Settled { primary_lost_in: Some(secs(1)), ..waiting }, secs(1)),
         ("down past the delay, no failover possible: soon", Settled { primary_lost_in: Some(secs(0)), ..waiting }, progress),
-        ("just down: no later than the safety net", Settled { primary_lost_in: Some(after), ..waiting }, progress * MEMBER_WAIT),
+        ("just down: when its delay runs out", Settled { primary_lost_in: Some(after), ..waiting }, after),
         (
             "the primary lost, no member safe to promote, nothing else waited for: soon",
             Settled { primary_lost_in: Some(secs(0)), ..steady },
