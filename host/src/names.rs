@@ -40,6 +40,10 @@ pub const FENCED: &str = "plugdb.io/fenced";
 /// Annotation on a member pod whose agent promoted it in place: it leads as it runs, and
 /// is not restarted to take the role (see `agent.promote-command`).
 pub const PROMOTED: &str = "plugdb.io/promoted";
+/// Annotation on a member pod whose agent had it follow the member named, promoted then
+/// (see `agent.follow-command`): while that member leads, the replica is not restarted to
+/// follow it.
+pub const FOLLOWS: &str = "plugdb.io/follows";
 /// Label on member pods naming their role (`primary` or `replica`).
 pub const ROLE_LABEL: &str = "plugdb.io/role";
 /// Where config files are mounted in every member.

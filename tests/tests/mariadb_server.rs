@@ -87,7 +87,7 @@ fn the_server_runs_with_the_rendered_configuration() {
     assert_eq!(var("log_bin"), "1");
     assert_eq!(var("binlog_format"), "ROW");
     assert_eq!(var("gtid_strict_mode"), "1");
-    assert_eq!(var("slave_net_timeout"), "20", "a replica gives up on a lost primary within 20 s");
+    assert_eq!(var("slave_net_timeout"), "6", "a replica gives up on a lost primary within 6 s");
     assert_eq!(var("server_id"), "1", "member 0 has server id 1");
     assert_eq!(var("read_only"), "0", "the primary is writable");
     let err = sql(&pod, "wrong-password", "SELECT 1").expect_err("wrong password refused");

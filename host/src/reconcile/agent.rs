@@ -134,7 +134,7 @@ pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> R
     };
     if !member.fenced {
         // Said on the pod: once another member leads, this one is restarted to follow.
-        mark(ctx, db, &member.name, crate::names::FENCED).await?;
+        mark(ctx, db, &member.name, crate::names::FENCED, "true").await?;
     }
     Ok(fenced)
 }
@@ -149,10 +149,10 @@ pub async fn stop(ctx: &Context, db: &Database, member: Option<&Observed>) -> Re
     Ok(if stopped { Fenced::Stopped } else { Fenced::Ordered })
 }
 
-/// Annotates member pod `pod` with `annotation` (`"true"`): what its agent did to it.
-async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str) -> Result<(), Error> {
+/// Annotates member pod `pod` with `annotation` (`value`): what its agent did to it.
+async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str, value: &str) -> Result<(), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let mark = serde_json::json!({"metadata": {"annotations": {annotation: "true"}}});
+    let mark = serde_json::json!({"metadata": {"annotations": {annotation: value}}});
     pods.patch(pod, &PatchParams::default(), &Patch::Merge(&mark)).await?;
     Ok(())
 }
@@ -165,7 +165,7 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
     if post(ctx, db, member, "/promote").await?.as_deref() != Some("promoted") {
         return Ok(false);
     }
-    mark(ctx, db, &member.name, crate::names::PROMOTED).await?;
+    mark(ctx, db, &member.name, crate::names::PROMOTED, "true").await?;
     Ok(true)
 }
 
@@ -173,8 +173,9 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
 /// `primary`, just promoted, and `old`, the primary before it, to have their members
 /// follow `primary` at once: a replica streaming from a primary whose node was lost would
 /// otherwise hold on to it until its own timeout, and synchronous commits wait for it.
-/// Says how many did, of how many asked; one that does not finds the new primary on its
-/// own.
+/// Each that does is marked so ([`crate::names::FOLLOWS`]): it is not restarted to follow
+/// `primary`. Says how many did, of how many asked; one that does not finds the new
+/// primary on its own, and restarts to follow it.
 pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary: &str, old: &str) -> Result<(usize, usize), Error> {
     let replicas: Vec<Observed> =
         members.iter().filter(|m| m.name != primary && m.name != old && m.ready && !m.cut_off && !m.fenced).cloned().collect();
@@ -183,7 +184,11 @@ pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary:
     }
     let query = MemberQuery { port: agent::PORT, path: format!("/follow/{primary}"), body: Some(String::new()), https: true };
     let said = ask(ctx, db, &query, &replicas).await?;
-    let following = said.iter().filter(|a| a.as_deref().map(str::trim) == Some("following")).count();
+    let mut following = 0;
+    for (replica, _) in replicas.iter().zip(&said).filter(|(_, a)| a.as_deref().map(str::trim) == Some("following")) {
+        mark(ctx, db, &replica.name, crate::names::FOLLOWS, primary).await?;
+        following += 1;
+    }
     let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
     tracing::info!(%database, %primary, following, of = replicas.len(), "replicas told to follow the new primary");
     Ok((following, replicas.len()))

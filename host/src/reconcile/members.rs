@@ -49,6 +49,8 @@ pub struct Observed {
     pub fenced: bool,
     /// Its agent promoted it in place ([`crate::names::PROMOTED`]).
     pub promoted: bool,
+    /// The member its agent had it follow, once promoted ([`crate::names::FOLLOWS`]).
+    pub follows: Option<String>,
     /// Taken as down because its node stopped renewing its lease ([`cut_off`]), though
     /// its pod still says it is ready.
     pub cut_off: bool,
@@ -82,6 +84,7 @@ impl Observed {
             rendered: None,
             fenced: false,
             promoted: false,
+            follows: None,
             cut_off: false,
             not_replicating: false,
             remake: false,
@@ -132,6 +135,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                     .zip(p.annotations().get(crate::names::ROLE_FREE_HASH).cloned()),
                 fenced: p.annotations().contains_key(crate::names::FENCED),
                 promoted: p.annotations().contains_key(crate::names::PROMOTED),
+                follows: p.annotations().get(crate::names::FOLLOWS).cloned(),
                 cut_off: false,
                 not_replicating: false,
                 remake: false,
@@ -212,11 +216,13 @@ pub struct Wanted<'a> {
 
 impl Wanted<'_> {
     /// Whether `m` runs what it should: the revision, or, for the primary its agent
-    /// promoted in place, the same template but for the primary's name (it leads as it
-    /// runs). A replica runs what it should only on the revision: once another member
-    /// leads it restarts, so that it starts on the new primary's history (a replica that
-    /// followed the old primary to its last record may hold what the new one never had,
-    /// and could not follow it otherwise). A member the operator fenced that is not the
+    /// promoted in place and for a replica its agent had follow it (streaming from it:
+    /// see `agent.follow-command`), the same template but for the primary's name (each
+    /// runs on as it is). Any other replica runs what it should only on the revision:
+    /// once another member leads it restarts, so that it starts on the new primary's
+    /// history (a replica that followed the old primary to its last record may hold what
+    /// the new one never had, and could not follow it otherwise). A member the operator
+    /// fenced that is not the
     /// primary runs nothing it should: its fence lasts until its pod is made again. The
     /// primary promoted in place runs nothing it should once another leads (it led: it
     /// must rejoin as a replica, and its agent may have fenced it where the operator
@@ -226,8 +232,10 @@ impl Wanted<'_> {
             return false;
         }
         let same_but_primary = |(was, hash): &(String, String)| *was != m.name && !self.role_free.is_empty() && *hash == self.role_free;
-        let in_place = m.name == primary && m.promoted && m.rendered.as_ref().is_some_and(same_but_primary);
-        m.revision.as_deref() == Some(self.revision) || in_place
+        let same = m.rendered.as_ref().is_some_and(same_but_primary);
+        let in_place = m.name == primary && m.promoted && same;
+        let follows = m.name != primary && m.follows.as_deref() == Some(primary) && same;
+        m.revision.as_deref() == Some(self.revision) || in_place || follows
     }
 }
 
@@ -369,6 +377,25 @@ mod tests {
         assert!(!rolled(&members, other, "db-1", 3));
         let members = vec![m(0, true, "new"), m(1, true, "new"), m(2, true, "new")];
         assert!(rolled(&members, NEW, "db-1", 3));
+    }
+
+    /// A replica its agent had follow the member promoted in place runs on as it is: not
+    /// restarted to follow it, unless it follows another or anything but the primary's
+    /// name changed in its template.
+    #[test]
+    fn a_replica_that_follows_the_new_primary_is_not_restarted_for_it() {
+        let replica = |ordinal: u32| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, true, "old") };
+        let promoted = Observed { promoted: true, ..replica(1) };
+        let follows = |whom: &str| Observed { follows: Some(whom.into()), ..replica(2) };
+        let members = vec![m(0, true, "new"), promoted.clone(), follows("db-1")];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3), None, "follows db-1, which leads");
+        assert!(rolled(&members, NEW, "db-1", 3));
+        let members = vec![m(0, true, "new"), promoted.clone(), follows("db-0")];
+        assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "followed an earlier primary");
+        let members = vec![m(0, true, "new"), promoted, follows("db-1")];
+        let other = Wanted { revision: "new", role_free: "changed" };
+        assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "anything else changed: rolls");
+        assert!(!rolled(&members, other, "db-1", 3));
     }
 
     /// A member its agent promoted in place leads as it runs: not restarted for its role,

@@ -76,11 +76,14 @@ fn my_cnf(spec: &DatabaseSpec) -> String {
         "log_slave_updates = ON".into(),
         "gtid_strict_mode = ON".into(),
         "character_set_server = utf8mb4".into(),
-        // A replica whose primary's node was lost gives up on it within 20 s (not 60 s)
-        // and reconnects to whichever member the read-write Service selects by then; the
-        // primary's heartbeat (every 10 s, half of this) keeps an idle stream up. Under
-        // synchronous replication the promoted member's commits wait for it.
-        "slave_net_timeout = 20".into(),
+        // A replica whose primary's node was lost gives up on it within 6 s (not 60 s),
+        // and on a connection to it that does not complete as soon, and reconnects every
+        // 2 s to whichever member the read-write Service selects by then: it follows a
+        // promoted member within seconds of the Service (MariaDB has no follow command,
+        // see `follow_command`). The primary's heartbeat (every 3 s, half of this) keeps
+        // an idle stream up. Under synchronous replication the promoted member's commits
+        // wait for it.
+        "slave_net_timeout = 6".into(),
     ];
     if let Some(tls) = &spec.tls {
         lines.push(format!("ssl_cert = {}", tls.certificate));
@@ -414,11 +417,14 @@ echo \"$said${lag:+ $lag}\"";
 /// would not stop accounts with every privilege), and the start waits while the member
 /// is fenced. First every commit stops (`FLUSH TABLES WITH READ LOCK`, a second at most)
 /// and the position then is kept beside the fence's mark: the last the member wrote,
-/// which a planned switchover waits for its new primary to reach. Without the lock in
-/// time (a long transaction) the server shuts down all the same. A server that refuses
+/// which a planned switchover waits for its new primary to reach: the server sends every
+/// replica connected all it wrote before it ends (`WAIT FOR ALL SLAVES`; a plain
+/// shutdown ends their streams where they are, and a replica a moment behind would never
+/// reach that position). Without the lock in time (a long transaction) the server shuts
+/// down all the same. A server that refuses
 /// connections takes no writes either; one that does not answer (hung) is tried again.
 const FENCE: &str = "gtids='^[0-9]+-[0-9]+-[0-9]+(,[0-9]+-[0-9]+-[0-9]+)*$'
-said=$(m -N -B -e \"SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN\" 2>&1)
+said=$(m -N -B -e \"SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN WAIT FOR ALL SLAVES\" 2>&1)
 last=$(printf '%s\\n' \"$said\" | grep -E \"$gtids\" | tail -n 1)
 # Down (it refuses connections) with the read lock held to the end: what it said is its last.
 for try in 1 2 3 4 5; do
@@ -428,7 +434,7 @@ for try in 1 2 3 4 5; do
   esac
   sleep 0.1
 done
-said=$(m -e SHUTDOWN 2>&1) && exit 0
+said=$(m -e 'SHUTDOWN WAIT FOR ALL SLAVES' 2>&1) && exit 0
 case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
 echo \"$said\" >&2; exit 1";
 
@@ -467,9 +473,10 @@ impl Agent for Mysql {
         shell(&[CLIENT, SYNCHRONOUS].concat())
     }
 
-    /// None: a replica reconnects to the read-write Service on its own (its
-    /// `slave_net_timeout`); stopping a replication thread that is reconnecting can take
-    /// longer than the agent gives a command, and a stop cut short would leave it stopped.
+    /// None: a replica reconnects to the read-write Service on its own, within its short
+    /// `slave_net_timeout`. A `STOP SLAVE` while the replication thread connects to a lost
+    /// node lasts as long as that connection may (longer than the agent gives a command),
+    /// and one cut short would leave replication stopped once it ends.
     fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
     }

@@ -133,7 +133,7 @@ fn configuration_derives_the_buffer_pool_and_takes_user_settings() {
     assert!(cnf.contains("innodb_buffer_pool_size = 1024M\n"), "{cnf}");
     assert!(cnf.contains("max_connections = 300\n") && !cnf.contains("max_connections = 151"), "{cnf}");
     assert!(cnf.contains("gtid_strict_mode = ON"), "{cnf}");
-    assert!(cnf.contains("slave_net_timeout = 20\n"), "a replica gives up on a lost primary within 20 s: {cnf}");
+    assert!(cnf.contains("slave_net_timeout = 6\n"), "a replica gives up on a lost primary within 6 s: {cnf}");
 }
 
 #[test]

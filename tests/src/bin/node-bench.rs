@@ -273,6 +273,15 @@ async fn settled(
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::SeqCst);
     let (acknowledged, longest) = writer.await?;
-    let present = client.ids(&client.service_ip("orders").await).await.map_err(anyhow::Error::msg)?;
+    // A node just back may not route to the Service for a moment yet.
+    let service = client.service_ip("orders").await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let present = loop {
+        match client.ids(&service).await {
+            Ok(ids) => break ids,
+            Err(e) if Instant::now() > deadline => anyhow::bail!("{ns}: the ids through the read-write Service: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    };
     Ok((longest, acknowledged.iter().filter(|id| !present.contains(id)).count()))
 }

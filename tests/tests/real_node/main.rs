@@ -178,6 +178,10 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     let stop = Arc::new(AtomicBool::new(false));
     let writer = client.writer(1000, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let uid_of = |pods: Vec<k8s_openapi::api::core::v1::Pod>, name: &str| {
+        pods.into_iter().find(|p| p.name_any() == name).and_then(|p| p.metadata.uid).expect("a member's uid")
+    };
+    let bystander = uid_of(client.members().await, "orders-1");
     let asked = Instant::now();
     let said = plugdb(&cluster, &["switchover", "orders", "2", "--namespace", &ns]).await;
     assert!(said.starts_with(&format!("orders-2 leads Database {ns}/orders")), "{said}");
@@ -207,6 +211,10 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
     // orders-1 follows orders-2 at once, told by its agent where the plugin says how.
     let told = if engine == Engine::Postgres { "; 1 of 1 replicas told to follow it" } else { "; 0 of 1 replicas told to follow it" };
     assert!(said.iter().any(|n| n.ends_with(told)), "{said:?}");
+    if engine == Engine::Postgres {
+        // Following orders-2 already, it is not restarted to (MariaDB's replicas are).
+        assert_eq!(uid_of(client.members().await, "orders-1"), bystander, "orders-1 runs on as it was");
+    }
     eprintln!(
         "{ns}: switchover to orders-2 in {switched:?}, writes unavailable at most {longest:?}; {written} acknowledged writes, none lost; \
          every member asked directly: {} writes taken, by orders-0 then orders-2 alone, none lost",

@@ -12,8 +12,8 @@ use kube::Resource;
 use super::LAST_APPLIED;
 use crate::crd::Database;
 use crate::names::{
-    APPLIED_HASH, FENCED, INSTANCE_LABEL, MANAGED_BY_LABEL, NAME_LABEL, PRIMARY_ANNOTATION, PROMOTED, REVISION_LABEL, ROLE_FREE_HASH,
-    ROLE_LABEL,
+    APPLIED_HASH, FENCED, FOLLOWS, INSTANCE_LABEL, MANAGED_BY_LABEL, NAME_LABEL, PRIMARY_ANNOTATION, PROMOTED, REVISION_LABEL,
+    ROLE_FREE_HASH, ROLE_LABEL,
 };
 use crate::reconcile::owner;
 use crate::tls;
@@ -109,7 +109,7 @@ pub(super) fn node_essentials(n: &mut Node) {
 /// of a ready container: what a member costs is mostly what its pod is kept as).
 pub(super) fn pod_essentials(p: &mut Pod) {
     no_managed_fields(p);
-    let annotations = [PRIMARY_ANNOTATION, ROLE_FREE_HASH, FENCED, PROMOTED];
+    let annotations = [PRIMARY_ANNOTATION, ROLE_FREE_HASH, FENCED, PROMOTED, FOLLOWS];
     meta_essentials(&mut p.metadata, &annotations, &[NAME_LABEL, INSTANCE_LABEL, ROLE_LABEL, REVISION_LABEL]);
     let node_name = p.spec.take().and_then(|s| s.node_name);
     p.spec = node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });
