@@ -38,8 +38,19 @@ fn median(mut values: Vec<Duration>) -> Duration {
     values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
+/// The bench, until it ends or is interrupted (SIGINT, SIGTERM): either way the nodes
+/// are torn down (dropping what the bench holds tears them down).
 #[tokio::main]
 async fn main() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
+    tokio::select! {
+        done = bench() => done,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+        _ = term.recv() => anyhow::bail!("terminated"),
+    }
+}
+
+async fn bench() -> Result<()> {
     let runs: usize = std::env::args().nth(1).map(|r| r.parse()).transpose().context("RUNS")?.unwrap_or(3);
     let out = std::env::args().nth(2).unwrap_or_else(|| "target/node-bench.md".into());
     let engines = std::env::args().nth(3).unwrap_or_else(|| "postgres,mysql".into());
