@@ -467,7 +467,7 @@ until [ \"$(sql -c 'SHOW synchronous_standby_names')\" = \"$names\" ]; do sleep 
 /// a restarted replica follows the read-write Service again), and the reload restarts
 /// the WAL receiver at once, from where it was: a replica that was streaming from a
 /// primary whose node was lost would hold on to it until `wal_receiver_timeout`. It
-/// succeeds once the replica streams from that member (within 2 s): one that cannot (it
+/// succeeds once the replica streams from that member (within 3 s, in the same session): one that cannot (it
 /// holds what the member never had, past where its timeline forked) is restarted by the
 /// host, and rewound. The address is checked to be a name (it is written into the
 /// setting). A primary refuses.
@@ -476,14 +476,13 @@ host=\"$PLUGDB_PRIMARY_HOST\"
 case \"$host\" in ''|*[!a-z0-9.-]*) echo \"not a member's address: $host\" >&2; exit 2 ;; esac
 passfile=\"$(dirname \"$PGDATA\")/replication.pgpass\"
 conninfo=\"host=$host port=5432 user=replicator passfile=$passfile application_name=$POD_NAME connect_timeout=5\"
-psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \\
+exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \\
   -c \"DO \\$follow\\$ BEGIN IF NOT pg_is_in_recovery() THEN RAISE EXCEPTION 'not a replica'; END IF; END \\$follow\\$\" \\
-  -c \"ALTER SYSTEM SET primary_conninfo = '$conninfo'\" -c 'SELECT pg_reload_conf()' >/dev/null
-for i in $(seq 20); do
-  [ \"$(psql -h localhost -p 5432 -U postgres -d postgres -XAtq -c \"SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming' AND sender_host = '$host'\")\" = 1 ] && exit 0
-  sleep 0.1
-done
-echo \"not streaming from $host\" >&2; exit 1";
+  -c \"ALTER SYSTEM SET primary_conninfo = '$conninfo'\" -c 'SELECT pg_reload_conf()' \\
+  -c \"DO \\$follow\\$ BEGIN FOR i IN 1..30 LOOP \\
+        IF EXISTS (SELECT FROM pg_stat_wal_receiver WHERE status = 'streaming' AND sender_host = '$host') THEN RETURN; END IF; \\
+        PERFORM pg_sleep(0.1); END LOOP; \\
+      RAISE EXCEPTION 'not streaming from $host'; END \\$follow\\$\" >/dev/null";
 
 impl Agent for Postgres {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {

@@ -314,7 +314,10 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
     let said = events.iter().find(|e| e.reason.as_deref() == Some("FailoverPromoted")).and_then(|e| e.note.clone());
     let said = said.expect("a FailoverPromoted Event");
     assert!(said.contains("primary orders-0") && said.contains("fenced by its agent"), "{said}");
-    assert!(said.ends_with("; 1 of 1 replicas told to follow it"), "{said}");
+    // The other replica was told to follow the promoted member; one that does not stream
+    // from it within the command's 3 s (a busy machine) is restarted instead.
+    let followed = said.ends_with("; 1 of 1 replicas told to follow it");
+    assert!(followed || said.ends_with("; 0 of 1 replicas told to follow it"), "{said}");
     // status.members: each member's node and role, and the position its agent said.
     let db = cluster
         .wait_database(ns, "orders", "the promoted member primary in status.members", WAIT, |d| {
@@ -352,13 +355,15 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
         assert!(Instant::now() < deadline, "the old primary has the rows written after the failover");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // The other replica, told by its agent to follow the new primary right after the
-    // promotion, runs on as it was (it is not made again for it) and has every row.
+    // The other replica, following the new primary as its agent had it right after the
+    // promotion, runs on as it was (it is not made again for it) and has every row; one
+    // that did not follow restarts onto the new primary's timeline.
     let deadline = Instant::now() + WAIT;
     let now = loop {
         let now = client.members().await.into_iter().find(|p| p.name_any() == other.name_any()).expect("the other replica");
-        assert_eq!(now.metadata.uid, other.metadata.uid, "{} runs on, following the new primary", other.name_any());
-        if client.checksum(&pod_ip(&now)).await == expected {
+        let same = now.metadata.uid == other.metadata.uid;
+        assert!(same || !followed, "{} runs on, following the new primary", other.name_any());
+        if same == followed && client.checksum(&pod_ip(&now)).await == expected {
             break now;
         }
         assert!(Instant::now() < deadline, "{} never had the rows written after the failover", other.name_any());
