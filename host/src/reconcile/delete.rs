@@ -164,7 +164,13 @@ async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option
             status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, Reason::FinalBackupRunning, message, db.metadata.generation);
             Ok((Some(status), Action::requeue(ctx.settings.progress_requeue)))
         }
-        Err(message) => stop(plan, Reason::FinalBackupImpossible, message),
+        // A plugin that could not answer (its deadline passed on a busy machine, no plugin
+        // loaded yet) may answer the next time: asked again in a while, the condition
+        // saying why meanwhile.
+        Err(message) => {
+            let retry = Action::requeue(ctx.settings.progress_requeue * 6);
+            stop(plan, Reason::FinalBackupImpossible, message).map(|(status, _)| (status, retry))
+        }
     }
 }
 
