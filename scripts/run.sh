@@ -86,12 +86,13 @@ echo
 kubectl get db
 
 echo
-echo "== a round trip through the Services"
-password=$(kubectl get secret orders-credentials -o jsonpath='{.data.superuser-password}' | base64 -d)
+echo "== a round trip through the Services, as the application (Secret orders-app)"
+secret() { kubectl get secret orders-app -o jsonpath="{.data.$1}" | base64 -d; }
+user=$(secret username) password=$(secret password) dbname=$(secret dbname)
 rw=$(kubectl get service orders -o jsonpath='{.spec.clusterIP}')
 ro=$(kubectl get service orders-replicas -o jsonpath='{.spec.clusterIP}')
 in_node() { nsenter --net=/run/netns/plugdb-node-a "$@"; }
-sql() { PGPASSWORD="$password" in_node psql "host=$1 user=postgres dbname=postgres connect_timeout=5" -XAtq -v ON_ERROR_STOP=1 -c "$2"; }
+sql() { PGPASSWORD="$password" in_node psql "host=$1 user=$user dbname=$dbname connect_timeout=5" -XAtq -v ON_ERROR_STOP=1 -c "$2"; }
 sql "$rw" "CREATE TABLE IF NOT EXISTS greetings (id serial PRIMARY KEY, said text); INSERT INTO greetings (said) VALUES ('hello from $(hostname) at $(date -u +%FT%TZ)')"
 echo "wrote a row through orders ($rw, read-write)"
 for _ in $(seq 30); do
@@ -112,9 +113,10 @@ cat <<EOF
   export KUBECONFIG=$KUBECONFIG
   export PATH=$bins:\$PATH
   kubectl get db,pods
-  # the password is in the Secret orders-credentials, key superuser-password:
-  PGPASSWORD=\$(kubectl get secret orders-credentials -o jsonpath='{.data.superuser-password}' | base64 -d) \\
-    nsenter --net=/run/netns/plugdb-node-a psql -h $rw -U postgres    # read-write; $ro is read-only
+  # the application's login is in the Secret orders-app (username, password, dbname, uri):
+  PGPASSWORD=\$(kubectl get secret orders-app -o jsonpath='{.data.password}' | base64 -d) \\
+    nsenter --net=/run/netns/plugdb-node-a psql -h $rw -U app app    # read-write; $ro is read-only
+  target/debug/plugdb connect orders    # psql as the superuser, in the primary
   # Service and pod addresses live in the nodes' network namespaces, hence nsenter;
   # or: kubectl port-forward svc/orders 5432 and psql -h 127.0.0.1
   operator log: $work/operator.log

@@ -83,6 +83,10 @@ impl Names<'_> {
     pub fn credentials(&self) -> String {
         format!("{}-credentials", self.0)
     }
+    /// The application's login Secret (see `agent.application`).
+    pub fn application(&self) -> String {
+        format!("{}-app", self.0)
+    }
     /// TLS certificate Secret (`kubernetes.io/tls`, with `ca.crt`).
     pub fn tls(&self) -> String {
         format!("{}-tls", self.0)

@@ -250,6 +250,11 @@ fn the_agent_commands_are_bounded_like_render() {
     let err = attack(&rt, &hostile, &good, "synchronous-argv");
     let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
     assert!(violations.iter().any(|v| v.field == "synchronousCommand"), "{err}");
+    let err = attack(&rt, &hostile, &good, "application");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    for field in ["application.user", "application.database", "application.passwordKey", "application.scheme"] {
+        assert!(violations.iter().any(|v| v.field == field), "{field}: {err}");
+    }
 }
 
 /// A log line past the copy bound fails the call, and the error says it was a log line,

@@ -25,7 +25,7 @@ fn mariadb() -> EngineUnderTest {
         component: "mysql",
         version: server_version(),
         data_mount: "/var/lib/mysql",
-        credential_keys: &["root-password", "replication-password"],
+        credential_keys: &["root-password", "replication-password", "app-password"],
         plumbing: |pod| {
             let socket = pod.run_dir().join("mysqld.sock").to_string_lossy().to_string();
             // Each container has a /tmp of its own; the local stand-in for it is the run directory.
@@ -38,12 +38,17 @@ fn mariadb() -> EngineUnderTest {
 
 /// Runs SQL as root over TCP with `password`; returns trimmed output.
 fn sql(pod: &LocalPod, password: &str, query: &str) -> Result<String, String> {
+    sql_as(pod, "root", password, query)
+}
+
+/// Runs SQL as `user` over TCP with `password`; returns trimmed output.
+fn sql_as(pod: &LocalPod, user: &str, password: &str, query: &str) -> Result<String, String> {
     let out = pod
         .exec(&[
             "mariadb".into(),
             "-h".into(),
             pod.address.clone(),
-            "-uroot".into(),
+            format!("-u{user}"),
             format!("-p{password}"),
             "-N".into(),
             "-B".into(),
@@ -130,6 +135,50 @@ fn backup_then_restore_gives_identical_data() {
     target.run_job(&restore, &target_secrets, &[("PATH", PATH.into())]).expect("restore job");
     assert_eq!(sql(&target, &target_secrets["root-password"], FINGERPRINT).expect("fingerprint after restore"), before);
     assert!(sql(&target, &source_secrets["root-password"], "SELECT 1").is_err(), "the source's password does not open the target");
+    assert_eq!(sql_as(&target, "app", &target_secrets["app-password"], "SELECT CURRENT_USER()"), Ok("app@%".into()));
+    assert!(sql_as(&target, "app", &source_secrets["app-password"], "SELECT 1").is_err(), "nor the source's application password");
+}
+
+/// The application's login (the plugin's `agent.application`): `app` has every right on
+/// database `app` and none elsewhere: no reading the server's files (the TLS key among
+/// them), no account of another (the one the agent's commands log in as), no other
+/// database, no replication. Every start applies it, also to a data directory made
+/// before it existed.
+#[test]
+fn the_application_owns_its_database_and_nothing_else() {
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = db.spec("tenant", vec![]);
+    let secrets = db.secrets("tenant");
+    let login = plugin.render(&s, &plugdb_tests::cluster("tenant", "default")).ok().and_then(|w| w.application);
+    let login = login.expect("mysql names an application login");
+    assert_eq!((login.user.as_str(), login.database.as_str(), login.password_key.as_str()), ("app", "app", "app-password"));
+    let (root, app) = (secrets["root-password"].as_str(), secrets["app-password"].as_str());
+    let mut m = db.start_member(&plugin, &s, 0, None, &secrets);
+    sql_as(&m, "app", app, "CREATE TABLE app.orders (id INT PRIMARY KEY); INSERT INTO app.orders VALUES (1)")
+        .expect("the application writes its own database");
+    assert_eq!(sql_as(&m, "app", app, "SELECT LOAD_FILE(@@ssl_key), LOAD_FILE('/etc/passwd')"), Ok("NULL\tNULL".into()), "no FILE right");
+    for attack in [
+        "SELECT 1 INTO OUTFILE '/tmp/stolen'",
+        "ALTER USER 'root'@'%' IDENTIFIED BY 'mine'",
+        "CREATE USER intruder",
+        "CREATE DATABASE other",
+        "SELECT * FROM mysql.global_priv",
+        "SHOW MASTER STATUS",
+    ] {
+        let err = sql_as(&m, "app", app, attack).expect_err(attack);
+        assert!(err.contains("denied"), "{attack}: {err}");
+    }
+
+    // As if made before the login: the next start makes it again.
+    sql(&m, root, "DROP USER 'app'@'%'; DROP DATABASE app").expect("drop");
+    assert!(sql_as(&m, "app", app, "SELECT 1").is_err());
+    m.stop();
+    let m = db.run(m, &plugin, &s, None, &secrets, false);
+    assert_eq!(
+        sql_as(&m, "app", app, "SELECT CONCAT(CURRENT_USER(), ' ', COUNT(*)) FROM information_schema.schemata WHERE schema_name = 'app'"),
+        Ok("app@% 1".into())
+    );
 }
 
 #[test]

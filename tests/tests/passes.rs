@@ -128,19 +128,22 @@ async fn a_new_databases_first_pass_makes_its_children_and_a_second_writes_nothi
     let db = database(json!({"replicas": 3}));
     let (calls, api) = pass(&registry, &db, &[]).await;
     // The finalizer first: a final backup (the default policy, Snapshot) is owed from
-    // now. Credentials, then the children, each made by a create (nothing had the name).
-    let mut expected = vec![format!("PATCH {DATABASES}"), "POST /api/v1/namespaces/shop/secrets".into()];
+    // now. Credentials and the application's login, then the children, each made by a
+    // create (nothing had the name).
+    let secrets = "POST /api/v1/namespaces/shop/secrets";
+    let mut expected = vec![format!("PATCH {DATABASES}"), secrets.into(), secrets.into()];
     expected.extend(CHILDREN.map(str::to_string));
     // This operator knows no image of its own: a Warning says the members run no agent.
     expected.push("POST /apis/events.k8s.io/v1/namespaces/shop/events".into());
     // The status last, once.
     expected.push(format!("PATCH {DATABASES}/status"));
     assert_eq!(lines(&calls), expected);
-    assert_eq!((&calls[9].body["reason"], &calls[9].body["type"]), (&json!("NoOperatorImage"), &json!("Warning")));
+    assert_eq!((&calls[10].body["reason"], &calls[10].body["type"]), (&json!("NoOperatorImage"), &json!("Warning")));
     let made = written(&calls);
+    application_login_is_the_credentials_key(&made);
     for object in &made {
         let (name, controller) = (&object["metadata"]["name"], &object["metadata"]["ownerReferences"][0]);
-        if name == "orders-credentials" {
+        if name == "orders-credentials" || name == "orders-app" {
             // Kept after the Database unless its policy is Delete: labelled, not owned.
             assert_eq!((controller, &object["metadata"]["labels"]["app.kubernetes.io/instance"]), (&Value::Null, &json!("orders")));
         } else {
@@ -160,6 +163,58 @@ async fn a_new_databases_first_pass_makes_its_children_and_a_second_writes_nothi
     // The same pass over what the first one made, as the caches now hold it: nothing to write.
     let (again, _) = pass(&registry, &api.database(), &made).await;
     assert_eq!(lines(&again), Vec::<String>::new(), "a pass over an unchanged cluster writes nothing");
+}
+
+/// The application's login (Secret `orders-app`) is user `app` of database `app` at the
+/// read-write Service, with the password the credentials Secret holds for it: not the
+/// superuser's.
+fn application_login_is_the_credentials_key(made: &[Value]) {
+    let secret = |name: &str| made.iter().find(|o| o["metadata"]["name"] == name && o["kind"] == "Secret").expect(name).clone();
+    let (credentials, login) = (secret("orders-credentials"), secret("orders-app"));
+    let key = |s: &Value, k: &str| -> String {
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(s["data"][k].clone()).expect(k);
+        String::from_utf8(bytes.0).expect("text")
+    };
+    let password = key(&credentials, "app-password");
+    assert_ne!(password, key(&credentials, "superuser-password"));
+    let text = &login["stringData"];
+    assert_eq!(text["username"], "app");
+    assert_eq!(text["password"], password.as_str());
+    assert_eq!(text["dbname"], "app");
+    assert_eq!(text["host"], "orders.shop.svc");
+    assert_eq!(text["port"], "5432");
+    assert_eq!(text["uri"], format!("postgresql://app:{password}@orders.shop.svc:5432/app"));
+}
+
+/// A Database made before its plugin named an application login: its credentials Secret
+/// gains the key (added, nothing replaced), and the login is made with the value added.
+#[tokio::test]
+async fn a_database_made_before_the_application_login_gains_it_without_losing_a_password() {
+    let registry = registry().await;
+    let (db, made) = made(&registry, json!({"replicas": 3})).await;
+    let mut objects: Vec<Value> = made.iter().filter(|o| o["metadata"]["name"] != "orders-app").cloned().collect();
+    let credentials = objects.iter_mut().find(|o| o["metadata"]["name"] == "orders-credentials").expect("credentials");
+    credentials["data"].as_object_mut().expect("data").remove("app-password");
+    credentials["metadata"]["resourceVersion"] = json!("7");
+    let credentials = credentials.clone();
+    let served = [("/api/v1/namespaces/shop/secrets/orders-credentials".to_string(), credentials.clone())];
+    let (result, calls, _) = pass_over(&registry, &db, &objects, &serving(&served)).await;
+    result.expect("the pass");
+    let secrets: Vec<&Call> = calls.iter().filter(|c| c.path.contains("/secrets")).collect();
+    let lines: Vec<String> = secrets.iter().map(|c| c.line()).collect();
+    assert_eq!(
+        lines,
+        [
+            "GET /api/v1/namespaces/shop/secrets/orders-credentials",
+            "PATCH /api/v1/namespaces/shop/secrets/orders-credentials",
+            "POST /api/v1/namespaces/shop/secrets"
+        ]
+    );
+    let added = &secrets[1].body["data"];
+    assert_eq!(added.as_object().map(|o| o.keys().collect::<Vec<_>>()), Some(vec![&"app-password".to_string()]), "{added}");
+    let mut after = credentials.clone();
+    after["data"]["app-password"] = added["app-password"].clone();
+    application_login_is_the_credentials_key(&[after, secrets[2].body.clone()]);
 }
 
 /// A Database that had its first pass: the Database as that pass left it, and what it
@@ -649,13 +704,14 @@ async fn a_restore_fills_the_first_members_volume_before_any_member_starts() {
     let expected = [
         format!("PATCH {DATABASES}"),
         "POST /api/v1/namespaces/shop/secrets".into(),
+        "POST /api/v1/namespaces/shop/secrets".into(),
         "POST /api/v1/namespaces/shop/persistentvolumeclaims".into(),
         "POST /apis/batch/v1/namespaces/shop/jobs".into(),
         format!("PATCH {DATABASES}/status"),
     ];
     assert_eq!(lines(&calls), expected, "no StatefulSet: members wait for their data");
-    assert_eq!(calls[2].body["metadata"]["name"], "data-orders-0");
-    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/backup"], "old-2611280200");
+    assert_eq!(calls[3].body["metadata"]["name"], "data-orders-0");
+    assert_eq!(calls[4].body["metadata"]["annotations"]["plugdb.io/backup"], "old-2611280200");
     assert_eq!(status(&api).phase, Some(plugdb::crd::Phase::Restoring));
 }
 
@@ -673,8 +729,9 @@ async fn tls_and_agent_certificates_come_from_one_authority_before_anything_moun
         "GET /api/v1/namespaces/shop/secrets/orders-ca".into(),
         "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
         format!("PATCH {DATABASES}"),
-        // The Secrets, before anything that mounts them: credentials, the authority
+        // The Secrets, before anything that mounts them: credentials, the application's, the authority
         // (made once), the TLS and the agents' certificates it issued.
+        "POST /api/v1/namespaces/shop/secrets".into(),
         "POST /api/v1/namespaces/shop/secrets".into(),
         "POST /api/v1/namespaces/shop/secrets".into(),
         "PATCH /api/v1/namespaces/shop/secrets/orders-tls".into(),

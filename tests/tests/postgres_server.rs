@@ -23,7 +23,7 @@ fn postgres() -> EngineUnderTest {
         component: "postgres",
         version: server_version(),
         data_mount: "/var/lib/postgresql/data",
-        credential_keys: &["superuser-password", "replication-password"],
+        credential_keys: &["superuser-password", "replication-password", "app-password"],
         plumbing: |pod| {
             let run = pod.run_dir().to_string_lossy().to_string();
             let path = format!("/usr/lib/postgresql/{}/bin:/usr/bin:/bin", server_version());
@@ -51,6 +51,18 @@ fn sql(pod: &LocalPod, query: &str) -> Result<String, String> {
             query.into(),
         ])
         .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).to_string())
+    }
+}
+
+/// Runs SQL as `user` in `database` over TCP with `password`; returns trimmed output.
+fn sql_as(pod: &LocalPod, (user, password): (&str, &str), database: &str, query: &str) -> Result<String, String> {
+    let argv = ["env", &format!("PGPASSWORD={password}"), "psql", "-h", &pod.address, "-U", user, "-d", database];
+    let argv: Vec<String> = argv.iter().chain(&["-v", "ON_ERROR_STOP=1", "-Atc", query]).map(|a| a.to_string()).collect();
+    let out = pod.exec(&argv).map_err(|e| e.to_string())?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
@@ -151,6 +163,9 @@ fn backup_then_restore_gives_identical_data() {
     // The restored cluster answers to the new Database's password, with the same data.
     with_password(&mut target, &target_secrets["superuser-password"]);
     assert_eq!(sql(&target, FINGERPRINT).expect("fingerprint after restore"), before);
+    // So does its application login, and not to the source's.
+    assert_eq!(sql_as(&target, ("app", &target_secrets["app-password"]), "app", "SELECT current_user"), Ok("app".into()));
+    assert!(sql_as(&target, ("app", &source_secrets["app-password"]), "app", "SELECT 1").is_err(), "the source's password is refused");
 }
 
 #[test]
@@ -285,4 +300,57 @@ fn a_member_started_again_serves_again() {
     let mut m = pg.run(m, &plugin, &s, None, &secrets, false);
     with_password(&mut m, &secrets["superuser-password"]);
     sql(&m, "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int)").expect("serves again");
+}
+
+/// The application's login (the plugin's `agent.application`): user `app` owns database
+/// `app` and may do anything in it, and nothing a superuser may: read the server's files
+/// (the TLS key among them), change another role (the one the agent's commands log in
+/// as), make roles or databases, or replicate. A data directory made before the login
+/// existed gains it at the primary's next start, with the password the credentials hold.
+#[test]
+fn the_application_owns_its_database_and_nothing_else() {
+    let pg = postgres();
+    let plugin = pg.plugin();
+    let s = pg.spec("tenant", vec![]);
+    let secrets = pg.secrets("tenant");
+    let login = plugin.render(&s, &plugdb_tests::cluster("tenant", "default")).ok().and_then(|w| w.application);
+    let login = login.expect("postgres names an application login");
+    assert_eq!((login.user.as_str(), login.database.as_str(), login.password_key.as_str()), ("app", "app", "app-password"));
+    let app = ("app", secrets["app-password"].as_str());
+    let superuser = ("postgres", secrets["superuser-password"].as_str());
+    let mut m = pg.start_member(&plugin, &s, 0, None, &secrets);
+    sql_as(&m, app, "app", "CREATE TABLE orders (id int PRIMARY KEY); INSERT INTO orders VALUES (1)")
+        .expect("the application writes its own database");
+    assert_eq!(
+        sql_as(
+            &m,
+            app,
+            "app",
+            "SELECT rolsuper::text || rolreplication::text || rolcreaterole::text || rolcreatedb::text FROM pg_roles WHERE rolname = current_user"
+        ),
+        Ok("falsefalsefalsefalse".into())
+    );
+    for attack in [
+        "SELECT pg_read_file('postgresql.conf')",
+        "ALTER ROLE postgres SET search_path = public",
+        "CREATE ROLE intruder SUPERUSER",
+        "CREATE DATABASE other",
+        "COPY orders TO '/tmp/stolen'",
+    ] {
+        let err = sql_as(&m, app, "app", attack).expect_err(attack);
+        assert!(["permission denied", "must be superuser", "must have privileges"].iter().any(|r| err.contains(r)), "{attack}: {err}");
+    }
+    assert!(sql_as(&m, ("app", "wrong-password"), "app", "SELECT 1").is_err(), "a wrong password is refused");
+
+    // As if made before the login: no user, no database, no mark. The next start makes them.
+    sql_as(&m, superuser, "postgres", "DROP DATABASE app").expect("drop");
+    sql_as(&m, superuser, "postgres", "DROP ROLE app").expect("drop");
+    std::fs::remove_file(m.dir().join("data/pgdata/plugdb-application")).expect("the start marked the data directory");
+    m.stop();
+    let m = pg.run(m, &plugin, &s, None, &secrets, false);
+    assert_eq!(sql_as(&m, app, "app", "SELECT current_user || '@' || current_database()"), Ok("app@app".into()));
+    assert_eq!(
+        sql_as(&m, superuser, "postgres", "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'app'"),
+        Ok("app".into())
+    );
 }

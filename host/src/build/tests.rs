@@ -62,6 +62,7 @@ fn workload(config: &str) -> Workload {
         promote_command: vec![],
         synchronous_command: vec![],
         follow_command: vec![],
+        application: None,
     }
 }
 

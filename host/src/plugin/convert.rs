@@ -79,6 +79,8 @@ pub(crate) struct Exports {
     /// The optional `agent` interface's commands, in the order of [`AGENT_COMMANDS`]:
     /// each `None` when the plugin does not export it (0.1, or a plugin built before it).
     agent: [Option<ComponentExportIndex>; AGENT_COMMANDS.len()],
+    /// `agent.application`, when the plugin exports it.
+    application: Option<ComponentExportIndex>,
 }
 
 /// The functions of the `agent` interface, each filling the workload's field of the same
@@ -130,6 +132,10 @@ impl Exports {
                 Contract::V0_2 => agent_export(component, interface, name),
                 Contract::V0_1 => None,
             }),
+            application: match contract {
+                Contract::V0_2 => agent_export(component, interface, "application"),
+                Contract::V0_1 => None,
+            },
         })
     }
 
@@ -174,6 +180,9 @@ impl Exports {
                     *field = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
                 }
             }
+        }
+        if let (Some(index), Ok(w)) = (&self.application, &mut workload) {
+            w.application = v0_2::application_login(store.as_context_mut(), instance, index, spec)?;
         }
         Ok(workload)
     }
@@ -415,6 +424,7 @@ macro_rules! conversions {
                 promote_command: Vec::new(),
                 synchronous_command: Vec::new(),
                 follow_command: Vec::new(),
+                application: None,
             }
         }
 

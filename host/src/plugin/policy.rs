@@ -267,9 +267,41 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
         );
         check!(r, (16..=128).contains(&c.length), format!("credentials[{i}].length"), "must be 16-128");
     }
+    if let Some(login) = &w.application {
+        check_application(&mut r, login, &w.credentials);
+    }
     check!(r, w.run_as_user != 0, "runAsUser", "containers never run as root (uid 0)");
     check!(r, w.run_as_user <= MAX_UID, "runAsUser", format!("{} is above the largest uid, {MAX_UID}", w.run_as_user));
     r.done()
+}
+
+/// The application's login goes into a Secret and a URI: names clients can type, and a
+/// password the host generated.
+fn check_application(r: &mut Report, login: &ApplicationLogin, credentials: &[Credential]) {
+    let identifier = |s: &str| {
+        (1..=32).contains(&s.len())
+            && s.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    for (field, value) in [("application.user", &login.user), ("application.database", &login.database)] {
+        check!(r, identifier(value), field, format!("{} must be 1-32 characters of [a-z0-9_], not starting with a digit", quoted(value)));
+    }
+    check!(
+        r,
+        credentials.iter().any(|c| c.key == login.password_key),
+        "application.passwordKey",
+        format!("{} is not one of the credentials", quoted(&login.password_key))
+    );
+    let scheme = login.scheme.as_bytes();
+    let scheme_ok = (1..=32).contains(&scheme.len())
+        && scheme[0].is_ascii_lowercase()
+        && scheme.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+.-".contains(b));
+    check!(
+        r,
+        scheme_ok,
+        "application.scheme",
+        format!("{} must be 1-32 characters of [a-z0-9+.-], starting with a letter", quoted(&login.scheme))
+    );
 }
 
 /// Violations of host policy in a Job plan.
@@ -308,6 +340,7 @@ mod tests {
             promote_command: vec![],
             synchronous_command: vec![],
             follow_command: vec![],
+            application: None,
         }
     }
 

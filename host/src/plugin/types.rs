@@ -336,6 +336,24 @@ pub struct Workload {
     /// `agent.follow-command`: how the agent has a replica follow a newly promoted member
     /// (empty: the replica finds it on its own).
     pub follow_command: Vec<String>,
+    /// `agent.application`: the login the application is given (none: no Secret
+    /// `<name>-app`).
+    pub application: Option<ApplicationLogin>,
+}
+
+/// The application's login (`agent.application`): a user of the engine that owns
+/// its own database, whose password is a key of the credentials Secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationLogin {
+    /// The user name.
+    pub user: String,
+    /// The database it owns.
+    pub database: String,
+    /// The credentials Secret's key holding its password.
+    pub password_key: String,
+    /// The scheme of the URI clients are given.
+    pub scheme: String,
 }
 
 /// A request the host sends to every member of an engine that elects its leader.

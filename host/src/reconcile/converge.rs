@@ -428,7 +428,7 @@ impl<'a> Pass<'a> {
             None => (Reason::Rendered, format!("rendered by {}", serving(plugin))),
         };
         self.plan.told.set(kind::PLUGIN_READY, true, reason, message);
-        secrets::ensure_credentials(ctx, db, &workload.credentials, &mut self.plan).await?;
+        secrets::ensure_credentials(ctx, db, &workload, &mut self.plan).await?;
         self.tls = match secrets::ensure_tls(ctx, db, &mut self.plan).await? {
             secrets::Certified::Off => None,
             secrets::Certified::Issued(stamp) => Some(stamp),

@@ -22,7 +22,7 @@ use super::{Context, Error};
 use crate::agent;
 use crate::crd::{Database, DeletionPolicy, IssuerRef};
 use crate::names::{APPLIED_HASH, Names};
-use crate::plugin::Credential;
+use crate::plugin::{ApplicationLogin, Credential, Workload};
 use crate::tls::{self, Use};
 
 const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -39,10 +39,21 @@ fn generate(length: u32) -> Result<String, Error> {
     Ok(out)
 }
 
-/// Makes sure the credentials Secret holds every key the plugin asks for. Keys are
-/// generated once and never overwritten; the Secret outlives the Database unless the
+/// Makes sure the credentials Secret holds every key the plugin asks for, and that the
+/// application's login, when the plugin names one, is in Secret `<name>-app`. Keys are
+/// generated once and never overwritten; both Secrets outlive the Database unless the
 /// deletion policy is Delete.
-pub(super) async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[Credential], plan: &mut Plan) -> Result<(), Error> {
+pub(super) async fn ensure_credentials(ctx: &Context, db: &Database, workload: &Workload, plan: &mut Plan) -> Result<(), Error> {
+    let generated = ensure_keys(ctx, db, &workload.credentials, plan).await?;
+    match &workload.application {
+        Some(login) => ensure_application(ctx, db, login, workload.ports.first().map_or(0, |p| p.port), &generated, plan).await,
+        None => Ok(()),
+    }
+}
+
+/// The keys of the credentials Secret the plugin asks for that it lacks, generated and
+/// added to `plan`: what they will hold.
+async fn ensure_keys(ctx: &Context, db: &Database, wanted: &[Credential], plan: &mut Plan) -> Result<BTreeMap<String, ByteString>, Error> {
     let ns = db.namespace().unwrap_or_default();
     let name = Names(&db.name_any()).credentials();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
@@ -60,13 +71,14 @@ pub(super) async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[C
                 type_: Some("Opaque".into()),
                 ..Default::default()
             };
-            plan.secret(SecretWrite::Make(secret));
+            plan.secret(SecretWrite::Make(secret.clone()));
+            return Ok(secret.data.unwrap_or_default());
         }
         Some(_) if missing.is_empty() => {}
         Some(_) => {
             // The cache may be behind a key added a moment ago: ask the API server before
             // adding, so a generated value is never replaced by another.
-            let Some(live) = own_secret(db, api.get_opt(&name).await?)? else { return Ok(()) };
+            let Some(live) = own_secret(db, api.get_opt(&name).await?)? else { return Ok(BTreeMap::new()) };
             missing.retain(|k, _| !live.data.as_ref().is_some_and(|d| d.contains_key(k)));
             if !missing.is_empty() {
                 // Add only the missing keys; a merge patch leaves the others as they are,
@@ -76,6 +88,52 @@ pub(super) async fn ensure_credentials(ctx: &Context, db: &Database, wanted: &[C
             }
         }
     }
+    Ok(missing)
+}
+
+/// Secret `<name>-app`: the application's login, for clients to read (`username`,
+/// `password`, `dbname`, `host` and `port` of the read-write Service, and a `uri` of
+/// them all), made once from the credentials Secret's key (`generated` by this pass, or
+/// read from the API server: the cache holds no values) and kept like the credentials.
+async fn ensure_application(
+    ctx: &Context,
+    db: &Database,
+    login: &ApplicationLogin,
+    port: u16,
+    generated: &BTreeMap<String, ByteString>,
+    plan: &mut Plan,
+) -> Result<(), Error> {
+    let name = db.name_any();
+    let n = Names(&name);
+    if ctx.caches.secret_keys(db, &n.application()).is_some() {
+        return Ok(());
+    }
+    let password = match generated.get(&login.password_key) {
+        Some(value) => Some(value.0.clone()),
+        None => {
+            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+            own_secret(db, api.get_opt(&n.credentials()).await?)?.and_then(|s| s.data?.remove(&login.password_key)).map(|v| v.0)
+        }
+    };
+    // Not there yet: the pass that adds the key makes this Secret.
+    let Some(password) = password.and_then(|p| String::from_utf8(p).ok()) else { return Ok(()) };
+    let host = format!("{}.{}.svc", n.primary(), db.namespace().unwrap_or_default());
+    let uri = format!("{}://{}:{password}@{host}:{port}/{}", login.scheme, login.user, login.database);
+    let data = [
+        ("username", login.user.clone()),
+        ("password", password),
+        ("dbname", login.database.clone()),
+        ("host", host),
+        ("port", port.to_string()),
+        ("uri", uri),
+    ];
+    let secret = Secret {
+        metadata: secret_metadata(db, &n.application(), db.spec.deletion_policy == DeletionPolicy::Delete),
+        string_data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    plan.secret(SecretWrite::Make(secret));
     Ok(())
 }
 

@@ -368,6 +368,10 @@ exec sh"
     fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
     }
+
+    fn application(_spec: DatabaseSpec) -> Option<ApplicationLogin> {
+        None
+    }
 }
 
 export_engine!(Etcd);

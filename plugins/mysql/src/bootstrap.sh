@@ -23,7 +23,9 @@ if [ ! -d "$DATADIR/mysql" ]; then
   mariadb-install-db --defaults-file="$cnf" --datadir="$DATADIR" --auth-root-authentication-method=normal --skip-test-db >/dev/null
 fi
 
-# Accounts, applied locally on every start and never written to the binary log.
+# Accounts, applied locally on every start and never written to the binary log; the
+# application's (which the host hands out, Secret <name>-app) has every right on its own
+# database and none elsewhere.
 cat > "$volume/init.sql" <<SQL
 SET SESSION sql_log_bin = 0;
 DELETE FROM mysql.global_priv WHERE User = '' OR (User = 'root' AND Host NOT IN ('localhost', '%'));
@@ -35,6 +37,10 @@ GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;
 CREATE USER IF NOT EXISTS 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';
 ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'replicator'@'%';
+CREATE DATABASE IF NOT EXISTS app;
+CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY '$APP_PASSWORD';
+ALTER USER 'app'@'%' IDENTIFIED BY '$APP_PASSWORD';
+GRANT ALL PRIVILEGES ON app.* TO 'app'@'%';
 SQL
 
 # A primary does not start replicating (a promoted replica's threads would only be

@@ -37,6 +37,9 @@ const PORT: u16 = 3306;
 const UID: u32 = 999;
 const ROOT_KEY: &str = "root-password";
 const REPLICATION_KEY: &str = "replication-password";
+/// The application's password: its user and database are both [`APPLICATION`].
+const APPLICATION_KEY: &str = "app-password";
+const APPLICATION: &str = "app";
 const DATA_MOUNT: &str = "/var/lib/mysql";
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
 const RESTORE: &str = include_str!("restore.sh");
@@ -232,6 +235,7 @@ impl Engine for Mysql {
             env_value("PRIMARY_PORT", PORT.to_string()),
             env_secret("MARIADB_ROOT_PASSWORD", s, ROOT_KEY),
             env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
+            env_secret("APP_PASSWORD", s, APPLICATION_KEY),
         ];
         env.extend(tls_env(&spec));
         if spec.synchronous_replicas > 0 {
@@ -273,7 +277,7 @@ impl Engine for Mysql {
                 ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
             ],
             data_mount_path: DATA_MOUNT.into(),
-            credentials: vec![Credential { key: ROOT_KEY.into(), length: 32 }, Credential { key: REPLICATION_KEY.into(), length: 32 }],
+            credentials: [ROOT_KEY, REPLICATION_KEY, APPLICATION_KEY].map(|key| Credential { key: key.into(), length: 32 }).to_vec(),
             recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
             run_as_user: UID,
             init_containers: vec![],
@@ -384,7 +388,9 @@ impl Engine for Mysql {
         if member > 0 {
             return Ok(None);
         }
-        Ok(Some(JobPlan { image: image(&spec.version), command: shell(RESTORE), env: job_env(&spec, &location), mounts_data: false }))
+        let mut env = job_env(&spec, &location);
+        env.push(env_secret("APP_PASSWORD", &location.credentials_secret, APPLICATION_KEY));
+        Ok(Some(JobPlan { image: image(&spec.version), command: shell(RESTORE), env, mounts_data: false }))
     }
 }
 
@@ -479,6 +485,17 @@ impl Agent for Mysql {
     /// and one cut short would leave replication stopped once it ends.
     fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
         Vec::new()
+    }
+
+    /// User `app`, with every right on database `app` and none elsewhere; every member's
+    /// start makes both (see `bootstrap.sh`).
+    fn application(_spec: DatabaseSpec) -> Option<ApplicationLogin> {
+        Some(ApplicationLogin {
+            user: APPLICATION.into(),
+            database: APPLICATION.into(),
+            password_key: APPLICATION_KEY.into(),
+            scheme: "mysql".into(),
+        })
     }
 }
 

@@ -14,7 +14,8 @@ noted="$(mktemp)"
 { echo "$unlogged"
   gunzip -c "$src" | awk -v noted="$noted" '{ print } /^-- SET GLOBAL gtid_slave_pos=/ { print > noted }'
   echo "ALTER USER 'root'@'%' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD'; ALTER USER 'root'@'localhost' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';"
-  echo "ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD'; FLUSH PRIVILEGES;"; } | sql
+  echo "ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';"
+  echo "CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY '$APP_PASSWORD'; ALTER USER 'app'@'%' IDENTIFIED BY '$APP_PASSWORD'; FLUSH PRIVILEGES;"; } | sql
 [ -n "${POINT_IN_TIME:-}" ] || exit 0
 start="$(sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([0-9,-]*\)';\$/position:\1/p" "$noted")"
 case "$start" in

@@ -31,6 +31,9 @@ const UID: u32 = 999;
 const WAL_SENDERS: u32 = 16;
 const SUPERUSER_KEY: &str = "superuser-password";
 const REPLICATION_KEY: &str = "replication-password";
+/// The application's password: its user and database are both [`APPLICATION`].
+const APPLICATION_KEY: &str = "app-password";
+const APPLICATION: &str = "app";
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
 
 /// The engine; public so benchmarks can call its render natively.
@@ -238,6 +241,7 @@ impl Engine for Postgres {
             env_value("PRIMARY_PORT", PORT.to_string()),
             env_secret("POSTGRES_PASSWORD", s, SUPERUSER_KEY),
             env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
+            env_secret("APP_PASSWORD", s, APPLICATION_KEY),
         ];
         env.extend(tls_env(&spec));
         Ok(Workload {
@@ -274,7 +278,7 @@ impl Engine for Postgres {
                 ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
             ],
             data_mount_path: DATA_MOUNT.into(),
-            credentials: vec![Credential { key: SUPERUSER_KEY.into(), length: 32 }, Credential { key: REPLICATION_KEY.into(), length: 32 }],
+            credentials: [SUPERUSER_KEY, REPLICATION_KEY, APPLICATION_KEY].map(|key| Credential { key: key.into(), length: 32 }).to_vec(),
             recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
             run_as_user: UID,
             init_containers: vec![],
@@ -508,6 +512,17 @@ impl Agent for Postgres {
 
     fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
         shell(FOLLOW)
+    }
+
+    /// User `app`, owner of database `app`; the start makes both on the primary (see
+    /// `bootstrap.sh`).
+    fn application(_spec: DatabaseSpec) -> Option<ApplicationLogin> {
+        Some(ApplicationLogin {
+            user: APPLICATION.into(),
+            database: APPLICATION.into(),
+            password_key: APPLICATION_KEY.into(),
+            scheme: "postgresql".into(),
+        })
     }
 }
 

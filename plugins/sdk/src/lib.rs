@@ -32,7 +32,7 @@ pub mod bindings {
 /// `PluginInfo::contract_version` must say.
 pub const CONTRACT_VERSION: &str = "0.2.0";
 
-pub use bindings::exports::plugdb::engine::agent::Guest as Agent;
+pub use bindings::exports::plugdb::engine::agent::{ApplicationLogin, Guest as Agent};
 pub use bindings::exports::plugdb::engine::plugin::Guest as Engine;
 pub use bindings::plugdb::engine::host::log as host_log;
 pub use bindings::plugdb::engine::types::*;

@@ -153,6 +153,26 @@ pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, versio
             eventually("the replica streams over TLS", || psql(secure.clone(), replication), |o| text(o) == "1").await;
             let on_replica = format!("host={replica} user=postgres dbname=postgres sslmode=require connect_timeout=5");
             eventually("the row reaches the replica", || psql(on_replica.clone(), "SELECT id FROM sealed"), |o| text(o) == "7").await;
+
+            // The application's login: its own database, and not the server's key.
+            let (login, app) = application(&cluster, &ns).await;
+            assert_eq!(login["uri"], format!("postgresql://app:{}@{service}:5432/app", login["password"]));
+            let as_app = |sql: &str| {
+                let conninfo = format!(
+                    "host={} hostaddr={ip} port={} user={} dbname={} sslmode=verify-full sslrootcert={} connect_timeout=5",
+                    login["host"],
+                    login["port"],
+                    login["username"],
+                    login["dbname"],
+                    ca.display()
+                );
+                let args = vec![conninfo, "-XAtq".into(), "-v".into(), "ON_ERROR_STOP=1".into(), "-c".into(), sql.to_string()];
+                run("psql", args, vec![("PGPASSWORD", app.clone())])
+            };
+            let wrote = as_app("CREATE TABLE mine (id int); INSERT INTO mine VALUES (1); SELECT count(*) FROM mine").await;
+            assert_eq!(text(&wrote), "1", "the application writes its database");
+            let key = as_app("SELECT pg_read_file(current_setting('ssl_key_file'))").await;
+            assert!(!key.status.success() && text(&key).contains("permission denied"), "the application reads no key: {}", text(&key));
         }
         Engine::Mysql => {
             let mariadb = |host: String, tls: bool, sql: &str| {
@@ -186,8 +206,39 @@ pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, versio
             assert!(status.contains("Master_SSL_Verify_Server_Cert: Yes"), "the replica verified the primary: {status}");
             eventually("the row reaches the replica", || mariadb(replica.clone(), true, "SELECT id FROM sealed.t"), |o| text(o) == "7")
                 .await;
+
+            // The application's login: its own database, and not the server's key.
+            let (login, app) = application(&cluster, &ns).await;
+            assert_eq!(login["uri"], format!("mysql://app:{}@{service}:3306/app", login["password"]));
+            let as_app = |sql: &str| {
+                let args = vec![
+                    "-h".into(),
+                    ip.clone(),
+                    format!("-u{}", login["username"]),
+                    format!("--ssl-ca={}", ca.display()),
+                    "-N".into(),
+                    "-B".into(),
+                    login["dbname"].clone(),
+                    "-e".into(),
+                    sql.to_string(),
+                ];
+                run("mariadb", args, vec![("MYSQL_PWD", app.clone())])
+            };
+            let wrote = as_app("CREATE TABLE mine (id int); INSERT INTO mine VALUES (1); SELECT count(*) FROM mine").await;
+            assert_eq!(text(&wrote), "1", "the application writes its database: {}", String::from_utf8_lossy(&wrote.stderr));
+            let key = as_app("SELECT LOAD_FILE(@@ssl_key) IS NULL").await;
+            assert_eq!(text(&key), "1", "the application reads no key");
         }
     }
+}
+
+/// Secret `<NAME>-app` as text, and its password.
+async fn application(cluster: &Cluster, ns: &str) -> (std::collections::BTreeMap<String, String>, String) {
+    let secret = Api::<Secret>::namespaced(cluster.client.clone(), ns).get(&format!("{NAME}-app")).await.expect("the application's login");
+    let login: std::collections::BTreeMap<String, String> =
+        secret.data.expect("data").into_iter().map(|(k, v)| (k, String::from_utf8(v.0).expect("text"))).collect();
+    let password = login["password"].clone();
+    (login, password)
 }
 
 /// Three etcd members with `tls.enabled`: they joined one another over HTTPS (the

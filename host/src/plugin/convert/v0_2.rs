@@ -125,6 +125,32 @@ pub(super) fn agent_command(
     typed.call(&mut store, (&spec,)).map(|(argv,)| argv)
 }
 
+pub(super) fn application_login(
+    mut store: impl AsContextMut,
+    instance: &Instance,
+    index: &ComponentExportIndex,
+    spec: &host::EngineSpec,
+) -> wasmtime::Result<Option<host::ApplicationLogin>> {
+    let parameters = parameters(spec);
+    let spec = database_spec(spec, &parameters);
+    let func = instance.get_func(&mut store, index).ok_or_else(|| wasmtime::format_err!("application is not a function"))?;
+    let typed = func.typed::<(&w::DatabaseSpec,), (Option<ApplicationLogin>,)>(&store)?;
+    let (login,) = typed.call(&mut store, (&spec,))?;
+    Ok(login.map(|l| host::ApplicationLogin { user: l.user, database: l.database, password_key: l.password_key, scheme: l.scheme }))
+}
+
+/// `agent.application-login`, a record of the optional `agent` interface, which the
+/// world the host binds (`engine-base`) leaves out.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct ApplicationLogin {
+    user: String,
+    database: String,
+    #[component(name = "password-key")]
+    password_key: String,
+    scheme: String,
+}
+
 pub(super) fn plan_scale(
     store: impl AsContextMut,
     instance: &Instance,
