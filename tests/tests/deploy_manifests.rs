@@ -231,6 +231,7 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     for doc in documents("crds/plugdb.io_databases.yaml").iter().chain(&documents("deploy/namespace.yaml")) {
         apply(&admin, doc, false).await.expect("CRD and namespace");
     }
+    apply(&admin, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}), false).await.expect("namespace");
     let customised = parse(&helm_template(&[
         "--set",
         "watchNamespace=shop",
@@ -258,9 +259,54 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     for doc in documents("deploy/plugdb.yaml") {
         apply(&admin, &doc, false).await.expect("deploy/plugdb.yaml");
     }
+    runs_a_database_under_its_own_identity(&cp, "default", None).await;
+}
 
-    // The operator with nothing but its ServiceAccount's token.
+/// With `watchNamespace`, the operator's rights over Databases and their children are a
+/// Role in that namespace: it runs a Database there, and may not read a Secret elsewhere.
+#[tokio::test]
+async fn watching_one_namespace_the_operator_has_rights_in_that_one_alone() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client.clone();
+    for doc in documents("crds/plugdb.io_databases.yaml").iter().chain(&documents("deploy/namespace.yaml")) {
+        apply(&admin, doc, false).await.expect("CRD and namespace");
+    }
+    apply(&admin, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}), false).await.expect("namespace");
+    let chart = parse(&helm_template(&["--set", "watchNamespace=shop"]));
+    let roles: Vec<(&str, &str)> = chart
+        .iter()
+        .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
+        .map(|d| (d["kind"].as_str().unwrap_or_default(), d["metadata"]["namespace"].as_str().unwrap_or("-")))
+        .collect();
+    assert_eq!(roles, [("ClusterRole", "-"), ("Role", "shop"), ("Role", "plugdb-system"), ("Role", "kube-node-lease")]);
+    let cluster_wide = chart.iter().find(|d| d["kind"] == "ClusterRole").expect("the ClusterRole");
+    let resources: Vec<&str> = cluster_wide["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["resources"].as_array().into_iter().flatten())
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert_eq!(resources, ["nodes", "namespaces"], "nothing namespaced is granted cluster-wide");
+    for doc in &chart {
+        apply(&admin, doc, false).await.expect("the chart");
+    }
     let operator = service_account_client(&cp).await;
+    for ns in ["default", "plugdb-system"] {
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(operator.clone(), ns);
+        let refused = secrets.list(&Default::default()).await.expect_err("a Secret outside the watched namespace");
+        assert!(matches!(&refused, kube::Error::Api(e) if e.code == 403), "{ns}: {refused}");
+    }
+    runs_a_database_under_its_own_identity(&cp, "shop", Some("shop")).await;
+}
+
+/// The operator, with nothing but its ServiceAccount's token, watching `watch` (every
+/// namespace: `None`): it reads nodes and their leases, and takes a Database in `ns`
+/// from its creation (every child, a backup Job, the status) to its deletion under
+/// `Delete` (its claims included).
+async fn runs_a_database_under_its_own_identity(cp: &ControlPlane, ns: &str, watching: Option<&str>) {
+    let admin = cp.client.clone();
+    let operator = service_account_client(cp).await;
     // A member that is down has its node read, to say whether the node is lost.
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(operator.clone());
     nodes.get_opt("no-such-node").await.expect("the operator's role lets it read a member's node");
@@ -272,7 +318,7 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
     let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));
-    let (caches, triggers) = reconcile::cache::Caches::start(&operator, None);
+    let (caches, triggers) = reconcile::cache::Caches::start(&operator, watching);
     let ctx = Arc::new(reconcile::Context::new(operator, registry.clone(), metrics, test_settings(), caches));
     let controller = tokio::spawn(reconcile::run(ctx, triggers, std::future::pending()));
 
@@ -282,7 +328,7 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     // the requests the operator makes for a Database are allowed. It creates every
     // child, starts backup Jobs, writes status, and deletes under `Delete`, claims
     // included.
-    let dbs: Api<Database> = Api::namespaced(admin.clone(), "default");
+    let dbs: Api<Database> = Api::namespaced(admin.clone(), ns);
     let db = json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "orders"},
                     "spec": {"engine": "postgres", "replicas": 2, "storage": "1Gi", "deletionPolicy": "Delete",
                              "backup": {"schedule": "*/2 * * * * *"}}});
@@ -293,7 +339,7 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
-        let made = children(&admin).await;
+        let made = children(&admin, ns).await;
         if made.iter().all(|(_, present)| *present) {
             break;
         }
@@ -312,7 +358,7 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     }
 
     dbs.delete("orders", &Default::default()).await.expect("delete");
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), ns);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     while dbs.get_opt("orders").await.expect("get").is_some() || !claims.list(&Default::default()).await.expect("claims").items.is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "deletion did not complete under the operator's identity");
@@ -322,17 +368,16 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     controller.abort();
 }
 
-/// Which of the children of Database `orders` in `default` exist (by what they are).
-async fn children(admin: &Client) -> Vec<(&'static str, bool)> {
+/// Which of the children of Database `orders` in `ns` exist (by what they are).
+async fn children(admin: &Client, ns: &str) -> Vec<(&'static str, bool)> {
     use k8s_openapi::api::apps::v1::StatefulSet;
     use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::core::v1::{Secret, Service};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    let ns = "default";
     let exists = |found: Option<()>| found.is_some();
     let sts = Api::<StatefulSet>::namespaced(admin.clone(), ns).get_opt("orders").await.expect("get").map(drop);
     let svc = Api::<Service>::namespaced(admin.clone(), ns).get_opt("orders-replicas").await.expect("get").map(drop);
-    let secret = Api::<Secret>::namespaced(admin.clone(), ns).get_opt("orders-credentials").await.expect("get").map(drop);
+    let secret = Api::<Secret>::namespaced(admin.clone(), ns).get_opt("orders-app").await.expect("get").map(drop);
     let config = Api::<ConfigMap>::namespaced(admin.clone(), ns).get_opt("orders-config").await.expect("get").map(drop);
     let pdb = Api::<PodDisruptionBudget>::namespaced(admin.clone(), ns).get_opt("orders").await.expect("get").map(drop);
     let claim = Api::<PersistentVolumeClaim>::namespaced(admin.clone(), ns).get_opt("orders-backups").await.expect("get").map(drop);
