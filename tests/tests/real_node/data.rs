@@ -107,7 +107,8 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
 }
 
 /// Deletion follows the policy on real volumes: `Retain` keeps the member's claim, its
-/// data on disk and the credentials, and takes no final backup; `Delete` removes them.
+/// data on disk, the credentials and the application's login, and takes no final
+/// backup; `Delete` removes them.
 pub async fn deletion_policies(cluster: Arc<Cluster>) {
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
     let ns = "postgres-deletion";
@@ -130,7 +131,8 @@ pub async fn deletion_policies(cluster: Arc<Cluster>) {
     loop {
         let gone = dbs.get_opt("keep").await.expect("get").is_none() && dbs.get_opt("drop").await.expect("get").is_none();
         let dropped = claims.get_opt("data-drop-0").await.expect("get").is_none()
-            && secrets.get_opt("drop-credentials").await.expect("get").is_none();
+            && secrets.get_opt("drop-credentials").await.expect("get").is_none()
+            && secrets.get_opt("drop-app").await.expect("get").is_none();
         if gone && dropped {
             break;
         }
@@ -139,6 +141,7 @@ pub async fn deletion_policies(cluster: Arc<Cluster>) {
     }
     assert!(claims.get_opt("data-keep-0").await.expect("get").is_some(), "Retain keeps the claim");
     assert!(secrets.get_opt("keep-credentials").await.expect("get").is_some(), "and the credentials that open it");
+    assert!(secrets.get_opt("keep-app").await.expect("get").is_some(), "and the application's login");
     assert!(kept_volume.join("pgdata/PG_VERSION").is_file(), "the data is still on disk at {}", kept_volume.display());
     assert!(
         Api::<Job>::namespaced(cluster.client.clone(), ns).get_opt("keep-final").await.expect("get").is_none(),

@@ -155,7 +155,8 @@ pub async fn killed_at_random_points(cluster: Arc<Cluster>) {
     })
     .await;
 
-    // Exactly one of each child (two budgets: the primary's and the others'); the
+    // Exactly one of each child (two budgets: the primary's and the others'; two Secrets:
+    // the credentials and the application's login); the
     // credentials survived every kill.
     let count = async |kind: &str| -> usize {
         let by_instance = ListParams::default().labels("app.kubernetes.io/instance=shop");
@@ -168,7 +169,7 @@ pub async fn killed_at_random_points(cluster: Arc<Cluster>) {
             _ => Api::<Secret>::namespaced(c, NS).list(&by_instance).await.expect("list").items.len(),
         }
     };
-    for (kind, expected) in [("StatefulSet", 1), ("Service", 3), ("ConfigMap", 1), ("PodDisruptionBudget", 2), ("Secret", 1)] {
+    for (kind, expected) in [("StatefulSet", 1), ("Service", 3), ("ConfigMap", 1), ("PodDisruptionBudget", 2), ("Secret", 2)] {
         assert_eq!(count(kind).await, expected, "{kind}s of shop");
     }
     let now = secrets.get("shop-credentials").await.expect("the credentials Secret");
