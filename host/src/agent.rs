@@ -45,6 +45,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
+pub use protocol::{Answer, Request};
+
 /// The port the agent serves on, in every member.
 pub const PORT: u16 = 8443;
 /// Where the agent's certificate is mounted.
@@ -240,7 +242,8 @@ impl Agent {
 
     /// Runs the command `argv`, unless the member is fenced: its fence mark is read under
     /// the command lock, which the fence command takes too.
-    async fn run_unfenced(&self, argv: &[String], env: &[(&str, &str)], done: &str) -> (&'static str, String) {
+    async fn run_unfenced(&self, argv: &[String], env: &[(&str, &str)], done: Answer) -> (&'static str, String) {
+        let done = done.word();
         let Ok(_one_at_a_time) = self.command.acquire().await else { return ("503 Service Unavailable", "stopping\n".into()) };
         if self.is_fenced() {
             return ("409 Conflict", format!("fenced: not {done}\n"));
@@ -250,26 +253,6 @@ impl Agent {
             Err(e) => ("500 Internal Server Error", format!("not {done}: {e}\n")),
         }
     }
-}
-
-/// The number of replicas in a `POST /synchronous/<n>` request head, 0-9.
-fn synchronous_replicas(head: &[u8]) -> Option<&str> {
-    let rest = head.strip_prefix(b"POST /synchronous/")?;
-    match rest {
-        [n @ b'0'..=b'9', b' ', ..] => std::str::from_utf8(std::slice::from_ref(n)).ok(),
-        _ => None,
-    }
-}
-
-/// The member in a `POST /follow/<member>` request head: a pod's name, a DNS label (1-63
-/// characters of `[a-z0-9-]`, neither first nor last a `-`), which nothing can read as
-/// more than a name.
-fn followed(head: &[u8]) -> Option<&str> {
-    let rest = head.strip_prefix(b"POST /follow/")?;
-    let name = std::str::from_utf8(&rest[..rest.iter().position(|b| *b == b' ')?]).ok()?;
-    let label = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
-    let fits = (1..=63).contains(&name.len()) && name.chars().all(label) && !name.starts_with('-') && !name.ends_with('-');
-    fits.then_some(name)
 }
 
 /// Serves `GET /status` (and `POST /fence`, with a `fence`, `POST /promote`, with a
@@ -382,58 +365,63 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
         anyhow::ensure!(n > 0, "the connection ended inside the request");
         head.extend_from_slice(&chunk[..n]);
     }
-    let (status, body) = if head.starts_with(b"GET /status ") {
-        match agent.run(&agent.commands.status).await {
+    let word = |answer: Answer| format!("{}\n", answer.word());
+    let fence = agent.commands.fence.as_ref();
+    let (status, body) = match Request::parse(&head) {
+        Some(Request::Status) => match agent.run(&agent.commands.status).await {
             Ok(out) => ("200 OK", out),
             Err(e) => ("503 Service Unavailable", e),
-        }
-    } else if head.starts_with(b"POST /fence ") && agent.commands.fence.is_some() {
-        // Each ask runs the fence command again (a fence may also cut what the member
-        // still serves, such as its replication to others), and waits for that run.
-        let before = agent.fence_runs.load(Ordering::SeqCst);
-        agent.rerun.store(true, Ordering::SeqCst);
-        match agent.mark_fenced("the operator fenced it before promoting another member") {
-            Ok(()) => ("200 OK", if fence_ran(agent, before).await { "fenced\n" } else { "fencing\n" }.to_string()),
-            Err(e) => ("500 Internal Server Error", format!("cannot mark the member fenced: {e}\n")),
-        }
-    } else if let Some(fence) = agent.commands.fence.as_ref().filter(|_| head.starts_with(b"POST /stop ")) {
-        // Only a fenced member's engine is stopped, and its stop is confirmed as its fence
-        // is: by the fence command, which a stopped engine does not refuse.
-        let before = agent.fence_runs.load(Ordering::SeqCst);
-        if !agent.is_fenced() {
-            ("409 Conflict", "not fenced: not stopped\n".to_string())
-        } else if let Err(e) = std::fs::write(&fence.stop, "its fence was not confirmed\n") {
-            ("500 Internal Server Error", format!("cannot order the engine stopped: {e}\n"))
-        } else {
-            tracing::warn!("the engine did not confirm its fence: its guard stops it");
+        },
+        Some(Request::Fence) if fence.is_some() => {
+            // Each ask runs the fence command again (a fence may also cut what the member
+            // still serves, such as its replication to others), and waits for that run.
+            let before = agent.fence_runs.load(Ordering::SeqCst);
             agent.rerun.store(true, Ordering::SeqCst);
-            agent.fenced.notify_one();
-            let ran = fence_ran(agent, before).await;
-            ("200 OK", if ran { "stopped\n" } else { "fencing\n" }.to_string())
+            match agent.mark_fenced("the operator fenced it before promoting another member") {
+                Ok(()) => ("200 OK", word(if fence_ran(agent, before).await { Answer::Fenced } else { Answer::Fencing })),
+                Err(e) => ("500 Internal Server Error", format!("cannot mark the member fenced: {e}\n")),
+            }
         }
-    } else if head.starts_with(b"POST /promote ") && !agent.commands.promote.is_empty() {
-        // Never a fenced member (a fenced primary must not lead again as it runs).
-        let answer = agent.run_unfenced(&agent.commands.promote, &[], "promoted").await;
-        if answer.0 == "200 OK" {
-            tracing::warn!("promoted in place: this member leads");
+        Some(Request::Stop) if let Some(fence) = fence => {
+            // Only a fenced member's engine is stopped, and its stop is confirmed as its fence
+            // is: by the fence command, which a stopped engine does not refuse.
+            let before = agent.fence_runs.load(Ordering::SeqCst);
+            if !agent.is_fenced() {
+                ("409 Conflict", "not fenced: not stopped\n".to_string())
+            } else if let Err(e) = std::fs::write(&fence.stop, "its fence was not confirmed\n") {
+                ("500 Internal Server Error", format!("cannot order the engine stopped: {e}\n"))
+            } else {
+                tracing::warn!("the engine did not confirm its fence: its guard stops it");
+                agent.rerun.store(true, Ordering::SeqCst);
+                agent.fenced.notify_one();
+                let ran = fence_ran(agent, before).await;
+                ("200 OK", word(if ran { Answer::Stopped } else { Answer::Fencing }))
+            }
         }
-        answer
-    } else if let Some(n) = synchronous_replicas(&head).filter(|_| !agent.commands.synchronous.is_empty()) {
-        let answer = agent.run_unfenced(&agent.commands.synchronous, &[(SYNCHRONOUS_ENV, n)], "set").await;
-        if answer.0 == "200 OK" {
-            tracing::info!("commits now wait for {n} replicas");
+        Some(Request::Promote) if !agent.commands.promote.is_empty() => {
+            // Never a fenced member (a fenced primary must not lead again as it runs).
+            let answer = agent.run_unfenced(&agent.commands.promote, &[], Answer::Promoted).await;
+            if answer.0 == "200 OK" {
+                tracing::warn!("promoted in place: this member leads");
+            }
+            answer
         }
-        answer
-    } else if let Some((member, fence)) = followed(&head).zip(agent.commands.fence.as_ref()).filter(|_| !agent.commands.follow.is_empty()) {
-        let host = format!("{member}.{}", fence.members);
-        let answer = agent.run_unfenced(&agent.commands.follow, &[(PRIMARY_HOST_ENV, &host)], "following").await;
-        if answer.0 == "200 OK" {
-            tracing::info!("follows {host}");
+        Some(Request::Synchronous(n)) if !agent.commands.synchronous.is_empty() => {
+            let answer = agent.run_unfenced(&agent.commands.synchronous, &[(SYNCHRONOUS_ENV, &n.to_string())], Answer::Set).await;
+            if answer.0 == "200 OK" {
+                tracing::info!("commits now wait for {n} replicas");
+            }
+            answer
         }
-        answer
-    } else {
-        let served = "GET /status, POST /fence, POST /stop, POST /promote, POST /synchronous/<n> and POST /follow/<member>";
-        ("404 Not Found", format!("only {served} are served\n"))
+        Some(Request::Follow(member)) if let Some(fence) = fence.filter(|_| !agent.commands.follow.is_empty()) => {
+            let host = format!("{member}.{}", fence.members);
+            let answer = agent.run_unfenced(&agent.commands.follow, &[(PRIMARY_HOST_ENV, &host)], Answer::Following).await;
+            if answer.0 == "200 OK" {
+                tracing::info!("follows {host}");
+            }
+            answer
+        }
+        _ => ("404 Not Found", format!("only {} are served\n", Request::SERVED)),
     };
     let response = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
     stream.write_all(response.as_bytes()).await?;
@@ -591,6 +579,7 @@ pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Re
 }
 
 pub mod guard;
+pub mod protocol;
 
 #[cfg(test)]
 mod tests;

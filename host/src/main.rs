@@ -216,33 +216,7 @@ enum AgentCommand {
     },
     /// Answer the operator's `GET /status` with what COMMAND prints, over mutual TLS (and
     /// `POST /fence`, given a fence command).
-    Serve {
-        #[arg(long, default_value_t = plugdb::agent::PORT)]
-        port: u16,
-        /// The directory holding tls.crt, tls.key and ca.crt.
-        #[arg(long, value_name = "DIR")]
-        certs: PathBuf,
-        /// The plugin's fence command, as a JSON list of strings.
-        #[arg(long, value_name = "JSON", requires = "members")]
-        fence_command: Option<String>,
-        /// The plugin's promote command, as a JSON list of strings (with a fence only: a
-        /// fenced member is never promoted).
-        #[arg(long, value_name = "JSON", requires = "fence_command")]
-        promote_command: Option<String>,
-        /// The plugin's follow command, as a JSON list of strings (with a fence only: the
-        /// new primary's address is named under `--members`).
-        #[arg(long, value_name = "JSON", requires = "fence_command")]
-        follow_command: Option<String>,
-        /// The plugin's synchronous command, as a JSON list of strings.
-        #[arg(long, value_name = "JSON")]
-        synchronous_command: Option<String>,
-        /// The name under which the cluster's DNS lists every member.
-        #[arg(long, value_name = "HOST")]
-        members: Option<String>,
-        /// The plugin's status command.
-        #[arg(last = true, required = true, value_name = "COMMAND")]
-        command: Vec<String>,
-    },
+    Serve(plugdb::agent::protocol::Serve),
     /// Exit 0 unless the member is fenced (the agent's readiness).
     Ready,
     /// Run COMMAND (the engine) as this process's child, and kill it when the agent says
@@ -497,7 +471,7 @@ fn command() -> Result<()> {
             let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
             plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
         }
-        Command::Agent(AgentCommand::Serve {
+        Command::Agent(AgentCommand::Serve(plugdb::agent::protocol::Serve {
             port,
             certs,
             fence_command,
@@ -506,11 +480,11 @@ fn command() -> Result<()> {
             follow_command,
             members,
             command,
-        }) => {
+        })) => {
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
             let fence = match (fence_command, members) {
                 (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
-                    argv: serde_json::from_str(&argv).context("--fence-command is a JSON list of strings")?,
+                    argv,
                     mark: Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE),
                     stop: Path::new(plugdb::agent::STATE).join(plugdb::agent::guard::STOP_FILE),
                     members,
@@ -520,17 +494,12 @@ fn command() -> Result<()> {
                 }),
                 _ => None,
             };
-            let argv = |flag: &str, json: Option<String>| -> anyhow::Result<Vec<String>> {
-                json.map(|j| serde_json::from_str(&j).with_context(|| format!("--{flag} is a JSON list of strings")))
-                    .transpose()
-                    .map(Option::unwrap_or_default)
-            };
             let commands = plugdb::agent::Commands {
                 status: command,
                 fence,
-                promote: argv("promote-command", promote_command)?,
-                synchronous: argv("synchronous-command", synchronous_command)?,
-                follow: argv("follow-command", follow_command)?,
+                promote: promote_command.unwrap_or_default(),
+                synchronous: synchronous_command.unwrap_or_default(),
+                follow: follow_command.unwrap_or_default(),
             };
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
             // The agent is its container's first process: without a handler it would ignore

@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use super::pod;
+use crate::agent::protocol::Serve;
 use crate::agent::{BIN_DIR, CERTS, FENCED_ENV, FENCED_FILE, FILES, OWN_ADDRESS_ENV, PORT, STATE};
 use crate::crd::Database;
 use crate::names::Names;
@@ -19,11 +20,6 @@ use crate::names::Names;
 /// the agent as they were written (a `DO $$ … $$` block, a `$(…)` substitution).
 fn verbatim(text: &str) -> String {
     text.replace('$', "$$")
-}
-
-/// A plugin's command as one argument of the agent's: JSON, [`verbatim`].
-fn argument(argv: &[String]) -> String {
-    verbatim(&serde_json::to_string(argv).expect("a list of strings is JSON"))
 }
 
 /// What a member needs for its agent, beside `engine` (the engine's container): the init
@@ -59,26 +55,26 @@ pub fn containers(
         security_context: Some(pod::container_security(Some(true))),
         ..Default::default()
     };
-    let mut command =
-        vec![binary.clone(), "agent".into(), "serve".into(), "--port".into(), PORT.to_string(), "--certs".into(), CERTS.into()];
+    let given = |argv: &[String]| (!argv.is_empty()).then(|| argv.to_vec());
+    let mut serve = Serve {
+        port: PORT,
+        certs: CERTS.into(),
+        fence_command: None,
+        promote_command: None,
+        follow_command: None,
+        synchronous_command: given(synchronous),
+        members: None,
+        command: status.to_vec(),
+    };
     let seen = |m: &&VolumeMount| !["data", "archive"].contains(&m.name.as_str());
     let mut mounts: Vec<VolumeMount> = engine.volume_mounts.iter().flatten().filter(seen).cloned().collect();
     mounts.push(pod::mount("agent-bin", BIN_DIR, true));
     mounts.push(pod::mount("agent-certs", CERTS, true));
     let mut env = engine.env.clone().unwrap_or_default();
     let mut readiness = None;
-    if !synchronous.is_empty() {
-        command.extend(["--synchronous-command".into(), argument(synchronous)]);
-    }
     if !fence.is_empty() {
-        let members = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
-        command.extend(["--members".into(), members, "--fence-command".into(), argument(fence)]);
-        if !promote.is_empty() {
-            command.extend(["--promote-command".into(), argument(promote)]);
-        }
-        if !follow.is_empty() {
-            command.extend(["--follow-command".into(), argument(follow)]);
-        }
+        serve.members = Some(format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default()));
+        (serve.fence_command, serve.promote_command, serve.follow_command) = (given(fence), given(promote), given(follow));
         mounts.push(pod::mount("agent-state", STATE, false));
         let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };
         env.extend(pod::env(&[own]));
@@ -106,8 +102,7 @@ pub fn containers(
         env.push(fenced.clone());
         engine.env.get_or_insert_default().push(fenced);
     }
-    command.push("--".into());
-    command.extend(status.iter().map(|a| verbatim(a)));
+    let command = [binary.clone(), "agent".into(), "serve".into()].into_iter().chain(serve.argv().iter().map(|a| verbatim(a))).collect();
     let agent = Container {
         name: "agent".into(),
         image: engine.image.clone(),

@@ -83,10 +83,19 @@ pub(crate) struct Exports {
     application: Option<ComponentExportIndex>,
 }
 
-/// The functions of the `agent` interface, each filling the workload's field of the same
-/// name. The first, `status-command`, is the interface itself: without it, no agent.
-const AGENT_COMMANDS: [&str; 6] =
-    ["status-command", "fence-command", "client-command", "promote-command", "synchronous-command", "follow-command"];
+/// A workload's field that an agent command fills.
+type CommandField = fn(&mut host::Workload) -> &mut Vec<String>;
+
+/// The commands of the `agent` interface, each with the workload's field it fills. The
+/// first, `status-command`, is the interface itself: without it, no agent.
+const AGENT_COMMANDS: [(&str, CommandField); 6] = [
+    ("status-command", |w| &mut w.status_command),
+    ("fence-command", |w| &mut w.fence_command),
+    ("client-command", |w| &mut w.client_command),
+    ("promote-command", |w| &mut w.promote_command),
+    ("synchronous-command", |w| &mut w.synchronous_command),
+    ("follow-command", |w| &mut w.follow_command),
+];
 
 /// Dispatches a call to the module of the plugin's contract.
 macro_rules! by_contract {
@@ -128,7 +137,7 @@ impl Exports {
                 Contract::V0_2 => Some(index("plan-scale")?),
                 Contract::V0_1 => None,
             },
-            agent: AGENT_COMMANDS.map(|name| match contract {
+            agent: AGENT_COMMANDS.map(|(name, _)| match contract {
                 Contract::V0_2 => agent_export(component, interface, name),
                 Contract::V0_1 => None,
             }),
@@ -167,17 +176,9 @@ impl Exports {
         let mut store = store;
         let mut workload = by_contract!(self, render(store.as_context_mut(), instance, spec, cluster))?;
         if let (Some(_), Ok(w)) = (&self.agent[0], &mut workload) {
-            let fields = [
-                &mut w.status_command,
-                &mut w.fence_command,
-                &mut w.client_command,
-                &mut w.promote_command,
-                &mut w.synchronous_command,
-                &mut w.follow_command,
-            ];
-            for (index, field) in self.agent.iter().zip(fields) {
+            for (index, (_, field)) in self.agent.iter().zip(AGENT_COMMANDS) {
                 if let Some(index) = index {
-                    *field = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
+                    *field(w) = v0_2::agent_command(store.as_context_mut(), instance, index, spec)?;
                 }
             }
         }
@@ -494,3 +495,39 @@ macro_rules! conversions {
 pub(crate) mod v0_2;
 
 pub(crate) mod v0_1;
+
+#[cfg(test)]
+mod tests {
+    use super::AGENT_COMMANDS;
+
+    /// Every command of the WIT's `agent` interface has its row, and each row fills a field
+    /// of its own: a command added to the contract but not here, or filling another's
+    /// field, fails.
+    #[test]
+    fn each_agent_command_of_the_contract_fills_a_field_of_its_own() {
+        let wit = include_str!("../../../wit/engine.wit");
+        let agent = &wit[wit.find("interface agent {").expect("the agent interface")..];
+        let agent = &agent[..agent.find("\n}").expect("its end")];
+        let declared: Vec<&str> =
+            agent.lines().filter_map(|l| l.trim().strip_suffix(": func(spec: database-spec) -> list<string>;")).collect();
+        let mut rows: Vec<&str> = AGENT_COMMANDS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(rows.first(), Some(&"status-command"), "the interface itself comes first");
+        rows.sort();
+        let mut declared = declared;
+        declared.sort();
+        assert_eq!(rows, declared);
+        let mut workload = super::super::policy::tests::workload();
+        for (name, field) in AGENT_COMMANDS {
+            field(&mut workload).push(name.to_string());
+        }
+        let filled = [
+            &workload.status_command,
+            &workload.fence_command,
+            &workload.client_command,
+            &workload.promote_command,
+            &workload.synchronous_command,
+            &workload.follow_command,
+        ];
+        assert!(filled.iter().all(|f| f.len() == 1), "each field filled once: {filled:?}");
+    }
+}

@@ -315,10 +315,10 @@ pub fn check_job(job: &JobPlan, credentials_secret: &str) -> Vec<Violation> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn workload() -> Workload {
+    pub(crate) fn workload() -> Workload {
         Workload {
             image: "docker.io/library/postgres:17".into(),
             command: vec![],

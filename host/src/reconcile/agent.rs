@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 use super::apply::own_secret;
 use super::members::Observed;
 use super::{Context, Error};
-use crate::agent;
+use crate::agent::{self, Answer, Request};
 use crate::crd::Database;
 use crate::names::Names;
 use crate::plugin::MemberQuery;
@@ -91,20 +91,22 @@ async fn authority(ctx: &Context, db: &Database) -> Result<Option<Arc<[u8]>>, Er
     Ok(Some(ca))
 }
 
-/// What the agents of `members` answer to `query` (`None`: no answer), in their order.
+/// What the agents of `members` answer to `request` (`None`: no answer), in their order.
 /// Nothing is asked while the Database has no agent certificates.
-async fn ask(ctx: &Context, db: &Database, query: &MemberQuery, members: &[Observed]) -> Result<Vec<Option<String>>, Error> {
+async fn ask(ctx: &Context, db: &Database, request: Request<'_>, members: &[Observed]) -> Result<Vec<Option<String>>, Error> {
     let Some(ca) = authority(ctx, db).await? else { return Ok(vec![None; members.len()]) };
+    let body = (request.method() == "POST").then(String::new);
+    let query = &MemberQuery { port: agent::PORT, path: request.path(), body, https: true };
     let domain = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
     let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&ctx.agents.client) };
     Ok(super::ask::answers(transport, query, members).await)
 }
 
-/// What the agent of `member` answers to `POST path`, trimmed (`None`: no answer).
-async fn post(ctx: &Context, db: &Database, member: &Observed, path: &str) -> Result<Option<String>, Error> {
-    let query = MemberQuery { port: agent::PORT, path: path.into(), body: Some(String::new()), https: true };
-    let said = ask(ctx, db, &query, std::slice::from_ref(member)).await?;
-    Ok(said.into_iter().next().flatten().map(|a| a.trim().to_string()))
+/// What the agent of `member` answers to `request` (`None`: no answer, or not one that
+/// says it did what it was asked).
+async fn post(ctx: &Context, db: &Database, member: &Observed, request: Request<'_>) -> Result<Option<Answer>, Error> {
+    let said = ask(ctx, db, request, std::slice::from_ref(member)).await?;
+    Ok(said.into_iter().next().flatten().as_deref().and_then(Answer::parse))
 }
 
 /// What the agent of a member said when asked to fence it.
@@ -127,9 +129,9 @@ pub enum Fenced {
 /// Asks the agent of `member` to fence it (before another member is promoted).
 pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<Fenced, Error> {
     let Some(member) = member else { return Ok(Fenced::Unknown) };
-    let fenced = match post(ctx, db, member, "/fence").await?.as_deref() {
-        Some("fenced") => Fenced::Confirmed,
-        Some("fencing") => Fenced::Ordered,
+    let fenced = match post(ctx, db, member, Request::Fence).await? {
+        Some(Answer::Fenced) => Fenced::Confirmed,
+        Some(Answer::Fencing) => Fenced::Ordered,
         _ => return Ok(Fenced::Unknown),
     };
     if !member.fenced {
@@ -145,7 +147,7 @@ pub async fn fence(ctx: &Context, db: &Database, member: Option<&Observed>) -> R
 /// has not shown the engine takes no writes).
 pub async fn stop(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<Fenced, Error> {
     let Some(member) = member else { return Ok(Fenced::Ordered) };
-    let stopped = post(ctx, db, member, "/stop").await?.as_deref() == Some("stopped");
+    let stopped = post(ctx, db, member, Request::Stop).await? == Some(Answer::Stopped);
     Ok(if stopped { Fenced::Stopped } else { Fenced::Ordered })
 }
 
@@ -162,7 +164,7 @@ async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str, value: 
 /// Otherwise (no promote command, no answer, a failure) it is promoted by its restart.
 pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
     let Some(member) = member.filter(|m| !m.fenced) else { return Ok(false) };
-    if post(ctx, db, member, "/promote").await?.as_deref() != Some("promoted") {
+    if post(ctx, db, member, Request::Promote).await? != Some(Answer::Promoted) {
         return Ok(false);
     }
     mark(ctx, db, &member.name, crate::names::PROMOTED, "true").await?;
@@ -182,10 +184,9 @@ pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary:
     if replicas.is_empty() {
         return Ok((0, 0));
     }
-    let query = MemberQuery { port: agent::PORT, path: format!("/follow/{primary}"), body: Some(String::new()), https: true };
-    let said = ask(ctx, db, &query, &replicas).await?;
+    let said = ask(ctx, db, Request::Follow(primary), &replicas).await?;
     let mut following = 0;
-    for (replica, _) in replicas.iter().zip(&said).filter(|(_, a)| a.as_deref().map(str::trim) == Some("following")) {
+    for (replica, _) in replicas.iter().zip(&said).filter(|(_, a)| a.as_deref().and_then(Answer::parse) == Some(Answer::Following)) {
         mark(ctx, db, &replica.name, crate::names::FOLLOWS, primary).await?;
         following += 1;
     }
@@ -198,7 +199,8 @@ pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary:
 /// says whether it did.
 pub async fn synchronous(ctx: &Context, db: &Database, primary: Option<&Observed>, replicas: u32) -> Result<bool, Error> {
     let Some(primary) = primary else { return Ok(false) };
-    let done = post(ctx, db, primary, &format!("/synchronous/{replicas}")).await?.as_deref() == Some("set");
+    let Ok(n) = u8::try_from(replicas) else { return Ok(false) };
+    let done = post(ctx, db, primary, Request::Synchronous(n)).await? == Some(Answer::Set);
     if done {
         tracing::info!(database = %format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any()), primary = %primary.name, replicas, "commits wait for this many replicas");
     }
@@ -215,9 +217,8 @@ pub fn by_pod(members: &[Observed], said: &[Option<agent::Status>]) -> Vec<(Stri
 /// status.
 pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Result<Vec<Option<agent::Status>>, Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
-    let query = MemberQuery { port: agent::PORT, path: "/status".into(), body: None, https: true };
     ctx.agents.asked.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Instant::now());
-    let answers = ask(ctx, db, &query, members).await?;
+    let answers = ask(ctx, db, Request::Status, members).await?;
     Ok(members
         .iter()
         .zip(answers)

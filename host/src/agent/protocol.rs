@@ -1,0 +1,260 @@
+//! The member agent's protocol, written once for the agent that serves it, the operator
+//! that asks, and the member that starts it: each [`Request`] (its method and path), each
+//! [`Answer`] word the agent gives when it did what it was asked, and the agent's
+//! arguments ([`Serve`]), which the member's rendering writes and the agent parses.
+
+use std::path::PathBuf;
+
+/// What the operator asks a member's agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `GET /status`: the line the plugin's status command prints.
+    Status,
+    /// `POST /fence`: fence the member ([`Answer::Fenced`], or [`Answer::Fencing`] while
+    /// the fence command has not succeeded yet).
+    Fence,
+    /// `POST /stop`: a fenced member that did not confirm its fence has its engine killed
+    /// by its guard ([`Answer::Stopped`] once the fence command then succeeds).
+    Stop,
+    /// `POST /promote`: promote the member in place ([`Answer::Promoted`]).
+    Promote,
+    /// `POST /synchronous/<n>`: have each commit wait for `n` replicas, 0-9 ([`Answer::Set`]).
+    Synchronous(u8),
+    /// `POST /follow/<member>`: replicate from `member`, a pod's name, just promoted
+    /// ([`Answer::Following`]).
+    Follow(&'a str),
+}
+
+impl<'a> Request<'a> {
+    /// Every request, as the agent's refusal of any other names them.
+    pub const SERVED: &'static str = "GET /status, POST /fence, POST /stop, POST /promote, POST /synchronous/<n> and POST /follow/<member>";
+
+    /// Its HTTP method.
+    pub fn method(self) -> &'static str {
+        match self {
+            Request::Status => "GET",
+            _ => "POST",
+        }
+    }
+
+    /// Its path.
+    pub fn path(self) -> String {
+        match self {
+            Request::Status => "/status".into(),
+            Request::Fence => "/fence".into(),
+            Request::Stop => "/stop".into(),
+            Request::Promote => "/promote".into(),
+            Request::Synchronous(n) => format!("/synchronous/{n}"),
+            Request::Follow(member) => format!("/follow/{member}"),
+        }
+    }
+
+    /// The request a head (`<method> <path> HTTP/1.1 …`) makes, read as coming from
+    /// anyone: a number of replicas is one digit, a member a DNS label (1-63 characters of
+    /// `[a-z0-9-]`, neither first nor last a `-`), which nothing can read as more than a name.
+    pub fn parse(head: &'a [u8]) -> Option<Self> {
+        let mut words = head.split(|b| *b == b' ');
+        let (method, path) = (words.next()?, std::str::from_utf8(words.next()?).ok()?);
+        words.next()?;
+        let request = match path {
+            "/status" => Request::Status,
+            "/fence" => Request::Fence,
+            "/stop" => Request::Stop,
+            "/promote" => Request::Promote,
+            _ => match (path.strip_prefix("/synchronous/"), path.strip_prefix("/follow/")) {
+                (Some(n), _) if n.len() == 1 => Request::Synchronous(n.parse().ok()?),
+                (_, Some(member)) if is_label(member) => Request::Follow(member),
+                _ => return None,
+            },
+        };
+        (method == request.method().as_bytes()).then_some(request)
+    }
+}
+
+fn is_label(name: &str) -> bool {
+    let label = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    (1..=63).contains(&name.len()) && name.chars().all(label) && !name.starts_with('-') && !name.ends_with('-')
+}
+
+/// The word the agent answers a request it carried out with (on a line of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// [`Request::Fence`]: the fence command succeeded.
+    Fenced,
+    /// [`Request::Fence`] or [`Request::Stop`]: ordered, not confirmed yet.
+    Fencing,
+    /// [`Request::Stop`]: the engine was stopped and the fence command then succeeded.
+    Stopped,
+    /// [`Request::Promote`].
+    Promoted,
+    /// [`Request::Synchronous`].
+    Set,
+    /// [`Request::Follow`].
+    Following,
+}
+
+impl Answer {
+    const ALL: [Answer; 6] = [Answer::Fenced, Answer::Fencing, Answer::Stopped, Answer::Promoted, Answer::Set, Answer::Following];
+
+    /// The word.
+    pub fn word(self) -> &'static str {
+        match self {
+            Answer::Fenced => "fenced",
+            Answer::Fencing => "fencing",
+            Answer::Stopped => "stopped",
+            Answer::Promoted => "promoted",
+            Answer::Set => "set",
+            Answer::Following => "following",
+        }
+    }
+
+    /// The answer an agent's body says, if any.
+    pub fn parse(body: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.word() == body.trim())
+    }
+}
+
+/// The agent's arguments (`plugdb agent serve …`): the member's rendering writes them
+/// ([`Serve::argv`]) and the agent parses them, with the same names.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct Serve {
+    /// The port to serve on.
+    #[arg(long, default_value_t = super::PORT)]
+    pub port: u16,
+    /// The directory holding tls.crt, tls.key and ca.crt.
+    #[arg(long, value_name = "DIR")]
+    pub certs: PathBuf,
+    /// The plugin's fence command, as a JSON list of strings.
+    #[arg(long, value_name = "JSON", requires = "members", value_parser = command)]
+    pub fence_command: Option<Argv>,
+    /// The plugin's promote command, as a JSON list of strings (with a fence only: a
+    /// fenced member is never promoted).
+    #[arg(long, value_name = "JSON", requires = "fence_command", value_parser = command)]
+    pub promote_command: Option<Argv>,
+    /// The plugin's follow command, as a JSON list of strings (with a fence only: the
+    /// new primary's address is named under `--members`).
+    #[arg(long, value_name = "JSON", requires = "fence_command", value_parser = command)]
+    pub follow_command: Option<Argv>,
+    /// The plugin's synchronous command, as a JSON list of strings.
+    #[arg(long, value_name = "JSON", value_parser = command)]
+    pub synchronous_command: Option<Argv>,
+    /// The name under which the cluster's DNS lists every member.
+    #[arg(long, value_name = "HOST")]
+    pub members: Option<String>,
+    /// The plugin's status command.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// A plugin's command, one argument of the agent's as JSON (a name of its own, so that
+/// the argument parser takes it as one value).
+pub type Argv = Vec<String>;
+
+/// A command given as JSON.
+fn command(json: &str) -> Result<Argv, String> {
+    serde_json::from_str(json).map_err(|e| format!("not a JSON list of strings: {e}"))
+}
+
+impl Serve {
+    /// The arguments after `plugdb agent serve` that say this, each as the agent reads it.
+    pub fn argv(&self) -> Vec<String> {
+        let mut argv = vec!["--port".into(), self.port.to_string(), "--certs".into(), self.certs.display().to_string()];
+        let json = |argv: &[String]| serde_json::to_string(argv).expect("a list of strings is JSON");
+        let commands = [
+            ("--fence-command", &self.fence_command),
+            ("--promote-command", &self.promote_command),
+            ("--follow-command", &self.follow_command),
+            ("--synchronous-command", &self.synchronous_command),
+        ];
+        for (flag, command) in commands {
+            if let Some(command) = command {
+                argv.extend([flag.to_string(), json(command)]);
+            }
+        }
+        if let Some(members) = &self.members {
+            argv.extend(["--members".into(), members.clone()]);
+        }
+        argv.push("--".into());
+        argv.extend(self.command.iter().cloned());
+        argv
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn every_request_is_read_back_as_it_is_asked_and_nothing_else_is() {
+        let requests = [
+            Request::Status,
+            Request::Fence,
+            Request::Stop,
+            Request::Promote,
+            Request::Synchronous(0),
+            Request::Synchronous(9),
+            Request::Follow("orders-2"),
+        ];
+        for request in requests {
+            let head = format!("{} {} HTTP/1.1\r\nhost: x\r\n\r\n", request.method(), request.path());
+            assert_eq!(Request::parse(head.as_bytes()), Some(request), "{head}");
+        }
+        for head in [
+            "POST /status HTTP/1.1",
+            "GET /fence HTTP/1.1",
+            "POST /fence",
+            "POST /synchronous/10 HTTP/1.1",
+            "POST /synchronous/x HTTP/1.1",
+            "POST /follow/-a HTTP/1.1",
+            "POST /follow/a.b HTTP/1.1",
+            "POST /follow/A HTTP/1.1",
+            "POST /follow/ HTTP/1.1",
+            "POST /follow/a%2Fb HTTP/1.1",
+            "POST /fencex HTTP/1.1",
+        ] {
+            assert_eq!(Request::parse(head.as_bytes()), None, "{head}");
+        }
+        assert_eq!(Request::parse(format!("POST /follow/{} HTTP/1.1", "a".repeat(64)).as_bytes()), None);
+    }
+
+    #[test]
+    fn every_answer_word_is_read_back() {
+        for answer in Answer::ALL {
+            assert_eq!(Answer::parse(&format!("{}\n", answer.word())), Some(answer));
+        }
+        assert_eq!(Answer::parse("not promoted: …"), None);
+    }
+
+    #[derive(Parser)]
+    struct Agent {
+        #[command(flatten)]
+        serve: Serve,
+    }
+
+    #[test]
+    fn the_arguments_a_member_is_given_are_the_ones_the_agent_reads() {
+        let full = Serve {
+            port: 8443,
+            certs: "/etc/plugdb-agent".into(),
+            fence_command: Some(vec!["sh".into(), "-c".into(), "fence \"$X\"".into()]),
+            promote_command: Some(vec!["promote".into()]),
+            follow_command: Some(vec!["follow".into()]),
+            synchronous_command: Some(vec!["sync".into()]),
+            members: Some("orders-headless.shop.svc".into()),
+            command: vec!["psql".into(), "--flag".into()],
+        };
+        let bare = Serve {
+            fence_command: None,
+            promote_command: None,
+            follow_command: None,
+            synchronous_command: None,
+            members: None,
+            ..full.clone()
+        };
+        for serve in [full, bare] {
+            let read = Agent::try_parse_from(std::iter::once("agent".to_string()).chain(serve.argv())).expect("parses");
+            assert_eq!(read.serve, serve);
+        }
+    }
+}
