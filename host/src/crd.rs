@@ -34,6 +34,7 @@ fn shared_suffix_rule() -> kube::core::Rule {
     namespaced,
     status = "DatabaseStatus",
     shortname = "db",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.readyReplicas","labelSelectorPath":".status.selector"}"#,
     category = "plugdb",
     doc = "A database cluster of one engine, run by plugdb. `spec.engine` names the engine plugin that decides everything engine-specific.",
     printcolumn = r#"{"name":"Engine","type":"string","jsonPath":".spec.engine"}"#,
@@ -497,6 +498,10 @@ pub struct DatabaseStatus {
     /// Members whose pods are ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
+    /// The label selector of the member pods (`kubectl scale`, and autoscalers, read it
+    /// through the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -163,6 +163,11 @@ pub fn selector(db: &Database) -> BTreeMap<String, String> {
     l
 }
 
+/// [`selector`] as a label selector's text (`key=value,…`).
+pub fn selector_text(db: &Database) -> String {
+    selector(db).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
 /// The first 16 bytes of the SHA-256 of `bytes`, in hex.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().take(16).map(|b| format!("{b:02x}")).collect()

@@ -279,6 +279,37 @@ async fn nothing_scales_before_the_plugin_accepts_the_plan() {
     wait_for("the refusal gone", Duration::from_secs(60), async || refused().await.is_none()).await;
 }
 
+/// `kubectl scale db quorum --replicas 2`: the Database's scale subresource sets
+/// `spec.replicas`, which the plugin's plan then carries out (here one member at a
+/// time, each once the one before is ready: no node runs them here, so one step), and
+/// says the members' selector, which an autoscaler reads.
+#[tokio::test]
+async fn the_scale_subresource_scales_through_the_plugins_plan() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    prepare(&cp.client, &[("minimal", "minimal")]).await.expect("CRD and plugins");
+    let _operator = InProcess::start(&cp.kubeconfig, test_settings()).await.expect("operator");
+    let dbs: Api<Database> = Api::namespaced(cp.client.clone(), "default");
+    let sets: Api<StatefulSet> = Api::namespaced(cp.client.clone(), "default");
+    let spec = serde_json::json!({"engine": "minimal", "storage": "1Gi", "replicas": 1, "deletionPolicy": "Retain"});
+    let db = serde_json::json!({"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "metadata": {"name": "quorum"}, "spec": spec});
+    dbs.patch("quorum", &PatchParams::apply("test"), &Patch::Apply(db)).await.expect("apply");
+    let members = async || sets.get_opt("quorum").await.ok().flatten().and_then(|s| s.spec).and_then(|s| s.replicas);
+    wait_for("1 member", Duration::from_secs(60), async || members().await == Some(1)).await;
+    let selector = "app.kubernetes.io/instance=quorum,app.kubernetes.io/name=minimal";
+    wait_for("the selector in the scale subresource", Duration::from_secs(60), async || {
+        dbs.get_scale("quorum").await.ok().and_then(|s| s.status).and_then(|s| s.selector).as_deref() == Some(selector)
+    })
+    .await;
+
+    let scale = serde_json::json!({"spec": {"replicas": 2}});
+    dbs.patch_scale("quorum", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("scaled through the subresource");
+    assert_eq!(dbs.get("quorum").await.expect("get").spec.replicas, 2);
+    wait_for("2 members", Duration::from_secs(60), async || members().await == Some(2)).await;
+    // Past the schema's bound (9): refused by the API server, as a spec would be.
+    let refused = dbs.patch_scale("quorum", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"replicas": 12}}))).await;
+    assert!(refused.is_err(), "12 members refused: {refused:?}");
+}
+
 /// A bucket read that fails (a refused key) is tried again on the next passes, not only
 /// after the next backup: once the key is right, the window appears and `BackupHealthy`
 /// clears, with no backup in between. The bucket confirms the window again every

@@ -531,6 +531,7 @@ impl<'a> Pass<'a> {
         let pass = status::Pass { growth: &growth, ..pass };
         let now = k8s_openapi::jiff::Timestamp::now();
         let progressing = status::conclude(&mut status, &pass);
+        status.selector = Some(crate::names::selector_text(self.db));
         let members = status::members(&status.members, pass.members, status.primary.as_deref(), (&self.heard, now));
         let gone = status.members.iter().filter(|b| !members.iter().any(|m| m.pod == b.pod));
         for (pod, lag) in gone.map(|b| (&b.pod, None)).chain(self.heard.iter().map(|(pod, said)| (pod, said.lag))) {
