@@ -400,3 +400,19 @@ fn a_point_in_time_restore_replays_the_archived_logs_of_both_primaries_once_each
     let missing = sql(&target, tpw, "SELECT COUNT(*) FROM shop.orders WHERE id = 6003").expect("count");
     assert_eq!(missing, "0", "the write after the moment is not replayed");
 }
+
+/// The buffer pool follows the member's memory (half of its limit) unless set: the same
+/// plugin at 512 MiB and at 2 GiB.
+#[test]
+fn the_buffer_pool_follows_the_members_memory() {
+    let db = mariadb();
+    let plugin = db.plugin();
+    for (memory, pool) in [(512u64 << 20, 256u64 << 20), (2 << 30, 1 << 30)] {
+        let mut s = db.spec(&format!("sized{}", memory >> 20), vec![]);
+        s.limits.memory_bytes = Some(memory);
+        let secrets = db.secrets("sized");
+        let pod = db.start_member(&plugin, &s, 0, None, &secrets);
+        let said = sql(&pod, &secrets["root-password"], "SELECT @@innodb_buffer_pool_size").expect("variable");
+        assert_eq!(said, pool.to_string(), "at {} MiB", memory >> 20);
+    }
+}

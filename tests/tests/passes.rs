@@ -278,6 +278,29 @@ async fn steady(registry: &Registry) -> (Database, Vec<Value>) {
     (api.database(), made)
 }
 
+/// More memory for the members: the plugin's memory settings follow, and the members roll
+/// onto them (the configuration's hash is on their template).
+#[tokio::test]
+async fn more_memory_renders_larger_settings_and_rolls_the_members() {
+    let registry = registry().await;
+    let (db, made) = made(&registry, json!({"replicas": 3, "resources": {"limits": {"memory": "1Gi"}}})).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (_, api) = pass(&registry, &db, &cluster).await;
+    let mut db = api.database();
+    let mut spec = serde_json::to_value(&db.spec).expect("the spec");
+    spec["resources"]["limits"]["memory"] = json!("2Gi");
+    db.spec = serde_json::from_value(spec).expect("a spec");
+    db.metadata.generation = Some(2);
+    let (calls, _) = pass(&registry, &db, &cluster).await;
+    let config = calls.iter().find(|c| c.path.ends_with("/configmaps/orders-config")).expect("the configuration applied");
+    let conf = config.body["data"]["postgresql.conf"].as_str().unwrap_or_default();
+    assert!(conf.contains("shared_buffers = '512MB'") && conf.contains("effective_cache_size = '1536MB'"), "{conf}");
+    let set = calls.iter().find(|c| c.path.ends_with("/statefulsets/orders")).expect("the members' template applied");
+    let hash = |object: &Value| object["spec"]["template"]["metadata"]["annotations"]["plugdb.io/config-hash"].clone();
+    let before = made.iter().find(|o| o["kind"] == "StatefulSet").map(hash).expect("the StatefulSet made");
+    assert_ne!(hash(&set.body), before, "the members roll onto the new configuration");
+}
+
 /// A replica whose agent has said for two minutes that it streams nothing, its pod ready
 /// all along, is taken as down: named in `Degraded` with why, and restarted (made again)
 /// with a Warning saying why.

@@ -354,3 +354,24 @@ fn the_application_owns_its_database_and_nothing_else() {
         Ok("app".into())
     );
 }
+
+/// Memory settings follow the member's memory limit unless set (the plugin guide has the
+/// formulas): the same plugin at 512 MiB and at 2 GiB.
+#[test]
+fn memory_settings_follow_the_members_memory() {
+    let pg = postgres();
+    let plugin = pg.plugin();
+    let sizes = [(512u64 << 20, ["128MB", "384MB", "32MB", "1310kB"]), (2 << 30, ["512MB", "1536MB", "128MB", "5242kB"])];
+    for (memory, expected) in sizes {
+        let mut s = pg.spec(&format!("sized{}", memory >> 20), vec![]);
+        s.limits.memory_bytes = Some(memory);
+        let secrets = pg.secrets("sized");
+        let mut m = pg.start_member(&plugin, &s, 0, None, &secrets);
+        with_password(&mut m, &secrets["superuser-password"]);
+        let shown: Vec<String> = ["shared_buffers", "effective_cache_size", "maintenance_work_mem", "work_mem"]
+            .iter()
+            .map(|name| sql(&m, &format!("SHOW {name}")).expect("SHOW"))
+            .collect();
+        assert_eq!(shown, expected, "at {} MiB", memory >> 20);
+    }
+}

@@ -64,6 +64,17 @@ fn image(version: &str) -> String {
     format!("docker.io/plugdb/etcd:{version}")
 }
 
+/// etcd's largest recommended backend (its default is 2 GiB).
+const MAX_QUOTA: u64 = 8 << 30;
+
+/// The backend quota a member's volume holds: three quarters of it, at most
+/// [`MAX_QUOTA`]. etcd then refuses writes with `NOSPACE` (an alarm, cleared by compaction
+/// and defragmentation) before its volume fills, which would stop it outright; a bigger
+/// volume raises the quota (the members roll with it). `quota-backend-bytes` overrides it.
+fn quota(spec: &DatabaseSpec) -> u64 {
+    (spec.storage_bytes / 4 * 3).min(MAX_QUOTA)
+}
+
 fn integer(spec: &DatabaseSpec, name: &str) -> Option<i64> {
     spec.parameters.iter().find(|p| p.name == name).and_then(parameter_integer)
 }
@@ -182,6 +193,9 @@ impl Engine for Etcd {
         env.push(env_field("POD_NAME", "metadata.name"));
         for p in &spec.parameters {
             env.push(env_value(&format!("ETCD_{}", p.name.to_uppercase().replace('-', "_")), parameter_text(p)));
+        }
+        if integer(&spec, "quota-backend-bytes").is_none() {
+            env.push(env_value("ETCD_QUOTA_BACKEND_BYTES", quota(&spec).to_string()));
         }
         if let Some(tls) = &spec.tls {
             env.extend(member_tls_env(tls));

@@ -140,6 +140,16 @@ fn parameters_are_etcds_own_variables_with_64_bit_integers_as_written() {
     let workload = Etcd::render(spec(3, vec![quota]), cluster("config-0")).expect("render");
     let var = workload.env.iter().find(|e| e.name == "ETCD_QUOTA_BACKEND_BYTES").expect("the quota reaches etcd");
     assert_eq!(var.source, EnvSource::Value("4294967296".into()));
+    assert_eq!(workload.env.iter().filter(|e| e.name == "ETCD_QUOTA_BACKEND_BYTES").count(), 1, "the user's, not also the derived one");
+
+    // Unset: three quarters of the member's volume, at most 8 GiB.
+    let derived = |storage_bytes: u64| {
+        let workload = Etcd::render(DatabaseSpec { storage_bytes, ..spec(3, vec![]) }, cluster("config-0")).expect("render");
+        workload.env.into_iter().find(|e| e.name == "ETCD_QUOTA_BACKEND_BYTES").map(|e| e.source)
+    };
+    assert_eq!(derived(1 << 30), Some(EnvSource::Value((768u64 << 20).to_string())));
+    assert_eq!(derived(4 << 30), Some(EnvSource::Value((3u64 << 30).to_string())));
+    assert_eq!(derived(100 << 30), Some(EnvSource::Value((8u64 << 30).to_string())));
 
     let refused =
         |parameters| Etcd::validate(spec(3, parameters)).into_iter().map(|v| format!("{}: {}", v.field, v.message)).collect::<Vec<_>>();
