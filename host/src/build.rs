@@ -331,6 +331,9 @@ pub fn statefulset(
                 .collect(),
         ),
         resources: Some(pod::resources(db, &workload.recommended)),
+        // A start that fails leaves the end of its log as the container's last words, which
+        // the operator names when the member crash loops.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         volume_mounts: Some(vec![
             pod::mount("data", &workload.data_mount_path, false),
             pod::mount("config", CONFIG_MOUNT, true),

@@ -41,6 +41,16 @@ pub fn cut(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// The last `max` bytes of `text` at most, starting on a character boundary: the end of
+/// what was said (a log's last lines).
+pub fn last(text: &str, max: usize) -> &str {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,6 +60,9 @@ mod tests {
         assert_eq!(cut("héllo", 2), "h");
         assert_eq!(cut("héllo", 3), "hé");
         assert_eq!(cut("abc", 10), "abc");
+        assert_eq!(last("héllo", 4), "llo");
+        assert_eq!(last("héllo", 5), "éllo");
+        assert_eq!(last("abc", 10), "abc");
     }
 
     #[test]

@@ -501,6 +501,15 @@ impl<'a> Pass<'a> {
     /// Role labels on the members, and the next member restart of a roll (one at a time,
     /// replicas first, primary last) among the `granted` members of this pass.
     fn members(&mut self, members: &Members, primary: &Primary, applied: &Applied, granted: u32) -> Rolled {
+        // A member that began to crash loop since the last status: a Warning with its last
+        // words, once (the status keeps saying it).
+        for m in members.observed.iter().filter(|m| m.crash_loop && !m.terminating) {
+            let said_before =
+                self.old.members.iter().any(|b| b.pod == m.name && b.down.as_deref().is_some_and(|d| d.contains("crash looping")));
+            if let (false, Some(why)) = (said_before, m.down.as_deref()) {
+                self.plan.tell(member_ref(&members.pods, &m.name), true, Reason::CrashLoop, format!("{}: {why}", m.name));
+            }
+        }
         let set = applied.stateful_set.as_ref();
         let roll = decide::roll(&members.observed, &primary.name, set, &applied.role_free, (granted, primary.failed_over));
         for (name, role) in roll.labels {

@@ -62,6 +62,9 @@ pub struct Observed {
     /// Its node is lost (not ready, or cut off): deleting its pod cannot end it until the
     /// node is back, so the roll neither restarts it nor waits for it.
     pub node_lost: bool,
+    /// A container of its pod fails each time it starts, and waits to be started again
+    /// (`CrashLoopBackOff`): `down` names it with its last words.
+    pub crash_loop: bool,
 }
 
 impl Observed {
@@ -89,6 +92,7 @@ impl Observed {
             not_replicating: false,
             remake: false,
             node_lost: false,
+            crash_loop: false,
             address,
         }
     }
@@ -140,6 +144,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 not_replicating: false,
                 remake: false,
                 node_lost: false,
+                crash_loop: crash_looping(p).is_some(),
                 name,
             })
         })
@@ -186,9 +191,29 @@ pub fn cut_off(members: &mut [Observed], silent_for: impl Fn(&str) -> Option<std
     }
 }
 
-/// What a member's pod says about why it is not ready: a container waiting or ended
-/// (with its reason), else the Ready condition's own words.
+/// The container of `pod` that fails each time it starts and waits to be started again,
+/// named with how often it restarted and its last words (the end of its log, which the
+/// kubelet keeps as its termination message: `FallbackToLogsOnError`), on one line.
+fn crash_looping(pod: &Pod) -> Option<String> {
+    let containers = pod.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
+    let c = containers
+        .iter()
+        .find(|c| c.state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref()) == Some("CrashLoopBackOff"))?;
+    let ended = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+    let words: Vec<&str> =
+        ended.and_then(|t| t.message.as_deref()).unwrap_or_default().lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let exit = ended.map(|t| format!(", last with exit code {}", t.exit_code)).unwrap_or_default();
+    let said = if words.is_empty() { String::new() } else { format!(": {}", crate::said::last(&words.join(" | "), 120)) };
+    Some(format!("container {} is crash looping (restarted {} times{exit}){said}", c.name, c.restart_count))
+}
+
+/// What a member's pod says about why it is not ready: a container crash looping (with
+/// its last words), or waiting or ended (with its reason), else the Ready condition's own
+/// words.
 fn why_not_ready(pod: &Pod, ready: Option<&k8s_openapi::api::core::v1::PodCondition>) -> String {
+    if let Some(looping) = crash_looping(pod) {
+        return looping;
+    }
     let containers = pod.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
     let container = containers.iter().filter(|c| !c.ready).find_map(|c| {
         let state = c.state.as_ref()?;
@@ -635,6 +660,40 @@ mod tests {
         assert_eq!(since(pod(100, 100)), 100 - STARTUP_GRACE_SECONDS, "down once the grace is over");
         assert_eq!(since(pod(3600, 40)), 40, "an old pod: since its Ready condition changed");
         assert!(primary_lost(&observe("db", &[pod(3600, 40)], now), "db-0", 30));
+    }
+
+    /// A container that fails at each start is named with how often it restarted, its
+    /// exit code and the end of its log; one that is merely starting is not.
+    #[test]
+    fn a_crash_looping_member_is_named_with_its_last_words() {
+        let now = Timestamp::now();
+        let pod = |waiting: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db-0", "creationTimestamp": now.to_string()},
+                "status": {
+                    "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now.to_string()}],
+                    "containerStatuses": [{
+                        "name": "postgres", "ready": false, "restartCount": 4, "image": "postgres:17", "imageID": "",
+                        "state": {"waiting": {"reason": waiting, "message": "back-off 40s restarting failed container"}},
+                        "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                            "message": "starting\nFATAL:  could not map anonymous shared memory: Cannot allocate memory\n\n"}},
+                    }],
+                },
+            }))
+            .expect("pod")
+        };
+        let looping = &observe("db", &[pod("CrashLoopBackOff")], now)[0];
+        assert!(looping.crash_loop);
+        assert_eq!(
+            looping.down.as_deref(),
+            Some(
+                "container postgres is crash looping (restarted 4 times, last with exit code 1): \
+                 starting | FATAL:  could not map anonymous shared memory: Cannot allocate memory"
+            )
+        );
+        let starting = &observe("db", &[pod("ContainerCreating")], now)[0];
+        assert!(!starting.crash_loop);
+        assert_eq!(starting.down.as_deref(), Some("container postgres ContainerCreating: back-off 40s restarting failed container"));
     }
 
     #[test]

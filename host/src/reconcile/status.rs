@@ -101,6 +101,9 @@ pub enum Reason {
     AllMembersUp,
     /// Fewer members are ready than desired, after the Database ran.
     MembersDown,
+    /// A member's engine fails each time it starts (`Degraded`, and an Event with its
+    /// last words, once).
+    CrashLoop,
     /// Something is in motion.
     Converging,
     /// Nothing is in motion.
@@ -180,6 +183,7 @@ impl Reason {
             Reason::MembersNotReady => "MembersNotReady",
             Reason::AllMembersUp => "AllMembersUp",
             Reason::MembersDown => "MembersDown",
+            Reason::CrashLoop => "CrashLoop",
             Reason::Converging => "Converging",
             Reason::Steady => "Steady",
             Reason::VolumeGrowFailed => "VolumeGrowFailed",
@@ -431,8 +435,15 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     };
     let no_primary = status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.status == "True" && held(&c.reason));
     if !no_primary || (ready == desired && !pass.incident) {
-        let degraded = ready > 0 && ready < desired && status.current_version.is_some() && pass.members.len() == desired;
-        let reason = if degraded { Reason::MembersDown } else { Reason::AllMembersUp };
+        // A member crash looping is named, also before the Database first ran (a setting
+        // its engine cannot start with).
+        let looping = pass.members.iter().any(|m| m.crash_loop && !m.terminating);
+        let degraded = looping || (ready > 0 && ready < desired && status.current_version.is_some() && pass.members.len() == desired);
+        let reason = match (looping, degraded) {
+            (true, _) => Reason::CrashLoop,
+            (false, true) => Reason::MembersDown,
+            (false, false) => Reason::AllMembersUp,
+        };
         set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready{down}"), generation);
     }
     status.phase = Some(phase(status, pass.restoring, (all_ready, rolling), ready));

@@ -272,6 +272,36 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
     }
 }
 
+/// A setting the plugin accepts but the engine cannot start with (`huge_pages: on`, on
+/// nodes with no huge pages): the member crash loops, and the Database says so in
+/// `Degraded` (reason `CrashLoop`) and a Warning Event, with the engine's last words
+/// from its log; without the setting, the member is restarted onto it and runs.
+pub async fn crash_loop_named(cluster: Arc<Cluster>) {
+    let ns = "postgres-crash-loop";
+    let huge = json!({"parameters": {"huge_pages": "on"}});
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 1, huge)).await.expect("apply");
+    let db = cluster
+        .wait_database(ns, "orders", "Degraded: CrashLoop", WAIT, |d| condition(d, "Degraded").is_some_and(|c| c.reason == "CrashLoop"))
+        .await
+        .expect("the crash loop named");
+    let message = &condition(&db, "Degraded").expect("condition").message;
+    assert!(message.contains("orders-0: container postgres is crash looping (restarted"), "{message}");
+    assert!(message.contains("shared memory"), "the engine's own last words: {message}");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cluster.client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    let warned: Vec<String> =
+        events.items.iter().filter(|e| e.reason.as_deref() == Some("CrashLoop")).filter_map(|e| e.note.clone()).collect();
+    assert_eq!(warned.len(), 1, "one Warning, however long it loops: {warned:?}");
+    assert!(warned[0].contains("shared memory"), "{}", warned[0]);
+
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 1, json!({}))).await.expect("apply");
+    cluster.wait_database(ns, "orders", "Running without it", WAIT, |d| is_running(d, 1)).await.expect("running");
+    let db = Api::<Database>::namespaced(cluster.client.clone(), ns).get("orders").await.expect("get");
+    assert_eq!(condition(&db, "Degraded").map(|c| c.reason.as_str()), Some("AllMembersUp"));
+}
+
 /// Backups on a schedule (every 5 s here) run as real Jobs named after their fire time;
 /// retention keeps the newest 2 successful ones. A `backup-now` value makes exactly one
 /// backup, remembered in status: retention removing its Job does not make another, and

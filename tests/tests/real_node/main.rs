@@ -51,6 +51,9 @@ fn main() -> ExitCode {
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
             ("plugins_arrive_and_change_at_run_time", |c| Box::pin(lifecycle::plugins_arrive_and_change(c))),
             ("a_spec_the_plugin_rejects_is_a_readable_condition", |c| Box::pin(lifecycle::rejected_spec(c))),
+            ("postgres_a_setting_the_engine_cannot_start_with_is_a_crash_loop_named_with_its_last_words", |c| {
+                Box::pin(lifecycle::crash_loop_named(c))
+            }),
             ("postgres_scheduled_backups_with_retention_and_on_demand", |c| Box::pin(lifecycle::scheduled_backups(c))),
             ("postgres_hung_primary_fails_over_to_the_chosen_replica", |c| Box::pin(members::failover_promotion(c))),
             ("mysql_hung_primary_is_stopped_before_a_replica_is_promoted_and_loses_no_write", |c| {

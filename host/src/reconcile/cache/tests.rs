@@ -106,7 +106,7 @@ fn a_secret_keeps_its_key_names_and_what_says_whose_and_until_when() {
 
 #[test]
 fn a_pod_keeps_what_says_whose_member_it_is_and_why_it_is_not_ready() {
-    use k8s_openapi::api::core::v1::{ContainerStateWaiting, PodCondition};
+    use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting, PodCondition};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     let condition = |type_: &str, status: &str| PodCondition { type_: type_.into(), status: status.into(), ..Default::default() };
     let container = |name: &str, ready: bool| ContainerStatus {
@@ -117,6 +117,15 @@ fn a_pod_keeps_what_says_whose_member_it_is_and_why_it_is_not_ready() {
             waiting: Some(ContainerStateWaiting { reason: Some("CrashLoopBackOff".into()), message: Some("back-off".into()) }),
             ..Default::default()
         }),
+        last_state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 1,
+                message: Some(format!("{}FATAL: the last words\n", "an early line\n".repeat(100))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        restart_count: 3,
         ..Default::default()
     };
     let mut metadata = meta(&[(PRIMARY_ANNOTATION, "orders-0"), (FENCED, "x"), ("kubectl.kubernetes.io/restartedAt", "now")]);
@@ -150,6 +159,10 @@ fn a_pod_keeps_what_says_whose_member_it_is_and_why_it_is_not_ready() {
     assert_eq!(containers[0].name, "postgres");
     assert_eq!(containers[0].state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref()), Some("CrashLoopBackOff"));
     assert_eq!(containers[0].image, "", "no image");
+    assert_eq!(containers[0].restart_count, 3);
+    let ended =
+        containers[0].last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(|t| t.message.as_deref()).unwrap_or_default();
+    assert!(ended.ends_with("FATAL: the last words") && ended.len() <= 200, "the end of its last words, bounded: {ended:?}");
     assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.5"));
     assert_eq!(pod.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some("node-a"));
 }

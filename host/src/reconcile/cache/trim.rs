@@ -123,26 +123,30 @@ pub(super) fn pod_essentials(p: &mut Pod) {
             s.conditions.map(|cs| shrunk(cs.into_iter().filter(|c| c.type_ == "Ready" || c.type_ == "PodScheduled").collect()));
         let unready = s.container_statuses.into_iter().flatten().filter(|c| !c.ready);
         let containers: Vec<_> = unready
-            .map(|c| ContainerStatus { name: c.name, ready: c.ready, state: c.state.map(short_state), ..Default::default() })
+            .map(|c| ContainerStatus {
+                name: c.name,
+                ready: c.ready,
+                state: c.state.map(short_state),
+                last_state: c.last_state.map(short_state),
+                restart_count: c.restart_count,
+                ..Default::default()
+            })
             .collect();
         let containers = (!containers.is_empty()).then(|| shrunk(containers));
         PodStatus { conditions, phase: s.phase, pod_ip: s.pod_ip, container_statuses: containers, ..Default::default() }
     });
 }
 
-/// A container's state with its messages cut to what a condition shows.
+/// A container's state with its messages cut to what a condition shows: a waiting
+/// reason's first 200 bytes, and the last 200 of what a container that ended said (its
+/// log's end: its last words).
 fn short_state(mut state: ContainerState) -> ContainerState {
-    let cut = |m: &mut Option<String>| {
-        if let Some(text) = m {
-            let end = crate::said::cut(text, 200).len();
-            text.truncate(end);
-        }
-    };
-    if let Some(w) = &mut state.waiting {
-        cut(&mut w.message);
+    if let Some(text) = state.waiting.as_mut().and_then(|w| w.message.as_mut()) {
+        let end = crate::said::cut(text, 200).len();
+        text.truncate(end);
     }
-    if let Some(t) = &mut state.terminated {
-        cut(&mut t.message);
+    if let Some(text) = state.terminated.as_mut().and_then(|t| t.message.as_mut()) {
+        *text = crate::said::last(text.trim_end(), 200).to_string();
     }
     state
 }

@@ -365,3 +365,34 @@ fn what_a_pass_told_goes_over_the_old_status_and_nothing_else_changes() {
     assert!(new.conditions.iter().all(|c| c.type_ != kind::SYNCHRONOUS_REPLICATION), "removed");
     assert_eq!(new.conditions.iter().find(|c| c.type_ == kind::PLUGIN_READY), old.conditions.first(), "untold: as it was");
 }
+
+/// A member crash looping is `Degraded` (reason `CrashLoop`), named with why, also in a
+/// Database that never ran (its only member cannot start), and no more once it runs.
+#[test]
+fn a_crash_looping_member_degrades_even_a_database_that_never_ran() {
+    let mut looping = members(&[false]);
+    looping[0].crash_loop = true;
+    looping[0].down = Some("container postgres is crash looping (restarted 3 times): FATAL: no".into());
+    let growth = Growth::Done;
+    let pass = Pass {
+        generation: Some(1),
+        desired: 1,
+        members: &looping,
+        rolled: false,
+        moving: false,
+        growth: &growth,
+        plan_refused: false,
+        restoring: false,
+        incident: false,
+        switching: None,
+    };
+    let mut status = DatabaseStatus::default();
+    conclude(&mut status, &pass);
+    let (degraded, reason, message) = condition(&status, kind::DEGRADED);
+    assert_eq!((degraded, reason), ("True", "CrashLoop"));
+    assert!(message.contains("orders-0: container postgres is crash looping"), "{message}");
+
+    let running = members(&[true]);
+    conclude(&mut status, &Pass { members: &running, rolled: true, ..pass });
+    assert_eq!(condition(&status, kind::DEGRADED).1, "AllMembersUp");
+}
