@@ -34,9 +34,27 @@ pub mod kind {
 /// fails for its size.
 pub const MAX_MESSAGE: usize = 4096;
 
-/// The `reason` of a condition or an Event: one word a program can match on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+/// [`Reason`], each variant's word its own name (what [`Reason::as_str`] gives).
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// The `reason` of a condition or an Event: one word a program can match on.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Reason {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Reason {
+            /// The reason as the API shows it: the variant's name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$name => stringify!($name),)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
     /// The engine has no plugin loaded.
     EngineNotFound,
     /// The host or the plugin refuses the spec.
@@ -145,67 +163,6 @@ pub enum Reason {
     ReplicasMissing,
     /// Too few replicas were ready for longer than the spec allows: commits no longer wait.
     ReplicationDegraded,
-}
-
-impl Reason {
-    /// The reason as the API shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::EngineNotFound => "EngineNotFound",
-            Reason::InvalidSpec => "InvalidSpec",
-            Reason::PluginFailed => "PluginFailed",
-            Reason::RenderFailed => "RenderFailed",
-            Reason::UpgradeStarted => "UpgradeStarted",
-            Reason::UpgradeRefused => "UpgradeRefused",
-            Reason::ScaleRefused => "ScaleRefused",
-            Reason::UpgradeCompleted => "UpgradeCompleted",
-            Reason::PreUpgradeBackupImpossible => "PreUpgradeBackupImpossible",
-            Reason::FailoverPromoted => "FailoverPromoted",
-            Reason::SwitchoverPromoted => "SwitchoverPromoted",
-            Reason::SwitchoverDone => "SwitchoverDone",
-            Reason::SwitchoverForDrain => "SwitchoverForDrain",
-            Reason::SwitchoverRefused => "SwitchoverRefused",
-            Reason::NoSafeFailover => "NoSafeFailover",
-            Reason::FailoverFailed => "FailoverFailed",
-            Reason::SecondPrimary => "SecondPrimary",
-            Reason::FormerPrimaryBack => "FormerPrimaryBack",
-            Reason::NoOperatorImage => "NoOperatorImage",
-            Reason::LeaderElected => "LeaderElected",
-            Reason::NoLeader => "NoLeader",
-            Reason::Rendered => "Rendered",
-            Reason::NewerVersionRejected => "NewerVersionRejected",
-            Reason::Restoring => "Restoring",
-            Reason::Restored => "Restored",
-            Reason::RestoreFailed => "RestoreFailed",
-            Reason::MemberRestarted => "MemberRestarted",
-            Reason::MemberMoved => "MemberMoved",
-            Reason::AllMembersReady => "AllMembersReady",
-            Reason::MembersNotReady => "MembersNotReady",
-            Reason::AllMembersUp => "AllMembersUp",
-            Reason::MembersDown => "MembersDown",
-            Reason::CrashLoop => "CrashLoop",
-            Reason::Converging => "Converging",
-            Reason::Steady => "Steady",
-            Reason::VolumeGrowFailed => "VolumeGrowFailed",
-            Reason::BackupsHealthy => "BackupsHealthy",
-            Reason::BackupProblem => "BackupProblem",
-            Reason::BackupsPruned => "BackupsPruned",
-            Reason::RestoreWaiting => "RestoreWaiting",
-            Reason::FinalBackupRunning => "FinalBackupRunning",
-            Reason::FinalBackupTaken => "FinalBackupTaken",
-            Reason::FinalBackupFailed => "FinalBackupFailed",
-            Reason::FinalBackupImpossible => "FinalBackupImpossible",
-            Reason::DeletedWithoutBackup => "DeletedWithoutBackup",
-            Reason::WriteRefused => "WriteRefused",
-            Reason::CapabilityMissing => "CapabilityMissing",
-            Reason::CertificatePending => "CertificatePending",
-            Reason::CertificateUnavailable => "CertificateUnavailable",
-            Reason::NameTaken => "NameTaken",
-            Reason::SynchronousReplication => "SynchronousReplication",
-            Reason::ReplicasMissing => "ReplicasMissing",
-            Reason::ReplicationDegraded => "ReplicationDegraded",
-        }
-    }
 }
 
 impl std::fmt::Display for Reason {
