@@ -42,6 +42,10 @@ fn main() -> ExitCode {
             // These take a node away from every member on it: nothing else runs meanwhile.
             ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
             ("postgres_and_mysql_node_drained_under_writers_within_the_disruption_budgets", |c| Box::pin(nodes::drain_under_writers(c))),
+            // The operator every scenario shares is killed mid-failover.
+            ("mysql_hung_primary_is_stopped_before_a_replica_is_promoted_and_loses_no_write_with_the_operator_killed_mid_failover", |c| {
+                Box::pin(members::hung_primary_under_a_writer(c, Engine::Mysql, "11.8"))
+            }),
             // The chart's operator, in a pod, is the only one reconciling meanwhile.
             ("helm_install_then_the_example_database_runs_on_the_bundled_engines", |c| {
                 Box::pin(install::helm_install_then_the_example_runs(c))
@@ -56,9 +60,6 @@ fn main() -> ExitCode {
             }),
             ("postgres_scheduled_backups_with_retention_and_on_demand", |c| Box::pin(lifecycle::scheduled_backups(c))),
             ("postgres_hung_primary_fails_over_to_the_chosen_replica", |c| Box::pin(members::failover_promotion(c))),
-            ("mysql_hung_primary_is_stopped_before_a_replica_is_promoted_and_loses_no_write", |c| {
-                Box::pin(members::hung_primary_under_a_writer(c, Engine::Mysql, "11.8"))
-            }),
             ("postgres_synchronous_commits_wait_for_a_frozen_replica_then_degrade_and_recover", |c| {
                 Box::pin(members::synchronous_commits_wait_then_degrade(c, Engine::Postgres, "17"))
             }),

@@ -379,7 +379,11 @@ pub async fn failover_promotion(cluster: Arc<Cluster>) {
 /// replica is promoted (the failover's Event says so), and writes go on through the
 /// read-write Service. When the minute is up nothing of the old engine is left to run
 /// again and commit what it had in flight: no acknowledged write is lost, and every
-/// member, the old primary following the new one, ends with the same rows.
+/// member, the old primary following the new one, ends with the same rows. The
+/// operator is killed mid-failover, as soon as it has asked for the fence (the old
+/// primary's pod says so) and before it promoted anyone: the one started in its place
+/// finishes the failover from what the cluster says. (It restarts the operator every
+/// scenario shares: this one runs alone.)
 pub async fn hung_primary_under_a_writer(cluster: Arc<Cluster>, engine: Engine, version: &str) {
     let ns = &format!("{}-hung", engine.name());
     let spec = json!({"replication": {"mode": "Synchronous"}});
@@ -397,13 +401,26 @@ pub async fn hung_primary_under_a_writer(cluster: Arc<Cluster>, engine: Engine, 
 
     plugdb_tests::scenario::signal_all(&old, &container, "STOP");
     let hung = Instant::now();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let fenced = async || pods.get("orders-0").await.is_ok_and(|p| p.annotations().contains_key(plugdb::names::FENCED));
+    while !fenced().await {
+        assert!(hung.elapsed() < WAIT, "the operator never asked for the hung primary's fence");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let promoted_yet = Api::<plugdb::crd::Database>::namespaced(cluster.client.clone(), ns).get("orders").await.expect("get");
+    let mid = promoted_yet.status.and_then(|s| s.primary).as_deref() == Some("orders-0");
+    cluster.restart_operator().expect("the operator restarted");
+    eprintln!("{ns}: the operator killed {:.1} s into the hang, once it fenced (nobody promoted yet: {mid})", hung.elapsed().as_secs_f64());
     let led_elsewhere = |d: &plugdb::crd::Database| d.status.as_ref().and_then(|s| s.primary.as_deref()).is_some_and(|p| p != "orders-0");
     cluster.wait_database(ns, "orders", "another member leads", WAIT, led_elsewhere).await.expect("a failover");
     let promoted = hung.elapsed();
     let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
     let said = events.iter().find(|e| e.reason.as_deref() == Some("FailoverPromoted")).and_then(|e| e.note.clone());
     let said = said.expect("a FailoverPromoted Event");
-    assert!(said.contains("primary orders-0") && said.contains("which stopped its engine"), "{said}");
+    // Stopped by its guard on the killed operator's order or on the new one's (which
+    // then finds it fenced, its stopped engine refusing connections): either way nothing
+    // of the hung engine runs again (below).
+    assert!(said.contains("primary orders-0") && said.contains("fenced by its agent"), "{said}");
 
     tokio::time::sleep(Duration::from_secs(60).saturating_sub(hung.elapsed())).await;
     let left = plugdb_tests::scenario::resume_all(&old, &container);
