@@ -95,7 +95,7 @@ pub fn cluster_context(db: &Database, primary_pod: &str, archive: bool) -> Clust
     let n = Names(&name);
     let ns = db.namespace().unwrap_or_default();
     ClusterContext {
-        primary_host: format!("{}.{ns}.svc", n.primary()),
+        primary_host: n.primary_host(&ns),
         headless_host: format!("{}.{ns}.svc", n.headless()),
         primary_pod: primary_pod.to_string(),
         credentials_secret: n.credentials(),

@@ -107,6 +107,11 @@ impl Names<'_> {
     pub fn primary(&self) -> String {
         self.0.to_string()
     }
+    /// The read-write Service's DNS name in namespace `ns`: what members replicate from
+    /// and applications connect to.
+    pub fn primary_host(&self, ns: &str) -> String {
+        format!("{}.{ns}.svc", self.primary())
+    }
     /// Read-only Service.
     pub fn replicas(&self) -> String {
         format!("{}{REPLICAS}", self.0)

@@ -117,7 +117,7 @@ async fn ensure_application(
     };
     // Not there yet: the pass that adds the key makes this Secret.
     let Some(password) = password.and_then(|p| String::from_utf8(p).ok()) else { return Ok(()) };
-    let host = format!("{}.{}.svc", n.primary(), db.namespace().unwrap_or_default());
+    let host = n.primary_host(&db.namespace().unwrap_or_default());
     let uri = format!("{}://{}:{password}@{host}:{port}/{}", login.scheme, login.user, login.database);
     let data = [
         ("username", login.user.clone()),
