@@ -113,7 +113,9 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 .find(|c| c.type_ == "PodScheduled" && c.status == "False")
                 .map(|c| c.message.clone().unwrap_or_else(|| c.reason.clone().unwrap_or_default()));
             let ready = ready_condition.as_ref().is_some_and(|c| c.status == "True");
-            let down = (!ready && unschedulable.is_none()).then(|| why_not_ready(p, ready_condition.as_ref()));
+            let looping = crash_looping(p);
+            let crash_loop = looping.is_some();
+            let down = (!ready && unschedulable.is_none()).then(|| looping.unwrap_or_else(|| why_not_ready(p, ready_condition.as_ref())));
             let age = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| now.duration_since(t.0).as_secs();
             let transition = ready_condition.and_then(|c| c.last_transition_time);
             let ready_since = transition.as_ref().map(|t| t.0.to_string());
@@ -144,7 +146,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 not_replicating: false,
                 remake: false,
                 node_lost: false,
-                crash_loop: crash_looping(p).is_some(),
+                crash_loop,
                 name,
             })
         })
@@ -207,13 +209,9 @@ fn crash_looping(pod: &Pod) -> Option<String> {
     Some(format!("container {} is crash looping (restarted {} times{exit}){said}", c.name, c.restart_count))
 }
 
-/// What a member's pod says about why it is not ready: a container crash looping (with
-/// its last words), or waiting or ended (with its reason), else the Ready condition's own
-/// words.
+/// What a member's pod says about why it is not ready (when no container crash loops):
+/// a container waiting or ended (with its reason), else the Ready condition's own words.
 fn why_not_ready(pod: &Pod, ready: Option<&k8s_openapi::api::core::v1::PodCondition>) -> String {
-    if let Some(looping) = crash_looping(pod) {
-        return looping;
-    }
     let containers = pod.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
     let container = containers.iter().filter(|c| !c.ready).find_map(|c| {
         let state = c.state.as_ref()?;
