@@ -171,16 +171,19 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
     Ok(true)
 }
 
-/// Asks the agents of the replicas that serve (ready, on a node that answers), all but
-/// `primary`, just promoted, and `old`, the primary before it, to have their members
-/// follow `primary` at once: a replica streaming from a primary whose node was lost would
-/// otherwise hold on to it until its own timeout, and synchronous commits wait for it.
-/// Each that does is marked so ([`crate::names::FOLLOWS`]): it is not restarted to follow
-/// `primary`. Says how many did, of how many asked; one that does not finds the new
-/// primary on its own, and restarts to follow it.
+/// Asks the agents of the other replicas, all but `primary`, just promoted, and `old`,
+/// the primary before it, to have their members follow `primary` at once: a replica
+/// streaming from a primary whose node was lost would otherwise hold on to it until its
+/// own timeout, and synchronous commits wait for it. Each replica whose agent may answer
+/// is asked (it has an address, on a node that answers, and is neither fenced nor being
+/// deleted), ready or not: one that missed a readiness look on a busy node, or that had
+/// stopped streaming from the lost primary, follows as well. Each that does is marked so
+/// ([`crate::names::FOLLOWS`]): it is not restarted to follow `primary`. Says how many
+/// did, of how many asked; one that does not finds the new primary on its own, and
+/// restarts to follow it.
 pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary: &str, old: &str) -> Result<(usize, usize), Error> {
-    let replicas: Vec<Observed> =
-        members.iter().filter(|m| m.name != primary && m.name != old && m.ready && !m.cut_off && !m.fenced).cloned().collect();
+    let answers = |m: &&Observed| m.address.is_some() && !m.node_lost && !m.terminating && !m.fenced;
+    let replicas: Vec<Observed> = members.iter().filter(|m| m.name != primary && m.name != old).filter(answers).cloned().collect();
     if replicas.is_empty() {
         return Ok((0, 0));
     }
