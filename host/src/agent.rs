@@ -85,6 +85,8 @@ pub const FENCED_FILE: &str = "fenced";
 pub const FENCED_ENV: &str = "PLUGDB_FENCED";
 /// The agent's variable holding its pod's address.
 pub const OWN_ADDRESS_ENV: &str = "PLUGDB_POD_IP";
+/// The agent's variable holding its pod's name (the member its series are labelled with).
+pub const POD_NAME_ENV: &str = "PLUGDB_POD_NAME";
 /// How long a primary cut off from the control plane and from every other member goes
 /// on taking writes before its agent fences it (counted from the last look that reached
 /// one of them). Shorter fails a lost node's primary over sooner, and fences a primary
@@ -259,7 +261,14 @@ impl Agent {
 /// `promote` command too, and `POST /synchronous/<n>`, with a `synchronous` command) at
 /// `address` (in a member, every address of its pod on [`PORT`]) until the process ends, answering with what `status` prints. The certificate
 /// is read again for each connection: a renewed one is served without a restart.
-pub async fn serve(address: std::net::SocketAddr, certs: PathBuf, mut commands: Commands) -> anyhow::Result<()> {
+/// With `measured` (a port, and who the member is), the member's series are served too
+/// ([`metrics`]), at the same address.
+pub async fn serve(
+    address: std::net::SocketAddr,
+    certs: PathBuf,
+    mut commands: Commands,
+    measured: Option<(u16, metrics::Member)>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(!commands.status.is_empty(), "no status command to run");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("listening at {address}"))?;
@@ -273,6 +282,14 @@ pub async fn serve(address: std::net::SocketAddr, certs: PathBuf, mut commands: 
     let agent = Arc::new(Agent::new(commands));
     if agent.commands.fence.is_some() {
         tokio::spawn(watch(agent.clone()));
+    }
+    if let Some((port, member)) = measured {
+        // Nothing about metrics stops the member serving: a port that cannot be opened is said.
+        let at = std::net::SocketAddr::new(address.ip(), port);
+        match tokio::net::TcpListener::bind(at).await {
+            Ok(listener) => drop(tokio::spawn(metrics::serve(listener, agent.clone(), member))),
+            Err(e) => tracing::warn!("the member's series are not served: listening at {at}: {e}"),
+        }
     }
     loop {
         // An accept that fails (out of descriptors, say) is not the end of the agent: the
@@ -579,6 +596,7 @@ pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Re
 }
 
 pub mod guard;
+pub mod metrics;
 pub mod protocol;
 
 #[cfg(test)]

@@ -406,6 +406,13 @@ pub fn statefulset(
         init.insert(0, copy);
         containers.push(agent);
         volumes.extend(agent_volumes);
+        // For a Prometheus that discovers pods by their annotations.
+        let scraped = [
+            ("prometheus.io/scrape", "true".to_string()),
+            ("prometheus.io/port", crate::agent::metrics::PORT.to_string()),
+            ("prometheus.io/path", "/metrics".into()),
+        ];
+        template_annotations.extend(scraped.map(|(k, v)| (k.to_string(), v)));
     }
     let mut pod = PodSpec {
         automount_service_account_token: Some(false),

@@ -479,6 +479,10 @@ fn command() -> Result<()> {
             synchronous_command,
             follow_command,
             members,
+            metrics_port,
+            database,
+            engine,
+            data,
             command,
         })) => {
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
@@ -501,13 +505,21 @@ fn command() -> Result<()> {
                 synchronous: synchronous_command.unwrap_or_default(),
                 follow: follow_command.unwrap_or_default(),
             };
+            let measured = match (metrics_port, database.as_deref().and_then(|d| d.split_once('/')), engine) {
+                (Some(port), Some((namespace, database)), Some(engine)) => {
+                    let member = std::env::var(plugdb::agent::POD_NAME_ENV).unwrap_or_default();
+                    let (namespace, database) = (namespace.to_string(), database.to_string());
+                    Some((port, plugdb::agent::metrics::Member { namespace, database, engine, member, data }))
+                }
+                _ => None,
+            };
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
             // The agent is its container's first process: without a handler it would ignore
             // SIGTERM, and every restart of the member would wait out its grace period.
             runtime.block_on(async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
                 tokio::select! {
-                    served = plugdb::agent::serve(([0, 0, 0, 0], port).into(), certs, commands) => served,
+                    served = plugdb::agent::serve(([0, 0, 0, 0], port).into(), certs, commands, measured) => served,
                     _ = term.recv() => Ok(()),
                     _ = tokio::signal::ctrl_c() => Ok(()),
                 }

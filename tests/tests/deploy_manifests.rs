@@ -139,6 +139,23 @@ fn each_value_renders_what_it_says() {
         "metrics.serviceMonitor.enabled=false",
     ]));
     assert!(rendered(&off, "ServiceMonitor").is_none());
+    // The members' series: a PodMonitor where its API is served, over the namespace watched
+    // or every one, keeping the series' own labels (namespace, database, member).
+    assert!(rendered(&defaults, "PodMonitor").is_none(), "a PodMonitor without the Prometheus Operator's API");
+    for (watched, namespaces) in [(None, json!({"any": true})), (Some("shop"), json!({"matchNames": ["shop"]}))] {
+        let mut args = vec!["--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--set", "metrics.podMonitor.labels.release=prom"];
+        let watch = watched.map(|ns| format!("watchNamespace={ns}"));
+        args.extend(watch.iter().flat_map(|w| ["--set", w.as_str()]));
+        let members = parse(&helm_template(&args));
+        let monitor = rendered(&members, "PodMonitor").expect("a PodMonitor where its API is served");
+        assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
+        assert_eq!(monitor["spec"]["selector"]["matchLabels"], json!({"app.kubernetes.io/managed-by": "plugdb"}));
+        assert_eq!(monitor["spec"]["namespaceSelector"], namespaces, "{watched:?}");
+        let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+        assert_eq!((&endpoint["port"], &endpoint["path"], &endpoint["honorLabels"]), (&json!("metrics"), &json!("/metrics"), &json!(true)));
+    }
+    let off = parse(&helm_template(&["--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--set", "metrics.podMonitor.enabled=false"]));
+    assert!(rendered(&off, "PodMonitor").is_none());
     let off = parse(&helm_template(&["--set", "metrics.service.enabled=false", "--set", "podDisruptionBudget.enabled=false"]));
     assert!(rendered(&off, "Service").is_none() && rendered(&off, "PodDisruptionBudget").is_none());
 

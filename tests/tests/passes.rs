@@ -857,7 +857,7 @@ async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
             ..Default::default()
         };
         let address: std::net::SocketAddr = format!("{address}:{}", plugdb::agent::PORT).parse().expect("an address");
-        tokio::spawn(plugdb::agent::serve(address, dir.path().to_path_buf(), commands));
+        tokio::spawn(plugdb::agent::serve(address, dir.path().to_path_buf(), commands, None));
         while tokio::net::TcpStream::connect(address).await.is_err() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

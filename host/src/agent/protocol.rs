@@ -141,6 +141,18 @@ pub struct Serve {
     /// The name under which the cluster's DNS lists every member.
     #[arg(long, value_name = "HOST")]
     pub members: Option<String>,
+    /// Serve the member's series at `GET /metrics` on this port (plain HTTP).
+    #[arg(long, value_name = "PORT", requires = "database")]
+    pub metrics_port: Option<u16>,
+    /// The member's Database, `<namespace>/<name>`, and its engine: the series' labels.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "engine")]
+    pub database: Option<String>,
+    /// The member's engine.
+    #[arg(long, value_name = "ENGINE")]
+    pub engine: Option<String>,
+    /// Where the member's data volume is mounted: its size and use are measured.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
     /// The plugin's status command.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -171,8 +183,17 @@ impl Serve {
                 argv.extend([flag.to_string(), json(command)]);
             }
         }
-        if let Some(members) = &self.members {
-            argv.extend(["--members".into(), members.clone()]);
+        let given = [
+            ("--members", self.members.clone()),
+            ("--metrics-port", self.metrics_port.map(|p| p.to_string())),
+            ("--database", self.database.clone()),
+            ("--engine", self.engine.clone()),
+            ("--data", self.data.as_ref().map(|d| d.display().to_string())),
+        ];
+        for (flag, value) in given {
+            if let Some(value) = value {
+                argv.extend([flag.to_string(), value]);
+            }
         }
         argv.push("--".into());
         argv.extend(self.command.iter().cloned());
@@ -242,6 +263,10 @@ mod tests {
             follow_command: Some(vec!["follow".into()]),
             synchronous_command: Some(vec!["sync".into()]),
             members: Some("orders-headless.shop.svc".into()),
+            metrics_port: Some(9188),
+            database: Some("shop/orders".into()),
+            engine: Some("postgres".into()),
+            data: Some("/var/lib/postgresql/data".into()),
             command: vec!["psql".into(), "--flag".into()],
         };
         let bare = Serve {
@@ -250,6 +275,10 @@ mod tests {
             follow_command: None,
             synchronous_command: None,
             members: None,
+            metrics_port: None,
+            database: None,
+            engine: None,
+            data: None,
             ..full.clone()
         };
         for serve in [full, bare] {

@@ -214,7 +214,7 @@ async fn only_the_operator_is_answered() {
     let synchronous = sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS\" >> {}/synchronous", certs.display()));
     let follow = sh(&format!("echo \"$PLUGDB_PRIMARY_HOST\" >> {}/followed", certs.display()));
     let commands = Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous, follow };
-    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands));
+    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands, None));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
     let ask_to = |query: &crate::plugin::MemberQuery, identity: Option<Vec<u8>>| {
@@ -291,7 +291,7 @@ async fn idle_connections_from_elsewhere_do_not_starve_the_operator() {
     };
     let certs = ours.dir.0.clone();
     let commands = Commands { status: sh("echo replica 0/1"), ..Default::default() };
-    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands));
+    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands, None));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let ask = || {
         let (ca, operator, status) = (ours.ca.clone(), ours.operator.clone(), status.clone());
@@ -331,6 +331,7 @@ async fn a_fence_the_engine_does_not_confirm_is_confirmed_once_its_engine_is_sto
         ([0, 0, 0, 0], port).into(),
         dir.clone(),
         Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() },
+        None,
     ));
     let ask = |path: &str, body: Option<String>| {
         let (ca, operator) = (ours.ca.clone(), ours.operator.clone());
@@ -363,4 +364,89 @@ fn a_cut_off_primary_is_fenced_within_what_the_operator_waits_for() {
     // and when that fails, the guard's look at the stop order.
     let commands = 3 * COMMAND_TIMEOUT + guard::LOOK_EVERY;
     assert!(ISOLATED_FENCE_AFTER + look + commands <= FENCED_WITHIN, "{:?}", ISOLATED_FENCE_AFTER + look + commands);
+}
+
+fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    probe.local_addr().expect("address").port()
+}
+
+async fn http_get(port: u16, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes()).await.expect("write");
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.expect("read");
+    out
+}
+
+/// A scrape gets the member's role, lag, fence and volume, labelled with who it is,
+/// without a client certificate; the status command runs at most once every
+/// `metrics::FRESH_FOR`, however often it is scraped.
+#[tokio::test]
+async fn the_members_series_are_served_to_a_scraper() {
+    let ours = issued("measured");
+    let (port, metrics_port) = (free_port(), free_port());
+    let dir = ours.dir.0.clone();
+    let runs = dir.join("runs");
+    let status = sh(&format!("echo run >> {}; echo replica 0/5 2.5", runs.display()));
+    let commands = Commands { status, fence: Some(fence_in(&dir, None)), ..Default::default() };
+    let member = metrics::Member {
+        namespace: "shop".into(),
+        database: "orders".into(),
+        engine: "postgres".into(),
+        member: "orders-1".into(),
+        data: Some(dir.clone()),
+    };
+    tokio::spawn(serve(([127, 0, 0, 1], port).into(), dir.clone(), commands, Some((metrics_port, member))));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", metrics_port)).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "the series were never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let labels = r#"{namespace="shop",database="orders",engine="postgres",member="orders-1",role="replica"}"#;
+    let scraped = http_get(metrics_port, "/metrics").await;
+    assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
+    for line in [
+        format!("plugdb_member_up{labels} 1.0"),
+        format!("plugdb_member_fenced{labels} 0.0"),
+        format!("plugdb_member_replication_lag_seconds{labels} 2.5"),
+    ] {
+        assert!(scraped.lines().any(|l| l == line), "{line} in {scraped}");
+    }
+    let value = |name: &str, scraped: &str| -> f64 {
+        let line = scraped.lines().find(|l| l.starts_with(&format!("{name}{labels} "))).unwrap_or_else(|| panic!("{name}: {scraped}"));
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
+    };
+    let (size, used) = (value("plugdb_member_volume_size_bytes", &scraped), value("plugdb_member_volume_used_bytes", &scraped));
+    assert!(size > 0.0 && used > 0.0 && used <= size, "{used} of {size}");
+    std::fs::write(dir.join(FENCED_FILE), "fenced by a test\n").expect("the mark");
+    let fenced = http_get(metrics_port, "/metrics").await;
+    assert!(fenced.contains(&format!("plugdb_member_fenced{labels} 1.0")), "{fenced}");
+    assert_eq!(std::fs::read_to_string(&runs).expect("runs").lines().count(), 1, "one status command for both scrapes");
+    assert!(http_get(metrics_port, "/status").await.starts_with("HTTP/1.1 404"), "nothing but the series is served there");
+}
+
+/// A scrape and the operator's commands never wait for each other (a fence is not held
+/// back by a scrape of a hung engine); while a scrape's command runs, another scrape is
+/// served the last answer (none yet: the member's role is unknown and it is not up).
+#[tokio::test]
+async fn a_scrape_and_the_operators_commands_do_not_wait_for_each_other() {
+    let agent = Agent::new(Commands { status: sh("echo primary 0/5"), ..Default::default() });
+    let looks = metrics::Looks::default();
+    let _operators = agent.command.try_acquire().expect("the operator's command lock");
+    let said = tokio::time::timeout(Duration::from_secs(5), metrics::status(&agent, &looks)).await.expect("not held back");
+    assert_eq!(said.map(|s| s.primary), Some(true));
+    let hung = Agent::new(Commands { status: sh("sleep 1; echo primary 0/5"), ..Default::default() });
+    let looks = metrics::Looks::default();
+    let (first, second) = tokio::join!(metrics::status(&hung, &looks), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        (metrics::status(&hung, &looks).await, started.elapsed())
+    });
+    assert_eq!(first.map(|s| s.primary), Some(true));
+    assert!(second.0.is_none() && second.1 < Duration::from_millis(500), "the last answer (none), at once: {second:?}");
+    let member = metrics::Member { namespace: "a".into(), database: "b".into(), engine: "c".into(), member: "b-0".into(), data: None };
+    let unknown = metrics::encode(&member, None, false, None);
+    assert!(unknown.contains(r#"plugdb_member_up{namespace="a",database="b",engine="c",member="b-0",role="unknown"} 0.0"#), "{unknown}");
+    assert!(!unknown.contains("plugdb_member_volume_size_bytes{"), "no volume, no series: {unknown}");
 }

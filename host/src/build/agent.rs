@@ -11,7 +11,7 @@ use kube::ResourceExt;
 
 use super::pod;
 use crate::agent::protocol::Serve;
-use crate::agent::{BIN_DIR, CERTS, FENCED_ENV, FENCED_FILE, FILES, OWN_ADDRESS_ENV, PORT, STATE};
+use crate::agent::{BIN_DIR, CERTS, FENCED_ENV, FENCED_FILE, FILES, OWN_ADDRESS_ENV, POD_NAME_ENV, PORT, STATE, metrics};
 use crate::crd::Database;
 use crate::names::Names;
 
@@ -24,7 +24,8 @@ fn verbatim(text: &str) -> String {
 
 /// What a member needs for its agent, beside `engine` (the engine's container): the init
 /// container that copies this binary out of the operator's `image`, the agent's container
-/// (the engine's image, environment and files, but not its data), and their volumes.
+/// (the engine's image, environment and files, and its data volume read-only, which it
+/// measures: the member's series are served on [`metrics::PORT`]), and their volumes.
 /// With a `fence` command the engine is given the agent's state, read-only, and the path
 /// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
 /// not ready, and the engine's command runs under the agent's guard (`plugdb agent
@@ -56,6 +57,8 @@ pub fn containers(
         ..Default::default()
     };
     let given = |argv: &[String]| (!argv.is_empty()).then(|| argv.to_vec());
+    // The data volume, read-only: the agent measures it for its series, and reads nothing in it.
+    let data = engine.volume_mounts.iter().flatten().find(|m| m.name == "data").map(|m| VolumeMount { read_only: Some(true), ..m.clone() });
     let mut serve = Serve {
         port: PORT,
         certs: CERTS.into(),
@@ -64,13 +67,20 @@ pub fn containers(
         follow_command: None,
         synchronous_command: given(synchronous),
         members: None,
+        metrics_port: Some(metrics::PORT),
+        database: Some(format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())),
+        engine: Some(db.spec.engine.clone()),
+        data: data.as_ref().map(|m| m.mount_path.clone().into()),
         command: status.to_vec(),
     };
     let seen = |m: &&VolumeMount| !["data", "archive"].contains(&m.name.as_str());
     let mut mounts: Vec<VolumeMount> = engine.volume_mounts.iter().flatten().filter(seen).cloned().collect();
+    mounts.extend(data);
     mounts.push(pod::mount("agent-bin", BIN_DIR, true));
     mounts.push(pod::mount("agent-certs", CERTS, true));
     let mut env = engine.env.clone().unwrap_or_default();
+    let name = crate::plugin::EnvVar { name: POD_NAME_ENV.into(), source: crate::plugin::EnvSource::Field("metadata.name".into()) };
+    env.extend(pod::env(&[name]));
     let mut readiness = None;
     if !fence.is_empty() {
         serve.members = Some(format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default()));
@@ -109,12 +119,16 @@ pub fn containers(
         command: Some(command),
         env: Some(env),
         readiness_probe: readiness,
-        ports: Some(vec![ContainerPort {
-            name: Some("agent".into()),
-            container_port: i32::from(PORT),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        ports: Some(
+            [("agent", PORT), ("metrics", metrics::PORT)]
+                .map(|(name, port)| ContainerPort {
+                    name: Some(name.into()),
+                    container_port: i32::from(port),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                })
+                .to_vec(),
+        ),
         volume_mounts: Some(mounts),
         resources: Some(bounded("200m", "64Mi")),
         security_context: Some(pod::container_security(Some(true))),

@@ -280,8 +280,9 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
 
 /// With a status command and the operator's image, every member gets the agent: its
 /// binary copied out of the operator's image first, then the agent in the engine's image
-/// with the engine's environment and files but not its data, serving on its port with
-/// the agent's certificate (never the operator's key).
+/// with the engine's environment and files, and its data volume read-only (measured for
+/// the member's series, on a port of their own that pods' annotations name), serving on
+/// its port with the agent's certificate (never the operator's key).
 #[test]
 fn the_member_agent_runs_the_status_command_beside_the_engine() {
     let db = database(DeletionPolicy::Snapshot);
@@ -290,16 +291,24 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
         name: "PGPASSWORD".into(),
         source: EnvSource::Secret(SecretRef { name: "orders-credentials".into(), key: "pw".into() }),
     }];
-    let pod = |w: &Workload, agent: Option<&str>| -> k8s_openapi::api::core::v1::PodSpec {
+    let template = |w: &Workload, agent: Option<&str>| -> k8s_openapi::api::core::v1::PodTemplateSpec {
         let set: StatefulSet =
             serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { agent, ..Default::default() }, ("orders-0", 3), None).object)
                 .expect("StatefulSet");
-        set.spec.and_then(|s| s.template.spec).expect("pod")
+        set.spec.expect("spec").template
     };
+    let pod = |w: &Workload, agent: Option<&str>| template(w, agent).spec.expect("pod");
+    let scraped = |w: &Workload, agent: Option<&str>| {
+        let annotations = template(w, agent).metadata.and_then(|m| m.annotations).unwrap_or_default();
+        ["scrape", "port", "path"].map(|k| annotations.get(&format!("prometheus.io/{k}")).cloned())
+    };
+    assert_eq!(scraped(&w, Some("plugdb/plugdb:1")), [None, None, None], "no agent: nothing to scrape");
     let none = pod(&w, Some("plugdb/plugdb:1"));
     assert_eq!(none.containers.len(), 1, "no status command: no agent");
     w.status_command = vec!["sh".into(), "-c".into(), "echo replica 0/1".into()];
     assert_eq!(pod(&w, None).containers.len(), 1, "no operator image: no agent");
+    let annotated = [Some("true".to_string()), Some("9188".into()), Some("/metrics".into())];
+    assert_eq!(scraped(&w, Some("plugdb/plugdb:1")), annotated, "the member's series, for a Prometheus that reads annotations");
 
     let pod = pod(&w, Some("plugdb/plugdb:1"));
     let init = pod.init_containers.clone().unwrap_or_default();
@@ -307,12 +316,24 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     assert_eq!(init[0].image.as_deref(), Some("plugdb/plugdb:1"));
     let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
     assert_eq!(agent.image, pod.containers[0].image, "the engine's image, for its client tools");
-    assert_eq!(agent.env, pod.containers[0].env, "the engine's environment");
+    let env = agent.env.clone().unwrap_or_default();
+    assert_eq!(env[..env.len() - 1], pod.containers[0].env.clone().unwrap_or_default()[..], "the engine's environment");
+    let named = env.last().and_then(|e| e.value_from.as_ref()?.field_ref.as_ref()).map(|f| f.field_path.as_str());
+    assert_eq!(named, Some("metadata.name"), "and its pod's name, for its series");
     let command = agent.command.clone().unwrap_or_default();
     assert_eq!(command[..3], ["/plugdb-bin/plugdb".to_string(), "agent".into(), "serve".into()]);
     assert_eq!(command[command.len() - 3..], w.status_command[..]);
+    let after = |flag: &str| command.iter().position(|a| a == flag).map(|at| command[at + 1].as_str());
+    let data = pod.containers[0].volume_mounts.iter().flatten().find(|m| m.name == "data").expect("data").mount_path.clone();
+    assert_eq!(
+        [after("--metrics-port"), after("--database"), after("--engine"), after("--data")],
+        [Some("9188"), Some("shop/orders"), Some("postgres"), Some(data.as_str())]
+    );
+    let ports: Vec<(Option<String>, i32)> = agent.ports.iter().flatten().map(|p| (p.name.clone(), p.container_port)).collect();
+    assert_eq!(ports, [(Some("agent".into()), 8443), (Some("metrics".into()), 9188)]);
     let mounts: Vec<&str> = agent.volume_mounts.iter().flatten().map(|m| m.name.as_str()).collect();
-    assert!(!mounts.contains(&"data"), "not the data: {mounts:?}");
+    let read_only = agent.volume_mounts.iter().flatten().find(|m| m.name == "data").and_then(|m| m.read_only);
+    assert_eq!(read_only, Some(true), "the data, read-only: {mounts:?}");
     assert!(mounts.contains(&"config") && mounts.contains(&"agent-certs") && mounts.contains(&"agent-bin"), "{mounts:?}");
     assert!(agent.resources.as_ref().and_then(|r| r.limits.as_ref()).is_some_and(|l| l.contains_key("memory") && l.contains_key("cpu")));
     let certs = pod.volumes.iter().flatten().find(|v| v.name == "agent-certs").and_then(|v| v.secret.clone()).expect("certificates");

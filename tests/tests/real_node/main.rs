@@ -157,6 +157,7 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         .await
         .expect("the replicas' lag");
     eprintln!("{ns}: the replicas say they lag {:?}", lags(&db));
+    members_are_measured(&client.members().await, &ns, engine).await;
 
     // `kubectl plugdb status`: the plugdb binary under the kubectl plugin's name, against
     // this cluster through KUBECONFIG, shows each member where it runs, in its role, and a replica's lag.
@@ -228,6 +229,35 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         second_primary(&cluster, &client, &ns).await;
         replica_not_replicating(&cluster, &client, &ns).await;
     }
+}
+
+/// Each member's agent serves its series to anyone who scrapes its pod's metrics port
+/// (the one its annotations name): up, in the role it has, a replica's lag, and its data
+/// volume's size and use, labelled with the Database, the engine and the member.
+async fn members_are_measured(members: &[k8s_openapi::api::core::v1::Pod], ns: &str, engine: Engine) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for pod in members {
+        let name = pod.name_any();
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let port = annotations.get("prometheus.io/port").and_then(|p| p.parse::<u16>().ok()).expect("the metrics port, annotated");
+        assert_eq!(annotations.get("prometheus.io/scrape").map(String::as_str), Some("true"), "{name}");
+        let mut stream = tokio::net::TcpStream::connect((pod_ip(pod).as_str(), port)).await.expect("the metrics port answers");
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nhost: member\r\n\r\n").await.expect("asked");
+        let mut scraped = String::new();
+        stream.read_to_string(&mut scraped).await.expect("the series");
+        let role = if name == "orders-0" { "primary" } else { "replica" };
+        let labels = format!(r#"{{namespace="{ns}",database="orders",engine="{}",member="{name}",role="{role}"}}"#, engine.name());
+        let value = |series: &str| -> Option<f64> {
+            let line = scraped.lines().find(|l| l.starts_with(&format!("plugdb_member_{series}{labels} ")))?;
+            line.rsplit(' ').next()?.parse().ok()
+        };
+        assert_eq!(value("up"), Some(1.0), "{name}: {scraped}");
+        assert_eq!(value("fenced"), Some(0.0), "{name}: {scraped}");
+        assert_eq!(value("replication_lag_seconds").is_some(), role == "replica", "{name}: {scraped}");
+        let (size, used) = (value("volume_size_bytes").unwrap_or_default(), value("volume_used_bytes").unwrap_or_default());
+        assert!(size > 0.0 && used > 0.0 && used <= size, "{name}: {used} of {size} bytes: {scraped}");
+    }
+    eprintln!("{ns}: every member's series scraped from its metrics port");
 }
 
 /// A replica whose stream breaks (the application took the replication role's login and

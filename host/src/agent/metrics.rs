@@ -1,0 +1,190 @@
+//! The member's own series, for Prometheus: `GET /metrics` on [`PORT`], plain HTTP (a
+//! scraper reads them and nothing there orders the agent). A scrape reads the member as
+//! the operator does, by the plugin's status command (at most one at a time and once
+//! every [`FRESH_FOR`], beside the operator's commands, never in their way), and the data
+//! volume by `statfs`. Nothing about a scrape can stop the member serving:
+//! its connections are bounded apart from the operator's ([`CONNECTIONS`], a few
+//! seconds each), and a port that cannot be opened is logged, not fatal.
+//!
+//! Every series carries `namespace`, `database`, `engine`, `member` and `role`
+//! (`primary`, `replica`, or `unknown` while the status command does not answer).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
+
+use super::{Agent, COMMAND_TIMEOUT, Status, parse, run};
+
+/// The port the member's series are served on, in every member with an agent.
+pub const PORT: u16 = 9188;
+/// How long a status answer is served before the command runs again.
+pub const FRESH_FOR: Duration = Duration::from_secs(10);
+/// Scrapes at a time (the operator's connections are counted apart).
+const CONNECTIONS: usize = 4;
+/// How long one scrape may take: its request, a status command, its answer.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
+const MAX_HEAD: usize = 1 << 10;
+
+/// Who the member is, for the series' labels, and where its data volume is mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The Database's namespace.
+    pub namespace: String,
+    /// The Database.
+    pub database: String,
+    /// Its engine.
+    pub engine: String,
+    /// The member's pod.
+    pub member: String,
+    /// The data volume's mount (no volume series without it).
+    pub data: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Labels {
+    namespace: String,
+    database: String,
+    engine: String,
+    member: String,
+    role: String,
+}
+
+/// The data volume's size and the bytes in use, as `statfs` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Volume {
+    /// Its size.
+    pub size: u64,
+    /// What is used of it.
+    pub used: u64,
+}
+
+/// The volume mounted at `path`, if it can be read.
+pub fn volume(path: &std::path::Path) -> Option<Volume> {
+    let fs = rustix::fs::statvfs(path).ok()?;
+    let size = fs.f_blocks.saturating_mul(fs.f_frsize);
+    Some(Volume { size, used: fs.f_blocks.saturating_sub(fs.f_bfree).saturating_mul(fs.f_frsize) })
+}
+
+/// The series of `member` at one look: what its status command said (`None`: no answer),
+/// whether it is fenced, and its volume.
+pub fn encode(member: &Member, said: Option<&Status>, fenced: bool, volume: Option<Volume>) -> String {
+    let role = match said {
+        Some(s) if s.primary => "primary",
+        Some(_) => "replica",
+        None => "unknown",
+    };
+    let labels = Labels {
+        namespace: member.namespace.clone(),
+        database: member.database.clone(),
+        engine: member.engine.clone(),
+        member: member.member.clone(),
+        role: role.into(),
+    };
+    let mut registry = Registry::with_prefix("plugdb_member");
+    let gauge = |registry: &mut Registry, name: &str, help: &str, value: Option<f64>| {
+        let family = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        if let Some(value) = value {
+            family.get_or_create(&labels).set(value);
+        }
+        registry.register(name, help, family);
+    };
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    gauge(&mut registry, "up", "Whether the member's engine answered its status command at the last look", Some(flag(said.is_some())));
+    gauge(
+        &mut registry,
+        "fenced",
+        "Whether the member is fenced: it takes no more writes for the rest of its pod's life",
+        Some(flag(fenced)),
+    );
+    let lag = said.and_then(|s| s.lag).map(|l| l.as_secs_f64());
+    gauge(
+        &mut registry,
+        "replication_lag_seconds",
+        "How far behind its primary a replica says it is (no series while it does not know)",
+        lag,
+    );
+    let (size, used) = (volume.map(|v| v.size as f64), volume.map(|v| v.used as f64));
+    gauge(&mut registry, "volume_size_bytes", "The size of the member's data volume", size);
+    gauge(&mut registry, "volume_used_bytes", "The bytes in use on the member's data volume", used);
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+/// What scrapes share: the last status answer, when it was had, and the one status
+/// command a scrape may run at a time.
+#[derive(Debug)]
+pub(super) struct Looks {
+    last: Mutex<Option<(Instant, Option<Status>)>>,
+    running: Semaphore,
+}
+
+impl Default for Looks {
+    fn default() -> Self {
+        Looks { last: Mutex::default(), running: Semaphore::new(1) }
+    }
+}
+
+/// Serves the member's series on `listener` for as long as the agent runs.
+pub(super) async fn serve(listener: tokio::net::TcpListener, agent: Arc<Agent>, member: Member) {
+    let (member, looks, connections) = (Arc::new(member), Arc::new(Looks::default()), Arc::new(Semaphore::new(CONNECTIONS)));
+    loop {
+        let Ok((socket, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
+        let (agent, member, looks) = (agent.clone(), member.clone(), looks.clone());
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, scrape(socket, &agent, &member, &looks)).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn scrape(mut socket: tokio::net::TcpStream, agent: &Agent, member: &Member, looks: &Looks) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() <= MAX_HEAD {
+        let mut chunk = [0u8; 256];
+        let n = socket.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&chunk[..n]);
+    }
+    let (status, content_type, body) = if head.starts_with(b"GET /metrics ") {
+        let said = status(agent, looks).await;
+        let volume = member.data.as_deref().and_then(volume);
+        ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", encode(member, said.as_ref(), agent.is_fenced(), volume))
+    } else {
+        ("404 Not Found", "text/plain", "only GET /metrics is served here\n".to_string())
+    };
+    let response =
+        format!("HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+    socket.write_all(response.as_bytes()).await?;
+    socket.write_all(body.as_bytes()).await?;
+    socket.shutdown().await
+}
+
+/// What the member says of itself: the last answer while it is fresh, or while another
+/// scrape's command runs, else the status command's answer now. A scrape's command runs
+/// beside the operator's, never holding or waiting for their lock: a fence is not held
+/// back by a scrape of a hung engine.
+pub(super) async fn status(agent: &Agent, looks: &Looks) -> Option<Status> {
+    let cached = looks.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some((_, said)) = cached.as_ref().filter(|(at, _)| at.elapsed() < FRESH_FOR) {
+        return said.clone();
+    }
+    let Ok(_one_scrape_at_a_time) = looks.running.try_acquire() else { return cached.and_then(|(_, said)| said) };
+    let said = run(&agent.commands.status, &[], COMMAND_TIMEOUT).await.ok().and_then(|out| parse(&out).ok());
+    *looks.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), said.clone()));
+    said
+}
