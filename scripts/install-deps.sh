@@ -3,8 +3,9 @@
 # a wasm-capable Rust (unless rustup already has the target), PostgreSQL, MariaDB,
 # openssl; the real node's runtime (containerd, runc, CNI plugins, iptables); and,
 # built once and cached under ~/.cache/plugdb: the Kubernetes control-plane and node
-# binaries, CoreDNS, local-path-provisioner, MinIO, cert-manager, and the engine images (from Debian
-# packages). The Go builds and the image builds run side by side.
+# binaries, CoreDNS, local-path-provisioner, MinIO, cert-manager, Prometheus and
+# promtool (Debian's package, unpacked), and the engine images (from Debian packages).
+# The Go builds and the image builds run side by side.
 #   scripts/install-deps.sh [packages|builds]    one part only (default: both, in order)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,4 +49,5 @@ scripts/node-tools.sh >/dev/null
 scripts/helm.sh >/dev/null
 scripts/minio.sh >/dev/null
 scripts/cert-manager.sh >/dev/null
+scripts/prometheus.sh >/dev/null
 wait $images || { echo "install-deps: building the engine images failed" >&2; exit 1; }

@@ -101,6 +101,7 @@ fn a_mistyped_value_fails_at_install() {
         (["--set", "networkPolicy.apiServer.cidrs={10.0.0.1}"], "cidrs"),
         (["--set", "engineImages.registry=https://mirror"], "registry"),
         (["--set", "egress.forbid={everything}"], "forbid"),
+        (["--set", "alerts.runbookBaseURL=runbooks/"], "runbookBaseURL"),
     ] {
         let e = helm(&["template", "plugdb", "deploy/chart/plugdb"], &args).err().unwrap_or_else(|| panic!("{args:?} was accepted"));
         assert!(e.contains("schema") && e.contains(field), "{args:?}: the error should name {field}: {e}");
@@ -154,8 +155,30 @@ fn each_value_renders_what_it_says() {
         let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
         assert_eq!((&endpoint["port"], &endpoint["path"], &endpoint["honorLabels"]), (&json!("metrics"), &json!("/metrics"), &json!(true)));
     }
-    let off = parse(&helm_template(&["--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--set", "metrics.podMonitor.enabled=false"]));
+    let off =
+        parse(&helm_template(&["--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--set", "metrics.podMonitor.enabled=false"]));
     assert!(rendered(&off, "PodMonitor").is_none());
+    // The alert rules: alerts/plugdb-rules.yaml as a PrometheusRule where its API is
+    // served, each runbook under alerts.runbookBaseURL when it is set.
+    assert!(rendered(&defaults, "PrometheusRule").is_none(), "a PrometheusRule without the Prometheus Operator's API");
+    let file =
+        std::fs::read_to_string(plugdb_tests::workspace_root().join("deploy/chart/plugdb/alerts/plugdb-rules.yaml")).expect("the rules");
+    let file: serde_json::Value = yaml_serde::from_str(&file).expect("YAML");
+    let rules = |args: &[&str]| {
+        let args = [&["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"], args].concat();
+        rendered(&parse(&helm_template(&args)), "PrometheusRule").map(|r| r["spec"]["groups"].clone())
+    };
+    assert_eq!(rules(&[]).as_ref(), Some(&file["groups"]), "the same rules as the file");
+    let published = rules(&["--set", "alerts.runbookBaseURL=https://runbooks.example/plugdb"]).expect("a PrometheusRule");
+    let urls: Vec<&str> = published
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .filter_map(|r| r["annotations"]["runbook_url"].as_str())
+        .collect();
+    assert!(!urls.is_empty() && urls.iter().all(|u| u.starts_with("https://runbooks.example/plugdb/") && u.ends_with(".md")), "{urls:?}");
+    assert_eq!(rules(&["--set", "alerts.enabled=false"]), None);
     let off = parse(&helm_template(&["--set", "metrics.service.enabled=false", "--set", "podDisruptionBudget.enabled=false"]));
     assert!(rendered(&off, "Service").is_none() && rendered(&off, "PodDisruptionBudget").is_none());
 
