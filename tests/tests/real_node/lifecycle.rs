@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -14,6 +14,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use plugdb::crd::Database;
 use plugdb_tests::operator::{Cluster, OPERATOR_NAMESPACE, plugin_config_map};
+use plugdb_tests::prometheus::{INTERVAL, Prometheus};
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running};
 use serde_json::json;
 
@@ -276,8 +277,15 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
 /// nodes with no huge pages): the member crash loops, and the Database says so in
 /// `Degraded` (reason `CrashLoop`) and a Warning Event, with the engine's last words
 /// from its log; without the setting, the member is restarted onto it and runs.
+///
+/// A real Prometheus, configured as the chart's PodMonitor configures one and loaded
+/// with plugdb's alert rules, scrapes the member's agent throughout: every rule
+/// evaluates, `PlugdbMemberDown` fires for the member whose engine never answers, and
+/// resolves once it runs and says it is the primary, with its volume measured.
 pub async fn crash_loop_named(cluster: Arc<Cluster>) {
     let ns = "postgres-crash-loop";
+    let rules = plugdb_tests::workspace_root().join("deploy/chart/plugdb/alerts/plugdb-rules.yaml");
+    let prometheus = Prometheus::start(crate::nodes::nodes(&cluster), ns, &rules).await.expect("Prometheus");
     let huge = json!({"parameters": {"huge_pages": "on"}});
     cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 1, huge)).await.expect("apply");
     let db = cluster
@@ -295,11 +303,37 @@ pub async fn crash_loop_named(cluster: Arc<Cluster>) {
         events.items.iter().filter(|e| e.reason.as_deref() == Some("CrashLoop")).filter_map(|e| e.note.clone()).collect();
     assert_eq!(warned.len(), 1, "one Warning, however long it loops: {warned:?}");
     assert!(warned[0].contains("shared memory"), "{}", warned[0]);
+    let member_down = |labels: &serde_json::Value| labels["alertname"] == "PlugdbMemberDown" && labels["member"] == "orders-0";
+    let alerted = Instant::now();
+    let deadline = alerted + WAIT;
+    loop {
+        let alerts = prometheus.alerts().await.expect("alerts");
+        if alerts.iter().any(|(labels, state)| member_down(labels) && labels["severity"] == "warning" && state == "firing") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "PlugdbMemberDown never fired: {alerts:?}");
+        tokio::time::sleep(INTERVAL).await;
+    }
+    eprintln!("{ns}: PlugdbMemberDown firing in a real Prometheus {:.0} s after the crash loop was named", alerted.elapsed().as_secs_f64());
 
     cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 1, json!({}))).await.expect("apply");
     cluster.wait_database(ns, "orders", "Running without it", WAIT, |d| is_running(d, 1)).await.expect("running");
     let db = Api::<Database>::namespaced(cluster.client.clone(), ns).get("orders").await.expect("get");
     assert_eq!(condition(&db, "Degraded").map(|c| c.reason.as_str()), Some("AllMembersUp"));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let up =
+            prometheus.query(&format!(r#"plugdb_member_up{{namespace="{ns}",database="orders",role="primary"}} == 1"#)).await.expect("up");
+        let volume = prometheus.query(&format!(r#"plugdb_member_volume_used_bytes{{namespace="{ns}",member="orders-0"}} > 0"#)).await;
+        let alerts = prometheus.alerts().await.expect("alerts");
+        if up.len() == 1 && volume.is_ok_and(|v| v.len() == 1) && !alerts.iter().any(|(labels, _)| member_down(labels)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the member never came back in Prometheus: up {up:?}, alerts {alerts:?}");
+        tokio::time::sleep(INTERVAL).await;
+    }
+    let rules = prometheus.rules().await.expect("rules");
+    assert!(rules.len() >= 12 && rules.iter().all(|(_, health)| health == "ok"), "every rule evaluates: {rules:?}");
 }
 
 /// Backups on a schedule (every 5 s here) run as real Jobs named after their fire time;

@@ -1,0 +1,139 @@
+//! A real Prometheus (Debian's package, unpacked once by `scripts/prometheus.sh`) for the
+//! real-node scenarios, configured as the chart's PodMonitor configures one: the pods of
+//! a namespace that carry `prometheus.io/scrape: "true"`, at their `metrics` port and
+//! annotated path, the series' own labels kept (`honor_labels`); with plugdb's alert rules.
+//! It runs beside this process, which reaches the API server and the pods as it does,
+//! listens on loopback, is recorded with the nodes' daemons (their teardown stops it by
+//! its PID) and is stopped when dropped.
+
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::node::Nodes;
+
+/// How often it scrapes and evaluates its rules.
+pub const INTERVAL: Duration = Duration::from_secs(5);
+
+/// A running Prometheus.
+pub struct Prometheus {
+    /// `127.0.0.1:PORT`, its HTTP API.
+    pub address: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Scrapes the members in `namespace` of the cluster `nodes` run, evaluating `rules`.
+    pub async fn start(nodes: &Nodes, namespace: &str, rules: &Path) -> Result<Self> {
+        let bin = crate::cached_build("prometheus.sh", "Prometheus")?.join("prometheus");
+        let dir = tempfile::tempdir()?;
+        let seconds = INTERVAL.as_secs();
+        let config = serde_json::json!({
+            "global": {"scrape_interval": format!("{seconds}s"), "evaluation_interval": format!("{seconds}s")},
+            "rule_files": [rules],
+            "scrape_configs": [{
+                "job_name": "plugdb-members",
+                "honor_labels": true,
+                "kubernetes_sd_configs": [{
+                    "role": "pod",
+                    "kubeconfig_file": nodes.kubeconfig,
+                    "namespaces": {"names": [namespace]},
+                }],
+                "relabel_configs": [
+                    {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "action": "keep", "regex": "true"},
+                    {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "action": "keep", "regex": "metrics"},
+                    {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"], "target_label": "__metrics_path__", "regex": "(.+)"},
+                ],
+            }],
+        });
+        // JSON is YAML.
+        std::fs::write(dir.path().join("prometheus.yml"), config.to_string())?;
+        let port = crate::control_plane::free_port()?;
+        let mut command = std::process::Command::new(bin);
+        command
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn");
+        let child = nodes.spawn_recorded(&format!("prometheus-{namespace}"), &mut command)?;
+        let server = Self { address: format!("127.0.0.1:{port}"), child, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server.get("/-/ready").await.is_err() {
+            if Instant::now() > deadline {
+                bail!("Prometheus was not ready within 60 s: {}", nodes.log_tail(&format!("prometheus-{namespace}")));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(server)
+    }
+
+    /// The body of `GET path` (HTTP/1.0: the answer ends with the connection), when 200.
+    async fn get(&self, path: &str) -> Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(&self.address).await?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: prometheus\r\n\r\n").as_bytes()).await?;
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer)).await.context("Prometheus answering")??;
+        let (head, body) = answer.split_once("\r\n\r\n").context("an HTTP answer")?;
+        if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+            bail!("{path}: {head}: {body}");
+        }
+        Ok(body.to_string())
+    }
+
+    /// The `data` of an API answer.
+    async fn api(&self, path: &str) -> Result<serde_json::Value> {
+        let answer: serde_json::Value = serde_json::from_str(&self.get(path).await?)?;
+        if answer["status"] != "success" {
+            bail!("{path}: {answer}");
+        }
+        Ok(answer["data"].clone())
+    }
+
+    /// The series an instant query gives: each one's labels and value.
+    pub async fn query(&self, promql: &str) -> Result<Vec<(serde_json::Value, f64)>> {
+        let data = self.api(&format!("/api/v1/query?query={}", encode(promql))).await?;
+        let result = data["result"].as_array().cloned().unwrap_or_default();
+        Ok(result
+            .into_iter()
+            .map(|s| (s["metric"].clone(), s["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)))
+            .collect())
+    }
+
+    /// The alerts pending or firing: each one's labels and state.
+    pub async fn alerts(&self) -> Result<Vec<(serde_json::Value, String)>> {
+        let data = self.api("/api/v1/alerts").await?;
+        let alerts = data["alerts"].as_array().cloned().unwrap_or_default();
+        Ok(alerts.into_iter().map(|a| (a["labels"].clone(), a["state"].as_str().unwrap_or_default().to_string())).collect())
+    }
+
+    /// The health of each rule loaded (`ok` once evaluated without error).
+    pub async fn rules(&self) -> Result<Vec<(String, String)>> {
+        let data = self.api("/api/v1/rules").await?;
+        let groups = data["groups"].as_array().cloned().unwrap_or_default();
+        let rules = groups.iter().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default());
+        Ok(rules
+            .map(|r| (r["name"].as_str().unwrap_or_default().to_string(), r["health"].as_str().unwrap_or_default().to_string()))
+            .collect())
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `text` as a URL's query value.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
