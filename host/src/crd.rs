@@ -606,6 +606,18 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase.
+    pub const ALL: [Phase; 8] = [
+        Phase::Pending,
+        Phase::Creating,
+        Phase::Restoring,
+        Phase::Running,
+        Phase::Updating,
+        Phase::Degraded,
+        Phase::Failed,
+        Phase::Deleting,
+    ];
+
     /// The phase's name, as the status shows it.
     pub fn as_str(self) -> &'static str {
         match self {

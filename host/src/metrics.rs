@@ -69,6 +69,30 @@ pub struct MemberLabels {
     pub member: String,
 }
 
+/// Labels of a Database.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatabaseLabels {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub database: String,
+    /// Its engine.
+    pub engine: String,
+}
+
+/// Labels of a Database's condition, or its phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatabaseStateLabels {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub database: String,
+    /// Its engine.
+    pub engine: String,
+    /// The condition's type (`Ready`, `Degraded`, `BackupHealthy`, …), or the phase.
+    pub state: String,
+}
+
 /// Labels of Kubernetes API requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -132,6 +156,23 @@ pub struct Metrics {
     pub reconcile_state_entries: Gauge,
     /// How far behind its primary each replica last said it was, while it knows.
     member_lag_seconds: Family<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Each Database's phase (1, the one it is in) and conditions (1 True, 0 False), its
+    /// members, backups and what a restore reaches, as its status last said.
+    databases: DatabaseSeries,
+}
+
+/// The series of each Database, from its status.
+#[derive(Default)]
+struct DatabaseSeries {
+    phase: Family<DatabaseStateLabels, Gauge>,
+    condition: Family<DatabaseStateLabels, Gauge>,
+    members_desired: Family<DatabaseLabels, Gauge>,
+    members_ready: Family<DatabaseLabels, Gauge>,
+    backup_interval: Family<DatabaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    last_backup: Family<DatabaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    recoverable_from: Family<DatabaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    recoverable_to: Family<DatabaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    promotions: Family<DatabaseStateLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -196,7 +237,42 @@ impl Default for Metrics {
             "How far behind its primary each replica said it was when its agent last answered (no series while it does not know)",
             member_lag_seconds.clone(),
         );
+        let databases = DatabaseSeries::default();
+        registry.register("database_phase", "Each Database's phase: 1 for the one it is in (state)", databases.phase.clone());
+        registry.register(
+            "database_condition",
+            "Each Database's conditions by type (state): 1 True, 0 False, no series while unknown",
+            databases.condition.clone(),
+        );
+        registry.register("database_members_desired", "The members each Database's spec asks for", databases.members_desired.clone());
+        registry.register("database_members_ready", "Each Database's members whose pods are ready", databases.members_ready.clone());
+        registry.register(
+            "database_backup_interval_seconds",
+            "How often each Database's backup schedule fires (between its next two fire times)",
+            databases.backup_interval.clone(),
+        );
+        registry.register(
+            "database_last_backup_timestamp_seconds",
+            "When each Database's most recent successful backup completed (Unix time)",
+            databases.last_backup.clone(),
+        );
+        registry.register(
+            "database_recoverable_from_timestamp_seconds",
+            "The earliest moment a restore of each Database reaches (Unix time)",
+            databases.recoverable_from.clone(),
+        );
+        registry.register(
+            "database_recoverable_to_timestamp_seconds",
+            "The latest moment a restore of each Database reaches (Unix time)",
+            databases.recoverable_to.clone(),
+        );
+        registry.register(
+            "database_promotions",
+            "Members promoted to lead each Database, by failover or switchover (state), since the operator started",
+            databases.promotions.clone(),
+        );
         Self {
+            databases,
             registry,
             plugin_loads,
             plugins_loaded,
@@ -229,6 +305,88 @@ impl Metrics {
                 self.member_lag_seconds.remove(&labels);
             }
         }
+    }
+
+    /// Sets Database `db`'s series from its spec and `status`; `None` (it is gone)
+    /// removes them. Bounded: a series per phase it is in, per condition it has, and one
+    /// each for its members, backups and recoverable window.
+    pub fn database(&self, db: &crate::crd::Database, status: Option<&crate::crd::DatabaseStatus>) {
+        use kube::ResourceExt;
+        let (namespace, database, engine) = (db.namespace().unwrap_or_default(), db.name_any(), db.spec.engine.as_str());
+        let (namespace, database) = (namespace.as_str(), database.as_str());
+        let labels = DatabaseLabels { namespace: namespace.into(), database: database.into(), engine: engine.into() };
+        let state = |state: &str| DatabaseStateLabels {
+            namespace: namespace.into(),
+            database: database.into(),
+            engine: engine.into(),
+            state: state.into(),
+        };
+        let series = &self.databases;
+        let phase = status.and_then(|s| s.phase);
+        for other in crate::crd::Phase::ALL.into_iter().filter(|p| Some(*p) != phase) {
+            series.phase.remove(&state(other.as_str()));
+        }
+        if let Some(phase) = phase {
+            series.phase.get_or_create(&state(phase.as_str())).set(1);
+        }
+        let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
+        for known in crate::reconcile::status::kind::ALL {
+            let value = match conditions.iter().find(|c| c.type_ == known).map(|c| c.status.as_str()) {
+                Some("True") => Some(1),
+                Some("False") => Some(0),
+                _ => None,
+            };
+            match value {
+                Some(value) => {
+                    series.condition.get_or_create(&state(known)).set(value);
+                }
+                None => {
+                    series.condition.remove(&state(known));
+                }
+            }
+        }
+        let time =
+            |at: Option<&str>| at.and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok()).map(|t| t.as_millisecond() as f64 / 1000.0);
+        let recoverable = status.and_then(|s| s.recoverable.as_ref());
+        let backups = db.spec.backup.as_ref().filter(|b| b.enabled && status.is_some());
+        let interval = backups.and_then(|b| crate::schedule::interval(&crate::schedule::parse(&b.schedule).ok()?, chrono::Utc::now()));
+        let times = [
+            (&series.backup_interval, interval.map(|i| i.as_secs_f64())),
+            (&series.last_backup, time(status.and_then(|s| s.last_backup.as_ref()?.completed.as_deref()))),
+            (&series.recoverable_from, time(recoverable.and_then(|r| r.first.as_deref()))),
+            (&series.recoverable_to, time(recoverable.and_then(|r| r.last.as_deref()))),
+        ];
+        for (family, at) in times {
+            match at {
+                Some(at) => {
+                    family.get_or_create(&labels).set(at);
+                }
+                None => {
+                    family.remove(&labels);
+                }
+            }
+        }
+        match status {
+            Some(status) => {
+                series.members_desired.get_or_create(&labels).set(i64::from(db.spec.replicas));
+                series.members_ready.get_or_create(&labels).set(i64::from(status.ready_replicas.unwrap_or_default()));
+            }
+            None => {
+                series.members_desired.remove(&labels);
+                series.members_ready.remove(&labels);
+                for how in ["failover", "switchover"] {
+                    series.promotions.remove(&state(how));
+                }
+            }
+        }
+    }
+
+    /// Counts a member promoted to lead Database `namespace/database`: `how` is
+    /// `failover` or `switchover`.
+    pub fn promoted(&self, namespace: &str, database: &str, engine: &str, how: &str) {
+        let labels =
+            DatabaseStateLabels { namespace: namespace.into(), database: database.into(), engine: engine.into(), state: how.into() };
+        self.databases.promotions.get_or_create(&labels).inc();
     }
 
     /// The metrics in the Prometheus text format.
@@ -270,6 +428,55 @@ mod tests {
         assert!(metrics.encode().contains(series), "{}", metrics.encode());
         metrics.member_lag("shop", "orders", "orders-1", None);
         assert!(!metrics.encode().contains("orders-1"), "gone once unknown");
+    }
+
+    /// A Database's series follow its status: the phase it is in alone, each condition
+    /// it has, its members, its backups' schedule, last backup and recoverable window,
+    /// and its promotions; all go with it.
+    #[test]
+    fn a_databases_series_follow_its_status_and_go_with_it() {
+        let metrics = super::Metrics::default();
+        let db: crate::crd::Database = serde_json::from_value(serde_json::json!({
+            "apiVersion": "plugdb.io/v1alpha1", "kind": "Database",
+            "metadata": {"name": "orders", "namespace": "shop"},
+            "spec": {"engine": "postgres", "storage": "1Gi", "replicas": 3, "backup": {"schedule": "0 2 * * *"}},
+            "status": {
+                "phase": "Creating",
+                "readyReplicas": 2,
+                "conditions": [
+                    {"type": "Ready", "status": "False", "reason": "MembersStarting", "message": "", "lastTransitionTime": "2027-01-15T08:00:00Z"},
+                    {"type": "BackupHealthy", "status": "True", "reason": "BackupSucceeded", "message": "", "lastTransitionTime": "2027-01-15T08:00:00Z"},
+                ],
+                "lastBackup": {"name": "orders-2701150200", "completed": "2027-01-15T02:00:30Z"},
+                "recoverable": {"backups": 1, "first": "2027-01-15T02:00:30Z", "last": "2027-01-15T08:00:00Z"},
+            },
+        }))
+        .expect("a Database");
+        metrics.database(&db, db.status.as_ref());
+        metrics.promoted("shop", "orders", "postgres", "failover");
+        let labels = r#"namespace="shop",database="orders",engine="postgres""#;
+        let encoded = metrics.encode();
+        for line in [
+            format!("plugdb_database_phase{{{labels},state=\"Creating\"}} 1"),
+            format!("plugdb_database_condition{{{labels},state=\"Ready\"}} 0"),
+            format!("plugdb_database_condition{{{labels},state=\"BackupHealthy\"}} 1"),
+            format!("plugdb_database_members_desired{{{labels}}} 3"),
+            format!("plugdb_database_members_ready{{{labels}}} 2"),
+            format!("plugdb_database_backup_interval_seconds{{{labels}}} 86400.0"),
+            format!("plugdb_database_last_backup_timestamp_seconds{{{labels}}} 1799978430.0"),
+            format!("plugdb_database_recoverable_to_timestamp_seconds{{{labels}}} 1800000000.0"),
+            format!("plugdb_database_promotions_total{{{labels},state=\"failover\"}} 1"),
+        ] {
+            assert!(encoded.lines().any(|l| l == line), "{line} in {encoded}");
+        }
+        assert!(!encoded.contains(r#"state="Degraded""#), "no series for a condition it does not have: {encoded}");
+        let mut running = db.status.clone().expect("status");
+        running.phase = Some(crate::crd::Phase::Running);
+        metrics.database(&db, Some(&running));
+        let encoded = metrics.encode();
+        assert!(encoded.contains(r#"state="Running"} 1"#) && !encoded.contains(r#"state="Creating""#), "one phase: {encoded}");
+        metrics.database(&db, None);
+        assert!(!metrics.encode().contains(r#"database="orders""#), "gone with it: {}", metrics.encode());
     }
 
     #[test]

@@ -92,6 +92,12 @@ pub fn next(schedule: &Schedule, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
     schedule.after(&now).next()
 }
 
+/// How long `schedule` waits between its next two fire times after `now`.
+pub fn interval(schedule: &Schedule, now: DateTime<Utc>) -> Option<std::time::Duration> {
+    let first = next(schedule, now)?;
+    (next(schedule, first)? - first).to_std().ok()
+}
+
 /// The deterministic name of the backup for a fire time: the same after any restart.
 /// Minute precision (`orders-2611210200`), seconds when the schedule has them; the
 /// Database name is shortened when needed to keep within a Job name's 63 characters

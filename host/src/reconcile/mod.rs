@@ -238,6 +238,7 @@ impl Context {
         for m in db.status.iter().flat_map(|s| &s.members) {
             self.metrics.member_lag(&ns, &name, &m.pod, None);
         }
+        self.metrics.database(db, None);
         self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         self.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         self.count_state();
@@ -421,6 +422,7 @@ async fn event_about(
 }
 
 async fn write_status(ctx: &Context, db: &Database, status: DatabaseStatus) -> Result<(), Error> {
+    ctx.metrics.database(db, Some(&status));
     if db.status.as_ref() == Some(&status) {
         return Ok(());
     }

@@ -28,6 +28,9 @@ pub mod kind {
     /// False while members that should run their agent run none (the operator does not
     /// know its image): no failover, fence or switchover happens. Only then.
     pub const MEMBER_AGENTS: &str = "MemberAgents";
+    /// Every condition type.
+    pub const ALL: [&str; 8] =
+        [READY, PROGRESSING, DEGRADED, PLUGIN_READY, BACKUP_HEALTHY, RESTORED, SYNCHRONOUS_REPLICATION, MEMBER_AGENTS];
 }
 
 /// The longest condition message kept; the rest is cut, so a status write never

@@ -28,6 +28,14 @@ impl Pass<'_> {
             }
         };
         self.say(&chosen.notes);
+        for note in &chosen.notes {
+            let how = match note.reason {
+                Reason::FailoverPromoted => "failover",
+                Reason::SwitchoverPromoted => "switchover",
+                _ => continue,
+            };
+            self.ctx.metrics.promoted(&self.ns, &self.name, &self.db.spec.engine, how);
+        }
         if chosen.failed_over {
             self.plan.promoted(chosen.name.clone());
         }
