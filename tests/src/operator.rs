@@ -294,6 +294,11 @@ impl Cluster {
         self.operator.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The metrics of the operator running now.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.current().metrics.clone()
+    }
+
     /// Waits until the operator has loaded `engine`'s plugin.
     pub async fn wait_engine(&self, engine: &str) -> Result<()> {
         self.wait_until(&format!("engine {engine} loaded"), Duration::from_secs(60), || self.current().registry.get(engine).is_some()).await

@@ -27,8 +27,9 @@ pub struct Prometheus {
 }
 
 impl Prometheus {
-    /// Scrapes the members in `namespace` of the cluster `nodes` run, evaluating `rules`.
-    pub async fn start(nodes: &Nodes, namespace: &str, rules: &Path) -> Result<Self> {
+    /// Scrapes the members in `namespace` of the cluster `nodes` run, and the operator's
+    /// `/metrics` at `operator` (`host:port`), evaluating `rules`.
+    pub async fn start(nodes: &Nodes, namespace: &str, operator: &str, rules: &Path) -> Result<Self> {
         let bin = crate::cached_build("prometheus.sh", "Prometheus")?.join("prometheus");
         let dir = tempfile::tempdir()?;
         let seconds = INTERVAL.as_secs();
@@ -48,6 +49,9 @@ impl Prometheus {
                     {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "action": "keep", "regex": "metrics"},
                     {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"], "target_label": "__metrics_path__", "regex": "(.+)"},
                 ],
+            }, {
+                "job_name": "plugdb-operator",
+                "static_configs": [{"targets": [operator]}],
             }],
         });
         // JSON is YAML.

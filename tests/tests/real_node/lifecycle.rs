@@ -285,7 +285,11 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
 pub async fn crash_loop_named(cluster: Arc<Cluster>) {
     let ns = "postgres-crash-loop";
     let rules = plugdb_tests::workspace_root().join("deploy/chart/plugdb/alerts/plugdb-rules.yaml");
-    let prometheus = Prometheus::start(crate::nodes::nodes(&cluster), ns, &rules).await.expect("Prometheus");
+    // The operator's /metrics, served as `plugdb run` serves them.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port for the operator's metrics");
+    let operator = listener.local_addr().expect("its address").to_string();
+    let served = tokio::spawn(plugdb::serve::serve(listener, cluster.metrics(), plugdb::health::Health::default()));
+    let prometheus = Prometheus::start(crate::nodes::nodes(&cluster), ns, &operator, &rules).await.expect("Prometheus");
     let huge = json!({"parameters": {"huge_pages": "on"}});
     cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 1, huge)).await.expect("apply");
     let db = cluster
@@ -333,7 +337,21 @@ pub async fn crash_loop_named(cluster: Arc<Cluster>) {
         tokio::time::sleep(INTERVAL).await;
     }
     let rules = prometheus.rules().await.expect("rules");
-    assert!(rules.len() >= 12 && rules.iter().all(|(_, health)| health == "ok"), "every rule evaluates: {rules:?}");
+    assert!(rules.len() >= 20 && rules.iter().all(|(_, health)| health == "ok"), "every rule evaluates: {rules:?}");
+    // The operator's series of the Database, as its status says: Ready, Running.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let ready =
+            prometheus.query(&format!(r#"plugdb_database_condition{{namespace="{ns}",database="orders",state="Ready"}} == 1"#)).await;
+        let running =
+            prometheus.query(&format!(r#"plugdb_database_phase{{namespace="{ns}",database="orders",state="Running"}} == 1"#)).await;
+        if ready.as_ref().is_ok_and(|r| r.len() == 1) && running.as_ref().is_ok_and(|r| r.len() == 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the operator's series never said it: {ready:?} {running:?}");
+        tokio::time::sleep(INTERVAL).await;
+    }
+    served.abort();
 }
 
 /// Backups on a schedule (every 5 s here) run as real Jobs named after their fire time;
