@@ -370,6 +370,10 @@ impl Metrics {
             Some(status) => {
                 series.members_desired.get_or_create(&labels).set(i64::from(db.spec.replicas));
                 series.members_ready.get_or_create(&labels).set(i64::from(status.ready_replicas.unwrap_or_default()));
+                // From 0, so that the first promotion is an increase.
+                for how in ["failover", "switchover"] {
+                    let _ = series.promotions.get_or_create(&state(how));
+                }
             }
             None => {
                 series.members_desired.remove(&labels);
@@ -466,6 +470,7 @@ mod tests {
             format!("plugdb_database_last_backup_timestamp_seconds{{{labels}}} 1799978430.0"),
             format!("plugdb_database_recoverable_to_timestamp_seconds{{{labels}}} 1800000000.0"),
             format!("plugdb_database_promotions_total{{{labels},state=\"failover\"}} 1"),
+            format!("plugdb_database_promotions_total{{{labels},state=\"switchover\"}} 0"),
         ] {
             assert!(encoded.lines().any(|l| l == line), "{line} in {encoded}");
         }

@@ -179,6 +179,22 @@ fn each_value_renders_what_it_says() {
         .collect();
     assert!(!urls.is_empty() && urls.iter().all(|u| u.starts_with("https://runbooks.example/plugdb/") && u.ends_with(".md")), "{urls:?}");
     assert_eq!(rules(&["--set", "alerts.enabled=false"]), None);
+    // The dashboard: its file, whole, in a ConfigMap Grafana's sidecar loads by its label.
+    let dashboard = rendered(&defaults, "ConfigMap").expect("the dashboard's ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let file = std::fs::read_to_string(plugdb_tests::workspace_root().join("deploy/chart/plugdb/dashboards/plugdb-database.json"))
+        .expect("the dashboard");
+    let held = dashboard["data"]["plugdb-database.json"].as_str().expect("the dashboard's JSON");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(held).expect("JSON"),
+        serde_json::from_str::<serde_json::Value>(&file).expect("JSON")
+    );
+    let relabelled = parse(&helm_template(&["--set", "dashboard.label=grafana_dashboard_plugdb"]));
+    assert_eq!(
+        rendered(&relabelled, "ConfigMap").expect("the dashboard's ConfigMap")["metadata"]["labels"]["grafana_dashboard_plugdb"],
+        "1"
+    );
+    assert!(rendered(&parse(&helm_template(&["--set", "dashboard.enabled=false"])), "ConfigMap").is_none());
     let off = parse(&helm_template(&["--set", "metrics.service.enabled=false", "--set", "podDisruptionBudget.enabled=false"]));
     assert!(rendered(&off, "Service").is_none() && rendered(&off, "PodDisruptionBudget").is_none());
 

@@ -281,7 +281,8 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
 /// A real Prometheus, configured as the chart's PodMonitor configures one and loaded
 /// with plugdb's alert rules, scrapes the member's agent throughout: every rule
 /// evaluates, `PlugdbMemberDown` fires for the member whose engine never answers, and
-/// resolves once it runs and says it is the primary, with its volume measured.
+/// resolves once it runs and says it is the primary, with its volume measured; the
+/// operator's series say it is Ready; and every query of the chart's dashboard has series.
 pub async fn crash_loop_named(cluster: Arc<Cluster>) {
     let ns = "postgres-crash-loop";
     let rules = plugdb_tests::workspace_root().join("deploy/chart/plugdb/alerts/plugdb-rules.yaml");
@@ -351,6 +352,48 @@ pub async fn crash_loop_named(cluster: Arc<Cluster>) {
         assert!(Instant::now() < deadline, "the operator's series never said it: {ready:?} {running:?}");
         tokio::time::sleep(INTERVAL).await;
     }
+    // Two members, a daily schedule and a backup now: every panel of the chart's
+    // dashboard has series in this Prometheus (a replica's lag, a backup's age, the
+    // recoverable window among them).
+    let backups = json!({"backup": {"schedule": "0 0 3 * * *", "retention": 2}});
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 2, backups)).await.expect("apply");
+    let token = json!({"metadata": {"annotations": {"plugdb.io/backup-now": "for-the-dashboard"}}});
+    Api::<Database>::namespaced(cluster.client.clone(), ns)
+        .patch("orders", &PatchParams::default(), &Patch::Merge(token))
+        .await
+        .expect("annotate");
+    cluster
+        .wait_database(ns, "orders", "2 members Running, a backup made", WAIT, |d| {
+            is_running(d, 2) && d.status.as_ref().is_some_and(|s| s.last_backup.is_some())
+        })
+        .await
+        .expect("running with a backup");
+    let dashboard = std::fs::read_to_string(plugdb_tests::workspace_root().join("deploy/chart/plugdb/dashboards/plugdb-database.json"))
+        .expect("the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).expect("JSON");
+    let queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| Some(t["expr"].as_str()?.replace("$namespace", ns).replace("$database", "orders")))
+        .collect();
+    assert!(queries.len() >= 11, "{queries:?}");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut empty = Vec::new();
+        for query in &queries {
+            if !prometheus.query(query).await.is_ok_and(|series| !series.is_empty()) {
+                empty.push(query.as_str());
+            }
+        }
+        if empty.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "dashboard queries without series: {empty:?}");
+        tokio::time::sleep(INTERVAL).await;
+    }
+    eprintln!("{ns}: each of the dashboard's {} queries has series in a real Prometheus", queries.len());
     served.abort();
 }
 
