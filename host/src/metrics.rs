@@ -246,26 +246,31 @@ impl Default for Metrics {
         );
         registry.register("database_members_desired", "The members each Database's spec asks for", databases.members_desired.clone());
         registry.register("database_members_ready", "Each Database's members whose pods are ready", databases.members_ready.clone());
-        registry.register(
-            "database_backup_interval_seconds",
-            "How often each Database's backup schedule fires (between its next two fire times)",
-            databases.backup_interval.clone(),
-        );
-        registry.register(
-            "database_last_backup_timestamp_seconds",
-            "When each Database's most recent successful backup completed (Unix time)",
-            databases.last_backup.clone(),
-        );
-        registry.register(
-            "database_recoverable_from_timestamp_seconds",
-            "The earliest moment a restore of each Database reaches (Unix time)",
-            databases.recoverable_from.clone(),
-        );
-        registry.register(
-            "database_recoverable_to_timestamp_seconds",
-            "The latest moment a restore of each Database reaches (Unix time)",
-            databases.recoverable_to.clone(),
-        );
+        let times = [
+            (
+                "database_backup_interval_seconds",
+                "How often each Database's backup schedule fires (between its next two fire times)",
+                &databases.backup_interval,
+            ),
+            (
+                "database_last_backup_timestamp_seconds",
+                "When each Database's most recent successful backup completed (Unix time)",
+                &databases.last_backup,
+            ),
+            (
+                "database_recoverable_from_timestamp_seconds",
+                "The earliest moment a restore of each Database reaches (Unix time)",
+                &databases.recoverable_from,
+            ),
+            (
+                "database_recoverable_to_timestamp_seconds",
+                "The latest moment a restore of each Database reaches (Unix time)",
+                &databases.recoverable_to,
+            ),
+        ];
+        for (name, help, family) in times {
+            registry.register(name, help, family.clone());
+        }
         registry.register(
             "database_promotions",
             "Members promoted to lead each Database, by failover or switchover (state), since the operator started",
