@@ -83,11 +83,13 @@ pub async fn primary_failures(cluster: Arc<Cluster>, engine: Engine, version: &s
         // committed but whose answer was lost in the failure is not acknowledged, yet its
         // id is taken (the recovery probes count down from 2,000,000,000).
         next = present.iter().copied().filter(|id| *id < 1_000_000_000).max().unwrap_or(next).max(next) + 1;
-        // Every member catches up with the primary.
+        // Every member catches up with the primary: a replica whose stream ended retries
+        // every 5 s, each try bounded by its connect timeout but not by the cluster's DNS,
+        // which a busy machine can keep it waiting on for tens of seconds.
         let expected = client.checksum(&primary).await;
         for pod in client.members().await {
             let ip = pod_ip(&pod);
-            let deadline = Instant::now() + Duration::from_secs(60);
+            let deadline = Instant::now() + Duration::from_secs(180);
             while client.checksum(&ip).await != expected {
                 assert!(Instant::now() < deadline, "{} follows the primary after {failure}", pod.name_any());
                 tokio::time::sleep(Duration::from_millis(500)).await;
