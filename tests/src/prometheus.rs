@@ -1,10 +1,12 @@
 //! A real Prometheus (Debian's package, unpacked once by `scripts/prometheus.sh`) for the
-//! real-node scenarios, configured as the chart's PodMonitor configures one: the pods of
-//! a namespace that carry `prometheus.io/scrape: "true"`, at their `metrics` port and
-//! annotated path, the series' own labels kept (`honor_labels`); with plugdb's alert rules.
-//! It runs beside this process, which reaches the API server and the pods as it does,
-//! listens on loopback, is recorded with the nodes' daemons (their teardown stops it by
-//! its PID) and is stopped when dropped.
+//! real-node scenarios, scraping what the chart's PodMonitor selects: the pods of a
+//! namespace that carry `prometheus.io/scrape: "true"`, at their annotated port and path,
+//! the series' own labels kept (`honor_labels`); and the operator's `/metrics`; with
+//! plugdb's alert rules. Debian builds Prometheus without Kubernetes discovery, so the
+//! pods are found as the PodMonitor would find them and written to a file Prometheus
+//! watches (`file_sd_configs`), every second. It runs beside this process, which
+//! reaches the pods as it does, listens on loopback, is recorded with the nodes'
+//! daemons (their teardown stops it by its PID) and is stopped when dropped.
 
 use std::path::Path;
 use std::process::Child;
@@ -23,6 +25,7 @@ pub struct Prometheus {
     /// `127.0.0.1:PORT`, its HTTP API.
     pub address: String,
     child: Child,
+    discovery: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
 
@@ -33,22 +36,15 @@ impl Prometheus {
         let bin = crate::cached_build("prometheus.sh", "Prometheus")?.join("prometheus");
         let dir = tempfile::tempdir()?;
         let seconds = INTERVAL.as_secs();
+        let targets = dir.path().join("members.json");
+        std::fs::write(&targets, "[]")?;
         let config = serde_json::json!({
             "global": {"scrape_interval": format!("{seconds}s"), "evaluation_interval": format!("{seconds}s")},
             "rule_files": [rules],
             "scrape_configs": [{
                 "job_name": "plugdb-members",
                 "honor_labels": true,
-                "kubernetes_sd_configs": [{
-                    "role": "pod",
-                    "kubeconfig_file": nodes.kubeconfig,
-                    "namespaces": {"names": [namespace]},
-                }],
-                "relabel_configs": [
-                    {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "action": "keep", "regex": "true"},
-                    {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "action": "keep", "regex": "metrics"},
-                    {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"], "target_label": "__metrics_path__", "regex": "(.+)"},
-                ],
+                "file_sd_configs": [{"files": [&targets], "refresh_interval": "1s"}],
             }, {
                 "job_name": "plugdb-operator",
                 "static_configs": [{"targets": [operator]}],
@@ -64,7 +60,8 @@ impl Prometheus {
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--log.level=warn");
         let child = nodes.spawn_recorded(&format!("prometheus-{namespace}"), &mut command)?;
-        let server = Self { address: format!("127.0.0.1:{port}"), child, _dir: dir };
+        let discovery = tokio::spawn(discover(nodes.client.clone(), namespace.to_string(), targets));
+        let server = Self { address: format!("127.0.0.1:{port}"), child, discovery, _dir: dir };
         let deadline = Instant::now() + Duration::from_secs(60);
         while server.get("/-/ready").await.is_err() {
             if Instant::now() > deadline {
@@ -127,8 +124,38 @@ impl Prometheus {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
+        self.discovery.abort();
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Every second, the pods of `namespace` the chart's PodMonitor would scrape (annotated
+/// `prometheus.io/scrape: "true"`, with an address), at their annotated port and path,
+/// written to `file` as Prometheus' file discovery reads it (whole, by a rename).
+async fn discover(client: kube::Client, namespace: String, file: std::path::PathBuf) {
+    use kube::api::{Api, ListParams};
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, &namespace);
+    loop {
+        if let Ok(listed) = pods.list(&ListParams::default()).await {
+            let targets: Vec<serde_json::Value> = listed
+                .items
+                .iter()
+                .filter_map(|pod| {
+                    let annotations = pod.metadata.annotations.as_ref()?;
+                    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
+                    (annotations.get("prometheus.io/scrape")? == "true").then_some(())?;
+                    let port = annotations.get("prometheus.io/port")?;
+                    let path = annotations.get("prometheus.io/path").map_or("/metrics", String::as_str);
+                    Some(serde_json::json!({"targets": [format!("{ip}:{port}")], "labels": {"__metrics_path__": path}}))
+                })
+                .collect();
+            let written = file.with_extension("json.new");
+            if std::fs::write(&written, serde_json::Value::from(targets).to_string()).is_ok() {
+                let _ = std::fs::rename(&written, &file);
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -278,7 +278,7 @@ pub async fn rejected_spec(cluster: Arc<Cluster>) {
 /// `Degraded` (reason `CrashLoop`) and a Warning Event, with the engine's last words
 /// from its log; without the setting, the member is restarted onto it and runs.
 ///
-/// A real Prometheus, configured as the chart's PodMonitor configures one and loaded
+/// A real Prometheus, scraping what the chart's PodMonitor selects and loaded
 /// with plugdb's alert rules, scrapes the member's agent throughout: every rule
 /// evaluates, `PlugdbMemberDown` fires for the member whose engine never answers, and
 /// resolves once it runs and says it is the primary, with its volume measured; the
