@@ -42,10 +42,11 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Health)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+    /// The whole answer (head and body) to `GET path` at `addr`.
+    pub(crate) async fn get(addr: std::net::SocketAddr, path: &str) -> String {
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes()).await.expect("write");
         let mut out = String::new();

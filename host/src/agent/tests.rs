@@ -372,11 +372,7 @@ fn free_port() -> u16 {
 }
 
 async fn http_get(port: u16, path: &str) -> String {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes()).await.expect("write");
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.expect("read");
-    out
+    crate::serve::tests::get(([127, 0, 0, 1], port).into(), path).await
 }
 
 /// A scrape gets the member's role, lag, fence and volume, labelled with who it is,

@@ -4,6 +4,11 @@ fn m(ordinal: u32, ready: bool, revision: &str) -> Observed {
     Observed { ordinal, ready, since_seconds: 100, revision: Some(revision.into()), ..Observed::at(&format!("db-{ordinal}"), None) }
 }
 
+/// The member of 3 whose restart onto revision `NEW` comes next, `primary` leading.
+fn next_of<'a>(members: &'a [Observed], primary: &str) -> Option<&'a str> {
+    next_to_roll(members, NEW, primary, 3).map(|m| m.name.as_str())
+}
+
 const NEW: Wanted = Wanted { revision: "new", role_free: "same" };
 
 /// After a failover the promoted member (to take its role) restarts first, then the
@@ -13,11 +18,11 @@ const NEW: Wanted = Wanted { revision: "new", role_free: "same" };
 fn a_failover_restarts_the_promoted_member_then_the_old_primary_then_the_replicas() {
     let rendered = |ordinal: u32, ready: bool| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, ready, "old") };
     let members = vec![rendered(0, false), rendered(1, true), rendered(2, true)];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"));
+    assert_eq!(next_of(&members, "db-1"), Some("db-1"));
     let members = vec![rendered(0, false), m(1, true, "new"), rendered(2, true)];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+    assert_eq!(next_of(&members, "db-1"), Some("db-0"));
     let members = vec![m(0, true, "new"), m(1, true, "new"), rendered(2, true)];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "the other replica too");
+    assert_eq!(next_of(&members, "db-1"), Some("db-2"), "the other replica too");
     assert!(!rolled(&members, NEW, "db-1", 3));
     // Any other change of the template restarts it as well.
     let other = Wanted { revision: "new", role_free: "changed" };
@@ -39,7 +44,7 @@ fn a_replica_that_follows_the_new_primary_is_not_restarted_for_it() {
     assert_eq!(next_to_roll(&members, NEW, "db-1", 3), None, "follows db-1, which leads");
     assert!(rolled(&members, NEW, "db-1", 3));
     let members = vec![m(0, true, "new"), promoted.clone(), follows("db-0")];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "followed an earlier primary");
+    assert_eq!(next_of(&members, "db-1"), Some("db-2"), "followed an earlier primary");
     let members = vec![m(0, true, "new"), promoted, follows("db-1")];
     let other = Wanted { revision: "new", role_free: "changed" };
     assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "anything else changed: rolls");
@@ -52,13 +57,13 @@ fn a_replica_that_follows_the_new_primary_is_not_restarted_for_it() {
 fn a_member_promoted_in_place_is_not_restarted_to_lead() {
     let replica = |ordinal: u32| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, true, "old") };
     let members = vec![Observed { fenced: true, ready: false, ..replica(0) }, Observed { promoted: true, ..replica(1) }, replica(2)];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"), "only the fenced old primary");
+    assert_eq!(next_of(&members, "db-1"), Some("db-0"), "only the fenced old primary");
     let members = vec![m(0, true, "new"), Observed { promoted: true, ..replica(1) }, replica(2)];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "the other replica, onto its history");
+    assert_eq!(next_of(&members, "db-1"), Some("db-2"), "the other replica, onto its history");
     let members = vec![m(0, true, "new"), Observed { promoted: true, ..replica(1) }, m(2, true, "new")];
     assert!(rolled(&members, NEW, "db-1", 3));
     let restarted = vec![m(0, true, "new"), replica(1), replica(2)];
-    assert_eq!(next_to_roll(&restarted, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "not promoted in place: restarts");
+    assert_eq!(next_of(&restarted, "db-1"), Some("db-1"), "not promoted in place: restarts");
     let other = Wanted { revision: "new", role_free: "changed" };
     assert_eq!(next_to_roll(&members, other, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "anything else changed: first");
     // A failover back to db-0 (db-1's node lost, its agent fenced it unseen): db-1,
@@ -66,7 +71,7 @@ fn a_member_promoted_in_place_is_not_restarted_to_lead() {
     // Whatever revision it has: the template naming db-0 again may be the one it started on.
     for (what, db1) in [("an older revision", replica(1)), ("the revision wanted", m(1, true, "new"))] {
         let back = vec![m(0, true, "new"), Observed { promoted: true, ready: false, ..db1 }, replica(2)];
-        assert_eq!(next_to_roll(&back, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-1"), "{what}: it led, it rejoins");
+        assert_eq!(next_of(&back, "db-0"), Some("db-1"), "{what}: it led, it rejoins");
         assert!(!rolled(&back, NEW, "db-0", 3), "{what}");
     }
 }
@@ -81,18 +86,18 @@ fn a_member_on_a_lost_node_is_neither_restarted_nor_waited_for() {
     let replica = |ordinal: u32| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, true, "old") };
     let lost = Observed { ready: false, node_lost: true, ..replica(0) };
     let members = vec![lost.clone(), Observed { promoted: true, ..replica(1) }, replica(2)];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "the replica left follows");
+    assert_eq!(next_of(&members, "db-1"), Some("db-2"), "the replica left follows");
     let deleting = Observed { terminating: true, ..lost.clone() };
     let members = vec![deleting, Observed { promoted: true, ..replica(1) }, replica(2)];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"), "its deletion hangs: not waited for");
+    assert_eq!(next_of(&members, "db-1"), Some("db-2"), "its deletion hangs: not waited for");
     let members = vec![lost.clone(), replica(1), m(2, true, "new")];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"), "a new primary started as a replica");
+    assert_eq!(next_of(&members, "db-1"), Some("db-1"), "a new primary started as a replica");
     let members = vec![lost.clone(), m(1, true, "new"), m(2, true, "old")];
     assert_eq!(next_to_roll(&members, NEW, "db-2", 3), None, "the primary waits for the member away");
     let changed = vec![lost, Observed { rendered: Some(("db-1".into(), "same".into())), ..m(1, true, "old") }, m(2, true, "old")];
     assert_eq!(next_to_roll(&changed, NEW, "db-1", 3), None, "a change of spec waits for the member away");
     let members = vec![Observed { ready: false, ..replica(0) }, m(1, true, "new"), m(2, true, "new")];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"), "down on a node that runs: restarted");
+    assert_eq!(next_of(&members, "db-1"), Some("db-0"), "down on a node that runs: restarted");
 }
 
 /// A member fenced for a switchover that a failover overtook (db-1 promoted, then
@@ -104,16 +109,12 @@ fn a_fenced_member_that_does_not_lead_restarts() {
     let replica = |ordinal: u32, ready: bool| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, ready, "old") };
     let fenced = Observed { fenced: true, ..replica(1, false) };
     let members = vec![m(0, true, "new"), fenced.clone(), m(2, true, "new")];
-    assert_eq!(next_to_roll(&members, NEW, "db-2", 3).map(|m| m.name.as_str()), Some("db-1"));
+    assert_eq!(next_of(&members, "db-2"), Some("db-1"));
     assert!(!rolled(&members, NEW, "db-2", 3));
     let showing = vec![m(0, true, "new"), Observed { ready: true, ..fenced.clone() }, m(2, true, "new")];
     assert_eq!(next_to_roll(&showing, NEW, "db-2", 3), None, "not before its fence shows: a Service may still lead to it");
     let unfenced = vec![m(0, true, "new"), replica(1, true), m(2, true, "new")];
-    assert_eq!(
-        next_to_roll(&unfenced, NEW, "db-2", 3).map(|m| m.name.as_str()),
-        Some("db-1"),
-        "a replica that was not fenced restarts too, once every member is ready"
-    );
+    assert_eq!(next_of(&unfenced, "db-2"), Some("db-1"), "a replica that was not fenced restarts too, once every member is ready");
     let waiting = vec![m(0, true, "new"), Observed { fenced: true, ..m(1, false, "new") }, m(2, true, "new")];
     assert_eq!(next_to_roll(&waiting, NEW, "db-1", 3), None, "the fenced primary stays while the switchover waits");
 }
@@ -214,25 +215,25 @@ fn a_ready_replica_that_streams_nothing_is_down_then_made_again() {
 #[test]
 fn rolls_replicas_highest_first_then_the_primary() {
     let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "old")];
-    assert_eq!(next_to_roll(&members, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-2"));
+    assert_eq!(next_of(&members, "db-0"), Some("db-2"));
     let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "new")];
-    assert_eq!(next_to_roll(&members, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-1"));
+    assert_eq!(next_of(&members, "db-0"), Some("db-1"));
     let members = vec![m(0, true, "old"), m(1, true, "new"), m(2, true, "new")];
-    assert_eq!(next_to_roll(&members, NEW, "db-0", 3).map(|m| m.name.as_str()), Some("db-0"));
+    assert_eq!(next_of(&members, "db-0"), Some("db-0"));
     // After a failover the primary may be any member: it still goes last.
     let members = vec![m(0, true, "old"), m(1, true, "old"), m(2, true, "new")];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+    assert_eq!(next_of(&members, "db-1"), Some("db-0"));
 }
 
 #[test]
 fn after_a_failover_the_new_primary_restarts_first_then_the_old_one() {
     // db-0 was primary and is down; db-1 was promoted; the template names db-1 now.
     let members = vec![m(0, false, "old"), m(1, true, "old"), m(2, true, "old")];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-1"));
+    assert_eq!(next_of(&members, "db-1"), Some("db-1"));
     let members = vec![m(0, false, "old"), m(1, true, "new"), m(2, true, "old")];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-0"));
+    assert_eq!(next_of(&members, "db-1"), Some("db-0"));
     let members = vec![m(0, true, "new"), m(1, true, "new"), m(2, true, "old")];
-    assert_eq!(next_to_roll(&members, NEW, "db-1", 3).map(|m| m.name.as_str()), Some("db-2"));
+    assert_eq!(next_of(&members, "db-1"), Some("db-2"));
 }
 
 #[test]
@@ -240,9 +241,9 @@ fn after_a_switchover_the_new_primary_restarts_first_though_every_member_is_read
     // db-2 was started as a replica of db-0 and leads now; db-0, fenced, still looks ready.
     let as_replica = |o: u32| Observed { rendered: Some(("db-0".into(), "free".into())), ..m(o, true, "old") };
     let members = vec![as_replica(0), as_replica(1), as_replica(2)];
-    assert_eq!(next_to_roll(&members, NEW, "db-2", 3).map(|m| m.name.as_str()), Some("db-2"));
+    assert_eq!(next_of(&members, "db-2"), Some("db-2"));
     let members = vec![as_replica(0), as_replica(1), m(2, true, "new")];
-    assert_eq!(next_to_roll(&members, NEW, "db-2", 3).map(|m| m.name.as_str()), Some("db-1"), "then the others");
+    assert_eq!(next_of(&members, "db-2"), Some("db-1"), "then the others");
 }
 
 #[test]
