@@ -607,16 +607,10 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase.
-    pub const ALL: [Phase; 8] = [
-        Phase::Pending,
-        Phase::Creating,
-        Phase::Restoring,
-        Phase::Running,
-        Phase::Updating,
-        Phase::Degraded,
-        Phase::Failed,
-        Phase::Deleting,
-    ];
+    pub const ALL: [Phase; 8] = {
+        use Phase::*;
+        [Pending, Creating, Restoring, Running, Updating, Degraded, Failed, Deleting]
+    };
 
     /// The phase's name, as the status shows it.
     pub fn as_str(self) -> &'static str {

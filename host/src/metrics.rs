@@ -93,6 +93,22 @@ pub struct DatabaseStateLabels {
     pub state: String,
 }
 
+impl DatabaseLabels {
+    /// `db`'s.
+    fn of(db: &crate::crd::Database) -> Self {
+        use kube::ResourceExt;
+        DatabaseLabels { namespace: db.namespace().unwrap_or_default(), database: db.name_any(), engine: db.spec.engine.clone() }
+    }
+}
+
+impl DatabaseStateLabels {
+    /// `db`'s, for its `state`.
+    fn of(db: &crate::crd::Database, state: &str) -> Self {
+        let DatabaseLabels { namespace, database, engine } = DatabaseLabels::of(db);
+        DatabaseStateLabels { namespace, database, engine, state: state.into() }
+    }
+}
+
 /// Labels of Kubernetes API requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -316,16 +332,8 @@ impl Metrics {
     /// removes them. Bounded: a series per phase it is in, per condition it has, and one
     /// each for its members, backups and recoverable window.
     pub fn database(&self, db: &crate::crd::Database, status: Option<&crate::crd::DatabaseStatus>) {
-        use kube::ResourceExt;
-        let (namespace, database, engine) = (db.namespace().unwrap_or_default(), db.name_any(), db.spec.engine.as_str());
-        let (namespace, database) = (namespace.as_str(), database.as_str());
-        let labels = DatabaseLabels { namespace: namespace.into(), database: database.into(), engine: engine.into() };
-        let state = |state: &str| DatabaseStateLabels {
-            namespace: namespace.into(),
-            database: database.into(),
-            engine: engine.into(),
-            state: state.into(),
-        };
+        let labels = DatabaseLabels::of(db);
+        let state = |state: &str| DatabaseStateLabels::of(db, state);
         let series = &self.databases;
         let phase = status.and_then(|s| s.phase);
         for other in crate::crd::Phase::ALL.into_iter().filter(|p| Some(*p) != phase) {
@@ -390,12 +398,9 @@ impl Metrics {
         }
     }
 
-    /// Counts a member promoted to lead Database `namespace/database`: `how` is
-    /// `failover` or `switchover`.
-    pub fn promoted(&self, namespace: &str, database: &str, engine: &str, how: &str) {
-        let labels =
-            DatabaseStateLabels { namespace: namespace.into(), database: database.into(), engine: engine.into(), state: how.into() };
-        self.databases.promotions.get_or_create(&labels).inc();
+    /// Counts a member promoted to lead Database `db`: `how` is `failover` or `switchover`.
+    pub fn promoted(&self, db: &crate::crd::Database, how: &str) {
+        self.databases.promotions.get_or_create(&DatabaseStateLabels::of(db, how)).inc();
     }
 
     /// The metrics in the Prometheus text format.
@@ -462,7 +467,7 @@ mod tests {
         }))
         .expect("a Database");
         metrics.database(&db, db.status.as_ref());
-        metrics.promoted("shop", "orders", "postgres", "failover");
+        metrics.promoted(&db, "failover");
         let labels = r#"namespace="shop",database="orders",engine="postgres""#;
         let encoded = metrics.encode();
         for line in [

@@ -123,7 +123,7 @@ fn the_series_served_pass_promtool_check_metrics() {
     }))
     .expect("a Database");
     operator.database(&db, db.status.as_ref());
-    operator.promoted("shop", "orders", "postgres", "failover");
+    operator.promoted(&db, "failover");
     let series = as_text_format(&operator.encode());
     let (ok, said) = promtool(&["check", "metrics"], Some(&series));
     assert!(ok && said.trim().is_empty(), "{said}\n{series}");

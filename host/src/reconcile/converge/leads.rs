@@ -34,7 +34,7 @@ impl Pass<'_> {
                 Reason::SwitchoverPromoted => "switchover",
                 _ => continue,
             };
-            self.ctx.metrics.promoted(&self.ns, &self.name, &self.db.spec.engine, how);
+            self.ctx.metrics.promoted(self.db, how);
         }
         if chosen.failed_over {
             self.plan.promoted(chosen.name.clone());
