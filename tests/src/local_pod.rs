@@ -198,8 +198,14 @@ impl LocalPod {
 
     /// Runs a plugin's fence command as the member agent would.
     pub fn agent_fence(&self, command: &[String]) -> Result<(), String> {
+        self.agent_fence_with(command, &[])
+    }
+
+    /// [`Self::agent_fence`] with `extra` variables on top of the pod's (a PATH that puts a
+    /// stand-in before an engine's client, say).
+    pub fn agent_fence_with(&self, command: &[String], extra: &[(&str, String)]) -> Result<(), String> {
         let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
-        let out = self.agent_command(&argv).output().map_err(|e| e.to_string())?;
+        let out = self.agent_command(&argv).envs(extra.iter().map(|(k, v)| (*k, v))).output().map_err(|e| e.to_string())?;
         match out.status.success() {
             true => Ok(()),
             false => Err(format!("the fence command failed: {}", String::from_utf8_lossy(&out.stderr))),

@@ -217,8 +217,17 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     assert!(said.lag.is_some_and(|lag| lag < Duration::from_secs(5)), "a replica caught up says it lags little: {said:?}");
     assert_eq!(primary.agent_status(&status_command).expect("the primary's status").lag, None, "a primary lags nothing");
 
-    // Fenced by the plugin's fence command, as the agent does before a promotion: the old
-    // primary takes no more writes; fencing it again is harmless.
+    // Fenced by the plugin's fence command, as the agent does before a promotion. Its first
+    // run ends before it sees the server down (a loaded server slow to end: a stand-in for
+    // the client says it still answers), so the agent runs it again, which finds the server
+    // down. The old primary takes no more writes; fencing it again is harmless.
+    let slow = primary.dir().join("slow-to-end");
+    std::fs::create_dir_all(&slow).expect("a directory for the stand-in");
+    let client = "#!/bin/sh\ncase \"$*\" in *'SELECT 1'*) echo 1; exit 0 ;; esac\nexec /usr/bin/mariadb \"$@\"\n";
+    std::fs::write(slow.join("mariadb"), client).expect("the stand-in");
+    let runnable = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+    std::fs::set_permissions(slow.join("mariadb"), runnable).expect("its mode");
+    let _ = primary.agent_fence_with(&rendered.fence_command, &[("PATH", format!("{}:{PATH}", slow.display()))]);
     primary.agent_fence(&rendered.fence_command).expect("fenced");
     sql(&primary, &pw, "INSERT INTO shop.orders VALUES (9998, 'fenced', 1)").expect_err("a fenced primary takes no writes");
     primary.agent_fence(&rendered.fence_command).expect("fenced again");

@@ -427,15 +427,19 @@ echo \"$said${lag:+ $lag}\"";
 /// replica connected all it wrote before it ends (`WAIT FOR ALL SLAVES`; a plain
 /// shutdown ends their streams where they are, and a replica a moment behind would never
 /// reach that position). Without the lock in time (a long transaction) the server shuts
-/// down all the same. A server that refuses
-/// connections takes no writes either; one that does not answer (hung) is tried again.
+/// down all the same. The position is kept aside until the server refuses connections,
+/// and becomes its last then, in this run or the next (a loaded server may take longer to
+/// end than one run of the fence may last). A server that refuses connections takes no
+/// writes either; one that does not answer (hung) is tried again.
 const FENCE: &str = "gtids='^[0-9]+-[0-9]+-[0-9]+(,[0-9]+-[0-9]+-[0-9]+)*$'
+kept=\"${PLUGDB_FENCED:-}.position\"
 said=$(m -N -B -e \"SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN WAIT FOR ALL SLAVES\" 2>&1)
 last=$(printf '%s\\n' \"$said\" | grep -E \"$gtids\" | tail -n 1)
+[ -z \"$last\" ] || [ -z \"${PLUGDB_FENCED:-}\" ] || printf '%s\\n' \"$last\" > \"$kept.pending\"
 # Down (it refuses connections) with the read lock held to the end: what it said is its last.
 for try in 1 2 3 4 5; do
   case \"$(m -e 'SELECT 1' 2>&1)\" in *\"Can't connect to server\"*)
-    [ -z \"$last\" ] || [ -z \"${PLUGDB_FENCED:-}\" ] || printf '%s\\n' \"$last\" > \"$PLUGDB_FENCED.position\"
+    [ -z \"${PLUGDB_FENCED:-}\" ] || [ ! -s \"$kept.pending\" ] || mv \"$kept.pending\" \"$kept\"
     exit 0 ;;
   esac
   sleep 0.1

@@ -23,7 +23,7 @@ impl Pass<'_> {
                 self.heard = reconcile::agent::by_pod(&members.observed, &said);
                 match decide::answering_though_cut_off(&members.observed, &primary, &said) {
                     Some(kept) => kept,
-                    None => self.replace(plugin, spec, members, &primary, candidates, said).await?,
+                    None => self.replace(plugin, spec, members, (&primary, after), candidates, said).await?,
                 }
             }
         };
@@ -43,14 +43,14 @@ impl Pass<'_> {
     }
 
     /// The primary the plugin chooses among `candidates` (with what their agents `said`)
-    /// for lost `primary`: the old one fenced where its agent answers, the new one
-    /// promoted in place where its agent can.
+    /// for `primary`, lost for the failover delay `after`: the old one fenced where its
+    /// agent answers, the new one promoted in place where its agent can.
     async fn replace(
         &mut self,
         plugin: &Plugin,
         spec: &EngineSpec,
         members: &Members,
-        primary: &str,
+        (primary, after): (&str, std::time::Duration),
         candidates: Vec<crate::plugin::Member>,
         said: Vec<Option<crate::agent::Status>>,
     ) -> Result<Primary, Error> {
@@ -70,7 +70,7 @@ impl Pass<'_> {
             },
             _ => reconcile::agent::Fenced::Unknown,
         };
-        let mut chosen = decide::failover(primary, ctx.settings.failover_after, old.and_then(|m| m.down.as_deref()), answer, fenced);
+        let mut chosen = decide::failover(primary, after, old.and_then(|m| m.down.as_deref()), answer, fenced);
         if chosen.failed_over {
             reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
             let followed = reconcile::agent::follow(ctx, self.db, &members.observed, &chosen.name, primary).await?;
