@@ -18,9 +18,14 @@ use serde_json::{Value, json};
 
 /// A registry serving the bundled postgres plugin (compiled once per test).
 async fn registry() -> Registry {
+    registry_of(&["postgres"]).await
+}
+
+/// A registry serving the bundled plugins of `engines` (compiled once per test).
+async fn registry_of(engines: &[&str]) -> Registry {
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics);
-    for engine in ["postgres"] {
+    for engine in engines {
         let outcome = registry.load_bytes(&format!("bundled/{engine}.wasm"), component(engine)).await;
         assert!(matches!(outcome, plugdb::plugin::Outcome::Loaded { .. }), "{engine}: {outcome:?}");
     }
@@ -825,7 +830,7 @@ async fn a_volume_growth_the_api_server_refuses_is_said_once_and_tried_again() {
 
 /// Member agents as the members run them, at `addresses` on the agent's port: each
 /// answers with `status` as its member's status command prints it, fences with a command
-/// that succeeds, and promotes with one that does. They serve the certificate the pass
+/// that succeeds, and promotes with one that does where the plugin promotes in place. They serve the certificate the pass
 /// issued (Secret `orders-agent`, in `made`) and answer only the operator's. The
 /// directory holds their certificates and what they marked; it goes when dropped.
 async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
@@ -837,6 +842,9 @@ async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
         std::fs::write(dir.path().join(file), &data[file].0).expect("a certificate on disk");
     }
     let sh = |script: &str| vec!["sh".to_string(), "-c".into(), script.into()];
+    // Promoting in place where the plugin says how, as the members' agents are given.
+    let set = made.iter().find(|o| o["kind"] == "StatefulSet").expect("the StatefulSet");
+    let promotes = set["spec"]["template"]["spec"]["containers"].to_string().contains("--promote-command");
     for (ordinal, (address, status)) in members.iter().enumerate() {
         let state = dir.path().join(format!("member-{ordinal}"));
         std::fs::create_dir_all(&state).expect("the member's state");
@@ -853,7 +861,9 @@ async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
         let commands = plugdb::agent::Commands {
             status: sh(&format!("echo {status}")),
             fence: Some(fence),
-            promote: sh("true"),
+            promote: if promotes { sh("true") } else { Vec::new() },
+            // Says how many replicas commits wait for, as the agent was asked.
+            synchronous: sh(&format!("echo ${} > {}", plugdb::agent::SYNCHRONOUS_ENV, state.join("synchronous").display())),
             ..Default::default()
         };
         let address: std::net::SocketAddr = format!("{address}:{}", plugdb::agent::PORT).parse().expect("an address");
@@ -883,7 +893,19 @@ async fn with_agents(
     ready: [bool; 3],
     said: [&str; 3],
 ) -> (Database, Vec<Value>, Server, tempfile::TempDir) {
-    let (result, calls, api) = pass_over(registry, &database(json!({"replicas": 3})), &[], &server).await;
+    with_agents_of(registry, json!({"replicas": 3}), server, first, ready, said).await
+}
+
+/// [`with_agents`], the Database's spec `spec` (over a minimal one).
+async fn with_agents_of(
+    registry: &Registry,
+    spec: Value,
+    server: Server,
+    first: usize,
+    ready: [bool; 3],
+    said: [&str; 3],
+) -> (Database, Vec<Value>, Server, tempfile::TempDir) {
+    let (result, calls, api) = pass_over(registry, &database(spec), &[], &server).await;
     result.expect("the first pass");
     let mut made = written(&calls);
     let secret = made.iter_mut().find(|o| o["metadata"]["name"] == "orders-agent").expect("the agents' Secret");
@@ -1002,4 +1024,177 @@ async fn a_pass_that_fails_after_a_promotion_still_says_who_leads_now() {
     result.expect("the next pass");
     assert!(again.iter().all(|c| c.body["reason"] != "FailoverPromoted"), "{:?}", lines(&again));
     assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
+}
+
+/// A planned switchover to member 2, asked for on the Database, with every agent saying
+/// the same position: the primary is fenced first, then (its position reached) the
+/// read-write Service leads to member 2, the fence is run again, member 2 is promoted in
+/// place and the old primary labelled a replica, and the plan and status follow. The next
+/// pass finds member 2 leading and removes the request.
+#[tokio::test]
+async fn a_switchover_fences_the_primary_then_promotes_the_member_once_it_has_all_it_wrote() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/5000000 0"];
+    let (mut db, cluster, server, agents) = with_agents(&registry, server, 50, [true; 3], said).await;
+    db.metadata.annotations.get_or_insert_default().insert("plugdb.io/switchover".into(), "orders-2".into());
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let pod = |n: usize| format!("PATCH /api/v1/namespaces/shop/pods/orders-{n}");
+    let service = "PATCH /api/v1/namespaces/shop/services/orders".to_string();
+    let expected = [
+        "GET /api/v1/namespaces/shop/secrets/orders-agent".to_string(),
+        // The primary fenced (its pod marked); every agent asked where its member is.
+        pod(0),
+        // Member 2 has all the fenced primary wrote: the read-write Service leads to it,
+        // the fence runs again, member 2 is promoted in place, the old primary relabelled.
+        service.clone(),
+        pod(2),
+        pod(0),
+        // The plan: the Service and the members' primary, the role labels.
+        service,
+        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".into(),
+        pod(0),
+        pod(2),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[1].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
+    assert_eq!(calls[2].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
+    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"], "true");
+    assert_eq!(calls[4].body["metadata"]["labels"]["plugdb.io/role"], "replica");
+    assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
+    assert!(!agents.path().join("member-2").join(plugdb::agent::FENCED_FILE).exists(), "not the new primary");
+    assert_eq!(calls[9].body["reason"], "SwitchoverPromoted");
+    let note = calls[9].body["note"].as_str().unwrap_or_default();
+    assert!(note.starts_with("switchover: orders-0 fenced; orders-2 has all it wrote (position 0/5000000); promoting orders-2"), "{note}");
+    assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
+
+    // Member 2 leads: the request is done, and goes (only while it still names member 2).
+    let (result, again, _) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    result.expect("the next pass");
+    let removed = again.iter().find(|c| c.line() == format!("PATCH {DATABASES}")).expect("the request removed");
+    assert_eq!(removed.body[0], json!({"op": "test", "path": "/metadata/annotations/plugdb.io~1switchover", "value": "orders-2"}));
+    assert_eq!(removed.body[1]["op"], "remove");
+    assert!(again.iter().any(|c| c.body["reason"] == "SwitchoverDone"), "{:?}", lines(&again));
+    assert!(again.iter().all(|c| c.body["reason"] != "SwitchoverPromoted"), "promoted once: {:?}", lines(&again));
+}
+
+/// etcd, loaded beside postgres: an engine that elects its own leader and changes its
+/// membership by Jobs. Grown from 3 members to 4, the new member is added by the
+/// plugin's Job first, and the StatefulSet grows only once that Job has completed.
+#[tokio::test]
+async fn an_etcd_member_is_added_by_its_job_before_the_statefulset_grows() {
+    let registry = registry_of(&["postgres", "etcd"]).await;
+    let spec = json!({"engine": "etcd", "version": "3.5", "replicas": 3});
+    let (db, made) = made(&registry, spec).await;
+    let mut cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    // Nothing answers at the members' addresses: who leads is not known.
+    let addresses = loopback_from(70, 3);
+    for (pod, address) in cluster.iter_mut().filter(|o| o["kind"] == "Pod").zip(&addresses) {
+        pod["status"]["podIP"] = json!(address);
+    }
+    let (_, api) = pass(&registry, &db, &cluster).await;
+    let mut db = api.database();
+    db.spec.replicas = 4;
+    db.metadata.generation = Some(2);
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    assert_eq!(lines(&calls), ["POST /apis/batch/v1/namespaces/shop/jobs".to_string(), format!("PATCH {DATABASES}/status")]);
+    let job = &calls[0].body;
+    let script = job["spec"]["template"]["spec"]["containers"][0]["command"].to_string();
+    assert!(script.contains("member add") && script.contains("--learner"), "the plugin's add: {script}");
+    let env = job["spec"]["template"]["spec"]["containers"][0]["env"].as_array().cloned().unwrap_or_default();
+    assert!(env.contains(&json!({"name": "MEMBER", "value": "orders-3"})), "{env:?}");
+    let progressing = status(&api).conditions.into_iter().find(|c| c.type_ == "Progressing").expect("Progressing");
+    assert_eq!(progressing.status, "True", "{progressing:?}");
+
+    // Its Job still runs: nothing more. Once it has completed, the StatefulSet grows.
+    let mut job = job.clone();
+    job["metadata"]["uid"] = json!("scale-job-uid");
+    job["metadata"]["creationTimestamp"] = json!("2026-11-28T00:00:00Z");
+    cluster.push(job.clone());
+    let db = api.database();
+    let (calls, api) = pass(&registry, &db, &cluster).await;
+    assert!(lines(&calls).iter().all(|l| !l.contains("statefulsets") && !l.contains("/jobs")), "{:?}", lines(&calls));
+    let done = cluster.iter_mut().find(|o| o["kind"] == "Job").expect("the Job");
+    done["status"] = json!({"completionTime": "2026-11-28T00:01:00Z", "conditions": [{"type": "Complete", "status": "True"}]});
+    let (calls, _) = pass(&registry, &api.database(), &cluster).await;
+    let grown =
+        calls.iter().find(|c| c.line() == "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders").expect("the StatefulSet grows");
+    assert_eq!(grown.body["spec"]["replicas"], 4);
+}
+
+/// Synchronous replication with `whenTooFewReplicas: Degrade`: both replicas down for
+/// longer than `degradeAfterSeconds`, the primary's agent is told to stop commits waiting
+/// (`POST /synchronous/0`), and the condition and a Warning say replication is degraded.
+#[tokio::test]
+async fn too_few_replicas_for_longer_than_allowed_degrade_synchronous_replication() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let spec = json!({"replicas": 3, "replication": {"mode": "Synchronous", "whenTooFewReplicas": "Degrade", "degradeAfterSeconds": 10}});
+    let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/5000000 0"];
+    let (mut db, cluster, server, agents) = with_agents_of(&registry, spec, server, 90, [true, false, false], said).await;
+    let a_minute_ago = (chrono::Utc::now() - chrono::Duration::minutes(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let waiting = json!({
+        "type": "SynchronousReplication", "status": "False", "reason": "ReplicasMissing", "lastTransitionTime": a_minute_ago,
+        "message": "0 of the 1 replicas each commit waits for are ready",
+    });
+    // It ran: replicas missing are news (they are not while members are first made).
+    db.status.get_or_insert_default().phase = Some(plugdb::crd::Phase::Running);
+    let conditions = &mut db.status.get_or_insert_default().conditions;
+    conditions.retain(|c| c.type_ != "SynchronousReplication");
+    conditions.push(serde_json::from_value(waiting).expect("a condition"));
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let asked = std::fs::read_to_string(agents.path().join("member-0").join("synchronous")).expect("the primary's agent was asked");
+    assert_eq!(asked.trim(), "0", "commits no longer wait for a replica");
+    for replica in ["member-1", "member-2"] {
+        assert!(!agents.path().join(replica).join("synchronous").exists(), "only the primary's agent is asked");
+    }
+    let warned = calls.iter().find(|c| c.body["reason"] == "ReplicationDegraded").expect("an Event");
+    assert_eq!(warned.body["type"], "Warning");
+    let condition = status(&api).conditions.into_iter().find(|c| c.type_ == "SynchronousReplication").expect("the condition");
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "ReplicationDegraded"), "{condition:?}");
+    assert!(condition.message.contains("for longer than 10s: commits no longer wait for replicas"), "{}", condition.message);
+}
+
+/// MariaDB, loaded beside postgres: its primary lost, its agent fences it, and the
+/// replica that has the most is chosen by the plugin's GTID comparison. MariaDB promotes
+/// by a restart as the primary (it has no promote command): the chosen member is
+/// restarted, not promoted in place.
+#[tokio::test]
+async fn a_mysql_primary_lost_is_fenced_and_the_furthest_replica_restarted_to_lead() {
+    let registry = registry_of(&["postgres", "mysql"]).await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let spec = json!({"engine": "mysql", "version": "11.8", "replicas": 3});
+    let said = ["primary 0-1-36", "replica 0-1-30 1", "replica 0-1-36 0"];
+    let (db, cluster, server, agents) = with_agents_of(&registry, spec, server, 110, [false, true, true], said).await;
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let pod = |n: usize| format!("PATCH /api/v1/namespaces/shop/pods/orders-{n}");
+    let expected = [
+        "GET /api/v1/nodes/node-0".to_string(),
+        "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
+        // The old primary fenced; no promotion in place.
+        pod(0),
+        "PATCH /api/v1/namespaces/shop/services/orders".into(),
+        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".into(),
+        pod(0),
+        pod(2),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected);
+    assert_eq!(calls[2].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
+    assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
+    assert_eq!(calls[3].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
+    let note = calls[7].body["note"].as_str().unwrap_or_default();
+    assert!(note.contains("fenced by its agent; promoting orders-2"), "{note}");
+    assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
+    assert!(calls.iter().all(|c| c.body["metadata"]["annotations"]["plugdb.io/promoted"].is_null()), "not promoted in place");
+    // The members' template names the new primary: orders-2, started as a replica,
+    // restarts onto it to lead.
+    let primary = calls[4].body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"].clone();
+    assert_eq!(primary, "orders-2", "{}", calls[4].body["spec"]["template"]["metadata"]);
 }

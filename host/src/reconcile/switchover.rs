@@ -63,7 +63,8 @@ pub(super) async fn carry_out(
                         .patch(&service, &PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &Patch::Merge(&select))
                         .await?;
                 }
-                agent::fence(ctx, db, old).await?;
+                // Marked fenced by the first fence: run again, not marked again.
+                agent::fence(ctx, db, old.map(|m| Observed { fenced: true, ..m.clone() }).as_ref()).await?;
                 agent::promote(ctx, db, members.iter().find(|m| m.name == target)).await?;
                 let followed = agent::follow(ctx, db, members, target, primary).await?;
                 decide::told_to_follow(&mut chosen.notes, followed);
