@@ -1198,3 +1198,38 @@ async fn a_mysql_primary_lost_is_fenced_and_the_furthest_replica_restarted_to_le
     let primary = calls[4].body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"].clone();
     assert_eq!(primary, "orders-2", "{}", calls[4].body["spec"]["template"]["metadata"]);
 }
+
+/// The controller's backoff for a Database whose passes fail: 2 s, doubling, at most
+/// 5 minutes; an engine busy with other calls is no failure (asked again when the answer
+/// is expected, the backoff untouched); a pass that succeeds starts the backoff over.
+#[tokio::test]
+async fn failed_passes_back_off_doubling_a_busy_engine_does_not_and_a_success_starts_over() {
+    use kube::runtime::controller::Action;
+    use std::time::Duration;
+    let registry = registry().await;
+    let (db, made) = steady(&registry).await;
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let api = MockApi::new(&db);
+    let ctx = Context::new(
+        api.client(),
+        registry.clone(),
+        Arc::new(Metrics::default()),
+        test_settings(),
+        Caches::holding(&cluster).expect("caches"),
+    );
+    let ctx = Arc::new(ctx);
+    let db = Arc::new(db);
+    let failed = || reconcile::error_policy(db.clone(), &reconcile::Error::Random("no entropy".into()), ctx.clone());
+    let seconds = |n: u64| Action::requeue(Duration::from_secs(n));
+    assert_eq!([failed(), failed(), failed()], [seconds(2), seconds(4), seconds(8)]);
+    let busy = plugdb::plugin::Busy::Running { engine: "postgres".into(), function: "render", retry_in: Duration::from_millis(300) };
+    let asked_again = reconcile::error_policy(db.clone(), &reconcile::Error::Busy(busy), ctx.clone());
+    assert_eq!(asked_again, Action::requeue(Duration::from_millis(300)), "when the answer is expected");
+    assert_eq!(failed(), seconds(16), "the backoff goes on where it was");
+    for _ in 0..6 {
+        failed();
+    }
+    assert_eq!(failed(), seconds(300), "at most five minutes");
+    reconcile::reconcile(db.clone(), ctx.clone()).await.expect("a pass that succeeds");
+    assert_eq!(failed(), seconds(2), "the backoff starts over");
+}
