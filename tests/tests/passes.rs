@@ -1233,3 +1233,42 @@ async fn failed_passes_back_off_doubling_a_busy_engine_does_not_and_a_success_st
     reconcile::reconcile(db.clone(), ctx.clone()).await.expect("a pass that succeeds");
     assert_eq!(failed(), seconds(2), "the backoff starts over");
 }
+
+/// A cert-manager issuer named in `spec.tls.issuerRef`: the pass keeps a `Certificate`
+/// for the Database's serving certificate (every name a client or a member reaches it
+/// by, from that issuer), issues none of its own for it, and makes no member before
+/// cert-manager has: `Progressing=False` and a Warning say what it waits for.
+#[tokio::test]
+async fn a_cert_manager_issuer_gets_a_certificate_asked_for_and_no_member_starts_before_it_is_issued() {
+    let registry = registry().await;
+    let db = database(json!({"replicas": 3, "tls": {"enabled": true, "issuerRef": {"name": "shop-ca"}}}));
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let (result, calls, api) = pass_over(&registry, &db, &[], &server).await;
+    result.expect("the pass");
+    let certificate = "/apis/cert-manager.io/v1/namespaces/shop/certificates/orders-tls";
+    let expected = [
+        format!("GET {certificate}"),
+        format!("PATCH {DATABASES}"),
+        // The credentials and the application's login: no serving certificate of plugdb's.
+        "POST /api/v1/namespaces/shop/secrets".into(),
+        "POST /api/v1/namespaces/shop/secrets".into(),
+        format!("PATCH {certificate}"),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
+    ];
+    assert_eq!(lines(&calls), expected, "no member, Service or StatefulSet yet");
+    assert!(calls.iter().all(|c| c.body["metadata"]["name"] != "orders-tls" || c.body["kind"] == "Certificate"), "plugdb issues none");
+    let asked = &calls[4].body;
+    assert!(calls[4].is_apply(), "kept by server-side apply");
+    assert_eq!(asked["spec"]["issuerRef"], json!({"group": "cert-manager.io", "kind": "Issuer", "name": "shop-ca"}));
+    assert_eq!(asked["spec"]["secretName"], "orders-tls");
+    let names = asked["spec"]["dnsNames"].as_array().cloned().unwrap_or_default();
+    for name in ["orders.shop.svc", "orders-replicas.shop.svc", "*.orders-headless.shop.svc"] {
+        assert!(names.contains(&json!(name)), "{name}: {names:?}");
+    }
+    let waiting = "waiting for cert-manager to issue Certificate shop/orders-tls from Issuer shop-ca";
+    assert_eq!((calls[5].body["reason"].as_str(), calls[5].body["type"].as_str()), (Some("CertificatePending"), Some("Warning")));
+    assert!(calls[5].body["note"].as_str().is_some_and(|n| n.starts_with(waiting)), "{}", calls[5].body["note"]);
+    let progressing = status(&api).conditions.into_iter().find(|c| c.type_ == "Progressing").expect("Progressing");
+    assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("False", "CertificatePending"));
+}
