@@ -11,7 +11,19 @@ use crate::plugin::Member;
 
 /// How long a new member pod may take to become ready before it counts as down: the
 /// new primary restarting to take its role after a failover must not be failed over.
+/// A pod that was ready since its containers started has had its grace: it is down from
+/// when it stopped being ready (a primary that hangs in its first minute is failed over
+/// as an older one is).
 pub const STARTUP_GRACE_SECONDS: i64 = 60;
+
+/// Whether pod `p`, not ready since `transition`, was ready after its containers (as they
+/// run now) started: its Ready condition turned false after each of them started, so it
+/// had turned true before (a new pod's condition is false from before they start).
+fn ready_since_started(p: &Pod, transition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> bool {
+    let containers = p.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
+    let started = |c: &k8s_openapi::api::core::v1::ContainerStatus| c.state.as_ref()?.running.as_ref()?.started_at.clone();
+    !containers.is_empty() && containers.iter().all(|c| started(c).is_some_and(|at| at.0 < transition.0))
+}
 
 /// What the host knows about one member pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +35,9 @@ pub struct Observed {
     /// Ready condition.
     pub ready: bool,
     /// Seconds it has been in its state: since the Ready condition last changed, and for
-    /// a pod younger than [`STARTUP_GRACE_SECONDS`] after that grace only (a member
-    /// starting, as the new primary does after a failover, is not yet down).
+    /// a pod younger than [`STARTUP_GRACE_SECONDS`] that has not been ready yet, after
+    /// that grace only (a member starting, as the new primary does after a failover, is
+    /// not yet down).
     pub since_seconds: i64,
     /// StatefulSet revision the pod runs.
     pub revision: Option<String>,
@@ -119,8 +132,12 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
             let age = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| now.duration_since(t.0).as_secs();
             let transition = ready_condition.and_then(|c| c.last_transition_time);
             let ready_since = transition.as_ref().map(|t| t.0.to_string());
+            let served = !ready && transition.as_ref().is_some_and(|t| ready_since_started(p, t));
             let changed = transition.map(|t| age(&t)).unwrap_or(0);
-            let started = p.metadata.creation_timestamp.as_ref().map(|t| age(t) - STARTUP_GRACE_SECONDS).unwrap_or(i64::MAX);
+            let started = match p.metadata.creation_timestamp.as_ref() {
+                Some(created) if !served => age(created) - STARTUP_GRACE_SECONDS,
+                _ => i64::MAX,
+            };
             let since_seconds = changed.min(started);
             Some(Observed {
                 ordinal,

@@ -202,9 +202,9 @@ async fn first_write(client: &Arc<Client>, since: Instant, first_id: i64) -> Res
     }
 }
 
-/// The primary, once its pod is past its first minute: a pod in its first minute is
-/// given the start-up grace before it counts as down (docs/operations.md, Failover),
-/// and the pod-deletion step made this one anew moments ago.
+/// The primary, once its pod is past its first minute: the pod-deletion step made this
+/// one anew moments ago, and the figures stay comparable with runs from before a pod
+/// that was ready lost its start-up grace (docs/operations.md, Failover).
 async fn past_its_first_minute(cluster: &Cluster, ns: &str) -> Result<Pod> {
     let primary = leader(cluster, ns).await?;
     let pod = Api::<Pod>::namespaced(cluster.client.clone(), ns).get(&primary).await?;

@@ -284,6 +284,23 @@ fn a_new_pod_counts_as_down_only_after_its_startup_grace() {
     assert_eq!(since(pod(100, 100)), 100 - STARTUP_GRACE_SECONDS, "down once the grace is over");
     assert_eq!(since(pod(3600, 40)), 40, "an old pod: since its Ready condition changed");
     assert!(primary_lost(&observe("db", &[pod(3600, 40)], now), "db-0", 30));
+
+    // Ready once its containers ran, then not: its grace is over (a primary hung in its
+    // pod's first minute). Not ready since before they started: still starting.
+    let running = |created_ago: i64, started_ago: i64, changed_ago: i64| -> Pod {
+        let mut p = serde_json::to_value(pod(created_ago, changed_ago)).expect("a pod");
+        let at = (now - k8s_openapi::jiff::SignedDuration::from_secs(started_ago)).to_string();
+        let status = |name: &str| {
+            serde_json::json!({"name": name, "ready": false, "restartCount": 0, "image": "e", "imageID": "",
+                                                     "state": {"running": {"startedAt": at}}})
+        };
+        p["status"]["containerStatuses"] = serde_json::json!([status("engine"), status("agent")]);
+        serde_json::from_value(p).expect("a pod")
+    };
+    assert_eq!(since(running(30, 25, 10)), 10, "served, then hung: down since then");
+    assert!(primary_lost(&observe("db", &[running(30, 25, 10)], now), "db-0", 6));
+    assert!(since(running(30, 25, 30)) <= 0, "never ready since it started: still starting");
+    assert!(!primary_lost(&observe("db", &[running(30, 25, 30)], now), "db-0", 6));
 }
 
 /// A container that fails at each start is named with how often it restarted, its
