@@ -50,20 +50,10 @@ pub fn inspect(path: &Path, compiler: &Path) -> Result<String> {
 /// What a loaded plugin says about itself, a line per fact.
 pub fn describe(plugin: &Plugin) -> String {
     let i = plugin.info();
-    let c = i.capabilities;
-    let caps: Vec<&str> = [
-        ("backup", c.backup),
-        ("restore", c.restore),
-        ("failover", c.failover),
-        ("online-upgrade", c.online_upgrade),
-        ("major-upgrade", c.major_upgrade),
-        ("point-in-time", c.point_in_time),
-    ]
-    .into_iter()
-    .filter_map(|(n, on)| on.then_some(n))
-    .collect();
+    let caps = i.capabilities.declared();
+    let agent = plugin.agent_exports();
     format!(
-        "engine:            {}\nplugin version:    {}\ncontract:          plugdb:engine@{}\nengine versions:   {} (default {})\nport:              {}\ncapabilities:      {}\nsha256:            {}\nsize:              {} bytes\n",
+        "engine:            {}\nplugin version:    {}\ncontract:          plugdb:engine@{}\nengine versions:   {} (default {})\nport:              {}\ncapabilities:      {}\nmember agent:      {}\nsha256:            {}\nsize:              {} bytes\n",
         i.engine,
         i.plugin_version,
         i.contract_version,
@@ -71,6 +61,7 @@ pub fn describe(plugin: &Plugin) -> String {
         i.default_version,
         i.default_port,
         if caps.is_empty() { "none".into() } else { caps.join(", ") },
+        if agent.is_empty() { "none".into() } else { agent.join(", ") },
         plugin.digest(),
         plugin.size()
     )

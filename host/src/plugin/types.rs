@@ -74,6 +74,21 @@ impl Capability {
 }
 
 impl Capabilities {
+    /// Every capability declared, by its name in the contract.
+    pub fn declared(&self) -> Vec<&'static str> {
+        let all = [
+            ("backup", self.backup),
+            ("restore", self.restore),
+            ("failover", self.failover),
+            ("online-upgrade", self.online_upgrade),
+            ("major-upgrade", self.major_upgrade),
+            ("point-in-time", self.point_in_time),
+            ("elects-leader", self.elects_leader),
+            ("tls", self.tls),
+        ];
+        all.into_iter().filter_map(|(name, on)| on.then_some(name)).collect()
+    }
+
     /// Whether `capability` is declared.
     pub fn has(&self, capability: Capability) -> bool {
         match capability {
