@@ -1,7 +1,8 @@
 //! Plugin call cost: `render` of a typical spec per iteration in a fresh instance (from
 //! the instance pool, and allocated on demand for comparison), whole or, as on the
 //! operator's call threads, answered before the instance's slot is reset; the same
-//! render natively for the ratio, and a cold compile of each bundled plugin. Then each call
+//! work natively for the ratio (`render` and the `agent` functions the host's render asks
+//! in the same instance), and a cold compile of each bundled plugin. Then each call
 //! timed on its own, for the median, the p99 and the ratio to native of one run,
 //! written beside `$CRITERION_HOME` as `plugin-call.md`.
 //!
@@ -73,6 +74,22 @@ fn native_inputs() -> (plugdb_sdk::DatabaseSpec, plugdb_sdk::ClusterContext) {
     )
 }
 
+/// The postgres render natively, as the host asks for it: `render`, then each function of
+/// the `agent` interface (the member agent's commands and the application's login), which
+/// the host's render asks in the same instance.
+fn native_render(spec: &plugdb_sdk::DatabaseSpec, cluster: &plugdb_sdk::ClusterContext) {
+    use plugdb_plugin_postgres::Postgres;
+    use plugdb_sdk::Agent;
+    black_box(Postgres::render(spec.clone(), cluster.clone()).expect("render"));
+    black_box(Postgres::status_command(spec.clone()));
+    black_box(Postgres::fence_command(spec.clone()));
+    black_box(Postgres::client_command(spec.clone()));
+    black_box(Postgres::promote_command(spec.clone()));
+    black_box(Postgres::synchronous_command(spec.clone()));
+    black_box(Postgres::follow_command(spec.clone()));
+    black_box(Postgres::application(spec.clone()));
+}
+
 fn render(c: &mut Criterion) {
     let runtime = Runtime::new(Limits::default()).expect("runtime");
     let postgres = runtime.load(&plugdb_tests::component("postgres")).expect("postgres loads");
@@ -120,8 +137,8 @@ fn render(c: &mut Criterion) {
         b.iter(|| postgres_on_demand.render(black_box(&s), black_box(&cl)).expect("render"))
     });
     let (ns, nc) = native_inputs();
-    group.bench_function("postgres native (same render, no sandbox)", |b| {
-        b.iter(|| plugdb_plugin_postgres::Postgres::render(black_box(ns.clone()), black_box(nc.clone())).expect("render"))
+    group.bench_function("postgres native (same render and agent functions, no sandbox)", |b| {
+        b.iter(|| native_render(black_box(&ns), black_box(&nc)))
     });
     group.finish();
 }
@@ -204,9 +221,7 @@ fn latency() {
                 plugdb::plugin::defer_resets(false);
                 render();
             },
-            &mut || {
-                black_box(plugdb_plugin_postgres::Postgres::render(ns.clone(), nc.clone()).expect("render"));
-            },
+            &mut || native_render(&ns, &nc),
         ],
     );
     let [answer, whole, fresh, native] = &times[..] else { unreachable!("four series") };
@@ -224,7 +239,7 @@ fn latency() {
         row("sandboxed on a call thread, answer: instance from the pool + call + host policy (the slot reset after)", answer),
         row("sandboxed on a call thread, whole call: the same, then the slot's reset", whole),
         row("sandboxed elsewhere: instance from the pool + call + host policy, the slot's reset before it returns", fresh),
-        row("native: the same render, no sandbox", native),
+        row("native: the same render and agent functions, no sandbox", native),
     );
     println!("\n{table}");
     // Beside criterion's own results (scripts/bench.sh: target/plugin-call.md).

@@ -37,8 +37,9 @@ const MAX_LOG_BYTES: usize = 2048;
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Memory each pool slot keeps mapped between calls, and resets by copying after every
 /// call: the resident cost of the pool is at most `instance_slots` × this (per compile
-/// tier), and each call's reset copies this much. It is the memory a call of a plugin
-/// built by `xtask` touches; pages a call touches beyond it are unmapped after the call.
+/// tier), and each call's reset copies (or clears) what the call made accessible, up to
+/// this. It is the memory a call of a plugin built by `xtask` touches; pages a call
+/// touches beyond it are unmapped after the call.
 const KEEP_RESIDENT: usize = xtask::GUEST_RESIDENT;
 /// Address space each memory reserves: all a 32-bit address can reach.
 const MEMORY_RESERVATION: u64 = 1 << 32;
