@@ -51,9 +51,8 @@ pub fn inspect(path: &Path, compiler: &Path) -> Result<String> {
 pub fn describe(plugin: &Plugin) -> String {
     let i = plugin.info();
     let caps = i.capabilities.declared();
-    let agent = plugin.agent_exports();
     format!(
-        "engine:            {}\nplugin version:    {}\ncontract:          plugdb:engine@{}\nengine versions:   {} (default {})\nport:              {}\ncapabilities:      {}\nmember agent:      {}\nsha256:            {}\nsize:              {} bytes\n",
+        "engine:            {}\nplugin version:    {}\ncontract:          plugdb:engine@{}\nengine versions:   {} (default {})\nport:              {}\ncapabilities:      {}\nsha256:            {}\nsize:              {} bytes\n",
         i.engine,
         i.plugin_version,
         i.contract_version,
@@ -61,7 +60,6 @@ pub fn describe(plugin: &Plugin) -> String {
         i.default_version,
         i.default_port,
         if caps.is_empty() { "none".into() } else { caps.join(", ") },
-        if agent.is_empty() { "none".into() } else { agent.join(", ") },
         plugin.digest(),
         plugin.size()
     )

@@ -15,10 +15,8 @@ fn inspect_and_pack_describe_a_real_plugin() {
     assert!(text.contains("engine:            postgres"), "{text}");
     assert!(text.contains("contract:          plugdb:engine@0.2.0"), "{text}");
     let line = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
-    // Every capability the plugin declares, and what its members' agents can do.
+    // Every capability the plugin declares.
     assert_eq!(line("capabilities:"), "capabilities:      backup, restore, failover, online-upgrade, point-in-time, tls");
-    let agent = "member agent:      status-command, fence-command, client-command, promote-command, synchronous-command, follow-command, application";
-    assert_eq!(line("member agent:"), agent);
     let etcd = cli::inspect(&plugdb_tests::component_path("etcd"), &plugdb_tests::plugdb_binary()).expect("inspect");
     assert!(etcd.lines().any(|l| l.starts_with("capabilities:") && l.contains("elects-leader")), "{etcd}");
     let yaml = cli::pack(&plugin, "plugdb-system", &plugdb_tests::plugdb_binary()).expect("pack");

@@ -148,12 +148,6 @@ impl Exports {
         })
     }
 
-    /// The functions of the `agent` interface the plugin exports, by name.
-    pub(crate) fn agent_exports(&self) -> Vec<&'static str> {
-        let commands = self.agent.iter().zip(AGENT_COMMANDS).filter_map(|(index, (name, _))| index.as_ref().map(|_| name));
-        commands.chain(self.application.as_ref().map(|_| "application")).collect()
-    }
-
     /// The contract the plugin speaks.
     pub(crate) fn contract(&self) -> Contract {
         self.contract

@@ -219,12 +219,6 @@ impl Plugin {
         &self.info
     }
 
-    /// The functions of the `agent` interface the plugin exports, by their names in the
-    /// contract (none: its members run no agent).
-    pub fn agent_exports(&self) -> Vec<&'static str> {
-        self.exports.agent_exports()
-    }
-
     /// The contract the plugin was built against.
     pub fn contract(&self) -> Contract {
         self.exports.contract()
