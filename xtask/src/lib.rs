@@ -31,7 +31,7 @@ pub const GUEST_STACK: usize = 16 << 10;
 /// the `agent` functions the host asks in the same instance (their scripts stay on a
 /// heap nothing frees): those grow memory by one page. Kept mapped, that page costs its
 /// clearing; unmapped after each call, it cost a page fault per 4 KiB touched and a TLB
-/// shootdown, about a third of the call. A call that needs more still grows memory, up
+/// shootdown, about a tenth of the call. A call that needs more still grows memory, up
 /// to the host's cap.
 pub const GUEST_RESIDENT: usize = 128 << 10;
 

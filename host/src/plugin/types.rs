@@ -54,20 +54,41 @@ pub enum Capability {
     Restore,
     /// Choosing a replica to replace a lost primary.
     Failover,
+    /// Minor versions upgraded by a rolling restart.
+    OnlineUpgrade,
+    /// Major versions upgraded through Jobs.
+    MajorUpgrade,
     /// Archiving the engine's log and restoring to a point in time.
     PointInTime,
+    /// The engine elects its own leader.
+    ElectsLeader,
     /// Serving TLS with the certificate the host issues.
     Tls,
 }
 
 impl Capability {
+    /// Every capability, in the contract's order.
+    pub const ALL: [Capability; 8] = [
+        Capability::Backup,
+        Capability::Restore,
+        Capability::Failover,
+        Capability::OnlineUpgrade,
+        Capability::MajorUpgrade,
+        Capability::PointInTime,
+        Capability::ElectsLeader,
+        Capability::Tls,
+    ];
+
     /// Its name in the contract.
     pub fn name(self) -> &'static str {
         match self {
             Capability::Backup => "backup",
             Capability::Restore => "restore",
             Capability::Failover => "failover",
+            Capability::OnlineUpgrade => "online-upgrade",
+            Capability::MajorUpgrade => "major-upgrade",
             Capability::PointInTime => "point-in-time",
+            Capability::ElectsLeader => "elects-leader",
             Capability::Tls => "tls",
         }
     }
@@ -76,17 +97,7 @@ impl Capability {
 impl Capabilities {
     /// Every capability declared, by its name in the contract.
     pub fn declared(&self) -> Vec<&'static str> {
-        let all = [
-            ("backup", self.backup),
-            ("restore", self.restore),
-            ("failover", self.failover),
-            ("online-upgrade", self.online_upgrade),
-            ("major-upgrade", self.major_upgrade),
-            ("point-in-time", self.point_in_time),
-            ("elects-leader", self.elects_leader),
-            ("tls", self.tls),
-        ];
-        all.into_iter().filter_map(|(name, on)| on.then_some(name)).collect()
+        Capability::ALL.into_iter().filter(|c| self.has(*c)).map(Capability::name).collect()
     }
 
     /// Whether `capability` is declared.
@@ -95,7 +106,10 @@ impl Capabilities {
             Capability::Backup => self.backup,
             Capability::Restore => self.restore,
             Capability::Failover => self.failover,
+            Capability::OnlineUpgrade => self.online_upgrade,
+            Capability::MajorUpgrade => self.major_upgrade,
             Capability::PointInTime => self.point_in_time,
+            Capability::ElectsLeader => self.elects_leader,
             Capability::Tls => self.tls,
         }
     }
