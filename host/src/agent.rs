@@ -26,6 +26,9 @@
 //! certificate live in the operator's namespace only: not the Database's authority, whose
 //! certificates the members and Jobs hold (and the engine can read), so neither the
 //! application, another member's agent, nor another Database's certificate is obeyed.
+//! That authority is pinned in the agent's arguments ([`Trust::clients`], written into
+//! the members' template by the operator): an authority put into the Secret by anyone
+//! who may write Secrets in the Database's namespace is not trusted.
 //! Everything is bounded: 16 connections at a time and [`PER_PEER`] from one address (idle
 //! connections from a few places cannot take every slot from the operator), 5 s a
 //! connection, one command at a time, 4 KiB of request head, 4 KiB of command output, and
@@ -53,7 +56,8 @@ pub const PORT: u16 = 8443;
 pub const CERTS: &str = "/etc/plugdb-agent";
 /// Where the init container copies the binary to, and the agent runs it from.
 pub const BIN_DIR: &str = "/plugdb-bin";
-/// The operator's authority's certificate, in [`CERTS`]: the only one trusted for clients.
+/// The operator's authority's certificate, in [`CERTS`]: the only one trusted for
+/// clients, once its fingerprint is the one pinned ([`Trust::clients`]).
 pub const CLIENTS_CA: &str = "clients-ca.crt";
 /// Annotation on Secret `<name>-agent`: a hash of the [`CLIENTS_CA`] it holds, so that
 /// another operator authority is written again.
@@ -265,7 +269,7 @@ impl Agent {
 /// ([`metrics`]), at the same address.
 pub async fn serve(
     address: std::net::SocketAddr,
-    certs: PathBuf,
+    trust: Trust,
     mut commands: Commands,
     measured: Option<(u16, metrics::Member)>,
 ) -> anyhow::Result<()> {
@@ -304,7 +308,7 @@ pub async fn serve(
         };
         let Some(peer_permit) = peers.admit(peer.ip()) else { continue };
         let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
-        let config = match server_config(&certs) {
+        let config = match server_config(&trust) {
             Ok(config) => config,
             Err(e) => {
                 tracing::warn!("cannot serve {peer}: {e:#}");
@@ -356,16 +360,43 @@ impl Drop for PeerPermit {
     }
 }
 
+/// Where the agent's certificates are ([`FILES`]), and the fingerprint of the one
+/// authority whose client certificates it obeys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trust {
+    /// The directory holding [`FILES`].
+    pub certs: PathBuf,
+    /// The SHA-256 of the operator's authority's certificate (DER), hex: of the
+    /// certificates in [`CLIENTS_CA`], only this one is trusted.
+    pub clients: String,
+}
+
+/// The SHA-256 (hex) of each certificate in `pem`, in order; what is not a certificate
+/// is skipped.
+pub fn fingerprints(pem: &[u8]) -> Vec<String> {
+    CertificateDer::pem_slice_iter(pem).flatten().map(|c| crate::plugin::hex_digest(&c)).collect()
+}
+
 /// The agent's TLS: its certificate, and client certificates for clients, from the
-/// operator's authority alone.
-fn server_config(certs: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+/// operator's authority alone: the one of [`CLIENTS_CA`] pinned in `trust`.
+fn server_config(trust: &Trust) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let certs = &trust.certs;
     let read = |file: &str| std::fs::read(certs.join(file)).with_context(|| format!("reading {}", certs.join(file).display()));
     let chain: Vec<CertificateDer> = CertificateDer::pem_slice_iter(&read(crate::tls::CERTIFICATE)?).collect::<Result<_, _>>()?;
     let key = PrivateKeyDer::from_pem_slice(&read(crate::tls::KEY)?)?;
     let mut roots = rustls::RootCertStore::empty();
     for ca in CertificateDer::pem_slice_iter(&read(CLIENTS_CA)?) {
-        roots.add(ca?)?;
+        let ca = ca?;
+        if crate::plugin::hex_digest(&ca) == trust.clients {
+            roots.add(ca)?;
+        }
     }
+    anyhow::ensure!(
+        !roots.is_empty(),
+        "{} holds no certificate of the operator's authority (SHA-256 {}): no client is trusted",
+        certs.join(CLIENTS_CA).display(),
+        trust.clients
+    );
     let clients = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots)).build()?;
     Ok(Arc::new(rustls::ServerConfig::builder().with_client_cert_verifier(clients).with_single_cert(chain, key)?))
 }

@@ -153,10 +153,20 @@ impl Archiver<'_> {
 pub struct Sidecars<'a> {
     /// Ships the log for point-in-time recovery.
     pub archiver: Option<Archiver<'a>>,
-    /// The member agent (with the operator's image, when the plugin has a status command).
-    pub agent: Option<&'a str>,
+    /// The member agent (when the plugin has a status command).
+    pub agent: Option<AgentSidecar<'a>>,
     /// The registry and pull Secrets.
     pub pull: &'a Pull,
+}
+
+/// The member agent beside the engine: from the operator's image, obeying the operator's
+/// authority alone (its fingerprint, [`crate::agent::Trust::clients`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AgentSidecar<'a> {
+    /// The operator's image, which the agent's binary is copied from.
+    pub image: &'a str,
+    /// The SHA-256 of the operator's authority's certificate.
+    pub clients: &'a str,
 }
 
 impl Default for Sidecars<'_> {
@@ -394,11 +404,11 @@ pub fn statefulset(
         volumes.push(volume);
         template_annotations.insert(TLS_STAMP.to_string(), stamp.to_string());
     }
-    if let Some(image) = sidecars.agent.filter(|_| !workload.status_command.is_empty()) {
+    if let Some(sidecar) = sidecars.agent.filter(|_| !workload.status_command.is_empty()) {
         // Beside the engine, with what it sees (its environment, files and certificate).
         let (copy, agent, agent_volumes) = agent::containers(
             db,
-            image,
+            sidecar,
             &mut containers[0],
             &workload.status_command,
             (&workload.fence_command, &workload.promote_command, &workload.synchronous_command, &workload.follow_command),

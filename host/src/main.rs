@@ -216,7 +216,7 @@ enum AgentCommand {
     },
     /// Answer the operator's `GET /status` with what COMMAND prints, over mutual TLS (and
     /// `POST /fence`, given a fence command).
-    Serve(plugdb::agent::protocol::Serve),
+    Serve(Box<plugdb::agent::protocol::Serve>),
     /// Exit 0 unless the member is fenced (the agent's readiness).
     Ready,
     /// Run COMMAND (the engine) as this process's child, and kill it when the agent says
@@ -471,20 +471,22 @@ fn command() -> Result<()> {
             let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
             plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
         }
-        Command::Agent(AgentCommand::Serve(plugdb::agent::protocol::Serve {
-            port,
-            certs,
-            fence_command,
-            promote_command,
-            synchronous_command,
-            follow_command,
-            members,
-            metrics_port,
-            database,
-            engine,
-            data,
-            command,
-        })) => {
+        Command::Agent(AgentCommand::Serve(serve)) => {
+            let plugdb::agent::protocol::Serve {
+                port,
+                certs,
+                clients,
+                fence_command,
+                promote_command,
+                synchronous_command,
+                follow_command,
+                members,
+                metrics_port,
+                database,
+                engine,
+                data,
+                command,
+            } = *serve;
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
             let fence = match (fence_command, members) {
                 (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
@@ -519,7 +521,7 @@ fn command() -> Result<()> {
             runtime.block_on(async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
                 tokio::select! {
-                    served = plugdb::agent::serve(([0, 0, 0, 0], port).into(), certs, commands, measured) => served,
+                    served = plugdb::agent::serve(([0, 0, 0, 0], port).into(), plugdb::agent::Trust { certs, clients }, commands, measured) => served,
                     _ = term.recv() => Ok(()),
                     _ = tokio::signal::ctrl_c() => Ok(()),
                 }

@@ -845,6 +845,11 @@ async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
     // Promoting in place where the plugin says how, as the members' agents are given.
     let set = made.iter().find(|o| o["kind"] == "StatefulSet").expect("the StatefulSet");
     let promotes = set["spec"]["template"]["spec"]["containers"].to_string().contains("--promote-command");
+    // Trusting the authority the members' template pins, as the agents there do.
+    let agent =
+        set["spec"]["template"]["spec"]["containers"].as_array().into_iter().flatten().find(|c| c["name"] == "agent").expect("the agent");
+    let argv: Vec<String> = serde_json::from_value(agent["command"].clone()).expect("its command");
+    let clients = argv.iter().skip_while(|a| *a != "--clients").nth(1).expect("--clients").clone();
     for (ordinal, (address, status)) in members.iter().enumerate() {
         let state = dir.path().join(format!("member-{ordinal}"));
         std::fs::create_dir_all(&state).expect("the member's state");
@@ -867,7 +872,8 @@ async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
             ..Default::default()
         };
         let address: std::net::SocketAddr = format!("{address}:{}", plugdb::agent::PORT).parse().expect("an address");
-        tokio::spawn(plugdb::agent::serve(address, dir.path().to_path_buf(), commands, None));
+        let trust = plugdb::agent::Trust { certs: dir.path().to_path_buf(), clients: clients.clone() };
+        tokio::spawn(plugdb::agent::serve(address, trust, commands, None));
         while tokio::net::TcpStream::connect(address).await.is_err() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

@@ -121,9 +121,13 @@ pub struct Serve {
     /// The port to serve on.
     #[arg(long, default_value_t = super::PORT)]
     pub port: u16,
-    /// The directory holding tls.crt, tls.key and ca.crt.
+    /// The directory holding tls.crt, tls.key, ca.crt and clients-ca.crt.
     #[arg(long, value_name = "DIR")]
     pub certs: PathBuf,
+    /// The SHA-256 (hex) of the one certificate in clients-ca.crt whose client
+    /// certificates are obeyed: the operator's authority.
+    #[arg(long, value_name = "SHA256", value_parser = fingerprint)]
+    pub clients: String,
     /// The plugin's fence command, as a JSON list of strings.
     #[arg(long, value_name = "JSON", requires = "members", value_parser = command)]
     pub fence_command: Option<Argv>,
@@ -162,6 +166,12 @@ pub struct Serve {
 /// the argument parser takes it as one value).
 pub type Argv = Vec<String>;
 
+/// A certificate's SHA-256, 64 lowercase hex digits.
+fn fingerprint(hex: &str) -> Result<String, String> {
+    let valid = hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    valid.then(|| hex.to_string()).ok_or_else(|| "not a SHA-256 in lowercase hex".to_string())
+}
+
 /// A command given as JSON.
 fn command(json: &str) -> Result<Argv, String> {
     serde_json::from_str(json).map_err(|e| format!("not a JSON list of strings: {e}"))
@@ -171,6 +181,7 @@ impl Serve {
     /// The arguments after `plugdb agent serve` that say this, each as the agent reads it.
     pub fn argv(&self) -> Vec<String> {
         let mut argv = vec!["--port".into(), self.port.to_string(), "--certs".into(), self.certs.display().to_string()];
+        argv.extend(["--clients".into(), self.clients.clone()]);
         let json = |argv: &[String]| serde_json::to_string(argv).expect("a list of strings is JSON");
         let commands = [
             ("--fence-command", &self.fence_command),
@@ -258,6 +269,7 @@ mod tests {
         let full = Serve {
             port: 8443,
             certs: "/etc/plugdb-agent".into(),
+            clients: "0a".repeat(32),
             fence_command: Some(vec!["sh".into(), "-c".into(), "fence \"$X\"".into()]),
             promote_command: Some(vec!["promote".into()]),
             follow_command: Some(vec!["follow".into()]),
@@ -285,5 +297,11 @@ mod tests {
             let read = Agent::try_parse_from(std::iter::once("agent".to_string()).chain(serve.argv())).expect("parses");
             assert_eq!(read.serve, serve);
         }
+        let pinned =
+            |clients: &str| Agent::try_parse_from(["agent", "--certs", "/c", "--clients", clients, "--", "psql"]).map(|a| a.serve.clients);
+        assert_eq!(pinned(&"0a".repeat(32)).ok(), Some("0a".repeat(32)));
+        assert!(pinned(&"0A".repeat(32)).is_err(), "upper case: not the form the operator writes");
+        assert!(pinned("0a0a").is_err(), "too short");
+        assert!(Agent::try_parse_from(["agent", "--certs", "/c", "--", "psql"]).is_err(), "no pin: the agent does not start");
     }
 }

@@ -49,6 +49,8 @@ async fn the_status_command_is_bounded_in_time_and_output() {
 /// (for servers and clients, which its members and Jobs mount and the engine can read).
 struct Issued {
     dir: tempdir::Dir,
+    /// The operator's authority's fingerprint, as the member's template pins it.
+    pin: String,
     ca: Vec<u8>,
     operator: Vec<u8>,
     agent: Vec<u8>,
@@ -80,10 +82,18 @@ fn issued(name: &str) -> Issued {
     std::fs::write(dir.join(CLIENTS_CA), &operator.authority.certificate).expect("write");
     Issued {
         dir: tempdir::Dir(dir),
+        pin: fingerprints(operator.authority.certificate.as_bytes()).remove(0),
         ca: authority.certificate.into_bytes(),
         operator: operator.client_pem(),
         agent: [server.certificate, server.key].concat().into_bytes(),
         serving: [serving.certificate, serving.key].concat().into_bytes(),
+    }
+}
+
+impl Issued {
+    /// What the agent is told to trust: its certificates here, and the operator's authority.
+    fn trust(&self) -> Trust {
+        Trust { certs: self.dir.0.clone(), clients: self.pin.clone() }
     }
 }
 
@@ -214,7 +224,7 @@ async fn only_the_operator_is_answered() {
     let synchronous = sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS\" >> {}/synchronous", certs.display()));
     let follow = sh(&format!("echo \"$PLUGDB_PRIMARY_HOST\" >> {}/followed", certs.display()));
     let commands = Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous, follow };
-    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands, None));
+    tokio::spawn(serve(([0, 0, 0, 0], port).into(), ours.trust(), commands, None));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
     let ask_to = |query: &crate::plugin::MemberQuery, identity: Option<Vec<u8>>| {
@@ -279,6 +289,43 @@ async fn only_the_operator_is_answered() {
     assert_eq!(std::fs::read_to_string(&promoted).expect("promoted once"), "promoted\n");
 }
 
+/// The authority the agent obeys is the one pinned in its arguments, not whatever Secret
+/// `<name>-agent` holds: someone who may write Secrets in the Database's namespace and puts
+/// an authority of their own there is not obeyed (and nor is anyone, until the operator's
+/// is back).
+#[tokio::test]
+async fn an_authority_put_into_the_secret_is_not_obeyed() {
+    let ours = issued("pinned");
+    let tenant = issued("tenant");
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("address").port()
+    };
+    let commands = Commands { status: sh("echo primary 0/7"), ..Default::default() };
+    tokio::spawn(serve(([0, 0, 0, 0], port).into(), ours.trust(), commands, None));
+    let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
+    let ask = |identity: Vec<u8>| {
+        let (ca, status) = (ours.ca.clone(), status.clone());
+        async move {
+            let transport = Transport::Tls { ca: &ca, domain: "db-headless.shop.svc", identity: Some(&identity) };
+            answers(transport, &status, &[member("db-0")]).await.remove(0)
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ask(ours.operator.clone()).await.is_none() {
+        assert!(std::time::Instant::now() < deadline, "the operator was never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let clients = ours.dir.0.join(CLIENTS_CA);
+    let (operators, tenants) = (std::fs::read(&clients).expect("ours"), std::fs::read(tenant.dir.0.join(CLIENTS_CA)).expect("theirs"));
+    std::fs::write(&clients, &tenants).expect("the tenant's authority instead");
+    assert_eq!(ask(tenant.operator.clone()).await, None, "the tenant's authority in the Secret: its certificates are not obeyed");
+    assert_eq!(ask(ours.operator.clone()).await, None, "nor, without its authority there, is the operator");
+    std::fs::write(&clients, [tenants, operators].concat()).expect("both");
+    assert_eq!(ask(tenant.operator.clone()).await, None, "beside the operator's: still not obeyed");
+    assert_eq!(ask(ours.operator.clone()).await.as_deref(), Some("primary 0/7\n"), "the operator's alone is");
+}
+
 /// Idle connections that never finish a handshake, from another address (a pod of the
 /// tenant's), hold at most [`PER_PEER`] of the agent's slots: the operator is answered
 /// at once while they hang on.
@@ -289,9 +336,8 @@ async fn idle_connections_from_elsewhere_do_not_starve_the_operator() {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         probe.local_addr().expect("address").port()
     };
-    let certs = ours.dir.0.clone();
     let commands = Commands { status: sh("echo replica 0/1"), ..Default::default() };
-    tokio::spawn(serve(([0, 0, 0, 0], port).into(), certs, commands, None));
+    tokio::spawn(serve(([0, 0, 0, 0], port).into(), ours.trust(), commands, None));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let ask = || {
         let (ca, operator, status) = (ours.ca.clone(), ours.operator.clone(), status.clone());
@@ -329,7 +375,7 @@ async fn a_fence_the_engine_does_not_confirm_is_confirmed_once_its_engine_is_sto
     let fence = Fence { argv: sh(&format!("test -e {}", stop.display())), ..fence_in(&dir, None) };
     tokio::spawn(serve(
         ([0, 0, 0, 0], port).into(),
-        dir.clone(),
+        ours.trust(),
         Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() },
         None,
     ));
@@ -393,7 +439,7 @@ async fn the_members_series_are_served_to_a_scraper() {
         member: "orders-1".into(),
         data: Some(dir.clone()),
     };
-    tokio::spawn(serve(([127, 0, 0, 1], port).into(), dir.clone(), commands, Some((metrics_port, member))));
+    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(("127.0.0.1", metrics_port)).await.is_err() {
         assert!(std::time::Instant::now() < deadline, "the series were never served");

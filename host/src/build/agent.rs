@@ -23,9 +23,10 @@ fn verbatim(text: &str) -> String {
 }
 
 /// What a member needs for its agent, beside `engine` (the engine's container): the init
-/// container that copies this binary out of the operator's `image`, the agent's container
+/// container that copies this binary out of the operator's image, the agent's container
 /// (the engine's image, environment and files, and its data volume read-only, which it
-/// measures: the member's series are served on [`metrics::PORT`]), and their volumes.
+/// measures: the member's series are served on [`metrics::PORT`]; obeying the
+/// operator's authority alone, pinned in its arguments), and their volumes.
 /// With a `fence` command the engine is given the agent's state, read-only, and the path
 /// of the mark of a fenced member in [`FENCED_ENV`]; the agent reports a fenced member
 /// not ready, and the engine's command runs under the agent's guard (`plugdb agent
@@ -35,7 +36,7 @@ fn verbatim(text: &str) -> String {
 /// replicas confirm each commit when the operator asks.
 pub fn containers(
     db: &Database,
-    image: &str,
+    sidecar: super::AgentSidecar,
     engine: &mut Container,
     status: &[String],
     (fence, promote, synchronous, follow): (&[String], &[String], &[String], &[String]),
@@ -49,7 +50,7 @@ pub fn containers(
     };
     let copy = Container {
         name: "agent-install".into(),
-        image: Some(image.into()),
+        image: Some(sidecar.image.into()),
         command: Some(vec![crate::names::OPERATOR_BINARY.into(), "agent".into(), "install".into(), binary.clone()]),
         volume_mounts: Some(vec![pod::mount("agent-bin", BIN_DIR, false)]),
         resources: Some(bounded("500m", "128Mi")),
@@ -62,6 +63,7 @@ pub fn containers(
     let mut serve = Serve {
         port: PORT,
         certs: CERTS.into(),
+        clients: sidecar.clients.into(),
         fence_command: None,
         promote_command: None,
         follow_command: None,

@@ -291,7 +291,9 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
         name: "PGPASSWORD".into(),
         source: EnvSource::Secret(SecretRef { name: "orders-credentials".into(), key: "pw".into() }),
     }];
-    let template = |w: &Workload, agent: Option<&str>| -> k8s_openapi::api::core::v1::PodTemplateSpec {
+    let pin = "5e".repeat(32);
+    let template = |w: &Workload, image: Option<&str>| -> k8s_openapi::api::core::v1::PodTemplateSpec {
+        let agent = image.map(|image| AgentSidecar { image, clients: &pin });
         let set: StatefulSet =
             serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { agent, ..Default::default() }, ("orders-0", 3), None).object)
                 .expect("StatefulSet");
@@ -329,6 +331,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
         [after("--metrics-port"), after("--database"), after("--engine"), after("--data")],
         [Some("9188"), Some("shop/orders"), Some("postgres"), Some(data.as_str())]
     );
+    assert_eq!(after("--clients"), Some(pin.as_str()), "the operator's authority, pinned: not whatever the Secret holds");
     let ports: Vec<(Option<String>, i32)> = agent.ports.iter().flatten().map(|p| (p.name.clone(), p.container_port)).collect();
     assert_eq!(ports, [(Some("agent".into()), 8443), (Some("metrics".into()), 9188)]);
     let mounts: Vec<&str> = agent.volume_mounts.iter().flatten().map(|m| m.name.as_str()).collect();
@@ -347,7 +350,15 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     // Written as the kubelet reads it back: `$(NAME)` and `$$` reach the agent as they were.
     w.fence_command = vec!["sh".into(), "-c".into(), "DO $$ $f$ $(HOME) $ $$".into()];
     let set: StatefulSet = serde_json::from_value(
-        statefulset(&db, &w, "postgres", Sidecars { agent: Some("plugdb/plugdb:1"), ..Default::default() }, ("orders-0", 3), None).object,
+        statefulset(
+            &db,
+            &w,
+            "postgres",
+            Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: &pin }), ..Default::default() },
+            ("orders-0", 3),
+            None,
+        )
+        .object,
     )
     .expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");

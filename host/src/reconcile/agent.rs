@@ -29,6 +29,7 @@ use crate::tls;
 pub struct Agents {
     identity: Arc<tls::OperatorIdentity>,
     client: Arc<[u8]>,
+    pin: String,
     keys: Mutex<HashMap<String, Keys>>,
     asked: Mutex<HashMap<String, Instant>>,
     started: Instant,
@@ -44,7 +45,14 @@ impl Agents {
     /// Agents asked as `identity`.
     pub fn new(identity: tls::OperatorIdentity) -> Self {
         let client = identity.client_pem().into();
-        Self { identity: Arc::new(identity), client, keys: Mutex::default(), asked: Mutex::default(), started: Instant::now() }
+        let pin = agent::fingerprints(identity.authority.certificate.as_bytes()).into_iter().next().unwrap_or_default();
+        Self { identity: Arc::new(identity), client, pin, keys: Mutex::default(), asked: Mutex::default(), started: Instant::now() }
+    }
+
+    /// The fingerprint of the operator's authority, which the agents are told to trust
+    /// ([`agent::Trust::clients`]).
+    pub fn pin(&self) -> &str {
+        &self.pin
     }
 
     /// The operator's identity, whose authority the agents trust for clients.

@@ -116,7 +116,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let primary = pass.elected(&engine.plugin, &spec, &members, &workload, primary).await?;
     pass.scale_job(&scale, &workload);
     let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
-    let sidecars = build::Sidecars { archiver, agent: super::agent_image(ctx, &engine.plugin, &workload), pull: &ctx.settings.pull };
+    let sidecars = build::Sidecars { archiver, agent: super::agent_sidecar(ctx, &engine.plugin, &workload), pull: &ctx.settings.pull };
     let elects = engine.plugin.info().capabilities.elects_leader;
     pass.agents(super::wants_agent(&engine.plugin, &workload), sidecars.agent.is_some());
     let incident = pass.hear(sidecars.agent.is_some(), &members, &primary.name, elects).await?;
@@ -437,7 +437,7 @@ impl<'a> Pass<'a> {
                 return self.wait(reason, message, phase).await;
             }
         };
-        if super::agent_image(ctx, plugin, &workload).is_some() {
+        if super::agent_sidecar(ctx, plugin, &workload).is_some() {
             secrets::ensure_agents(ctx, db, &mut self.plan).await?;
         }
         Ok(ControlFlow::Continue(workload))

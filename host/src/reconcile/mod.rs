@@ -521,11 +521,12 @@ pub fn archiver<'a>(ctx: &'a Context, db: &'a Database, plugin: &Plugin) -> Opti
     Some(build::Archiver { target, image: ctx.operator_image.as_deref()? })
 }
 
-/// The operator's image, for the member agent beside `db`'s members: when the plugin
-/// says how a member tells its role and position and the host chooses the primary.
-pub fn agent_image<'a>(ctx: &'a Context, plugin: &Plugin, workload: &Workload) -> Option<&'a str> {
+/// The member agent beside `db`'s members (from the operator's image, trusting its
+/// authority): when the plugin says how a member tells its role and position and the
+/// host chooses the primary.
+pub fn agent_sidecar<'a>(ctx: &'a Context, plugin: &Plugin, workload: &Workload) -> Option<build::AgentSidecar<'a>> {
     wants_agent(plugin, workload).then_some(())?;
-    ctx.operator_image.as_deref()
+    Some(build::AgentSidecar { image: ctx.operator_image.as_deref()?, clients: ctx.agents.pin() })
 }
 
 /// Whether the members of `workload` should run their agent: the host fails them over
