@@ -76,21 +76,28 @@ pub const OPERATOR_BINARY: &str = "/usr/local/bin/plugdb";
 /// Where a restore to a point in time finds the archived log segments it replays.
 pub const RESTORE_ARCHIVE: &str = "/backups/_archive";
 
-/// A Job running `plan` with its artefact's directory at [`BACKUP_MOUNT`] (`storage`),
-/// and the data volume `data_claim` when the plan needs it. `artifact`: the artefact's
-/// name under that directory.
-#[allow(clippy::too_many_arguments)]
-pub fn job(
-    db: &Database,
-    name: &str,
-    purpose: Purpose,
-    plan: &JobPlan,
-    storage: Storage<'_>,
-    artifact: &str,
-    data_claim: Option<(&str, &str)>,
-    run_as_user: u32,
-    pull: &crate::images::Pull,
-) -> Child {
+/// What a Job is asked to run, and with what.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The Job's name.
+    pub name: &'a str,
+    /// What it is for.
+    pub purpose: Purpose,
+    /// The plugin's plan: its image, command and environment.
+    pub plan: &'a JobPlan,
+    /// Where its artefact's directory ([`BACKUP_MOUNT`]) is.
+    pub storage: Storage<'a>,
+    /// The artefact's name under that directory ("" when it keeps none).
+    pub artifact: &'a str,
+    /// The data claim and where it is mounted, when the plan needs the data.
+    pub data: Option<(&'a str, &'a str)>,
+    /// The user it runs as (the engine's).
+    pub run_as_user: u32,
+}
+
+/// `db`'s Job carrying out `request`, its images pulled as `pull` says.
+pub fn job(db: &Database, request: &Request<'_>, pull: &crate::images::Pull) -> Child {
+    let Request { name, purpose, plan, storage, artifact, data: data_claim, run_as_user } = *request;
     let mut labels = labels(db);
     labels.insert(PURPOSE.into(), purpose.label().into());
     if purpose == Purpose::Backup {
@@ -258,6 +265,11 @@ mod tests {
         job.spec.and_then(|s| s.template.spec).expect("a pod")
     }
 
+    /// A request of `purpose` for `plan` (as the engine's user 999, without the data).
+    fn request<'a>(name: &'a str, purpose: Purpose, plan: &'a JobPlan, storage: Storage<'a>, artifact: &'a str) -> Request<'a> {
+        Request { name, purpose, plan, storage, artifact, data: None, run_as_user: 999 }
+    }
+
     /// A Job of `purpose` whose artefact `orders-1` is in the Database's bucket.
     fn in_bucket(db: &Database, name: &str, purpose: Purpose) -> Child {
         pulled(db, name, purpose, &Default::default())
@@ -267,7 +279,7 @@ mod tests {
     fn pulled(db: &Database, name: &str, purpose: Purpose, pull: &crate::images::Pull) -> Child {
         let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
         let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1", archive: false };
-        job(db, name, purpose, &plan(), Storage::Bucket(transfer), "orders-1", None, 999, pull)
+        job(db, &request(name, purpose, &plan(), Storage::Bucket(transfer), "orders-1"), pull)
     }
 
     #[test]
@@ -320,8 +332,9 @@ mod tests {
         assert_eq!(names(&pod.containers), ["restore"]);
         assert_eq!(child.object["metadata"]["annotations"][ARTIFACT], "orders-1");
 
+        let plan = plan();
         let child =
-            job(&db, "orders-2", Purpose::Backup, &plan(), Storage::Volume { of: "orders" }, "orders-2", None, 999, &Default::default());
+            job(&db, &request("orders-2", Purpose::Backup, &plan, Storage::Volume { of: "orders" }, "orders-2"), &Default::default());
         let pod = pod_of(&child);
         assert!(pod.init_containers.is_none());
         assert_eq!(names(&pod.containers), ["backup"]);
@@ -334,15 +347,10 @@ mod tests {
         let db = database();
         let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
         let transfer = Transfer { target: &target, key: "pg/shop/orders/orders-1", image: "plugdb/plugdb:1", archive: true };
+        let plan = plan();
         let pod = pod_of(&job(
             &db,
-            "copy-restore",
-            Purpose::Restore,
-            &plan(),
-            Storage::Bucket(transfer),
-            "orders-1",
-            None,
-            999,
+            &request("copy-restore", Purpose::Restore, &plan, Storage::Bucket(transfer), "orders-1"),
             &Default::default(),
         ));
         let download = pod.init_containers.unwrap_or_default().remove(0);
@@ -355,7 +363,8 @@ mod tests {
         let db = database();
         let members = crate::names::selector(&db);
         for purpose in [Purpose::Backup, Purpose::Restore, Purpose::Upgrade, Purpose::Scale] {
-            let child = job(&db, "orders-x", purpose, &plan(), Storage::Scratch, "", None, 999, &Default::default());
+            let plan = plan();
+            let child = job(&db, &request("orders-x", purpose, &plan, Storage::Scratch, ""), &Default::default());
             let job: Job = serde_json::from_value(child.object.clone()).expect("a valid Job");
             let labels = job.spec.and_then(|s| s.template.metadata).and_then(|m| m.labels).unwrap_or_default();
             assert!(

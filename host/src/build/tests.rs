@@ -444,17 +444,16 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
     assert!(plain.spec.expect("pod").volumes.expect("volumes").iter().all(|v| v.name != "tls"));
 
     let plan = crate::plugin::JobPlan { image: "x".into(), command: vec!["true".into()], env: vec![], mounts_data: false };
-    let job = crate::jobs::job(
-        &db,
-        "orders-1",
-        crate::jobs::Purpose::Backup,
-        &plan,
-        crate::jobs::Storage::Scratch,
-        "orders-1",
-        None,
-        999,
-        &Default::default(),
-    );
+    let request = crate::jobs::Request {
+        name: "orders-1",
+        purpose: crate::jobs::Purpose::Backup,
+        plan: &plan,
+        storage: crate::jobs::Storage::Scratch,
+        artifact: "orders-1",
+        data: None,
+        run_as_user: 999,
+    };
+    let job = crate::jobs::job(&db, &request, &Default::default());
     let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(job.object).expect("Job");
     let pod = job.spec.expect("spec").template.spec.expect("pod");
     assert!(pod.containers.iter().chain(pod.init_containers.iter().flatten()).any(mounted), "a Job verifies the members too");

@@ -77,24 +77,25 @@ pub(super) async fn backup(
         Err(Error::Plugin(e)) => return Ok(Err(e.to_string())),
         Err(e) => return Err(e),
     };
-    let job = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
+    let (db_name, key);
+    let storage = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
         Some(target) => {
             // The bucket must answer with this key before a Job is made to write to it.
             if let Err(problem) = bucket::open(ctx, &ns, target, &ns, &db.name_any(), "spec.backup.s3").await? {
                 return Ok(Err(problem));
             }
             let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
-            let key = object_storage::backup_key(&target.prefix, &ns, &db.name_any(), name);
-            let storage = Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: false });
-            jobs::job(db, name, Purpose::Backup, &job_plan, storage, name, None, run_as_user, &ctx.settings.pull)
+            key = object_storage::backup_key(&target.prefix, &ns, &db.name_any(), name);
+            Storage::Bucket(Transfer { target, key: key.as_ref(), image, archive: false })
         }
         None => {
             made.make(jobs::backup_claim(db));
-            let storage = Storage::Volume { of: &db.name_any() };
-            jobs::job(db, name, Purpose::Backup, &job_plan, storage, name, None, run_as_user, &ctx.settings.pull)
+            db_name = db.name_any();
+            Storage::Volume { of: &db_name }
         }
     };
-    made.make(job);
+    let request = jobs::Request { name, purpose: Purpose::Backup, plan: &job_plan, storage, artifact: name, data: None, run_as_user };
+    made.make(jobs::job(db, &request, &ctx.settings.pull));
     Ok(Ok(JobState::Running))
 }
 

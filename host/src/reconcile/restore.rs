@@ -190,9 +190,16 @@ pub(super) async fn reconcile(
             plan.make(data_claim(db, &claim));
         }
         let job_name = job_name(db, ordinal as u32);
-        let volume = Some((claim.as_str(), workload.data_mount_path.as_str()));
-        let job = jobs::job(db, &job_name, Purpose::Restore, member, storage(), &backup, volume, workload.run_as_user, &ctx.settings.pull);
-        plan.make(job);
+        let request = jobs::Request {
+            name: &job_name,
+            purpose: Purpose::Restore,
+            plan: member,
+            storage: storage(),
+            artifact: &backup,
+            data: Some((&claim, &workload.data_mount_path)),
+            run_as_user: workload.run_as_user,
+        };
+        plan.make(jobs::job(db, &request, &ctx.settings.pull));
     }
     Ok(if into_volumes { Restore::HoldMembers } else { Restore::Running })
 }

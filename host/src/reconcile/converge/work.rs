@@ -52,7 +52,16 @@ impl Pass<'_> {
                 Some(_) => jobs::Storage::Scratch,
                 None => jobs::Storage::Volume { of: &self.name },
             };
-            self.plan.make(jobs::job(db, name, Purpose::Upgrade, job, storage, "", None, workload.run_as_user, &ctx.settings.pull));
+            let request = jobs::Request {
+                name,
+                purpose: Purpose::Upgrade,
+                plan: job,
+                storage,
+                artifact: "",
+                data: None,
+                run_as_user: workload.run_as_user,
+            };
+            self.plan.make(jobs::job(db, &request, &ctx.settings.pull));
         }
         self.say(&steps.notes);
         if steps.completed.is_some() {
@@ -103,9 +112,17 @@ impl Pass<'_> {
     /// Starts the scale plan's Job of this pass, once, as the engine's user.
     pub(super) fn scale_job(&mut self, scale: &Scale, workload: &Workload) {
         if let Some((name, job)) = &scale.job {
-            let pull = &self.ctx.settings.pull;
-            let child = jobs::job(self.db, name, Purpose::Scale, job, jobs::Storage::Scratch, "", None, workload.run_as_user, pull);
-            self.plan.make(child);
+            let storage = jobs::Storage::Scratch;
+            let request = jobs::Request {
+                name,
+                purpose: Purpose::Scale,
+                plan: job,
+                storage,
+                artifact: "",
+                data: None,
+                run_as_user: workload.run_as_user,
+            };
+            self.plan.make(jobs::job(self.db, &request, &self.ctx.settings.pull));
         }
     }
 
