@@ -343,7 +343,7 @@ impl Metrics {
             series.phase.get_or_create(&state(phase.as_str())).set(1);
         }
         let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
-        for known in crate::reconcile::status::kind::ALL {
+        for known in crate::reconcile::status::ConditionType::ALL.iter().map(|t| t.as_str()) {
             let value = match conditions.iter().find(|c| c.type_ == known).map(|c| c.status.as_str()) {
                 Some("True") => Some(1),
                 Some("False") => Some(0),

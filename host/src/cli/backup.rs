@@ -12,7 +12,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use super::status::{Found, Target};
 use crate::crd::{Database, Phase, RestoreSource};
 use crate::reconcile::backups::{BACKUP_NOW, manual_backup};
-use crate::reconcile::status::kind;
+use crate::reconcile::status::ConditionType;
 
 /// How long a backup or a restore is waited for before the command says it is still under way.
 const WAIT: Duration = Duration::from_secs(30 * 60);
@@ -22,7 +22,7 @@ const POLL: Duration = Duration::from_secs(2);
 /// The condition `BackupHealthy`'s message when it is not fine.
 fn backup_problem(db: &Database) -> Option<String> {
     let conditions = db.status.iter().flat_map(|s| &s.conditions);
-    conditions.filter(|c| c.type_ == kind::BACKUP_HEALTHY && c.status == "False").map(|c| c.message.clone()).next()
+    conditions.filter(|c| c.type_ == ConditionType::BackupHealthy.as_str() && c.status == "False").map(|c| c.message.clone()).next()
 }
 
 /// Asks for a backup of Database `name` now and waits for it: its name and when it completed.
@@ -117,8 +117,8 @@ pub async fn restore(target: &Target, name: &str, new: &str, from: &From) -> Res
         tokio::time::sleep(POLL).await;
         let db = api.get(new).await.with_context(|| format!("reading {made}"))?;
         let status = db.status.clone().unwrap_or_default();
-        let condition = |type_: &str| status.conditions.iter().find(|c| c.type_ == type_);
-        let progress = condition(kind::PROGRESSING);
+        let condition = |type_: ConditionType| status.conditions.iter().find(|c| c.type_ == type_.as_str());
+        let progress = condition(ConditionType::Progressing);
         if let Some(c) = progress.filter(|c| c.reason == "RestoreFailed") {
             bail!("{made} could not be restored from {about}: {}", c.message);
         }
@@ -127,7 +127,7 @@ pub async fn restore(target: &Target, name: &str, new: &str, from: &From) -> Res
             eprintln!("{made}: {line}");
             said = line;
         }
-        if status.phase == Some(Phase::Running) && condition(kind::RESTORED).is_some_and(|c| c.status == "True") {
+        if status.phase == Some(Phase::Running) && condition(ConditionType::Restored).is_some_and(|c| c.status == "True") {
             return Ok(format!("{made} restored from {about} and Running ({} s)\n", started.elapsed().as_secs()));
         }
     }

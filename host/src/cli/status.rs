@@ -14,6 +14,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::crd::Database;
+use crate::reconcile::status::{ConditionType, Reason};
 
 /// Events shown, the newest.
 const EVENTS: usize = 5;
@@ -191,9 +192,9 @@ pub fn screen(db: &Database, events: &[Event], leases: Option<&[Lease]>, now: Ti
 /// Whether a condition says nothing is wrong: `Degraded` false, `Progressing` true or
 /// settled, every other one true.
 fn fine(c: &Condition) -> bool {
-    match c.type_.as_str() {
-        "Degraded" => c.status != "True",
-        "Progressing" => c.status == "True" || c.reason == "Steady",
+    match ConditionType::parse(&c.type_) {
+        Some(ConditionType::Degraded) => c.status != "True",
+        Some(ConditionType::Progressing) => c.status == "True" || c.reason == Reason::Steady.as_str(),
         _ => c.status == "True",
     }
 }

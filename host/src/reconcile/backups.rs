@@ -249,7 +249,8 @@ pub(super) async fn reconcile(
     {
         let said = format!("backup {} failed", failed.name_any());
         // The cause is read once, when the failure is first seen; the status keeps it.
-        let known = previous.conditions.iter().find(|c| c.type_ == super::status::kind::BACKUP_HEALTHY).map(|c| &c.message);
+        let known =
+            previous.conditions.iter().find(|c| c.type_ == super::status::ConditionType::BackupHealthy.as_str()).map(|c| &c.message);
         let problem = match known.filter(|m| m.starts_with(&said)) {
             Some(known) => known.clone(),
             None => match failure_cause(ctx, &ns, &failed.name_any()).await {

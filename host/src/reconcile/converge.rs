@@ -63,7 +63,7 @@ use super::cache::SetFacts;
 use super::decide::{self, Event, FailoverQuestion, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::plan::{Plan, member_ref};
-use super::status::{self, Growth, Reason, kind};
+use super::status::{self, ConditionType, Growth, Reason};
 use super::{Context, Error, after_stop, apply, join, nodes, plugin_uid, replication, restore, secrets, serving, stopped, write_status};
 use crate::build;
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
@@ -251,16 +251,16 @@ impl<'a> Pass<'a> {
 
     /// Ends the pass with a permanent problem (see [`stopped`]): nothing after it runs
     /// until the spec or the plugin changes.
-    async fn stop<T>(&mut self, condition: &str, reason: Reason, message: String) -> Flow<T> {
+    async fn stop<T>(&mut self, condition: ConditionType, reason: Reason, message: String) -> Flow<T> {
         self.stop_after(condition, reason, message, None).await
     }
 
     /// Ends the pass on a failed plugin call: `PluginReady` says why (see [`after_stop`]).
     async fn plugin_failed<T>(&mut self, reason: Reason, e: &CallError) -> Flow<T> {
-        self.stop_after(kind::PLUGIN_READY, reason, e.to_string(), Some(e)).await
+        self.stop_after(ConditionType::PluginReady, reason, e.to_string(), Some(e)).await
     }
 
-    async fn stop_after<T>(&mut self, condition: &str, reason: Reason, message: String, call: Option<&CallError>) -> Flow<T> {
+    async fn stop_after<T>(&mut self, condition: ConditionType, reason: Reason, message: String, call: Option<&CallError>) -> Flow<T> {
         let (status, news) = stopped(self.db, self.told(), condition, reason, &message);
         if news {
             self.plan.tell(None, true, reason, message);
@@ -289,25 +289,25 @@ impl<'a> Pass<'a> {
             if let Some(p) = ctx.registry.problem(&db.spec.engine) {
                 message.push_str(&format!("; ConfigMap {} was rejected: {}", p.config_map, p.reason));
             }
-            return self.stop(kind::PLUGIN_READY, Reason::EngineNotFound, message).await;
+            return self.stop(ConditionType::PluginReady, Reason::EngineNotFound, message).await;
         };
         self.plan.told.plugin = Some(plugin.id());
         if db.spec.tls_enabled()
             && let Some(why) = plugin.lacks(Capability::Tls)
         {
             let message = format!("spec.tls: TLS cannot be configured: {why}");
-            return self.stop(kind::PLUGIN_READY, Reason::CapabilityMissing, message).await;
+            return self.stop(ConditionType::PluginReady, Reason::CapabilityMissing, message).await;
         }
         let version = if db.spec.version.is_empty() { plugin.info().default_version.clone() } else { db.spec.version.clone() };
         let spec = match build::engine_spec(db, &version) {
             Ok(spec) => spec,
-            Err(v) => return self.stop(kind::PLUGIN_READY, Reason::InvalidSpec, join(&v)).await,
+            Err(v) => return self.stop(ConditionType::PluginReady, Reason::InvalidSpec, join(&v)).await,
         };
         match ctx.ask::<Validate>(&plugin, spec.clone()).await {
             Ok(v) if v.is_empty() => Ok(ControlFlow::Continue(Engine { plugin, spec })),
             Ok(v) => {
                 let message = format!("{} rejects the spec: {}", plugin.id(), join(&v));
-                self.stop(kind::PLUGIN_READY, Reason::InvalidSpec, message).await
+                self.stop(ConditionType::PluginReady, Reason::InvalidSpec, message).await
             }
             Err(Error::Plugin(e)) => self.plugin_failed(Reason::PluginFailed, &e).await,
             Err(e) => Err(e),
@@ -351,7 +351,7 @@ impl<'a> Pass<'a> {
                 Err(e) => return Err(e),
             };
             if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), backup, uid, &mut self.plan).await? {
-                return self.stop(kind::PROGRESSING, Reason::PreUpgradeBackupImpossible, reason).await;
+                return self.stop(ConditionType::Progressing, Reason::PreUpgradeBackupImpossible, reason).await;
             }
         }
         Ok(ControlFlow::Continue(upgrade))
@@ -427,7 +427,7 @@ impl<'a> Pass<'a> {
             ),
             None => (Reason::Rendered, format!("rendered by {}", serving(plugin))),
         };
-        self.plan.told.set(kind::PLUGIN_READY, true, reason, message);
+        self.plan.told.set(ConditionType::PluginReady, true, reason, message);
         secrets::ensure_credentials(ctx, db, &workload, &mut self.plan).await?;
         self.tls = match secrets::ensure_tls(ctx, db, &mut self.plan).await? {
             secrets::Certified::Off => None,
@@ -451,7 +451,7 @@ impl<'a> Pass<'a> {
         if !self.said(reason, Some(&message)) {
             self.plan.tell(None, true, reason, message.clone());
         }
-        self.plan.told.set(kind::PROGRESSING, false, reason, message);
+        self.plan.told.set(ConditionType::Progressing, false, reason, message);
         self.plan.told.phase = phase;
         let status = self.told();
         self.finish(status).await?;

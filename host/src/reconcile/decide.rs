@@ -22,7 +22,7 @@ use super::agent::Fenced;
 use super::backups::JobState;
 use super::cache::SetFacts;
 use super::members::{self, Observed};
-use super::status::{Reason, kind};
+use super::status::{ConditionType, Reason};
 use crate::crd::{ScaleStatus, UpgradeStatus};
 use crate::plugin::{FailoverDecision, JobPlan, Member, ScaleStep, UpgradePlan, UpgradeStep, hex_digest};
 
@@ -31,7 +31,7 @@ use crate::plugin::{FailoverDecision, JobPlan, Member, ScaleStep, UpgradePlan, U
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
     /// The condition set, when the note sets one: its type and status.
-    pub condition: Option<(&'static str, bool)>,
+    pub condition: Option<(ConditionType, bool)>,
     /// The reason of the condition and the Event.
     pub reason: Reason,
     /// Their message.
@@ -59,12 +59,12 @@ pub enum Event {
 
 impl Note {
     /// A condition, with a Warning Event the first time it says this.
-    fn warn_once(condition: &'static str, status: bool, reason: Reason, message: String, any_message: bool) -> Self {
+    fn warn_once(condition: ConditionType, status: bool, reason: Reason, message: String, any_message: bool) -> Self {
         Self { condition: Some((condition, status)), reason, message, event: Event::WarningOnce { any_message } }
     }
 
     /// A condition alone.
-    fn condition(condition: &'static str, status: bool, reason: Reason, message: String) -> Self {
+    fn condition(condition: ConditionType, status: bool, reason: Reason, message: String) -> Self {
         Self { condition: Some((condition, status)), reason, message, event: Event::None }
     }
 
@@ -139,7 +139,7 @@ pub fn upgrade(facts: UpgradeFacts<'_>, answer: Result<UpgradePlan, String>) -> 
         Ok(plan) => plan,
         Err(e) => {
             let message = format!("upgrade from {running} to {desired} refused: {e}");
-            let note = Note::warn_once(kind::PROGRESSING, false, Reason::UpgradeRefused, message, false);
+            let note = Note::warn_once(ConditionType::Progressing, false, Reason::UpgradeRefused, message, false);
             return Upgrade { refused: true, notes: vec![note], ..Upgrade::none(running) };
         }
     };
@@ -244,7 +244,7 @@ pub fn scale(facts: ScaleFacts<'_>, answer: Result<Vec<ScaleStep>, String>, jobs
         Ok(steps) => steps,
         Err(e) => {
             let message = format!("scaling from {from} to {desired} members refused: {e}");
-            let note = Note::warn_once(kind::PROGRESSING, false, Reason::ScaleRefused, message, false);
+            let note = Note::warn_once(ConditionType::Progressing, false, Reason::ScaleRefused, message, false);
             return Scale { refused: true, notes: vec![note], ..Scale::settled(facts.current, false) };
         }
     };

@@ -9,7 +9,7 @@ use kube::{Resource, ResourceExt};
 
 use super::backups::{self, JobState};
 use super::plan::Plan;
-use super::status::{self, Reason, kind};
+use super::status::{self, ConditionType, Reason};
 use super::{Context, Error, FINALIZER, join, plugin_uid, set_finalizer, stopped, write_status};
 use crate::build;
 use crate::crd::{Database, DatabaseStatus, DeletionPolicy, Phase};
@@ -143,7 +143,7 @@ async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option
         }
     };
     let stop = |plan: &mut Plan, reason: Reason, message: String| {
-        let (status, news) = stopped(db, status.clone(), kind::BACKUP_HEALTHY, reason, &message);
+        let (status, news) = stopped(db, status.clone(), ConditionType::BackupHealthy, reason, &message);
         if news {
             plan.tell(None, true, reason, message);
         }
@@ -161,7 +161,14 @@ async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option
         }
         Ok(_) => {
             let message = format!("waiting for final backup {final_name}");
-            status::set(&mut status.conditions, kind::BACKUP_HEALTHY, true, Reason::FinalBackupRunning, message, db.metadata.generation);
+            status::set(
+                &mut status.conditions,
+                ConditionType::BackupHealthy,
+                true,
+                Reason::FinalBackupRunning,
+                message,
+                db.metadata.generation,
+            );
             Ok((Some(status), Action::requeue(ctx.settings.progress_requeue)))
         }
         // A plugin that could not answer (its deadline passed on a busy machine, no plugin

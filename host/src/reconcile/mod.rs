@@ -50,7 +50,7 @@ use crate::names::{MANAGER, Names};
 use crate::plugin::calls::Render;
 use crate::plugin::{CallError, CallPool, EngineSpec, Plugin, Registry, Workload};
 use cache::Caches;
-use status::{Reason, kind};
+use status::{ConditionType, Reason};
 
 /// Finalizer that holds deletion until the final backup is taken.
 pub const FINALIZER: &str = "plugdb.io/final-backup";
@@ -380,14 +380,15 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
 async fn refused(ctx: &Context, db: &Database, reason: Reason, message: String) {
     let mut status = db.status.clone().unwrap_or_default();
     let said = status::fit(&message);
-    if status.conditions.iter().any(|c| c.type_ == kind::PROGRESSING && c.reason == reason.as_str() && c.message == said) {
+    if status.conditions.iter().any(|c| c.type_ == ConditionType::Progressing.as_str() && c.reason == reason.as_str() && c.message == said)
+    {
         return;
     }
     event(ctx, db, true, reason, message.clone()).await;
     if reason == Reason::NameTaken {
-        status::set(&mut status.conditions, kind::READY, false, reason, message.clone(), db.metadata.generation);
+        status::set(&mut status.conditions, ConditionType::Ready, false, reason, message.clone(), db.metadata.generation);
     }
-    status::set(&mut status.conditions, kind::PROGRESSING, false, reason, message, db.metadata.generation);
+    status::set(&mut status.conditions, ConditionType::Progressing, false, reason, message, db.metadata.generation);
     if let Err(e) = write_status(ctx, db, status).await {
         tracing::warn!(error = %e, "could not record the refusal in the status");
     }
@@ -461,11 +462,11 @@ async fn set_finalizer(ctx: &Context, db: &Database, present: bool) -> Result<()
 /// A permanent problem, as the status says it: `condition` (and `Ready`) false for
 /// `reason`, and the phase. Nothing else changes until the spec or the plugin does.
 /// Returns the status and whether the problem is news (an Event says it once).
-fn stopped(db: &Database, mut status: DatabaseStatus, condition: &str, reason: Reason, message: &str) -> (DatabaseStatus, bool) {
+fn stopped(db: &Database, mut status: DatabaseStatus, condition: ConditionType, reason: Reason, message: &str) -> (DatabaseStatus, bool) {
     let generation = db.metadata.generation;
     status::set(&mut status.conditions, condition, false, reason, message.to_string(), generation);
-    if condition != kind::READY {
-        status::set(&mut status.conditions, kind::READY, false, reason, message.to_string(), generation);
+    if condition != ConditionType::Ready {
+        status::set(&mut status.conditions, ConditionType::Ready, false, reason, message.to_string(), generation);
     }
     // A Database that never ran and waits for its engine's plugin is Pending, not Failed:
     // the plugin may be on its way.
@@ -475,8 +476,8 @@ fn stopped(db: &Database, mut status: DatabaseStatus, condition: &str, reason: R
         (false, _) => Phase::Failed,
     });
     status.observed_generation = generation;
-    let news =
-        db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition).map(|c| c.message.as_str())) != Some(Some(message));
+    let news = db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition.as_str()).map(|c| c.message.as_str()))
+        != Some(Some(message));
     (status, news)
 }
 

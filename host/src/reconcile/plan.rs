@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use super::bucket;
 use super::members::Observed;
-use super::status::{Growth, Reason, Told, kind};
+use super::status::{ConditionType, Growth, Reason, Told};
 use super::{Context, Error, apply, event_about};
 use crate::build::{Child, Kind};
 use crate::crd::Database;
@@ -111,7 +111,7 @@ impl Carried {
     /// holds is unconfirmed.
     pub(super) fn tell(&self, told: &mut Told, old: &crate::crd::DatabaseStatus) {
         if let Some(problem) = &self.prune_failed {
-            told.set(kind::BACKUP_HEALTHY, false, Reason::BackupProblem, problem.clone());
+            told.set(ConditionType::BackupHealthy, false, Reason::BackupProblem, problem.clone());
             if let Some(backups) = told.backups.as_mut() {
                 backups.recoverable = bucket::unreachable(old.recoverable.as_ref(), chrono::Utc::now());
             }

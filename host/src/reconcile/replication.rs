@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::decide::{self, Event, Note, Synchronous};
 use super::members::Observed;
-use super::status::{Told, kind};
+use super::status::{ConditionType, Told};
 use super::{Context, Error};
 use crate::crd::{Database, DatabaseStatus, Phase};
 
@@ -21,11 +21,11 @@ pub async fn reconcile(
     elects: bool,
 ) -> Result<(Vec<Note>, Option<Duration>), Error> {
     let Some(sync) = Synchronous::of(&db.spec).filter(|_| !elects) else {
-        told.remove(kind::SYNCHRONOUS_REPLICATION);
+        told.remove(ConditionType::SynchronousReplication);
         return Ok((Vec::new(), None));
     };
     let ready = members.iter().filter(|m| m.ready && !m.fenced && m.name != primary).count() as u32;
-    let said = status.conditions.iter().find(|c| c.type_ == kind::SYNCHRONOUS_REPLICATION);
+    let said = status.conditions.iter().find(|c| c.type_ == ConditionType::SynchronousReplication.as_str());
     let plan = decide::replication(sync, ready, said, k8s_openapi::jiff::Timestamp::now());
     if let Some(replicas) = plan.set {
         let leader = members.iter().find(|m| m.name == primary && m.ready);

@@ -8,164 +8,175 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use super::members::Observed;
 use crate::crd::{BackupRecord, DatabaseStatus, MemberStatus, Phase, Recoverable, ScaleStatus, UpgradeStatus};
 
-/// Condition types a Database reports.
-pub mod kind {
-    /// All members ready and serving the desired spec.
-    pub const READY: &str = "Ready";
-    /// Members are being created, rolled or upgraded.
-    pub const PROGRESSING: &str = "Progressing";
-    /// Fewer members ready than desired, or no safe failover.
-    pub const DEGRADED: &str = "Degraded";
-    /// The engine plugin is loaded and accepted the spec.
-    pub const PLUGIN_READY: &str = "PluginReady";
-    /// Backups are configured correctly and the latest one succeeded.
-    pub const BACKUP_HEALTHY: &str = "BackupHealthy";
-    /// `restoreFrom` was carried out (only on Databases that ask for it).
-    pub const RESTORED: &str = "Restored";
-    /// Each commit waits for as many replicas as `spec.replication` asks (only on
-    /// Databases that ask for synchronous replication).
-    pub const SYNCHRONOUS_REPLICATION: &str = "SynchronousReplication";
-    /// False while members that should run their agent run none (the operator does not
-    /// know its image): no failover, fence or switchover happens. Only then.
-    pub const MEMBER_AGENTS: &str = "MemberAgents";
-    /// Every condition type.
-    pub const ALL: [&str; 8] =
-        [READY, PROGRESSING, DEGRADED, PLUGIN_READY, BACKUP_HEALTHY, RESTORED, SYNCHRONOUS_REPLICATION, MEMBER_AGENTS];
-}
-
 /// The longest condition message kept; the rest is cut, so a status write never
 /// fails for its size.
 pub const MAX_MESSAGE: usize = 4096;
 
-/// [`Reason`], each variant's word its own name (what [`Reason::as_str`] gives).
-macro_rules! reasons {
-    ($($(#[$doc:meta])* $name:ident,)*) => {
-        /// The `reason` of a condition or an Event: one word a program can match on.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum Reason {
+/// An enum of words the API shows, each variant's word its own name (what `as_str`
+/// gives), and every variant in `ALL`.
+macro_rules! words {
+    ($(#[$meta:meta])* $kind:ident { $($(#[$doc:meta])* $name:ident,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $kind {
             $($(#[$doc])* $name,)*
         }
 
-        impl Reason {
-            /// The reason as the API shows it: the variant's name.
+        impl $kind {
+            /// Every variant.
+            pub const ALL: &[$kind] = &[$($kind::$name,)*];
+
+            /// The word as the API shows it: the variant's name.
             pub fn as_str(self) -> &'static str {
                 match self {
-                    $(Reason::$name => stringify!($name),)*
+                    $($kind::$name => stringify!($name),)*
                 }
+            }
+
+            /// The variant whose word `word` is.
+            pub fn parse(word: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|v| v.as_str() == word)
             }
         }
     };
 }
 
-reasons! {
-    /// The engine has no plugin loaded.
-    EngineNotFound,
-    /// The host or the plugin refuses the spec.
-    InvalidSpec,
-    /// The plugin's validate call failed.
-    PluginFailed,
-    /// The plugin's render call failed.
-    RenderFailed,
-    /// An upgrade plan was accepted and began.
-    UpgradeStarted,
-    /// The plugin refuses the version change.
-    UpgradeRefused,
-    /// The plugin refused to change the number of members.
-    ScaleRefused,
-    /// Every step of an upgrade plan is done.
-    UpgradeCompleted,
-    /// The backup an upgrade plan asks for cannot be taken.
-    PreUpgradeBackupImpossible,
-    /// A member was chosen to replace a lost primary.
-    FailoverPromoted,
-    /// The primary is lost and the plugin finds no member safe to promote.
-    NoSafeFailover,
-    /// The plugin's choose-primary call failed.
-    FailoverFailed,
-    /// A member said it takes writes while another is the primary; it was fenced.
-    SecondPrimary,
-    /// The primary before a failover is back and still leads as it did; it was fenced.
-    FormerPrimaryBack,
-    /// The operator does not know its image: members run no agent.
-    NoOperatorImage,
-    /// A switchover's member has everything the fenced primary wrote and is promoted.
-    SwitchoverPromoted,
-    /// The primary's node is cordoned: a switchover moves the primary off it.
-    SwitchoverForDrain,
-    /// The member a switchover asked for leads; the request is removed.
-    SwitchoverDone,
-    /// A switchover cannot happen (the message says why); the request is removed.
-    SwitchoverRefused,
-    /// The engine elected another member to lead (engine-elected leadership).
-    LeaderElected,
-    /// Members answer, but the plugin names none as leader (engine-elected leadership).
-    NoLeader,
-    /// The serving plugin rendered the spec.
-    Rendered,
-    /// Rendered, but a newer build of the plugin was refused.
-    NewerVersionRejected,
-    /// A restore writes the data volume before the members start.
-    Restoring,
-    /// The restore asked for is done.
-    Restored,
-    /// The restore asked for cannot happen.
-    RestoreFailed,
-    /// A member was restarted onto the current revision.
-    MemberRestarted,
-    /// A member whose node stayed lost was made again on another node.
-    MemberMoved,
-    /// Every member is ready on the current revision.
-    AllMembersReady,
-    /// Not every member is ready on the current revision.
-    MembersNotReady,
-    /// No member the Database ran with is down.
-    AllMembersUp,
-    /// Fewer members are ready than desired, after the Database ran.
-    MembersDown,
-    /// A member's engine fails each time it starts (`Degraded`, and an Event with its
-    /// last words, once).
-    CrashLoop,
-    /// Something is in motion.
-    Converging,
-    /// Nothing is in motion.
-    Steady,
-    /// The API server refused to grow a member's claim.
-    VolumeGrowFailed,
-    /// Backups are configured and the latest succeeded.
-    BackupsHealthy,
-    /// Backups are misconfigured or the latest failed.
-    BackupProblem,
-    /// Retention removed backups from the bucket.
-    BackupsPruned,
-    /// The backup to restore cannot be read yet (its bucket or Secret); retried.
-    RestoreWaiting,
-    /// The final backup of a deleted Database is running.
-    FinalBackupRunning,
-    /// The final backup succeeded; the Database goes.
-    FinalBackupTaken,
-    /// The final backup failed; the Database stays.
-    FinalBackupFailed,
-    /// No final backup can be taken; the Database stays.
-    FinalBackupImpossible,
-    /// A Database that never ran went without a final backup.
-    DeletedWithoutBackup,
-    /// The API server refused a write for a reason a user can act on.
-    WriteRefused,
-    /// The spec asks for something the engine's plugin does not declare it can do.
-    CapabilityMissing,
-    /// The certificate `spec.tls.issuerRef` asks cert-manager for is not issued yet.
-    CertificatePending,
-    /// The certificate cannot come from `spec.tls.issuerRef`: cert-manager is not
-    /// installed, or its issuer gives no `ca.crt`.
-    CertificateUnavailable,
-    /// An object with the name of one of the Database's children is not the Database's.
-    NameTaken,
-    /// Each commit waits for as many replicas as the spec asks.
-    SynchronousReplication,
-    /// Too few replicas are ready for synchronous replication: commits wait.
-    ReplicasMissing,
-    /// Too few replicas were ready for longer than the spec allows: commits no longer wait.
-    ReplicationDegraded,
+words! {
+    /// The type of a condition a Database reports.
+    ConditionType {
+        /// All members ready and serving the desired spec.
+        Ready,
+        /// Members are being created, rolled or upgraded.
+        Progressing,
+        /// Fewer members ready than desired, or no safe failover.
+        Degraded,
+        /// The engine plugin is loaded and accepted the spec.
+        PluginReady,
+        /// Backups are configured correctly and the latest one succeeded.
+        BackupHealthy,
+        /// `restoreFrom` was carried out (only on Databases that ask for it).
+        Restored,
+        /// Each commit waits for as many replicas as `spec.replication` asks (only on
+        /// Databases that ask for synchronous replication).
+        SynchronousReplication,
+        /// False while members that should run their agent run none (the operator does not
+        /// know its image): no failover, fence or switchover happens. Only then.
+        MemberAgents,
+    }
+}
+
+words! {
+    /// The `reason` of a condition or an Event: one word a program can match on.
+    Reason {
+        /// The engine has no plugin loaded.
+        EngineNotFound,
+        /// The host or the plugin refuses the spec.
+        InvalidSpec,
+        /// The plugin's validate call failed.
+        PluginFailed,
+        /// The plugin's render call failed.
+        RenderFailed,
+        /// An upgrade plan was accepted and began.
+        UpgradeStarted,
+        /// The plugin refuses the version change.
+        UpgradeRefused,
+        /// The plugin refused to change the number of members.
+        ScaleRefused,
+        /// Every step of an upgrade plan is done.
+        UpgradeCompleted,
+        /// The backup an upgrade plan asks for cannot be taken.
+        PreUpgradeBackupImpossible,
+        /// A member was chosen to replace a lost primary.
+        FailoverPromoted,
+        /// The primary is lost and the plugin finds no member safe to promote.
+        NoSafeFailover,
+        /// The plugin's choose-primary call failed.
+        FailoverFailed,
+        /// A member said it takes writes while another is the primary; it was fenced.
+        SecondPrimary,
+        /// The primary before a failover is back and still leads as it did; it was fenced.
+        FormerPrimaryBack,
+        /// The operator does not know its image: members run no agent.
+        NoOperatorImage,
+        /// A switchover's member has everything the fenced primary wrote and is promoted.
+        SwitchoverPromoted,
+        /// The primary's node is cordoned: a switchover moves the primary off it.
+        SwitchoverForDrain,
+        /// The member a switchover asked for leads; the request is removed.
+        SwitchoverDone,
+        /// A switchover cannot happen (the message says why); the request is removed.
+        SwitchoverRefused,
+        /// The engine elected another member to lead (engine-elected leadership).
+        LeaderElected,
+        /// Members answer, but the plugin names none as leader (engine-elected leadership).
+        NoLeader,
+        /// The serving plugin rendered the spec.
+        Rendered,
+        /// Rendered, but a newer build of the plugin was refused.
+        NewerVersionRejected,
+        /// A restore writes the data volume before the members start.
+        Restoring,
+        /// The restore asked for is done.
+        Restored,
+        /// The restore asked for cannot happen.
+        RestoreFailed,
+        /// A member was restarted onto the current revision.
+        MemberRestarted,
+        /// A member whose node stayed lost was made again on another node.
+        MemberMoved,
+        /// Every member is ready on the current revision.
+        AllMembersReady,
+        /// Not every member is ready on the current revision.
+        MembersNotReady,
+        /// No member the Database ran with is down.
+        AllMembersUp,
+        /// Fewer members are ready than desired, after the Database ran.
+        MembersDown,
+        /// A member's engine fails each time it starts (`Degraded`, and an Event with its
+        /// last words, once).
+        CrashLoop,
+        /// Something is in motion.
+        Converging,
+        /// Nothing is in motion.
+        Steady,
+        /// The API server refused to grow a member's claim.
+        VolumeGrowFailed,
+        /// Backups are configured and the latest succeeded.
+        BackupsHealthy,
+        /// Backups are misconfigured or the latest failed.
+        BackupProblem,
+        /// Retention removed backups from the bucket.
+        BackupsPruned,
+        /// The backup to restore cannot be read yet (its bucket or Secret); retried.
+        RestoreWaiting,
+        /// The final backup of a deleted Database is running.
+        FinalBackupRunning,
+        /// The final backup succeeded; the Database goes.
+        FinalBackupTaken,
+        /// The final backup failed; the Database stays.
+        FinalBackupFailed,
+        /// No final backup can be taken; the Database stays.
+        FinalBackupImpossible,
+        /// A Database that never ran went without a final backup.
+        DeletedWithoutBackup,
+        /// The API server refused a write for a reason a user can act on.
+        WriteRefused,
+        /// The spec asks for something the engine's plugin does not declare it can do.
+        CapabilityMissing,
+        /// The certificate `spec.tls.issuerRef` asks cert-manager for is not issued yet.
+        CertificatePending,
+        /// The certificate cannot come from `spec.tls.issuerRef`: cert-manager is not
+        /// installed, or its issuer gives no `ca.crt`.
+        CertificateUnavailable,
+        /// An object with the name of one of the Database's children is not the Database's.
+        NameTaken,
+        /// Each commit waits for as many replicas as the spec asks.
+        SynchronousReplication,
+        /// Too few replicas are ready for synchronous replication: commits wait.
+        ReplicasMissing,
+        /// Too few replicas were ready for longer than the spec allows: commits no longer wait.
+        ReplicationDegraded,
+    }
 }
 
 impl std::fmt::Display for Reason {
@@ -181,10 +192,17 @@ pub fn fit(message: &str) -> String {
 
 /// Sets condition `type_` (its message [`fit`]); `lastTransitionTime` moves only when
 /// the status changes.
-pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: Reason, message: impl Into<String>, generation: Option<i64>) {
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: ConditionType,
+    ok: bool,
+    reason: Reason,
+    message: impl Into<String>,
+    generation: Option<i64>,
+) {
     let status = if ok { "True" } else { "False" };
     let message = fit(&message.into());
-    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
+    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_.as_str()) {
         if c.status != status {
             c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::now());
         }
@@ -194,7 +212,7 @@ pub fn set(conditions: &mut Vec<Condition>, type_: &str, ok: bool, reason: Reaso
         c.observed_generation = generation;
     } else {
         conditions.push(Condition {
-            type_: type_.into(),
+            type_: type_.as_str().into(),
             status: status.into(),
             reason: reason.as_str().into(),
             message,
@@ -229,8 +247,8 @@ pub struct Told {
 /// A condition set or gone.
 #[derive(Debug)]
 enum Change {
-    Set { type_: &'static str, ok: bool, reason: Reason, message: String },
-    Gone(&'static str),
+    Set { type_: ConditionType, ok: bool, reason: Reason, message: String },
+    Gone(ConditionType),
 }
 
 /// The status's backup fields, as the backups stage found them.
@@ -250,12 +268,12 @@ pub struct Backups {
 
 impl Told {
     /// Sets condition `type_` (see [`set`]).
-    pub fn set(&mut self, type_: &'static str, ok: bool, reason: Reason, message: impl Into<String>) {
+    pub fn set(&mut self, type_: ConditionType, ok: bool, reason: Reason, message: impl Into<String>) {
         self.conditions.push(Change::Set { type_, ok, reason, message: message.into() });
     }
 
     /// Removes condition `type_`.
-    pub fn remove(&mut self, type_: &'static str) {
+    pub fn remove(&mut self, type_: ConditionType) {
         self.conditions.push(Change::Gone(type_));
     }
 
@@ -272,7 +290,7 @@ pub fn after(old: &DatabaseStatus, told: Told, generation: Option<i64>) -> Datab
     for change in told.conditions {
         match change {
             Change::Set { type_, ok, reason, message } => set(&mut status.conditions, type_, ok, reason, message, generation),
-            Change::Gone(type_) => status.conditions.retain(|c| c.type_ != type_),
+            Change::Gone(type_) => status.conditions.retain(|c| c.type_ != type_.as_str()),
         }
     }
     if told.plugin.is_some() {
@@ -302,14 +320,18 @@ pub fn after(old: &DatabaseStatus, told: Told, generation: Option<i64>) -> Datab
 }
 
 /// Whether condition `type_` is currently True.
-pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
-    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+pub fn is_true(conditions: &[Condition], type_: ConditionType) -> bool {
+    conditions.iter().any(|c| c.type_ == type_.as_str() && c.status == "True")
 }
 
 /// How long `Ready` has been False, as of `now`: how long the members have been coming
 /// up (or down). Zero when it is True or not set yet.
 pub fn not_ready_for(status: &DatabaseStatus, now: k8s_openapi::jiff::Timestamp) -> std::time::Duration {
-    let since = status.conditions.iter().find(|c| c.type_ == kind::READY && c.status == "False").map(|c| c.last_transition_time.0);
+    let since = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ConditionType::Ready.as_str() && c.status == "False")
+        .map(|c| c.last_transition_time.0);
     since.and_then(|t| now.duration_since(t).try_into().ok()).unwrap_or_default()
 }
 
@@ -372,10 +394,10 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
         ready_message.push_str("; not all run the current spec yet");
     }
     let reason = if all_ready { Reason::AllMembersReady } else { Reason::MembersNotReady };
-    set(&mut status.conditions, kind::READY, all_ready, reason, ready_message, generation);
+    set(&mut status.conditions, ConditionType::Ready, all_ready, reason, ready_message, generation);
     match pass.growth {
         Growth::Failed(message) => {
-            set(&mut status.conditions, kind::PROGRESSING, false, Reason::VolumeGrowFailed, message.clone(), generation)
+            set(&mut status.conditions, ConditionType::Progressing, false, Reason::VolumeGrowFailed, message.clone(), generation)
         }
         _ if pass.plan_refused => {}
         growth => {
@@ -384,7 +406,7 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
                 _ => pass.switching.map_or_else(|| progress_message(status, pass.rolled), str::to_string),
             };
             let reason = if progressing { Reason::Converging } else { Reason::Steady };
-            set(&mut status.conditions, kind::PROGRESSING, progressing, reason, message, generation);
+            set(&mut status.conditions, ConditionType::Progressing, progressing, reason, message, generation);
         }
     }
     // No safe failover (or no leader, or a second primary fenced) stays the word until
@@ -393,7 +415,7 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
     let held = |r: &str| {
         r == Reason::NoLeader.as_str() || r == Reason::SecondPrimary.as_str() || (r == Reason::NoSafeFailover.as_str() && !serves)
     };
-    let no_primary = status.conditions.iter().any(|c| c.type_ == kind::DEGRADED && c.status == "True" && held(&c.reason));
+    let no_primary = status.conditions.iter().any(|c| c.type_ == ConditionType::Degraded.as_str() && c.status == "True" && held(&c.reason));
     if !no_primary || (ready == desired && !pass.incident) {
         // A member crash looping is named, also before the Database first ran (a setting
         // its engine cannot start with).
@@ -404,7 +426,14 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
             (false, true) => Reason::MembersDown,
             (false, false) => Reason::AllMembersUp,
         };
-        set(&mut status.conditions, kind::DEGRADED, degraded, reason, format!("{ready}/{desired} members ready{down}"), generation);
+        set(
+            &mut status.conditions,
+            ConditionType::Degraded,
+            degraded,
+            reason,
+            format!("{ready}/{desired} members ready{down}"),
+            generation,
+        );
     }
     status.phase = Some(phase(status, pass.restoring, (all_ready, rolling), ready));
     progressing
@@ -476,7 +505,7 @@ fn phase(status: &DatabaseStatus, restoring: bool, (all_ready, rolling): (bool, 
         Phase::Updating
     } else if all_ready {
         Phase::Running
-    } else if is_true(&status.conditions, kind::DEGRADED) || (ready > 0 && is_true(&status.conditions, kind::READY)) {
+    } else if is_true(&status.conditions, ConditionType::Degraded) || (ready > 0 && is_true(&status.conditions, ConditionType::Ready)) {
         Phase::Degraded
     } else {
         Phase::Creating

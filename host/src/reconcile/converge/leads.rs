@@ -106,7 +106,7 @@ impl Pass<'_> {
         if wanted && !given {
             self.say(&[decide::no_agents()]);
         } else {
-            self.plan.told.remove(kind::MEMBER_AGENTS);
+            self.plan.told.remove(ConditionType::MemberAgents);
         }
     }
 

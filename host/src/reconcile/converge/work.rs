@@ -6,7 +6,7 @@ use super::*;
 impl Pass<'_> {
     /// Whether a restore was asked for and has not completed.
     pub(super) fn restore_unfinished(&self) -> bool {
-        self.db.spec.restore_from.is_some() && !status::is_true(&self.old.conditions, kind::RESTORED)
+        self.db.spec.restore_from.is_some() && !status::is_true(&self.old.conditions, ConditionType::Restored)
     }
 
     /// A restore asked for and not yet done (the `Restored` condition remembers it). A
@@ -16,21 +16,21 @@ impl Pass<'_> {
         if !self.restore_unfinished() {
             return Ok(ControlFlow::Continue(restore::Restore::Done));
         }
-        let was_ready = status::is_true(&self.old.conditions, kind::READY);
+        let was_ready = status::is_true(&self.old.conditions, ConditionType::Ready);
         let restoring = restore::reconcile(ctx, db, plugin, spec, workload, was_ready, &mut self.plan).await?;
         match &restoring {
             restore::Restore::Done => {
                 let message = format!("restored from backup {}", restore::restored_from(ctx, db));
                 self.plan.tell(None, false, Reason::Restored, message.clone());
-                self.plan.told.set(kind::RESTORED, true, Reason::Restored, message);
+                self.plan.told.set(ConditionType::Restored, true, Reason::Restored, message);
             }
-            restore::Restore::Failed(reason) => return self.stop(kind::PROGRESSING, Reason::RestoreFailed, reason.clone()).await,
+            restore::Restore::Failed(reason) => return self.stop(ConditionType::Progressing, Reason::RestoreFailed, reason.clone()).await,
             // Nothing starts before the data is there; the pass is tried again.
             restore::Restore::Waiting(reason) => return self.wait(Reason::RestoreWaiting, reason.clone(), Some(Phase::Restoring)).await,
             restore::Restore::HoldMembers => {
                 self.plan.told.phase = Some(Phase::Restoring);
                 let message = format!("restoring into the members' data volumes (Jobs {}*)", restore::job_name(db, 0));
-                self.plan.told.set(kind::PROGRESSING, true, Reason::Restoring, message);
+                self.plan.told.set(ConditionType::Progressing, true, Reason::Restoring, message);
                 let status = self.told();
                 self.finish(status).await?;
                 return Ok(ControlFlow::Break(Action::requeue(ctx.settings.progress_requeue)));
@@ -138,8 +138,8 @@ impl Pass<'_> {
             scheduled: report.scheduled.clone(),
         });
         match &report.problem {
-            Some(p) => told.set(kind::BACKUP_HEALTHY, false, Reason::BackupProblem, p.clone()),
-            None => told.set(kind::BACKUP_HEALTHY, true, Reason::BackupsHealthy, crate::reconcile::backup_message(&report)),
+            Some(p) => told.set(ConditionType::BackupHealthy, false, Reason::BackupProblem, p.clone()),
+            None => told.set(ConditionType::BackupHealthy, true, Reason::BackupsHealthy, crate::reconcile::backup_message(&report)),
         }
         Ok(report)
     }

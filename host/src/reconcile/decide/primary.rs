@@ -138,7 +138,7 @@ pub fn second_primaries<'a>(members: &'a [Observed], primary: &str, said: &[Opti
                     "{name} says it takes writes while {primary} is the primary: fenced (it takes no more, and is made again to follow {primary}); \
                      writes it took are not on the other members"
                 );
-                Note::warn_once(kind::DEGRADED, true, Reason::SecondPrimary, message, false)
+                Note::warn_once(ConditionType::Degraded, true, Reason::SecondPrimary, message, false)
             };
             (m, note)
         })
@@ -155,7 +155,7 @@ pub fn elected(primary: &str, plugin: &str, answer: Result<FailoverDecision, Str
             return Primary { notes: vec![Note::event(false, Reason::LeaderElected, message)], ..Primary::keep(&pod) };
         }
         Ok(FailoverDecision::NoSafeMember(reason)) => {
-            Note::warn_once(kind::DEGRADED, true, Reason::NoLeader, format!("no member leads: {reason}"), true)
+            Note::warn_once(ConditionType::Degraded, true, Reason::NoLeader, format!("no member leads: {reason}"), true)
         }
         // The policy lets only `elected` through for an engine that elects its leader.
         Ok(FailoverDecision::Promote { .. }) => return Primary::keep(primary),
@@ -284,13 +284,13 @@ pub fn switchover(
 pub fn no_agents() -> Note {
     let message =
         "the operator runs without its image (plugdb run --image): members run no agent, so no failover, fence or switchover happens";
-    Note::warn_once(kind::MEMBER_AGENTS, false, Reason::NoOperatorImage, message.into(), false)
+    Note::warn_once(ConditionType::MemberAgents, false, Reason::NoOperatorImage, message.into(), false)
 }
 
 fn no_safe_failover(message: String) -> Note {
-    Note::warn_once(kind::DEGRADED, true, Reason::NoSafeFailover, message, true)
+    Note::warn_once(ConditionType::Degraded, true, Reason::NoSafeFailover, message, true)
 }
 
 fn failover_failed(message: String) -> Note {
-    Note::condition(kind::DEGRADED, true, Reason::FailoverFailed, message)
+    Note::condition(ConditionType::Degraded, true, Reason::FailoverFailed, message)
 }

@@ -48,7 +48,7 @@ pub fn replication(sync: Synchronous, ready: u32, said: Option<&Condition>, now:
     let n = sync.replicas;
     let reason = said.map(|c| c.reason.as_str());
     let degraded = reason == Some(Reason::ReplicationDegraded.as_str());
-    let condition = kind::SYNCHRONOUS_REPLICATION;
+    let condition = ConditionType::SynchronousReplication;
     if ready >= n {
         let message = format!("each commit waits for {n} of the {ready} ready replicas");
         let mut note = Note::condition(condition, true, Reason::SynchronousReplication, message);

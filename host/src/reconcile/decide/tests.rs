@@ -162,7 +162,7 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
                 "ask"
             }
             FailoverQuestion::Refuse(note) => {
-                assert_eq!((note.reason, note.condition), (Reason::NoSafeFailover, Some((kind::DEGRADED, true))), "{what}");
+                assert_eq!((note.reason, note.condition), (Reason::NoSafeFailover, Some((ConditionType::Degraded, true))), "{what}");
                 assert!(note.message.contains("no choose-primary"), "{what}: {}", note.message);
                 "refuse"
             }
@@ -284,7 +284,7 @@ fn a_member_that_says_it_leads_beside_the_primary_is_a_second_primary() {
         let names: Vec<&str> = found.iter().map(|(m, _)| m.name.as_str()).collect();
         assert_eq!(names, if second { vec!["db-1"] } else { vec![] }, "{what}");
         for (_, note) in &found {
-            assert_eq!((note.reason, note.condition), (Reason::SecondPrimary, Some((kind::DEGRADED, true))), "{what}");
+            assert_eq!((note.reason, note.condition), (Reason::SecondPrimary, Some((ConditionType::Degraded, true))), "{what}");
             assert!(note.message.starts_with("db-1 says it takes writes while db-0 is the primary"), "{}", note.message);
         }
     }
@@ -599,7 +599,7 @@ fn too_few_replicas_for_synchronous_commits_wait_or_degrade_after_the_bound_and_
     let now = k8s_openapi::jiff::Timestamp::now();
     let ago = |s: i64| now - k8s_openapi::jiff::SignedDuration::from_secs(s);
     let condition = |status: bool, reason: Reason, since: i64| Condition {
-        type_: kind::SYNCHRONOUS_REPLICATION.into(),
+        type_: ConditionType::SynchronousReplication.as_str().into(),
         status: if status { "True" } else { "False" }.into(),
         reason: reason.as_str().into(),
         message: String::new(),
@@ -627,7 +627,7 @@ fn too_few_replicas_for_synchronous_commits_wait_or_degrade_after_the_bound_and_
     for (what, sync, ready, said, set, (status, reason), look_again) in rows {
         let plan = replication(sync, ready, said, now);
         assert_eq!(plan.set, set, "{what}");
-        assert_eq!((plan.note.condition, plan.note.reason), (Some((kind::SYNCHRONOUS_REPLICATION, status)), reason), "{what}");
+        assert_eq!((plan.note.condition, plan.note.reason), (Some((ConditionType::SynchronousReplication, status)), reason), "{what}");
         assert_eq!(plan.look_again.map(|d| d.as_secs()), look_again, "{what}");
     }
     let degrading = replication(degrade, 1, Some(&missing(31)), now);

@@ -3,15 +3,15 @@ use super::*;
 #[test]
 fn transition_time_moves_only_on_a_status_change() {
     let mut c = Vec::new();
-    set(&mut c, kind::READY, false, Reason::MembersNotReady, "0/3 ready", Some(1));
+    set(&mut c, ConditionType::Ready, false, Reason::MembersNotReady, "0/3 ready", Some(1));
     let first = c[0].last_transition_time.clone();
-    set(&mut c, kind::READY, false, Reason::MembersNotReady, "1/3 ready", Some(1));
+    set(&mut c, ConditionType::Ready, false, Reason::MembersNotReady, "1/3 ready", Some(1));
     assert_eq!(c[0].last_transition_time, first, "same status keeps the time");
     assert_eq!(c[0].message, "1/3 ready");
     std::thread::sleep(std::time::Duration::from_millis(2));
-    set(&mut c, kind::READY, true, Reason::AllMembersReady, "3/3 ready", Some(1));
+    set(&mut c, ConditionType::Ready, true, Reason::AllMembersReady, "3/3 ready", Some(1));
     assert_ne!(c[0].last_transition_time, first);
-    assert!(is_true(&c, kind::READY));
+    assert!(is_true(&c, ConditionType::Ready));
 }
 
 /// Each member with its node, role and readiness; a position its agent said is kept
@@ -60,10 +60,10 @@ fn not_ready_for_counts_from_when_ready_turned_false() {
     let mut status = DatabaseStatus::default();
     let now = k8s_openapi::jiff::Timestamp::now();
     assert_eq!(not_ready_for(&status, now), std::time::Duration::ZERO, "no Ready condition yet");
-    set(&mut status.conditions, kind::READY, false, Reason::MembersNotReady, "0/3 ready", Some(1));
+    set(&mut status.conditions, ConditionType::Ready, false, Reason::MembersNotReady, "0/3 ready", Some(1));
     status.conditions[0].last_transition_time = Time(now - k8s_openapi::jiff::SignedDuration::from_secs(90));
     assert_eq!(not_ready_for(&status, now), std::time::Duration::from_secs(90));
-    set(&mut status.conditions, kind::READY, true, Reason::AllMembersReady, "3/3 ready", Some(1));
+    set(&mut status.conditions, ConditionType::Ready, true, Reason::AllMembersReady, "3/3 ready", Some(1));
     assert_eq!(not_ready_for(&status, now), std::time::Duration::ZERO, "Ready");
 }
 
@@ -77,8 +77,8 @@ fn members(ready: &[bool]) -> Vec<Observed> {
     ready.iter().enumerate().map(|(i, r)| member(i as u32, *r)).collect()
 }
 
-fn condition<'a>(status: &'a DatabaseStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
-    let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_} condition"));
+fn condition(status: &DatabaseStatus, type_: ConditionType) -> (&str, &str, &str) {
+    let c = status.conditions.iter().find(|c| c.type_ == type_.as_str()).unwrap_or_else(|| panic!("no {type_:?} condition"));
     (c.status.as_str(), c.reason.as_str(), c.message.as_str())
 }
 
@@ -229,10 +229,10 @@ fn the_end_of_a_pass_follows_from_what_it_found() {
         let what = row.what;
         assert_eq!(status.phase, Some(row.phase), "{what}");
         assert_eq!(progressing, row.progressing, "{what}");
-        assert_eq!(condition(&status, kind::PROGRESSING).0, if row.progressing { "True" } else { "False" }, "{what}");
-        let (ok, reason, _) = condition(&status, kind::READY);
+        assert_eq!(condition(&status, ConditionType::Progressing).0, if row.progressing { "True" } else { "False" }, "{what}");
+        let (ok, reason, _) = condition(&status, ConditionType::Ready);
         assert_eq!((ok, reason), row.ready_condition, "{what}");
-        let (ok, reason, _) = condition(&status, kind::DEGRADED);
+        let (ok, reason, _) = condition(&status, ConditionType::Degraded);
         assert_eq!((ok, reason), row.degraded, "{what}");
         assert_eq!(status.ready_replicas, Some(row.ready.iter().filter(|r| **r).count() as i32), "{what}");
         assert_eq!(status.observed_generation, Some(2), "{what}");
@@ -255,26 +255,26 @@ fn a_refusal_or_a_failed_grow_keeps_its_reason_and_no_safe_failover_lasts_until_
         switching: None,
     };
     let mut status = ran();
-    set(&mut status.conditions, kind::PROGRESSING, false, Reason::UpgradeRefused, "downgrade refused", Some(1));
-    set(&mut status.conditions, kind::DEGRADED, true, Reason::NoSafeFailover, "no replica reports a position", Some(1));
+    set(&mut status.conditions, ConditionType::Progressing, false, Reason::UpgradeRefused, "downgrade refused", Some(1));
+    set(&mut status.conditions, ConditionType::Degraded, true, Reason::NoSafeFailover, "no replica reports a position", Some(1));
     conclude(&mut status, &pass(&Growth::Done, true));
-    assert_eq!(condition(&status, kind::PROGRESSING), ("False", "UpgradeRefused", "downgrade refused"));
-    assert_eq!(condition(&status, kind::DEGRADED), ("True", "NoSafeFailover", "no replica reports a position"));
+    assert_eq!(condition(&status, ConditionType::Progressing), ("False", "UpgradeRefused", "downgrade refused"));
+    assert_eq!(condition(&status, ConditionType::Degraded), ("True", "NoSafeFailover", "no replica reports a position"));
 
     let failed = Growth::Failed("claim data-orders-0 cannot grow".into());
     conclude(&mut status, &pass(&failed, false));
-    assert_eq!(condition(&status, kind::PROGRESSING), ("False", "VolumeGrowFailed", "claim data-orders-0 cannot grow"));
+    assert_eq!(condition(&status, ConditionType::Progressing), ("False", "VolumeGrowFailed", "claim data-orders-0 cannot grow"));
 
     // Once a member is promoted and serves, no safe failover is no longer the word.
     let promoted = DatabaseStatus { primary: Some("orders-1".into()), ..status.clone() };
     let mut after = promoted.clone();
     conclude(&mut after, &pass(&Growth::Done, false));
-    assert_eq!(condition(&after, kind::DEGRADED).1, "MembersDown");
+    assert_eq!(condition(&after, ConditionType::Degraded).1, "MembersDown");
 
     let all = members(&[true, true, true]);
     conclude(&mut status, &Pass { members: &all, rolled: true, ..pass(&Growth::Done, false) });
-    assert_eq!(condition(&status, kind::DEGRADED).1, "AllMembersUp");
-    assert_eq!(condition(&status, kind::PROGRESSING).1, "Steady");
+    assert_eq!(condition(&status, ConditionType::Degraded).1, "AllMembersUp");
+    assert_eq!(condition(&status, ConditionType::Progressing).1, "Steady");
     assert_eq!(status.phase, Some(Phase::Running));
 }
 
@@ -297,7 +297,7 @@ fn an_unschedulable_member_is_named_in_ready() {
         switching: None,
     };
     conclude(&mut status, &pass);
-    let (_, _, message) = condition(&status, kind::READY);
+    let (_, _, message) = condition(&status, ConditionType::Ready);
     assert_eq!(
         message,
         "1/2 members ready; orders-1 cannot be scheduled: 0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
@@ -326,14 +326,14 @@ fn down_members_are_named_with_why_in_degraded_and_ready() {
         switching: None,
     };
     conclude(&mut status, &pass);
-    let (state, _, message) = condition(&status, kind::DEGRADED);
+    let (state, _, message) = condition(&status, ConditionType::Degraded);
     assert_eq!(state, "True");
     assert_eq!(
         message,
         "1/5 members ready; orders-1: node n2 is not ready (Unknown): Kubelet stopped posting node status.; \
          orders-2: container postgres CrashLoopBackOff: back-off 10s; orders-3: not ready; and 1 more"
     );
-    assert!(condition(&status, kind::READY).2.starts_with("1/5 members ready; orders-1: node n2"));
+    assert!(condition(&status, ConditionType::Ready).2.starts_with("1/5 members ready; orders-1: node n2"));
 }
 
 /// What a pass told goes over the old status, in the order told; what it did not tell
@@ -347,23 +347,23 @@ fn what_a_pass_told_goes_over_the_old_status_and_nothing_else_changes() {
         observed_generation: Some(1),
         ..Default::default()
     };
-    set(&mut old.conditions, kind::PLUGIN_READY, true, Reason::Rendered, "rendered", Some(1));
-    set(&mut old.conditions, kind::SYNCHRONOUS_REPLICATION, true, Reason::SynchronousReplication, "1 replica", Some(1));
+    set(&mut old.conditions, ConditionType::PluginReady, true, Reason::Rendered, "rendered", Some(1));
+    set(&mut old.conditions, ConditionType::SynchronousReplication, true, Reason::SynchronousReplication, "1 replica", Some(1));
     assert_eq!(after(&old, Told::default(), Some(2)), DatabaseStatus { observed_generation: Some(2), ..old.clone() }, "nothing told");
 
     let mut told = Told::default();
-    told.set(kind::PROGRESSING, true, Reason::Converging, "first");
-    told.set(kind::PROGRESSING, false, Reason::UpgradeRefused, "second");
-    told.remove(kind::SYNCHRONOUS_REPLICATION);
+    told.set(ConditionType::Progressing, true, Reason::Converging, "first");
+    told.set(ConditionType::Progressing, false, Reason::UpgradeRefused, "second");
+    told.remove(ConditionType::SynchronousReplication);
     told.primary = Some("orders-1".into());
     told.phase = Some(Phase::Restoring);
     let new = after(&old, told, Some(2));
     assert_eq!((new.primary.as_deref(), new.phase), (Some("orders-1"), Some(Phase::Restoring)));
     assert_eq!((&new.current_version, &new.plugin), (&old.current_version, &old.plugin));
-    let progressing = new.conditions.iter().find(|c| c.type_ == kind::PROGRESSING).expect("Progressing");
+    let progressing = new.conditions.iter().find(|c| c.type_ == ConditionType::Progressing.as_str()).expect("Progressing");
     assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("False", "UpgradeRefused"), "the later one");
-    assert!(new.conditions.iter().all(|c| c.type_ != kind::SYNCHRONOUS_REPLICATION), "removed");
-    assert_eq!(new.conditions.iter().find(|c| c.type_ == kind::PLUGIN_READY), old.conditions.first(), "untold: as it was");
+    assert!(new.conditions.iter().all(|c| c.type_ != ConditionType::SynchronousReplication.as_str()), "removed");
+    assert_eq!(new.conditions.iter().find(|c| c.type_ == ConditionType::PluginReady.as_str()), old.conditions.first(), "untold: as it was");
 }
 
 /// A member crash looping is `Degraded` (reason `CrashLoop`), named with why, also in a
@@ -388,11 +388,22 @@ fn a_crash_looping_member_degrades_even_a_database_that_never_ran() {
     };
     let mut status = DatabaseStatus::default();
     conclude(&mut status, &pass);
-    let (degraded, reason, message) = condition(&status, kind::DEGRADED);
+    let (degraded, reason, message) = condition(&status, ConditionType::Degraded);
     assert_eq!((degraded, reason), ("True", "CrashLoop"));
     assert!(message.contains("orders-0: container postgres is crash looping"), "{message}");
 
     let running = members(&[true]);
     conclude(&mut status, &Pass { members: &running, rolled: true, ..pass });
-    assert_eq!(condition(&status, kind::DEGRADED).1, "AllMembersUp");
+    assert_eq!(condition(&status, ConditionType::Degraded).1, "AllMembersUp");
+}
+
+#[test]
+fn every_condition_type_and_reason_is_read_back_from_its_word() {
+    for t in ConditionType::ALL {
+        assert_eq!(ConditionType::parse(t.as_str()), Some(*t));
+    }
+    for r in Reason::ALL {
+        assert_eq!(Reason::parse(r.as_str()), Some(*r));
+    }
+    assert_eq!(ConditionType::parse("ready"), None, "the API's words are matched exactly");
 }
