@@ -145,6 +145,8 @@ pub struct Status {
     pub position: String,
     /// How far behind its primary a replica says it is, when it knows.
     pub lag: Option<Duration>,
+    /// Its data volume, as its agent measured it (`statfs`), when it did.
+    pub volume: Option<metrics::Volume>,
 }
 
 /// The most lag a member may say it has: a day (more is read as not known).
@@ -152,9 +154,18 @@ pub const MAX_LAG: Duration = Duration::from_secs(86_400);
 
 /// The member's answer, `primary <position>` or `replica <position> [<lag>]` on one line,
 /// read as coming from anyone: a position is 1-128 printable characters without spaces;
-/// a lag, a replica's only, is seconds (`0`, `2.5`), at most [`MAX_LAG`].
+/// a lag, a replica's only, is seconds (`0`, `2.5`), at most [`MAX_LAG`]. The agent may
+/// add a line `volume <used> <size>` (bytes) of the member's data volume.
 pub fn parse(answer: &str) -> Result<Status, String> {
-    let line = answer.trim_end_matches(['\n', '\r']);
+    let mut lines = answer.trim_end_matches(['\n', '\r']).split('\n');
+    let line = lines.next().unwrap_or_default().trim_end_matches('\r');
+    let volume = match lines.next() {
+        Some(more) => Some(parse_volume(more.trim_end_matches('\r'))?),
+        None => None,
+    };
+    if lines.next().is_some() {
+        return Err("more than a status and a volume".into());
+    }
     let (role, rest) = line.split_once(' ').ok_or("not `<role> <position>`")?;
     let (position, lag) = match rest.split_once(' ') {
         Some((position, lag)) if role == "replica" => (position, Some(parse_lag(lag)?)),
@@ -170,7 +181,28 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     if position.is_empty() || position.len() > 128 || !position.chars().all(printable) {
         return Err("the position is not 1-128 printable characters".into());
     }
-    Ok(Status { primary, position: position.to_string(), lag })
+    Ok(Status { primary, position: position.to_string(), lag, volume })
+}
+
+/// `volume <used> <size>`, in bytes, used no more than the size.
+fn parse_volume(line: &str) -> Result<metrics::Volume, String> {
+    let bytes = |s: &str| (s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<u64>().ok()).flatten();
+    let mut words = line.split(' ');
+    let volume = match (words.next(), words.next().and_then(bytes), words.next().and_then(bytes), words.next()) {
+        (Some("volume"), Some(used), Some(size), None) if used <= size => Some(metrics::Volume { size, used }),
+        _ => None,
+    };
+    volume.ok_or_else(|| format!("{:?} is not `volume <used> <size>`", crate::said::cut(line, 64)))
+}
+
+/// The status command's `out`, and the member's data volume at `data` as a line of its
+/// own when it can be measured (after the command's first line alone: the volume is
+/// the agent's word, not the command's).
+fn with_volume(out: String, data: Option<&Path>) -> String {
+    match data.and_then(metrics::volume) {
+        Some(v) => format!("{}\nvolume {} {}\n", out.lines().next().unwrap_or_default(), v.used, v.size),
+        None => out,
+    }
 }
 
 fn parse_lag(lag: &str) -> Result<Duration, String> {
@@ -207,6 +239,8 @@ pub struct Fence {
 /// What every connection shares: the commands (one runs at a time) and the fence.
 struct Agent {
     commands: Commands,
+    /// Where the member's data volume is mounted, measured for each status asked.
+    data: Option<PathBuf>,
     command: Semaphore,
     fenced: tokio::sync::Notify,
     /// How many times the fence command has succeeded (once: the engine takes no more writes).
@@ -216,9 +250,10 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(commands: Commands) -> Self {
+    fn new(commands: Commands, data: Option<PathBuf>) -> Self {
         Agent {
             commands,
+            data,
             command: Semaphore::new(1),
             fenced: tokio::sync::Notify::new(),
             fence_runs: Default::default(),
@@ -283,7 +318,8 @@ pub async fn serve(
         commands.promote.clear();
         commands.follow.clear();
     }
-    let agent = Arc::new(Agent::new(commands));
+    let data = measured.as_ref().and_then(|(_, member)| member.data.clone());
+    let agent = Arc::new(Agent::new(commands, data));
     if agent.commands.fence.is_some() {
         tokio::spawn(watch(agent.clone()));
     }
@@ -417,7 +453,7 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
     let fence = agent.commands.fence.as_ref();
     let (status, body) = match Request::parse(&head) {
         Some(Request::Status) => match agent.run(&agent.commands.status).await {
-            Ok(out) => ("200 OK", out),
+            Ok(out) => ("200 OK", with_volume(out, agent.data.as_deref())),
             Err(e) => ("503 Service Unavailable", e),
         },
         Some(Request::Fence) if fence.is_some() => {

@@ -52,6 +52,7 @@ fn shared_suffix_rule() -> kube::core::Rule {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName cannot be changed after creation"))]
 #[x_kube(validation = Rule::new("!has(self.replication) || self.replication.mode != 'Synchronous' || self.replicas > self.replication.synchronousReplicas").message("replication.synchronousReplicas must be fewer than replicas: that many replicas must have each commit"))]
+#[x_kube(validation = Rule::new("!has(self.storageGrowth) || !isQuantity(string(self.storage)) || !isQuantity(string(self.storageGrowth.limit)) || quantity(string(self.storageGrowth.limit)).compareTo(quantity(string(self.storage))) >= 0").message("storageGrowth.limit must be at least storage"))]
 pub struct DatabaseSpec {
     /// Engine that runs this database, e.g. `postgres` or `mysql`: the name of a loaded
     /// engine plugin. Cannot be changed after creation.
@@ -76,6 +77,12 @@ pub struct DatabaseSpec {
         validation = Rule::new("!isQuantity(string(oldSelf)) || quantity(string(self)).compareTo(quantity(string(oldSelf))) >= 0").message("storage may grow but never shrink")
     )]
     pub storage: Quantity,
+
+    /// Grow the members' volumes before they fill, from what each member's agent measures
+    /// of its data volume (engines whose members run an agent: postgres, mysql). The
+    /// storage class must allow expansion. Unset: volumes grow only with `storage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_growth: Option<StorageGrowth>,
 
     /// StorageClass of the members' volumes; unset uses the cluster's default class.
     /// Cannot be changed after creation.
@@ -151,6 +158,41 @@ pub struct ReplicationSpec {
 
 fn one() -> i32 {
     1
+}
+
+/// When and by how much the members' volumes grow on their own.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageGrowth {
+    /// Grow once a member's data volume is this full, in percent (default 80).
+    #[serde(default = "eighty")]
+    #[schemars(range(min = 1, max = 99))]
+    pub threshold_percent: i32,
+    /// What one growth adds: a share of the size (`25%`, the default) or a size (`5Gi`).
+    #[serde(default = "a_quarter")]
+    #[x_kube(validation = Rule::new("self.matches('^[1-9][0-9]?[0-9]?%$') || (isQuantity(self) && quantity(self).isGreaterThan(quantity('0')))").message("step must be a percentage such as 25% or a positive size such as 5Gi"))]
+    #[schemars(length(min = 1, max = 32))]
+    pub step: String,
+    /// The size no growth goes past, e.g. `100Gi` (at least `storage`).
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("limit must be a positive quantity such as 100Gi"))]
+    pub limit: Quantity,
+    /// The least time between two growths, in minutes (default 60): a growth the storage
+    /// provider has not finished is never followed by another either.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 1, max = 10080))]
+    pub interval_minutes: i32,
+}
+
+fn eighty() -> i32 {
+    80
+}
+
+fn a_quarter() -> String {
+    "25%".into()
+}
+
+fn sixty() -> i32 {
+    60
 }
 
 fn thirty() -> i32 {
@@ -533,6 +575,9 @@ pub struct DatabaseStatus {
     /// An upgrade in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeStatus>,
+    /// What growing the volumes on their own did (`spec.storageGrowth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_growth: Option<StorageGrowthStatus>,
     /// A change in the number of members in progress, following the plugin's plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale: Option<ScaleStatus>,
@@ -544,6 +589,18 @@ pub struct DatabaseStatus {
     /// backed up once, even after retention removed its Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_backup: Option<String>,
+}
+
+/// The members' volumes grown on their own, beyond `spec.storage`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageGrowthStatus {
+    /// The size every member's volume was grown to last, e.g. `12800Mi`.
+    pub size: String,
+    /// How many times they were grown.
+    pub count: i32,
+    /// When (RFC 3339).
+    pub last: String,
 }
 
 /// One member, as the operator last saw it.

@@ -953,6 +953,50 @@ async fn a_second_primary_is_fenced_and_named() {
     assert!(degraded.message.starts_with("orders-1 says it takes writes while orders-0 is the primary"), "{}", degraded.message);
 }
 
+/// A member's volume past `spec.storageGrowth`'s threshold, as its agent measured it, grows
+/// every member's claim by the step (a Normal Event, the `StorageGrowth` condition and
+/// `status.storageGrowth` say so); once grown, nothing grows again within the interval.
+#[tokio::test]
+async fn volumes_past_the_threshold_grow_by_the_step_and_not_again_within_the_interval() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), poll: true, ..Server::default() };
+    let spec = json!({"replicas": 3, "storageGrowth": {"thresholdPercent": 80, "step": "1Gi", "limit": "3Gi"}});
+    // What each member's agent says: its status, then its data volume (bytes used of its size).
+    let said = ["primary 0/5; echo volume 10 100", "replica 0/5 0; echo volume 85 100", "replica 0/5 0; echo volume 20 100"];
+    let (db, mut cluster, server, _agents) = with_agents_of(&registry, spec, server, 130, [true; 3], said).await;
+    let claim = |ordinal: u32, size: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": format!("data-orders-{ordinal}"), "namespace": "shop", "uid": format!("claim-{ordinal}"),
+                "labels": {"app.kubernetes.io/instance": "orders", "app.kubernetes.io/managed-by": "plugdb"}},
+            "spec": {"resources": {"requests": {"storage": size}}},
+            "status": {"phase": "Bound", "capacity": {"storage": size}},
+        })
+    };
+    cluster.extend((0..3).map(|o| claim(o, "1Gi")));
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let claims: Vec<&Call> = calls.iter().filter(|c| c.line().contains("/persistentvolumeclaims/")).collect();
+    assert_eq!(claims.len(), 3, "every member's claim: {:?}", lines(&calls));
+    assert!(claims.iter().all(|c| c.body["spec"]["resources"]["requests"]["storage"] == "2048Mi"), "{:?}", lines(&calls));
+    let event = calls.iter().find(|c| c.body["reason"] == "VolumesGrown").expect("an Event");
+    assert_eq!(event.body["type"], "Normal");
+    assert_eq!(event.body["note"], "orders-1's volume was 85 % full: every member's volume grows from 1024Mi to 2048Mi");
+    let said = status(&api);
+    let grown = said.storage_growth.clone().expect("status.storageGrowth");
+    assert_eq!((grown.size.as_str(), grown.count), ("2048Mi", 1));
+    let condition = said.conditions.iter().find(|c| c.type_ == "StorageGrowth").expect("StorageGrowth");
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "VolumesGrown"));
+
+    // Grown, and still over the threshold: nothing more within the interval.
+    let cluster: Vec<Value> =
+        cluster.into_iter().filter(|o| o["kind"] != "PersistentVolumeClaim").chain((0..3).map(|o| claim(o, "2048Mi"))).collect();
+    let (result, again, api) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    result.expect("the next pass");
+    assert!(again.iter().all(|c| !c.line().contains("/persistentvolumeclaims/")), "{:?}", lines(&again));
+    assert_eq!(status(&api).storage_growth, Some(grown), "as it was");
+}
+
 /// A Database of three members whose primary (member 0) has not been ready for an hour,
 /// its node gone, while its agent still answers; member 2 received more than member 1.
 /// The registry, the Database, what the caches hold, the API server and the agents.

@@ -9,9 +9,9 @@ fn sh(script: &str) -> Vec<String> {
 
 #[test]
 fn a_status_is_a_role_and_a_position_on_one_line() {
-    assert_eq!(parse("replica 0/3000148\n"), Ok(Status { primary: false, position: "0/3000148".into(), lag: None }));
-    assert_eq!(parse("primary 0-1-42,1-2-7"), Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None }));
-    let lagging = Status { primary: false, position: "0-1-40".into(), lag: Some(Duration::from_millis(2500)) };
+    assert_eq!(parse("replica 0/3000148\n"), Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None }));
+    assert_eq!(parse("primary 0-1-42,1-2-7"), Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None, volume: None }));
+    let lagging = Status { primary: false, position: "0-1-40".into(), lag: Some(Duration::from_millis(2500)), volume: None };
     assert_eq!(parse("replica 0-1-40 2.5"), Ok(lagging));
     assert_eq!(parse("replica 0/5 0").map(|s| s.lag), Ok(Some(Duration::ZERO)));
     let bad_lags = [
@@ -27,6 +27,18 @@ fn a_status_is_a_role_and_a_position_on_one_line() {
         ["", "replica", "replica ", "leader 0/1", "replica \u{1b}[2J", &format!("replica {}", "9".repeat(129))].into_iter().chain(bad_lags)
     {
         assert!(parse(bad).is_err(), "{bad:?} is no status");
+    }
+    // The agent's line of the data volume, after the status.
+    let measured = Some(metrics::Volume { size: 10_737_418_240, used: 8_589_934_592 });
+    assert_eq!(parse("primary 0/5\nvolume 8589934592 10737418240\n").map(|s| s.volume), Ok(measured));
+    for bad in [
+        "primary 0/5\nvolume 2 1",
+        "primary 0/5\nvolume 1",
+        "primary 0/5\nvolume -1 2",
+        "primary 0/5\nsize 1 2",
+        "primary 0/5\nvolume 1 2\nvolume 1 2",
+    ] {
+        assert!(parse(bad).is_err(), "{bad:?} is no status and volume");
     }
 }
 
@@ -153,7 +165,7 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
         let dir = std::env::temp_dir().join(format!("plugdb-agent-cut-off-{i}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let fence = fence_in(&dir, control_plane);
-        let agent = Agent::new(Commands { status: sh(&format!("echo {said}")), fence: Some(fence), ..Default::default() });
+        let agent = Agent::new(Commands { status: sh(&format!("echo {said}")), fence: Some(fence), ..Default::default() }, None);
         tokio::spawn(watch(Arc::new(agent)));
         watched.push((tempdir::Dir(dir), said, fences));
     }
@@ -185,7 +197,7 @@ async fn a_cut_off_primary_whose_fence_fails_is_stopped_by_its_guard() {
         let stop = dir.join(guard::STOP_FILE);
         // The engine confirms nothing until its guard has been told to stop it.
         let fence = Fence { argv: sh(&format!("test -e {}", stop.display())), ..fence_in(&dir, Some(control_plane)) };
-        let agent = Arc::new(Agent::new(Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() }));
+        let agent = Arc::new(Agent::new(Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() }, None));
         if !stops {
             agent.mark_fenced("the operator fenced it").expect("mark");
         }
@@ -243,7 +255,7 @@ async fn only_the_operator_is_answered() {
             None => panic!("the operator was never answered"),
         }
     };
-    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into(), lag: None }));
+    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None }));
     assert_eq!(ask(None).await, None, "no client certificate: refused");
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
     assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another operator is refused");
@@ -466,6 +478,13 @@ async fn the_members_series_are_served_to_a_scraper() {
     assert!(fenced.contains(&format!("plugdb_member_fenced{labels} 1.0")), "{fenced}");
     assert_eq!(std::fs::read_to_string(&runs).expect("runs").lines().count(), 1, "one status command for both scrapes");
     assert!(http_get(metrics_port, "/status").await.starts_with("HTTP/1.1 404"), "nothing but the series is served there");
+    // The operator is told the member's volume with its status.
+    std::fs::remove_file(dir.join(FENCED_FILE)).expect("unfenced");
+    let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
+    let transport = Transport::Tls { ca: &ours.ca, domain: "db-headless.shop.svc", identity: Some(&ours.operator) };
+    let answer = answers(transport, &status, &[super::tests::member("db-0")]).await.remove(0).expect("the operator is answered");
+    let volume = parse(&answer).expect("a status").volume.expect("with the volume");
+    assert!(volume.used > 0 && volume.used <= volume.size, "{volume:?}");
 }
 
 /// A scrape and the operator's commands never wait for each other (a fence is not held
@@ -473,12 +492,12 @@ async fn the_members_series_are_served_to_a_scraper() {
 /// served the last answer (none yet: the member's role is unknown and it is not up).
 #[tokio::test]
 async fn a_scrape_and_the_operators_commands_do_not_wait_for_each_other() {
-    let agent = Agent::new(Commands { status: sh("echo primary 0/5"), ..Default::default() });
+    let agent = Agent::new(Commands { status: sh("echo primary 0/5"), ..Default::default() }, None);
     let looks = metrics::Looks::default();
     let _operators = agent.command.try_acquire().expect("the operator's command lock");
     let said = tokio::time::timeout(Duration::from_secs(5), metrics::status(&agent, &looks)).await.expect("not held back");
     assert_eq!(said.map(|s| s.primary), Some(true));
-    let hung = Agent::new(Commands { status: sh("sleep 1; echo primary 0/5"), ..Default::default() });
+    let hung = Agent::new(Commands { status: sh("sleep 1; echo primary 0/5"), ..Default::default() }, None);
     let looks = metrics::Looks::default();
     let (first, second) = tokio::join!(metrics::status(&hung, &looks), async {
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -163,13 +163,13 @@ pub(super) fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::a
     }
 }
 
-/// The member claims to grow to `spec.storage` (claims grow, never shrink: a
-/// StatefulSet's claim templates cannot change, so the claims themselves are patched),
-/// and whether a claim has less than it asks for (a refused growth is found when the
-/// plan is carried out).
-pub(super) fn grow_volumes(ctx: &Context, db: &Database) -> (Vec<String>, super::status::Growth) {
+/// The member claims to grow to `size` (`spec.storage`, or what the volumes grew to on
+/// their own; claims grow, never shrink: a StatefulSet's claim templates cannot change,
+/// so the claims themselves are patched), and whether a claim has less than it asks for
+/// (a refused growth is found when the plan is carried out).
+pub(super) fn grow_volumes(ctx: &Context, db: &Database, size: &str) -> (Vec<String>, super::status::Growth) {
     let mut grown = Vec::new();
-    let Some(want) = crate::quantity::bytes(&db.spec.storage.0) else { return (grown, super::status::Growth::Done) };
+    let Some(want) = crate::quantity::bytes(size) else { return (grown, super::status::Growth::Done) };
     let name = db.name_any();
     let mut growth = super::status::Growth::Done;
     for ordinal in 0..db.spec.replicas.max(1) as u32 {
@@ -187,8 +187,7 @@ pub(super) fn grow_volumes(ctx: &Context, db: &Database) -> (Vec<String>, super:
         }
         let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
         if growth == super::status::Growth::Done && capacity.is_some_and(|c| c < want) {
-            growth =
-                super::status::Growth::Waiting(format!("claim {claim} asks for {}; the storage provider is growing it", db.spec.storage.0));
+            growth = super::status::Growth::Waiting(format!("claim {claim} asks for {size}; the storage provider is growing it"));
         }
     }
     (grown, growth)

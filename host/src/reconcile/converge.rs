@@ -487,15 +487,70 @@ impl<'a> Pass<'a> {
             self.plan.apply(child);
         }
         // Every pass, not only one that rewrote the StatefulSet: a refused grow is retried.
-        let (grown, growth) = apply::grow_volumes(ctx, db);
+        let mut size = self.volume_size();
+        let (mut grown, mut growth) = apply::grow_volumes(ctx, db, &size);
+        // The volumes grow on their own only once every claim has what it asked for.
+        if growth == Growth::Done
+            && let Some(to) = self.autogrow(&size)
+        {
+            size = to;
+            (grown, growth) = apply::grow_volumes(ctx, db, &size);
+        }
         for claim in grown {
-            self.plan.grow(claim);
+            self.plan.grow(claim, size.clone());
         }
         self.plan.told.primary = Some(primary.to_string());
         if self.old.current_version.is_none() {
             self.plan.told.current_version = Some(version.to_string());
         }
         Ok(Applied { stateful_set, role_free, growth })
+    }
+
+    /// The size the members' volumes should have: `spec.storage`, or what they grew to on
+    /// their own when that is more.
+    fn volume_size(&self) -> String {
+        let spec = &self.db.spec.storage.0;
+        let grown = self
+            .old
+            .storage_growth
+            .as_ref()
+            .map(|g| g.size.as_str())
+            .filter(|g| crate::quantity::bytes(g).zip(crate::quantity::bytes(spec)).is_some_and(|(grown, spec)| grown > spec));
+        grown.unwrap_or(spec).to_string()
+    }
+
+    /// Whether the volumes, `size` now, grow on their own in this pass (`spec.storageGrowth`,
+    /// from what the agents said of their volumes), and to what; said in the status.
+    fn autogrow(&mut self, size: &str) -> Option<String> {
+        let Some(rule) = self.db.spec.storage_growth.as_ref() else {
+            self.plan.told.remove(ConditionType::StorageGrowth);
+            return None;
+        };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let grown = self.old.storage_growth.clone();
+        let last = grown.as_ref().and_then(|g| g.last.parse().ok());
+        let bytes = crate::quantity::bytes(size)?;
+        match decide::autogrowth(rule, bytes, &self.heard, last, now) {
+            decide::Autogrowth::Wait => {
+                if !status::is_true(&self.old.conditions, ConditionType::StorageGrowth) {
+                    self.say(&[decide::growth_rule(rule)]);
+                }
+                None
+            }
+            decide::Autogrowth::AtLimit(note) => {
+                self.say(&[note]);
+                None
+            }
+            decide::Autogrowth::Grow { to, note } => {
+                tracing::info!(database = %self.name, namespace = %self.ns, "{}", note.message);
+                self.say(&[note]);
+                let to = decide::quantity(to);
+                let count = grown.map_or(0, |g| g.count) + 1;
+                let last = format!("{now:.0}");
+                self.plan.told.storage_growth = Some(crate::crd::StorageGrowthStatus { size: to.clone(), count, last });
+                Some(to)
+            }
+        }
     }
 
     /// Role labels on the members, and the next member restart of a roll (one at a time,

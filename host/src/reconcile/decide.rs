@@ -445,6 +445,8 @@ mod primary;
 pub use primary::*;
 mod replication;
 pub use replication::*;
+mod volumes;
+pub use volumes::*;
 
 #[cfg(test)]
 mod tests;

@@ -49,8 +49,8 @@ pub(super) struct Plan {
     authority: Option<tls::Authority>,
     /// Applied where they differ, in order.
     applied: Vec<Child>,
-    /// Member volume claims grown to `spec.storage`.
-    grown: Vec<String>,
+    /// Member volume claims grown, and the size each is grown to.
+    grown: Vec<(String, String)>,
     /// Made when absent, in order: a Job's volume comes before the Job.
     made: Vec<Child>,
     /// Role labels to set, by member pod.
@@ -165,9 +165,9 @@ impl Plan {
         self.secrets.push(SecretWrite::MakeAuthority(secret));
     }
 
-    /// Grows member volume claim `claim` to `spec.storage`.
-    pub(super) fn grow(&mut self, claim: String) {
-        self.grown.push(claim);
+    /// Grows member volume claim `claim` to `size`.
+    pub(super) fn grow(&mut self, claim: String, size: String) {
+        self.grown.push((claim, size));
     }
 
     /// Applies `child` unless the cache holds it as it is (see [`apply::apply`]).
@@ -244,8 +244,7 @@ impl Plan {
             apply::apply(ctx, db, child).await?;
         }
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-        let size = &db.spec.storage.0;
-        for claim in std::mem::take(&mut self.grown) {
+        for (claim, size) in std::mem::take(&mut self.grown) {
             let patch = Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}}));
             match claims.patch(&claim, &PatchParams::default(), &patch).await {
                 Ok(_) => {}

@@ -6,7 +6,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::members::Observed;
-use crate::crd::{BackupRecord, DatabaseStatus, MemberStatus, Phase, Recoverable, ScaleStatus, UpgradeStatus};
+use crate::crd::{BackupRecord, DatabaseStatus, MemberStatus, Phase, Recoverable, ScaleStatus, StorageGrowthStatus, UpgradeStatus};
 
 /// The longest condition message kept; the rest is cut, so a status write never
 /// fails for its size.
@@ -62,6 +62,9 @@ words! {
         /// False while members that should run their agent run none (the operator does not
         /// know its image): no failover, fence or switchover happens. Only then.
         MemberAgents,
+        /// The members' volumes grow on their own before they fill; False once one passed
+        /// the threshold at the limit (only on Databases with `spec.storageGrowth`).
+        StorageGrowth,
     }
 }
 
@@ -141,6 +144,12 @@ words! {
         Steady,
         /// The API server refused to grow a member's claim.
         VolumeGrowFailed,
+        /// The members' volumes grow on their own as `spec.storageGrowth` says.
+        VolumesCanGrow,
+        /// A member's volume passed the threshold: every member's volume was grown.
+        VolumesGrown,
+        /// A member's volume passed the threshold with the volumes at their limit.
+        StorageLimitReached,
         /// Backups are configured and the latest succeeded.
         BackupsHealthy,
         /// Backups are misconfigured or the latest failed.
@@ -234,6 +243,8 @@ pub struct Told {
     pub upgrade: Option<Option<UpgradeStatus>>,
     /// The scale plan under way, or none.
     pub scale: Option<Option<ScaleStatus>>,
+    /// The volumes grown on their own, when they grew in this pass.
+    pub storage_growth: Option<StorageGrowthStatus>,
     /// The member the read-write Service leads to.
     pub primary: Option<String>,
     /// The version the members run.
@@ -304,6 +315,9 @@ pub fn after(old: &DatabaseStatus, told: Told, generation: Option<i64>) -> Datab
     }
     if let Some(scale) = told.scale {
         status.scale = scale;
+    }
+    if told.storage_growth.is_some() {
+        status.storage_growth = told.storage_growth;
     }
     if told.current_version.is_some() {
         status.current_version = told.current_version;

@@ -120,4 +120,34 @@ pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
         .await
         .expect("growth reported");
     assert_eq!(db.status.and_then(|s| s.ready_replicas), Some(3));
+
+    // Volumes that grow on their own, from what each member's agent measures of its data
+    // volume: local-path's volumes are directories on the nodes' filesystem, well past
+    // 1 % used, so a look at the members grows every bound claim by the step, once (the
+    // claims then wait for a resizer local-path does not have).
+    let grows = json!({"storageClassName": CLASS, "spread": {"nodes": "Required", "zones": "Required"},
+                       "storageGrowth": {"thresholdPercent": 1, "step": "1Gi", "limit": "4Gi"}});
+    cluster.apply_database(ns, database("spread-my", Engine::Mysql, "10.11", 4, grows)).await.expect("storageGrowth");
+    let db = cluster
+        .wait_database(ns, "spread-my", "its volumes grown on their own", WAIT, |d| {
+            d.status.as_ref().is_some_and(|s| s.storage_growth.is_some())
+        })
+        .await
+        .expect("grown");
+    let grown = db.status.as_ref().and_then(|s| s.storage_growth.clone()).expect("status.storageGrowth");
+    assert_eq!((grown.size.as_str(), grown.count), ("2048Mi", 1));
+    let (status, reason, message) = condition(&db, "StorageGrowth").expect("StorageGrowth");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "VolumesGrown"));
+    assert!(message.contains("% full: every member's volume grows from 1024Mi to 2048Mi"), "{message}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    for claim in ["data-spread-my-0", "data-spread-my-1", "data-spread-my-2"] {
+        while requested(&claims, claim).await != "2048Mi" {
+            assert!(tokio::time::Instant::now() < deadline, "{claim} was not grown");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let events = Api::<Event>::namespaced(cluster.client.clone(), ns).list(&ListParams::default()).await.expect("events").items;
+    let grew: Vec<&Event> = events.iter().filter(|e| e.reason.as_deref() == Some("VolumesGrown")).collect();
+    assert_eq!(grew.len(), 1, "one growth, said once");
+    assert_eq!(grew[0].type_.as_deref(), Some("Normal"));
 }

@@ -259,7 +259,7 @@ fn never_rolls_while_a_member_is_down_or_missing() {
 #[test]
 fn members_are_given_only_the_position_their_agent_said_in_their_role() {
     let candidates = for_plugin(&[m(0, false, "r"), m(1, true, "r"), m(2, true, "r")], "db-0");
-    let said = |primary: bool, position: &str| Some(crate::agent::Status { primary, position: position.into(), lag: None });
+    let said = |primary: bool, position: &str| Some(crate::agent::Status { primary, position: position.into(), lag: None, volume: None });
     let given = with_positions(candidates, vec![None, said(false, "0/5"), said(true, "0/9")]);
     let positions: Vec<Option<&str>> = given.iter().map(|m| m.position.as_deref()).collect();
     assert_eq!(positions, [None, Some("0/5"), None]);

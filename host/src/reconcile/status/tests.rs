@@ -31,6 +31,7 @@ fn members_say_their_node_role_readiness_and_last_position() {
         primary: false,
         position: position.into(),
         lag: lag.map(std::time::Duration::from_millis),
+        volume: None,
     };
     let heard = [("db-1".to_string(), said("0/3000148", None)), ("db-2".to_string(), said("0/3000100", Some(2500)))];
     let first = super::members(&[], &observed, Some("db-1"), (&heard, now));

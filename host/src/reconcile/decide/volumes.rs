@@ -1,0 +1,162 @@
+//! Growing the members' volumes before they fill (`spec.storageGrowth`), from what each
+//! member's agent measured of its data volume with its status.
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::Note;
+use crate::agent::Status;
+use crate::crd::StorageGrowth;
+use crate::reconcile::status::{ConditionType, Reason};
+
+/// What the volumes' use asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Autogrowth {
+    /// Nothing new: no member over the threshold, none measured, or the last growth too
+    /// recent.
+    Wait,
+    /// Every member's volume grows to `to` bytes.
+    Grow {
+        /// The new size.
+        to: u64,
+        /// What to tell the user.
+        note: Note,
+    },
+    /// A member is over the threshold at the limit: nothing more to grow.
+    AtLimit(Note),
+}
+
+/// The size a growth's `step` (`25%`, or a size such as `5Gi`) adds to `size` bytes.
+pub fn step_bytes(step: &str, size: u64) -> Option<u64> {
+    match step.strip_suffix('%') {
+        Some(percent) => percent.parse::<u64>().ok().filter(|p| (1..=999).contains(p)).map(|p| size.saturating_mul(p).div_ceil(100)),
+        None => crate::quantity::bytes(step).filter(|b| *b > 0),
+    }
+}
+
+/// `bytes` as a quantity: whole MiB where it is (`12800Mi`), else bytes.
+pub fn quantity(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 20) { format!("{}Mi", bytes >> 20) } else { bytes.to_string() }
+}
+
+/// What `rule` asks for, the volumes being `size` bytes now (every claim has it: a growth
+/// the storage provider has not finished is waited for before this is asked), the members
+/// having said `heard`, the last growth `last`.
+pub fn autogrowth(rule: &StorageGrowth, size: u64, heard: &[(String, Status)], last: Option<Timestamp>, now: Timestamp) -> Autogrowth {
+    let percent = |v: &crate::agent::metrics::Volume| (v.used as u128 * 100 / v.size.max(1) as u128) as u64;
+    let fullest = heard.iter().filter_map(|(pod, s)| Some((pod, percent(s.volume.as_ref()?)))).max_by_key(|(_, p)| *p);
+    let threshold = rule.threshold_percent;
+    let Some((pod, full)) = fullest.filter(|(_, p)| *p >= threshold.max(1) as u64) else { return Autogrowth::Wait };
+    let limit = crate::quantity::bytes(&rule.limit.0).unwrap_or(size);
+    let wanted = size.saturating_add(step_bytes(&rule.step, size).unwrap_or(0)).min(limit);
+    // Whole MiB where that still grows the volume.
+    let to = Some(wanted >> 20 << 20).filter(|to| *to > size).unwrap_or(wanted);
+    if to <= size {
+        let message = format!(
+            "{pod}'s volume passed {threshold} % full with every volume at the limit {}: nothing more grows; raise storageGrowth.limit or free space",
+            rule.limit.0
+        );
+        return Autogrowth::AtLimit(Note::warn_once(ConditionType::StorageGrowth, false, Reason::StorageLimitReached, message, true));
+    }
+    let interval = std::time::Duration::from_secs(60 * rule.interval_minutes.max(1) as u64);
+    if last.is_some_and(|t| t <= now && now.duration_since(t).unsigned_abs() < interval) {
+        return Autogrowth::Wait;
+    }
+    let message = format!("{pod}'s volume was {full} % full: every member's volume grows from {} to {}", quantity(size), quantity(to));
+    let note =
+        Note { condition: Some((ConditionType::StorageGrowth, true)), reason: Reason::VolumesGrown, message, event: super::Event::Normal };
+    Autogrowth::Grow { to, note }
+}
+
+/// The condition while nothing grows: what the rule is (a message that stays the same
+/// from one pass to the next).
+pub fn growth_rule(rule: &StorageGrowth) -> Note {
+    let message = format!(
+        "volumes grow once one is {} % full, by {}, at most every {} min, up to {}",
+        rule.threshold_percent, rule.step, rule.interval_minutes, rule.limit.0
+    );
+    Note::condition(ConditionType::StorageGrowth, true, Reason::VolumesCanGrow, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::metrics::Volume;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    const GI: u64 = 1 << 30;
+
+    fn rule(step: &str, limit: &str) -> StorageGrowth {
+        StorageGrowth { threshold_percent: 80, step: step.into(), limit: Quantity(limit.into()), interval_minutes: 60 }
+    }
+
+    fn heard(used_percent: &[(&str, u64)]) -> Vec<(String, Status)> {
+        let said = |percent: u64| Status {
+            primary: false,
+            position: "0/1".into(),
+            lag: None,
+            volume: Some(Volume { size: 100 * GI, used: percent * GI }),
+        };
+        used_percent.iter().map(|(pod, p)| (pod.to_string(), said(*p))).collect()
+    }
+
+    /// (what, rule, size now, members' use in percent, the size grown to)
+    type Row<'a> = (&'a str, &'a StorageGrowth, u64, &'a [(&'a str, u64)], Option<u64>);
+
+    fn grown_to(decision: &Autogrowth) -> Option<u64> {
+        match decision {
+            Autogrowth::Grow { to, .. } => Some(*to),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_volumes_grow_by_the_step_once_the_fullest_passes_the_threshold_never_past_the_limit() {
+        let now: Timestamp = "2026-12-03T08:00:00Z".parse().expect("a time");
+        let (quarter, five) = (rule("25%", "100Gi"), rule("5Gi", "12Gi"));
+        let rows: [Row; 7] = [
+            ("nothing measured", &quarter, 10 * GI, &[], None),
+            ("every volume under the threshold", &quarter, 10 * GI, &[("db-0", 79), ("db-1", 12)], None),
+            ("the fullest at the threshold: a quarter more", &quarter, 10 * GI, &[("db-0", 40), ("db-1", 80)], Some(12_800 << 20)),
+            ("a full volume still grows", &quarter, 10 * GI, &[("db-2", 100)], Some(12_800 << 20)),
+            ("a size as the step, up to the limit", &five, 10 * GI, &[("db-0", 91)], Some(12 * GI)),
+            ("a step in whole MiB", &rule("10%", "100Gi"), 1_000_000_000, &[("db-0", 95)], Some(1049 << 20)),
+            ("at the limit", &five, 12 * GI, &[("db-0", 95)], None),
+        ];
+        for (what, rule, size, used, expected) in rows {
+            let decision = autogrowth(rule, size, &heard(used), None, now);
+            assert_eq!(grown_to(&decision), expected, "{what}: {decision:?}");
+        }
+        let Autogrowth::Grow { note, .. } = autogrowth(&quarter, 10 * GI, &heard(&[("db-0", 40), ("db-1", 83)]), None, now) else {
+            panic!("grows")
+        };
+        assert_eq!(note.message, "db-1's volume was 83 % full: every member's volume grows from 10240Mi to 12800Mi");
+        assert_eq!(
+            (note.condition, note.reason, note.event),
+            (Some((ConditionType::StorageGrowth, true)), Reason::VolumesGrown, super::super::Event::Normal)
+        );
+        let Autogrowth::AtLimit(note) = autogrowth(&five, 12 * GI, &heard(&[("db-0", 95)]), None, now) else { panic!("at the limit") };
+        assert_eq!((note.condition, note.reason), (Some((ConditionType::StorageGrowth, false)), Reason::StorageLimitReached));
+        assert!(note.message.starts_with("db-0's volume passed 80 % full with every volume at the limit 12Gi"), "{}", note.message);
+    }
+
+    #[test]
+    fn a_growth_waits_out_the_interval_after_the_last() {
+        let now: Timestamp = "2026-12-03T08:00:00Z".parse().expect("a time");
+        let full = heard(&[("db-0", 90)]);
+        let ago = |minutes: i64| Some(now.checked_sub(k8s_openapi::jiff::SignedDuration::from_mins(minutes)).expect("a time"));
+        let quarter = rule("25%", "100Gi");
+        assert_eq!(autogrowth(&quarter, 10 * GI, &full, ago(59), now), Autogrowth::Wait, "59 min after the last");
+        assert!(grown_to(&autogrowth(&quarter, 10 * GI, &full, ago(60), now)).is_some(), "60 min after");
+        let limited = autogrowth(&rule("5Gi", "10Gi"), 10 * GI, &full, ago(1), now);
+        assert!(matches!(limited, Autogrowth::AtLimit(_)), "the limit is said whenever it is so: {limited:?}");
+    }
+
+    #[test]
+    fn steps_are_shares_or_sizes() {
+        assert_eq!(step_bytes("25%", 100), Some(25));
+        assert_eq!(step_bytes("1%", 1), Some(1), "rounded up: a step always grows");
+        assert_eq!(step_bytes("5Gi", 1), Some(5 * GI));
+        assert_eq!([step_bytes("0%", 100), step_bytes("x%", 100), step_bytes("0", 100)], [None, None, None]);
+        assert_eq!((quantity(12_800 << 20), quantity(1_000_000_000)), ("12800Mi".to_string(), "1000000000".to_string()));
+    }
+}
