@@ -547,7 +547,7 @@ pub struct DatabaseStatus {
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready, Progressing, Degraded, PluginReady, BackupHealthy, Restored, SynchronousReplication, MemberAgents.
+    /// Ready, Progressing, Degraded, PluginReady, BackupHealthy, Restored, SynchronousReplication, MemberAgents, StorageGrowth.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Pod name of the current primary.

@@ -491,7 +491,7 @@ impl<'a> Pass<'a> {
         let (mut grown, mut growth) = apply::grow_volumes(ctx, db, &size);
         // The volumes grow on their own only once every claim has what it asked for.
         if growth == Growth::Done
-            && let Some(to) = self.autogrow(&size)
+            && let Some(to) = self.autogrow(&size, sidecars.agent.is_some())
         {
             size = to;
             (grown, growth) = apply::grow_volumes(ctx, db, &size);
@@ -520,12 +520,17 @@ impl<'a> Pass<'a> {
     }
 
     /// Whether the volumes, `size` now, grow on their own in this pass (`spec.storageGrowth`,
-    /// from what the agents said of their volumes), and to what; said in the status.
-    fn autogrow(&mut self, size: &str) -> Option<String> {
+    /// from what the agents said of their volumes; `measured`: the members run one), and
+    /// to what; said in the status.
+    fn autogrow(&mut self, size: &str, measured: bool) -> Option<String> {
         let Some(rule) = self.db.spec.storage_growth.as_ref() else {
             self.plan.told.remove(ConditionType::StorageGrowth);
             return None;
         };
+        if !measured {
+            self.say(&[decide::not_measured(&self.db.spec.engine)]);
+            return None;
+        }
         let now = k8s_openapi::jiff::Timestamp::now();
         let grown = self.old.storage_growth.clone();
         let last = grown.as_ref().and_then(|g| g.last.parse().ok());

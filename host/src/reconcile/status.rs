@@ -150,6 +150,8 @@ words! {
         VolumesGrown,
         /// A member's volume passed the threshold with the volumes at their limit.
         StorageLimitReached,
+        /// `spec.storageGrowth` asks for growth the members cannot measure (no agent).
+        VolumesNotMeasured,
         /// Backups are configured and the latest succeeded.
         BackupsHealthy,
         /// Backups are misconfigured or the latest failed.

@@ -77,6 +77,12 @@ pub fn growth_rule(rule: &StorageGrowth) -> Note {
     Note::condition(ConditionType::StorageGrowth, true, Reason::VolumesCanGrow, message)
 }
 
+/// The condition when no member measures its volume (its engine's members run no agent).
+pub fn not_measured(engine: &str) -> Note {
+    let message = format!("the {engine} members run no agent to measure their volumes: they grow only with spec.storage");
+    Note::warn_once(ConditionType::StorageGrowth, false, Reason::VolumesNotMeasured, message, false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
