@@ -978,19 +978,19 @@ async fn volumes_past_the_threshold_grow_by_the_step_and_not_again_within_the_in
     result.expect("the pass");
     let claims: Vec<&Call> = calls.iter().filter(|c| c.line().contains("/persistentvolumeclaims/")).collect();
     assert_eq!(claims.len(), 3, "every member's claim: {:?}", lines(&calls));
-    assert!(claims.iter().all(|c| c.body["spec"]["resources"]["requests"]["storage"] == "2048Mi"), "{:?}", lines(&calls));
+    assert!(claims.iter().all(|c| c.body["spec"]["resources"]["requests"]["storage"] == "2Gi"), "{:?}", lines(&calls));
     let event = calls.iter().find(|c| c.body["reason"] == "VolumesGrown").expect("an Event");
     assert_eq!(event.body["type"], "Normal");
-    assert_eq!(event.body["note"], "orders-1's volume was 85 % full: every member's volume grows from 1024Mi to 2048Mi");
+    assert_eq!(event.body["note"], "orders-1's volume was 85 % full: every member's volume grows from 1Gi to 2Gi");
     let said = status(&api);
     let grown = said.storage_growth.clone().expect("status.storageGrowth");
-    assert_eq!((grown.size.as_str(), grown.count), ("2048Mi", 1));
+    assert_eq!((grown.size.as_str(), grown.count), ("2Gi", 1));
     let condition = said.conditions.iter().find(|c| c.type_ == "StorageGrowth").expect("StorageGrowth");
     assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "VolumesGrown"));
 
     // Grown, and still over the threshold: nothing more within the interval.
     let cluster: Vec<Value> =
-        cluster.into_iter().filter(|o| o["kind"] != "PersistentVolumeClaim").chain((0..3).map(|o| claim(o, "2048Mi"))).collect();
+        cluster.into_iter().filter(|o| o["kind"] != "PersistentVolumeClaim").chain((0..3).map(|o| claim(o, "2Gi"))).collect();
     let (result, again, api) = pass_over(&registry, &api.database(), &cluster, &server).await;
     result.expect("the next pass");
     assert!(again.iter().all(|c| !c.line().contains("/persistentvolumeclaims/")), "{:?}", lines(&again));

@@ -135,13 +135,13 @@ pub async fn spread_and_volume_growth(cluster: Arc<Cluster>) {
         .await
         .expect("grown");
     let grown = db.status.as_ref().and_then(|s| s.storage_growth.clone()).expect("status.storageGrowth");
-    assert_eq!((grown.size.as_str(), grown.count), ("2048Mi", 1));
+    assert_eq!((grown.size.as_str(), grown.count), ("2Gi", 1));
     let (status, reason, message) = condition(&db, "StorageGrowth").expect("StorageGrowth");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "VolumesGrown"));
-    assert!(message.contains("% full: every member's volume grows from 1024Mi to 2048Mi"), "{message}");
+    assert!(message.contains("% full: every member's volume grows from 1Gi to 2Gi"), "{message}");
     let deadline = tokio::time::Instant::now() + WAIT;
     for claim in ["data-spread-my-0", "data-spread-my-1", "data-spread-my-2"] {
-        while requested(&claims, claim).await != "2048Mi" {
+        while requested(&claims, claim).await != "2Gi" {
             assert!(tokio::time::Instant::now() < deadline, "{claim} was not grown");
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

@@ -33,9 +33,14 @@ pub fn step_bytes(step: &str, size: u64) -> Option<u64> {
     }
 }
 
-/// `bytes` as a quantity: whole MiB where it is (`12800Mi`), else bytes.
+/// `bytes` as a quantity, in the largest binary unit it is a whole number of (`2Gi`,
+/// `12800Mi`), as the API server writes it back; else in bytes.
 pub fn quantity(bytes: u64) -> String {
-    if bytes.is_multiple_of(1 << 20) { format!("{}Mi", bytes >> 20) } else { bytes.to_string() }
+    let units = [("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)];
+    match units.iter().find(|(_, shift)| bytes > 0 && bytes.is_multiple_of(1 << shift)) {
+        Some((unit, shift)) => format!("{}{unit}", bytes >> shift),
+        None => bytes.to_string(),
+    }
 }
 
 /// What `rule` asks for, the volumes being `size` bytes now (every claim has it: a growth
@@ -135,7 +140,7 @@ mod tests {
         let Autogrowth::Grow { note, .. } = autogrowth(&quarter, 10 * GI, &heard(&[("db-0", 40), ("db-1", 83)]), None, now) else {
             panic!("grows")
         };
-        assert_eq!(note.message, "db-1's volume was 83 % full: every member's volume grows from 10240Mi to 12800Mi");
+        assert_eq!(note.message, "db-1's volume was 83 % full: every member's volume grows from 10Gi to 12800Mi");
         assert_eq!(
             (note.condition, note.reason, note.event),
             (Some((ConditionType::StorageGrowth, true)), Reason::VolumesGrown, super::super::Event::Normal)
@@ -163,6 +168,7 @@ mod tests {
         assert_eq!(step_bytes("1%", 1), Some(1), "rounded up: a step always grows");
         assert_eq!(step_bytes("5Gi", 1), Some(5 * GI));
         assert_eq!([step_bytes("0%", 100), step_bytes("x%", 100), step_bytes("0", 100)], [None, None, None]);
-        assert_eq!((quantity(12_800 << 20), quantity(1_000_000_000)), ("12800Mi".to_string(), "1000000000".to_string()));
+        let quantities = [12_800 << 20, 2 << 30, 1_000_000_000, 1536].map(quantity);
+        assert_eq!(quantities, ["12800Mi", "2Gi", "1000000000", "1536"].map(String::from));
     }
 }
