@@ -143,6 +143,16 @@ pub fn screen(db: &Database, events: &[Event], leases: Option<&[Lease]>, now: Ti
             .collect();
         table(&mut out, ["MEMBER", "NODE", "ROLE", "READY", "POSITION", "LAG", "SAID"], &rows);
     }
+    let rule = db
+        .spec
+        .storage_growth
+        .as_ref()
+        .map(|g| format!("; grows on its own once {} % full, by {}, up to {}", g.threshold_percent, g.step, g.limit.0));
+    let grown = status.storage_growth.as_ref().map(|g| {
+        let times = if g.count == 1 { "once".to_string() } else { format!("{} times", g.count) };
+        format!("; grown to {} ({times}, last {})", g.size, ago(&g.last, now))
+    });
+    let _ = writeln!(out, "storage:  {} each{}{}", db.spec.storage.0, rule.unwrap_or_default(), grown.unwrap_or_default());
     let last = status.last_backup.as_ref().map(|b| {
         let when = b.completed.as_deref().map(|t| format!(", completed {}", ago(t, now))).unwrap_or_default();
         format!("{}{when}", b.name)
@@ -245,7 +255,7 @@ fn table<const N: usize>(out: &mut String, header: [&str; N], rows: &[[String; N
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{BackupRecord, DatabaseStatus, MemberStatus, Phase, Recoverable};
+    use crate::crd::{BackupRecord, DatabaseStatus, MemberStatus, Phase, Recoverable, StorageGrowthStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
     fn database() -> Database {
@@ -323,8 +333,14 @@ mod tests {
             event("FailoverPromoted", "promoted orders-1", "2026-11-28T09:59:00Z"),
             event("MemberDown", "orders-2: node lost", "2026-11-28T10:03:00Z"),
         ];
-        let screen = screen(&database(), &events, None, now);
+        let mut db = database();
+        db.spec.storage_growth = serde_json::from_value(serde_json::json!({"limit": "4Gi"})).expect("storageGrowth");
+        db.status.as_mut().expect("status").storage_growth =
+            Some(StorageGrowthStatus { size: "2Gi".into(), count: 1, last: "2026-11-28T10:02:00Z".into() });
+        let screen = screen(&db, &events, None, now);
         assert!(screen.starts_with("Database shop/orders: postgres 17, Degraded\n"), "{screen}");
+        let storage = "storage:  1Gi each; grows on its own once 80 % full, by 25%, up to 4Gi; grown to 2Gi (once, last 3m ago)";
+        assert!(screen.contains(storage), "{screen}");
         assert!(screen.contains("members:  2/3 ready, primary orders-1, rendered by postgres@0.2.0"), "{screen}");
         let lines: Vec<&str> = screen.lines().collect();
         let row = |pod: &str| lines.iter().find(|l| l.trim_start().starts_with(pod)).copied().unwrap_or_else(|| panic!("{pod}: {screen}"));
