@@ -100,21 +100,31 @@ enum Command {
         at: At,
     },
     /// Print a member's log: the primary's, or MEMBER's, from its engine's container
-    /// unless `--container` names another. (`kubectl plugdb logs DB`.)
+    /// unless `--container` names another; with `--all`, every member's, merged in time
+    /// order. (`kubectl plugdb logs DB`.)
     Logs {
         /// The Database.
         #[arg(value_name = "DATABASE")]
         name: String,
         /// The member (a pod, `orders-2`, or an ordinal, `2`); the primary when not given.
-        #[arg(short, long)]
+        #[arg(short, long, conflicts_with = "all")]
         member: Option<String>,
+        /// Every member's log, merged in time order, each line with its time and member.
+        #[arg(short, long)]
+        all: bool,
+        /// Only what was logged in the last DURATION (`90s`, `30m`, `1h`, `2d`).
+        #[arg(long, value_name = "DURATION", value_parser = cli::logs::seconds)]
+        since: Option<i64>,
+        /// Only warnings and errors (`warning`), or errors (`error`).
+        #[arg(long, value_name = "LEVEL")]
+        level: Option<cli::logs::Level>,
         /// The container (e.g. `agent`, `archive`); the engine's when not given.
         #[arg(short, long)]
         container: Option<String>,
         /// Keep printing as the log grows.
-        #[arg(short, long)]
+        #[arg(short, long, conflicts_with_all = ["all", "level"])]
         follow: bool,
-        /// Only the last N lines.
+        /// Only the last N lines (of each member).
         #[arg(long, value_name = "N")]
         tail: Option<i64>,
         /// The container's previous run (after a restart).
@@ -430,8 +440,8 @@ fn command() -> Result<()> {
             let args = runtime.block_on(cli::connect::kubectl_args(&at.target(), &name, &what, cli::connect::interactive()))?;
             std::process::exit(cli::connect::run(&args)?)
         }
-        Command::Logs { name, member, container, follow, tail, previous, at } => {
-            let what = cli::logs::Logs { member, container, follow, tail, previous };
+        Command::Logs { name, member, all, since, level, container, follow, tail, previous, at } => {
+            let what = cli::logs::Logs { member, all, container, follow, tail, since, level, previous };
             against_cluster(async { cli::logs::logs(&at.target(), &name, &what).await.map(|()| String::new()) })
         }
         Command::Plugins { operator_namespace, at } => {

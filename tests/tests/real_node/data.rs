@@ -73,6 +73,17 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     assert!(log.contains(ready), "the engine's log: {log}");
     let agent = plugdb(&cluster, &["logs", "copy", "--member", "0", "--container", "agent", "--tail", "5", "-n", &ns]).await;
     assert!(agent.lines().count() <= 5 && !agent.contains(ready), "the agent's log, its last lines: {agent}");
+    // Every member's engine log of the last hour, merged in time order, each line named.
+    let all = plugdb(&cluster, &["logs", "orders", "--all", "--since", "1h", "-n", &ns]).await;
+    let lines: Vec<(&str, &str)> = all.lines().filter_map(|l| l.split_once(' ')).collect();
+    assert!(lines.windows(2).all(|w| w[0].0 <= w[1].0), "in time order: {all}");
+    assert!(lines.iter().all(|(_, rest)| rest.starts_with("orders-")), "each line names its member: {all}");
+    assert!(all.contains(ready), "{all}");
+    let graver = plugdb(&cluster, &["logs", "orders", "--all", "--level", "warning", "-n", &ns]).await;
+    assert!(
+        graver.lines().all(|l| plugdb::cli::logs::level_of(l).is_some()) && !graver.contains(ready),
+        "warnings and errors only: {graver}"
+    );
     // `kubectl plugdb connect`: the engine's client in the primary, logged in, no password typed.
     let (query, says) = match engine {
         Engine::Postgres => ("SELECT count(*) || ' rows' FROM orders;\n", "1000 rows"),
