@@ -633,6 +633,9 @@ pub struct MemberStatus {
     /// minute, and the time moves when the answer changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heard: Option<String>,
+    /// How full its data volume is, as its agent last measured it (`21% of 10.0Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 /// Where a Database is in its life: `Pending` (waiting for its engine's plugin),

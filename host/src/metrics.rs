@@ -172,6 +172,8 @@ pub struct Metrics {
     pub reconcile_state_entries: Gauge,
     /// How far behind its primary each replica last said it was, while it knows.
     member_lag_seconds: Family<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// When each member's agent last answered the operator.
+    member_heard: Family<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Each Database's phase (1, the one it is in) and conditions (1 True, 0 False), its
     /// members, backups and what a restore reaches, as its status last said.
     databases: DatabaseSeries,
@@ -253,6 +255,12 @@ impl Default for Metrics {
             "How far behind its primary each replica said it was when its agent last answered (no series while it does not know)",
             member_lag_seconds.clone(),
         );
+        let member_heard = Family::<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "member_last_heard_timestamp_seconds",
+            "When each member's agent last answered the operator (Unix time)",
+            member_heard.clone(),
+        );
         let databases = DatabaseSeries::default();
         registry.register("database_phase", "Each Database's phase: 1 for the one it is in (state)", databases.phase.clone());
         registry.register(
@@ -309,21 +317,28 @@ impl Default for Metrics {
             api_requests,
             reconcile_state_entries,
             member_lag_seconds,
+            member_heard,
         }
     }
 }
 
 impl Metrics {
-    /// Sets the lag member `member` of Database `namespace/database` said it has; `None`
-    /// (it does not know, or it is gone) removes its series.
-    pub fn member_lag(&self, namespace: &str, database: &str, member: &str, lag: Option<std::time::Duration>) {
+    /// Says what member `member` of Database `namespace/database` said `at` (Unix
+    /// seconds), when its agent answered: its lag, while it knows one. `None` (it is
+    /// gone) removes its series.
+    pub fn member_said(&self, namespace: &str, database: &str, member: &str, said: Option<(Option<std::time::Duration>, f64)>) {
         let labels = MemberLabels { namespace: namespace.into(), database: database.into(), member: member.into() };
-        match lag {
-            Some(lag) => {
-                self.member_lag_seconds.get_or_create(&labels).set(lag.as_secs_f64());
+        match said {
+            Some((lag, at)) => {
+                self.member_heard.get_or_create(&labels).set(at);
+                match lag {
+                    Some(lag) => drop(self.member_lag_seconds.get_or_create(&labels).set(lag.as_secs_f64())),
+                    None => drop(self.member_lag_seconds.remove(&labels)),
+                }
             }
             None => {
                 self.member_lag_seconds.remove(&labels);
+                self.member_heard.remove(&labels);
             }
         }
     }
@@ -435,13 +450,18 @@ mod tests {
     use super::resource_of;
 
     #[test]
-    fn a_members_lag_is_a_series_while_it_is_known() {
+    fn a_members_lag_is_a_series_while_it_is_known_and_when_it_was_heard_while_it_is() {
         let metrics = super::Metrics::default();
-        metrics.member_lag("shop", "orders", "orders-1", Some(std::time::Duration::from_millis(2500)));
-        let series = r#"plugdb_member_lag_seconds{namespace="shop",database="orders",member="orders-1"} 2.5"#;
-        assert!(metrics.encode().contains(series), "{}", metrics.encode());
-        metrics.member_lag("shop", "orders", "orders-1", None);
-        assert!(!metrics.encode().contains("orders-1"), "gone once unknown");
+        metrics.member_said("shop", "orders", "orders-1", Some((Some(std::time::Duration::from_millis(2500)), 1_800_000_000.0)));
+        let labels = r#"{namespace="shop",database="orders",member="orders-1"}"#;
+        let (lag, heard) =
+            (format!("plugdb_member_lag_seconds{labels} 2.5"), format!("plugdb_member_last_heard_timestamp_seconds{labels} 1800000000.0"));
+        assert!(metrics.encode().contains(&lag) && metrics.encode().contains(&heard), "{}", metrics.encode());
+        metrics.member_said("shop", "orders", "orders-1", Some((None, 1_800_000_030.0)));
+        assert!(!metrics.encode().contains("plugdb_member_lag_seconds{"), "no lag once it does not know: {}", metrics.encode());
+        assert!(metrics.encode().contains(&format!("plugdb_member_last_heard_timestamp_seconds{labels} 1800000030.0")));
+        metrics.member_said("shop", "orders", "orders-1", None);
+        assert!(!metrics.encode().contains("orders-1"), "gone with the member");
     }
 
     /// A Database's series follow its status: the phase it is in alone, each condition

@@ -110,7 +110,7 @@ fn the_series_served_pass_promtool_check_metrics() {
     }
     let operator = plugdb::metrics::Metrics::default();
     operator.plugin_load("postgres", "loaded");
-    operator.member_lag("shop", "orders", "orders-1", Some(Duration::from_millis(2500)));
+    operator.member_said("shop", "orders", "orders-1", Some((Some(Duration::from_millis(2500)), 1_800_000_000.0)));
     let db: plugdb::crd::Database = serde_json::from_value(serde_json::json!({
         "apiVersion": "plugdb.io/v1alpha1", "kind": "Database",
         "metadata": {"name": "orders", "namespace": "shop"},

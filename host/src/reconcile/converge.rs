@@ -603,8 +603,9 @@ impl<'a> Pass<'a> {
         status.selector = Some(crate::names::selector_text(self.db));
         let members = status::members(&status.members, pass.members, status.primary.as_deref(), (&self.heard, now));
         let gone = status.members.iter().filter(|b| !members.iter().any(|m| m.pod == b.pod));
-        for (pod, lag) in gone.map(|b| (&b.pod, None)).chain(self.heard.iter().map(|(pod, said)| (pod, said.lag))) {
-            self.ctx.metrics.member_lag(&self.ns, &self.name, pod, lag);
+        let at = now.as_millisecond() as f64 / 1000.0;
+        for (pod, said) in gone.map(|b| (&b.pod, None)).chain(self.heard.iter().map(|(pod, said)| (pod, Some((said.lag, at))))) {
+            self.ctx.metrics.member_said(&self.ns, &self.name, pod, said);
         }
         status.members = members;
         let waited = status::not_ready_for(&status, now);

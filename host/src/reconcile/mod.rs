@@ -236,7 +236,7 @@ impl Context {
         let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
         self.agents.forget(db);
         for m in db.status.iter().flat_map(|s| &s.members) {
-            self.metrics.member_lag(&ns, &name, &m.pod, None);
+            self.metrics.member_said(&ns, &name, &m.pod, None);
         }
         self.metrics.database(db, None);
         self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);

@@ -476,7 +476,9 @@ pub fn members(
                 (position, lag, Some(same.unwrap_or_else(|| at.clone())))
             });
             let kept = || earlier.map(|b| (b.position.clone(), b.lag.clone(), b.heard.clone()));
-            let (position, lag, heard) = said.or_else(kept).unwrap_or_default();
+            let (position, lag, said_at) = said.or_else(kept).unwrap_or_default();
+            let measured = heard.iter().find(|(pod, _)| *pod == m.name).and_then(|(_, s)| s.volume.as_ref()).map(volume);
+            let volume = measured.or_else(|| earlier.and_then(|b| b.volume.clone()));
             MemberStatus {
                 pod: m.name.clone(),
                 node: m.node.clone(),
@@ -486,10 +488,23 @@ pub fn members(
                 down: m.down.as_deref().map(|d| crate::said::cut(d, 200).to_string()),
                 position,
                 lag,
-                heard,
+                heard: said_at,
+                volume,
             }
         })
         .collect()
+}
+
+/// A volume as status says it: how full, in whole percent, of its size (`21% of 10.0Gi`):
+/// it changes as the use passes a percent, not with every write.
+pub fn volume(v: &crate::agent::metrics::Volume) -> String {
+    let percent = v.used as u128 * 100 / v.size.max(1) as u128;
+    let size = v.size as f64;
+    let (value, unit) = [(1u64 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")]
+        .into_iter()
+        .find(|(scale, _)| v.size >= *scale)
+        .map_or((size, "B"), |(scale, unit)| (size / scale as f64, unit));
+    format!("{percent}% of {value:.1}{unit}")
 }
 
 /// A lag as status says it: `0s`, `2.5s`, `61.25s` (to the millisecond).

@@ -169,8 +169,12 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         let row = screen.lines().find(|l| l.trim_start().starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {screen}"));
         let role = if name == "orders-0" { "primary" } else { "replica" };
         assert!(row.contains(&nodes::node_of(pod)) && row.contains(role) && row.contains("yes"), "{row}");
-        let lag = db.status.iter().flat_map(|s| &s.members).find(|m| m.pod == name).and_then(|m| m.lag.clone());
+        let said = db.status.iter().flat_map(|s| &s.members).find(|m| m.pod == name);
+        let lag = said.and_then(|m| m.lag.clone());
         assert!(lag.is_none_or(|lag| row.contains(&lag)), "{row}");
+        // How full its data volume is, as its agent measured it.
+        let volume = said.and_then(|m| m.volume.clone()).unwrap_or_else(|| panic!("{name}: its volume in status.members"));
+        assert!(volume.contains("% of ") && row.ends_with(&volume), "{volume}: {row}");
     }
     let help = kubectl_plugdb(&cluster, &["status", "--help"]);
     assert!(help.contains("kubectl plugdb status"), "{help}");

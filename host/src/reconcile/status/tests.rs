@@ -54,6 +54,25 @@ fn members_say_their_node_role_readiness_and_last_position() {
     // Said again unchanged a minute on: nothing moves, so a steady Database writes nothing.
     let much_later = later + k8s_openapi::jiff::SignedDuration::from_secs(60);
     assert_eq!(super::members(&third, &observed[1..], Some("db-1"), (&caught_up, much_later)), third, "the same answer");
+
+    // With the volume its agent measured: how full, in whole percent, kept until said again.
+    let gi = 1u64 << 30;
+    let measured = |used: u64| crate::agent::Status {
+        volume: Some(crate::agent::metrics::Volume { size: 10 * gi, used }),
+        ..said("0/3000148", Some(0))
+    };
+    let fourth = super::members(&third, &observed[1..], Some("db-1"), (&[("db-2".to_string(), measured(2 * gi + 100))], much_later));
+    assert_eq!(fourth[1].volume.as_deref(), Some("20% of 10.0Gi"));
+    assert_eq!(fourth[1].heard, third[1].heard, "the same position and lag: said at the same time");
+    let a_byte_more = super::members(&fourth, &observed[1..], Some("db-1"), (&[("db-2".to_string(), measured(2 * gi + 101))], much_later));
+    assert_eq!(a_byte_more, fourth, "a write that does not pass a percent changes nothing");
+    assert_eq!(
+        super::members(&fourth, &observed[1..], Some("db-1"), (&[], much_later))[1].volume.as_deref(),
+        Some("20% of 10.0Gi"),
+        "kept"
+    );
+    let small = crate::agent::metrics::Volume { size: 512 << 10, used: 0 };
+    assert_eq!(super::volume(&small), "0% of 512.0Ki");
 }
 
 #[test]
