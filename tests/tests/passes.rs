@@ -57,7 +57,7 @@ async fn pass(registry: &Registry, db: &Database, objects: &[Value]) -> (Vec<Cal
 }
 
 /// The API server beyond the Database, and how the operator runs.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Server {
     /// (path, object): what a read of the path finds.
     served: Vec<(String, Value)>,
@@ -964,15 +964,7 @@ async fn volumes_past_the_threshold_grow_by_the_step_and_not_again_within_the_in
     // What each member's agent says: its status, then its data volume (bytes used of its size).
     let said = ["primary 0/5; echo volume 10 100", "replica 0/5 0; echo volume 85 100", "replica 0/5 0; echo volume 20 100"];
     let (db, mut cluster, server, _agents) = with_agents_of(&registry, spec, server, 130, [true; 3], said).await;
-    let claim = |ordinal: u32, size: &str| {
-        json!({
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": format!("data-orders-{ordinal}"), "namespace": "shop", "uid": format!("claim-{ordinal}"),
-                "labels": {"app.kubernetes.io/instance": "orders", "app.kubernetes.io/managed-by": "plugdb"}},
-            "spec": {"resources": {"requests": {"storage": size}}},
-            "status": {"phase": "Bound", "capacity": {"storage": size}},
-        })
-    };
+    let claim = bound_claim;
     cluster.extend((0..3).map(|o| claim(o, "1Gi")));
     let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
     result.expect("the pass");
@@ -995,6 +987,48 @@ async fn volumes_past_the_threshold_grow_by_the_step_and_not_again_within_the_in
     result.expect("the next pass");
     assert!(again.iter().all(|c| !c.line().contains("/persistentvolumeclaims/")), "{:?}", lines(&again));
     assert_eq!(status(&api).storage_growth, Some(grown), "as it was");
+}
+
+/// Member `ordinal`'s data claim, bound, with `size` asked for and had.
+fn bound_claim(ordinal: u32, size: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": format!("data-orders-{ordinal}"), "namespace": "shop", "uid": format!("claim-{ordinal}"),
+            "labels": {"app.kubernetes.io/instance": "orders", "app.kubernetes.io/managed-by": "plugdb"}},
+        "spec": {"resources": {"requests": {"storage": size}}},
+        "status": {"phase": "Bound", "capacity": {"storage": size}},
+    })
+}
+
+/// A volume past the threshold with every volume at `storageGrowth.limit` grows nothing:
+/// `StorageGrowth=False` and a Warning say so, once; a pass that asks no agent (they are
+/// asked every half minute) keeps saying it.
+#[tokio::test]
+async fn volumes_at_their_limit_are_said_once_and_a_pass_that_hears_nothing_keeps_it() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), poll: true, ..Server::default() };
+    let spec = json!({"replicas": 3, "storageGrowth": {"limit": "1Gi"}});
+    let said = ["primary 0/5; echo volume 95 100", "replica 0/5 0; echo volume 10 100", "replica 0/5 0; echo volume 10 100"];
+    let (db, mut cluster, server, _agents) = with_agents_of(&registry, spec, server, 150, [true; 3], said).await;
+    cluster.extend((0..3).map(|o| bound_claim(o, "1Gi")));
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    assert!(calls.iter().all(|c| !c.line().contains("/persistentvolumeclaims/")), "nothing grows: {:?}", lines(&calls));
+    let warning = calls.iter().find(|c| c.body["reason"] == "StorageLimitReached").expect("a Warning");
+    assert_eq!(warning.body["type"], "Warning");
+    let limited = |api: &MockApi| {
+        let c = status(api).conditions.into_iter().find(|c| c.type_ == "StorageGrowth").expect("StorageGrowth");
+        (c.status, c.reason)
+    };
+    assert_eq!(limited(&api), ("False".to_string(), "StorageLimitReached".to_string()));
+
+    let quiet = Server { poll: false, ..server.clone() };
+    let (result, again, api) = pass_over(&registry, &api.database(), &cluster, &quiet).await;
+    result.expect("a pass that asks no agent");
+    assert!(again.iter().all(|c| c.body["reason"] != "StorageLimitReached"), "said once: {:?}", lines(&again));
+    assert_eq!(limited(&api), ("False".to_string(), "StorageLimitReached".to_string()), "kept");
+    let (_, heard_again, _) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    assert!(heard_again.iter().all(|c| c.body["reason"] != "StorageLimitReached"), "still said once: {:?}", lines(&heard_again));
 }
 
 /// A Database of three members whose primary (member 0) has not been ready for an hour,

@@ -537,7 +537,11 @@ impl<'a> Pass<'a> {
         let bytes = crate::quantity::bytes(size)?;
         match decide::autogrowth(rule, bytes, &self.heard, last, now) {
             decide::Autogrowth::Wait => {
-                if !status::is_true(&self.old.conditions, ConditionType::StorageGrowth) {
+                // A pass that heard no volume (the agents are asked every half minute)
+                // keeps what the last one that did said.
+                let measured = self.heard.iter().any(|(_, said)| said.volume.is_some());
+                let said = self.old.conditions.iter().find(|c| c.type_ == ConditionType::StorageGrowth.as_str());
+                if said.is_none_or(|c| measured && c.status != "True") {
                     self.say(&[decide::growth_rule(rule)]);
                 }
                 None
