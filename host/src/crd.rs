@@ -10,11 +10,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+/// Longest Database name: pod names `<name>-<ordinal>` must stay valid label values.
+pub const MAX_NAME: usize = 52;
+/// The read-only Service's suffix.
+pub const REPLICAS: &str = "-replicas";
+/// The headless Service's suffix.
+pub const HEADLESS: &str = "-headless";
+/// The primary's PodDisruptionBudget's suffix.
+pub const PRIMARY_BUDGET: &str = "-primary";
+/// The suffixes children take after the Database's name where a child of the same kind
+/// is named as the Database alone (the read-write Service, the members' budget): a
+/// Database named `<other><suffix>` would share that child with Database `<other>`, so
+/// such names are refused when a Database is created.
+pub const SHARED_SUFFIXES: [&str; 3] = [REPLICAS, HEADLESS, PRIMARY_BUDGET];
+
 /// The rule refusing, when a Database is created, a name that ends in one of
-/// [`crate::names::SHARED_SUFFIXES`]: its children would share names with another
-/// Database's (an existing one keeps its name and children).
+/// [`SHARED_SUFFIXES`]: its children would share names with another Database's (an
+/// existing one keeps its name and children).
 fn shared_suffix_rule() -> kube::core::Rule {
-    let suffixes = crate::names::SHARED_SUFFIXES;
+    let suffixes = SHARED_SUFFIXES;
     let ends: Vec<String> = suffixes.iter().map(|s| format!("self.metadata.name.endsWith('{s}')")).collect();
     let message = format!(
         "metadata.name must not end in {}: another Database's children (its read-only and headless Services, its primary's disruption budget) are named so",
@@ -23,6 +37,15 @@ fn shared_suffix_rule() -> kube::core::Rule {
     kube::core::Rule::new(format!("oldSelf.hasValue() || !({})", ends.join(" || ")))
         .optional_old_self(true)
         .message(kube::core::Message::Message(message))
+}
+
+/// The rule refusing, when a Database is created, a name longer than [`MAX_NAME`].
+fn name_length_rule() -> kube::core::Rule {
+    kube::core::Rule::new(format!("oldSelf.hasValue() || size(self.metadata.name) <= {MAX_NAME}")).optional_old_self(true).message(
+        kube::core::Message::Message(format!(
+            "metadata.name must be at most {MAX_NAME} characters: member pod names <name>-<ordinal> must stay valid label values"
+        )),
+    )
 }
 
 /// A database cluster of one engine: `kubectl apply` it and plugdb builds and runs it.
@@ -45,9 +68,7 @@ fn shared_suffix_rule() -> kube::core::Rule {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     // Checked when a Database is created (an existing one keeps its name and children).
     validation = shared_suffix_rule(),
-    validation = Rule::new("oldSelf.hasValue() || size(self.metadata.name) <= 52")
-        .optional_old_self(true)
-        .message("metadata.name must be at most 52 characters: member pod names <name>-<ordinal> must stay valid label values")
+    validation = name_length_rule()
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName cannot be changed after creation"))]

@@ -60,20 +60,10 @@ pub const NAME_LABEL: &str = "app.kubernetes.io/name";
 pub const REVISION_LABEL: &str = "controller-revision-hash";
 /// Label naming who manages a child: [`MANAGER`].
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Longest Database name: pod names `<name>-<ordinal>` must stay valid label values.
-pub const MAX_NAME: usize = 52;
-
-/// The read-only Service's suffix.
-const REPLICAS: &str = "-replicas";
-/// The headless Service's suffix.
-const HEADLESS: &str = "-headless";
-/// The primary's PodDisruptionBudget's suffix.
-const PRIMARY_BUDGET: &str = "-primary";
-/// The suffixes children take after the Database's name where a child of the same kind
-/// is named as the Database alone (the read-write Service, the members' budget): a
-/// Database named `<other><suffix>` would share that child with Database `<other>`, so
-/// such names are refused when a Database is created.
-pub const SHARED_SUFFIXES: [&str; 3] = [REPLICAS, HEADLESS, PRIMARY_BUDGET];
+// The longest Database name, and the suffixes its children take where they could
+// collide with another Database's: admission's rules, kept with the CRD.
+use crate::crd::{HEADLESS, PRIMARY_BUDGET, REPLICAS};
+pub use crate::crd::{MAX_NAME, SHARED_SUFFIXES};
 
 /// Names of a Database's children.
 pub struct Names<'a>(pub &'a str);
