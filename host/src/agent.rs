@@ -155,7 +155,7 @@ pub const MAX_LAG: Duration = Duration::from_secs(86_400);
 /// The member's answer, `primary <position>` or `replica <position> [<lag>]` on one line,
 /// read as coming from anyone: a position is 1-128 printable characters without spaces;
 /// a lag, a replica's only, is seconds (`0`, `2.5`), at most [`MAX_LAG`]. The agent may
-/// add a line `volume <used> <size>` (bytes) of the member's data volume.
+/// add a line `volume <used> <size> [<bytes an hour>]` of the member's data volume (how fast it fills once it knows).
 pub fn parse(answer: &str) -> Result<Status, String> {
     let mut lines = answer.trim_end_matches(['\n', '\r']).split('\n');
     let line = lines.next().unwrap_or_default().trim_end_matches('\r');
@@ -184,23 +184,61 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     Ok(Status { primary, position: position.to_string(), lag, volume })
 }
 
-/// `volume <used> <size>`, in bytes, used no more than the size.
+/// `volume <used> <size> [<bytes an hour>]`, in bytes, used no more than the size.
 fn parse_volume(line: &str) -> Result<metrics::Volume, String> {
     let bytes = |s: &str| (s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<u64>().ok()).flatten();
-    let mut words = line.split(' ');
-    let volume = match (words.next(), words.next().and_then(bytes), words.next().and_then(bytes), words.next()) {
-        (Some("volume"), Some(used), Some(size), None) if used <= size => Some(metrics::Volume { size, used }),
+    let words: Vec<&str> = line.split(' ').collect();
+    let volume = match words[..] {
+        ["volume", used, size, ref rate @ ..] if rate.len() <= 1 => match (bytes(used), bytes(size), rate.first().map(|r| bytes(r))) {
+            (Some(used), Some(size), None) if used <= size => Some(metrics::Volume { size, used, per_hour: None }),
+            (Some(used), Some(size), Some(Some(per_hour))) if used <= size => {
+                Some(metrics::Volume { size, used, per_hour: Some(per_hour) })
+            }
+            _ => None,
+        },
         _ => None,
     };
-    volume.ok_or_else(|| format!("{:?} is not `volume <used> <size>`", crate::said::cut(line, 64)))
+    volume.ok_or_else(|| format!("{:?} is not `volume <used> <size> [<bytes an hour>]`", crate::said::cut(line, 64)))
+}
+
+/// How fast the data volume fills: its use at each status asked for (every half minute,
+/// when the operator asks) over the last [`FILLING_OVER`], and the bytes an hour between
+/// the first and the last once they are [`FILLING_AT_LEAST`] apart.
+#[derive(Debug, Default)]
+pub struct Filling(std::sync::Mutex<std::collections::VecDeque<(std::time::Instant, u64)>>);
+
+/// The span of the looks a filling rate is read over.
+pub const FILLING_OVER: Duration = Duration::from_secs(6 * 3600);
+/// The least span a filling rate is read over: a burst of writes is not a trend.
+pub const FILLING_AT_LEAST: Duration = Duration::from_secs(15 * 60);
+
+impl Filling {
+    /// Notes `used` at `now`; the bytes an hour the volume filled by since the first look
+    /// kept (0 when it did not), once the looks span long enough.
+    pub fn look(&self, now: std::time::Instant, used: u64) -> Option<u64> {
+        let mut looks = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while looks.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > FILLING_OVER) {
+            looks.pop_front();
+        }
+        // One look a minute at most is kept: a bounded history (360 looks) however often it is asked.
+        if looks.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= Duration::from_secs(60)) {
+            looks.push_back((now, used));
+        }
+        let (first, was) = *looks.front()?;
+        let span = now.saturating_duration_since(first);
+        (span >= FILLING_AT_LEAST).then(|| (used.saturating_sub(was) as f64 * 3600.0 / span.as_secs_f64()) as u64)
+    }
 }
 
 /// The status command's `out`, and the member's data volume at `data` as a line of its
 /// own when it can be measured (after the command's first line alone: the volume is
-/// the agent's word, not the command's).
-fn with_volume(out: String, data: Option<&Path>) -> String {
+/// the agent's word, not the command's), with how fast it fills once `filling` knows.
+fn with_volume(out: String, data: Option<&Path>, filling: &Filling) -> String {
     match data.and_then(metrics::volume) {
-        Some(v) => format!("{}\nvolume {} {}\n", out.lines().next().unwrap_or_default(), v.used, v.size),
+        Some(v) => {
+            let rate = filling.look(std::time::Instant::now(), v.used).map(|r| format!(" {r}")).unwrap_or_default();
+            format!("{}\nvolume {} {}{rate}\n", out.lines().next().unwrap_or_default(), v.used, v.size)
+        }
         None => out,
     }
 }
@@ -241,6 +279,8 @@ struct Agent {
     commands: Commands,
     /// Where the member's data volume is mounted, measured for each status asked.
     data: Option<PathBuf>,
+    /// How fast it fills.
+    filling: Filling,
     command: Semaphore,
     fenced: tokio::sync::Notify,
     /// How many times the fence command has succeeded (once: the engine takes no more writes).
@@ -254,6 +294,7 @@ impl Agent {
         Agent {
             commands,
             data,
+            filling: Filling::default(),
             command: Semaphore::new(1),
             fenced: tokio::sync::Notify::new(),
             fence_runs: Default::default(),
@@ -453,7 +494,7 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
     let fence = agent.commands.fence.as_ref();
     let (status, body) = match Request::parse(&head) {
         Some(Request::Status) => match agent.run(&agent.commands.status).await {
-            Ok(out) => ("200 OK", with_volume(out, agent.data.as_deref())),
+            Ok(out) => ("200 OK", with_volume(out, agent.data.as_deref(), &agent.filling)),
             Err(e) => ("503 Service Unavailable", e),
         },
         Some(Request::Fence) if fence.is_some() => {

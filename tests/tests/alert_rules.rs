@@ -103,7 +103,7 @@ fn the_series_served_pass_promtool_check_metrics() {
     let member =
         Member { namespace: "shop".into(), database: "orders".into(), engine: "postgres".into(), member: "orders-1".into(), data: None };
     let replica = parse("replica 0/3000148 2.5").expect("a status");
-    let volume = Some(Volume { size: 10 << 30, used: 1 << 30 });
+    let volume = Some(Volume { size: 10 << 30, used: 1 << 30, per_hour: None });
     for series in [encode(&member, Some(&replica), false, volume), encode(&member, None, true, None)] {
         let (ok, said) = promtool(&["check", "metrics"], Some(&series));
         assert!(ok && said.trim().is_empty(), "{said}\n{series}");

@@ -56,20 +56,23 @@ struct Labels {
     role: String,
 }
 
-/// The data volume's size and the bytes in use, as `statfs` says.
+/// The data volume's size and the bytes in use, as `statfs` says, and how fast it fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Volume {
     /// Its size.
     pub size: u64,
     /// What is used of it.
     pub used: u64,
+    /// The bytes an hour it filled by over the agent's last looks ([`super::Filling`]),
+    /// once they span long enough; 0 when it did not fill.
+    pub per_hour: Option<u64>,
 }
 
 /// The volume mounted at `path`, if it can be read.
 pub fn volume(path: &std::path::Path) -> Option<Volume> {
     let fs = rustix::fs::statvfs(path).ok()?;
     let size = fs.f_blocks.saturating_mul(fs.f_frsize);
-    Some(Volume { size, used: fs.f_blocks.saturating_sub(fs.f_bfree).saturating_mul(fs.f_frsize) })
+    Some(Volume { size, used: fs.f_blocks.saturating_sub(fs.f_bfree).saturating_mul(fs.f_frsize), per_hour: None })
 }
 
 /// The series of `member` at one look: what its status command said (`None`: no answer),

@@ -29,14 +29,18 @@ fn a_status_is_a_role_and_a_position_on_one_line() {
         assert!(parse(bad).is_err(), "{bad:?} is no status");
     }
     // The agent's line of the data volume, after the status.
-    let measured = Some(metrics::Volume { size: 10_737_418_240, used: 8_589_934_592 });
+    let measured = Some(metrics::Volume { size: 10_737_418_240, used: 8_589_934_592, per_hour: None });
     assert_eq!(parse("primary 0/5\nvolume 8589934592 10737418240\n").map(|s| s.volume), Ok(measured));
+    let filling = measured.map(|v| metrics::Volume { per_hour: Some(1 << 30), ..v });
+    assert_eq!(parse("primary 0/5\nvolume 8589934592 10737418240 1073741824\n").map(|s| s.volume), Ok(filling));
     for bad in [
         "primary 0/5\nvolume 2 1",
         "primary 0/5\nvolume 1",
         "primary 0/5\nvolume -1 2",
         "primary 0/5\nsize 1 2",
         "primary 0/5\nvolume 1 2\nvolume 1 2",
+        "primary 0/5\nvolume 1 2 -3",
+        "primary 0/5\nvolume 1 2 3 4",
     ] {
         assert!(parse(bad).is_err(), "{bad:?} is no status and volume");
     }
@@ -485,6 +489,25 @@ async fn the_members_series_are_served_to_a_scraper() {
     let answer = answers(transport, &status, &[super::tests::member("db-0")]).await.remove(0).expect("the operator is answered");
     let volume = parse(&answer).expect("a status").volume.expect("with the volume");
     assert!(volume.used > 0 && volume.used <= volume.size, "{volume:?}");
+}
+
+/// The filling rate is read over at least a quarter of an hour of looks (a burst of
+/// writes is no trend), from one look a minute at most, over the last six hours.
+#[test]
+fn a_volume_fills_at_the_rate_its_looks_span() {
+    let filling = Filling::default();
+    let start = std::time::Instant::now();
+    let at = |minutes: u64| start + Duration::from_secs(60 * minutes);
+    assert_eq!(filling.look(at(0), 1 << 30), None, "one look");
+    assert_eq!(filling.look(at(10), 2 << 30), None, "ten minutes: not yet");
+    assert_eq!(filling.look(at(30), 2 << 30), Some(2 << 30), "a GiB in half an hour");
+    assert_eq!(filling.look(at(60), 1 << 30), Some(0), "emptied again: not filling");
+    let later = Filling::default();
+    for minute in 0..=420 {
+        later.look(at(minute), minute << 20);
+    }
+    assert_eq!(later.0.lock().expect("looks").len(), 361, "six hours of looks a minute apart, no more");
+    assert_eq!(later.look(at(420), 420 << 20), Some(60 << 20), "a MiB a minute");
 }
 
 /// A scrape and the operator's commands never wait for each other (a fence is not held

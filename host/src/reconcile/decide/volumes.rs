@@ -43,21 +43,45 @@ pub fn quantity(bytes: u64) -> String {
     }
 }
 
+/// How long before a volume over half full fills at the rate it fills at ([`FILLS_WITHIN`]
+/// or sooner) makes it grow now, below the threshold.
+pub const FILLS_WITHIN: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// What `rule` asks for, the volumes being `size` bytes now (every claim has it: a growth
 /// the storage provider has not finished is waited for before this is asked), the members
-/// having said `heard`, the last growth `last`.
+/// having said `heard`, the last growth `last`: a volume past the threshold, or one over
+/// half full that fills within [`FILLS_WITHIN`] at the rate its agent measured, grows
+/// them all.
 pub fn autogrowth(rule: &StorageGrowth, size: u64, heard: &[(String, Status)], last: Option<Timestamp>, now: Timestamp) -> Autogrowth {
     let percent = |v: &crate::agent::metrics::Volume| (v.used as u128 * 100 / v.size.max(1) as u128) as u64;
-    let fullest = heard.iter().filter_map(|(pod, s)| Some((pod, percent(s.volume.as_ref()?)))).max_by_key(|(_, p)| *p);
+    let hours_left = |v: &crate::agent::metrics::Volume| {
+        let rate = v.per_hour.filter(|r| *r > 0)?;
+        Some(v.size.saturating_sub(v.used) as f64 / rate as f64).filter(|h| *h * 3600.0 < FILLS_WITHIN.as_secs_f64())
+    };
+    let measured: Vec<(&String, u64, Option<f64>)> =
+        heard.iter().filter_map(|(pod, s)| s.volume.as_ref().map(|v| (pod, percent(v), hours_left(v)))).collect();
     let threshold = rule.threshold_percent;
-    let Some((pod, full)) = fullest.filter(|(_, p)| *p >= threshold.max(1) as u64) else { return Autogrowth::Wait };
+    let fullest = measured.iter().filter(|(_, p, _)| *p >= threshold.max(1) as u64).max_by_key(|(_, p, _)| *p);
+    let filling = || {
+        let soon = measured.iter().filter(|(_, p, _)| *p >= 50).filter_map(|(pod, p, h)| Some((pod, p, (*h)?)));
+        soon.min_by(|a, b| a.2.total_cmp(&b.2))
+    };
+    // Why, and the same in words that stay the same from one look to the next.
+    let (pod, why, steady) = match (fullest, filling()) {
+        (Some((pod, full, _)), _) => (pod, format!("was {full} % full"), format!("passed {threshold} % full")),
+        (None, Some((pod, full, hours))) => {
+            let why = format!("was {full} % full and would be full within {} h at the rate it fills", hours.ceil());
+            (pod, why, "would be full within a day".to_string())
+        }
+        (None, None) => return Autogrowth::Wait,
+    };
     let limit = crate::quantity::bytes(&rule.limit.0).unwrap_or(size);
     let wanted = size.saturating_add(step_bytes(&rule.step, size).unwrap_or(0)).min(limit);
     // Whole MiB where that still grows the volume.
     let to = Some(wanted >> 20 << 20).filter(|to| *to > size).unwrap_or(wanted);
     if to <= size {
         let message = format!(
-            "{pod}'s volume passed {threshold} % full with every volume at the limit {}: nothing more grows; raise storageGrowth.limit or free space",
+            "{pod}'s volume {steady} with every volume at the limit {}: nothing more grows; raise storageGrowth.limit or free space",
             rule.limit.0
         );
         return Autogrowth::AtLimit(Note::warn_once(ConditionType::StorageGrowth, false, Reason::StorageLimitReached, message, true));
@@ -66,7 +90,7 @@ pub fn autogrowth(rule: &StorageGrowth, size: u64, heard: &[(String, Status)], l
     if last.is_some_and(|t| t <= now && now.duration_since(t).unsigned_abs() < interval) {
         return Autogrowth::Wait;
     }
-    let message = format!("{pod}'s volume was {full} % full: every member's volume grows from {} to {}", quantity(size), quantity(to));
+    let message = format!("{pod}'s volume {why}: every member's volume grows from {} to {}", quantity(size), quantity(to));
     let note =
         Note { condition: Some((ConditionType::StorageGrowth, true)), reason: Reason::VolumesGrown, message, event: super::Event::Normal };
     Autogrowth::Grow { to, note }
@@ -101,13 +125,21 @@ mod tests {
     }
 
     fn heard(used_percent: &[(&str, u64)]) -> Vec<(String, Status)> {
-        let said = |percent: u64| Status {
+        filling(&used_percent.iter().map(|(pod, p)| (*pod, *p, None)).collect::<Vec<_>>())
+    }
+
+    /// A member, how full its volume is in percent, and how many GiB an hour it fills by.
+    type Fills<'a> = (&'a str, u64, Option<u64>);
+
+    /// Members' volumes of 100 GiB, each this full in percent and filling by so many GiB an hour.
+    fn filling(used: &[Fills]) -> Vec<(String, Status)> {
+        let said = |percent: u64, per_hour: Option<u64>| Status {
             primary: false,
             position: "0/1".into(),
             lag: None,
-            volume: Some(Volume { size: 100 * GI, used: percent * GI }),
+            volume: Some(Volume { size: 100 * GI, used: percent * GI, per_hour: per_hour.map(|g| g * GI) }),
         };
-        used_percent.iter().map(|(pod, p)| (pod.to_string(), said(*p))).collect()
+        used.iter().map(|(pod, p, rate)| (pod.to_string(), said(*p, *rate))).collect()
     }
 
     /// (what, rule, size now, members' use in percent, the size grown to)
@@ -148,6 +180,41 @@ mod tests {
         let Autogrowth::AtLimit(note) = autogrowth(&five, 12 * GI, &heard(&[("db-0", 95)]), None, now) else { panic!("at the limit") };
         assert_eq!((note.condition, note.reason), (Some((ConditionType::StorageGrowth, false)), Reason::StorageLimitReached));
         assert!(note.message.starts_with("db-0's volume passed 80 % full with every volume at the limit 12Gi"), "{}", note.message);
+    }
+
+    /// Below the threshold, a volume over half full that fills within a day at the rate
+    /// its agent measured grows them all now.
+    #[test]
+    fn a_volume_that_would_fill_within_a_day_grows_before_the_threshold() {
+        let now: Timestamp = "2026-12-03T08:00:00Z".parse().expect("a time");
+        let quarter = rule("25%", "100Gi");
+        // (what, members: use in percent and GiB an hour, grows)
+        let rows: [(&str, &[Fills], bool); 5] = [
+            ("60 % full, 40 GiB left at 2 GiB/h: full in 20 h", &[("db-0", 60, Some(2))], true),
+            ("60 % full at 1 GiB/h: 40 h", &[("db-0", 60, Some(1))], false),
+            ("40 % full at 10 GiB/h: under half full", &[("db-0", 40, Some(10))], false),
+            ("not filling", &[("db-0", 70, Some(0))], false),
+            ("no rate known yet", &[("db-0", 70, None)], false),
+        ];
+        for (what, members, grows) in rows {
+            let decision = autogrowth(&quarter, 10 * GI, &filling(members), None, now);
+            assert_eq!(grown_to(&decision).is_some(), grows, "{what}: {decision:?}");
+        }
+        let Autogrowth::Grow { note, .. } = autogrowth(&quarter, 10 * GI, &filling(&[("db-1", 60, Some(2))]), None, now) else {
+            panic!("grows")
+        };
+        assert_eq!(
+            note.message,
+            "db-1's volume was 60 % full and would be full within 20 h at the rate it fills: every member's volume grows from 10Gi to 12800Mi"
+        );
+        let Autogrowth::AtLimit(note) = autogrowth(&rule("5Gi", "10Gi"), 10 * GI, &filling(&[("db-1", 60, Some(2))]), None, now) else {
+            panic!("at the limit")
+        };
+        assert!(
+            note.message.starts_with("db-1's volume would be full within a day with every volume at the limit 10Gi"),
+            "{}",
+            note.message
+        );
     }
 
     #[test]

@@ -58,7 +58,7 @@ fn members_say_their_node_role_readiness_and_last_position() {
     // With the volume its agent measured: how full, in whole percent, kept until said again.
     let gi = 1u64 << 30;
     let measured = |used: u64| crate::agent::Status {
-        volume: Some(crate::agent::metrics::Volume { size: 10 * gi, used }),
+        volume: Some(crate::agent::metrics::Volume { size: 10 * gi, used, per_hour: None }),
         ..said("0/3000148", Some(0))
     };
     let fourth = super::members(&third, &observed[1..], Some("db-1"), (&[("db-2".to_string(), measured(2 * gi + 100))], much_later));
@@ -71,7 +71,7 @@ fn members_say_their_node_role_readiness_and_last_position() {
         Some("20% of 10.0Gi"),
         "kept"
     );
-    let small = crate::agent::metrics::Volume { size: 512 << 10, used: 0 };
+    let small = crate::agent::metrics::Volume { size: 512 << 10, used: 0, per_hour: None };
     assert_eq!(super::volume(&small), "0% of 512.0Ki");
 }
 
