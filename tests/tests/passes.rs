@@ -989,6 +989,27 @@ async fn volumes_past_the_threshold_grow_by_the_step_and_not_again_within_the_in
     assert_eq!(status(&api).storage_growth, Some(grown), "as it was");
 }
 
+/// Below the threshold, a volume over half full that its agent says fills fast enough to
+/// be full within a day grows every member's claim now.
+#[tokio::test]
+async fn a_volume_that_would_fill_within_a_day_grows_them_all_early() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), poll: true, ..Server::default() };
+    let spec = json!({"replicas": 3, "storageGrowth": {"thresholdPercent": 90, "step": "1Gi", "limit": "3Gi"}});
+    // Member 2: 60 bytes of 100 used, filling by 20 bytes an hour: full in 2 h.
+    let said = ["primary 0/5; echo volume 10 100 0", "replica 0/5 0; echo volume 20 100", "replica 0/5 0; echo volume 60 100 20"];
+    let (db, mut cluster, server, _agents) = with_agents_of(&registry, spec, server, 170, [true; 3], said).await;
+    cluster.extend((0..3).map(|o| bound_claim(o, "1Gi")));
+    let (result, calls, _) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let grown = calls.iter().filter(|c| c.line().contains("/persistentvolumeclaims/")).count();
+    assert_eq!(grown, 3, "{:?}", lines(&calls));
+    let event = calls.iter().find(|c| c.body["reason"] == "VolumesGrown").expect("an Event");
+    let note =
+        "orders-2's volume was 60 % full and would be full within 2 h at the rate it fills: every member's volume grows from 1Gi to 2Gi";
+    assert_eq!(event.body["note"], note);
+}
+
 /// Member `ordinal`'s data claim, bound, with `size` asked for and had.
 fn bound_claim(ordinal: u32, size: &str) -> Value {
     json!({
