@@ -201,39 +201,10 @@ fn parse_volume(line: &str) -> Result<metrics::Volume, String> {
     volume.ok_or_else(|| format!("{:?} is not `volume <used> <size> [<bytes an hour>]`", crate::said::cut(line, 64)))
 }
 
-/// How fast the data volume fills: its use at each status asked for (every half minute,
-/// when the operator asks) over the last [`FILLING_OVER`], and the bytes an hour between
-/// the first and the last once they are [`FILLING_AT_LEAST`] apart.
-#[derive(Debug, Default)]
-pub struct Filling(std::sync::Mutex<std::collections::VecDeque<(std::time::Instant, u64)>>);
-
-/// The span of the looks a filling rate is read over.
-pub const FILLING_OVER: Duration = Duration::from_secs(6 * 3600);
-/// The least span a filling rate is read over: a burst of writes is not a trend.
-pub const FILLING_AT_LEAST: Duration = Duration::from_secs(15 * 60);
-
-impl Filling {
-    /// Notes `used` at `now`; the bytes an hour the volume filled by since the first look
-    /// kept (0 when it did not), once the looks span long enough.
-    pub fn look(&self, now: std::time::Instant, used: u64) -> Option<u64> {
-        let mut looks = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        while looks.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > FILLING_OVER) {
-            looks.pop_front();
-        }
-        // One look a minute at most is kept: a bounded history (360 looks) however often it is asked.
-        if looks.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= Duration::from_secs(60)) {
-            looks.push_back((now, used));
-        }
-        let (first, was) = *looks.front()?;
-        let span = now.saturating_duration_since(first);
-        (span >= FILLING_AT_LEAST).then(|| (used.saturating_sub(was) as f64 * 3600.0 / span.as_secs_f64()) as u64)
-    }
-}
-
 /// The status command's `out`, and the member's data volume at `data` as a line of its
 /// own when it can be measured (after the command's first line alone: the volume is
 /// the agent's word, not the command's), with how fast it fills once `filling` knows.
-fn with_volume(out: String, data: Option<&Path>, filling: &Filling) -> String {
+fn with_volume(out: String, data: Option<&Path>, filling: &metrics::Filling) -> String {
     match data.and_then(metrics::volume) {
         Some(v) => {
             let rate = filling.look(std::time::Instant::now(), v.used).map(|r| format!(" {r}")).unwrap_or_default();
@@ -280,7 +251,7 @@ struct Agent {
     /// Where the member's data volume is mounted, measured for each status asked.
     data: Option<PathBuf>,
     /// How fast it fills.
-    filling: Filling,
+    filling: metrics::Filling,
     command: Semaphore,
     fenced: tokio::sync::Notify,
     /// How many times the fence command has succeeded (once: the engine takes no more writes).
@@ -294,7 +265,7 @@ impl Agent {
         Agent {
             commands,
             data,
-            filling: Filling::default(),
+            filling: metrics::Filling::default(),
             command: Semaphore::new(1),
             fenced: tokio::sync::Notify::new(),
             fence_runs: Default::default(),

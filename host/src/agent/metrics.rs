@@ -63,7 +63,7 @@ pub struct Volume {
     pub size: u64,
     /// What is used of it.
     pub used: u64,
-    /// The bytes an hour it filled by over the agent's last looks ([`super::Filling`]),
+    /// The bytes an hour it filled by over the agent's last looks ([`Filling`]),
     /// once they span long enough; 0 when it did not fill.
     pub per_hour: Option<u64>,
 }
@@ -73,6 +73,35 @@ pub fn volume(path: &std::path::Path) -> Option<Volume> {
     let fs = rustix::fs::statvfs(path).ok()?;
     let size = fs.f_blocks.saturating_mul(fs.f_frsize);
     Some(Volume { size, used: fs.f_blocks.saturating_sub(fs.f_bfree).saturating_mul(fs.f_frsize), per_hour: None })
+}
+
+/// How fast the data volume fills: its use at each status asked for (every half minute,
+/// when the operator asks) over the last [`FILLING_OVER`], and the bytes an hour between
+/// the first and the last once they are [`FILLING_AT_LEAST`] apart.
+#[derive(Debug, Default)]
+pub struct Filling(pub(super) std::sync::Mutex<std::collections::VecDeque<(std::time::Instant, u64)>>);
+
+/// The span of the looks a filling rate is read over.
+pub const FILLING_OVER: Duration = Duration::from_secs(6 * 3600);
+/// The least span a filling rate is read over: a burst of writes is not a trend.
+pub const FILLING_AT_LEAST: Duration = Duration::from_secs(15 * 60);
+
+impl Filling {
+    /// Notes `used` at `now`; the bytes an hour the volume filled by since the first look
+    /// kept (0 when it did not), once the looks span long enough.
+    pub fn look(&self, now: std::time::Instant, used: u64) -> Option<u64> {
+        let mut looks = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while looks.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > FILLING_OVER) {
+            looks.pop_front();
+        }
+        // One look a minute at most is kept: a bounded history (360 looks) however often it is asked.
+        if looks.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= Duration::from_secs(60)) {
+            looks.push_back((now, used));
+        }
+        let (first, was) = *looks.front()?;
+        let span = now.saturating_duration_since(first);
+        (span >= FILLING_AT_LEAST).then(|| (used.saturating_sub(was) as f64 * 3600.0 / span.as_secs_f64()) as u64)
+    }
 }
 
 /// The series of `member` at one look: what its status command said (`None`: no answer),

@@ -495,14 +495,14 @@ async fn the_members_series_are_served_to_a_scraper() {
 /// writes is no trend), from one look a minute at most, over the last six hours.
 #[test]
 fn a_volume_fills_at_the_rate_its_looks_span() {
-    let filling = Filling::default();
+    let filling = metrics::Filling::default();
     let start = std::time::Instant::now();
     let at = |minutes: u64| start + Duration::from_secs(60 * minutes);
     assert_eq!(filling.look(at(0), 1 << 30), None, "one look");
     assert_eq!(filling.look(at(10), 2 << 30), None, "ten minutes: not yet");
     assert_eq!(filling.look(at(30), 2 << 30), Some(2 << 30), "a GiB in half an hour");
     assert_eq!(filling.look(at(60), 1 << 30), Some(0), "emptied again: not filling");
-    let later = Filling::default();
+    let later = metrics::Filling::default();
     for minute in 0..=420 {
         later.look(at(minute), minute << 20);
     }
