@@ -551,6 +551,8 @@ async fn watch(agent: Arc<Agent>) {
     }
     // The start of the last look that reached the control plane or another member.
     let (mut reached, mut fenced_at) = (tokio::time::Instant::now(), None::<tokio::time::Instant>);
+    // The other members' addresses as the cluster's DNS last listed them.
+    let mut listed = Vec::new();
     let mut cut_off_fence = false;
     loop {
         let wait = if agent.is_fenced() {
@@ -578,7 +580,7 @@ async fn watch(agent: Arc<Agent>) {
             let look = tokio::time::Instant::now();
             let cut_off = match &fence.control_plane {
                 Some(address) => {
-                    let (control_plane, member) = tokio::join!(reachable(address), any_member_reachable(fence));
+                    let (control_plane, member) = tokio::join!(reachable(address), any_member_reachable(fence, &mut listed));
                     !control_plane && !member
                 }
                 None => false,
@@ -615,17 +617,22 @@ async fn reachable(address: &str) -> bool {
     matches!(tokio::time::timeout(LOOK_TIMEOUT, tokio::net::TcpStream::connect(address)).await, Ok(Ok(_)))
 }
 
-/// Whether another member's agent is reachable. The cluster's DNS not answering counts
-/// as none (it lives with the control plane); a member with no other (one member, or
-/// the only one listed) is never cut off from them.
-async fn any_member_reachable(fence: &Fence) -> bool {
+/// Whether another member's agent is reachable, at the addresses the cluster's DNS lists
+/// now, or, when it does not answer (it lives with the control plane, and a busy one is
+/// slow), at those it listed last (`known`, kept up to date): a member that never heard
+/// of another counts none reachable. A member with no other (one member, or the only one
+/// listed) is never cut off from them.
+async fn any_member_reachable(fence: &Fence, known: &mut Vec<std::net::SocketAddr>) -> bool {
     let listed = tokio::time::timeout(LOOK_TIMEOUT, tokio::net::lookup_host((fence.members.as_str(), PORT))).await;
-    let Ok(Ok(addresses)) = listed else { return false };
-    let others: Vec<std::net::SocketAddr> = addresses.filter(|a| Some(a.ip()) != fence.own).collect();
-    if others.is_empty() {
+    match listed {
+        Ok(Ok(addresses)) => *known = addresses.filter(|a| Some(a.ip()) != fence.own).collect(),
+        _ if known.is_empty() => return false,
+        _ => {}
+    }
+    if known.is_empty() {
         return true;
     }
-    let tries = others.iter().map(|a| tokio::time::timeout(LOOK_TIMEOUT, tokio::net::TcpStream::connect(*a)));
+    let tries = known.iter().map(|a| tokio::time::timeout(LOOK_TIMEOUT, tokio::net::TcpStream::connect(*a)));
     futures::future::join_all(tries).await.iter().any(|r| matches!(r, Ok(Ok(_))))
 }
 
@@ -639,7 +646,9 @@ pub fn ready(mark: &Path) -> Result<(), String> {
 }
 
 /// What `argv` prints, when it exits 0 within `timeout` with at most [`MAX_OUTPUT`]
-/// bytes of UTF-8; otherwise why not, with the end of what it said.
+/// bytes of UTF-8; otherwise why not, with the end of what it said. The command runs in
+/// a process group of its own, killed whole once it is done or out of time: a client it
+/// started (a shell's) does not outlive it, holding a connection to the engine.
 pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Result<String, String> {
     let (program, args) = argv.split_first().ok_or("no command")?;
     let mut child = tokio::process::Command::new(program)
@@ -648,9 +657,11 @@ pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Re
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("{program}: {e}"))?;
+    let _group = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32)).map(Group);
     let mut stdout = child.stdout.take().ok_or("no stdout")?.take(MAX_OUTPUT as u64 + 1);
     let mut stderr = child.stderr.take().ok_or("no stderr")?.take(MAX_OUTPUT as u64);
     let finished = async {
@@ -672,6 +683,15 @@ pub async fn run(argv: &[String], env: &[(&str, &str)], timeout: Duration) -> Re
         return Err(format!("the command failed ({status}): {}", said()));
     }
     String::from_utf8(out).map_err(|_| "the command printed something other than UTF-8".into())
+}
+
+/// A command's process group, killed when dropped (whatever of it still runs).
+struct Group(rustix::process::Pid);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process_group(self.0, rustix::process::Signal::KILL);
+    }
 }
 
 pub mod guard;

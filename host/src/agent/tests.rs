@@ -59,6 +59,31 @@ async fn the_status_command_is_bounded_in_time_and_output() {
     assert!(chatty.contains("more than"), "{chatty}");
 }
 
+/// What a status command's shell started (a client waiting on a locked server) ends with
+/// it, in time or not: a client left behind would hold one of the engine's connections.
+#[tokio::test]
+async fn what_a_command_started_does_not_outlive_it() {
+    let dir = std::env::temp_dir().join(format!("plugdb-agent-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let started = |file: &str| {
+        let pid: i32 = std::fs::read_to_string(dir.join(file)).expect("the pid written").trim().parse().expect("a pid");
+        rustix::process::Pid::from_raw(pid).expect("a pid")
+    };
+    // Alive is a process that can be signalled and is not a zombie waiting to be reaped.
+    let alive = |pid: rustix::process::Pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).unwrap_or_default();
+        rustix::process::test_kill_process(pid).is_ok() && !stat.rsplit(')').next().unwrap_or_default().trim_start().starts_with('Z')
+    };
+    let script = |file: &str, then: &str| sh(&format!("sleep 30 >/dev/null 2>&1 & echo $! > {}; {then}", dir.join(file).display()));
+    let slow = run(&script("timed-out", "wait"), &[], Duration::from_millis(500)).await;
+    assert!(slow.is_err_and(|e| e.contains("longer than")));
+    let done = run(&script("done", "echo primary 0/1"), &[], COMMAND_TIMEOUT).await;
+    assert_eq!(done, Ok("primary 0/1\n".into()));
+    let gone = within(Duration::from_secs(5), || !alive(started("timed-out")) && !alive(started("done"))).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(gone, "the sleeps the commands started were killed with them");
+}
+
 /// Certificates of one Database's authority, on disk as the agent's volume holds them,
 /// the operator's identity (PEM certificate and key, from an authority of its own), and
 /// what else holds a certificate: the agent's own and the Database's serving certificate
@@ -129,6 +154,22 @@ fn fence_in(dir: &Path, control_plane: Option<String>) -> Fence {
         control_plane,
         cut_off_after: Duration::from_secs(1),
     }
+}
+
+/// The cluster's DNS out of reach (busy, or gone with the control plane): the members it
+/// listed last are looked at instead, and only a member that never heard of another, or
+/// reaches none of those it heard of, counts as cut off from them.
+#[tokio::test]
+async fn a_member_whose_dns_does_not_answer_looks_at_the_members_it_knew() {
+    let dir = std::env::temp_dir().join(format!("plugdb-agent-dns-{}", std::process::id()));
+    let fence = fence_in(&dir, None);
+    let other = std::net::TcpListener::bind("127.0.0.1:0").expect("a member's port");
+    let mut known = Vec::new();
+    assert!(!any_member_reachable(&fence, &mut known).await, "never heard of another member");
+    known.push(other.local_addr().expect("its address"));
+    assert!(any_member_reachable(&fence, &mut known).await, "the member it heard of answers");
+    drop(other);
+    assert!(!any_member_reachable(&fence, &mut known).await, "the member it heard of is gone too");
 }
 
 /// Whether `check` holds within `within`.

@@ -22,6 +22,9 @@ fn verbatim(text: &str) -> String {
     text.replace('$', "$$")
 }
 
+/// The agent's CPU, requested and at most.
+pub const AGENT_CPU: (&str, &str) = ("50m", "500m");
+
 /// What a member needs for its agent, beside `engine` (the engine's container): the init
 /// container that copies this binary out of the operator's image, the agent's container
 /// (the engine's image, environment and files, and its data volume read-only, which it
@@ -43,8 +46,8 @@ pub fn containers(
 ) -> (Container, Container, Vec<Volume>) {
     let binary = format!("{BIN_DIR}/plugdb");
     let quantity = |q: &str| Quantity(q.into());
-    let bounded = |cpu: &str, memory: &str| ResourceRequirements {
-        requests: Some(BTreeMap::from([("cpu".into(), quantity("10m")), ("memory".into(), quantity("16Mi"))])),
+    let bounded = |(request, cpu): (&str, &str), memory: &str| ResourceRequirements {
+        requests: Some(BTreeMap::from([("cpu".into(), quantity(request)), ("memory".into(), quantity("16Mi"))])),
         limits: Some(BTreeMap::from([("cpu".into(), quantity(cpu)), ("memory".into(), quantity(memory))])),
         ..Default::default()
     };
@@ -53,7 +56,7 @@ pub fn containers(
         image: Some(sidecar.image.into()),
         command: Some(vec![crate::names::OPERATOR_BINARY.into(), "agent".into(), "install".into(), binary.clone()]),
         volume_mounts: Some(vec![pod::mount("agent-bin", BIN_DIR, false)]),
-        resources: Some(bounded("500m", "128Mi")),
+        resources: Some(bounded(("10m", "500m"), "128Mi")),
         security_context: Some(pod::container_security(Some(true))),
         ..Default::default()
     };
@@ -132,7 +135,10 @@ pub fn containers(
                 .to_vec(),
         ),
         volume_mounts: Some(mounts),
-        resources: Some(bounded("200m", "64Mi")),
+        // Its answers decide a failover, and its commands (the engine's client) run in its
+        // share of the CPU: under a busy engine, a share of 10m made a status command
+        // outlast its 1.5 s. It bursts (a client started, a TLS handshake): no tight quota.
+        resources: Some(bounded(AGENT_CPU, "64Mi")),
         security_context: Some(pod::container_security(Some(true))),
         ..Default::default()
     };

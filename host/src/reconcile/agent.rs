@@ -99,22 +99,22 @@ async fn authority(ctx: &Context, db: &Database) -> Result<Option<Arc<[u8]>>, Er
     Ok(Some(ca))
 }
 
-/// What the agents of `members` answer to `request` (`None`: no answer), in their order.
+/// What the agents of `members` answer to `request`, or why they did not, in their order.
 /// Nothing is asked while the Database has no agent certificates.
-async fn ask(ctx: &Context, db: &Database, request: Request<'_>, members: &[Observed]) -> Result<Vec<Option<String>>, Error> {
-    let Some(ca) = authority(ctx, db).await? else { return Ok(vec![None; members.len()]) };
+async fn ask(ctx: &Context, db: &Database, request: Request<'_>, members: &[Observed]) -> Result<Vec<Result<String, String>>, Error> {
+    let Some(ca) = authority(ctx, db).await? else { return Ok(vec![Err("no agent certificates yet".into()); members.len()]) };
     let body = (request.method() == "POST").then(String::new);
     let query = &MemberQuery { port: agent::PORT, path: request.path(), body, https: true };
     let domain = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
     let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&ctx.agents.client) };
-    Ok(super::ask::answers(transport, query, members).await)
+    Ok(super::ask::replies(transport, query, members).await)
 }
 
 /// What the agent of `member` answers to `request` (`None`: no answer, or not one that
 /// says it did what it was asked).
 async fn post(ctx: &Context, db: &Database, member: &Observed, request: Request<'_>) -> Result<Option<Answer>, Error> {
     let said = ask(ctx, db, request, std::slice::from_ref(member)).await?;
-    Ok(said.into_iter().next().flatten().as_deref().and_then(Answer::parse))
+    Ok(said.into_iter().next().and_then(Result::ok).as_deref().and_then(Answer::parse))
 }
 
 /// What the agent of a member said when asked to fence it.
@@ -197,7 +197,7 @@ pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary:
     }
     let said = ask(ctx, db, Request::Follow(primary), &replicas).await?;
     let mut following = 0;
-    for (replica, _) in replicas.iter().zip(&said).filter(|(_, a)| a.as_deref().and_then(Answer::parse) == Some(Answer::Following)) {
+    for (replica, _) in replicas.iter().zip(&said).filter(|(_, a)| a.as_deref().ok().and_then(Answer::parse) == Some(Answer::Following)) {
         mark(ctx, db, &replica.name, crate::names::FOLLOWS, primary).await?;
         following += 1;
     }
@@ -225,18 +225,32 @@ pub fn by_pod(members: &[Observed], said: &[Option<agent::Status>]) -> Vec<(Stri
 
 /// What each member's agent says of it, in the order of `members`: `None` for a member
 /// without an agent, one that did not answer in time, or one whose answer is not a
-/// status.
+/// status. A ready member whose agent did not answer is asked once more (a status
+/// command that outlasted its bound on a busy node answers the next time: a failover
+/// waits for every ready member's word), and named in the log when it still does not.
 pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Result<Vec<Option<agent::Status>>, Error> {
-    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
     ctx.agents.asked.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Instant::now());
-    let answers = ask(ctx, db, Request::Status, members).await?;
+    let mut answers = ask(ctx, db, Request::Status, members).await?;
+    let expected = |m: &Observed| m.ready && !m.cut_off && !m.terminating;
+    let silent: Vec<usize> = (0..members.len()).filter(|&i| answers[i].is_err() && expected(&members[i])).collect();
+    if !silent.is_empty() {
+        let again: Vec<Observed> = silent.iter().map(|&i| members[i].clone()).collect();
+        for (&i, answer) in silent.iter().zip(ask(ctx, db, Request::Status, &again).await?) {
+            answers[i] = answer;
+        }
+    }
     Ok(members
         .iter()
         .zip(answers)
         .map(|(m, answer)| {
-            let said = agent::parse(&answer?).map_err(
-                |e| tracing::warn!(database = %format!("{ns}/{name}"), member = %m.name, "the agent's answer is not a status: {e}"),
-            );
+            let answer = answer.map_err(|e| {
+                if expected(m) {
+                    tracing::warn!(database = %database, member = %m.name, "the agent of a ready member gave no status, asked twice: {e}");
+                }
+            });
+            let said = agent::parse(&answer.ok()?)
+                .map_err(|e| tracing::warn!(database = %database, member = %m.name, "the agent's answer is not a status: {e}"));
             said.ok()
         })
         .collect())

@@ -58,6 +58,13 @@ pub enum Transport<'a> {
 /// Each member's answer to `query`, in the order of `members`: `None` for a member
 /// that has no address yet, is being deleted, or did not answer 2xx within bounds.
 pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[Observed]) -> Vec<Option<String>> {
+    replies(transport, query, members).await.into_iter().map(Result::ok).collect()
+}
+
+/// Each member's answer to `query`, in the order of `members`, or why there is none: it
+/// has no address yet, is being deleted, was not reached, or did not answer 2xx within
+/// bounds (with the start of what it said then).
+pub async fn replies(transport: Transport<'_>, query: &MemberQuery, members: &[Observed]) -> Vec<Result<String, String>> {
     let reachable = |m: &Observed| m.address.as_deref().filter(|_| !m.terminating)?.parse::<IpAddr>().ok();
     let (client, domain) = match transport {
         Transport::Plain(client) => (client.clone(), None),
@@ -66,7 +73,7 @@ pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[O
                 Ok(ca) => ca,
                 Err(e) => {
                     tracing::warn!("the Database's certificate authority is not PEM: {e}");
-                    return vec![None; members.len()];
+                    return vec![Err("no certificate authority to verify it by".into()); members.len()];
                 }
             };
             let mut builder = builder().tls_certs_only([ca]);
@@ -75,7 +82,7 @@ pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[O
                     Ok(identity) => builder = builder.identity(identity),
                     Err(e) => {
                         tracing::warn!("the operator's certificate for the members is not PEM: {e}");
-                        return vec![None; members.len()];
+                        return vec![Err("no certificate to show it".into()); members.len()];
                     }
                 }
             }
@@ -85,7 +92,7 @@ pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[O
                 }
             }
             let Ok(client) = builder.build().map_err(|e| tracing::warn!("no HTTPS client for the members: {e}")) else {
-                return vec![None; members.len()];
+                return vec![Err("no HTTPS client".into()); members.len()];
             };
             (client, Some(domain))
         }
@@ -93,14 +100,14 @@ pub async fn answers(transport: Transport<'_>, query: &MemberQuery, members: &[O
     join_all(members.iter().map(|m| {
         let client = &client;
         async move {
-            let ip = reachable(m)?;
+            let ip = reachable(m).ok_or(if m.terminating { "being deleted" } else { "no address yet" })?;
             let base = match domain {
                 Some(domain) => format!("https://{}.{domain}", m.name),
                 None if ip.is_ipv6() => format!("http://[{ip}]"),
                 None => format!("http://{ip}"),
             };
             let url = format!("{base}:{}{}", query.port, query.path);
-            ask(client, query, &url).await.map_err(|e| tracing::debug!(member = %m.name, "no answer: {e}")).ok()
+            ask(client, query, &url).await.inspect_err(|e| tracing::debug!(member = %m.name, "no answer: {e}"))
         }
     }))
     .await
@@ -112,9 +119,12 @@ async fn ask(client: &reqwest::Client, query: &MemberQuery, url: &str) -> Result
         Some(body) => client.post(url).header(http::header::CONTENT_TYPE, "application/json").body(body.clone()),
         None => client.get(url),
     };
-    let mut response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
+    let mut response = request.send().await.map_err(|e| format!("{url}: {}", causes(&e)))?;
     if !response.status().is_success() {
-        return Err(format!("{url}: status {}", response.status()));
+        let status = response.status();
+        let said = response.chunk().await.ok().flatten().unwrap_or_default();
+        let said = crate::said::cut(String::from_utf8_lossy(&said).trim(), 200).to_string();
+        return Err(format!("{url}: status {status}: {said}"));
     }
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
@@ -124,6 +134,18 @@ async fn ask(client: &reqwest::Client, query: &MemberQuery, url: &str) -> Result
         body.extend_from_slice(&chunk);
     }
     String::from_utf8(body).map_err(|_| format!("{url}: the answer is not UTF-8"))
+}
+
+/// An error and what caused it, down to the first cause (a refused or timed-out connection
+/// under "error sending request").
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut said = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        said.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    said
 }
 
 #[cfg(test)]
@@ -163,11 +185,21 @@ mod tests {
         let said = answers(Transport::Plain(&client()), &query, &members).await;
         assert_eq!(said, vec![Some(r#"{"leader":"7"}"#.to_string()), None, None], "no address, or being deleted: not asked");
 
-        for (address, what) in [(refused, "a 503"), (long, "an answer over 16 KiB")] {
+        for (address, what) in [(refused.clone(), "a 503"), (long, "an answer over 16 KiB")] {
             let (ip, port) = address.split_once(':').expect("ip:port");
             let query = MemberQuery { port: port.parse().expect("port"), path: "/status".into(), body: None, https: false };
             let said = answers(Transport::Plain(&client()), &query, &[member("db-0", Some(ip.into()))]).await;
             assert_eq!(said, vec![None], "{what} is no answer");
         }
+        // Why not, said: the agent's own words with a refusal, the cause of a failed connection.
+        let (ip, port) = refused.split_once(':').expect("ip:port");
+        let query = MemberQuery { port: port.parse().expect("port"), path: "/status".into(), body: None, https: false };
+        let why = replies(Transport::Plain(&client()), &query, &[member("db-0", Some(ip.into())), member("db-1", None)]).await;
+        assert!(why[0].as_ref().is_err_and(|e| e.contains("503") && e.contains("no leader")), "{why:?}");
+        assert_eq!(why[1], Err("no address yet".into()));
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("its address").port();
+        let query = MemberQuery { port: closed, path: "/status".into(), body: None, https: false };
+        let why = replies(Transport::Plain(&client()), &query, &[member("db-0", Some("127.0.0.1".into()))]).await;
+        assert!(why[0].as_ref().is_err_and(|e| e.to_lowercase().contains("refused")), "{why:?}");
     }
 }
