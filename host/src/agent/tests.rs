@@ -1,3 +1,4 @@
+use super::isolation::{LOOK_EVERY, LOOK_TIMEOUT, any_member_reachable, watch};
 use super::*;
 use crate::reconcile::ask::{Transport, answers};
 use crate::reconcile::members::Observed;

@@ -102,12 +102,31 @@ async fn authority(ctx: &Context, db: &Database) -> Result<Option<Arc<[u8]>>, Er
 /// What the agents of `members` answer to `request`, or why they did not, in their order.
 /// Nothing is asked while the Database has no agent certificates.
 async fn ask(ctx: &Context, db: &Database, request: Request<'_>, members: &[Observed]) -> Result<Vec<Result<String, String>>, Error> {
+    ask_again(ctx, db, request, members, |_| false).await
+}
+
+/// [`ask`], and once more of the members that did not answer for which `again` holds.
+async fn ask_again(
+    ctx: &Context,
+    db: &Database,
+    request: Request<'_>,
+    members: &[Observed],
+    again: impl Fn(&Observed) -> bool,
+) -> Result<Vec<Result<String, String>>, Error> {
     let Some(ca) = authority(ctx, db).await? else { return Ok(vec![Err("no agent certificates yet".into()); members.len()]) };
     let body = (request.method() == "POST").then(String::new);
     let query = &MemberQuery { port: agent::PORT, path: request.path(), body, https: true };
     let domain = format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default());
-    let transport = super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&ctx.agents.client) };
-    Ok(super::ask::replies(transport, query, members).await)
+    let transport = || super::ask::Transport::Tls { ca: &ca, domain: &domain, identity: Some(&ctx.agents.client) };
+    let mut said = super::ask::replies(transport(), query, members).await;
+    let silent: Vec<usize> = (0..members.len()).filter(|&i| said[i].is_err() && again(&members[i])).collect();
+    if !silent.is_empty() {
+        let those: Vec<Observed> = silent.iter().map(|&i| members[i].clone()).collect();
+        for (&i, answer) in silent.iter().zip(super::ask::replies(transport(), query, &those).await) {
+            said[i] = answer;
+        }
+    }
+    Ok(said)
 }
 
 /// What the agent of `member` answers to `request` (`None`: no answer, or not one that
@@ -231,15 +250,8 @@ pub fn by_pod(members: &[Observed], said: &[Option<agent::Status>]) -> Vec<(Stri
 pub async fn statuses(ctx: &Context, db: &Database, members: &[Observed]) -> Result<Vec<Option<agent::Status>>, Error> {
     let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
     ctx.agents.asked.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Instant::now());
-    let mut answers = ask(ctx, db, Request::Status, members).await?;
     let expected = |m: &Observed| m.ready && !m.cut_off && !m.terminating;
-    let silent: Vec<usize> = (0..members.len()).filter(|&i| answers[i].is_err() && expected(&members[i])).collect();
-    if !silent.is_empty() {
-        let again: Vec<Observed> = silent.iter().map(|&i| members[i].clone()).collect();
-        for (&i, answer) in silent.iter().zip(ask(ctx, db, Request::Status, &again).await?) {
-            answers[i] = answer;
-        }
-    }
+    let answers = ask_again(ctx, db, Request::Status, members, expected).await?;
     Ok(members
         .iter()
         .zip(answers)
