@@ -22,6 +22,9 @@ fn verbatim(text: &str) -> String {
     text.replace('$', "$$")
 }
 
+/// The agent's container, in every member of an engine with an agent.
+pub const CONTAINER: &str = "agent";
+
 /// The agent's CPU, requested and at most.
 pub const AGENT_CPU: (&str, &str) = ("50m", "500m");
 
@@ -119,7 +122,7 @@ pub fn containers(
     }
     let command = [binary.clone(), "agent".into(), "serve".into()].into_iter().chain(serve.argv().iter().map(|a| verbatim(a))).collect();
     let agent = Container {
-        name: "agent".into(),
+        name: CONTAINER.into(),
         image: engine.image.clone(),
         command: Some(command),
         env: Some(env),

@@ -78,6 +78,9 @@ pub struct Observed {
     /// A container of its pod fails each time it starts, and waits to be started again
     /// (`CrashLoopBackOff`): `down` names it with its last words.
     pub crash_loop: bool,
+    /// Not ready only because a readiness probe fails: every container runs, and the
+    /// agent's (which a fence makes not ready) is ready.
+    pub probe_failing: bool,
 }
 
 impl Observed {
@@ -106,6 +109,7 @@ impl Observed {
             remake: false,
             node_lost: false,
             crash_loop: false,
+            probe_failing: false,
             address,
         }
     }
@@ -128,6 +132,11 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
             let ready = ready_condition.as_ref().is_some_and(|c| c.status == "True");
             let looping = crash_looping(p);
             let crash_loop = looping.is_some();
+            let containers = p.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
+            let running = |c: &&k8s_openapi::api::core::v1::ContainerStatus| c.state.as_ref().is_some_and(|s| s.running.is_some());
+            let probe_failing = !ready
+                && !containers.is_empty()
+                && containers.iter().all(|c| running(&c) && (c.ready || c.name != crate::build::agent::CONTAINER));
             let down = (!ready && unschedulable.is_none()).then(|| looping.unwrap_or_else(|| why_not_ready(p, ready_condition.as_ref())));
             let age = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| now.duration_since(t.0).as_secs();
             let transition = ready_condition.and_then(|c| c.last_transition_time);
@@ -164,6 +173,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 remake: false,
                 node_lost: false,
                 crash_loop,
+                probe_failing,
                 name,
             })
         })

@@ -46,7 +46,9 @@ impl Drop for Uncordon<'_> {
 }
 
 /// Stops the writer and checks that every acknowledged write is on every member; returns
-/// how many there were and the longest time without one.
+/// how many there were and the longest time without one. Each member is asked at its
+/// address of the moment: one the operator makes again meanwhile (a replica that did not
+/// replicate) has a new pod.
 pub async fn no_acknowledged_write_lost(
     client: &Client,
     stop: &AtomicBool,
@@ -56,12 +58,25 @@ pub async fn no_acknowledged_write_lost(
     let (acknowledged, longest) = writer.await.expect("writer");
     assert!(!acknowledged.is_empty(), "the writer wrote");
     let last = *acknowledged.last().expect("a last write");
-    for pod in client.members().await {
-        let ip = pod_ip(&pod);
-        client.eventually(&ip, &format!("SELECT id FROM orders WHERE id = {last}"), WAIT, |r| !r.is_empty()).await;
+    let has_last = format!("SELECT id FROM orders WHERE id = {last}");
+    for name in client.members().await.iter().map(|p| p.name_any()) {
+        let deadline = Instant::now() + WAIT;
+        let ip = loop {
+            let now = client.members().await.into_iter().find(|p| p.name_any() == name);
+            let ip = now.and_then(|p| p.status?.pod_ip);
+            let said = match &ip {
+                Some(ip) => client.query(ip, &has_last).await,
+                None => Err("no address yet".into()),
+            };
+            match (ip, said) {
+                (Some(ip), Ok(rows)) if !rows.is_empty() => break ip,
+                (_, said) => assert!(Instant::now() < deadline, "{name} never had write {last}: last answer {said:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         let present = client.ids(&ip).await.expect("ids");
         let lost: Vec<&i64> = acknowledged.iter().filter(|id| !present.contains(id)).collect();
-        assert!(lost.is_empty(), "{}: acknowledged writes missing: {lost:?}", pod.name_any());
+        assert!(lost.is_empty(), "{name}: acknowledged writes missing: {lost:?}");
     }
     (acknowledged.len(), longest)
 }

@@ -21,7 +21,7 @@ impl Pass<'_> {
             FailoverQuestion::Ask(candidates) => {
                 let said = reconcile::agent::statuses(ctx, self.db, &members.observed).await?;
                 self.heard = reconcile::agent::by_pod(&members.observed, &said);
-                match decide::answering_though_cut_off(&members.observed, &primary, &said) {
+                match decide::answering_though_down(&members.observed, &primary, &said) {
                     Some(kept) => kept,
                     None => self.replace(plugin, spec, members, (&primary, after), candidates, said).await?,
                 }

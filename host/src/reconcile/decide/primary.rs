@@ -103,13 +103,24 @@ pub fn told_to_follow(notes: &mut [Note], (following, asked): (usize, usize)) {
     }
 }
 
-/// The primary stays when it is down only because its node stopped renewing its lease
-/// ([`members::cut_off`]) and its agent (`said`, in the order of `members`) answers as the
-/// primary: the node lost the control plane, not its clients.
-pub fn answering_though_cut_off(members: &[Observed], primary: &str, said: &[Option<crate::agent::Status>]) -> Option<Primary> {
-    let answers = members.iter().zip(said).any(|(m, s)| m.name == primary && m.cut_off && s.as_ref().is_some_and(|s| s.primary));
-    let message = format!("primary {primary}'s node has not renewed its lease, but its agent answers as the primary: no failover");
-    answers.then(|| Primary { notes: vec![no_safe_failover(message)], ..Primary::keep(primary) })
+/// The primary stays while its agent (`said`, in the order of `members`) answers as the
+/// primary, its engine having answered the agent's query, when it is down only because
+/// its node stopped renewing its lease ([`members::cut_off`]: the node lost the control
+/// plane, not its clients), or only because its engine's readiness probe fails while
+/// every container runs ([`Observed::probe_failing`]: a probe that timed out on a busy
+/// node, or a pause of a few seconds). A hung engine does not answer its agent; a member
+/// fenced, restarting or crashed is not kept.
+pub fn answering_though_down(members: &[Observed], primary: &str, said: &[Option<crate::agent::Status>]) -> Option<Primary> {
+    let (m, _) = members.iter().zip(said).find(|(m, s)| m.name == primary && !m.fenced && s.as_ref().is_some_and(|s| s.primary))?;
+    let message = if m.cut_off {
+        format!("primary {primary}'s node has not renewed its lease, but its agent answers as the primary: no failover")
+    } else if m.probe_failing {
+        let down = m.down.as_deref().unwrap_or("not ready");
+        format!("primary {primary} is not ready ({down}), but its engine answers its agent as the primary: no failover")
+    } else {
+        return None;
+    };
+    Some(Primary { notes: vec![no_safe_failover(message)], ..Primary::keep(primary) })
 }
 
 /// The members that say they take writes while `primary` leads (`said`, in the order of

@@ -230,13 +230,17 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     assert!(!waiting.notes[0].message.contains("told to follow"), "not a promotion");
 }
 
-/// A primary taken as down because its node went silent stays while its agent answers
-/// as the primary; not once its agent is silent too, or says it follows, or when its
-/// pod itself says it is down.
+/// A primary taken as down because its node went silent, or because its engine's
+/// readiness probe fails while every container runs, stays while its agent answers as the
+/// primary (its engine answered the agent); not once its agent is silent too (a hung
+/// engine), or says it follows, nor when it is fenced, or its pod says it is down
+/// otherwise (a container restarting or crashed).
 #[test]
-fn a_primary_on_a_silent_node_whose_agent_answers_as_primary_stays() {
+fn a_primary_whose_agent_answers_as_primary_stays_when_only_its_node_or_probe_says_down() {
     let status = |primary: bool| Some(crate::agent::Status { primary, position: "0/1".into(), lag: None, volume: None });
     let cut = Observed { cut_off: true, ..member(0, false, 40, "r1") };
+    let probing = Observed { probe_failing: true, down: Some("container postgres is not ready".into()), ..member(0, false, 40, "r1") };
+    let fenced = Observed { fenced: true, ..probing.clone() };
     let down = member(0, false, 40, "r1");
     let members = |primary: &Observed| vec![primary.clone(), member(1, true, 0, "r1")];
     // (what, the primary, what its agent said, kept)
@@ -244,15 +248,20 @@ fn a_primary_on_a_silent_node_whose_agent_answers_as_primary_stays() {
         ("cut off, answering as the primary: kept", &cut, status(true), true),
         ("cut off, no answer: a failover", &cut, None, false),
         ("cut off, says it follows: a failover", &cut, status(false), false),
-        ("down by its pod: a failover", &down, status(true), false),
+        ("its probe fails, its engine answers: kept", &probing, status(true), true),
+        ("its probe fails, no answer (hung): a failover", &probing, None, false),
+        ("fenced: a failover", &fenced, status(true), false),
+        ("down by its pod otherwise: a failover", &down, status(true), false),
     ];
     for (what, primary, answer, kept) in rows {
-        let chosen = answering_though_cut_off(&members(primary), "db-0", &[answer, status(false)]);
+        let chosen = answering_though_down(&members(primary), "db-0", &[answer, status(false)]);
         assert_eq!(chosen.as_ref().map(|c| (c.name.as_str(), c.failed_over)), kept.then_some(("db-0", false)), "{what}");
         if let Some(chosen) = chosen {
             assert_eq!(said(&chosen.notes), [(Reason::NoSafeFailover, true)], "{what}");
         }
     }
+    let kept = answering_though_down(&members(&probing), "db-0", &[status(true), status(false)]).expect("kept");
+    assert!(kept.notes[0].message.contains("container postgres is not ready"), "{}", kept.notes[0].message);
 }
 
 /// A member that says it takes writes while another leads is a second primary, unless

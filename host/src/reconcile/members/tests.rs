@@ -337,6 +337,33 @@ fn a_crash_looping_member_is_named_with_its_last_words() {
     assert_eq!(starting.down.as_deref(), Some("container postgres ContainerCreating: back-off 40s restarting failed container"));
 }
 
+/// Not ready only because a probe fails: every container runs and the agent's is ready.
+/// A fenced member (its agent not ready) and a restarting engine are down otherwise.
+#[test]
+fn a_member_whose_running_engine_fails_its_probe_is_told_apart() {
+    let now = Timestamp::now();
+    let pod = |engine: serde_json::Value, agent_ready: bool| -> Pod {
+        let running = serde_json::json!({"running": {"startedAt": now.to_string()}});
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-0", "creationTimestamp": now.to_string()},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now.to_string()}],
+                "containerStatuses": [
+                    {"name": "postgres", "ready": false, "restartCount": 0, "image": "e", "imageID": "", "state": engine},
+                    {"name": "agent", "ready": agent_ready, "restartCount": 0, "image": "e", "imageID": "", "state": running},
+                ],
+            },
+        }))
+        .expect("pod")
+    };
+    let running = serde_json::json!({"running": {"startedAt": now.to_string()}});
+    let restarting = serde_json::json!({"waiting": {"reason": "ContainerCreating"}});
+    let probing = |p: Pod| observe("db", &[p], now)[0].probe_failing;
+    assert!(probing(pod(running.clone(), true)), "its engine runs, its probe fails");
+    assert!(!probing(pod(running, false)), "fenced: its agent says it is not ready");
+    assert!(!probing(pod(restarting, true)), "its engine restarts");
+}
+
 #[test]
 fn primary_is_lost_only_after_the_threshold() {
     let mut members = vec![m(0, false, "r"), m(1, true, "r")];
