@@ -1054,20 +1054,21 @@ async fn volumes_at_their_limit_are_said_once_and_a_pass_that_hears_nothing_keep
 
 /// A Database of three members whose primary (member 0) has not been ready for an hour,
 /// its node gone, while its agent still answers; member 2 received more than member 1.
-/// The registry, the Database, what the caches hold, the API server and the agents.
-async fn a_lost_primary() -> (Registry, Database, Vec<Value>, Server, tempfile::TempDir) {
+/// The registry, the Database, what the caches hold, the API server and the agents (at
+/// loopback addresses from the `first`th, apart from the other tests').
+async fn a_lost_primary(first: usize) -> (Registry, Database, Vec<Value>, Server, tempfile::TempDir) {
     let registry = registry().await;
     let server = Server { image: Some("plugdb:test"), ..Server::default() };
     // Member 0 (the primary) has not been ready for an hour, its node gone; its agent
     // still answers. Member 2 received more than member 1.
     let said = ["primary 0/5000000", "replica 0/4000000 1.5", "replica 0/5000000 0"];
-    let (db, cluster, server, agents) = with_agents(&registry, server, 10, [false, true, true], said).await;
+    let (db, cluster, server, agents) = with_agents(&registry, server, first, [false, true, true], said).await;
     (registry, db, cluster, server, agents)
 }
 
 #[tokio::test]
 async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted() {
-    let (registry, db, cluster, server, agents) = a_lost_primary().await;
+    let (registry, db, cluster, server, agents) = a_lost_primary(10).await;
     let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
     result.expect("the pass");
     let expected = [
@@ -1109,9 +1110,35 @@ async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted
     assert_eq!(positions, [("orders-0", Some("0/5000000")), ("orders-1", Some("0/4000000")), ("orders-2", Some("0/5000000"))]);
 }
 
+/// A primary not ready only because its engine's probe fails (every container runs, its
+/// agent is ready: not fenced) whose engine answers its agent as the primary is not
+/// replaced: nothing is fenced, promoted or moved, and `Degraded` says why.
+#[tokio::test]
+async fn a_primary_whose_probe_fails_while_its_engine_answers_is_not_replaced() {
+    let (registry, db, mut cluster, server, agents) = a_lost_primary(190).await;
+    let pod = cluster.iter_mut().find(|o| o["kind"] == "Pod" && o["metadata"]["name"] == "orders-0").expect("the primary's pod");
+    let running = json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}});
+    pod["status"]["containerStatuses"] = json!([
+        {"name": "postgres", "ready": false, "restartCount": 0, "image": "e", "imageID": "", "state": running},
+        {"name": "agent", "ready": true, "restartCount": 0, "image": "e", "imageID": "", "state": running},
+    ]);
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let said = lines(&calls);
+    assert!(!said.iter().any(|l| l.contains("/pods/") || l.contains("/services/") || l.contains("statefulsets")), "{said:?}");
+    assert!(!agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "not fenced");
+    let status = status(&api);
+    assert_eq!(status.primary.as_deref(), Some("orders-0"));
+    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
+    assert!(
+        degraded.reason == "NoSafeFailover" && degraded.message.contains("its engine answers its agent as the primary"),
+        "{degraded:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_pass_that_fails_after_a_promotion_still_says_who_leads_now() {
-    let (registry, db, cluster, server, _agents) = a_lost_primary().await;
+    let (registry, db, cluster, server, _agents) = a_lost_primary(210).await;
     // The API server fails the read-write Service's move, after the promotion.
     let service = "/api/v1/namespaces/shop/services/orders";
     let server = Server { refused: vec![(service.into(), 500)], ..server };
