@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
 use super::apply::own_secret;
+use super::decide::Fenced;
 use super::members::Observed;
 use super::{Context, Error};
 use crate::agent::{self, Answer, Request};
@@ -134,23 +135,6 @@ async fn ask_again(
 async fn post(ctx: &Context, db: &Database, member: &Observed, request: Request<'_>) -> Result<Option<Answer>, Error> {
     let said = ask(ctx, db, request, std::slice::from_ref(member)).await?;
     Ok(said.into_iter().next().and_then(Result::ok).as_deref().and_then(Answer::parse))
-}
-
-/// What the agent of a member said when asked to fence it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fenced {
-    /// Its engine takes no more writes (the fence command succeeded).
-    Confirmed,
-    /// Its engine did not confirm the fence, so its guard killed it (the fence command
-    /// then succeeded): a hung engine, which could otherwise take writes once it ran again.
-    Stopped,
-    /// The agent marked it fenced; its fence command has not succeeded yet (a hung engine
-    /// refuses nothing until it answers, or its start, after a restart, waits), nor has
-    /// its engine been stopped.
-    Ordered,
-    /// No answer: no agent, or none reached (its node lost, say). A member cut off from
-    /// the control plane and from every other member fences itself.
-    Unknown,
 }
 
 /// Asks the agent of `member` to fence it (before another member is promoted).

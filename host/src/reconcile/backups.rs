@@ -18,18 +18,7 @@ use crate::schedule;
 /// Annotation that asks for a backup now; each new value makes one backup.
 pub const BACKUP_NOW: &str = "plugdb.io/backup-now";
 
-/// The state of a Job, as far as the host cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobState {
-    /// Not created yet.
-    Missing,
-    /// Created, not finished.
-    Running,
-    /// Finished successfully.
-    Succeeded,
-    /// Failed for good.
-    Failed,
-}
+use super::decide::JobState;
 
 /// The state of `job`.
 pub fn state(job: Option<&Job>) -> JobState {

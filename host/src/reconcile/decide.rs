@@ -18,13 +18,41 @@
 use std::time::Duration;
 
 use super::Settings;
-use super::agent::Fenced;
-use super::backups::JobState;
 use super::cache::SetFacts;
 use super::members::{self, Observed};
 use super::status::{ConditionType, Reason};
 use crate::crd::{ScaleStatus, UpgradeStatus};
 use crate::plugin::{FailoverDecision, JobPlan, Member, ScaleStep, UpgradePlan, UpgradeStep, hex_digest};
+
+/// What the agent of a member said when asked to fence it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// Its engine takes no more writes (the fence command succeeded).
+    Confirmed,
+    /// Its engine did not confirm the fence, so its guard killed it (the fence command
+    /// then succeeded): a hung engine, which could otherwise take writes once it ran again.
+    Stopped,
+    /// The agent marked it fenced; its fence command has not succeeded yet (a hung engine
+    /// refuses nothing until it answers, or its start, after a restart, waits), nor has
+    /// its engine been stopped.
+    Ordered,
+    /// No answer: no agent, or none reached (its node lost, say). A member cut off from
+    /// the control plane and from every other member fences itself.
+    Unknown,
+}
+
+/// The state of a Job, as far as the host cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Not created yet.
+    Missing,
+    /// Created, not finished.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Failed for good.
+    Failed,
+}
 
 /// What a decision tells the user: a condition set, an Event sent, or both, with one
 /// reason and message. `converge` carries it out.

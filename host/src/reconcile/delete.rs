@@ -7,7 +7,8 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
-use super::backups::{self, JobState};
+use super::backups;
+use super::decide::JobState;
 use super::plan::Plan;
 use super::status::{self, ConditionType, Reason};
 use super::{Context, Error, FINALIZER, join, plugin_uid, set_finalizer, stopped, write_status};

@@ -31,6 +31,9 @@ mod secrets;
 pub mod status;
 mod switchover;
 
+#[cfg(test)]
+mod graph;
+
 pub use controller::run;
 
 use std::collections::HashMap;

@@ -8,7 +8,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 
-use super::backups::{self, JobState};
+use super::backups;
+use super::decide::JobState;
 use super::plan::Plan;
 use super::{Context, Error, bucket};
 use chrono::{DateTime, Utc};

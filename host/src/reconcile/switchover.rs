@@ -88,10 +88,10 @@ pub(super) async fn carry_out(
 
 /// Asks the agent of the primary `old` to fence it, again while a primary that serves
 /// gives no answer (up to [`decide::FENCE_ASKS`] times; a fence asked twice is one fence).
-async fn fence_serving(ctx: &Context, db: &Database, old: Option<&Observed>) -> Result<agent::Fenced, Error> {
+async fn fence_serving(ctx: &Context, db: &Database, old: Option<&Observed>) -> Result<decide::Fenced, Error> {
     let mut fenced = agent::fence(ctx, db, old).await?;
     for _ in 1..decide::FENCE_ASKS {
-        if fenced != agent::Fenced::Unknown || !old.is_some_and(|m| m.ready) {
+        if fenced != decide::Fenced::Unknown || !old.is_some_and(|m| m.ready) {
             break;
         }
         fenced = agent::fence(ctx, db, old).await?;

@@ -65,10 +65,10 @@ impl Pass<'_> {
         // its engine does not confirm the fence (hung), stopped.
         let fenced = match &answer {
             Ok(crate::plugin::FailoverDecision::Promote { .. }) => match reconcile::agent::fence(ctx, self.db, old).await? {
-                reconcile::agent::Fenced::Ordered => reconcile::agent::stop(ctx, self.db, old).await?,
+                reconcile::decide::Fenced::Ordered => reconcile::agent::stop(ctx, self.db, old).await?,
                 fenced => fenced,
             },
-            _ => reconcile::agent::Fenced::Unknown,
+            _ => reconcile::decide::Fenced::Unknown,
         };
         let mut chosen = decide::failover(primary, after, old.and_then(|m| m.down.as_deref()), answer, fenced);
         if chosen.failed_over {

@@ -1,0 +1,188 @@
+//! The module graph of a pass, checked: the decisions are pure. [`PURE`] — `decide` and
+//! its parts, `members`, `status`, `owner` — neither read nor write (no `async`, no API
+//! or agent client, no files, sockets or processes, not the caches or the pass's
+//! context) and import, of the reconciler's own modules, only each other and the
+//! observed facts of `cache` (values, not the caches). What they decide is carried out
+//! by the modules that read and write around them.
+
+use std::path::{Path, PathBuf};
+
+/// The pure modules, as paths under `src/reconcile` (a module's own file, and the files of
+/// its parts but its tests).
+const PURE: &[&str] =
+    &["decide.rs", "decide/primary.rs", "decide/replication.rs", "decide/volumes.rs", "members.rs", "status.rs", "owner.rs"];
+
+/// The reconciler's modules a pure one may import from: the pure ones, and `cache` for the
+/// facts it observed.
+const PURE_MODULES: &[&str] = &["decide", "members", "status", "owner", "cache"];
+
+/// What reads or writes, or reaches what does: none of it is in a pure module's code.
+const IMPURE: &[&str] = &[
+    "async ",
+    ".await",
+    "tokio::",
+    "Api<",
+    "Api::",
+    "Client",
+    "Context",
+    "Caches",
+    "CallPool",
+    "calls::",
+    "std::fs",
+    "std::net",
+    "std::process",
+    "std::io",
+    "hyper",
+];
+
+fn reconcile_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src/reconcile")
+}
+
+/// The code of `text`: no comments, and nothing from its first `#[cfg(test)]` on (the
+/// tests of a module may use what they like).
+fn code(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("#[cfg(test)]") && !trimmed.contains("fn ") {
+            // An item for tests only (a helper, `mod tests`): what follows is tests or the
+            // item; a later non-test item is still checked past it.
+            continue;
+        }
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        let line = line.split(" //").next().unwrap_or(line);
+        out.push_str(line);
+        out.push('\n');
+    }
+    cut_test_modules(&out)
+}
+
+/// `text` without its `mod tests { … }` blocks and `mod tests;` declarations.
+fn cut_test_modules(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("mod tests") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        match (after.find(';'), after.find('{')) {
+            (Some(semi), Some(open)) if semi < open => rest = &after[semi + 1..],
+            (_, Some(open)) => {
+                let mut depth = 0usize;
+                let mut end = after.len();
+                for (i, c) in after[open..].char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = open + i + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                rest = &after[end..];
+            }
+            (Some(semi), None) => rest = &after[semi + 1..],
+            (None, None) => rest = "",
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The reconciler's modules (and items of its root) that `code`, in the file at `path`
+/// under `src/reconcile`, names through `super::` or `crate::reconcile::`: the first
+/// segment after the reconciler, each name of a `{…}` group included.
+fn reconcile_imports(path: &str, code: &str) -> Vec<String> {
+    // How deep the file's module sits below the reconciler: `decide.rs` 1, `decide/x.rs` 2.
+    let depth = path.matches('/').count() + 1;
+    let mut found = Vec::new();
+    let mut take = |after: &str| {
+        if let Some(group) = after.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            found.extend(group.split(',').map(|s| s.trim().split("::").next().unwrap_or("").to_string()).filter(|s| !s.is_empty()));
+        } else {
+            let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            found.push(name);
+        }
+    };
+    for (at, _) in code.match_indices("crate::reconcile::") {
+        take(&code[at + "crate::reconcile::".len()..]);
+    }
+    let mut i = 0;
+    while let Some(at) = code[i..].find("super::") {
+        let start = i + at;
+        // A whole run of `super::` counts once, from its first.
+        let preceded = code[..start].ends_with("super::");
+        let mut supers = 0;
+        let mut rest = &code[start..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            supers += 1;
+            rest = r;
+        }
+        i = start + supers * "super::".len();
+        if !preceded && supers == depth {
+            take(rest);
+        }
+    }
+    found
+}
+
+fn pure_files() -> Vec<(&'static str, String)> {
+    PURE.iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(reconcile_dir().join(path)).unwrap_or_else(|e| panic!("src/reconcile/{path}: {e}"));
+            (*path, code(&text))
+        })
+        .collect()
+}
+
+#[test]
+fn the_decisions_neither_read_nor_write() {
+    let mut found = Vec::new();
+    for (path, code) in pure_files() {
+        for line in code.lines() {
+            if let Some(what) = IMPURE.iter().find(|what| line.contains(*what)) {
+                found.push(format!("src/reconcile/{path}: `{what}` in `{}`", line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "a pure module reads or writes:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_decisions_import_only_each_other_and_the_observed_facts() {
+    let mut found = Vec::new();
+    for (path, code) in pure_files() {
+        for name in reconcile_imports(path, &code) {
+            let module = name.starts_with(|c: char| c.is_lowercase());
+            if (module && !PURE_MODULES.contains(&name.as_str())) || name == "Context" {
+                found.push(format!("src/reconcile/{path} imports reconcile::{name}"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "a pure module imports one that reads or writes:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_check_sees_what_it_forbids() {
+    // Each way in: a path, a group, the reconciler named from the crate, a run of supers.
+    let shown = |path: &str, code: &str| reconcile_imports(path, code);
+    assert_eq!(shown("decide.rs", "use super::agent::Fenced;"), ["agent"]);
+    assert_eq!(shown("members.rs", "use super::{Context, apply, members::Observed};"), ["Context", "apply", "members"]);
+    assert_eq!(shown("decide/x.rs", "use super::*; let a = super::super::plan::Plan::new();"), ["plan"]);
+    assert_eq!(shown("status.rs", "crate::reconcile::ask::replies()"), ["ask"]);
+    // Comments and tests are not code.
+    let text = "/// calls `.await`\nfn a() {} // Api::all\n#[cfg(test)]\nmod tests {\n  async fn b() { c().await }\n}\nfn d() {}\n";
+    let lines: Vec<String> = code(text).lines().filter(|l| !l.trim().is_empty()).map(String::from).collect();
+    assert_eq!(lines, ["fn a() {}", "fn d() {}"]);
+    // Every pure module exists and says something.
+    for (path, code) in pure_files() {
+        assert!(code.contains("fn "), "src/reconcile/{path} has no code");
+    }
+}
