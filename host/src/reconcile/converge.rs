@@ -165,9 +165,9 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
         next: pass.next_look(&report),
     };
     let mut requeue = decide::requeue(&ctx.settings, &settled);
-    for due in [moving_due, replication_due].into_iter().flatten() {
-        // A member waits for its node's loss, or commits for too few replicas, to last
-        // long enough: looked at again then.
+    for due in [moving_due, replication_due, rolled.look_again].into_iter().flatten() {
+        // A member waits for its node's loss, commits for too few replicas, or a replica
+        // for a new primary to serve long enough: looked at again then.
         requeue = requeue.min(due);
     }
     if workload.member_query.is_some() {
@@ -231,6 +231,8 @@ struct Rolled {
     done: bool,
     /// A member was restarted in this pass.
     restarted: bool,
+    /// When to look again for a replica that may follow a new primary on its own.
+    look_again: Option<Duration>,
 }
 
 impl<'a> Pass<'a> {
@@ -575,7 +577,10 @@ impl<'a> Pass<'a> {
             }
         }
         let set = applied.stateful_set.as_ref();
-        let roll = decide::roll(&members.observed, &primary.name, set, &applied.role_free, (granted, primary.failed_over));
+        // Which replicas said in this pass that they stream.
+        let streams = |m: &Observed| self.heard.iter().any(|(pod, said)| *pod == m.name && !said.primary && said.lag.is_some());
+        let observed: Vec<Observed> = members.observed.iter().map(|m| Observed { streaming: streams(m), ..m.clone() }).collect();
+        let roll = decide::roll(&observed, &primary.name, set, &applied.role_free, (granted, primary.failed_over));
         for (name, role) in roll.labels {
             self.plan.label(name, role);
         }
@@ -588,7 +593,7 @@ impl<'a> Pass<'a> {
             };
             self.plan.tell(member_ref(&members.pods, next), warning, Reason::MemberRestarted, note);
         }
-        Rolled { done: roll.done, restarted: roll.restart.is_some() }
+        Rolled { done: roll.done, restarted: roll.restart.is_some(), look_again: roll.look_again }
     }
 
     /// The end of the pass: the plan carried out, then the status, which follows from

@@ -335,6 +335,9 @@ pub struct Roll {
     pub restart: Option<String>,
     /// Every member ready on the StatefulSet's current revision.
     pub done: bool,
+    /// When to look again: a replica may follow a new primary on its own before then
+    /// ([`members::follow_grace_left`]).
+    pub look_again: Option<Duration>,
 }
 
 /// Role labels, and the next member restart of a roll (one at a time, replicas first,
@@ -355,7 +358,8 @@ pub fn roll(members: &[Observed], primary: &str, set: Option<&SetFacts>, role_fr
         .collect();
     let desired = granted.max(1) as usize;
     let restart = members::next_to_roll(members, wanted, primary, desired).filter(|_| current && !promoted).map(|m| m.name.clone());
-    Roll { labels, restart, done: current && members::rolled(members, wanted, primary, desired) }
+    let look_again = members::follow_grace_left(members, primary);
+    Roll { labels, restart, done: current && members::rolled(members, wanted, primary, desired), look_again }
 }
 
 /// What the steps stage decided.

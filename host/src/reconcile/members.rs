@@ -81,6 +81,9 @@ pub struct Observed {
     /// Not ready only because a readiness probe fails: every container runs, and the
     /// agent's (which a fence makes not ready) is ready.
     pub probe_failing: bool,
+    /// Its agent said in this pass that it streams from a primary: a replica that knows
+    /// its lag (see [`next_to_roll`]).
+    pub streaming: bool,
 }
 
 impl Observed {
@@ -110,6 +113,7 @@ impl Observed {
             node_lost: false,
             crash_loop: false,
             probe_failing: false,
+            streaming: false,
             address,
         }
     }
@@ -174,6 +178,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 node_lost: false,
                 crash_loop,
                 probe_failing,
+                streaming: false,
                 name,
             })
         })
@@ -301,9 +306,10 @@ impl Wanted<'_> {
 ///    reconnects through one follows it into its shutdown).
 ///
 /// A member on a lost node is left out of all three: its pod cannot be deleted until
-/// the node is back, and the others must not wait for it (after a failover the replicas
-/// left restart to follow the new primary, or synchronous commits wait for as long as
-/// the node is away).
+/// the node is back, and the others must not wait for it (after a failover a replica
+/// left that does not stream restarts to follow the new primary, or synchronous commits
+/// wait for as long as the node is away; one that streams is not restarted then: its
+/// restart would stop those commits while it lasts).
 pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &str, desired: usize) -> Option<&'a Observed> {
     if members.iter().any(|m| m.terminating && !m.node_lost) {
         return None;
@@ -325,17 +331,43 @@ pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &s
         return None;
     }
     // While a member is away only what a new primary needs restarts: a replica that
-    // followed another leader. The primary last, and not while a member is away (it
-    // would leave none serving).
+    // followed another leader, unless its agent says it streams (from the primary, the
+    // one a replica reaches: the other is fenced or away). It restarts once the member
+    // is back, when another replica can confirm synchronous commits meanwhile. The
+    // primary last, and not while a member is away (it would leave none serving).
     let away = members.iter().any(|m| m.node_lost);
-    let follows_another = |m: &&Observed| m.rendered.as_ref().is_some_and(|(was, _)| was != primary);
-    let replica = members
-        .iter()
-        .rev()
-        .filter(outdated)
-        .filter(|m| !away || follows_another(m))
-        .find(|m| m.name != primary && !m.fenced && !m.node_lost);
+    let to_follow = |m: &&Observed| follows_another(m, primary) && !m.streaming && follow_grace_left(members, primary).is_none();
+    let replica =
+        members.iter().rev().filter(outdated).filter(|m| !away || to_follow(m)).find(|m| m.name != primary && !m.fenced && !m.node_lost);
     replica.or_else(|| the_primary.filter(outdated).filter(|_| !away))
+}
+
+/// Whether `m` was rendered to follow a member other than `primary` (which led before).
+fn follows_another(m: &Observed, primary: &str) -> bool {
+    m.rendered.as_ref().is_some_and(|(was, _)| was != primary)
+}
+
+/// How long a new primary serves before a replica that does not stream from it yet is
+/// restarted to follow it, while a member is away: a MariaDB replica reconnects through
+/// the read-write Service every 2 s once it leads.
+pub const FOLLOW_GRACE_SECONDS: i64 = 10;
+
+/// What is left of [`FOLLOW_GRACE_SECONDS`] while the roll would restart a replica to
+/// follow `primary` (see [`to_follow_while_away`]): looked at again then.
+pub fn follow_grace_left(members: &[Observed], primary: &str) -> Option<std::time::Duration> {
+    let serving = members.iter().find(|m| m.name == primary && m.ready)?.since_seconds;
+    let left = FOLLOW_GRACE_SECONDS - serving;
+    (left > 0 && to_follow_while_away(members, primary)).then(|| std::time::Duration::from_secs(left as u64))
+}
+
+/// Whether the roll would restart a replica to follow `primary` while a member is away
+/// ([`next_to_roll`]), but for what its agent says now: its agent is asked in the pass
+/// that decides.
+pub fn to_follow_while_away(members: &[Observed], primary: &str) -> bool {
+    let told = |m: &Observed| m.follows.as_deref() == Some(primary);
+    members.iter().any(|m| m.node_lost)
+        && members.iter().all(|m| m.ready || m.node_lost)
+        && members.iter().any(|m| m.name != primary && !m.fenced && !m.node_lost && follows_another(m, primary) && !told(m))
 }
 
 /// Whether every member runs what it should (see [`Wanted`]) and is ready.

@@ -425,11 +425,13 @@ pub fn conclude(status: &mut DatabaseStatus, pass: &Pass) -> bool {
             set(&mut status.conditions, ConditionType::Progressing, progressing, reason, message, generation);
         }
     }
-    // No safe failover (or no leader, or a second primary fenced) stays the word until
-    // every member is back; no safe failover, only until a primary serves again.
+    // A second primary fenced stays the word until every member is back; no safe
+    // failover, or no leader, only until a primary serves again as well (a leader of an
+    // engine that elects its own is ready only while it leads): a member down then is
+    // named.
     let serves = pass.members.iter().any(|m| m.ready && status.primary.as_deref() == Some(m.name.as_str()));
     let held = |r: &str| {
-        r == Reason::NoLeader.as_str() || r == Reason::SecondPrimary.as_str() || (r == Reason::NoSafeFailover.as_str() && !serves)
+        r == Reason::SecondPrimary.as_str() || ((r == Reason::NoSafeFailover.as_str() || r == Reason::NoLeader.as_str()) && !serves)
     };
     let no_primary = status.conditions.iter().any(|c| c.type_ == ConditionType::Degraded.as_str() && c.status == "True" && held(&c.reason));
     if !no_primary || (ready == desired && !pass.incident) {

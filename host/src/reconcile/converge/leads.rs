@@ -83,9 +83,11 @@ impl Pass<'_> {
     /// status: asked once every `member_poll`, unless the failover stage asked this pass.
     /// A member that says it takes writes while `primary` leads is fenced at once (an
     /// engine that elects its leader has none such: its members say who leads); says
-    /// whether one was.
+    /// whether one was. Asked in every pass whose roll would restart a replica to follow
+    /// while a member is away: not one that streams.
     pub(super) async fn hear(&mut self, agent: bool, members: &Members, primary: &str, elects: bool) -> Result<bool, Error> {
-        let due = self.ctx.agents.due(self.db, self.ctx.settings.member_poll);
+        let follow = reconcile::members::to_follow_while_away(&members.observed, primary);
+        let due = self.ctx.agents.due(self.db, if follow { std::time::Duration::ZERO } else { self.ctx.settings.member_poll });
         if !agent || !self.heard.is_empty() || members.observed.is_empty() || !due {
             return Ok(false);
         }

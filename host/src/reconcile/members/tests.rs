@@ -76,6 +76,36 @@ fn a_member_promoted_in_place_is_not_restarted_to_lead() {
     }
 }
 
+/// The old primary's node lost and db-1 promoted by its restart: db-2, whose agent says
+/// it streams (from db-1, the member it reaches), is not restarted while db-0 is away
+/// (its restart would stop synchronous commits while it lasts), one that streams
+/// nothing is, and both are once db-0 is back.
+#[test]
+fn a_replica_that_streams_restarts_only_once_the_member_away_is_back() {
+    let replica = |ordinal: u32| Observed { rendered: Some(("db-0".into(), "same".into())), ..m(ordinal, true, "old") };
+    let lost = Observed { ready: false, node_lost: true, ..replica(0) };
+    let streaming = Observed { streaming: true, ..replica(2) };
+    let members = vec![lost.clone(), m(1, true, "new"), streaming.clone()];
+    assert!(to_follow_while_away(&members, "db-1"), "its agent is asked");
+    assert_eq!(next_of(&members, "db-1"), None, "streams: runs on");
+    let members = vec![lost.clone(), m(1, true, "new"), replica(2)];
+    assert_eq!(next_of(&members, "db-1"), Some("db-2"), "streams nothing: restarted to follow");
+    assert_eq!(follow_grace_left(&members, "db-1"), None);
+    let serving = |since_seconds| vec![lost.clone(), Observed { since_seconds, ..m(1, true, "new") }, replica(2)];
+    assert_eq!(next_of(&serving(3), "db-1"), None, "the new primary serves for 3 s: not yet, it may reconnect");
+    assert_eq!(follow_grace_left(&serving(3), "db-1"), Some(std::time::Duration::from_secs(7)), "looked at again then");
+    assert_eq!(next_of(&serving(FOLLOW_GRACE_SECONDS), "db-1"), Some("db-2"));
+    let back = vec![m(0, true, "new"), m(1, true, "new"), streaming];
+    assert!(!to_follow_while_away(&back, "db-1"));
+    assert_eq!(next_of(&back, "db-1"), Some("db-2"), "the member away is back: restarted");
+    let followed = vec![lost.clone(), m(1, true, "new"), m(2, true, "new")];
+    assert!(!to_follow_while_away(&followed, "db-1"), "nothing to follow: the agents are asked as often as ever");
+    let told = vec![lost.clone(), m(1, true, "new"), Observed { follows: Some("db-1".into()), ..replica(2) }];
+    assert!(!to_follow_while_away(&told, "db-1"), "told to follow by its agent: runs on");
+    let starting = vec![lost, m(1, false, "new"), replica(2)];
+    assert!(!to_follow_while_away(&starting, "db-1"), "the new primary not ready yet: nothing restarts");
+}
+
 /// The old primary's node lost and db-1 promoted in place: db-2 restarts to follow it
 /// at once (synchronous commits wait for it), the lost member is neither restarted
 /// (its pod cannot go until the node is back) nor waited for, even once the

@@ -298,6 +298,38 @@ fn a_refusal_or_a_failed_grow_keeps_its_reason_and_no_safe_failover_lasts_until_
     assert_eq!(status.phase, Some(Phase::Running));
 }
 
+/// No member led (none answered in time, say): `Degraded` says so while the primary is
+/// down, and names a member down once a leader serves again, though not every member is
+/// back (its node lost).
+#[test]
+fn no_leader_lasts_only_until_a_leader_serves() {
+    fn pass(members: &[Observed]) -> Pass<'_> {
+        Pass {
+            generation: Some(1),
+            desired: 3,
+            members,
+            rolled: false,
+            moving: false,
+            growth: &Growth::Done,
+            plan_refused: false,
+            restoring: false,
+            incident: false,
+            switching: None,
+        }
+    }
+    let mut status = DatabaseStatus { primary: Some("orders-0".into()), ..ran() };
+    set(&mut status.conditions, ConditionType::Degraded, true, Reason::NoLeader, "no member leads: no member reports its status", Some(1));
+    let none_serve = members(&[false, true, false]);
+    conclude(&mut status, &pass(&none_serve));
+    assert_eq!(condition(&status, ConditionType::Degraded).1, "NoLeader");
+    let mut lost = members(&[true, true, false]);
+    lost[2].down = Some("node plugdb-node-a is not ready".into());
+    conclude(&mut status, &pass(&lost));
+    let (state, reason, message) = condition(&status, ConditionType::Degraded);
+    assert_eq!((state, reason), ("True", "MembersDown"));
+    assert!(message.contains("orders-2: node plugdb-node-a is not ready"), "{message}");
+}
+
 #[test]
 fn an_unschedulable_member_is_named_in_ready() {
     let mut stuck = members(&[true, false]);
