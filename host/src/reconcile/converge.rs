@@ -577,8 +577,8 @@ impl<'a> Pass<'a> {
             }
         }
         let set = applied.stateful_set.as_ref();
-        // Which replicas said in this pass that they stream.
-        let streams = |m: &Observed| self.heard.iter().any(|(pod, said)| *pod == m.name && !said.primary && said.lag.is_some());
+        // Which replicas said in this pass whether they stream.
+        let streams = |m: &Observed| self.heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, said)| !said.primary && said.lag.is_some());
         let observed: Vec<Observed> = members.observed.iter().map(|m| Observed { streaming: streams(m), ..m.clone() }).collect();
         let roll = decide::roll(&observed, &primary.name, set, &applied.role_free, (granted, primary.failed_over));
         for (name, role) in roll.labels {

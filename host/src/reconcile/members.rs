@@ -81,9 +81,9 @@ pub struct Observed {
     /// Not ready only because a readiness probe fails: every container runs, and the
     /// agent's (which a fence makes not ready) is ready.
     pub probe_failing: bool,
-    /// Its agent said in this pass that it streams from a primary: a replica that knows
-    /// its lag (see [`next_to_roll`]).
-    pub streaming: bool,
+    /// What its agent said in this pass: whether it streams from a primary (a replica
+    /// that knows its lag); `None` when it gave no status (see [`next_to_roll`]).
+    pub streaming: Option<bool>,
 }
 
 impl Observed {
@@ -113,7 +113,7 @@ impl Observed {
             node_lost: false,
             crash_loop: false,
             probe_failing: false,
-            streaming: false,
+            streaming: None,
             address,
         }
     }
@@ -178,7 +178,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 node_lost: false,
                 crash_loop,
                 probe_failing,
-                streaming: false,
+                streaming: None,
                 name,
             })
         })
@@ -331,12 +331,14 @@ pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &s
         return None;
     }
     // While a member is away only what a new primary needs restarts: a replica that
-    // followed another leader, unless its agent says it streams (from the primary, the
-    // one a replica reaches: the other is fenced or away). It restarts once the member
+    // followed another leader, once its agent says it streams nothing (one that streams
+    // does from the primary, the one a replica reaches: the other is fenced or away; one
+    // whose agent is silent is made again if it does not replicate). It restarts once the member
     // is back, when another replica can confirm synchronous commits meanwhile. The
     // primary last, and not while a member is away (it would leave none serving).
     let away = members.iter().any(|m| m.node_lost);
-    let to_follow = |m: &&Observed| follows_another(m, primary) && !m.streaming && follow_grace_left(members, primary).is_none();
+    let to_follow =
+        |m: &&Observed| follows_another(m, primary) && m.streaming == Some(false) && follow_grace_left(members, primary).is_none();
     let replica =
         members.iter().rev().filter(outdated).filter(|m| !away || to_follow(m)).find(|m| m.name != primary && !m.fenced && !m.node_lost);
     replica.or_else(|| the_primary.filter(outdated).filter(|_| !away))

@@ -514,9 +514,15 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         let now = client.eventually(&pod_ip(&old), query, WAIT, |r| r == following).await;
         assert_eq!(now, following, "{name}: the old primary follows the new one");
         // At no moment did two members take writes: the old primary, fenced before the
-        // promotion, and then the promoted member alone, asked throughout.
+        // promotion, and then the promoted member alone, asked throughout (on a machine
+        // this busy a promoted member whose engine stops answering may be failed over in
+        // turn: each then in turn, none again once another took writes).
         let (turns, took) = writers.turns().await;
-        assert_eq!(turns, [old.name_any(), promoted.clone()], "{name}: the members that took writes, in turn");
+        let once: std::collections::BTreeSet<&String> = turns.iter().collect();
+        assert!(
+            turns.len() >= 2 && turns[0] == old.name_any() && turns.last() == Some(&promoted) && once.len() == turns.len(),
+            "{name}: the members that took writes, in turn: {turns:?}"
+        );
         let first_new = took.iter().filter(|(_, m, _)| *m == promoted).map(|(at, ..)| *at).min().expect("the new primary took writes");
         eprintln!("{ns}: {name}'s node lost → {promoted} took its first write {:.1} s after", (first_new - lost).as_secs_f64());
         let last_old = took.iter().filter(|(_, m, _)| *m == old.name_any()).map(|(at, ..)| *at).max().expect("the old primary took writes");
