@@ -337,8 +337,8 @@ pub fn next_to_roll<'a>(members: &'a [Observed], wanted: Wanted<'_>, primary: &s
     // is back, when another replica can confirm synchronous commits meanwhile. The
     // primary last, and not while a member is away (it would leave none serving).
     let away = members.iter().any(|m| m.node_lost);
-    let to_follow =
-        |m: &&Observed| follows_another(m, primary) && m.streaming == Some(false) && follow_grace_left(members, primary).is_none();
+    let grace_over = follow_grace_left(members, primary).is_none();
+    let to_follow = |m: &&Observed| grace_over && follows_another(m, primary) && m.streaming == Some(false);
     let replica =
         members.iter().rev().filter(outdated).filter(|m| !away || to_follow(m)).find(|m| m.name != primary && !m.fenced && !m.node_lost);
     replica.or_else(|| the_primary.filter(outdated).filter(|_| !away))
