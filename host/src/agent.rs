@@ -318,7 +318,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("listening at {address}"))?;
     tracing::info!(%address, command = %commands.status.join(" "), fence = commands.fence.is_some(), "the member agent serves");
     let connections = Arc::new(Semaphore::new(CONNECTIONS));
-    let peers = Peers::default();
+    let peers = Peers::bounded(PER_PEER);
     if commands.fence.is_none() {
         commands.promote.clear();
         commands.follow.clear();
@@ -367,9 +367,12 @@ pub async fn serve(
     }
 }
 
-/// How many connections each address has open, bounded by [`PER_PEER`].
-#[derive(Default, Clone)]
-struct Peers(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+/// How many connections each address has open, and how many one may have.
+#[derive(Clone)]
+struct Peers {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    limit: usize,
+}
 
 /// One connection counted for its address until dropped.
 struct PeerPermit {
@@ -378,10 +381,14 @@ struct PeerPermit {
 }
 
 impl Peers {
+    fn bounded(limit: usize) -> Peers {
+        Peers { open: Arc::default(), limit }
+    }
+
     fn admit(&self, ip: std::net::IpAddr) -> Option<PeerPermit> {
-        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let count = open.entry(ip).or_default();
-        if *count >= PER_PEER {
+        if *count >= self.limit {
             return None;
         }
         *count += 1;
@@ -391,7 +398,7 @@ impl Peers {
 
 impl Drop for PeerPermit {
     fn drop(&mut self) {
-        let mut open = self.peers.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.peers.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(count) = open.get_mut(&self.ip) {
             *count -= 1;
             if *count == 0 {
@@ -529,8 +536,8 @@ async fn fence_ran(agent: &Agent, before: u64) -> bool {
     ran()
 }
 
-/// Whether the member is ready as far as its agent knows: not fenced. (The agent's
-/// readiness probe, `plugdb agent ready`.)
+/// Whether the member is ready as far as its agent knows: not fenced (the agent's
+/// readiness, `GET /ready` on the metrics port).
 pub fn ready(mark: &Path) -> Result<(), String> {
     match std::fs::read_to_string(mark) {
         Ok(why) => Err(format!("fenced: {}", why.trim())),

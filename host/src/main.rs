@@ -227,8 +227,6 @@ enum AgentCommand {
     /// Answer the operator's `GET /status` with what COMMAND prints, over mutual TLS (and
     /// `POST /fence`, given a fence command).
     Serve(Box<plugdb::agent::protocol::Serve>),
-    /// Exit 0 unless the member is fenced (the agent's readiness).
-    Ready,
     /// Run COMMAND (the engine) as this process's child, and kill it when the agent says
     /// (see `plugdb::agent::guard`).
     Guard {
@@ -477,10 +475,6 @@ fn command() -> Result<()> {
             Ok(())
         }
         Command::Agent(AgentCommand::Guard { stop, command }) => std::process::exit(plugdb::agent::guard::guard(&stop, &command)?),
-        Command::Agent(AgentCommand::Ready) => {
-            let mark = Path::new(plugdb::agent::STATE).join(plugdb::agent::FENCED_FILE);
-            plugdb::agent::ready(&mark).map_err(|e| anyhow::anyhow!(e))
-        }
         Command::Agent(AgentCommand::Serve(serve)) => {
             let plugdb::agent::protocol::Serve {
                 port,

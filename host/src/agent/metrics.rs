@@ -3,8 +3,14 @@
 //! the operator does, by the plugin's status command (at most one at a time and once
 //! every [`FRESH_FOR`], beside the operator's commands, never in their way), and the data
 //! volume by `statfs`. Nothing about a scrape can stop the member serving:
-//! its connections are bounded apart from the operator's ([`CONNECTIONS`], a few
-//! seconds each), and a port that cannot be opened is logged, not fatal.
+//! its connections are bounded apart from the operator's ([`CONNECTIONS`], [`PER_PEER`]
+//! from one address, a few seconds each), and a port that cannot be opened is logged.
+//!
+//! The kubelet asks `GET /ready` here for the agent's readiness: `200` while the member
+//! is not fenced, `503` with the fence's reason once it is. Answered from the mark
+//! alone, with no command and no process started: an exec probe is a process in the
+//! container every few seconds, which a busy node runs late (three late in a row made a
+//! serving member not ready, and it was failed over).
 //!
 //! Every series carries `namespace`, `database`, `engine`, `member` and `role`
 //! (`primary`, `replica`, or `unknown` while the status command does not answer).
@@ -26,8 +32,11 @@ use super::{Agent, COMMAND_TIMEOUT, Status, parse, run};
 pub const PORT: u16 = 9188;
 /// How long a status answer is served before the command runs again.
 pub const FRESH_FOR: Duration = Duration::from_secs(10);
-/// Scrapes at a time (the operator's connections are counted apart).
-const CONNECTIONS: usize = 4;
+/// Connections at a time (the operator's are counted apart).
+const CONNECTIONS: usize = 8;
+/// Connections at a time from one address: a pod that holds some open leaves the
+/// kubelet's and the scraper's their own.
+const PER_PEER: usize = 2;
 /// How long one scrape may take: its request, a status command, its answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_HEAD: usize = 1 << 10;
@@ -168,16 +177,18 @@ impl Default for Looks {
 /// Serves the member's series on `listener` for as long as the agent runs.
 pub(super) async fn serve(listener: tokio::net::TcpListener, agent: Arc<Agent>, member: Member) {
     let (member, looks, connections) = (Arc::new(member), Arc::new(Looks::default()), Arc::new(Semaphore::new(CONNECTIONS)));
+    let peers = super::Peers::bounded(PER_PEER);
     loop {
-        let Ok((socket, _)) = listener.accept().await else {
+        let Ok((socket, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        let Some(peer_permit) = peers.admit(peer.ip()) else { continue };
         let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
         let (agent, member, looks) = (agent.clone(), member.clone(), looks.clone());
         tokio::spawn(async move {
             let _ = tokio::time::timeout(CONNECTION_TIMEOUT, scrape(socket, &agent, &member, &looks)).await;
-            drop(permit);
+            drop((permit, peer_permit));
         });
     }
 }
@@ -196,8 +207,13 @@ async fn scrape(mut socket: tokio::net::TcpStream, agent: &Agent, member: &Membe
         let said = status(agent, looks).await;
         let volume = member.data.as_deref().and_then(volume);
         ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", encode(member, said.as_ref(), agent.is_fenced(), volume))
+    } else if head.starts_with(b"GET /ready ") {
+        match agent.commands.fence.as_ref().map_or(Ok(()), |f| super::ready(&f.mark)) {
+            Ok(()) => ("200 OK", "text/plain", "ready\n".to_string()),
+            Err(fenced) => ("503 Service Unavailable", "text/plain", format!("{fenced}\n")),
+        }
     } else {
-        ("404 Not Found", "text/plain", "only GET /metrics is served here\n".to_string())
+        ("404 Not Found", "text/plain", "only GET /metrics and GET /ready are served here\n".to_string())
     };
     let response =
         format!("HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());

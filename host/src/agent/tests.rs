@@ -418,6 +418,38 @@ async fn idle_connections_from_elsewhere_do_not_starve_the_operator() {
     drop(idle);
 }
 
+/// Idle connections to the metrics port from another address (a pod of the tenant's)
+/// hold at most two of its slots: the kubelet's look at the agent's readiness is
+/// answered while they hang on, and the member is not made unready by them.
+#[tokio::test]
+async fn idle_connections_to_the_metrics_port_do_not_make_the_member_unready() {
+    let ours = issued("idle-metrics");
+    let (port, metrics_port) = (free_port(), free_port());
+    let dir = ours.dir.0.clone();
+    let commands = Commands { status: sh("echo replica 0/1"), fence: Some(fence_in(&dir, None)), ..Default::default() };
+    let member = metrics::Member {
+        namespace: "shop".into(),
+        database: "orders".into(),
+        engine: "postgres".into(),
+        member: "orders-1".into(),
+        data: None,
+    };
+    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
+    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
+    let mut idle = Vec::new();
+    for _ in 0..24 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.bind("127.0.0.2:0".parse().expect("an address")).expect("bound to another address");
+        idle.push(socket.connect(([127, 0, 0, 1], metrics_port).into()).await.expect("connected"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..5 {
+        let ready = tokio::time::timeout(Duration::from_secs(2), http_get(metrics_port, "/ready")).await.expect("answered at once");
+        assert!(ready.starts_with("HTTP/1.1 200"), "ready while 24 idle connections hang on: {ready}");
+    }
+    drop(idle);
+}
+
 /// An engine that does not confirm its fence (its fence command fails: hung) is stopped
 /// when the operator asks, once fenced and not before; the stop is confirmed as the fence
 /// is, by the fence command, which here succeeds once the guard's order is written.
@@ -519,11 +551,15 @@ async fn the_members_series_are_served_to_a_scraper() {
     };
     let (size, used) = (value("plugdb_member_volume_size_bytes", &scraped), value("plugdb_member_volume_used_bytes", &scraped));
     assert!(size > 0.0 && used > 0.0 && used <= size, "{used} of {size}");
+    let ready = http_get(metrics_port, "/ready").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "the kubelet's look at an unfenced member: {ready}");
     std::fs::write(dir.join(FENCED_FILE), "fenced by a test\n").expect("the mark");
     let fenced = http_get(metrics_port, "/metrics").await;
     assert!(fenced.contains(&format!("plugdb_member_fenced{labels} 1.0")), "{fenced}");
-    assert_eq!(std::fs::read_to_string(&runs).expect("runs").lines().count(), 1, "one status command for both scrapes");
-    assert!(http_get(metrics_port, "/status").await.starts_with("HTTP/1.1 404"), "nothing but the series is served there");
+    let ready = http_get(metrics_port, "/ready").await;
+    assert!(ready.starts_with("HTTP/1.1 503") && ready.contains("fenced: fenced by a test"), "a fenced member is not ready: {ready}");
+    assert_eq!(std::fs::read_to_string(&runs).expect("runs").lines().count(), 1, "one status command for both scrapes, none to look");
+    assert!(http_get(metrics_port, "/status").await.starts_with("HTTP/1.1 404"), "nothing but the series and readiness are served there");
     // The operator is told the member's volume with its status.
     std::fs::remove_file(dir.join(FENCED_FILE)).expect("unfenced");
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };

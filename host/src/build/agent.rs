@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, KeyToPath, Probe, ResourceRequirements, SecretVolumeSource, Volume,
-    VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, Probe, ResourceRequirements, SecretVolumeSource,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::pod;
@@ -97,9 +98,15 @@ pub fn containers(
         let own = crate::plugin::EnvVar { name: OWN_ADDRESS_ENV.into(), source: crate::plugin::EnvSource::Field("status.podIP".into()) };
         env.extend(pod::env(&[own]));
         readiness = Some(Probe {
-            exec: Some(ExecAction { command: Some(vec![binary.clone(), "agent".into(), "ready".into()]) }),
-            // An exec on a busy node can take seconds: three slow looks in a row, not one,
-            // make the member not ready (a fence itself is held by the engine's start).
+            // Asked of the agent over HTTP, by the kubelet itself: no process in the
+            // container. Three missed looks in a row, not one, make the member not ready
+            // (a fence itself is held by the engine's start).
+            http_get: Some(HTTPGetAction {
+                path: Some("/ready".into()),
+                port: IntOrString::Int(i32::from(metrics::PORT)),
+                scheme: Some("HTTP".into()),
+                ..Default::default()
+            }),
             period_seconds: Some(5),
             timeout_seconds: Some(5),
             failure_threshold: Some(3),

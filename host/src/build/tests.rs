@@ -370,8 +370,8 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     assert_eq!(serde_json::from_str::<Vec<String>>(&kubelet(&command[at + 1])).expect("JSON"), w.fence_command);
     let at = command.iter().position(|a| a == "--members").expect("--members");
     assert_eq!(command[at + 1], "orders-headless.shop.svc");
-    let ready = agent.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone()).expect("readiness");
-    assert_eq!(ready, ["/plugdb-bin/plugdb", "agent", "ready"]);
+    let ready = agent.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("readiness over HTTP");
+    assert_eq!((ready.path.as_deref(), &ready.port), (Some("/ready"), &IntOrString::Int(9188)));
     let state = |c: &k8s_openapi::api::core::v1::Container| {
         c.volume_mounts.iter().flatten().find(|m| m.name == "agent-state").map(|m| (m.mount_path.clone(), m.read_only))
     };
