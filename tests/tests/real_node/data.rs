@@ -396,10 +396,23 @@ async fn interrupted_upload(cluster: &Cluster, minio: &Minio, client: &Client, p
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // SIGKILL from the node, as a crash of the node or the pod would: no chance to finish.
+    // Its file is in the bucket before the kubelet may have said the container runs (a
+    // busy node reports late): the pod as soon as it says so.
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
     let selector = kube::api::ListParams::default().labels(&format!("job-name={name}"));
-    let uploading = pods.list(&selector).await.expect("pods").items;
-    assert_eq!(uploading.len(), 1, "one pod uploads");
+    let running = |p: &Pod| {
+        let statuses = p.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+        statuses.is_some_and(|c| c.iter().any(|c| c.container_id.is_some() && c.state.as_ref().is_some_and(|s| s.running.is_some())))
+    };
+    let uploading = loop {
+        let listed = pods.list(&selector).await.expect("pods").items;
+        assert_eq!(listed.len(), 1, "one pod uploads");
+        if running(&listed[0]) {
+            break listed;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the uploading pod never said its container runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     signal_engine(&uploading[0], "plugdb", "KILL");
     assert!(!stored.join(object_storage::MANIFEST).exists(), "the upload finished before it could be interrupted");
 

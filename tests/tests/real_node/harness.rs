@@ -25,11 +25,9 @@ pub type Scenario = fn(Arc<Cluster>) -> Pin<Box<dyn Future<Output = ()> + Send>>
 const PLUGINS: &[(&str, &str)] = &[("postgres", "postgres"), ("mysql", "mysql"), ("etcd", "etcd")];
 
 /// Runs the scenarios selected by the command line (substring filters; `--list`
-/// lists them) on the real nodes: the `shared` ones first, a few at a time, then those
-/// in `alone`, in their order, one at a time with nothing else running (they restart
-/// the operator, count its requests, or take a node away from every member on it). Last,
-/// when the test command's other tiers, which run beside this one, are done or nearly:
-/// they time the operator's failovers, and a machine this loaded runs their probes late.
+/// lists them) on the real nodes: those in `alone` first, one at a time with nothing
+/// else running (they restart the operator, count its requests, or take a node away
+/// from every member on it), then the `shared` ones a few at a time.
 pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario)]) -> ExitCode {
     let scenarios: Vec<(&'static str, Scenario, bool)> =
         alone.iter().map(|&(n, s)| (n, s, true)).chain(shared.iter().map(|&(n, s)| (n, s, false))).collect();
@@ -174,6 +172,9 @@ async fn run_all(selected: Vec<(&'static str, Scenario, bool)>, parallel: usize)
         Arc::new(Cluster::on(Backing::Node(Box::new(node)), PLUGINS).await.map_err(|e| format!("the operator did not start: {e:#}"))?);
     let mut results = Vec::new();
     let (alone, shared): (Vec<_>, Vec<_>) = selected.into_iter().partition(|(_, _, alone)| *alone);
+    for (name, scenario, _) in alone {
+        results.push((name, run_one(name, scenario, cluster.clone()).await));
+    }
     let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut handles = Vec::new();
     for (name, scenario, _) in shared {
@@ -185,9 +186,6 @@ async fn run_all(selected: Vec<(&'static str, Scenario, bool)>, parallel: usize)
     }
     for handle in handles {
         results.push(handle.await.map_err(|e| format!("a scenario task failed: {e}"))?);
-    }
-    for (name, scenario, _) in alone {
-        results.push((name, run_one(name, scenario, cluster.clone()).await));
     }
     // The scenarios' clones are gone: dropping the last one tears the node down. A clone
     // kept by something still running must not keep the node up: tear down regardless.

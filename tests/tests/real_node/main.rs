@@ -39,6 +39,9 @@ fn main() -> ExitCode {
             ("mysql_operator_killed_at_random_points_of_create_scale_backup_upgrade_delete", |c| {
                 Box::pin(faults::killed_at_random_points(c))
             }),
+            // These take a node away from every member on it: nothing else runs meanwhile.
+            ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
+            ("postgres_and_mysql_node_drained_under_writers_within_the_disruption_budgets", |c| Box::pin(nodes::drain_under_writers(c))),
             // The operator every scenario shares is killed mid-failover.
             ("mysql_hung_primary_is_stopped_before_a_replica_is_promoted_and_loses_no_write_with_the_operator_killed_mid_failover", |c| {
                 Box::pin(members::hung_primary_under_a_writer(c, Engine::Mysql, "11.8"))
@@ -47,11 +50,6 @@ fn main() -> ExitCode {
             ("helm_install_then_the_example_database_runs_on_the_bundled_engines", |c| {
                 Box::pin(install::helm_install_then_the_example_runs(c))
             }),
-            // These take a node away from every member on it: nothing else runs meanwhile.
-            // The node lost last, when the machine is quietest: it times failovers of seven
-            // Databases at once.
-            ("postgres_and_mysql_node_drained_under_writers_within_the_disruption_budgets", |c| Box::pin(nodes::drain_under_writers(c))),
-            ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
         ],
         &[
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
