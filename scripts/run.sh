@@ -39,10 +39,11 @@ trap 'exit 130' INT TERM
 
 echo "== building plugdb and the engine plugins"
 cargo build -q -p plugdb -p plugdb-tests --bins
+built="${CARGO_TARGET_DIR:-target}/debug"
 cargo run -q -p xtask -- plugins "$work/plugins" >/dev/null
 
 echo "== starting a control plane and three real nodes (containerd, kubelet, kube-proxy; CoreDNS, local-path)"
-target/debug/node "$KUBECONFIG" 2>"$work/node.log" &
+"$built/node" "$KUBECONFIG" 2>"$work/node.log" &
 node_pid=$!
 for _ in $(seq 1800); do
   [[ -f $KUBECONFIG ]] && break
@@ -57,14 +58,14 @@ kubectl apply -f crds/
 kubectl wait --for condition=established --timeout=30s crd/databases.plugdb.io
 kubectl create namespace plugdb-system
 for plugin in "$work"/plugins/*.wasm; do
-  target/debug/plugdb plugin pack "$plugin" --namespace plugdb-system | kubectl apply --server-side -f -
+  "$built/plugdb" plugin pack "$plugin" --namespace plugdb-system | kubectl apply --server-side -f -
 done
 
 # As the chart runs it: knowing its own image (which the nodes hold), so every member runs
 # the member agent beside its engine (failover, fencing, switchover, positions in status).
 image=$(cat "$KUBECONFIG.image")
 echo "== starting the operator (its image: $image)"
-target/debug/plugdb run --namespace plugdb-system --listen 127.0.0.1:0 --image "$image" >"$work/operator.log" 2>&1 &
+"$built/plugdb" run --namespace plugdb-system --listen 127.0.0.1:0 --image "$image" >"$work/operator.log" 2>&1 &
 operator_pid=$!
 
 echo "== applying examples/orders-db.yaml"
@@ -116,7 +117,7 @@ cat <<EOF
   # the application's login is in the Secret orders-app (username, password, dbname, uri):
   PGPASSWORD=\$(kubectl get secret orders-app -o jsonpath='{.data.password}' | base64 -d) \\
     nsenter --net=/run/netns/plugdb-node-a psql -h $rw -U app app    # read-write; $ro is read-only
-  target/debug/plugdb connect orders    # psql as the superuser, in the primary
+  $built/plugdb connect orders    # psql as the superuser, in the primary
   # Service and pod addresses live in the nodes' network namespaces, hence nsenter;
   # or: kubectl port-forward svc/orders 5432 and psql -h 127.0.0.1
   operator log: $work/operator.log

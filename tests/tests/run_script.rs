@@ -75,7 +75,7 @@ fn ctrl_c_after_the_operator_died_tears_everything_down() {
             }
         }
     }
-    let plugdb = root.join("target/debug/plugdb").canonicalize().expect("the plugdb binary");
+    let plugdb = plugdb_tests::plugdb_binary().canonicalize().expect("the plugdb binary");
     // run.sh prints its next step right after it forks the operator, which may not have
     // exec'd the binary yet.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -107,6 +107,6 @@ fn ctrl_c_after_the_operator_died_tears_everything_down() {
     let ours: Vec<String> =
         namespaces.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(plugdb_tests::node::NETNS)).collect();
     assert!(ours.is_empty(), "network namespaces left: {ours:?}");
-    let node = root.join("target/debug/node").canonicalize().expect("the node binary");
+    let node = plugdb.with_file_name("node").canonicalize().expect("the node binary");
     assert!(processes(&node, None).is_empty() && processes(&plugdb, Some("run")).is_empty(), "nothing of it still runs");
 }

@@ -109,6 +109,12 @@ async fn lost_only_at_the_failover(d: Sql, synchronous: bool) {
     }
 }
 
+/// How long the Databases made here may take to run, and to run whole again after a
+/// switchover before the test begins: up to seven start at once, 21 members on three
+/// nodes whose two cores the test command's other tiers share (a primary's first start
+/// took 3.5 minutes there). Not a bound on the operator: what is timed comes after.
+const STARTING: Duration = Duration::from_secs(2 * WAIT.as_secs());
+
 /// A SQL Database of the node-loss scenario, with its writer.
 struct Sql {
     name: &'static str,
@@ -120,7 +126,7 @@ struct Sql {
 impl Sql {
     /// Database `name` running with `replicas` members: a table with rows, and a writer.
     async fn start(cluster: &Cluster, ns: &str, name: &'static str, engine: Engine, replicas: i32) -> Sql {
-        cluster.wait_database(ns, name, "members Ready", WAIT, |d| is_running(d, replicas)).await.expect("running");
+        cluster.wait_database(ns, name, "members Ready", STARTING, |d| is_running(d, replicas)).await.expect("running");
         let client = Arc::new(Client::new(cluster, engine, ns, name).await);
         let rw = client.service_ip(name).await;
         client.create_table(&rw).await;
@@ -296,7 +302,7 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     {
         let _away = keep_off(nodes, std::slice::from_ref(&node));
         cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 2, moved.clone())).await.expect("apply");
-        cluster.wait_database(ns, "mv", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("running");
+        cluster.wait_database(ns, "mv", "2 members Ready", STARTING, |d| is_running(d, 2)).await.expect("running");
     }
     let sync_spec = |synchronous: bool| if synchronous { json!({"replication": {"mode": "Synchronous"}}) } else { json!({}) };
     let lost_primaries = [("lm", Engine::Mysql, "10.11", false), ("ls", Engine::Mysql, "11.8", true)];
@@ -308,9 +314,9 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         }
         cluster.apply_database(ns, database("mv", Engine::Postgres, "15", 3, moved)).await.expect("grow");
         for (name, ..) in lost_primaries {
-            cluster.wait_database(ns, name, "1 member Ready", WAIT, |d| is_running(d, 1)).await.expect("running");
+            cluster.wait_database(ns, name, "1 member Ready", STARTING, |d| is_running(d, 1)).await.expect("running");
         }
-        cluster.wait_database(ns, "mv", "3 members Ready", WAIT, |d| is_running(d, 3)).await.expect("running");
+        cluster.wait_database(ns, "mv", "3 members Ready", STARTING, |d| is_running(d, 3)).await.expect("running");
     }
     for (name, engine, version, synchronous) in lost_primaries {
         cluster.apply_database(ns, database(name, engine, version, 3, sync_spec(synchronous))).await.expect("grow");
@@ -325,7 +331,7 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
         if node_of(&d.primary(&cluster, ns).await) == node {
             let elsewhere = d.client.members().await.into_iter().find(|p| node_of(p) != node).expect("a member elsewhere");
             crate::plugdb(&cluster, &["switchover", d.name, &elsewhere.name_any(), "--namespace", ns]).await;
-            cluster.wait_database(ns, d.name, "3 members Ready", WAIT, |db| is_running(db, 3)).await.expect("running");
+            cluster.wait_database(ns, d.name, "3 members Ready", STARTING, |db| is_running(db, 3)).await.expect("running");
         }
         assert_ne!(node_of(&d.primary(&cluster, ns).await), node, "{}'s primary is elsewhere", d.name);
     }
@@ -346,11 +352,11 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             match asked {
                 Ok(_) => break,
                 Err(e) if attempt == 3 => panic!("switchover to {there}: {e}"),
-                Err(_) => cluster.wait_database(ns, "lp", "running whole again", WAIT, |db| is_running(db, 3)).await.expect("running"),
+                Err(_) => cluster.wait_database(ns, "lp", "running whole again", STARTING, |db| is_running(db, 3)).await.expect("running"),
             };
         }
         let led = |db: &Database| db.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(there.as_str()) && is_running(db, 3);
-        cluster.wait_database(ns, "lp", "its member on the node primary", WAIT, led).await.expect("switched over");
+        cluster.wait_database(ns, "lp", "its member on the node primary", STARTING, led).await.expect("switched over");
     }
     let mut failing_over = Vec::new();
     for (name, engine, _, synchronous) in lost_primaries {
