@@ -384,6 +384,19 @@ async fn an_authority_put_into_the_secret_is_not_obeyed() {
     assert_eq!(ask(ours.operator.clone()).await.as_deref(), Some("primary 0/7\n"), "the operator's alone is");
 }
 
+/// `count` connections to `port` from another address (127.0.0.2) that send nothing,
+/// once the server has had a moment to accept them.
+async fn idle_from_elsewhere(port: u16, count: usize) -> Vec<tokio::net::TcpStream> {
+    let mut idle = Vec::new();
+    for _ in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.bind("127.0.0.2:0".parse().expect("an address")).expect("bound to another address");
+        idle.push(socket.connect(([127, 0, 0, 1], port).into()).await.expect("connected"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    idle
+}
+
 /// Idle connections that never finish a handshake, from another address (a pod of the
 /// tenant's), hold at most [`PER_PEER`] of the agent's slots: the operator is answered
 /// at once while they hang on.
@@ -405,13 +418,7 @@ async fn idle_connections_from_elsewhere_do_not_starve_the_operator() {
         }
     };
     assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).await, "serving");
-    let mut idle = Vec::new();
-    for _ in 0..24 {
-        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
-        socket.bind("127.0.0.2:0".parse().expect("an address")).expect("bound to another address");
-        idle.push(socket.connect(([127, 0, 0, 1], port).into()).await.expect("connected"));
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let idle = idle_from_elsewhere(port, 24).await;
     for _ in 0..5 {
         assert_eq!(ask().await.as_deref(), Some("replica 0/1\n"), "the operator is answered while 24 idle connections hang on");
     }
@@ -436,13 +443,7 @@ async fn idle_connections_to_the_metrics_port_do_not_make_the_member_unready() {
     };
     tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
     assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
-    let mut idle = Vec::new();
-    for _ in 0..24 {
-        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
-        socket.bind("127.0.0.2:0".parse().expect("an address")).expect("bound to another address");
-        idle.push(socket.connect(([127, 0, 0, 1], metrics_port).into()).await.expect("connected"));
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let idle = idle_from_elsewhere(metrics_port, 24).await;
     for _ in 0..5 {
         let ready = tokio::time::timeout(Duration::from_secs(2), http_get(metrics_port, "/ready")).await.expect("answered at once");
         assert!(ready.starts_with("HTTP/1.1 200"), "ready while 24 idle connections hang on: {ready}");
