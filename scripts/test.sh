@@ -18,7 +18,7 @@ wait "$builds"
 # After the real-node scenarios, not beside them: `run_script` starts nodes of its own,
 # `plugin_calls` and `leader_election` time their own progress against deadlines of a
 # few seconds, and `memory_limit` keeps both cores busy for minutes (hundreds of
-# Databases and a compile bomb), which the node-loss scenario's seven Databases starting
+# Databases and a compile bomb), which the node-loss scenario's six Databases starting
 # beside it could not share.
 after=(run_script plugin_calls leader_election memory_limit)
 beside=()

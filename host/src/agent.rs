@@ -127,6 +127,10 @@ pub struct Commands {
     pub synchronous: Vec<String>,
     /// `agent.follow-command` (served with a fence only, which knows the members' name).
     pub follow: Vec<String>,
+    /// The engine's exec readiness probe, which the agent runs for the kubelet.
+    pub readiness: Option<protocol::Check>,
+    /// The engine's exec liveness probe, likewise.
+    pub liveness: Option<protocol::Check>,
 }
 
 /// What a member says of itself.

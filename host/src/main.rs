@@ -485,6 +485,8 @@ fn command() -> Result<()> {
                 synchronous_command,
                 follow_command,
                 members,
+                readiness,
+                liveness,
                 metrics_port,
                 database,
                 engine,
@@ -510,6 +512,8 @@ fn command() -> Result<()> {
                 promote: promote_command.unwrap_or_default(),
                 synchronous: synchronous_command.unwrap_or_default(),
                 follow: follow_command.unwrap_or_default(),
+                readiness,
+                liveness,
             };
             let measured = match (metrics_port, database.as_deref().and_then(|d| d.split_once('/')), engine) {
                 (Some(port), Some((namespace, database)), Some(engine)) => {

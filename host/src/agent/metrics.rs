@@ -12,6 +12,15 @@
 //! container every few seconds, which a busy node runs late (three late in a row made a
 //! serving member not ready, and it was failed over).
 //!
+//! It asks the engine's own exec probes here too, `GET /engine/ready` and `GET
+//! /engine/live`: the agent runs the plugin's probe command in its container (the
+//! engine's image, environment, files and data volume) with the probe's timeout, and
+//! answers `200` when it exits 0, `503` with what it said otherwise. No `runc exec` per
+//! look: the kubelet's exec probe starts a runtime, enters the container and starts the
+//! command, every few seconds in every member; here the command alone starts. One run
+//! of each at a time, and a run's answer serves every ask within [`CHECK_FRESH_FOR`] of
+//! it: asks from elsewhere (a pod of the namespace) run it no more often.
+//!
 //! Every series carries `namespace`, `database`, `engine`, `member` and `role`
 //! (`primary`, `replica`, or `unknown` while the status command does not answer).
 
@@ -26,6 +35,7 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
+use super::protocol::{LIVENESS_PATH, READINESS_PATH};
 use super::{Agent, COMMAND_TIMEOUT, Status, parse, run};
 
 /// The port the member's series are served on, in every member with an agent.
@@ -35,10 +45,14 @@ pub const FRESH_FOR: Duration = Duration::from_secs(10);
 /// Connections at a time (the operator's are counted apart).
 const CONNECTIONS: usize = 8;
 /// Connections at a time from one address: a pod that holds some open leaves the
-/// kubelet's and the scraper's their own.
-const PER_PEER: usize = 2;
-/// How long one scrape may take: its request, a status command, its answer.
+/// kubelet's and the scraper's their own. The kubelet may ask three at once (the
+/// agent's readiness, the engine's readiness and liveness).
+const PER_PEER: usize = 3;
+/// How long one request may take to arrive, and a scrape to be answered (a status
+/// command, its answer); a probe is answered within its own timeout.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a probe's answer serves the asks that follow it.
+pub const CHECK_FRESH_FOR: Duration = Duration::from_secs(1);
 const MAX_HEAD: usize = 1 << 10;
 
 /// Who the member is, for the series' labels, and where its data volume is mounted.
@@ -161,16 +175,22 @@ pub fn encode(member: &Member, said: Option<&Status>, fenced: bool, volume: Opti
 }
 
 /// What scrapes share: the last status answer, when it was had, and the one status
-/// command a scrape may run at a time.
+/// command a scrape may run at a time; and the engine's probes, each with its last
+/// answer (a probe's lock is held while it runs).
 #[derive(Debug)]
 pub(super) struct Looks {
     last: Mutex<Option<(Instant, Option<Status>)>>,
     running: Semaphore,
+    readiness: Checked,
+    liveness: Checked,
 }
+
+/// A probe's last answer and when it was had.
+type Checked = tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>;
 
 impl Default for Looks {
     fn default() -> Self {
-        Looks { last: Mutex::default(), running: Semaphore::new(1) }
+        Looks { last: Mutex::default(), running: Semaphore::new(1), readiness: Checked::default(), liveness: Checked::default() }
     }
 }
 
@@ -187,23 +207,75 @@ pub(super) async fn serve(listener: tokio::net::TcpListener, agent: Arc<Agent>, 
         let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
         let (agent, member, looks) = (agent.clone(), member.clone(), looks.clone());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, scrape(socket, &agent, &member, &looks)).await;
+            let _ = scrape(socket, &agent, &member, &looks).await;
             drop((permit, peer_permit));
         });
     }
 }
 
+/// One connection: its request within [`CONNECTION_TIMEOUT`], and the answer within
+/// that again, or a probe's within its own timeout.
 async fn scrape(mut socket: tokio::net::TcpStream, agent: &Agent, member: &Member, looks: &Looks) -> std::io::Result<()> {
+    let timed_out = || std::io::Error::from(std::io::ErrorKind::TimedOut);
+    let head = tokio::time::timeout(CONNECTION_TIMEOUT, read_head(&mut socket)).await.map_err(|_| timed_out())??;
+    let probes =
+        [(READINESS_PATH, &agent.commands.readiness, &looks.readiness), (LIVENESS_PATH, &agent.commands.liveness, &looks.liveness)];
+    let probe = probes.into_iter().find_map(|(path, check, last)| {
+        let asked = head.starts_with(format!("GET {path} ").as_bytes());
+        Some((check.as_ref().filter(|_| asked)?, last))
+    });
+    let within = probe.map_or(Duration::ZERO, |(check, _)| Duration::from_secs(u64::from(check.timeout_seconds)));
+    let answered = tokio::time::timeout(CONNECTION_TIMEOUT + within, async {
+        let said = match probe {
+            Some((check, last)) => match checked(check, last).await {
+                Ok(()) => ("200 OK", "text/plain", "ok\n".to_string()),
+                Err(e) => ("503 Service Unavailable", "text/plain", format!("{e}\n")),
+            },
+            None => served(&head, agent, member, looks).await,
+        };
+        answer(&mut socket, said).await
+    });
+    answered.await.map_err(|_| timed_out())?
+}
+
+/// The request's head, up to its blank line (or [`MAX_HEAD`]).
+async fn read_head(socket: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
     let mut head = Vec::new();
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() <= MAX_HEAD {
         let mut chunk = [0u8; 256];
         let n = socket.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         head.extend_from_slice(&chunk[..n]);
     }
-    let (status, content_type, body) = if head.starts_with(b"GET /metrics ") {
+    Ok(head)
+}
+
+async fn answer(socket: &mut tokio::net::TcpStream, (status, content_type, body): (&str, &str, String)) -> std::io::Result<()> {
+    let response =
+        format!("HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+    socket.write_all(response.as_bytes()).await?;
+    socket.write_all(body.as_bytes()).await?;
+    socket.shutdown().await
+}
+
+/// The engine's probe `check`: its answer within [`CHECK_FRESH_FOR`] (one had while this
+/// ask waited for the run under way), else its command's now.
+pub(super) async fn checked(check: &super::protocol::Check, last: &Checked) -> Result<(), String> {
+    let mut last = last.lock().await;
+    if let Some((_, said)) = last.as_ref().filter(|(at, _)| at.elapsed() < CHECK_FRESH_FOR) {
+        return said.clone();
+    }
+    let said = run(&check.command, &[], Duration::from_secs(u64::from(check.timeout_seconds))).await.map(drop);
+    *last = Some((Instant::now(), said.clone()));
+    said
+}
+
+/// The answer to a request that is not a probe: the series, the agent's readiness, or
+/// what is served.
+async fn served(head: &[u8], agent: &Agent, member: &Member, looks: &Looks) -> (&'static str, &'static str, String) {
+    if head.starts_with(b"GET /metrics ") {
         let said = status(agent, looks).await;
         let volume = member.data.as_deref().and_then(volume);
         ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", encode(member, said.as_ref(), agent.is_fenced(), volume))
@@ -213,13 +285,8 @@ async fn scrape(mut socket: tokio::net::TcpStream, agent: &Agent, member: &Membe
             Err(fenced) => ("503 Service Unavailable", "text/plain", format!("{fenced}\n")),
         }
     } else {
-        ("404 Not Found", "text/plain", "only GET /metrics and GET /ready are served here\n".to_string())
-    };
-    let response =
-        format!("HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-    socket.write_all(response.as_bytes()).await?;
-    socket.write_all(body.as_bytes()).await?;
-    socket.shutdown().await
+        ("404 Not Found", "text/plain", "only GET /metrics, /ready, /engine/ready and /engine/live are served here\n".to_string())
+    }
 }
 
 /// What the member says of itself: the last answer while it is fresh, or while another

@@ -145,6 +145,13 @@ pub struct Serve {
     /// The name under which the cluster's DNS lists every member.
     #[arg(long, value_name = "HOST")]
     pub members: Option<String>,
+    /// The engine's readiness probe, run here for the kubelet (`GET /engine/ready` on the
+    /// metrics port), as JSON: `{"command": [...], "timeoutSeconds": n}`.
+    #[arg(long, value_name = "JSON", requires = "metrics_port", value_parser = check)]
+    pub readiness: Option<Check>,
+    /// The engine's liveness probe, run here for the kubelet (`GET /engine/live`).
+    #[arg(long, value_name = "JSON", requires = "metrics_port", value_parser = check)]
+    pub liveness: Option<Check>,
     /// Serve the member's series at `GET /metrics` on this port (plain HTTP).
     #[arg(long, value_name = "PORT", requires = "database")]
     pub metrics_port: Option<u16>,
@@ -166,10 +173,35 @@ pub struct Serve {
 /// the argument parser takes it as one value).
 pub type Argv = Vec<String>;
 
+/// An engine's exec probe the agent runs in its own container for the kubelet, which
+/// asks it over HTTP: the command (exit 0 is success) and how long it may run.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Check {
+    /// The probe's command.
+    pub command: Argv,
+    /// How long it may run: the probe's timeout.
+    pub timeout_seconds: u32,
+}
+
+/// The path of the engine's readiness probe on the metrics port.
+pub const READINESS_PATH: &str = "/engine/ready";
+/// The path of the engine's liveness probe on the metrics port.
+pub const LIVENESS_PATH: &str = "/engine/live";
+
 /// A certificate's SHA-256, 64 lowercase hex digits.
 fn fingerprint(hex: &str) -> Result<String, String> {
     let valid = hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     valid.then(|| hex.to_string()).ok_or_else(|| "not a SHA-256 in lowercase hex".to_string())
+}
+
+/// A probe given as JSON: a command, and from 1 to 60 seconds to run in.
+fn check(json: &str) -> Result<Check, String> {
+    let check: Check = serde_json::from_str(json).map_err(|e| format!("not a probe (command, timeoutSeconds): {e}"))?;
+    if check.command.is_empty() || !(1..=60).contains(&check.timeout_seconds) {
+        return Err("a probe needs a command and from 1 to 60 seconds".into());
+    }
+    Ok(check)
 }
 
 /// A command given as JSON.
@@ -192,6 +224,12 @@ impl Serve {
         for (flag, command) in commands {
             if let Some(command) = command {
                 argv.extend([flag.to_string(), json(command)]);
+            }
+        }
+        let checks = [("--readiness", &self.readiness), ("--liveness", &self.liveness)];
+        for (flag, check) in checks {
+            if let Some(check) = check {
+                argv.extend([flag.to_string(), serde_json::to_string(check).expect("a probe is JSON")]);
             }
         }
         let given = [
@@ -275,6 +313,8 @@ mod tests {
             follow_command: Some(vec!["follow".into()]),
             synchronous_command: Some(vec!["sync".into()]),
             members: Some("orders-headless.shop.svc".into()),
+            readiness: Some(Check { command: vec!["sh".into(), "-c".into(), "ready \"$X\"".into()], timeout_seconds: 2 }),
+            liveness: Some(Check { command: vec!["live".into()], timeout_seconds: 5 }),
             metrics_port: Some(9188),
             database: Some("shop/orders".into()),
             engine: Some("postgres".into()),
@@ -287,6 +327,8 @@ mod tests {
             follow_command: None,
             synchronous_command: None,
             members: None,
+            readiness: None,
+            liveness: None,
             metrics_port: None,
             database: None,
             engine: None,
@@ -303,5 +345,13 @@ mod tests {
         assert!(pinned(&"0A".repeat(32)).is_err(), "upper case: not the form the operator writes");
         assert!(pinned("0a0a").is_err(), "too short");
         assert!(Agent::try_parse_from(["agent", "--certs", "/c", "--", "psql"]).is_err(), "no pin: the agent does not start");
+        let probed = |json: &str| {
+            let argv = ["agent", "--certs", "/c", "--clients", &"0a".repeat(32), "--metrics-port", "9188", "--database", "a/b"];
+            Agent::try_parse_from(argv.into_iter().chain(["--engine", "e", "--readiness", json, "--", "psql"])).map(|a| a.serve.readiness)
+        };
+        assert!(probed(r#"{"command": ["true"], "timeoutSeconds": 2}"#).is_ok_and(|c| c.is_some()));
+        for bad in [r#"{"command": [], "timeoutSeconds": 2}"#, r#"{"command": ["true"], "timeoutSeconds": 0}"#, r#"["true"]"#] {
+            assert!(probed(bad).is_err(), "{bad}");
+        }
     }
 }

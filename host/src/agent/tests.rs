@@ -281,7 +281,8 @@ async fn only_the_operator_is_answered() {
     let promote = sh(&format!("echo promoted >> {}/promoted", certs.display()));
     let synchronous = sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS\" >> {}/synchronous", certs.display()));
     let follow = sh(&format!("echo \"$PLUGDB_PRIMARY_HOST\" >> {}/followed", certs.display()));
-    let commands = Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous, follow };
+    let commands =
+        Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous, follow, ..Default::default() };
     tokio::spawn(serve(([0, 0, 0, 0], port).into(), ours.trust(), commands, None));
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let fence = crate::plugin::MemberQuery { port, path: "/fence".into(), body: Some(String::new()), https: true };
@@ -568,6 +569,62 @@ async fn the_members_series_are_served_to_a_scraper() {
     let answer = answers(transport, &status, &[super::tests::member("db-0")]).await.remove(0).expect("the operator is answered");
     let volume = parse(&answer).expect("a status").volume.expect("with the volume");
     assert!(volume.used > 0 && volume.used <= volume.size, "{volume:?}");
+}
+
+/// The engine's exec probes run in the agent, asked over HTTP by the kubelet: `200` when
+/// the command exits 0, `503` with what it said otherwise or once it runs past its
+/// timeout; asks at once share one run, and one that is not given is not served.
+#[tokio::test]
+async fn the_engines_probes_run_in_the_agent_for_the_kubelet() {
+    let ours = issued("probed");
+    let (port, metrics_port) = (free_port(), free_port());
+    let dir = ours.dir.0.clone();
+    let (runs, up) = (dir.join("probe-runs"), dir.join("up"));
+    let readiness = sh(&format!("echo run >> {}; test -f {} || {{ echo not up >&2; exit 1; }}", runs.display(), up.display()));
+    let commands = Commands {
+        status: sh("echo replica 0/1"),
+        readiness: Some(protocol::Check { command: readiness, timeout_seconds: 1 }),
+        liveness: Some(protocol::Check { command: sh("sleep 5"), timeout_seconds: 1 }),
+        ..Default::default()
+    };
+    let member = metrics::Member {
+        namespace: "shop".into(),
+        database: "orders".into(),
+        engine: "postgres".into(),
+        member: "orders-1".into(),
+        data: None,
+    };
+    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
+    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
+    let said = http_get(metrics_port, "/engine/ready").await;
+    assert!(said.starts_with("HTTP/1.1 503") && said.contains("not up"), "a probe that fails, with what it said: {said}");
+    std::fs::write(&up, "").expect("up");
+    tokio::time::sleep(metrics::CHECK_FRESH_FOR).await;
+    let runs_before = std::fs::read_to_string(&runs).expect("runs").lines().count();
+    let asks: Vec<_> = (0..3).map(|_| tokio::spawn(http_get(metrics_port, "/engine/ready"))).collect();
+    for ask in asks {
+        let said = ask.await.expect("asked");
+        assert!(said.starts_with("HTTP/1.1 200"), "{said}");
+    }
+    let ran = std::fs::read_to_string(&runs).expect("runs").lines().count() - runs_before;
+    assert_eq!(ran, 1, "three asks at once (as many as one address may make), one run");
+    let started = std::time::Instant::now();
+    let hung = http_get(metrics_port, "/engine/live").await;
+    assert!(hung.starts_with("HTTP/1.1 503") && hung.contains("longer than 1s"), "a probe past its timeout fails: {hung}");
+    assert!(started.elapsed() < Duration::from_secs(3), "answered at its timeout: {:?}", started.elapsed());
+
+    let (port, metrics_port) = (free_port(), free_port());
+    let commands = Commands { status: sh("echo replica 0/1"), ..Default::default() };
+    let member = metrics::Member {
+        namespace: "shop".into(),
+        database: "orders".into(),
+        engine: "postgres".into(),
+        member: "orders-2".into(),
+        data: None,
+    };
+    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
+    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
+    assert!(http_get(metrics_port, "/engine/ready").await.starts_with("HTTP/1.1 404"), "no probe given: none served");
 }
 
 /// The filling rate is read over at least a quarter of an hour of looks (a burst of

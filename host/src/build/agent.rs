@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::pod;
-use crate::agent::protocol::Serve;
+use crate::agent::protocol::{Check, LIVENESS_PATH, READINESS_PATH, Serve};
 use crate::agent::{BIN_DIR, CERTS, FENCED_ENV, FENCED_FILE, FILES, OWN_ADDRESS_ENV, POD_NAME_ENV, PORT, STATE, metrics};
 use crate::crd::Database;
 use crate::names::Names;
@@ -80,8 +80,30 @@ pub fn containers(
         database: Some(format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())),
         engine: Some(db.spec.engine.clone()),
         data: data.as_ref().map(|m| m.mount_path.clone().into()),
+        readiness: None,
+        liveness: None,
         command: status.to_vec(),
     };
+    // The engine's exec probes run in the agent, which the kubelet asks over HTTP: no
+    // runtime started to enter the engine's container at each look. The agent answers
+    // within the plugin's timeout; the kubelet waits a second more for its answer.
+    let probes = [
+        (&mut engine.readiness_probe, &mut serve.readiness, READINESS_PATH),
+        (&mut engine.liveness_probe, &mut serve.liveness, LIVENESS_PATH),
+    ];
+    for (probe, check, path) in probes {
+        let Some(probe) = probe.as_mut() else { continue };
+        let Some(command) = probe.exec.take().and_then(|e| e.command) else { continue };
+        let timeout_seconds = probe.timeout_seconds.unwrap_or(1).clamp(1, 60) as u32;
+        *check = Some(Check { command, timeout_seconds });
+        probe.http_get = Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(i32::from(metrics::PORT)),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        });
+        probe.timeout_seconds = Some(timeout_seconds as i32 + 1);
+    }
     let seen = |m: &&VolumeMount| !["data", "archive"].contains(&m.name.as_str());
     let mut mounts: Vec<VolumeMount> = engine.volume_mounts.iter().flatten().filter(seen).cloned().collect();
     mounts.extend(data);

@@ -344,6 +344,21 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     let keys: Vec<String> = certs.items.unwrap_or_default().into_iter().map(|i| i.key).collect();
     assert_eq!(keys, ["tls.crt", "tls.key", "ca.crt", "clients-ca.crt"], "the agent's own and the authorities' certificates, no other key");
     assert!(agent.readiness_probe.is_none() && !mounts.contains(&"agent-state"), "no fence command: never fenced");
+    // The engine's exec probe runs in the agent, asked over HTTP, within the plugin's
+    // timeout (the kubelet waits a second more); any other probe stays the kubelet's.
+    let engine = &pod.containers[0];
+    let ready = engine.readiness_probe.clone().expect("the engine's readiness");
+    let asked = ready.http_get.as_ref().map(|g| (g.path.as_deref(), g.port.clone()));
+    assert_eq!(
+        (ready.exec.is_none(), asked, ready.timeout_seconds),
+        (true, Some((Some("/engine/ready"), IntOrString::Int(9188))), Some(4))
+    );
+    let check = after("--readiness").map(|json| serde_json::from_str::<serde_json::Value>(json).expect("JSON"));
+    assert_eq!(check, Some(serde_json::json!({"command": ["pg_isready"], "timeoutSeconds": 3})));
+    let live = engine.liveness_probe.clone().expect("the engine's liveness");
+    assert!(live.tcp_socket.is_some() && after("--liveness").is_none(), "a TCP probe is the kubelet's own");
+    let alone = |w: &Workload| template(w, None).spec.expect("pod").containers[0].readiness_probe.clone().expect("readiness");
+    assert!(alone(&w).exec.is_some(), "no agent: the kubelet runs the command");
 
     // With a fence command: the agent fences the member, and says so in its readiness;
     // the engine sees the mark, read-only.

@@ -252,13 +252,14 @@ impl Engine for Mysql {
             args: vec![],
             env,
             ports: vec![Port { name: "mysql".into(), port: PORT }],
-            // Bounded in itself: a hung server accepts the socket's connection and never
-            // answers, and an exec probe that does not end keeps the member ready. Not
-            // ready 5-8 s into a hang (two looks 3 s apart that get no answer within 2 s),
-            // which the failover delay then counts; a pause of 5 s is never two such looks.
+            // Bounded in itself: a hung server accepts the connection and never answers,
+            // and an exec probe that does not end keeps the member ready. Not ready 5-8 s
+            // into a hang (two looks 3 s apart that get no answer within 2 s), which the
+            // failover delay then counts; a pause of 5 s is never two such looks. Over
+            // TCP: the agent runs it, beside the engine.
             readiness: Some(Probe {
                 action: ProbeAction::Exec(shell(
-                    "test -f \"$(dirname \"$DATADIR\")/plugdb-ready\" && timeout 2 mariadb --connect-timeout=2 --socket=\"$MARIADB_SOCKET\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'SELECT 1' >/dev/null",
+                    "test -f \"$(dirname \"$DATADIR\")/plugdb-ready\" && timeout 2 mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} --connect-timeout=2 -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'SELECT 1' >/dev/null",
                 )),
                 initial_delay_seconds: 2,
                 period_seconds: 3,

@@ -276,6 +276,7 @@ fn the_readiness_probe_ends_by_itself_on_a_hung_server() {
     let w = Mysql::render(spec("11.8"), cluster()).expect("renders");
     let Some(Probe { action: ProbeAction::Exec(argv), timeout_seconds, .. }) = w.readiness else { panic!("an exec readiness probe") };
     let script = argv.join(" ");
-    assert!(script.contains("timeout 2 mariadb --connect-timeout=2"), "{script}");
+    assert!(script.contains("timeout 2 mariadb --protocol=TCP") && script.contains("--connect-timeout=2"), "{script}");
+    assert!(!script.contains("--socket"), "over TCP: the agent runs it, in its own container: {script}");
     assert!(timeout_seconds > 2, "the kubelet's own timeout comes after the probe's");
 }

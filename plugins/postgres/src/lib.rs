@@ -252,9 +252,12 @@ impl Engine for Postgres {
             ports: vec![Port { name: "postgres".into(), port: PORT }],
             // Not ready 5-8 s into a hang (two looks 3 s apart that get no answer within
             // 2 s), which the failover delay then counts; a pause of 5 s is never two
-            // such looks. Ready again 2-5 s after a restart in place.
+            // such looks. Ready again 2-5 s after a restart in place. Over TCP: the agent
+            // runs it, beside the engine.
             readiness: Some(Probe {
-                action: ProbeAction::Exec(vec!["pg_isready".into(), "-U".into(), "postgres".into()]),
+                action: ProbeAction::Exec(
+                    ["pg_isready", "-q", "-h", "localhost", "-p", "5432", "-U", "postgres"].map(String::from).to_vec(),
+                ),
                 initial_delay_seconds: 2,
                 period_seconds: 3,
                 timeout_seconds: 2,

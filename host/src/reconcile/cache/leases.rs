@@ -7,7 +7,10 @@
 //!
 //! A renewal counts from when the operator saw it, not from the time the kubelet wrote
 //! in it: a node's clock may differ from the operator's. At start, every lease counts
-//! as renewed when listed.
+//! as renewed when listed. While no node at all is seen renewing, none counts as silent:
+//! what went quiet is the operator's view (a watch that stalls, a control plane too busy
+//! to write or tell), not every node at once (as the node controller stops evicting
+//! when every node of a zone goes not ready at once).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -73,13 +76,21 @@ impl Leases {
     /// longer; `None` for a node renewing its lease, or one whose lease is not known.
     pub fn silent_for(&self, name: &str, now: Instant) -> Option<Duration> {
         let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
-        guard.renewals.get(name).and_then(|(_, seen)| silence(*seen, now))
+        guard.renewals.get(name).filter(|_| guard.any_renewing(now)).and_then(|(_, seen)| silence(*seen, now))
     }
 
     /// The nodes silent at `now`.
     pub fn silent(&self, now: Instant) -> HashSet<String> {
         let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
-        guard.renewals.iter().filter(|(_, (_, seen))| silence(*seen, now).is_some()).map(|(n, _)| n.clone()).collect()
+        let silent = guard.renewals.iter().filter(|(_, (_, seen))| silence(*seen, now).is_some());
+        silent.filter(|_| guard.any_renewing(now)).map(|(n, _)| n.clone()).collect()
+    }
+}
+
+impl State {
+    /// Whether some node has been seen renewing its lease within [`SILENT_AFTER`] of `now`.
+    fn any_renewing(&self, now: Instant) -> bool {
+        self.renewals.values().any(|(_, seen)| silence(*seen, now).is_none())
     }
 }
 
@@ -125,7 +136,25 @@ mod tests {
         leases.apply(&watcher::Event::Apply(lease("c", "2026-01-01T00:00:00Z")), start);
         leases.apply(&watcher::Event::Init, now);
         leases.apply(&watcher::Event::InitApply(lease("a", "2026-01-01T00:00:10Z")), now);
+        leases.apply(&watcher::Event::InitApply(lease("d", "2026-01-01T00:00:10Z")), now);
         leases.apply(&watcher::Event::InitDone, now);
-        assert_eq!(leases.silent(now + Duration::from_secs(30)), HashSet::from(["a".to_string()]), "c went with the relist");
+        let later = now + Duration::from_secs(30);
+        leases.apply(&watcher::Event::Apply(lease("d", "2026-01-01T00:00:40Z")), later);
+        assert_eq!(leases.silent(later), HashSet::from(["a".to_string()]), "c went with the relist");
+    }
+
+    /// While no node is seen renewing, none is silent: the operator's view went quiet.
+    #[test]
+    fn no_node_is_silent_while_none_is_seen_renewing() {
+        let leases = Leases::default();
+        let start = Instant::now();
+        for node in ["a", "b", "c"] {
+            leases.apply(&watcher::Event::InitApply(lease(node, "2026-01-01T00:00:00Z")), start);
+        }
+        let now = start + Duration::from_secs(25);
+        assert_eq!((leases.silent_for("a", now), leases.silent(now)), (None, HashSet::new()), "every node at once: none");
+        leases.apply(&watcher::Event::Apply(lease("b", "2026-01-01T00:00:20Z")), now);
+        assert_eq!(leases.silent_for("a", now), Some(Duration::from_secs(25)), "another renews: a is silent");
+        assert_eq!(leases.silent(now), HashSet::from(["a".to_string(), "c".to_string()]));
     }
 }
