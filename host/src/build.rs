@@ -406,13 +406,7 @@ pub fn statefulset(
     }
     if let Some(sidecar) = sidecars.agent.filter(|_| !workload.status_command.is_empty()) {
         // Beside the engine, with what it sees (its environment, files and certificate).
-        let (copy, agent, agent_volumes) = agent::containers(
-            db,
-            sidecar,
-            &mut containers[0],
-            &workload.status_command,
-            (&workload.fence_command, &workload.promote_command, &workload.synchronous_command, &workload.follow_command),
-        );
+        let (copy, agent, agent_volumes) = agent::containers(db, sidecar, &mut containers[0], workload);
         init.insert(0, copy);
         containers.push(agent);
         volumes.extend(agent_volumes);

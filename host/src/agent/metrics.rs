@@ -12,6 +12,10 @@
 //! container every few seconds, which a busy node runs late (three late in a row made a
 //! serving member not ready, and it was failed over).
 //!
+//! `GET /live` is the agent's liveness: answered at once while its loop runs. A hung
+//! agent is restarted by it, well before the engine's own liveness probe, which the
+//! agent runs, would restart the engine for it.
+//!
 //! It asks the engine's own exec probes here too, `GET /engine/ready` and `GET
 //! /engine/live`: the agent runs the plugin's probe command in its container (the
 //! engine's image, environment, files and data volume) with the probe's timeout, and
@@ -279,13 +283,15 @@ async fn served(head: &[u8], agent: &Agent, member: &Member, looks: &Looks) -> (
         let said = status(agent, looks).await;
         let volume = member.data.as_deref().and_then(volume);
         ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", encode(member, said.as_ref(), agent.is_fenced(), volume))
+    } else if head.starts_with(b"GET /live ") {
+        ("200 OK", "text/plain", "alive\n".to_string())
     } else if head.starts_with(b"GET /ready ") {
         match agent.commands.fence.as_ref().map_or(Ok(()), |f| super::ready(&f.mark)) {
             Ok(()) => ("200 OK", "text/plain", "ready\n".to_string()),
             Err(fenced) => ("503 Service Unavailable", "text/plain", format!("{fenced}\n")),
         }
     } else {
-        ("404 Not Found", "text/plain", "only GET /metrics, /ready, /engine/ready and /engine/live are served here\n".to_string())
+        ("404 Not Found", "text/plain", "only GET /metrics, /live, /ready, /engine/ready and /engine/live are served here\n".to_string())
     }
 }
 

@@ -608,6 +608,7 @@ async fn the_engines_probes_run_in_the_agent_for_the_kubelet() {
     }
     let ran = std::fs::read_to_string(&runs).expect("runs").lines().count() - runs_before;
     assert_eq!(ran, 1, "three asks at once (as many as one address may make), one run");
+    assert!(http_get(metrics_port, "/live").await.starts_with("HTTP/1.1 200"), "the agent's own liveness");
     let started = std::time::Instant::now();
     let hung = http_get(metrics_port, "/engine/live").await;
     assert!(hung.starts_with("HTTP/1.1 503") && hung.contains("longer than 1s"), "a probe past its timeout fails: {hung}");

@@ -45,9 +45,11 @@ pub fn containers(
     db: &Database,
     sidecar: super::AgentSidecar,
     engine: &mut Container,
-    status: &[String],
-    (fence, promote, synchronous, follow): (&[String], &[String], &[String], &[String]),
+    workload: &crate::plugin::Workload,
 ) -> (Container, Container, Vec<Volume>) {
+    let status = &workload.status_command;
+    let (fence, promote) = (&workload.fence_command, &workload.promote_command);
+    let (synchronous, follow) = (&workload.synchronous_command, &workload.follow_command);
     let binary = format!("{BIN_DIR}/plugdb");
     let quantity = |q: &str| Quantity(q.into());
     let bounded = |(request, cpu): (&str, &str), memory: &str| ResourceRequirements {
@@ -149,6 +151,21 @@ pub fn containers(
         env.push(fenced.clone());
         engine.env.get_or_insert_default().push(fenced);
     }
+    // A hung agent is restarted (30 s), before the engine's liveness probe, which it
+    // runs, could restart the engine for it (the plugins' allow a minute).
+    let liveness = Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/live".into()),
+            port: IntOrString::Int(i32::from(metrics::PORT)),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(10),
+        period_seconds: Some(10),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
     let command = [binary.clone(), "agent".into(), "serve".into()].into_iter().chain(serve.argv().iter().map(|a| verbatim(a))).collect();
     let agent = Container {
         name: CONTAINER.into(),
@@ -156,6 +173,7 @@ pub fn containers(
         command: Some(command),
         env: Some(env),
         readiness_probe: readiness,
+        liveness_probe: Some(liveness),
         ports: Some(
             [("agent", PORT), ("metrics", metrics::PORT)]
                 .map(|(name, port)| ContainerPort {

@@ -357,6 +357,10 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     assert_eq!(check, Some(serde_json::json!({"command": ["pg_isready"], "timeoutSeconds": 3})));
     let live = engine.liveness_probe.clone().expect("the engine's liveness");
     assert!(live.tcp_socket.is_some() && after("--liveness").is_none(), "a TCP probe is the kubelet's own");
+    let alive = agent.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).map(|g| (g.path.as_deref(), g.port.clone()));
+    assert_eq!(alive, Some((Some("/live"), IntOrString::Int(9188))), "a hung agent is restarted");
+    let agent_restarted = agent.liveness_probe.as_ref().map(|p| p.period_seconds.unwrap_or(10) * p.failure_threshold.unwrap_or(3));
+    assert!(agent_restarted < Some(60), "before the engine's liveness (a minute) could restart the engine for it");
     let alone = |w: &Workload| template(w, None).spec.expect("pod").containers[0].readiness_probe.clone().expect("readiness");
     assert!(alone(&w).exec.is_some(), "no agent: the kubelet runs the command");
 

@@ -339,17 +339,13 @@ impl Engine for Mysql {
         Ok(vec![ScaleStep::Members(spec.replicas)])
     }
 
-    fn choose_primary(_spec: DatabaseSpec, members: Vec<Member>) -> FailoverDecision {
+    fn choose_primary(spec: DatabaseSpec, members: Vec<Member>) -> FailoverDecision {
         if let Some(primary) = members.iter().find(|m| m.primary && m.ready) {
             return FailoverDecision::NoSafeMember(format!("{} is primary and ready; nothing to fail over", primary.pod));
         }
-        // A ready replica that did not say how far it got may be the furthest: promoting
-        // another could lose what only it has.
-        if let Some(silent) = members.iter().find(|m| m.ready && !m.primary && m.position.as_deref().and_then(parse_gtid).is_none()) {
-            return FailoverDecision::NoSafeMember(format!(
-                "{} is ready but its GTID position is unknown (its agent gave no answer); promoting another could lose data",
-                silent.pod
-            ));
+        // A ready replica that did not say how far it got may hold commits only it confirmed.
+        if let Some(why) = silent_replicas_wait(&members, spec.synchronous_replicas, |p| parse_gtid(p).is_some()) {
+            return FailoverDecision::NoSafeMember(why);
         }
         let candidates: Vec<(&Member, BTreeMap<u32, u64>)> =
             members.iter().filter(|m| m.ready && !m.primary).filter_map(|m| Some((m, parse_gtid(m.position.as_deref()?)?))).collect();

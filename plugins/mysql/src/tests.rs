@@ -88,9 +88,9 @@ fn choose_primary_cases() {
         ("no ready replica", vec![down.clone(), member(1, false, false, Some("0-1-1"))], None),
         ("no position", vec![down.clone(), member(1, true, false, None)], None),
         (
-            "a ready replica whose position is unknown may be the furthest",
+            "asynchronous: a ready replica whose agent is silent is no candidate, and holds nothing back",
             vec![down.clone(), member(1, true, false, None), member(2, true, false, Some("0-1-9"))],
-            None,
+            Some("shop-2"),
         ),
         ("garbage position", vec![down.clone(), member(1, true, false, Some("0/3000060"))], None),
         ("ready primary", vec![member(0, true, true, None), member(1, true, false, Some("0-1-1"))], None),
@@ -279,4 +279,15 @@ fn the_readiness_probe_ends_by_itself_on_a_hung_server() {
     assert!(script.contains("timeout 2 mariadb --protocol=TCP") && script.contains("--connect-timeout=2"), "{script}");
     assert!(!script.contains("--socket"), "over TCP: the agent runs it, in its own container: {script}");
     assert!(timeout_seconds > 2, "the kubelet's own timeout comes after the probe's");
+}
+
+/// Semi-synchronous replication: each commit waited for one replica, which a silent one
+/// may be: no failover while it is silent.
+#[test]
+fn a_silent_replica_holds_a_semi_synchronous_failover_back() {
+    let members = vec![member(0, false, true, None), member(1, true, false, None), member(2, true, false, Some("0-1-9"))];
+    match Mysql::choose_primary(DatabaseSpec { synchronous_replicas: 1, ..spec("11.8") }, members) {
+        FailoverDecision::NoSafeMember(why) => assert!(why.contains("shop-1"), "{why}"),
+        got => panic!("{got:?}"),
+    }
 }

@@ -74,9 +74,9 @@ fn choose_primary_cases() {
         ("no ready replica: no choice", vec![member(0, false, true, None), member(1, false, false, Some("0/1"))], None),
         ("no positions known: no choice", vec![member(0, false, true, None), member(1, true, false, None)], None),
         (
-            "a ready replica whose position is unknown may be the furthest: no choice",
+            "asynchronous: a ready replica whose agent is silent is no candidate, and holds nothing back",
             vec![member(0, false, true, None), member(1, true, false, None), member(2, true, false, Some("0/5"))],
-            None,
+            Some("orders-2"),
         ),
         ("unparseable position: no choice", vec![member(0, false, true, None), member(1, true, false, Some("garbage"))], None),
         ("the primary is ready: no failover", vec![member(0, true, true, None), member(1, true, false, Some("0/1"))], None),
@@ -90,6 +90,29 @@ fn choose_primary_cases() {
             (FailoverDecision::NoSafeMember(reason), None) => assert!(!reason.is_empty(), "{name}"),
             (got, _) => panic!("{name}: got {got:?}"),
         }
+    }
+}
+
+/// Under synchronous replication a silent ready replica may be one that confirmed the
+/// last commits: no failover while as many are silent as each commit waited for.
+#[test]
+fn a_silent_replica_holds_a_synchronous_failover_back_only_when_it_may_hold_what_others_lack() {
+    let synchronous = |n: u32| DatabaseSpec { synchronous_replicas: n, replicas: 4, ..spec("15") };
+    let silent_one = || {
+        vec![
+            member(0, false, true, None),
+            member(1, true, false, None),
+            member(2, true, false, Some("0/5")),
+            member(3, true, false, Some("0/7")),
+        ]
+    };
+    match Postgres::choose_primary(synchronous(1), silent_one()) {
+        FailoverDecision::NoSafeMember(why) => assert!(why.contains("orders-1") && why.contains("1 replica"), "{why}"),
+        got => panic!("one silent, each commit on one replica: {got:?}"),
+    }
+    match Postgres::choose_primary(synchronous(2), silent_one()) {
+        FailoverDecision::Promote(p) => assert_eq!(p.pod, "orders-3", "each commit on two replicas: one that answered has it"),
+        got => panic!("one silent of two confirming: {got:?}"),
     }
 }
 

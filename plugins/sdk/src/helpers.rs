@@ -70,3 +70,28 @@ pub fn check_memory(spec: &crate::DatabaseSpec, minimum: u64, engine: &str) -> O
     let memory = spec.limits.memory_bytes.or(spec.requests.memory_bytes)?;
     (memory < minimum).then(|| violation("spec.resources", format!("{engine} needs at least {}Mi of memory", minimum >> 20)))
 }
+
+/// Why a failover must wait for the ready replicas among `members` whose agents gave
+/// no position `known` reads (`None`: it need not). Under synchronous replication,
+/// where every commit was confirmed by `synchronous` replicas, as many silent replicas
+/// as that could be every one that confirmed the last commits: promoting another could
+/// lose them; fewer cannot, since one that answered confirmed each commit too, and the
+/// furthest of those has it. Under asynchronous replication (`synchronous` 0) a commit
+/// may be on the primary alone however far the replicas got, and a silent replica
+/// never holds the failover back: the furthest of those that answered is promoted (as
+/// peers do: a replica that does not answer is no candidate).
+pub fn silent_replicas_wait(members: &[crate::Member], synchronous: u32, known: impl Fn(&str) -> bool) -> Option<String> {
+    let silent: Vec<&str> =
+        members.iter().filter(|m| m.ready && !m.primary && !m.position.as_deref().is_some_and(&known)).map(|m| m.pod.as_str()).collect();
+    (synchronous > 0 && silent.len() >= synchronous as usize).then(|| {
+        format!(
+            "{} {} ready but {} position is unknown (its agent gave no answer), and each commit waited for {synchronous} replica{}: \
+             promoting another could lose what only {} confirmed",
+            silent.join(", "),
+            if silent.len() == 1 { "is" } else { "are" },
+            if silent.len() == 1 { "its" } else { "their" },
+            if synchronous == 1 { "" } else { "s" },
+            if silent.len() == 1 { "it" } else { "they" },
+        )
+    })
+}

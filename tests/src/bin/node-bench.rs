@@ -12,7 +12,8 @@
 //! the hang, the primary's engine is paused for 5 s (SIGSTOP, then SIGCONT): whether
 //! that failed it over (it must not). The operator runs with its defaults (failover
 //! delay 6 s; a lost node's primary is replaced whatever the delay), as a user runs it.
-//! Needs root (the nodes). The table goes to stdout and to OUT (default
+//! First, the machine's CPU while twelve members sit idle (what their probes, agents and
+//! runtimes cost). Needs root (the nodes). The table goes to stdout and to OUT (default
 //! `target/node-bench.md`).
 //!
 //! `cargo run -p plugdb-tests --bin node-bench -- [RUNS] [OUT] [ENGINES]` (ENGINES:
@@ -67,6 +68,12 @@ async fn bench() -> Result<()> {
     let cluster = Cluster::with_settings(Backing::Node(Box::new(node)), &plugins, settings).await?;
 
     let mut rows = vec![format!("| node Ready (control plane, kubelet, add-ons; images cached) | {:.1} s |", node_ready.as_secs_f64())];
+    let (members, busy) = idle(&cluster).await?;
+    rows.push(format!(
+        "| the machine's CPU busy while {members} members sit idle (two postgres and two mysql Databases; median of {IDLE_LOOKS} looks of {}s) | {:.0} % of 2 cores |",
+        IDLE_LOOK.as_secs(),
+        busy * 100.0
+    ));
     let benched =
         [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")].into_iter().filter(|(e, _)| engines.split(',').any(|n| n == e.name()));
     for (engine, version) in benched {
@@ -141,6 +148,49 @@ async fn bench() -> Result<()> {
 /// A planned switchover under a writer to the first member that does not lead, waited
 /// for until every member is ready again: the longest time without an acknowledged
 /// write, and how many acknowledged writes the new primary lacks.
+/// How many looks at the machine's idle CPU, and how long each lasts.
+const IDLE_LOOKS: usize = 5;
+const IDLE_LOOK: Duration = Duration::from_secs(20);
+
+/// The machine's CPU while members sit idle: two three-member Databases of each engine
+/// made and Ready, a minute to settle, then the median share of both cores busy over
+/// [`IDLE_LOOKS`] looks (`/proc/stat`: every process of the machine, the nodes'
+/// kubelets, runtimes and probes, the control plane and the operator included). Then the
+/// Databases go, with their namespace.
+async fn idle(cluster: &Cluster) -> Result<(usize, f64)> {
+    let ns = "bench-idle";
+    let made =
+        [("pa", Engine::Postgres, "17"), ("pb", Engine::Postgres, "17"), ("ma", Engine::Mysql, "11.8"), ("mb", Engine::Mysql, "11.8")];
+    for (name, engine, version) in made {
+        cluster.apply_database(ns, database(name, engine, version, 3, json!({"deletionPolicy": "Delete"}))).await?;
+    }
+    for (name, ..) in made {
+        cluster.wait_database(ns, name, "Running", WAIT, |d| is_running(d, 3)).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let mut looks = Vec::new();
+    for _ in 0..IDLE_LOOKS {
+        let before = cpu()?;
+        tokio::time::sleep(IDLE_LOOK).await;
+        let after = cpu()?;
+        looks.push((after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64);
+    }
+    looks.sort_by(f64::total_cmp);
+    plugdb_tests::release::release(cluster, ns, WAIT).await?;
+    Ok((3 * made.len(), looks[looks.len() / 2]))
+}
+
+/// The machine's busy and total CPU time so far, in ticks (`/proc/stat`'s first line:
+/// busy is all but idle and iowait).
+fn cpu() -> Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let ticks: Vec<u64> =
+        stat.lines().next().unwrap_or_default().split_whitespace().skip(1).take(8).filter_map(|t| t.parse().ok()).collect();
+    anyhow::ensure!(ticks.len() == 8, "/proc/stat's cpu line: {ticks:?}");
+    let total: u64 = ticks.iter().sum();
+    Ok((total - ticks[3] - ticks[4], total))
+}
+
 async fn switchover(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<(Duration, usize)> {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = client.writer(1_000, stop.clone());

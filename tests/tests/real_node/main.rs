@@ -59,7 +59,7 @@ fn main() -> ExitCode {
                 Box::pin(lifecycle::crash_loop_named(c))
             }),
             ("postgres_scheduled_backups_with_retention_and_on_demand", |c| Box::pin(lifecycle::scheduled_backups(c))),
-            ("postgres_hung_primary_fails_over_to_the_chosen_replica", |c| Box::pin(members::failover_promotion(c))),
+            ("postgres_hung_primary_fails_over_past_a_replica_whose_agent_is_silent", |c| Box::pin(members::failover_promotion(c))),
             ("postgres_synchronous_commits_wait_for_a_frozen_replica_then_degrade_and_recover", |c| {
                 Box::pin(members::synchronous_commits_wait_then_degrade(c, Engine::Postgres, "17"))
             }),
