@@ -261,13 +261,16 @@ impl LocalPod {
         Ok(text)
     }
 
-    /// Runs the readiness probe until it passes or `timeout` ends.
+    /// Runs the readiness probe until it passes or `timeout` ends. It runs as the member
+    /// agent runs it (in a member with an agent, its exec probes are the agent's), where
+    /// `localhost` is the member's own loopback address.
     pub fn wait_ready(&mut self, workload: &Workload, timeout: Duration) -> Result<()> {
         let probe = workload.readiness.as_ref().context("the workload has no readiness probe")?;
         let ProbeAction::Exec(argv) = &probe.action else { bail!("only exec probes run locally") };
+        let argv: Vec<String> = argv.iter().map(|a| a.replace("localhost", &self.address)).collect();
         let deadline = Instant::now() + timeout;
         loop {
-            let probe = self.exec(argv)?;
+            let probe = self.exec(&argv)?;
             if probe.status.success() {
                 return Ok(());
             }
