@@ -47,11 +47,12 @@ pub const PORT: u16 = 9188;
 /// How long a status answer is served before the command runs again.
 pub const FRESH_FOR: Duration = Duration::from_secs(10);
 /// Connections at a time (the operator's are counted apart).
-const CONNECTIONS: usize = 8;
+const CONNECTIONS: usize = 16;
 /// Connections at a time from one address: a pod that holds some open leaves the
-/// kubelet's and the scraper's their own. The kubelet may ask three at once (the
-/// agent's readiness, the engine's readiness and liveness).
-const PER_PEER: usize = 3;
+/// kubelet's and the scraper's their own. The kubelet may ask four at once (the agent's
+/// readiness and liveness, the engine's readiness and liveness), and a slow answer may
+/// still hold its connection when the next look of the same probe comes.
+const PER_PEER: usize = 6;
 /// How long one request may take to arrive, and a scrape to be answered (a status
 /// command, its answer); a probe is answered within its own timeout.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
