@@ -264,6 +264,27 @@ impl Drop for Untaint<'_> {
     }
 }
 
+/// Has member `there` of Database `name` lead, unless it does already: a switchover,
+/// asked again (twice at most) once the Database runs whole when the operator refuses it
+/// (on a loaded machine a member's probe may fail just then), and waited for.
+async fn lead_from(cluster: &Arc<Cluster>, ns: &str, name: &str, there: &str) {
+    let led = |db: &Database| db.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(there) && is_running(db, 3);
+    let now = cluster.wait_database(ns, name, "running whole", STARTING, |db| is_running(db, 3)).await.expect("running");
+    if led(&now) {
+        return;
+    }
+    for attempt in 1.. {
+        let (c, args) = (cluster.clone(), ["switchover", name, there, "--namespace", ns].map(str::to_string));
+        let asked = tokio::task::spawn_blocking(move || crate::kubectl_plugdb_with(&c, &args.each_ref().map(String::as_str), None)).await;
+        match asked {
+            Ok(_) => break,
+            Err(e) if attempt == 3 => panic!("switchover of {name} to {there}: {e}"),
+            Err(_) => cluster.wait_database(ns, name, "running whole again", STARTING, |db| is_running(db, 3)).await.expect("running"),
+        };
+    }
+    cluster.wait_database(ns, name, &format!("{there} primary"), STARTING, led).await.expect("switched over");
+}
+
 /// One node lost without warning for two minutes or more, then back, under six
 /// Databases with a member on it:
 /// - `pg` (postgres), members required apart, primary elsewhere, with a writer: it stays
@@ -328,8 +349,7 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     for d in &apart_sql {
         if node_of(&d.primary(&cluster, ns).await) == node {
             let elsewhere = d.client.members().await.into_iter().find(|p| node_of(p) != node).expect("a member elsewhere");
-            crate::plugdb(&cluster, &["switchover", d.name, &elsewhere.name_any(), "--namespace", ns]).await;
-            cluster.wait_database(ns, d.name, "3 members Ready", STARTING, |db| is_running(db, 3)).await.expect("running");
+            lead_from(&cluster, ns, d.name, &elsewhere.name_any()).await;
         }
         assert_ne!(node_of(&d.primary(&cluster, ns).await), node, "{}'s primary is elsewhere", d.name);
     }
@@ -340,25 +360,13 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     cluster.apply_database(ns, database("lp", Engine::Postgres, "15", 3, synchronous)).await.expect("apply");
     let lp = Sql::start(&cluster, ns, "lp", Engine::Postgres, 3).await;
     let there = lp.on(&node).await.name_any();
-    if lp.primary(&cluster, ns).await.name_any() != there {
-        // On a loaded machine a member's liveness probe may restart it just then, and the
-        // operator refuses the switchover: asked again (twice at most) once lp runs whole.
-        for attempt in 1.. {
-            let (c, args) = (cluster.clone(), ["switchover", "lp", there.as_str(), "--namespace", ns].map(str::to_string));
-            let asked =
-                tokio::task::spawn_blocking(move || crate::kubectl_plugdb_with(&c, &args.each_ref().map(String::as_str), None)).await;
-            match asked {
-                Ok(_) => break,
-                Err(e) if attempt == 3 => panic!("switchover to {there}: {e}"),
-                Err(_) => cluster.wait_database(ns, "lp", "running whole again", STARTING, |db| is_running(db, 3)).await.expect("running"),
-            };
-        }
-        let led = |db: &Database| db.status.as_ref().and_then(|s| s.primary.as_deref()) == Some(there.as_str()) && is_running(db, 3);
-        cluster.wait_database(ns, "lp", "its member on the node primary", STARTING, led).await.expect("switched over");
-    }
+    lead_from(&cluster, ns, "lp", &there).await;
     let mut failing_over = Vec::new();
     for (name, engine, _, synchronous) in lost_primaries {
-        failing_over.push((Sql::start(&cluster, ns, name, engine, 3).await, engine, synchronous));
+        let d = Sql::start(&cluster, ns, name, engine, 3).await;
+        // Placed there first; on a loaded machine a failover in the setup may have moved it.
+        lead_from(&cluster, ns, name, &d.on(&node).await.name_any()).await;
+        failing_over.push((d, engine, synchronous));
     }
     failing_over.push((lp, Engine::Postgres, true));
     let mut old_primaries = Vec::new();
