@@ -426,6 +426,20 @@ async fn idle_connections_from_elsewhere_do_not_starve_the_operator() {
     drop(idle);
 }
 
+/// Serves `commands` as member `member` of shop/orders, its series on `metrics_port`,
+/// once that port takes connections.
+async fn serve_measured(ours: &Issued, port: u16, metrics_port: u16, commands: Commands, member: &str) {
+    let member = metrics::Member {
+        namespace: "shop".into(),
+        database: "orders".into(),
+        engine: "postgres".into(),
+        member: member.into(),
+        data: None,
+    };
+    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
+    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
+}
+
 /// Idle connections to the metrics port from another address (a pod of the tenant's)
 /// hold at most six of its slots: the kubelet's look at the agent's readiness is
 /// answered while they hang on, and the member is not made unready by them.
@@ -435,15 +449,7 @@ async fn idle_connections_to_the_metrics_port_do_not_make_the_member_unready() {
     let (port, metrics_port) = (free_port(), free_port());
     let dir = ours.dir.0.clone();
     let commands = Commands { status: sh("echo replica 0/1"), fence: Some(fence_in(&dir, None)), ..Default::default() };
-    let member = metrics::Member {
-        namespace: "shop".into(),
-        database: "orders".into(),
-        engine: "postgres".into(),
-        member: "orders-1".into(),
-        data: None,
-    };
-    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
-    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
+    serve_measured(&ours, port, metrics_port, commands, "orders-1").await;
     let idle = idle_from_elsewhere(metrics_port, 24).await;
     for _ in 0..5 {
         let ready = tokio::time::timeout(Duration::from_secs(2), http_get(metrics_port, "/ready")).await.expect("answered at once");
@@ -587,15 +593,7 @@ async fn the_engines_probes_run_in_the_agent_for_the_kubelet() {
         liveness: Some(protocol::Check { command: sh("sleep 5"), timeout_seconds: 1 }),
         ..Default::default()
     };
-    let member = metrics::Member {
-        namespace: "shop".into(),
-        database: "orders".into(),
-        engine: "postgres".into(),
-        member: "orders-1".into(),
-        data: None,
-    };
-    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
-    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
+    serve_measured(&ours, port, metrics_port, commands, "orders-1").await;
     let said = http_get(metrics_port, "/engine/ready").await;
     assert!(said.starts_with("HTTP/1.1 503") && said.contains("not up"), "a probe that fails, with what it said: {said}");
     std::fs::write(&up, "").expect("up");
@@ -616,15 +614,7 @@ async fn the_engines_probes_run_in_the_agent_for_the_kubelet() {
 
     let (port, metrics_port) = (free_port(), free_port());
     let commands = Commands { status: sh("echo replica 0/1"), ..Default::default() };
-    let member = metrics::Member {
-        namespace: "shop".into(),
-        database: "orders".into(),
-        engine: "postgres".into(),
-        member: "orders-2".into(),
-        data: None,
-    };
-    tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
-    assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
+    serve_measured(&ours, port, metrics_port, commands, "orders-2").await;
     assert!(http_get(metrics_port, "/engine/ready").await.starts_with("HTTP/1.1 404"), "no probe given: none served");
 }
 

@@ -23,6 +23,16 @@ fn verbatim(text: &str) -> String {
     text.replace('$', "$$")
 }
 
+/// The kubelet's HTTP GET of `path` on the agent's metrics port.
+fn metrics_get(path: &str) -> HTTPGetAction {
+    HTTPGetAction {
+        path: Some(path.into()),
+        port: IntOrString::Int(i32::from(metrics::PORT)),
+        scheme: Some("HTTP".into()),
+        ..Default::default()
+    }
+}
+
 /// The agent's container, in every member of an engine with an agent.
 pub const CONTAINER: &str = "agent";
 
@@ -98,12 +108,7 @@ pub fn containers(
         let Some(command) = probe.exec.take().and_then(|e| e.command) else { continue };
         let timeout_seconds = probe.timeout_seconds.unwrap_or(1).clamp(1, 60) as u32;
         *check = Some(Check { command, timeout_seconds });
-        probe.http_get = Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::Int(i32::from(metrics::PORT)),
-            scheme: Some("HTTP".into()),
-            ..Default::default()
-        });
+        probe.http_get = Some(metrics_get(path));
         probe.timeout_seconds = Some(timeout_seconds as i32 + 1);
     }
     let seen = |m: &&VolumeMount| !["data", "archive"].contains(&m.name.as_str());
@@ -125,12 +130,7 @@ pub fn containers(
             // Asked of the agent over HTTP, by the kubelet itself: no process in the
             // container. Three missed looks in a row, not one, make the member not ready
             // (a fence itself is held by the engine's start).
-            http_get: Some(HTTPGetAction {
-                path: Some("/ready".into()),
-                port: IntOrString::Int(i32::from(metrics::PORT)),
-                scheme: Some("HTTP".into()),
-                ..Default::default()
-            }),
+            http_get: Some(metrics_get("/ready")),
             period_seconds: Some(5),
             timeout_seconds: Some(5),
             failure_threshold: Some(3),
@@ -154,12 +154,7 @@ pub fn containers(
     // A hung agent is restarted (30 s), before the engine's liveness probe, which it
     // runs, could restart the engine for it (the plugins' allow a minute).
     let liveness = Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some("/live".into()),
-            port: IntOrString::Int(i32::from(metrics::PORT)),
-            scheme: Some("HTTP".into()),
-            ..Default::default()
-        }),
+        http_get: Some(metrics_get("/live")),
         initial_delay_seconds: Some(10),
         period_seconds: Some(10),
         timeout_seconds: Some(5),
