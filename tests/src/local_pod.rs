@@ -204,11 +204,21 @@ impl LocalPod {
     /// [`Self::agent_fence`] with `extra` variables on top of the pod's (a PATH that puts a
     /// stand-in before an engine's client, say).
     pub fn agent_fence_with(&self, command: &[String], extra: &[(&str, String)]) -> Result<(), String> {
+        self.agent_run("fence", command, extra)
+    }
+
+    /// Runs a plugin's promote command as the member agent would.
+    pub fn agent_promote(&self, command: &[String]) -> Result<(), String> {
+        self.agent_run("promote", command, &[])
+    }
+
+    /// Runs the plugin's `what` command as the member agent would, with `extra` variables.
+    fn agent_run(&self, what: &str, command: &[String], extra: &[(&str, String)]) -> Result<(), String> {
         let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
         let out = self.agent_command(&argv).envs(extra.iter().map(|(k, v)| (*k, v))).output().map_err(|e| e.to_string())?;
         match out.status.success() {
             true => Ok(()),
-            false => Err(format!("the fence command failed: {}", String::from_utf8_lossy(&out.stderr))),
+            false => Err(format!("the {what} command failed: {}", String::from_utf8_lossy(&out.stderr))),
         }
     }
 

@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams};
 use plugdb::crd::Database;
 use serde_json::json;
 
-/// The MariaDB database the scenarios' tables live in.
+/// The MariaDB database the scenarios' tables live in (PostgreSQL's is the application's, `app`).
 const SCHEMA: &str = "plugdb";
 
 /// How long a Database may take to reach a state on the real node.
@@ -55,6 +55,23 @@ impl Engine {
             Engine::Mysql => "root-password",
         }
     }
+
+    /// The user a scenario's client logs in as over the network, and the credentials
+    /// Secret key of its password: the application's for PostgreSQL (its superuser logs in
+    /// from its own member alone), MariaDB's root.
+    pub fn login(self) -> (&'static str, &'static str) {
+        match self {
+            Engine::Postgres => ("app", "app-password"),
+            Engine::Mysql => ("root", "root-password"),
+        }
+    }
+
+    fn administrator(self) -> &'static str {
+        match self {
+            Engine::Postgres => "postgres",
+            Engine::Mysql => "root",
+        }
+    }
 }
 
 /// A Database manifest: `replicas` members of `engine` at `version`, with small
@@ -76,10 +93,11 @@ pub fn is_running(db: &Database, replicas: i32) -> bool {
     s.phase == Some(plugdb::crd::Phase::Running) && s.ready_replicas == Some(replicas) && s.observed_generation == db.metadata.generation
 }
 
-/// A client of one Database's engine, authenticated with the password in its Secret.
+/// A client of one Database's engine, authenticated with the passwords in its Secret.
 pub struct Client {
     engine: Engine,
     password: String,
+    administrator_password: String,
     namespace: String,
     name: String,
     kube: kube::Client,
@@ -91,16 +109,18 @@ impl Client {
         &self.name
     }
 
-    /// A client for Database `name` in `namespace`, with the password its credentials Secret holds.
+    /// A client for Database `name` in `namespace`, with the passwords its credentials Secret holds.
     pub async fn new(cluster: &Cluster, engine: Engine, namespace: &str, name: &str) -> Self {
         let secret = Api::<Secret>::namespaced(cluster.client.clone(), namespace)
             .get(&format!("{name}-credentials"))
             .await
             .expect("the credentials Secret");
-        let bytes = secret.data.expect("data")[engine.password_key()].0.clone();
+        let data = secret.data.expect("data");
+        let password = |key: &str| String::from_utf8(data[key].0.clone()).expect("a text password");
         Self {
             engine,
-            password: String::from_utf8(bytes).expect("a text password"),
+            password: password(engine.login().1),
+            administrator_password: password(engine.password_key()),
             namespace: namespace.into(),
             name: name.into(),
             kube: cluster.client.clone(),
@@ -142,25 +162,33 @@ impl Client {
     }
 
     async fn run(&self, host: &str, password: &str, database: Option<&str>, sql: &str) -> Result<String, String> {
-        self.run_as(Nodes::command, (self.administrator(), password), host, database, sql).await
+        self.run_as(Nodes::command, (self.engine.login().0, password), host, database, sql).await
     }
 
-    fn administrator(&self) -> &'static str {
-        match self.engine {
-            Engine::Postgres => "postgres",
-            Engine::Mysql => "root",
-        }
+    /// Runs `sql` as the engine's administrator inside member `pod`: from its own network
+    /// namespace, over loopback (PostgreSQL's superuser logs in from nowhere else), in
+    /// the scenarios' database.
+    pub async fn administer(&self, pod: &Pod, sql: &str) -> Result<String, String> {
+        let engine = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).expect("an engine container");
+        let pid = processes(pod, &engine).next().unwrap_or_else(|| panic!("no process in {}", pod.name_any()));
+        let inside = |program: &str| {
+            let mut c = std::process::Command::new("nsenter");
+            c.arg(format!("--net=/proc/{pid}/ns/net")).arg(program);
+            c
+        };
+        let administrator = (self.engine.administrator(), self.administrator_password.as_str());
+        self.run_as(inside, administrator, "127.0.0.1", Some(SCHEMA), sql).await
     }
 
     /// Runs `sql` at `host` from node `node`'s network (where a member on a node cut off
-    /// from the others is still reached), as `user` and password, or as the administrator.
+    /// from the others is still reached), as `user` and password, or as the client logs in.
     pub async fn query_from(&self, node: &str, host: &str, user: Option<(&str, &str)>, sql: &str) -> Result<String, String> {
         let from = |program: &str| {
             let mut c = std::process::Command::new("nsenter");
             c.arg(format!("--net=/run/netns/{node}")).arg(program);
             c
         };
-        let user = user.unwrap_or((self.administrator(), &self.password));
+        let user = user.unwrap_or((self.engine.login().0, &self.password));
         self.run_as(from, user, host, Some(SCHEMA), sql).await
     }
 
@@ -175,7 +203,7 @@ impl Client {
         let mut command = match self.engine {
             Engine::Postgres => {
                 let mut c = command("psql");
-                c.arg(format!("host={host} user={user} dbname=postgres connect_timeout=5"))
+                c.arg(format!("host={host} user={user} dbname=app connect_timeout=5"))
                     .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-F", "\t", "-c", sql])
                     .env("PGPASSWORD", password);
                 c
@@ -226,17 +254,32 @@ impl Client {
 
     /// Runs `sql` at `host` until it succeeds and `check` accepts its rows, for up to `timeout`.
     pub async fn eventually(&self, host: &str, sql: &str, timeout: Duration, check: impl Fn(&str) -> bool) -> String {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let last = self.query(host, sql).await;
-            if let Ok(rows) = &last
-                && check(rows)
-            {
-                return rows.clone();
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{sql:?} at {host}: last answer {last:?}");
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        accepted(&format!("{sql:?} at {host}"), timeout, || self.query(host, sql), check).await
+    }
+
+    /// [`Self::eventually`] as the administrator inside `pod` ([`Self::administer`]).
+    pub async fn eventually_administered(&self, pod: &Pod, sql: &str, timeout: Duration, check: impl Fn(&str) -> bool) -> String {
+        accepted(&format!("{sql:?} in {}", pod.name_any()), timeout, || self.administer(pod, sql), check).await
+    }
+}
+
+/// Asks until the answer succeeds and `check` accepts its rows, for up to `timeout`.
+async fn accepted<F: Future<Output = Result<String, String>>>(
+    what: &str,
+    timeout: Duration,
+    ask: impl Fn() -> F,
+    check: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let last = ask().await;
+        if let Ok(rows) = &last
+            && check(rows)
+        {
+            return rows.clone();
         }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: last answer {last:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -74,6 +74,13 @@ fn with_password(pod: &mut LocalPod, password: &str) {
     pod.set_env(&[], &BTreeMap::new(), &[("PGPASSWORD", password.to_string())]).expect("env");
 }
 
+/// What the plugin grants the replication role so that it can rewind a former primary.
+const REPLICATOR_GRANTS: &str = "GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean) TO replicator; \
+    GRANT EXECUTE ON FUNCTION pg_catalog.pg_stat_file(text, boolean) TO replicator; \
+    GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text) TO replicator; \
+    GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO replicator; \
+    GRANT pg_checkpoint TO replicator";
+
 const SAMPLE: &str = "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int); \
     INSERT INTO orders SELECT g, 'item-' || g, g % 7 FROM generate_series(1, 5000) g;";
 const FINGERPRINT: &str = "SELECT count(*) || ':' || md5(string_agg(o::text, ',' ORDER BY id)) FROM orders o";
@@ -184,6 +191,9 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     with_password(&mut other, &secrets["superuser-password"]);
 
     assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "t", "member 1 is a standby");
+    // As a Database made before the replication role could rewind: the promotion below
+    // grants it what a rewind reads.
+    sql(&primary, &REPLICATOR_GRANTS.replace("GRANT", "REVOKE").replace(" TO ", " FROM ")).expect("revoked");
     sql(&primary, "INSERT INTO orders VALUES (5001, 'late', 1)").expect("write on primary");
     let expected = sql(&primary, FINGERPRINT).expect("fingerprint");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -253,18 +263,31 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
         Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
         Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(last.position), answer: None },
     ];
-    let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
+    let FailoverDecision::Promote { pod, .. } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote ha-1")
     };
     assert_eq!(pod, "ha-1");
-    let out = replica.exec(&command).expect("promotion command");
-    assert!(out.status.success(), "promotion failed: {}", String::from_utf8_lossy(&out.stderr));
+    // In place, as its agent promotes it.
+    replica.agent_promote(&rendered.promote_command).expect("promoted");
 
     assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "f", "promoted");
     assert!(replica.agent_status(&status_command).expect("status").primary, "the promoted member says it is primary");
     sql(&replica, "INSERT INTO orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
     let after = sql(&replica, "SELECT count(*) FROM orders").expect("count");
     assert_eq!(after, "5002", "no data lost");
+
+    // The old primary rejoins as a replica of the promoted member: rewound from it as the
+    // replication role (the superuser logs in from its own member alone), not copied afresh.
+    let mut rejoined = pg.run(primary, &plugin, &s, Some(("ha-1", &replica.address)), &secrets, false);
+    with_password(&mut rejoined, &secrets["superuser-password"]);
+    let log = rejoined.log();
+    assert!(!log.contains("permission denied") && !log.contains("waiting to rewind"), "rewound at once:\n{log}");
+    assert_eq!(sql(&rejoined, "SELECT pg_is_in_recovery()").expect("recovery"), "t", "the old primary follows");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sql(&rejoined, "SELECT count(*) FROM orders").ok().as_deref() != Some("5002") {
+        assert!(Instant::now() < deadline, "the old primary never caught up:\n{}", rejoined.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // The other replica, which streamed from the old primary, follows the promoted member
     // once its agent is told to (the old one is gone: it would wait for it for ever).

@@ -131,20 +131,39 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
     lines.join("\n") + "\n"
 }
 
-/// Password (SCRAM) logins and replication only; with TLS, network connections must use it.
+/// Password (SCRAM) logins and replication only; with TLS, network connections must use
+/// it. The superuser logs in on the socket or from the member itself (its agent, over
+/// loopback) and from nowhere else: the password a tenant may read from the credentials
+/// Secret is no login over the network.
 fn pg_hba(spec: &DatabaseSpec) -> String {
     let host = if spec.tls.is_some() { "hostssl" } else { "host   " };
     format!(
         "# Rendered by the plugdb postgres plugin: password (SCRAM) logins and replication only{}.\n\
-         # TYPE  DATABASE     USER        ADDRESS     METHOD\n\
-         local   all          all                     scram-sha-256\n\
-         {host} replication  replicator  0.0.0.0/0   scram-sha-256\n\
-         {host} replication  replicator  ::/0        scram-sha-256\n\
-         {host} all          all         0.0.0.0/0   scram-sha-256\n\
-         {host} all          all         ::/0        scram-sha-256\n",
+         # The superuser only on the socket and over loopback (the member's agent).\n\
+         # TYPE  DATABASE     USER        ADDRESS       METHOD\n\
+         local   all          all                       scram-sha-256\n\
+         host    all          postgres    127.0.0.0/8   scram-sha-256\n\
+         host    all          postgres    ::1/128       scram-sha-256\n\
+         host    all          postgres    0.0.0.0/0     reject\n\
+         host    all          postgres    ::/0          reject\n\
+         {host} replication  replicator  0.0.0.0/0     scram-sha-256\n\
+         {host} replication  replicator  ::/0          scram-sha-256\n\
+         {host} all          all         0.0.0.0/0     scram-sha-256\n\
+         {host} all          all         ::/0          scram-sha-256\n",
         if spec.tls.is_some() { ", over TLS" } else { "" }
     )
 }
+
+/// What the replication role may do beyond replicating: what `pg_rewind` reads from the
+/// primary (the files of its data directory) and the checkpoint it asks for first, so
+/// that a former primary rewinds without the superuser logging in over the network.
+/// Granted on the primary as it starts and as it is promoted in place (`replicator.sql`).
+const REPLICATOR_GRANTS: &str = "GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean) TO replicator;
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_stat_file(text, boolean) TO replicator;
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text) TO replicator;
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO replicator;
+GRANT pg_checkpoint TO replicator;
+";
 
 /// A PostgreSQL LSN (`16/B374D848`) as a number, for comparing replay positions.
 fn parse_lsn(lsn: &str) -> Option<u64> {
@@ -279,6 +298,7 @@ impl Engine for Postgres {
                 ConfigFile { name: "postgresql.conf".into(), content: postgresql_conf(&spec, cluster.archive_directory.as_deref()) },
                 ConfigFile { name: "pg_hba.conf".into(), content: pg_hba(&spec) },
                 ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
+                ConfigFile { name: "replicator.sql".into(), content: REPLICATOR_GRANTS.into() },
             ],
             data_mount_path: DATA_MOUNT.into(),
             credentials: [SUPERUSER_KEY, REPLICATION_KEY, APPLICATION_KEY].map(|key| Credential { key: key.into(), length: 32 }).to_vec(),
@@ -451,9 +471,13 @@ done",
 /// What the member agent runs to promote a replica in place: recovery ends on a new
 /// timeline (which the old primary rewinds onto when it restarts to follow) and the
 /// server takes writes as it runs, with no restart. Done within three seconds, or the
-/// member is promoted by its restart instead.
+/// member is promoted by its restart instead. Then the replication role is given what a
+/// rewind reads (`replicator.sql`; a data directory made before it was may not have it),
+/// committed here alone: no replica follows yet to confirm it.
 const PROMOTE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
-[ \"$(psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 -c 'SELECT pg_promote(true, 3)')\" = t ]";
+sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\"; }
+[ \"$(sql -c 'SELECT pg_promote(true, 3)')\" = t ] || exit 1
+PGOPTIONS=\"$PGOPTIONS -c synchronous_commit=local\" sql -1 -f \"$PLUGDB_CONFIG_DIR/replicator.sql\" >/dev/null || true";
 
 /// What the member agent runs to change how many replicas confirm each commit: as the
 /// server runs (`ALTER SYSTEM`, reloaded; the start removes it, so the rendered setting

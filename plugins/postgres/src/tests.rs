@@ -230,9 +230,9 @@ fn with_tls_the_server_requires_it_and_every_client_verifies_the_server() {
     assert!(conf.contains("ssl = on\n") && conf.contains("ssl_cert_file = '/etc/plugdb-tls/tls.crt'\n"), "{conf}");
     assert!(conf.contains("ssl_key_file = '/etc/plugdb-tls/tls.key'\n"), "{conf}");
     let hba = file(&w, "pg_hba.conf");
-    let network: Vec<&str> = hba.lines().filter(|l| !l.starts_with('#') && !l.starts_with("local")).collect();
-    assert_eq!(network.len(), 4, "{hba}");
-    assert!(network.iter().all(|l| l.starts_with("hostssl ")), "network logins only over TLS: {hba}");
+    for (user, address) in [("app", "10.1.2.3"), ("app", "fd00::5"), ("replicator", "10.1.2.3")] {
+        assert_eq!(login(&hba, user, address), Some(("hostssl", "scram-sha-256")), "{user} from {address} over TLS only: {hba}");
+    }
     assert!(
         has(&w.env, "PGSSLMODE", "verify-full") && has(&w.env, "PGSSLROOTCERT", "/etc/plugdb-tls/ca.crt"),
         "clones and replication verify"
@@ -290,4 +290,61 @@ fn synchronous_replication_waits_for_any_n_replicas_and_refuses_local_commits() 
     assert!(Postgres::validate(with("remote_apply")).is_empty());
     let async_off = DatabaseSpec { parameters: with("off").parameters, ..spec("17") };
     assert!(Postgres::validate(async_off).is_empty(), "asynchronous replication may commit locally");
+}
+
+/// The first rule of `hba` a TCP login of `user` to database `app` from `address` meets:
+/// its type and method.
+fn login<'a>(hba: &'a str, user: &str, address: &str) -> Option<(&'a str, &'a str)> {
+    let address: std::net::IpAddr = address.parse().expect("an address");
+    let within = |cidr: &str| {
+        let (net, bits) = cidr.split_once('/').expect("a CIDR");
+        let bits: u32 = bits.parse().expect("a prefix");
+        match (net.parse::<std::net::IpAddr>().expect("a network"), address) {
+            (std::net::IpAddr::V4(n), std::net::IpAddr::V4(a)) => bits == 0 || (u32::from(n) ^ u32::from(a)) >> (32 - bits) == 0,
+            (std::net::IpAddr::V6(n), std::net::IpAddr::V6(a)) => bits == 0 || (u128::from(n) ^ u128::from(a)) >> (128 - bits) == 0,
+            _ => false,
+        }
+    };
+    hba.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect::<Vec<_>>()).find_map(|rule| match rule[..] {
+        [kind @ ("host" | "hostssl"), database, who, cidr, method]
+            if (database == "all" || database == "app") && (who == "all" || who == user) && within(cidr) =>
+        {
+            Some((kind, method))
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn the_superuser_logs_in_from_its_own_member_alone() {
+    for tls in [false, true] {
+        let spec = DatabaseSpec {
+            tls: tls.then(|| TlsFiles { certificate: "/t/tls.crt".into(), key: "/t/tls.key".into(), ca: "/t/ca.crt".into() }),
+            ..spec("17")
+        };
+        let w = Postgres::render(spec, cluster()).expect("renders");
+        let hba = &w.config_files.iter().find(|f| f.name == "pg_hba.conf").expect("pg_hba").content;
+        for address in ["127.0.0.1", "::1"] {
+            assert_eq!(login(hba, "postgres", address).map(|r| r.1), Some("scram-sha-256"), "the agent, over loopback: {hba}");
+        }
+        for address in ["10.1.2.3", "192.168.0.7", "fd00::5"] {
+            assert_eq!(login(hba, "postgres", address).map(|r| r.1), Some("reject"), "the superuser from {address}: {hba}");
+            assert_eq!(login(hba, "app", address).map(|r| r.1), Some("scram-sha-256"), "the application from {address}: {hba}");
+        }
+    }
+}
+
+#[test]
+fn a_former_primary_rewinds_as_the_replication_role() {
+    let w = Postgres::render(spec("17"), cluster()).expect("renders");
+    let grants = &w.config_files.iter().find(|f| f.name == "replicator.sql").expect("replicator.sql").content;
+    for right in ["pg_ls_dir(text, boolean, boolean)", "pg_stat_file(text, boolean)", "pg_read_binary_file(text, bigint, bigint, boolean)"]
+    {
+        assert!(grants.contains(right), "{right}: {grants}");
+    }
+    assert!(grants.contains("GRANT pg_checkpoint TO replicator"), "{grants}");
+    let bootstrap = &w.config_files.iter().find(|f| f.name == "bootstrap.sh").expect("bootstrap.sh").content;
+    assert!(bootstrap.contains("source=\"host=$PRIMARY_HOST port=$PRIMARY_PORT user=replicator dbname=postgres"), "{bootstrap}");
+    assert!(bootstrap.contains("single < \"$PLUGDB_CONFIG_DIR/replicator.sql\""), "{bootstrap}");
+    assert!(PROMOTE.contains("-f \"$PLUGDB_CONFIG_DIR/replicator.sql\""), "granted as a member is promoted in place");
 }

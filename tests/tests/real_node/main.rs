@@ -264,16 +264,17 @@ async fn members_are_measured(members: &[k8s_openapi::api::core::v1::Pod], ns: &
     eprintln!("{ns}: every member's series scraped from its metrics port");
 }
 
-/// A replica whose stream breaks (the application took the replication role's login and
+/// A replica whose stream breaks (the administrator took the replication role's login and
 /// ended orders-0's stream) still answers, so its pod stays ready: the operator's looks
 /// find it streams nothing and it is named (`Degraded`, the member down with why), a
 /// switchover to it is refused before the primary is fenced, and it is restarted; once
 /// it can log in again it streams, and the Database is whole.
 async fn replica_not_replicating(cluster: &Arc<Cluster>, client: &Client, ns: &str) {
-    let primary = pod_ip(&client.members().await.into_iter().find(|p| p.name_any() == "orders-2").expect("orders-2"));
-    client.query(&primary, "ALTER ROLE replicator NOLOGIN").await.expect("the replication role loses its login");
+    let leader = client.members().await.into_iter().find(|p| p.name_any() == "orders-2").expect("orders-2");
+    let primary = pod_ip(&leader);
+    client.administer(&leader, "ALTER ROLE replicator NOLOGIN").await.expect("the replication role loses its login");
     let ended = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication WHERE application_name = 'orders-0'";
-    assert_eq!(client.query(&primary, ended).await.as_deref(), Ok("1"), "orders-0's stream ended");
+    assert_eq!(client.administer(&leader, ended).await.as_deref(), Ok("1"), "orders-0's stream ended");
     // A write it does not receive: it is behind, not merely idle.
     client.query(&primary, "INSERT INTO orders VALUES (2999999, 'not received')").await.expect("a write");
     let started = Instant::now();
@@ -303,7 +304,7 @@ async fn replica_not_replicating(cluster: &Arc<Cluster>, client: &Client, ns: &s
         assert!(Instant::now() < deadline, "orders-0 is made again within {WAIT:?}");
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    client.query(&primary, "ALTER ROLE replicator LOGIN").await.expect("the replication role logs in again");
+    client.administer(&leader, "ALTER ROLE replicator LOGIN").await.expect("the replication role logs in again");
     let whole = |d: &Database| is_running(d, 3) && !named(d) && d.status.as_ref().and_then(|s| s.primary.as_deref()) == Some("orders-2");
     cluster.wait_database(ns, "orders", "orders-0 streams again, 3 members Ready", WAIT, whole).await.expect("whole again");
     let back = pod_ip(&client.members().await.into_iter().find(|p| p.name_any() == "orders-0").expect("orders-0"));
@@ -312,14 +313,14 @@ async fn replica_not_replicating(cluster: &Arc<Cluster>, client: &Client, ns: &s
     eprintln!("{ns}: a replica that streams nothing named {found:?} after its stream ended, made again, and whole once it logs in");
 }
 
-/// A replica promoted behind the operator's back (`pg_promote()`, which the application
-/// may run) takes writes of its own: the operator's next look at the members fences it
+/// A replica promoted behind the operator's back (`pg_promote()`, run by someone with the
+/// superuser inside the member) takes writes of its own: the operator's next look at the members fences it
 /// and names it (`Degraded`, `SecondPrimary`, a Warning), it takes no more (no session
 /// but its agent's gets in), and it is made again to follow the primary.
 async fn second_primary(cluster: &Arc<Cluster>, client: &Client, ns: &str) {
     let rogue = client.members().await.into_iter().find(|p| p.name_any() == "orders-1").expect("orders-1");
     let ip = pod_ip(&rogue);
-    assert_eq!(client.query(&ip, "SELECT pg_promote()").await.as_deref(), Ok("t"), "promoted behind the operator's back");
+    assert_eq!(client.administer(&rogue, "SELECT pg_promote()").await.as_deref(), Ok("t"), "promoted behind the operator's back");
     client.query(&ip, "INSERT INTO orders VALUES (2000000, 'taken by a second primary')").await.expect("a second primary takes writes");
     let named = |d: &Database| {
         d.status.iter().flat_map(|s| &s.conditions).any(|c| {

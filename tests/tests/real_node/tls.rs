@@ -132,27 +132,40 @@ pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, versio
     let replica = pod_ip(&members[1]);
     match engine {
         Engine::Postgres => {
-            let psql = |conninfo: String, sql: &str| {
+            let psql = |conninfo: String, password: &str, sql: &str| {
                 let args = vec![conninfo, "-XAtq".into(), "-v".into(), "ON_ERROR_STOP=1".into(), "-c".into(), sql.into()];
-                run("psql", args, vec![("PGPASSWORD", password.clone())])
+                run("psql", args, vec![("PGPASSWORD", password.to_string())])
             };
-            let plain = psql(format!("host={ip} user=postgres dbname=postgres sslmode=disable connect_timeout=5"), "SELECT 1").await;
+            let (_, app) = application(&cluster, &ns).await;
+            let plain = psql(format!("host={ip} user=app dbname=app sslmode=disable connect_timeout=5"), &app, "SELECT 1").await;
             assert!(!plain.status.success(), "plaintext is refused: {}", text(&plain));
-            let secure = format!(
-                "host={service} hostaddr={ip} user=postgres dbname=postgres sslmode=verify-full sslrootcert={} connect_timeout=5",
-                ca.display()
+            let verifying = |user: &str| {
+                format!(
+                    "host={service} hostaddr={ip} user={user} dbname=app sslmode=verify-full sslrootcert={} connect_timeout=5",
+                    ca.display()
+                )
+            };
+            // The superuser's password, which the credentials Secret holds, is no login
+            // over the network: the member's own agent alone logs in with it.
+            let superuser = psql(verifying("postgres"), &password, "SELECT 1").await;
+            assert!(
+                !superuser.status.success() && text(&superuser).contains("pg_hba.conf rejects connection"),
+                "the superuser over the network is refused: {}",
+                text(&superuser)
             );
+            let secure = verifying("app");
             let wrote = psql(
                 secure.clone(),
+                &app,
                 "CREATE TABLE sealed (id int PRIMARY KEY); INSERT INTO sealed VALUES (7); \
                  SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
             )
             .await;
             assert_eq!(text(&wrote), "t", "a verifying client writes over TLS");
             let replication = "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid) WHERE s.ssl";
-            eventually("the replica streams over TLS", || psql(secure.clone(), replication), |o| text(o) == "1").await;
-            let on_replica = format!("host={replica} user=postgres dbname=postgres sslmode=require connect_timeout=5");
-            eventually("the row reaches the replica", || psql(on_replica.clone(), "SELECT id FROM sealed"), |o| text(o) == "7").await;
+            client.eventually_administered(&members[0], replication, Duration::from_secs(60), |o| o == "1").await;
+            let on_replica = format!("host={replica} user=app dbname=app sslmode=require connect_timeout=5");
+            eventually("the row reaches the replica", || psql(on_replica.clone(), &app, "SELECT id FROM sealed"), |o| text(o) == "7").await;
 
             // The application's login: its own database, and not the server's key.
             let (login, app) = application(&cluster, &ns).await;
