@@ -13,8 +13,13 @@ use kube::api::{Api, ListParams};
 use plugdb::crd::Database;
 use serde_json::json;
 
-/// The MariaDB database the scenarios' tables live in (PostgreSQL's is the application's, `app`).
-const SCHEMA: &str = "plugdb";
+/// The database the scenarios' tables live in: the application's.
+const SCHEMA: &str = "app";
+
+/// The user a scenario's client logs in as over the network, and the credentials Secret
+/// key of its password: the application's (the administrator logs in from its own
+/// member alone).
+const LOGIN: (&str, &str) = ("app", "app-password");
 
 /// How long a Database may take to reach a state on the real node.
 pub const WAIT: Duration = Duration::from_secs(240);
@@ -53,16 +58,6 @@ impl Engine {
         match self {
             Engine::Postgres => "superuser-password",
             Engine::Mysql => "root-password",
-        }
-    }
-
-    /// The user a scenario's client logs in as over the network, and the credentials
-    /// Secret key of its password: the application's for PostgreSQL (its superuser logs in
-    /// from its own member alone), MariaDB's root.
-    pub fn login(self) -> (&'static str, &'static str) {
-        match self {
-            Engine::Postgres => ("app", "app-password"),
-            Engine::Mysql => ("root", "root-password"),
         }
     }
 
@@ -119,7 +114,7 @@ impl Client {
         let password = |key: &str| String::from_utf8(data[key].0.clone()).expect("a text password");
         Self {
             engine,
-            password: password(engine.login().1),
+            password: password(LOGIN.1),
             administrator_password: password(engine.password_key()),
             namespace: namespace.into(),
             name: name.into(),
@@ -146,13 +141,9 @@ impl Client {
         pods
     }
 
-    /// Makes what the scenarios' tables live in, through the primary at `host`: the
-    /// database `plugdb` for MariaDB; PostgreSQL has `public` (a connection check only).
+    /// Whether the server at `host` lets the application in (its database is there).
     async fn prepare(&self, host: &str) -> Result<(), String> {
-        match self.engine {
-            Engine::Postgres => self.run(host, &self.password, None, "SELECT 1").await.map(drop),
-            Engine::Mysql => self.run(host, &self.password, None, &format!("CREATE DATABASE IF NOT EXISTS {SCHEMA}")).await.map(drop),
-        }
+        self.run(host, &self.password, Some(SCHEMA), "SELECT 1").await.map(drop)
     }
 
     /// Runs `sql` at `host` with `password`; the rows as text (tab-separated columns),
@@ -162,7 +153,7 @@ impl Client {
     }
 
     async fn run(&self, host: &str, password: &str, database: Option<&str>, sql: &str) -> Result<String, String> {
-        self.run_as(Nodes::command, (self.engine.login().0, password), host, database, sql).await
+        self.run_as(Nodes::command, (LOGIN.0, password), host, database, sql).await
     }
 
     /// Runs `sql` as the engine's administrator inside member `pod`: from its own network
@@ -180,16 +171,22 @@ impl Client {
         self.run_as(inside, administrator, "127.0.0.1", Some(SCHEMA), sql).await
     }
 
+    /// Logs in at `host` as the engine's administrator, over the network: refused (the
+    /// server's words) once every member keeps the administrator to itself.
+    pub async fn administrator_over_the_network(&self, host: &str) -> Result<String, String> {
+        let administrator = (self.engine.administrator(), self.administrator_password.as_str());
+        self.run_as(Nodes::command, administrator, host, Some(SCHEMA), "SELECT 1").await
+    }
+
     /// Runs `sql` at `host` from node `node`'s network (where a member on a node cut off
-    /// from the others is still reached), as `user` and password, or as the client logs in.
-    pub async fn query_from(&self, node: &str, host: &str, user: Option<(&str, &str)>, sql: &str) -> Result<String, String> {
+    /// from the others is still reached).
+    pub async fn query_from(&self, node: &str, host: &str, sql: &str) -> Result<String, String> {
         let from = |program: &str| {
             let mut c = std::process::Command::new("nsenter");
             c.arg(format!("--net=/run/netns/{node}")).arg(program);
             c
         };
-        let user = user.unwrap_or((self.engine.login().0, &self.password));
-        self.run_as(from, user, host, Some(SCHEMA), sql).await
+        self.run_as(from, (LOGIN.0, &self.password), host, Some(SCHEMA), sql).await
     }
 
     async fn run_as(
@@ -203,14 +200,18 @@ impl Client {
         let mut command = match self.engine {
             Engine::Postgres => {
                 let mut c = command("psql");
-                c.arg(format!("host={host} user={user} dbname=app connect_timeout=5"))
+                c.arg(format!("host={host} user={user} dbname={SCHEMA} connect_timeout=5"))
                     .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-F", "\t", "-c", sql])
                     .env("PGPASSWORD", password);
                 c
             }
             Engine::Mysql => {
                 let mut c = command("mariadb");
-                c.args(["-h", host, &format!("-u{user}"), "--connect-timeout=5", "-N", "-B", "-e", sql]).env("MYSQL_PWD", password);
+                c.args(["-h", host, &format!("-u{user}"), "--connect-timeout=5", "-e", sql]).env("MYSQL_PWD", password);
+                // Rows alone, but a vertical answer (`\G`) keeps its field names.
+                if !sql.ends_with("\\G") {
+                    c.args(["-N", "-B"]);
+                }
                 if let Some(database) = database {
                     c.arg(format!("--database={database}"));
                 }

@@ -23,25 +23,23 @@ if [ ! -d "$DATADIR/mysql" ]; then
   mariadb-install-db --defaults-file="$cnf" --datadir="$DATADIR" --auth-root-authentication-method=normal --skip-test-db >/dev/null
 fi
 
-# Accounts, applied locally on every start and never written to the binary log; the
-# application's (which the host hands out, Secret <name>-app) has every right on its own
-# database and none elsewhere.
-cat > "$volume/init.sql" <<SQL
-SET SESSION sql_log_bin = 0;
-DELETE FROM mysql.global_priv WHERE User = '' OR (User = 'root' AND Host NOT IN ('localhost', '%'));
-FLUSH PRIVILEGES;
-CREATE USER IF NOT EXISTS 'root'@'%' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';
-ALTER USER 'root'@'%' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';
-ALTER USER 'root'@'localhost' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';
-GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;
-CREATE USER IF NOT EXISTS 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';
-ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';
-GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'replicator'@'%';
-CREATE DATABASE IF NOT EXISTS app;
-CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY '$APP_PASSWORD';
-ALTER USER 'app'@'%' IDENTIFIED BY '$APP_PASSWORD';
-GRANT ALL PRIVILEGES ON app.* TO 'app'@'%';
-SQL
+# Accounts (accounts.sh), applied locally on every start and never written to the
+# binary log. Root logs in from this member alone, never over the network, where its
+# password, which anyone who reads the credentials Secret has, would be a login; only
+# while a backup is restored into the Database (PLUGDB_RESTORING: the restore Job loads
+# it into the primary) does it log in from anywhere, and the next start, once the
+# restore has finished and the members roll, removes that login again.
+. "$PLUGDB_CONFIG_DIR/accounts.sh"
+root_hosts="'localhost', '127.%', '::1'"
+network_root=""
+if [ -n "${PLUGDB_RESTORING:-}" ]; then
+  root_hosts="$root_hosts, '%'"
+  network_root="'root'@'%'"
+fi
+{ echo "SET SESSION sql_log_bin = 0;"
+  echo "DELETE FROM mysql.global_priv WHERE User = '' OR (User = 'root' AND Host NOT IN ($root_hosts));"
+  echo "FLUSH PRIVILEGES;"
+  accounts_sql $network_root; } > "$volume/init.sql"
 
 # A primary does not start replicating (a promoted replica's threads would only be
 # stopped again, and stopping one that is connecting to the primary Service, which now
@@ -130,14 +128,14 @@ done
 # Whether the primary Service leads to a writable server other than this one (the rules
 # of a node that has just returned may still lead to this member's old address).
 primary_elsewhere() {
-  said=$(mariadb -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -uroot -p"$MARIADB_ROOT_PASSWORD" --connect-timeout=5 \
+  said=$(mariadb -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -ureplicator -p"$REPLICATION_PASSWORD" --connect-timeout=5 \
     -N -B -e "SELECT IF(@@read_only, 0, @@server_id)" 2>/dev/null) || return 1
   [ -n "$said" ] && [ "$said" != 0 ] && [ "$said" != "$server_id" ]
 }
 
 if [ "$POD_NAME" != "$PRIMARY_POD" ] && [ ! -f "$volume/plugdb-replica" ]; then
-  until primary_elsewhere && mariadb-dump -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -uroot -p"$MARIADB_ROOT_PASSWORD" \
-      --all-databases --single-transaction --gtid --master-data=1 --routines --events --triggers > "$volume/clone.sql"; do
+  until primary_elsewhere && mariadb-dump -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -ureplicator -p"$REPLICATION_PASSWORD" \
+      --all-databases --single-transaction --gtid --master-data=1 --routines --events --triggers --no-tablespaces > "$volume/clone.sql"; do
     echo "waiting for the primary at $PRIMARY_HOST:$PRIMARY_PORT to be dumped" >&2
     sleep 2
   done
@@ -167,6 +165,15 @@ if [ "$POD_NAME" = "$PRIMARY_POD" ] && [ -f "$volume/plugdb-replica" ]; then
   # Promoted: this member no longer follows anyone.
   local_sql -e "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF;"
   rm -f "$volume/plugdb-replica"
+fi
+
+# A new LTS series over the last one's data (a major upgrade rolls every member onto the
+# new image): each member brings its own system tables up to date, over the socket, once
+# (mariadb-upgrade writes nothing to the binary log and records the version it reached
+# in the data directory, which the check reads).
+if mariadb-upgrade --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" --check-if-upgrade-is-needed >/dev/null 2>&1; then
+  echo "upgrading the system tables to this server's version" >&2
+  mariadb-upgrade --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" --silent >&2 || echo "mariadb-upgrade failed; see above" >&2
 fi
 
 [ -z "$archiving" ] || archive_loop &

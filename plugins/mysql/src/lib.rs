@@ -22,8 +22,12 @@
 //!   replica, never more); the agent turns it off and on as the server runs. A replica
 //!   applies all it received before it stops (it may be promoted by its restart).
 //! - Failover promotes the ready replica whose received GTID position covers all others.
-//! - Minor upgrades roll members; a major upgrade to the next LTS adds `mariadb-upgrade`;
+//! - Minor upgrades roll members; so does a major upgrade to the next LTS, each member's
+//!   start bringing its system tables up to date (`mariadb-upgrade`, over the socket);
 //!   skipping an LTS and downgrades are refused.
+//! - Root logs in on the socket and over loopback alone (the member's agent), and over
+//!   the network only while a backup is restored into the Database; replicas clone and
+//!   backups dump as the replication role.
 
 mod parameters;
 
@@ -42,6 +46,8 @@ const APPLICATION_KEY: &str = "app-password";
 const APPLICATION: &str = "app";
 const DATA_MOUNT: &str = "/var/lib/mysql";
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
+/// The members' accounts (`accounts_sql`), which the bootstrap and the restore keep.
+const ACCOUNTS: &str = include_str!("accounts.sh");
 const RESTORE: &str = include_str!("restore.sh");
 /// A plugin setting, not a server variable: how often the primary closes its binary log
 /// for the archive while transactions arrive.
@@ -167,7 +173,6 @@ fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
         env_value("BACKUP_NAME", location.artifact.clone()),
         env_value("DB_HOST", location.host.clone()),
         env_value("DB_PORT", PORT.to_string()),
-        env_secret("MARIADB_ROOT_PASSWORD", &location.credentials_secret, ROOT_KEY),
         env_secret("REPLICATION_PASSWORD", &location.credentials_secret, REPLICATION_KEY),
     ];
     env.extend(tls_env(spec));
@@ -246,6 +251,11 @@ impl Engine for Mysql {
             env.push(env_value("ARCHIVE_DIR", dir.clone()));
             env.push(env_value("ARCHIVE_TIMEOUT", archive_timeout(&spec).to_string()));
         }
+        if cluster.restoring {
+            // Root logs in over the network while the restore Job loads the backup (see
+            // `bootstrap.sh`); the members roll once it has finished, and it no longer does.
+            env.push(env_value("PLUGDB_RESTORING", "1"));
+        }
         Ok(Workload {
             image: image(&spec.version),
             command: vec!["sh".into(), format!("{}/bootstrap.sh", cluster.config_mount_path)],
@@ -276,6 +286,7 @@ impl Engine for Mysql {
             config_files: vec![
                 ConfigFile { name: "my.cnf".into(), content: my_cnf(&spec) },
                 ConfigFile { name: "bootstrap.sh".into(), content: BOOTSTRAP.into() },
+                ConfigFile { name: "accounts.sh".into(), content: ACCOUNTS.into() },
             ],
             data_mount_path: DATA_MOUNT.into(),
             credentials: [ROOT_KEY, REPLICATION_KEY, APPLICATION_KEY].map(|key| Credential { key: key.into(), length: 32 }).to_vec(),
@@ -313,25 +324,10 @@ impl Engine for Mysql {
         {
             return Err(format!("MariaDB upgrades go one LTS series at a time: {old_series} → {} first", VERSIONS[i + 1]));
         }
-        let upgrade = JobPlan {
-            image: image(&spec.version),
-            // mariadb-upgrade (11.x) writes its info file under the datadir path the server
-            // reports, also when the server is remote: give it that path in the Job.
-            command: shell(
-                "set -eu; mkdir -p \"$DATADIR\"; mariadb-upgrade -h \"$PRIMARY_HOST\" -P \"$PRIMARY_PORT\" ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\"",
-            ),
-            env: [
-                env_value("DATADIR", format!("{DATA_MOUNT}/data")),
-                env_value("PRIMARY_HOST", format!("{}.{}.svc", spec.name, spec.namespace)),
-                env_value("PRIMARY_PORT", PORT.to_string()),
-                env_secret("MARIADB_ROOT_PASSWORD", &format!("{}-credentials", spec.name), ROOT_KEY),
-            ]
-            .into_iter()
-            .chain(tls_env(&spec))
-            .collect(),
-            mounts_data: false,
-        };
-        Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart, UpgradeStep::Job(upgrade)], backup_first: true })
+        // Each member's start on the new series brings its own system tables up to date
+        // (`mariadb-upgrade` over the socket, in `bootstrap.sh`): root needs no login from
+        // a Job over the network.
+        Ok(UpgradePlan { steps: vec![UpgradeStep::RollingRestart], backup_first: true })
     }
 
     fn plan_scale(spec: DatabaseSpec, _from: u32, _members: Vec<Member>) -> Result<Vec<ScaleStep>, String> {
@@ -372,8 +368,8 @@ impl Engine for Mysql {
             image: image(&spec.version),
             command: shell(
                 "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; mkdir -p \"$out.partial\"; \
-                 mariadb-dump -h \"$DB_HOST\" -P \"$DB_PORT\" ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" --all-databases --single-transaction \
-                 --gtid --master-data=2 --routines --events --triggers | gzip > \"$out.partial/dump.sql.gz\"; mv \"$out.partial\" \"$out\"",
+                 mariadb-dump -h \"$DB_HOST\" -P \"$DB_PORT\" ${CLIENT_TLS:-} -ureplicator -p\"$REPLICATION_PASSWORD\" --all-databases --single-transaction \
+                 --gtid --master-data=2 --routines --events --triggers --no-tablespaces | gzip > \"$out.partial/dump.sql.gz\"; mv \"$out.partial\" \"$out\"",
             ),
             env: job_env(&spec, &location),
             mounts_data: false,
@@ -386,8 +382,9 @@ impl Engine for Mysql {
             return Ok(None);
         }
         let mut env = job_env(&spec, &location);
+        env.push(env_secret("MARIADB_ROOT_PASSWORD", &location.credentials_secret, ROOT_KEY));
         env.push(env_secret("APP_PASSWORD", &location.credentials_secret, APPLICATION_KEY));
-        Ok(Some(JobPlan { image: image(&spec.version), command: shell(RESTORE), env, mounts_data: false }))
+        Ok(Some(JobPlan { image: image(&spec.version), command: shell(&[ACCOUNTS, RESTORE].concat()), env, mounts_data: false }))
     }
 }
 

@@ -13,9 +13,13 @@ unlogged=""
 noted="$(mktemp)"
 { echo "$unlogged"
   gunzip -c "$src" | awk -v noted="$noted" '{ print } /^-- SET GLOBAL gtid_slave_pos=/ { print > noted }'
-  echo "ALTER USER 'root'@'%' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD'; ALTER USER 'root'@'localhost' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';"
-  echo "ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';"
-  echo "CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY '$APP_PASSWORD'; ALTER USER 'app'@'%' IDENTIFIED BY '$APP_PASSWORD'; FLUSH PRIVILEGES;"; } | sql
+  # The dump carries the source's accounts, which take effect first (the server would
+  # otherwise still know this Database's and refuse to change one the dump replaced);
+  # then this Database's, and root over the network for the rest of the restore (the
+  # members' next start removes that).
+  echo "FLUSH PRIVILEGES;"
+  accounts_sql "'root'@'%'"
+  echo "FLUSH PRIVILEGES;"; } | sql
 [ -n "${POINT_IN_TIME:-}" ] || exit 0
 start="$(sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([0-9,-]*\)';\$/position:\1/p" "$noted")"
 case "$start" in

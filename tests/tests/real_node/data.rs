@@ -62,6 +62,22 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     assert_eq!(copy.checksum(&copy_host).await, expected, "the copy holds exactly the rows backed up");
     let wrong = copy.query_as(&copy_host, "not-the-password", "SELECT 1").await;
     assert!(wrong.is_err(), "the copy takes its own credentials: {wrong:?}");
+    // The administrator logs in from its own member alone: MariaDB's root logged in over
+    // the network while the restore Job loaded the dump, and no longer once the members
+    // rolled after it.
+    let refused = match engine {
+        Engine::Postgres => "pg_hba.conf rejects connection",
+        Engine::Mysql => "Access denied for user 'root'",
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let said = copy.administrator_over_the_network(&copy_host).await;
+        if said.as_ref().is_err_and(|e| e.contains(refused)) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the administrator over the network: {said:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 
     // `kubectl plugdb logs`: the primary's engine log; `kubectl plugdb plugins`: the
     // engine's ConfigMap, what its plugin says, its pinned digest, and that it serves.
@@ -86,9 +102,9 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
     );
     // `kubectl plugdb connect`: the engine's client in the primary, logged in, no password typed.
     let (query, says) = match engine {
-        Engine::Postgres => ("SELECT count(*) || ' rows' FROM orders;\n", "1000 rows"),
-        // The scenario's tables are in the schema `plugdb`.
-        Engine::Mysql => ("SELECT CONCAT(COUNT(*), ' rows') FROM plugdb.orders;\n", "1000 rows"),
+        // The scenario's tables are in the application's database, `app`.
+        Engine::Postgres => ("\\c app\nSELECT count(*) || ' rows' FROM orders;\n", "1000 rows"),
+        Engine::Mysql => ("SELECT CONCAT(COUNT(*), ' rows') FROM app.orders;\n", "1000 rows"),
     };
     let answer = plugdb_with_input(&cluster, &["connect", "copy", "-n", &ns], Some(query)).await;
     assert!(answer.contains(says), "the client's answer: {answer}");

@@ -86,7 +86,7 @@ async fn wait(cluster: &Cluster, what: &str, check: impl Fn(&Database) -> bool) 
 /// killed (SIGKILL) at random moments after each step's change, `KILLS` times in all.
 /// At the end of each step the Database has converged; before the deletion there is
 /// exactly one of each child, the credentials Secret is the one first made, and every
-/// backup and upgrade Job ran as one Job (one uid per name, watched all along); the
+/// backup Job ran as one Job (one uid per name, watched all along); the
 /// deletion takes one final backup and keeps the volumes.
 pub async fn killed_at_random_points(cluster: Arc<Cluster>) {
     let Backing::Node(node) = &cluster.backing else { panic!("this scenario needs the real node") };
@@ -147,7 +147,8 @@ pub async fn killed_at_random_points(cluster: Arc<Cluster>) {
     })
     .await;
 
-    // 4. Upgrade 10.11 → 11.8: a pre-upgrade backup, then mariadb-upgrade.
+    // 4. Upgrade 10.11 → 11.8: a pre-upgrade backup, then the members roll (each upgrades
+    // its own system tables as it starts).
     cluster.apply_database(NS, database("shop", Engine::Mysql, "11.8", 2, yearly)).await.expect("upgrade");
     inject(&mut operator, &plan, 3, steps[3]).await;
     wait(&cluster, "upgraded to 11.8", |d| {
@@ -195,7 +196,6 @@ pub async fn killed_at_random_points(cluster: Arc<Cluster>) {
     assert_eq!(started("shop-manual-"), 1, "one backup for the request: {seen:?}");
     assert_eq!(started("shop-pre-"), 1, "one pre-upgrade backup: {seen:?}");
     assert_eq!(started("shop-final"), 1, "one final backup: {seen:?}");
-    assert!(started("shop-upgrade-") >= 1, "the upgrade step ran: {seen:?}");
     let claims = Api::<PersistentVolumeClaim>::namespaced(cluster.client.clone(), NS);
     for claim in ["data-shop-0", "data-shop-1"] {
         claims.get(claim).await.expect("the data volumes are kept under the default policy");

@@ -39,17 +39,19 @@ fn main() -> ExitCode {
             ("mysql_operator_killed_at_random_points_of_create_scale_backup_upgrade_delete", |c| {
                 Box::pin(faults::killed_at_random_points(c))
             }),
-            // These take a node away from every member on it: nothing else runs meanwhile.
-            ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
-            ("postgres_and_mysql_node_drained_under_writers_within_the_disruption_budgets", |c| Box::pin(nodes::drain_under_writers(c))),
-            // The operator every scenario shares is killed mid-failover.
-            ("mysql_hung_primary_is_stopped_before_a_replica_is_promoted_and_loses_no_write_with_the_operator_killed_mid_failover", |c| {
-                Box::pin(members::hung_primary_under_a_writer(c, Engine::Mysql, "11.8"))
-            }),
             // The chart's operator, in a pod, is the only one reconciling meanwhile.
             ("helm_install_then_the_example_database_runs_on_the_bundled_engines", |c| {
                 Box::pin(install::helm_install_then_the_example_runs(c))
             }),
+            // The operator every scenario shares is killed mid-failover.
+            ("mysql_hung_primary_is_stopped_before_a_replica_is_promoted_and_loses_no_write_with_the_operator_killed_mid_failover", |c| {
+                Box::pin(members::hung_primary_under_a_writer(c, Engine::Mysql, "11.8"))
+            }),
+            // These take a node away from every member on it: nothing else runs meanwhile.
+            // Last of these, when the other tiers beside the real nodes have ended: the
+            // node-loss scenario's 21 members share the two cores with nothing but them.
+            ("postgres_and_mysql_node_drained_under_writers_within_the_disruption_budgets", |c| Box::pin(nodes::drain_under_writers(c))),
+            ("a_node_lost_for_two_minutes_under_replicas_a_primary_and_etcds_leader_then_back", |c| Box::pin(nodes::node_lost_and_back(c))),
         ],
         &[
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
@@ -78,7 +80,7 @@ fn main() -> ExitCode {
             ("mysql_survives_primary_pod_deletion_and_engine_kill", |c| Box::pin(members::primary_failures(c, Engine::Mysql, "10.11"))),
             ("postgres_parameter_change_rolls_replicas_first_primary_last", |c| Box::pin(members::parameter_roll(c))),
             ("postgres_minor_upgrade_with_a_writer_loses_no_write", |c| Box::pin(members::minor_upgrade(c))),
-            ("mysql_10_11_to_11_8_runs_its_upgrade_job", |c| Box::pin(members::mariadb_major_upgrade(c))),
+            ("mysql_10_11_to_11_8_upgrades_each_members_system_tables_as_it_starts", |c| Box::pin(members::mariadb_major_upgrade(c))),
             ("postgres_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Postgres, "15"))),
             ("mysql_backup_restores_into_a_new_database", |c| Box::pin(data::backup_and_restore(c, Engine::Mysql, "10.11"))),
             ("postgres_backups_in_a_bucket_retained_and_restored_in_another_namespace", |c| {

@@ -178,16 +178,9 @@ impl Writers {
     pub(crate) async fn start(client: Arc<Client>, engine: Engine) -> Writers {
         let rw = client.service_ip(client.name()).await;
         client.reachable(&rw).await;
-        let (table, user) = match engine {
-            Engine::Postgres => ("CREATE TABLE IF NOT EXISTS probe (id BIGINT PRIMARY KEY)", None),
-            Engine::Mysql => ("CREATE TABLE IF NOT EXISTS probe (id BIGINT PRIMARY KEY)", Some(("probe", "probe-password"))),
-        };
-        client.query(&rw, table).await.expect("the probe table");
-        if let Some((user, password)) = user {
-            let grant =
-                format!("CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY '{password}'; GRANT INSERT ON plugdb.* TO '{user}'@'%'");
-            client.query(&rw, &grant).await.expect("the probe account");
-        }
+        // As the application, which no read-only setting lets write (it holds no
+        // administrator's right).
+        client.query(&rw, "CREATE TABLE IF NOT EXISTS probe (id BIGINT PRIMARY KEY)").await.expect("the probe table");
         let stop = Arc::new(AtomicBool::new(false));
         let until = stop.clone();
         let task = tokio::spawn(async move {
@@ -206,7 +199,7 @@ impl Writers {
                         }
                         Engine::Mysql => format!("INSERT INTO probe VALUES ({id})"),
                     };
-                    if client.query_from(&node, &ip, user, &insert).await.is_ok() {
+                    if client.query_from(&node, &ip, &insert).await.is_ok() {
                         took.push((Instant::now(), pod.name_any(), id));
                     }
                 }

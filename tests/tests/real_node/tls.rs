@@ -188,37 +188,46 @@ pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, versio
             assert!(!key.status.success() && text(&key).contains("permission denied"), "the application reads no key: {}", text(&key));
         }
         Engine::Mysql => {
-            let mariadb = |host: String, tls: bool, sql: &str| {
-                let mut args = vec!["-h".into(), host, "-uroot".into(), "--connect-timeout=5".into()];
-                // Rows alone, but a vertical answer (`\G`) keeps its field names.
-                if !sql.ends_with("\\G") {
-                    args.extend(["-N".into(), "-B".into()]);
-                }
+            let (_, app) = application(&cluster, &ns).await;
+            let mariadb = |host: String, (user, password): (&str, &str), tls: bool, sql: &str| {
+                let mut args = vec!["-h".into(), host, format!("-u{user}"), "--connect-timeout=5".into(), "-N".into(), "-B".into()];
                 args.push(if tls { format!("--ssl-ca={}", ca.display()) } else { "--skip-ssl".into() });
-                args.extend(["-e".into(), sql.into()]);
-                run("mariadb", args, vec![("MYSQL_PWD", password.clone())])
+                args.extend(["app".into(), "-e".into(), sql.into()]);
+                run("mariadb", args, vec![("MYSQL_PWD", password.to_string())])
             };
-            let plain = mariadb(ip.clone(), false, "SELECT 1").await;
+            let plain = mariadb(ip.clone(), ("app", &app), false, "SELECT 1").await;
             assert!(!plain.status.success(), "plaintext is refused: {}", text(&plain));
+            // Root's password, which the credentials Secret holds, is no login over the
+            // network: the member's own agent alone logs in with it.
+            let root = mariadb(ip.clone(), ("root", &password), true, "SELECT 1").await;
+            assert!(
+                !root.status.success() && text(&root).contains("Access denied for user 'root'"),
+                "root over the network: {}",
+                text(&root)
+            );
             let wrote = mariadb(
                 ip.clone(),
+                ("app", &app),
                 true,
-                "CREATE DATABASE sealed; CREATE TABLE sealed.t (id int PRIMARY KEY); INSERT INTO sealed.t VALUES (7); \
-                 SHOW SESSION STATUS LIKE 'Ssl_version'",
+                "CREATE TABLE sealed (id int PRIMARY KEY); INSERT INTO sealed VALUES (7); SHOW SESSION STATUS LIKE 'Ssl_version'",
             )
             .await;
             assert!(wrote.status.success() && text(&wrote).contains("TLSv1."), "written over TLS: {}", text(&wrote));
-            let status = eventually(
-                "the replica follows over TLS",
-                || mariadb(replica.clone(), true, "SHOW SLAVE STATUS\\G"),
-                |o| text(o).contains("Slave_IO_Running: Yes"),
-            )
-            .await;
-            let status = text(&status);
+            // How the replica follows is the administrator's to see, inside it.
+            let status = client
+                .eventually_administered(&members[1], "SHOW SLAVE STATUS\\G", Duration::from_secs(60), |o| {
+                    o.contains("Slave_IO_Running: Yes")
+                })
+                .await;
             assert!(status.contains("Master_SSL_Allowed: Yes"), "{status}");
             assert!(status.contains("Master_SSL_Verify_Server_Cert: Yes"), "the replica verified the primary: {status}");
-            eventually("the row reaches the replica", || mariadb(replica.clone(), true, "SELECT id FROM sealed.t"), |o| text(o) == "7")
-                .await;
+            let replica = replica.clone();
+            eventually(
+                "the row reaches the replica",
+                || mariadb(replica.clone(), ("app", &app), true, "SELECT id FROM sealed"),
+                |o| text(o) == "7",
+            )
+            .await;
 
             // The application's login: its own database, and not the server's key.
             let (login, app) = application(&cluster, &ns).await;

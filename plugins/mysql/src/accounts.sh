@@ -1,0 +1,21 @@
+# The accounts of a member, as SQL (see bootstrap.sh, and restore.sh, which the restore
+# Job runs after this): root from the member alone, on the socket and over loopback,
+# and from the hosts given besides (`'root'@'%'` while a backup is restored into the
+# Database); the replication role, which replicas clone and backups dump as (it reads
+# every database and writes none); and the application's, with every right on its own
+# database and none elsewhere.
+accounts_sql() {
+  for account in "'root'@'127.%'" "'root'@'::1'" "$@"; do
+    echo "CREATE USER IF NOT EXISTS $account IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';"
+    echo "ALTER USER $account IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';"
+    echo "GRANT ALL PRIVILEGES ON *.* TO $account WITH GRANT OPTION;"
+  done
+  echo "ALTER USER 'root'@'localhost' IDENTIFIED BY '$MARIADB_ROOT_PASSWORD';"
+  echo "CREATE USER IF NOT EXISTS 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';"
+  echo "ALTER USER 'replicator'@'%' IDENTIFIED BY '$REPLICATION_PASSWORD';"
+  echo "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT, SHOW VIEW, TRIGGER, EVENT, LOCK TABLES, RELOAD ON *.* TO 'replicator'@'%';"
+  echo "CREATE DATABASE IF NOT EXISTS app;"
+  echo "CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY '$APP_PASSWORD';"
+  echo "ALTER USER 'app'@'%' IDENTIFIED BY '$APP_PASSWORD';"
+  echo "GRANT ALL PRIVILEGES ON app.* TO 'app'@'%';"
+}
