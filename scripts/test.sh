@@ -17,10 +17,11 @@ wait "$builds"
 
 # After the real-node scenarios, not beside them: `run_script` starts nodes of its own,
 # `plugin_calls` and `leader_election` time their own progress against deadlines of a
-# few seconds, and `memory_limit` keeps both cores busy for minutes (hundreds of
+# few seconds, `cli` compiles a plugin as large as a ConfigMap holds within the
+# compiler's minute, and `memory_limit` keeps both cores busy for minutes (hundreds of
 # Databases and a compile bomb), which the node-loss scenario's six Databases starting
 # beside it could not share.
-after=(run_script plugin_calls leader_election memory_limit)
+after=(run_script plugin_calls leader_election cli memory_limit)
 beside=()
 for file in tests/tests/*.rs; do
   name=$(basename "$file" .rs)
