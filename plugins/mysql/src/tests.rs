@@ -210,15 +210,7 @@ fn with_tls_the_server_requires_it_and_replicas_and_jobs_verify_the_primary() {
     let replication = w.env.iter().find(|e| e.name == "REPLICATION_TLS").map(|e| format!("{:?}", e.source)).unwrap_or_default();
     assert!(replication.contains("MASTER_SSL_VERIFY_SERVER_CERT=1"), "{replication}");
 
-    let location = BackupLocation {
-        directory: "/backups".into(),
-        artifact: "orders-1".into(),
-        host: "orders.shop.svc".into(),
-        credentials_secret: "orders-credentials".into(),
-        cluster,
-        archive_directory: None,
-        point_in_time: None,
-    };
+    let location = backup_location(cluster);
     let backup = Mysql::backup(secured.clone(), location.clone()).expect("backup");
     assert!(named(&backup.env, "CLIENT_TLS") && backup.command.join(" ").contains("${CLIENT_TLS:-}"));
     assert!(named(&Mysql::restore(secured, location, 0).expect("restore").expect("member 0").env, "CLIENT_TLS"));
@@ -308,18 +300,23 @@ fn root_logs_in_over_the_network_only_while_a_backup_is_restored() {
         assert!(line.contains("-ureplicator") && !line.contains("-uroot"), "{line}");
     }
     assert!(bootstrap.contains("mariadb-upgrade --socket="), "system tables upgraded over the socket");
-    let location = BackupLocation {
-        directory: "/backups".into(),
-        artifact: "shop-1".into(),
-        host: "shop.default.svc".into(),
-        credentials_secret: "shop-credentials".into(),
-        cluster: cluster(),
-        archive_directory: None,
-        point_in_time: None,
-    };
+    let location = backup_location(cluster());
     let backup = Mysql::backup(spec("11.8"), location.clone()).expect("a backup");
     assert!(backup.command.join(" ").contains("-ureplicator") && !backup.command.join(" ").contains("-uroot"));
     assert!(!backup.env.iter().any(|e| e.name == "MARIADB_ROOT_PASSWORD"), "a backup has no root password");
     let restore = Mysql::restore(spec("11.8"), location, 0).expect("a restore").expect("member 0");
     assert!(restore.command.join(" ").contains("accounts_sql \"'root'@'%'\""), "the restore keeps root's network login");
+}
+
+/// Backup `orders-1` of Database `orders` in `shop`, no archive, no point in time.
+fn backup_location(cluster: ClusterContext) -> BackupLocation {
+    BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster,
+        archive_directory: None,
+        point_in_time: None,
+    }
 }
