@@ -241,13 +241,14 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
         Member { pod: "ha-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
         Member { pod: "ha-1".into(), ordinal: 1, ready: true, primary: false, position: Some(last.position), answer: None },
     ];
-    let FailoverDecision::Promote { pod, command } = plugin.choose_primary(&s, &members).expect("choose") else {
+    let FailoverDecision::Promote { pod, .. } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote ha-1")
     };
     assert_eq!(pod, "ha-1");
-    let out = replica.exec(&command).expect("promotion command");
-    assert!(out.status.success(), "promotion failed: {}", String::from_utf8_lossy(&out.stderr));
+    // Promoted in place by its agent, as the server runs: it follows no one and takes writes.
+    replica.agent_promote(&rendered.promote_command).expect("promoted in place");
     assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "0", "promoted");
+    assert_eq!(sql(&replica, &pw, "SHOW SLAVE STATUS").as_deref(), Ok(""), "it follows no one");
     assert!(replica.agent_status(&status_command).expect("status").primary, "the promoted member says it is primary");
     sql(&replica, &pw, "INSERT INTO shop.orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
     assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5002", "no data lost");
@@ -288,10 +289,10 @@ fn a_former_primary_with_a_commit_its_successor_never_had_rejoins_as_its_copy() 
         Member { pod: "rejoin-0".into(), ordinal: 0, ready: false, primary: true, position: None, answer: None },
         Member { pod: "rejoin-1".into(), ordinal: 1, ready: true, primary: false, position: Some(position), answer: None },
     ];
-    let FailoverDecision::Promote { command, .. } = plugin.choose_primary(&s, &members).expect("choose") else {
+    let FailoverDecision::Promote { .. } = plugin.choose_primary(&s, &members).expect("choose") else {
         panic!("the plugin should promote rejoin-1")
     };
-    assert!(replica.exec(&command).expect("promotion").status.success(), "promoted");
+    replica.agent_promote(&rendered.promote_command).expect("promoted in place");
     sql(&replica, &pw, "INSERT INTO shop.orders VALUES (7002, 'after the failover', 2)").expect("the new primary writes");
 
     let new_address = replica.address.clone();
@@ -336,7 +337,7 @@ fn a_point_in_time_restore_replays_the_archived_logs_of_both_primaries_once_each
     let mut primary = db.run(pod(0), &plugin, &s, None, &secrets, true);
     sql(&primary, &pw, SAMPLE).expect("sample data");
     let address = primary.address.clone();
-    let mut replica = db.run(pod(1), &plugin, &s, Some(("pitr-0", &address)), &secrets, true);
+    let replica = db.run(pod(1), &plugin, &s, Some(("pitr-0", &address)), &secrets, true);
 
     let location = BackupLocation {
         directory: primary.backup_dir().to_string_lossy().into(),
@@ -357,11 +358,12 @@ fn a_point_in_time_restore_replays_the_archived_logs_of_both_primaries_once_each
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    // Failover: the old primary stops (handing over its last log); member 1 restarts as
-    // the primary and hands over the logs it wrote as a replica.
+    // Failover: the old primary stops (handing over its last log); member 1 is promoted
+    // in place by its agent and, as it runs, hands over the logs it wrote as a replica.
     primary.stop();
-    replica.stop();
-    let promoted = db.run(replica, &plugin, &s, None, &secrets, true);
+    let rendered = plugin.render(&s, &plugdb_tests::cluster("pitr", "default")).expect("render");
+    replica.agent_promote(&rendered.promote_command).expect("promoted in place");
+    let promoted = replica;
     sql(&promoted, &pw, "INSERT INTO shop.orders VALUES (6002, 'after the failover', 2)").expect("write on the new primary");
     let before = sql(&promoted, &pw, FINGERPRINT).expect("fingerprint");
     assert!(before.starts_with("5002:"), "{before}");

@@ -1300,11 +1300,10 @@ async fn too_few_replicas_for_longer_than_allowed_degrade_synchronous_replicatio
 }
 
 /// MariaDB, loaded beside postgres: its primary lost, its agent fences it, and the
-/// replica that has the most is chosen by the plugin's GTID comparison. MariaDB promotes
-/// by a restart as the primary (it has no promote command): the chosen member is
-/// restarted, not promoted in place.
+/// replica that has the most is chosen by the plugin's GTID comparison and promoted in
+/// place by its agent (no restart); the members' template names it.
 #[tokio::test]
-async fn a_mysql_primary_lost_is_fenced_and_the_furthest_replica_restarted_to_lead() {
+async fn a_mysql_primary_lost_is_fenced_and_the_furthest_replica_promoted_in_place() {
     let registry = registry_of(&["postgres", "mysql"]).await;
     let server = Server { image: Some("plugdb:test"), ..Server::default() };
     let spec = json!({"engine": "mysql", "version": "11.8", "replicas": 3});
@@ -1316,22 +1315,22 @@ async fn a_mysql_primary_lost_is_fenced_and_the_furthest_replica_restarted_to_le
     let expected = [
         "GET /api/v1/nodes/node-0".to_string(),
         "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
-        // The old primary fenced; no promotion in place.
+        // The old primary fenced, the new one promoted in place.
         pod(0),
+        pod(2),
         "PATCH /api/v1/namespaces/shop/services/orders".into(),
     ];
     assert_eq!(lines(&calls), [&expected[..], &promoted_orders_2()].concat());
     assert_eq!(calls[2].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
+    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"], "true");
     assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
-    assert_eq!(calls[3].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
-    let note = calls[7].body["note"].as_str().unwrap_or_default();
+    assert_eq!(calls[4].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
+    let note = calls[8].body["note"].as_str().unwrap_or_default();
     assert!(note.contains("fenced by its agent; promoting orders-2"), "{note}");
     assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
-    assert!(calls.iter().all(|c| c.body["metadata"]["annotations"]["plugdb.io/promoted"].is_null()), "not promoted in place");
-    // The members' template names the new primary: orders-2, started as a replica,
-    // restarts onto it to lead.
-    let primary = calls[4].body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"].clone();
-    assert_eq!(primary, "orders-2", "{}", calls[4].body["spec"]["template"]["metadata"]);
+    // The members' template names the new primary, which a restart of orders-2 starts as.
+    let primary = calls[5].body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"].clone();
+    assert_eq!(primary, "orders-2", "{}", calls[5].body["spec"]["template"]["metadata"]);
 }
 
 /// The controller's backoff for a Database whose passes fail: 2 s, doubling, at most

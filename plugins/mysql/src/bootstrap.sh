@@ -55,11 +55,10 @@ bounded_sql() { timeout 30 mariadb --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB
 # Point-in-time recovery (ARCHIVE_DIR set): the primary hands each closed binary log to
 # the archiver, named <first GTID sequence number>-<closed at>-<server id>-<file> so
 # that names sort in the order a replay needs, also across failovers. Logs a member
-# wrote as a replica are handed over once it is primary: they hold what the old primary
-# may not have archived. Logs without transactions are skipped.
+# wrote as a replica are handed over once it is primary (started as one, or promoted in
+# place by its agent): they hold what the old primary may not have archived. Logs
+# without transactions are skipped.
 archived="$volume/plugdb-archived"
-archiving=""
-[ -z "${ARCHIVE_DIR:-}" ] || [ "$POD_NAME" != "$PRIMARY_POD" ] || archiving=1
 archive_closed() {
   index="$DATADIR/mysql-bin.index"
   [ -f "$index" ] || return 0
@@ -78,12 +77,16 @@ archive_closed() {
     echo "$key" >> "$archived"
   done
 }
-# Closes the current log at least every ARCHIVE_TIMEOUT seconds while transactions arrive.
+# Whether this member takes writes (it leads).
+writable() { [ "$(bounded_sql -N -B -e 'SELECT @@read_only' 2>/dev/null)" = 0 ]; }
+# While this member leads, closes the current log at least every ARCHIVE_TIMEOUT
+# seconds while transactions arrive.
 archive_loop() {
   set +e
   flushed_at="$(bounded_sql -N -B -e 'SELECT @@gtid_binlog_pos')"
   last_flush="$(date +%s)"
   while kill -0 "$server" 2>/dev/null; do
+    writable || { sleep 2; continue; }
     archive_closed
     now="$(date +%s)"
     if [ $((now - last_flush)) -ge "${ARCHIVE_TIMEOUT:-60}" ]; then
@@ -102,7 +105,7 @@ archive_loop() {
 # or a switchover chooses it to lead, after this restart; and a commit semi-synchronous
 # replication confirmed may be in its relay log only), for 20 s at most.
 stop() {
-  if [ -n "$archiving" ]; then
+  if [ -n "${ARCHIVE_DIR:-}" ] && writable; then
     local_sql -e 'FLUSH BINARY LOGS' >/dev/null 2>&1 && archive_closed || true
   fi
   if [ -f "$volume/plugdb-replica" ]; then
@@ -176,6 +179,6 @@ if mariadb-upgrade --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" 
   mariadb-upgrade --socket="$MARIADB_SOCKET" -uroot -p"$MARIADB_ROOT_PASSWORD" --silent >&2 || echo "mariadb-upgrade failed; see above" >&2
 fi
 
-[ -z "$archiving" ] || archive_loop &
+[ -z "${ARCHIVE_DIR:-}" ] || archive_loop &
 touch "$volume/plugdb-ready"
 wait "$server"

@@ -20,8 +20,9 @@
 //! - Synchronous replication is semi-synchronous, waiting after sync: the primary
 //!   acknowledges a commit once a replica has it in its relay log (MariaDB waits for one
 //!   replica, never more); the agent turns it off and on as the server runs. A replica
-//!   applies all it received before it stops (it may be promoted by its restart).
-//! - Failover promotes the ready replica whose received GTID position covers all others.
+//!   applies all it received before it is promoted, or before it stops.
+//! - Failover promotes the ready replica whose received GTID position covers all others,
+//!   in place: its agent stops its replication and opens it to writes, without a restart.
 //! - Minor upgrades roll members; so does a major upgrade to the next LTS, each member's
 //!   start bringing its system tables up to date (`mariadb-upgrade`, over the socket);
 //!   skipping an LTS and downgrades are refused.
@@ -455,6 +456,20 @@ said=$(m -e 'SHUTDOWN WAIT FOR ALL SLAVES' 2>&1) && exit 0
 case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
 echo \"$said\" >&2; exit 1";
 
+/// What the member agent runs to promote a replica in place: it stops receiving, applies
+/// all it received (within 2 s; one that cannot is restarted to lead instead, and its
+/// stop applies it), follows no one, and takes writes; with synchronous replication each
+/// commit waits for a replica, as a primary's start has it. The other replicas find it
+/// through the read-write Service (see `follow_command`); its binary logs go to the
+/// archive from then on (`bootstrap.sh`).
+const PROMOTE: &str = r#"m -e 'STOP SLAVE IO_THREAD'
+received=$(m -e 'SHOW SLAVE STATUS\G' | sed -n 's/^ *Gtid_IO_Pos: \([0-9][-0-9,]*\)$/\1/p')
+if [ -n "$received" ]; then
+  applied=$(m -N -B -e "SELECT MASTER_GTID_WAIT('$received', 2)")
+  [ "$applied" = 0 ] || { echo "what it received ($received) was not applied within 2 s" >&2; exit 1; }
+fi
+m -e "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF${SEMI_SYNC:+; SET GLOBAL rpl_semi_sync_master_enabled = $SEMI_SYNC}""#;
+
 /// What the member agent runs to turn semi-synchronous replication off (0) or on (1).
 const SYNCHRONOUS: &str = "case \"$PLUGDB_SYNCHRONOUS_REPLICAS\" in 0) on=OFF ;; 1) on=ON ;; *) echo \"MariaDB waits for 0 or 1 replica, not $PLUGDB_SYNCHRONOUS_REPLICAS\" >&2; exit 2 ;; esac
 m -e \"SET GLOBAL rpl_semi_sync_master_enabled = $on\"";
@@ -474,11 +489,9 @@ impl Agent for Mysql {
         shell(&[CLIENT, "m"].concat())
     }
 
-    /// None: a replica is promoted by its restart as the primary, whose start stops its
-    /// replication (stopping a replication thread that is reconnecting can take a
-    /// minute) and begins archiving its binary logs.
+    /// In place, as the server runs: no restart (see [`PROMOTE`]).
     fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
-        Vec::new()
+        shell(&[CLIENT, PROMOTE].concat())
     }
 
     /// Semi-synchronous replication off (0) or on, as the server runs: off, the commits
