@@ -300,7 +300,10 @@ impl Agent {
         }
         match run(argv, env, ACTION_TIMEOUT).await {
             Ok(_) => ("200 OK", format!("{done}\n")),
-            Err(e) => ("500 Internal Server Error", format!("not {done}: {e}\n")),
+            Err(e) => {
+                tracing::warn!(said = %crate::said::escaped(&e), "not {done}");
+                ("500 Internal Server Error", format!("not {done}: {e}\n"))
+            }
         }
     }
 }

@@ -196,7 +196,8 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     assert!(fresh.primary, "{fresh:?}");
     sql(&primary, &pw, SAMPLE).expect("sample data");
     let address = primary.address.clone();
-    let replica = db.start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
+    let mut replica = db.start_member(&plugin, &s, 1, Some(("ha-0", &address)), &secrets);
+    let third = db.start_member(&plugin, &s, 2, Some(("ha-0", &address)), &secrets);
 
     assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "1", "member 1 is read-only");
     let status = sql(&replica, &pw, "SHOW SLAVE STATUS\\G").expect("slave status");
@@ -248,10 +249,40 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     // Promoted in place by its agent, as the server runs: it follows no one and takes writes.
     replica.agent_promote(&rendered.promote_command).expect("promoted in place");
     assert_eq!(sql(&replica, &pw, "SELECT @@read_only").expect("read_only"), "0", "promoted");
-    assert_eq!(sql(&replica, &pw, "SHOW SLAVE STATUS").as_deref(), Ok(""), "it follows no one");
+    // Its stream ends in a session of its own, a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sql(&replica, &pw, "SHOW SLAVE STATUS").as_deref() != Ok("") {
+        assert!(Instant::now() < deadline, "it still follows:\n{}", replica.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(replica.agent_status(&status_command).expect("status").primary, "the promoted member says it is primary");
     sql(&replica, &pw, "INSERT INTO shop.orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
     assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5002", "no data lost");
+
+    // The other replica, told by its agent, follows the promoted member at once (by its
+    // address, not the read-write Service's, which may still lead to the old primary).
+    third.agent_follow(&rendered.follow_command, &replica.address).expect("follows the promoted member");
+    let caught_up = |a: &LocalPod, b: &LocalPod| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sql(a, &pw, FINGERPRINT).ok() != sql(b, &pw, FINGERPRINT).ok() {
+            assert!(Instant::now() < deadline, "{} did not catch up with {}:\n{}", a.name, b.name, a.log());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    caught_up(&third, &replica);
+    let primary_refuses = replica.agent_follow(&rendered.follow_command, &third.address).expect_err("a primary follows no one");
+    assert!(primary_refuses.contains("not a replica"), "{primary_refuses}");
+
+    // The member promoted in place, lost in turn, rejoins once the third leads: it led,
+    // so it starts again as a copy of the new primary, and follows it.
+    replica.stop();
+    third.agent_promote(&rendered.promote_command).expect("the third promoted in place");
+    sql(&third, &pw, "INSERT INTO shop.orders VALUES (5003, 'after the second failover', 3)").expect("the third takes writes");
+    let third_address = third.address.clone();
+    let rejoined = db.run(replica, &plugin, &s, Some(("ha-2", &third_address)), &secrets, false);
+    caught_up(&rejoined, &third);
+    let status = sql(&rejoined, &pw, "SHOW SLAVE STATUS\\G").expect("slave status");
+    assert_eq!(status.lines().filter(|l| l.trim() == "Yes").count(), 2, "it follows the third: {status}");
 }
 
 /// A former primary whose last commit never reached the replica promoted in its place

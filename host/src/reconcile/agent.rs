@@ -175,7 +175,14 @@ async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str, value: 
 /// Otherwise (no promote command, no answer, a failure) it is promoted by its restart.
 pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
     let Some(member) = member.filter(|m| !m.fenced) else { return Ok(false) };
-    if post(ctx, db, member, Request::Promote).await? != Some(Answer::Promoted) {
+    let said = ask(ctx, db, Request::Promote, std::slice::from_ref(member)).await?.into_iter().next();
+    if said.as_ref().and_then(|s| s.as_deref().ok()).and_then(Answer::parse) != Some(Answer::Promoted) {
+        let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
+        let said = match said {
+            Some(Ok(s) | Err(s)) => crate::said::bounded(s.trim(), 512),
+            None => String::new(),
+        };
+        tracing::warn!(%database, member = %member.name, %said, "not promoted in place: it restarts to lead");
         return Ok(false);
     }
     mark(ctx, db, &member.name, crate::names::PROMOTED, "true").await?;

@@ -136,6 +136,12 @@ primary_elsewhere() {
   [ -n "$said" ] && [ "$said" != 0 ] && [ "$said" != "$server_id" ]
 }
 
+# A replica its agent promoted in place follows no one since (the agent cannot remove
+# the mark): it led, and rejoins as a former primary.
+if [ -f "$volume/plugdb-replica" ] && [ -z "$(local_sql -N -B -e 'SHOW SLAVE STATUS')" ]; then
+  rm -f "$volume/plugdb-replica" "$volume/plugdb-replica-tls"
+fi
+
 if [ "$POD_NAME" != "$PRIMARY_POD" ] && [ ! -f "$volume/plugdb-replica" ]; then
   until primary_elsewhere && mariadb-dump -h "$PRIMARY_HOST" -P "$PRIMARY_PORT" ${CLIENT_TLS:-} -ureplicator -p"$REPLICATION_PASSWORD" \
       --all-databases --single-transaction --gtid --master-data=1 --routines --events --triggers --no-tablespaces > "$volume/clone.sql"; do
@@ -153,16 +159,17 @@ if [ "$POD_NAME" != "$PRIMARY_POD" ] && [ ! -f "$volume/plugdb-replica" ]; then
   touch "$volume/plugdb-replica"
   [ -z "${REPLICATION_TLS:-}" ] || touch "$volume/plugdb-replica-tls"
 elif [ "$POD_NAME" != "$PRIMARY_POD" ]; then
-  # TLS may have been turned on or off since this replica began to follow: follow the spec.
-  change=""
+  # Its agent may have had it follow a member by name: it follows the read-write Service
+  # again. TLS may have been turned on or off since it began to follow: the spec says.
+  change="MASTER_HOST='$PRIMARY_HOST'"
   if [ -n "${REPLICATION_TLS:-}" ]; then
-    change="$REPLICATION_TLS"
+    change="$change, $REPLICATION_TLS"
     touch "$volume/plugdb-replica-tls"
   elif [ -f "$volume/plugdb-replica-tls" ]; then
-    change="MASTER_SSL_CA='', MASTER_SSL_VERIFY_SERVER_CERT=0"
+    change="$change, MASTER_SSL_CA='', MASTER_SSL_VERIFY_SERVER_CERT=0"
     rm -f "$volume/plugdb-replica-tls"
   fi
-  [ -z "$change" ] || local_sql -e "STOP SLAVE; CHANGE MASTER TO $change; START SLAVE;"
+  local_sql -e "STOP SLAVE; CHANGE MASTER TO $change; START SLAVE;"
 fi
 if [ "$POD_NAME" = "$PRIMARY_POD" ] && [ -f "$volume/plugdb-replica" ]; then
   # Promoted: this member no longer follows anyone.

@@ -88,11 +88,9 @@ fn my_cnf(spec: &DatabaseSpec) -> String {
         "character_set_server = utf8mb4".into(),
         // A replica whose primary's node was lost gives up on it within 6 s (not 60 s),
         // and on a connection to it that does not complete as soon, and reconnects every
-        // 2 s to whichever member the read-write Service selects by then: it follows a
-        // promoted member within seconds of the Service (MariaDB has no follow command,
-        // see `follow_command`). The primary's heartbeat (every 3 s, half of this) keeps
-        // an idle stream up. Under synchronous replication the promoted member's commits
-        // wait for it.
+        // 2 s to whichever member the read-write Service selects by then: one its agent
+        // did not have follow a promoted member (`follow_command`) finds it so. The
+        // primary's heartbeat (every 3 s, half of this) keeps an idle stream up.
         "slave_net_timeout = 6".into(),
     ];
     if let Some(tls) = &spec.tls {
@@ -389,9 +387,14 @@ impl Engine for Mysql {
     }
 }
 
-/// How the member agent reaches the local server: over TCP, in a second at most.
-const CLIENT: &str =
-    "m() { mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" --connect-timeout=1 \"$@\"; }
+/// How the member agent reaches the local server: over TCP, in a second at most. `later`
+/// runs statements `$1` in a session of their own that outlives the command (which the
+/// agent ends, whole, when it is done): stopping a replica's stream may wait on a lost
+/// primary longer than the agent gives a command, and one cut short would leave the
+/// replica stopped.
+const CLIENT: &str = "m() { $RUN mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} -uroot -p\"$MARIADB_ROOT_PASSWORD\" --connect-timeout=1 \"$@\"; }
+RUN=
+later() { RUN='setsid -f'; m -e \"$1\" </dev/null >/dev/null 2>&1; RUN=; }
 ";
 
 /// What the member agent runs: the member's role (a replica is read-only) and the GTID
@@ -456,19 +459,39 @@ said=$(m -e 'SHUTDOWN WAIT FOR ALL SLAVES' 2>&1) && exit 0
 case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
 echo \"$said\" >&2; exit 1";
 
-/// What the member agent runs to promote a replica in place: it stops receiving, applies
-/// all it received (within 2 s; one that cannot is restarted to lead instead, and its
-/// stop applies it), follows no one, and takes writes; with synchronous replication each
-/// commit waits for a replica, as a primary's start has it. The other replicas find it
-/// through the read-write Service (see `follow_command`); its binary logs go to the
-/// archive from then on (`bootstrap.sh`).
-const PROMOTE: &str = r#"m -e 'STOP SLAVE IO_THREAD'
-received=$(m -e 'SHOW SLAVE STATUS\G' | sed -n 's/^ *Gtid_IO_Pos: \([0-9][-0-9,]*\)$/\1/p')
+/// What the member agent runs to promote a replica in place: it applies all it received
+/// (within 2 s; one that cannot is restarted to lead instead, and its stop applies it)
+/// and takes writes; with synchronous replication each commit waits for a replica, as a
+/// primary's start has it. Its stream ends after that, in a session of its own (`later`):
+/// a semi-synchronous one's end first connects to the old primary to end it there, which
+/// waits out a lost node; the old primary sends nothing meanwhile (fenced, or lost and
+/// fencing itself before the operator promotes another). The other replicas follow it
+/// (`follow_command`); its binary logs go to the archive from then on (`bootstrap.sh`).
+const PROMOTE: &str = r#"received=$(m -e 'SHOW SLAVE STATUS\G' | sed -n 's/^ *Gtid_IO_Pos: \([0-9][-0-9,]*\)$/\1/p')
 if [ -n "$received" ]; then
   applied=$(m -N -B -e "SELECT MASTER_GTID_WAIT('$received', 2)")
   [ "$applied" = 0 ] || { echo "what it received ($received) was not applied within 2 s" >&2; exit 1; }
 fi
-m -e "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF${SEMI_SYNC:+; SET GLOBAL rpl_semi_sync_master_enabled = $SEMI_SYNC}""#;
+m -e "SET GLOBAL read_only = OFF${SEMI_SYNC:+; SET GLOBAL rpl_semi_sync_master_enabled = $SEMI_SYNC}"
+later 'SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE; RESET SLAVE ALL'"#;
+
+/// What the member agent runs to have a replica follow a newly promoted member at once:
+/// its replication names that member (a start makes it follow the read-write Service
+/// again), changed in a session of its own (`later`: the old stream's end may wait on a
+/// lost primary), and the command succeeds once the replica streams from it (within 3 s).
+/// A replica streaming from a primary whose node was lost would otherwise hold on to it
+/// for `slave_net_timeout` and reach the new one through the Service only after that,
+/// and under synchronous replication the new primary's commits wait for it. The address
+/// is checked to be a name (it is written into the statement). A primary refuses.
+const FOLLOW: &str = r#"host="$PLUGDB_PRIMARY_HOST"
+case "$host" in ''|*[!a-z0-9.-]*) echo "not a member's address: $host" >&2; exit 2 ;; esac
+[ "$(m -N -B -e 'SELECT @@read_only')" = 1 ] || { echo "not a replica" >&2; exit 2; }
+later "SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE; CHANGE MASTER TO MASTER_HOST = '$host'; SET GLOBAL rpl_semi_sync_slave_enabled = ${SEMI_SYNC:-OFF}; START SLAVE"
+for try in $(seq 30); do
+  case "$(m -e 'SHOW SLAVE STATUS\G')" in *"Master_Host: $host"*"Slave_IO_Running: Yes"*) exit 0 ;; esac
+  sleep 0.1
+done
+echo "not streaming from $host" >&2; exit 1"#;
 
 /// What the member agent runs to turn semi-synchronous replication off (0) or on (1).
 const SYNCHRONOUS: &str = "case \"$PLUGDB_SYNCHRONOUS_REPLICAS\" in 0) on=OFF ;; 1) on=ON ;; *) echo \"MariaDB waits for 0 or 1 replica, not $PLUGDB_SYNCHRONOUS_REPLICAS\" >&2; exit 2 ;; esac
@@ -503,12 +526,9 @@ impl Agent for Mysql {
         shell(&[CLIENT, SYNCHRONOUS].concat())
     }
 
-    /// None: a replica reconnects to the read-write Service on its own, within its short
-    /// `slave_net_timeout`. A `STOP SLAVE` while the replication thread connects to a lost
-    /// node lasts as long as that connection may (longer than the agent gives a command),
-    /// and one cut short would leave replication stopped once it ends.
+    /// See [`FOLLOW`].
     fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
-        Vec::new()
+        shell(&[CLIENT, FOLLOW].concat())
     }
 
     /// User `app`, with every right on database `app` and none elsewhere; every member's

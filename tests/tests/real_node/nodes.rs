@@ -492,18 +492,17 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
     assert!(said.contains(&member) && said.contains(&node) && said.contains(&format!("data-{member}")), "{said}");
 
     // lp, ls and lm failed over before the node controller's grace period ended: their
-    // primary counted as down from its node's last lease renewal. lp's other replica,
+    // primary counted as down from its node's last lease renewal. The other replica,
     // which streamed from the lost primary, was told to follow the promoted member at
-    // once (its commits wait for it); on a machine this busy it may not stream from it
-    // within the command's 3 s, and is then restarted as well.
-    for (d, engine, _) in &failing_over {
+    // once (under synchronous replication its commits wait for it); on a machine this
+    // busy it may not stream from it within the command's 3 s, and is then restarted as
+    // well.
+    for (d, _, _) in &failing_over {
         let promoted = events.iter().filter(|e| e.reason.as_deref() == Some("FailoverPromoted"));
         let of = |e: &&Event| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(d.name);
         let said: Vec<&str> = promoted.filter(of).filter_map(|e| e.note.as_deref()).collect();
         assert!(said.iter().any(|n| n.contains(&format!("node {node} has not renewed its lease"))), "{}: {said:?}", d.name);
-        if *engine == Engine::Postgres {
-            assert!(said.iter().any(|n| n.contains(" of 1 replicas told to follow it")), "{}: {said:?}", d.name);
-        }
+        assert!(said.iter().any(|n| n.contains(" of 1 replicas told to follow it")), "{}: {said:?}", d.name);
     }
     for (d, member) in apart_sql.drain(..).zip(named) {
         d.back_on(&cluster, ns, &member, &node).await;
