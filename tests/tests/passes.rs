@@ -1090,7 +1090,12 @@ async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted
     ];
     assert_eq!(lines(&calls), expected);
     assert_eq!(calls[2].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
-    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"], "true");
+    assert!(
+        calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"]
+            .as_str()
+            .is_some_and(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
+        "when"
+    );
     assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
     assert!(!agents.path().join("member-2").join(plugdb::agent::FENCED_FILE).exists());
     assert_eq!(calls[4].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
@@ -1202,7 +1207,12 @@ async fn a_switchover_fences_the_primary_then_promotes_the_member_once_it_has_al
     assert_eq!(lines(&calls), [&expected[..], &promoted_orders_2()].concat());
     assert_eq!(calls[1].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
     assert_eq!(calls[2].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
-    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"], "true");
+    assert!(
+        calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"]
+            .as_str()
+            .is_some_and(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
+        "when"
+    );
     assert_eq!(calls[4].body["metadata"]["labels"]["plugdb.io/role"], "replica");
     assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
     assert!(!agents.path().join("member-2").join(plugdb::agent::FENCED_FILE).exists(), "not the new primary");
@@ -1322,7 +1332,12 @@ async fn a_mysql_primary_lost_is_fenced_and_the_furthest_replica_promoted_in_pla
     ];
     assert_eq!(lines(&calls), [&expected[..], &promoted_orders_2()].concat());
     assert_eq!(calls[2].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
-    assert_eq!(calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"], "true");
+    assert!(
+        calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"]
+            .as_str()
+            .is_some_and(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
+        "when"
+    );
     assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
     assert_eq!(calls[4].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     let note = calls[8].body["note"].as_str().unwrap_or_default();

@@ -171,7 +171,8 @@ async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str, value: 
 }
 
 /// Asks the agent of `member`, chosen to lead, to promote it in place; says whether it
-/// did. The pod then says so ([`crate::names::PROMOTED`]): it is not restarted to lead.
+/// did. The pod then says so, and when ([`crate::names::PROMOTED`]): it is not restarted
+/// to lead.
 /// Otherwise (no promote command, no answer, a failure) it is promoted by its restart.
 pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
     let Some(member) = member.filter(|m| !m.fenced) else { return Ok(false) };
@@ -185,7 +186,7 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
         tracing::warn!(%database, member = %member.name, %said, "not promoted in place: it restarts to lead");
         return Ok(false);
     }
-    mark(ctx, db, &member.name, crate::names::PROMOTED, "true").await?;
+    mark(ctx, db, &member.name, crate::names::PROMOTED, &k8s_openapi::jiff::Timestamp::now().to_string()).await?;
     Ok(true)
 }
 

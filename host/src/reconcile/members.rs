@@ -62,6 +62,8 @@ pub struct Observed {
     pub fenced: bool,
     /// Its agent promoted it in place ([`crate::names::PROMOTED`]).
     pub promoted: bool,
+    /// How long ago its agent promoted it in place, as its pod says.
+    pub led_seconds: Option<i64>,
     /// The member its agent had it follow, once promoted ([`crate::names::FOLLOWS`]).
     pub follows: Option<String>,
     /// Taken as down because its node stopped renewing its lease ([`cut_off`]), though
@@ -106,6 +108,7 @@ impl Observed {
             rendered: None,
             fenced: false,
             promoted: false,
+            led_seconds: None,
             follows: None,
             cut_off: false,
             not_replicating: false,
@@ -171,6 +174,11 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                     .zip(p.annotations().get(crate::names::ROLE_FREE_HASH).cloned()),
                 fenced: p.annotations().contains_key(crate::names::FENCED),
                 promoted: p.annotations().contains_key(crate::names::PROMOTED),
+                led_seconds: p
+                    .annotations()
+                    .get(crate::names::PROMOTED)
+                    .and_then(|t| t.parse::<Timestamp>().ok())
+                    .map(|t| now.duration_since(t).as_secs()),
                 follows: p.annotations().get(crate::names::FOLLOWS).cloned(),
                 cut_off: false,
                 not_replicating: false,
@@ -355,9 +363,12 @@ fn follows_another(m: &Observed, primary: &str) -> bool {
 pub const FOLLOW_GRACE_SECONDS: i64 = 10;
 
 /// What is left of [`FOLLOW_GRACE_SECONDS`] while the roll would restart a replica to
-/// follow `primary` (see [`to_follow_while_away`]): looked at again then.
+/// follow `primary` (see [`to_follow_while_away`]): looked at again then. A primary
+/// serves from when it was ready, or, promoted in place (ready long before), from its
+/// promotion.
 pub fn follow_grace_left(members: &[Observed], primary: &str) -> Option<std::time::Duration> {
-    let serving = members.iter().find(|m| m.name == primary && m.ready)?.since_seconds;
+    let leader = members.iter().find(|m| m.name == primary && m.ready)?;
+    let serving = leader.led_seconds.map_or(leader.since_seconds, |led| led.min(leader.since_seconds));
     let left = FOLLOW_GRACE_SECONDS - serving;
     (left > 0 && to_follow_while_away(members, primary)).then(|| std::time::Duration::from_secs(left as u64))
 }

@@ -22,7 +22,8 @@
 //!   replica, never more); the agent turns it off and on as the server runs. A replica
 //!   applies all it received before it is promoted, or before it stops.
 //! - Failover promotes the ready replica whose received GTID position covers all others,
-//!   in place: its agent stops its replication and opens it to writes, without a restart.
+//!   in place: its agent opens it to writes once it applied all it received, without a
+//!   restart, and the other replicas' agents have them follow it.
 //! - Minor upgrades roll members; so does a major upgrade to the next LTS, each member's
 //!   start bringing its system tables up to date (`mariadb-upgrade`, over the socket);
 //!   skipping an LTS and downgrades are refused.

@@ -97,6 +97,12 @@ fn a_replica_that_streams_restarts_only_once_the_member_away_is_back() {
     assert_eq!(next_of(&serving(3), "db-1"), None, "the new primary serves for 3 s: not yet, it may reconnect");
     assert_eq!(follow_grace_left(&serving(3), "db-1"), Some(std::time::Duration::from_secs(7)), "looked at again then");
     assert_eq!(next_of(&serving(FOLLOW_GRACE_SECONDS), "db-1"), Some("db-2"));
+    // Promoted in place, ready for an hour: it serves from its promotion.
+    let in_place =
+        |led| vec![lost.clone(), Observed { since_seconds: 3600, promoted: true, led_seconds: Some(led), ..m(1, true, "new") }, replica(2)];
+    assert_eq!(next_of(&in_place(2), "db-1"), None, "promoted 2 s ago: not yet");
+    assert_eq!(follow_grace_left(&in_place(2), "db-1"), Some(std::time::Duration::from_secs(8)));
+    assert_eq!(next_of(&in_place(FOLLOW_GRACE_SECONDS), "db-1"), Some("db-2"));
     let silent = vec![lost.clone(), m(1, true, "new"), Observed { streaming: None, ..said(2) }];
     assert_eq!(next_of(&silent, "db-1"), None, "its agent gave no status: not restarted on a guess");
     let back = vec![m(0, true, "new"), m(1, true, "new"), streaming];
