@@ -110,6 +110,9 @@ fn my_cnf(spec: &DatabaseSpec) -> String {
         lines.push("rpl_semi_sync_master_wait_point = AFTER_SYNC".into());
         lines.push("rpl_semi_sync_master_wait_no_slave = ON".into());
         lines.push(format!("rpl_semi_sync_master_timeout = {}", u32::MAX));
+        // A replica's stream ends (a follow, a promotion) once it has asked its primary to
+        // end it there, for a second at most: a lost primary never answers (5 s unless set).
+        lines.push("rpl_semi_sync_slave_kill_conn_timeout = 1".into());
     }
     lines.extend(settings.iter().map(|(k, v)| format!("{k} = {v}")));
     lines.join("\n") + "\n"

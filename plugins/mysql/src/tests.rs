@@ -247,6 +247,7 @@ fn synchronous_replication_is_semi_synchronous_for_one_replica() {
         "rpl_semi_sync_master_wait_point = AFTER_SYNC",
         "rpl_semi_sync_master_wait_no_slave = ON",
         "rpl_semi_sync_master_timeout = 4294967295",
+        "rpl_semi_sync_slave_kill_conn_timeout = 1",
     ] {
         assert!(cnf.lines().any(|l| l == line), "{line}: {cnf}");
     }
