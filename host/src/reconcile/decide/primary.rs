@@ -37,7 +37,9 @@ pub enum FailoverQuestion {
 }
 
 /// Whether the primary must be replaced: lost for at least `after`, on an engine whose
-/// host chooses the primary. `lacks_failover` says why the plugin cannot choose one.
+/// host chooses the primary, with another member to choose (a lone member's trouble is
+/// named as it is: a crash loop, a member down). `lacks_failover` says why the plugin
+/// cannot choose one.
 pub fn failover_question(
     members: &[Observed],
     primary: &str,
@@ -45,7 +47,8 @@ pub fn failover_question(
     elects_leader: bool,
     lacks_failover: Option<String>,
 ) -> FailoverQuestion {
-    if elects_leader || !members::primary_lost(members, primary, after.as_secs() as i64) {
+    let alone = members.iter().all(|m| m.name == primary);
+    if elects_leader || alone || !members::primary_lost(members, primary, after.as_secs() as i64) {
         return FailoverQuestion::Keep;
     }
     match lacks_failover {

@@ -145,10 +145,11 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     let down = [member(0, false, 120, "r"), member(1, true, 600, "r")];
     // (what, members, elects its leader, lacks failover, expected question)
     type Row<'a> = (&'a str, &'a [Observed], bool, Option<&'a str>, &'a str);
-    let rows: [Row; 6] = [
+    let rows: [Row; 7] = [
         ("all up", &up, false, None, "keep"),
         ("down for less than the delay", &down_briefly, false, None, "keep"),
         ("down past the delay: the plugin is asked", &down, false, None, "ask"),
+        ("a lone member: nothing to promote (its own trouble is named)", &down[..1], false, None, "keep"),
         ("the engine elects its leader: never promoted", &down, true, None, "keep"),
         ("no failover in the plugin: Degraded says so", &down, false, Some("no choose-primary"), "refuse"),
         ("a primary that is not a member is not lost", &up[1..], false, None, "keep"),
