@@ -636,9 +636,13 @@ pub async fn drain_under_writers(cluster: Arc<Cluster>) {
         );
     }
 
-    // A member of each is down: the budgets refuse any other eviction.
+    // A member of each is down: the budgets refuse any other eviction. Once the others
+    // serve (a new primary whose promotion in place did not finish in time restarts to
+    // lead first).
     let mut on_second = Vec::new();
     for d in &dbs {
+        let others_ready = |db: &Database| db.status.as_ref().is_some_and(|s| s.ready_replicas == Some(2));
+        cluster.wait_database(ns, d.name, "the two members elsewhere Ready", WAIT, others_ready).await.expect("the others serve");
         on_second.push(d.on(&second).await);
     }
     let out = drain(&second, "15s");
