@@ -262,13 +262,7 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     // The other replica, told by its agent, follows the promoted member at once (by its
     // address, not the read-write Service's, which may still lead to the old primary).
     third.agent_follow(&rendered.follow_command, &replica.address).expect("follows the promoted member");
-    let caught_up = |a: &LocalPod, b: &LocalPod| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while sql(a, &pw, FINGERPRINT).ok() != sql(b, &pw, FINGERPRINT).ok() {
-            assert!(Instant::now() < deadline, "{} did not catch up with {}:\n{}", a.name, b.name, a.log());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
+    let caught_up = |a: &LocalPod, b: &LocalPod| caught_up(a, b, &pw);
     caught_up(&third, &replica);
     let primary_refuses = replica.agent_follow(&rendered.follow_command, &third.address).expect_err("a primary follows no one");
     assert!(primary_refuses.contains("not a replica"), "{primary_refuses}");
@@ -299,13 +293,7 @@ fn a_former_primary_with_a_commit_its_successor_never_had_rejoins_as_its_copy() 
     sql(&primary, &pw, SAMPLE).expect("sample data");
     let address = primary.address.clone();
     let replica = db.start_member(&plugin, &s, 1, Some(("rejoin-0", &address)), &secrets);
-    let caught_up = |a: &LocalPod, b: &LocalPod| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while sql(a, &pw, FINGERPRINT).ok() != sql(b, &pw, FINGERPRINT).ok() {
-            assert!(Instant::now() < deadline, "{} did not catch up with {}:\n{}", a.name, b.name, a.log());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
+    let caught_up = |a: &LocalPod, b: &LocalPod| caught_up(a, b, &pw);
     caught_up(&replica, &primary);
     sql(&replica, &pw, "STOP SLAVE").expect("the replica stops following");
     // Two: its GTID position gets ahead of the one the new primary's copy will say.
@@ -333,6 +321,15 @@ fn a_former_primary_with_a_commit_its_successor_never_had_rejoins_as_its_copy() 
     assert_eq!(unsent.as_deref(), Ok("0"), "the unsent commits are gone");
     let status = sql(&old, &pw, "SHOW SLAVE STATUS\\G").expect("slave status");
     assert_eq!(status.lines().filter(|l| l.trim() == "Yes").count(), 2, "it follows the new primary: {status}");
+}
+
+/// Waits until member `a` holds what member `b` holds (a minute at most).
+fn caught_up(a: &LocalPod, b: &LocalPod, pw: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sql(a, pw, FINGERPRINT).ok() != sql(b, pw, FINGERPRINT).ok() {
+        assert!(Instant::now() < deadline, "{} did not catch up with {}:\n{}", a.name, b.name, a.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Every file in `dirs`, copied into `to`, readable by the members' user.
