@@ -27,4 +27,5 @@ pub mod reconcile;
 pub mod said;
 pub mod schedule;
 pub mod serve;
+pub mod stamp;
 pub mod tls;

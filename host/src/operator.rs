@@ -157,7 +157,8 @@ impl Term {
         agent_identity: &OperatorIdentity,
     ) -> Self {
         let watch = Task(tokio::spawn(registry.clone().watch(client.clone(), options.plugin_namespace.clone())));
-        let (caches, triggers) = reconcile::cache::Caches::start(client, options.watch_namespace.as_deref());
+        let stamper = crate::stamp::Stamper::new(&agent_identity.authority.key);
+        let (caches, triggers) = reconcile::cache::Caches::start(client, options.watch_namespace.as_deref(), stamper.clone());
         let ctx = Arc::new(
             reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), options.settings.clone(), caches)
                 .with_operator_image(options.operator_image.clone())
@@ -166,7 +167,13 @@ impl Term {
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = health.clone();
+        let (client, plugin_namespace, watch_namespace) =
+            (client.clone(), options.plugin_namespace.clone(), options.watch_namespace.clone());
         let controller = Task(tokio::spawn(async move {
+            // Before any pass judges a kept Secret by its stamp.
+            let stamping =
+                crate::stamp::Upgrade { client: &client, identity_namespace: &plugin_namespace, watched: watch_namespace.as_deref() };
+            stamping.until_done(&stamper, Duration::from_secs(5)).await;
             // Synced once every cache has listed: the controller itself reads the
             // watches that wake it, so it runs meanwhile (reconciling nothing yet).
             let synced = async {

@@ -112,7 +112,7 @@ impl Operator {
     fn start(admin: &Client, client: &Client, image: Option<String>, settings: Settings) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
-        let (caches, triggers) = reconcile::cache::Caches::start(client, None);
+        let (caches, triggers) = reconcile::cache::Caches::start(client, None, reconcile::fresh_stamper());
         let ctx = reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), settings, caches);
         let ctx = Arc::new(ctx.with_operator_image(image));
         let tasks = vec![

@@ -371,10 +371,11 @@ async fn runs_a_database_under_its_own_identity(cp: &ControlPlane, ns: &str, wat
     // And their leases, to take a node whose kubelet went silent as cut off.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(operator.clone(), "kube-node-lease");
     leases.list(&Default::default()).await.expect("the operator's role lets it list the nodes' leases");
+    stamps_what_plugdb_kept_once(&admin, &operator, ns, watching).await;
     let metrics = Arc::new(Metrics::default());
     let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics.clone());
     let watch = tokio::spawn(registry.clone().watch(operator.clone(), "plugdb-system".into()));
-    let (caches, triggers) = reconcile::cache::Caches::start(&operator, watching);
+    let (caches, triggers) = reconcile::cache::Caches::start(&operator, watching, reconcile::fresh_stamper());
     let ctx = Arc::new(reconcile::Context::new(operator, registry.clone(), metrics, test_settings(), caches));
     let controller = tokio::spawn(reconcile::run(ctx, triggers, std::future::pending()));
 
@@ -422,6 +423,39 @@ async fn runs_a_database_under_its_own_identity(cp: &ControlPlane, ns: &str, wat
     }
     watch.abort();
     controller.abort();
+}
+
+/// The operator, under its own identity, makes its identity Secret in its namespace and,
+/// leading with a key for the first time, stamps the Secrets an older plugdb kept in
+/// `ns` ([`plugdb::stamp::Upgrade`]); once per key: a Secret made with plugdb's labels
+/// afterwards stays unstamped, and is no Database's.
+async fn stamps_what_plugdb_kept_once(admin: &Client, operator: &Client, ns: &str, watching: Option<&str>) {
+    use k8s_openapi::api::core::v1::Secret;
+    use plugdb::stamp::{Upgrade, held};
+    let labelled = |name: &str| -> Secret {
+        let labels = json!({"app.kubernetes.io/managed-by": "plugdb", "app.kubernetes.io/instance": name});
+        serde_json::from_value(
+            json!({"metadata": {"name": format!("{name}-credentials"), "labels": labels}, "data": {"password": "czNjcmV0"}}),
+        )
+        .expect("a Secret")
+    };
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), ns);
+    secrets.create(&PostParams::default(), &labelled("older")).await.expect("kept by an older plugdb");
+    let identity: Secret =
+        serde_json::from_value(json!({"metadata": {"name": plugdb::operator::AGENT_IDENTITY_SECRET}})).expect("a Secret");
+    let own: Api<Secret> = Api::namespaced(operator.clone(), "plugdb-system");
+    own.create(&PostParams::default(), &identity).await.expect("the operator's role lets it make its identity Secret");
+    let stamper = reconcile::fresh_stamper();
+    let upgrade = Upgrade { client: operator, identity_namespace: "plugdb-system", watched: watching };
+    assert_eq!(upgrade.stamp(&stamper).await.expect("the operator's role lets it stamp"), Some(1));
+    secrets.create(&PostParams::default(), &labelled("later")).await.expect("made with plugdb's labels afterwards");
+    assert_eq!(upgrade.stamp(&stamper).await.expect("looked"), None, "once per key");
+    for (name, stamped) in [("older-credentials", true), ("later-credentials", false)] {
+        let mut read = secrets.get(name).await.expect("get");
+        stamper.judge(&mut read);
+        assert_eq!(held(&read.metadata), stamped, "{name}");
+        secrets.delete(name, &Default::default()).await.expect("delete");
+    }
 }
 
 /// Which of the children of Database `orders` in `ns` exist (by what they are).

@@ -11,6 +11,7 @@ use plugdb::metrics::Metrics;
 use plugdb::plugin::{Limits, Registry, Runtime};
 use plugdb::reconcile::cache::Caches;
 use plugdb::reconcile::{self, Context};
+use plugdb::stamp::STAMP;
 use plugdb_tests::component;
 use plugdb_tests::mock_api::{Call, MockApi};
 use plugdb_tests::operator::test_settings;
@@ -84,7 +85,7 @@ async fn pass_over(
     let mut earlier = Vec::new();
     loop {
         let api = MockApi::new(db).serving(&server.served).refusing(&server.refused);
-        let caches = Caches::holding(objects).expect("caches");
+        let caches = Caches::holding(objects, reconcile::fresh_stamper()).expect("caches");
         let mut settings = test_settings();
         if server.poll {
             settings.member_poll = std::time::Duration::ZERO;
@@ -201,6 +202,8 @@ async fn a_database_made_before_the_application_login_gains_it_without_losing_a_
     let credentials = objects.iter_mut().find(|o| o["metadata"]["name"] == "orders-credentials").expect("credentials");
     credentials["data"].as_object_mut().expect("data").remove("app-password");
     credentials["metadata"]["resourceVersion"] = json!("7");
+    // As an older plugdb made it, stamped when the operator upgraded ([`plugdb::stamp::Upgrade`]).
+    *credentials = stamped(credentials);
     let credentials = credentials.clone();
     let served = [("/api/v1/namespaces/shop/secrets/orders-credentials".to_string(), credentials.clone())];
     let (result, calls, _) = pass_over(&registry, &db, &objects, &serving(&served)).await;
@@ -219,7 +222,52 @@ async fn a_database_made_before_the_application_login_gains_it_without_losing_a_
     assert_eq!(added.as_object().map(|o| o.keys().collect::<Vec<_>>()), Some(vec![&"app-password".to_string()]), "{added}");
     let mut after = credentials.clone();
     after["data"]["app-password"] = added["app-password"].clone();
+    // The patch carries the stamp of the Secret as it is once patched.
+    after["metadata"]["annotations"][STAMP] = secrets[1].body["metadata"]["annotations"][STAMP].clone();
+    let mut patched: k8s_openapi::api::core::v1::Secret = serde_json::from_value(after.clone()).expect("a Secret");
+    reconcile::fresh_stamper().judge(&mut patched);
+    assert!(plugdb::stamp::held(&patched.metadata), "the credentials' stamp holds once the key is added");
     application_login_is_the_credentials_key(&[after, secrets[2].body.clone()]);
+}
+
+/// `secret` (a Secret as the API server serves it) stamped by this process's operator.
+fn stamped(secret: &Value) -> Value {
+    let stamped = reconcile::fresh_stamper().stamped(serde_json::from_value(secret.clone()).expect("a Secret"));
+    let mut value = secret.clone();
+    value["metadata"]["annotations"] = json!(stamped.metadata.annotations);
+    value
+}
+
+/// Kept credentials (labelled for the Database, no controller) are its own only with
+/// plugdb's stamp: a Secret made with plugdb's labels by anyone else, or changed since,
+/// stops the pass before anything mounts it, named in the status; one plugdb stamped is
+/// taken as the Database's.
+#[tokio::test]
+async fn kept_credentials_are_taken_only_with_plugdbs_stamp() {
+    let registry = registry().await;
+    let (db, made) = made(&registry, json!({"replicas": 3})).await;
+    let credentials = made.iter().find(|o| o["metadata"]["name"] == "orders-credentials").expect("credentials").clone();
+    assert_eq!(credentials["metadata"]["ownerReferences"][0], Value::Null, "kept: no controller");
+    let mut forged = credentials.clone();
+    forged["metadata"]["annotations"] = json!({});
+    let mut changed = credentials.clone();
+    changed["data"]["password"] = json!("Y2hvc2Vu");
+    for (what, secret) in [("labelled, unstamped", forged), ("stamped, a value changed since", changed)] {
+        let objects: Vec<Value> =
+            made.iter().map(|o| if o["metadata"]["name"] == "orders-credentials" { secret.clone() } else { o.clone() }).collect();
+        // The API server holds it: the operator's create of its own is refused.
+        let served = [("/api/v1/namespaces/shop/secrets/orders-credentials".to_string(), secret)];
+        let (result, calls, api) = pass_over(&registry, &db, &objects, &serving(&served)).await;
+        let error = result.expect_err(what).to_string();
+        assert!(error.contains("Secret shop/orders-credentials") && error.contains("not plugdb's stamp"), "{what}: {error}");
+        assert!(!calls.iter().any(|c| c.path.contains("/statefulsets")), "{what}: nothing mounts it: {:?}", lines(&calls));
+        let status = status(&api);
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NameTaken"), "{what}");
+    }
+    let (result, calls, _) = pass_over(&registry, &db, &made, &Server::default()).await;
+    result.expect("plugdb's own kept credentials are the Database's");
+    assert!(!calls.iter().any(|c| c.path.contains("/secrets")), "taken as they are: {:?}", lines(&calls));
 }
 
 /// A Database that had its first pass: the Database as that pass left it, and what it
@@ -1364,7 +1412,7 @@ async fn failed_passes_back_off_doubling_a_busy_engine_does_not_and_a_success_st
         registry.clone(),
         Arc::new(Metrics::default()),
         test_settings(),
-        Caches::holding(&cluster).expect("caches"),
+        Caches::holding(&cluster, reconcile::fresh_stamper()).expect("caches"),
     );
     let ctx = Arc::new(ctx);
     let db = Arc::new(db);

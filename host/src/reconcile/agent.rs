@@ -93,7 +93,7 @@ async fn authority(ctx: &Context, db: &Database) -> Result<Option<Arc<[u8]>>, Er
         return Ok(Some(kept));
     }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let Some(secret) = own_secret(db, api.get_opt(&secret_name).await?)? else { return Ok(None) };
+    let Some(secret) = own_secret(ctx, db, api.get_opt(&secret_name).await?)? else { return Ok(None) };
     let version = secret.metadata.resource_version.clone().unwrap_or_default();
     let ca: Arc<[u8]> = secret.data.unwrap_or_default().remove(tls::CA).map(|b| b.0).unwrap_or_default().into();
     ctx.agents.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Keys { version, ca: ca.clone() });

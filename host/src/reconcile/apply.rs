@@ -144,12 +144,13 @@ pub(super) fn certificate_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate"))
 }
 
-/// `secret` when it is `db`'s ([`Error::Taken`] when it is not).
-pub(super) fn own_secret(db: &Database, secret: Option<Secret>) -> Result<Option<Secret>, Error> {
-    if let Some(s) = &secret {
-        owner::check(db, Kind::Secret, &s.metadata)?;
-    }
-    Ok(secret)
+/// `secret`, as read from the API server, when it is `db`'s ([`Error::Taken`] when it
+/// is not); its stamp judged as the cache judges it ([`crate::stamp`]).
+pub(super) fn own_secret(ctx: &Context, db: &Database, secret: Option<Secret>) -> Result<Option<Secret>, Error> {
+    let Some(mut secret) = secret else { return Ok(None) };
+    ctx.caches.stamper().judge(&mut secret);
+    owner::check(db, Kind::Secret, &secret.metadata)?;
+    Ok(Some(secret))
 }
 
 pub(super) fn secret_metadata(db: &Database, name: &str, owned: bool) -> kube::api::ObjectMeta {

@@ -33,6 +33,7 @@ use super::owner;
 use crate::build::Kind;
 use crate::crd::Database;
 use crate::names::{APPLIED_HASH, MANAGER};
+use crate::stamp::Stamper;
 
 mod facts;
 pub mod leases;
@@ -63,6 +64,8 @@ pub enum Seen {
 
 /// Caches of the managed objects, filled by watches that run as long as this value.
 pub struct Caches {
+    /// Stamps the Secrets the operator writes and judges those it reads.
+    stamper: Stamper,
     listing: Option<Listing>,
     config_maps: Facts<Applied>,
     services: Facts<Applied>,
@@ -168,7 +171,7 @@ fn managed() -> String {
 /// A reflector for `K` into a new store, trimming each object with `trim`: a stream
 /// that fills the store as it is read and yields every touched object after the store
 /// has it. Failed watches are logged and retried.
-fn cache<K>(api: Api<K>, listing: &Listing, trim: fn(&mut K)) -> (Store<K>, Watch<K>)
+fn cache<K>(api: Api<K>, listing: &Listing, trim: impl FnMut(&mut K) + Send + 'static) -> (Store<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -176,7 +179,7 @@ where
 }
 
 /// [`cache`] of the objects `labels` selects (all when `None`).
-fn cache_of<K>(api: Api<K>, listing: &Listing, labels: Option<String>, trim: fn(&mut K)) -> (Store<K>, Watch<K>)
+fn cache_of<K>(api: Api<K>, listing: &Listing, labels: Option<String>, trim: impl FnMut(&mut K) + Send + 'static) -> (Store<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -189,7 +192,7 @@ where
 }
 
 /// A cache that fills itself, for as long as the returned task lives.
-fn filled<K>(api: Api<K>, listing: &Listing, trim: fn(&mut K)) -> (Store<K>, AbortOnDrop)
+fn filled<K>(api: Api<K>, listing: &Listing, trim: impl FnMut(&mut K) + Send + 'static) -> (Store<K>, AbortOnDrop)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -293,14 +296,16 @@ where
 }
 
 impl Caches {
-    /// Starts watching managed objects in `namespace` (all when `None`).
-    pub fn start(client: &Client, namespace: Option<&str>) -> (Self, Triggers) {
+    /// Starts watching managed objects in `namespace` (all when `None`); Secrets are
+    /// judged by `stamper` as they come ([`crate::stamp`]).
+    pub fn start(client: &Client, namespace: Option<&str>, stamper: Stamper) -> (Self, Triggers) {
         let listing = Listing::new(client, namespace);
         let l = &listing;
         let (config_maps, t1) = filled_facts(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, Applied::of);
         let (services, t2) = filled_facts(api::<PartialObjectMeta<Service>>(client, namespace), l, Applied::of);
         let (budgets, t3) = filled_facts(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, Applied::of);
-        let (secrets, t4) = filled(api(client, namespace), l, key_names_only);
+        let judge = stamper.clone();
+        let (secrets, t4) = filled(api(client, namespace), l, move |s| key_names_only(&judge, s));
         let (pods, t5) = filled(api(client, namespace), l, pod_essentials);
         let (claims, t6) = filled(api(client, namespace), l, claim_essentials);
         let (stateful_sets, sts_watch) = facts(api(client, namespace), l, SetFacts::of);
@@ -335,6 +340,7 @@ impl Caches {
             futures::future::ready(())
         })));
         let caches = Self {
+            stamper,
             listing: Some(listing),
             config_maps,
             services,
@@ -367,10 +373,14 @@ impl Caches {
     /// Caches that hold `objects` (as the API server serves them, each with its `kind`)
     /// and watch nothing: a pass run against them reads what was built by hand, as the
     /// unit-speed tests of whole passes do. Each object is trimmed as a watch would trim
-    /// it; a kind no cache keeps is an error.
-    pub fn holding(objects: &[serde_json::Value]) -> Result<Self, serde_json::Error> {
+    /// it (Secrets judged by `stamper`); a kind no cache keeps is an error.
+    pub fn holding(objects: &[serde_json::Value], stamper: Stamper) -> Result<Self, serde_json::Error> {
         use serde::de::Error as _;
-        fn put<K>(store: &mut reflector::store::Writer<K>, object: &serde_json::Value, trim: fn(&mut K)) -> Result<(), serde_json::Error>
+        fn put<K>(
+            store: &mut reflector::store::Writer<K>,
+            object: &serde_json::Value,
+            trim: impl FnOnce(&mut K),
+        ) -> Result<(), serde_json::Error>
         where
             K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
         {
@@ -399,7 +409,7 @@ impl Caches {
                 "Service" => fact::<Service, _>(&services, object, Applied::of)?,
                 "PodDisruptionBudget" => fact::<PodDisruptionBudget, _>(&budgets, object, Applied::of)?,
                 "StatefulSet" => fact::<StatefulSet, _>(&stateful_sets, object, SetFacts::of)?,
-                "Secret" => put(&mut secrets_in, object, key_names_only)?,
+                "Secret" => put(&mut secrets_in, object, |s| key_names_only(&stamper, s))?,
                 "Pod" => put(&mut pods_in, object, pod_essentials)?,
                 "Job" => put(&mut jobs_in, object, no_managed_fields)?,
                 "PersistentVolumeClaim" => put(&mut claims_in, object, claim_essentials)?,
@@ -409,6 +419,7 @@ impl Caches {
         }
         let (_, listed) = tokio::sync::watch::channel(true);
         Ok(Self {
+            stamper,
             listing: None,
             config_maps,
             services,
@@ -447,6 +458,11 @@ impl Caches {
     /// The key names of `db`'s Secret `name` (see [`Caches::secret`]).
     pub fn secret_keys(&self, db: &Database, name: &str) -> Option<Vec<String>> {
         self.secret(db, name).map(|s| s.data.iter().flat_map(|d| d.keys().cloned()).collect())
+    }
+
+    /// What stamps the Secrets the operator writes and judges those it reads.
+    pub fn stamper(&self) -> &Stamper {
+        &self.stamper
     }
 
     /// What a pass reads of `db`'s StatefulSet.

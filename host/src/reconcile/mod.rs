@@ -144,6 +144,12 @@ fn fresh_identity() -> crate::tls::OperatorIdentity {
     MADE.get_or_init(|| crate::tls::OperatorIdentity::new(chrono::Utc::now()).expect("the system's random source makes keys")).clone()
 }
 
+/// What stamps Secrets for the operator identity of the contexts not given one
+/// ([`fresh_identity`]): for caches started beside such a context.
+pub fn fresh_stamper() -> crate::stamp::Stamper {
+    crate::stamp::Stamper::new(&fresh_identity().authority.key)
+}
+
 /// This operator's latest write to a Database, until the watch catches up with it.
 struct Written {
     /// Versions the write superseded: a cache still holding one of these is behind.

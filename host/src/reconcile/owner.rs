@@ -1,7 +1,8 @@
 //! Whose an object with a child's name is. A Database creates, changes and deletes
 //! only what is its own: an object that carries its controller reference (by uid) or,
 //! for what plugdb keeps after a Database goes (credentials, its authority, backup Jobs,
-//! volume claims), plugdb's labels for a Database of this name and no controller.
+//! volume claims), plugdb's labels for a Database of this name and no controller (and
+//! for a Secret, plugdb's stamp: [`crate::stamp`]).
 //! Anything else with a child's name — a user's object, another Database's — is left
 //! untouched and stops the pass ([`Taken`]).
 
@@ -72,7 +73,10 @@ pub fn check_as(db: &Database, kind: &'static str, kept: bool, meta: &ObjectMeta
             let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str);
             let plugdbs = label(MANAGED_BY_LABEL) == Some(MANAGER);
             match label(INSTANCE_LABEL) {
-                Some(instance) if plugdbs && instance == db.name_any() && kept => return Ok(()),
+                Some(instance) if plugdbs && instance == db.name_any() && kept && !stamp_missing(db, kind, meta) => return Ok(()),
+                Some(instance) if plugdbs && instance == db.name_any() && kept => {
+                    "it has plugdb's labels but not plugdb's stamp: plugdb did not make it, or it changed since".to_string()
+                }
                 Some(instance) if plugdbs => format!("plugdb made it for Database {instance}"),
                 _ => "nothing controls it (not made by plugdb)".to_string(),
             }
@@ -84,6 +88,15 @@ pub fn check_as(db: &Database, kind: &'static str, kept: bool, meta: &ObjectMeta
         name: meta.name.clone().unwrap_or_default(),
         why,
     })
+}
+
+/// Whether `meta` describes a Secret whose stamp the operator did not find to hold
+/// ([`crate::stamp`]). The certificate Secret of a Database whose certificate comes
+/// from cert-manager is cert-manager's to write and check, against the issuer the user
+/// named.
+fn stamp_missing(db: &Database, kind: &str, meta: &ObjectMeta) -> bool {
+    let cert_managers = db.spec.tls_issuer().is_some() && meta.name.as_deref() == Some(&crate::names::Names(&db.name_any()).tls());
+    kind == "Secret" && !cert_managers && !crate::stamp::held(meta)
 }
 
 /// Whether `entry` holds the fields `MANAGER` set on the object itself (not a
@@ -141,7 +154,7 @@ mod tests {
             ("another Database's Service", Kind::Service, neighbour, &other, Some("it is controlled by Database coll")),
             ("a Service labelled as ours, no owner", Kind::Service, None, &ours, Some("plugdb made it for Database orders")),
             ("an earlier Database of the same name", Kind::ConfigMap, earlier, &ours, Some("it is controlled by Database orders")),
-            ("kept credentials", Kind::Secret, None, &ours, None),
+            ("credentials with plugdb's labels, unstamped", Kind::Secret, None, &ours, Some(UNSTAMPED)),
             ("a user's Secret", Kind::Secret, None, &[], Some("nothing controls it (not made by plugdb)")),
             ("credentials kept for another name", Kind::Secret, None, &other, Some("plugdb made it for Database orders-replicas")),
             ("a kept volume claim", Kind::PersistentVolumeClaim, None, &ours, None),
@@ -151,7 +164,15 @@ mod tests {
             let got = check(&db, kind, &meta(controller, labels)).err().map(|t| t.why);
             assert_eq!(got.as_deref(), expected, "{what}");
         }
+        // Kept credentials: the operator found its stamp to hold when it read them.
+        let mut kept = meta(None, &ours);
+        kept.annotations = Some([(crate::stamp::HELD.to_string(), "true".to_string())].into());
+        assert_eq!(check(&db, Kind::Secret, &kept), Ok(()), "kept credentials, stamped");
+        kept.labels = Some(other.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        assert!(check(&db, Kind::Secret, &kept).is_err(), "stamped for another Database's name");
     }
+
+    const UNSTAMPED: &str = "it has plugdb's labels but not plugdb's stamp: plugdb did not make it, or it changed since";
 
     #[test]
     fn the_message_names_the_object_and_whose_it_is() {

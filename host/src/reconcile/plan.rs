@@ -350,25 +350,28 @@ async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Resu
     let ns = db.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let apply = PatchParams::apply(MANAGER).force();
+    // Each Secret written whole carries plugdb's stamp ([`crate::stamp`]); keys added
+    // carry theirs in the patch.
+    let stamper = ctx.caches.stamper();
     match write {
-        SecretWrite::Make(secret) => match api.create(&apply::post_params(), secret).await {
+        SecretWrite::Make(secret) => match api.create(&apply::post_params(), &stamper.stamped(secret.clone())).await {
             Ok(_) => {}
             // Made a moment ago by another pass, or not plugdb's: used only when it is the
             // Database's (or kept for a Database of its name).
-            Err(kube::Error::Api(e)) if e.code == 409 => _ = apply::own_secret(db, api.get_opt(&secret.name_any()).await?)?,
+            Err(kube::Error::Api(e)) if e.code == 409 => _ = apply::own_secret(ctx, db, api.get_opt(&secret.name_any()).await?)?,
             Err(e) => return Err(e.into()),
         },
-        SecretWrite::MakeAuthority(secret) => match api.create(&apply::post_params(), secret).await {
+        SecretWrite::MakeAuthority(secret) => match api.create(&apply::post_params(), &stamper.stamped(secret.clone())).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 let name = secret.name_any();
-                apply::own_secret(db, api.get_opt(&name).await?)?;
+                apply::own_secret(ctx, db, api.get_opt(&name).await?)?;
                 return Err(Error::Tls(format!("Secret {ns}/{name} was made by another pass meanwhile; tried again")));
             }
             Err(e) => return Err(e.into()),
         },
         SecretWrite::AddKeys { name, patch } => _ = api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await?,
-        SecretWrite::Apply(secret) => _ = api.patch(&secret.name_any(), &apply, &Patch::Apply(secret)).await?,
+        SecretWrite::Apply(secret) => _ = api.patch(&secret.name_any(), &apply, &Patch::Apply(stamper.stamped(secret.clone()))).await?,
         SecretWrite::ApplyCertificate { name, object } => {
             let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &apply::certificate_resource());
             certificates.patch(name, &apply, &Patch::Apply(object)).await?;

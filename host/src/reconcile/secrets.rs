@@ -78,12 +78,15 @@ async fn ensure_keys(ctx: &Context, db: &Database, wanted: &[Credential], plan: 
         Some(_) => {
             // The cache may be behind a key added a moment ago: ask the API server before
             // adding, so a generated value is never replaced by another.
-            let Some(live) = own_secret(db, api.get_opt(&name).await?)? else { return Ok(BTreeMap::new()) };
+            let Some(live) = own_secret(ctx, db, api.get_opt(&name).await?)? else { return Ok(BTreeMap::new()) };
             missing.retain(|k, _| !live.data.as_ref().is_some_and(|d| d.contains_key(k)));
             if !missing.is_empty() {
                 // Add only the missing keys; a merge patch leaves the others as they are,
                 // and the resourceVersion makes it fail if the Secret changed since it was read.
-                let patch = json!({"metadata": {"resourceVersion": live.resource_version()}, "data": missing});
+                // The stamp covers the keys added ([`crate::stamp`]).
+                let stamp = ctx.caches.stamper().stamp_with(&live, &missing);
+                let metadata = json!({"resourceVersion": live.resource_version(), "annotations": {crate::stamp::STAMP: stamp}});
+                let patch = json!({"metadata": metadata, "data": missing});
                 plan.secret(SecretWrite::AddKeys { name, patch });
             }
         }
@@ -112,7 +115,7 @@ async fn ensure_application(
         Some(value) => Some(value.0.clone()),
         None => {
             let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-            own_secret(db, api.get_opt(&n.credentials()).await?)?.and_then(|s| s.data?.remove(&login.password_key)).map(|v| v.0)
+            own_secret(ctx, db, api.get_opt(&n.credentials()).await?)?.and_then(|s| s.data?.remove(&login.password_key)).map(|v| v.0)
         }
     };
     // Not there yet: the pass that adds the key makes this Secret.
@@ -177,7 +180,7 @@ pub(super) async fn ensure_tls(ctx: &Context, db: &Database, plan: &mut Plan) ->
         return Ok(Certified::Issued(stamp));
     }
     // The cache may be behind a certificate issued a moment ago: ask before issuing.
-    let live = own_secret(db, api.get_opt(&n.tls()).await?)?;
+    let live = own_secret(ctx, db, api.get_opt(&n.tls()).await?)?;
     if let Some(stamp) = live.as_ref().and_then(current) {
         return Ok(Certified::Issued(stamp));
     }
@@ -191,7 +194,7 @@ pub(super) async fn ensure_tls(ctx: &Context, db: &Database, plan: &mut Plan) ->
         }
         plan.secret(SecretWrite::Reclaim { name: n.tls(), certificate: certificate.is_some() });
     }
-    let authority = authority(db, &api, plan).await?;
+    let authority = authority(ctx, db, &api, plan).await?;
     let issued = tls::issue(&name, &ns, &authority.key, &names, now).map_err(Error::Tls)?;
     let stamp = issued.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let data = BTreeMap::from([
@@ -259,7 +262,7 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef, pl
     let mut keys = ctx.caches.secret_keys(db, &n.tls()).unwrap_or_default();
     if !complete(&keys) {
         // The cache may be behind the Secret cert-manager wrote a moment ago.
-        let secret = own_secret(db, Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&n.tls()).await?)?;
+        let secret = own_secret(ctx, db, Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&n.tls()).await?)?;
         keys = secret.and_then(|s| s.data).map(|d| d.into_keys().collect()).unwrap_or_default();
     }
     if !complete(&keys) {
@@ -276,7 +279,7 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef, pl
 /// The Database's certificate authority from its Secret, made the first time. It is kept
 /// like the credentials (owned by the Database only under `Delete`): clients that trust
 /// it keep trusting a Database created again over retained volumes.
-pub(super) async fn authority(db: &Database, api: &Api<Secret>, plan: &mut Plan) -> Result<tls::Authority, Error> {
+pub(super) async fn authority(ctx: &Context, db: &Database, api: &Api<Secret>, plan: &mut Plan) -> Result<tls::Authority, Error> {
     if let Some(made) = plan.authority() {
         return Ok(made.clone());
     }
@@ -291,7 +294,7 @@ pub(super) async fn authority(db: &Database, api: &Api<Secret>, plan: &mut Plan)
         };
         Ok(tls::Authority { certificate: text(tls::CA)?, key: text(tls::CA_KEY)? })
     };
-    if let Some(live) = own_secret(db, api.get_opt(&secret_name).await?)? {
+    if let Some(live) = own_secret(ctx, db, api.get_opt(&secret_name).await?)? {
         return read(live);
     }
     let made = tls::new_authority(&name, &ns, chrono::Utc::now()).map_err(Error::Tls)?;
@@ -334,10 +337,10 @@ pub(super) async fn ensure_agents(ctx: &Context, db: &Database, plan: &mut Plan)
     }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     // The cache may be behind a Secret written a moment ago: ask before issuing.
-    if own_secret(db, api.get_opt(&secret_name).await?)?.is_some_and(|s| current(&s)) {
+    if own_secret(ctx, db, api.get_opt(&secret_name).await?)?.is_some_and(|s| current(&s)) {
         return Ok(());
     }
-    let authority = authority(db, &api, plan).await?;
+    let authority = authority(ctx, db, &api, plan).await?;
     let server = tls::issue_for(&name, &ns, &authority.key, (&Names(&name).headless(), &member_names(&name, &ns)), Use::Server, now)
         .map_err(Error::Tls)?;
     let stamp = server.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);

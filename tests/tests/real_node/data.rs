@@ -135,7 +135,9 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
 
 /// Deletion follows the policy on real volumes: `Retain` keeps the member's claim, its
 /// data on disk, the credentials and the application's login, and takes no final
-/// backup; `Delete` removes them.
+/// backup; `Delete` removes them. A Database made again with the kept one's name takes
+/// what was kept (plugdb's stamp holds on its credentials) and serves the kept rows; one
+/// whose credentials someone else made with plugdb's labels takes nothing and says so.
 pub async fn deletion_policies(cluster: Arc<Cluster>) {
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
     let ns = "postgres-deletion";
@@ -145,7 +147,9 @@ pub async fn deletion_policies(cluster: Arc<Cluster>) {
     for name in ["keep", "drop"] {
         cluster.wait_database(ns, name, "Running", WAIT, |d| is_running(d, 1)).await.expect("running");
         let client = Client::new(&cluster, Engine::Postgres, ns, name).await;
-        client.create_table(&client.service_ip(name).await).await;
+        let service = client.service_ip(name).await;
+        client.create_table(&service).await;
+        client.query(&service, "INSERT INTO orders VALUES (7, 'kept')").await.expect("a row");
     }
     let kept_volume = volume_path(&cluster, ns, "data-keep-0").await;
     let dbs: Api<Database> = Api::namespaced(cluster.client.clone(), ns);
@@ -174,6 +178,28 @@ pub async fn deletion_policies(cluster: Arc<Cluster>) {
         Api::<Job>::namespaced(cluster.client.clone(), ns).get_opt("keep-final").await.expect("get").is_none(),
         "no final backup under Retain"
     );
+
+    // Someone with the right to make Secrets here makes `forged`'s credentials, with
+    // plugdb's labels, before the Database.
+    let labels = json!({"app.kubernetes.io/managed-by": "plugdb", "app.kubernetes.io/instance": "forged"});
+    let forged: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "forged-credentials", "labels": labels}, "data": {"password": "Y2hvc2Vu"}}))
+            .expect("a Secret");
+    secrets.create(&Default::default(), &forged).await.expect("a forged Secret");
+    for name in ["keep", "forged"] {
+        cluster.apply_database(ns, database(name, Engine::Postgres, "15", 1, json!({"deletionPolicy": "Delete"}))).await.expect("apply");
+    }
+    cluster.wait_database(ns, "keep", "Running on what was kept", WAIT, |d| is_running(d, 1)).await.expect("made again");
+    let client = Client::new(&cluster, Engine::Postgres, ns, "keep").await;
+    assert_eq!(client.ids(&client.service_ip("keep").await).await, Ok(vec![7]), "the kept rows, opened with the kept credentials");
+    let refused = |d: &Database| {
+        d.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| c.type_ == "Ready" && c.reason == "NameTaken" && c.message.contains("not plugdb's stamp"))
+        })
+    };
+    cluster.wait_database(ns, "forged", "refusing the forged credentials", WAIT, refused).await.expect("refused");
+    let members: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(cluster.client.clone(), ns);
+    assert!(members.get_opt("forged").await.expect("get").is_none(), "no member starts with the forged credentials");
 }
 
 /// Backups in a real S3 server (MinIO in the node's network namespace), for `engine`:

@@ -88,7 +88,8 @@ fn a_secret_keeps_its_key_names_and_what_says_whose_and_until_when() {
         ..Default::default()
     };
     secret.metadata.labels.get_or_insert_default().insert("team".into(), "a".into());
-    key_names_only(&mut secret);
+    let stamper = crate::stamp::Stamper::new("the operator's key");
+    key_names_only(&stamper, &mut secret);
     assert_eq!(secret.data, Some([("password".to_string(), k8s_openapi::ByteString(Vec::new()))].into()), "no value");
     let annotations: Vec<&str> = secret.annotations().keys().map(String::as_str).collect();
     assert_eq!(annotations, [tls::NOT_AFTER]);
@@ -99,9 +100,15 @@ fn a_secret_keeps_its_key_names_and_what_says_whose_and_until_when() {
     let mut kept = Secret { metadata: meta(&[]), ..Default::default() };
     kept.metadata.owner_references = None;
     kept.metadata.labels.get_or_insert_default().insert("team".into(), "a".into());
-    key_names_only(&mut kept);
+    let unstamped = kept.clone();
+    let mut kept = stamper.stamped(kept);
+    key_names_only(&stamper, &mut kept);
     let labels: Vec<&str> = kept.labels().keys().map(String::as_str).collect();
     assert_eq!(labels, [INSTANCE_LABEL], "kept credentials: the label that says which Database's they were");
+    assert!(crate::stamp::held(&kept.metadata), "and that plugdb's stamp held while the values were there");
+    let mut unstamped = unstamped;
+    key_names_only(&stamper, &mut unstamped);
+    assert!(!crate::stamp::held(&unstamped.metadata), "none held without it");
 }
 
 #[test]

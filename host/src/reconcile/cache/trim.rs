@@ -16,6 +16,7 @@ use crate::names::{
     ROLE_FREE_HASH, ROLE_LABEL,
 };
 use crate::reconcile::owner;
+use crate::stamp::{self, Stamper};
 use crate::tls;
 
 pub(super) fn no_managed_fields<K: Resource>(o: &mut K) {
@@ -67,10 +68,12 @@ fn meta_essentials(meta: &mut ObjectMeta, annotations: &[&str], labels: &[&str])
 /// A Secret as a pass reads it: the names of its keys (no values); the annotations
 /// that say whose certificate it is, for which names, until when and how it was
 /// applied; and, for one no Database controls (credentials kept after their Database
-/// went), the labels that say which Database's it was.
-pub(super) fn key_names_only(s: &mut Secret) {
+/// went), the labels that say which Database's it was and whether plugdb's stamp
+/// holds (judged by `stamper` while the values are there).
+pub(super) fn key_names_only(stamper: &Stamper, s: &mut Secret) {
+    stamper.judge(s);
     no_managed_fields(s);
-    let annotations = [APPLIED_HASH, tls::NOT_AFTER, tls::NAMES, tls::CERTIFICATE_NAME, crate::agent::CLIENTS_HASH];
+    let annotations = [APPLIED_HASH, tls::NOT_AFTER, tls::NAMES, tls::CERTIFICATE_NAME, crate::agent::CLIENTS_HASH, stamp::HELD];
     let labels: &[&str] = if owner::controller(&s.metadata).is_none() { &[MANAGED_BY_LABEL, INSTANCE_LABEL] } else { &[] };
     meta_essentials(&mut s.metadata, &annotations, labels);
     s.string_data = None;
