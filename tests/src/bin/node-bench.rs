@@ -8,7 +8,8 @@
 //! may be); then the new primary's node lost without warning under a writer (its link
 //! cut, as the real-node scenario does), nothing set by the bench: the time to the
 //! first write the primary Service accepts, and the acknowledged writes the promoted
-//! member lacks once the node is back (asynchronous replication, the default). Before
+//! member lacks once the node is back (asynchronous replication, the default; then the
+//! same on a new Database with synchronous replication). Before
 //! the hang, the primary's engine is paused for 5 s (SIGSTOP, then SIGCONT): whether
 //! that failed it over (it must not). The operator runs with its defaults (failover
 //! delay 6 s; a lost node's primary is replaced whatever the delay), as a user runs it.
@@ -79,6 +80,7 @@ async fn bench() -> Result<()> {
     for (engine, version) in benched {
         let (mut ready, mut deleted, mut killed, mut switched, mut lost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
         let (mut node_lost, mut lost_with_node, mut hung, mut paused) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut node_lost_sync, mut lost_with_node_sync) = (Vec::new(), Vec::new());
         for run in 0..runs {
             let ns = format!("bench-{}-{run}", engine.name());
             let applied = Instant::now();
@@ -101,14 +103,19 @@ async fn bench() -> Result<()> {
             let (first, missing_after_loss) = lose_the_primarys_node(&cluster, &ns, client).await?;
             node_lost.push(first);
             lost_with_node.push(missing_after_loss);
+            plugdb_tests::release::release(&cluster, &ns, WAIT).await?;
+            let (first_sync, missing_sync) = lose_a_synchronous_primarys_node(&cluster, engine, version, run).await?;
+            node_lost_sync.push(first_sync);
+            lost_with_node_sync.push(missing_sync);
             eprintln!(
-                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s, after a hang {:.1} s; switchover: no write for {:.1} s, {missing} lost; node lost: writes again after {:.1} s, {missing_after_loss} lost",
+                "{ns}: Ready {:.1} s; writes again after pod deletion {:.1} s, after kill -9 {:.1} s, after a hang {:.1} s; switchover: no write for {:.1} s, {missing} lost; node lost: writes again after {:.1} s, {missing_after_loss} lost; synchronous: after {:.1} s, {missing_sync} lost",
                 ready[run].as_secs_f64(),
                 deleted[run].as_secs_f64(),
                 killed[run].as_secs_f64(),
                 hung[run].as_secs_f64(),
                 gap.as_secs_f64(),
-                first.as_secs_f64()
+                first.as_secs_f64(),
+                first_sync.as_secs_f64()
             );
         }
         let name = format!("{} {version}", engine.name());
@@ -137,6 +144,15 @@ async fn bench() -> Result<()> {
         ));
         let lost_with_node: Vec<String> = lost_with_node.iter().map(usize::to_string).collect();
         rows.push(format!("| {name}: acknowledged writes lost with the node (asynchronous; each run) | {} |", lost_with_node.join(", ")));
+        rows.push(format!(
+            "| {name}, synchronous replication: the primary's node lost → first accepted write (median) | {:.1} s |",
+            median(node_lost_sync).as_secs_f64()
+        ));
+        let lost_with_node_sync: Vec<String> = lost_with_node_sync.iter().map(usize::to_string).collect();
+        rows.push(format!(
+            "| {name}, synchronous replication: acknowledged writes lost with the node (each run) | {} |",
+            lost_with_node_sync.join(", ")
+        ));
     }
     let table = format!("| measure (real node, 2 cores) | value |\n| --- | --- |\n{}\n", rows.join("\n"));
     print!("{table}");
@@ -145,9 +161,6 @@ async fn bench() -> Result<()> {
     Ok(())
 }
 
-/// A planned switchover under a writer to the first member that does not lead, waited
-/// for until every member is ready again: the longest time without an acknowledged
-/// write, and how many acknowledged writes the new primary lacks.
 /// How many looks at the machine's idle CPU, and how long each lasts.
 const IDLE_LOOKS: usize = 5;
 const IDLE_LOOK: Duration = Duration::from_secs(20);
@@ -191,6 +204,9 @@ fn cpu() -> Result<(u64, u64)> {
     Ok((total - ticks[3] - ticks[4], total))
 }
 
+/// A planned switchover under a writer to the first member that does not lead, waited
+/// for until every member is ready again: the longest time without an acknowledged
+/// write, and how many acknowledged writes the new primary lacks.
 async fn switchover(cluster: &Cluster, ns: &str, client: Arc<Client>) -> Result<(Duration, usize)> {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = client.writer(1_000, stop.clone());
@@ -225,6 +241,20 @@ async fn lose_the_primarys_node(cluster: &Cluster, ns: &str, client: Arc<Client>
     another_leads(cluster, ns, &primary).await?;
     let (_, missing) = settled(cluster, ns, &client, &stop, writer).await?;
     Ok((first, missing))
+}
+
+/// A new three-member Database with synchronous replication (`bench-ENGINE-sync-RUN`),
+/// its primary's node lost as in [`lose_the_primarys_node`]; then it goes.
+async fn lose_a_synchronous_primarys_node(cluster: &Cluster, engine: Engine, version: &str, run: usize) -> Result<(Duration, usize)> {
+    let ns = format!("bench-{}-sync-{run}", engine.name());
+    let synchronous = json!({"replication": {"mode": "Synchronous"}});
+    cluster.apply_database(&ns, database("orders", engine, version, 3, synchronous)).await?;
+    cluster.wait_database(&ns, "orders", "Running", WAIT, |d| is_running(d, 3)).await?;
+    let client = Client::new(cluster, engine, &ns, "orders").await;
+    client.create_table(&client.service_ip("orders").await).await;
+    let lost = lose_the_primarys_node(cluster, &ns, Arc::new(client)).await?;
+    plugdb_tests::release::release(cluster, &ns, WAIT).await?;
+    Ok(lost)
 }
 
 /// The time from `since` to the first write the primary Service accepts: a probe on a new
