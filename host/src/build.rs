@@ -322,6 +322,9 @@ pub fn statefulset(
 ) -> Child {
     let n = db.name_any();
     let names = Names(&n);
+    // Passwords as files ([`CREDENTIALS_MOUNT`]), for the engine, its init containers and
+    // its agent.
+    let credentials = pod::credentials_volume(db);
     let container = Container {
         name: engine.into(),
         image: Some(workload.image.clone()),
@@ -347,6 +350,7 @@ pub fn statefulset(
         volume_mounts: Some(vec![
             pod::mount("data", &workload.data_mount_path, false),
             pod::mount("config", CONFIG_MOUNT, true),
+            credentials.1,
             pod::mount("tmp", "/tmp", false),
         ]),
         readiness_probe: workload.readiness.as_ref().map(pod::probe),
@@ -386,6 +390,7 @@ pub fn statefulset(
             config_map: Some(ConfigMapVolumeSource { name: names.config(), default_mode: Some(0o555), ..Default::default() }),
             ..Default::default()
         },
+        credentials.0,
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
     ];
     if let Some(archiver) = sidecars.archiver {

@@ -116,6 +116,9 @@ pub fn job(db: &Database, request: &Request<'_>, pull: &crate::images::Pull) -> 
         mounts.push(pod::mount("data", path, false));
         volumes.push(pod::claim_volume("data", claim));
     }
+    let (volume, mount) = pod::credentials_volume(db);
+    mounts.push(mount);
+    volumes.push(volume);
     if db.spec.tls_enabled() {
         // The certificate the members serve: a Job verifies them against its authority.
         let (volume, mount) = pod::tls_volume(db);

@@ -48,6 +48,11 @@ pub const FOLLOWS: &str = "plugdb.io/follows";
 pub const ROLE_LABEL: &str = "plugdb.io/role";
 /// Where config files are mounted in every member.
 pub const CONFIG_MOUNT: &str = "/etc/plugdb";
+/// Where the Database's credentials Secret is mounted, read-only, in every member and Job
+/// (one file per key, readable by the workload's group only): engines read passwords
+/// there rather than from their environment. The contract names the same path
+/// (`wit/engine.wit`, record `cluster-context`).
+pub const CREDENTIALS_MOUNT: &str = "/etc/plugdb-credentials";
 /// Where the backup volume is mounted in backup and restore Jobs.
 pub const BACKUP_MOUNT: &str = "/backups";
 /// Where members place finished log segments for `plugdb archive` to ship (point-in-time recovery).

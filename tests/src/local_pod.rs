@@ -56,10 +56,12 @@ impl LocalPod {
     /// A member named `name` whose config is mounted at `config_mount` and data at `data_mount`.
     pub fn new(name: &str, config_mount: &str, data_mount: &str) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("plugdb-pod-").tempdir()?;
-        for sub in ["config", "data", "run", "backups", "archive"] {
+        for sub in ["config", "data", "run", "backups", "archive", "credentials"] {
             std::fs::create_dir_all(dir.path().join(sub))?;
         }
+        // The credentials first: the config mount's path is a prefix of theirs.
         let remaps = vec![
+            (plugdb::names::CREDENTIALS_MOUNT.to_string(), dir.path().join("credentials")),
             (config_mount.to_string(), dir.path().join("config")),
             (data_mount.to_string(), dir.path().join("data")),
             (plugdb::names::ARCHIVE_MOUNT.to_string(), dir.path().join("archive")),
@@ -109,10 +111,24 @@ impl LocalPod {
         out
     }
 
+    /// Stands in for the credentials Secret the host mounts ([`plugdb::names::CREDENTIALS_MOUNT`]):
+    /// each of `secrets` a file of its own, readable by the user the commands run as alone.
+    fn mount_credentials(&self, secrets: &BTreeMap<String, String>) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.dir.path().join("credentials");
+        for (key, value) in secrets {
+            let file = dir.join(key);
+            std::fs::write(&file, value)?;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400))?;
+        }
+        self.chown_all()
+    }
+
     /// Sets the environment from the plugin's variables, resolving secrets from `secrets`
-    /// and Downward API fields from the pod, then `extra` on top (test-only plumbing
-    /// such as PATH or socket directories).
+    /// (also mounted as files) and Downward API fields from the pod, then `extra` on top
+    /// (test-only plumbing such as PATH or socket directories).
     pub fn set_env(&mut self, env: &[EnvVar], secrets: &BTreeMap<String, String>, extra: &[(&str, String)]) -> Result<()> {
+        self.mount_credentials(secrets)?;
         for var in env {
             let value = match &var.source {
                 EnvSource::Value(v) => self.remap(v),
@@ -249,6 +265,7 @@ impl LocalPod {
     /// Runs a plugin Job plan in this pod's sandbox (its data "mount" when the plan asks
     /// for it), with `extra` environment; fails with the Job's output when it fails.
     pub fn run_job(&self, job: &JobPlan, secrets: &BTreeMap<String, String>, extra: &[(&str, String)]) -> Result<String> {
+        self.mount_credentials(secrets)?;
         let mut env = BTreeMap::new();
         for var in &job.env {
             let value = match &var.source {

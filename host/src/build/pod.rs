@@ -232,6 +232,23 @@ pub fn bucket_ca(target: &S3Target) -> Option<(Volume, VolumeMount)> {
     Some((volume, mount("s3-ca", CA_MOUNT, true)))
 }
 
+/// The volume holding the Database's credentials Secret, and its mount at
+/// [`crate::names::CREDENTIALS_MOUNT`]: readable by the workload's group (its fsGroup)
+/// only. Optional: an engine that asks for no credentials has no such Secret.
+pub fn credentials_volume(db: &Database) -> (Volume, VolumeMount) {
+    let volume = Volume {
+        name: "credentials".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(crate::names::Names(&kube::ResourceExt::name_any(db)).credentials()),
+            default_mode: Some(0o440),
+            optional: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    (volume, mount("credentials", crate::names::CREDENTIALS_MOUNT, true))
+}
+
 /// The volume holding the Database's TLS certificate (`<name>-tls`), and its mount at
 /// [`crate::tls::MOUNT`]: readable by the workload's group (its fsGroup) only, as
 /// PostgreSQL requires of a key owned by root.

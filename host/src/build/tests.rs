@@ -478,6 +478,51 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
     assert!(pod.containers.iter().chain(pod.init_containers.iter().flatten()).any(mounted), "a Job verifies the members too");
 }
 
+/// Passwords as files: the credentials Secret is mounted read-only, readable by the
+/// workload's group alone, in the engine, its init containers and its agent, and in Jobs.
+#[test]
+fn members_and_jobs_mount_the_credentials_for_the_workload_s_group_alone() {
+    let db = database(DeletionPolicy::Snapshot);
+    let mut w = workload("");
+    w.status_command = vec!["true".into()];
+    w.init_containers =
+        vec![crate::plugin::InitContainer { name: "prepare".into(), image: "busybox:1".into(), command: vec!["true".into()], env: vec![] }];
+    let sidecars = Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: "pin" }), ..Default::default() };
+    let set: StatefulSet =
+        serde_json::from_value(statefulset(&db, &w, "postgres", sidecars, ("orders-0", 3), None).object).expect("StatefulSet");
+    let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
+    let is_credentials = |v: &&k8s_openapi::api::core::v1::Volume| v.name == "credentials";
+    let secret = pod.volumes.iter().flatten().find(is_credentials).and_then(|v| v.secret.clone()).expect("the credentials volume");
+    assert_eq!((secret.secret_name.as_deref(), secret.default_mode), (Some("orders-credentials"), Some(0o440)));
+    let mounted = |c: &Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "credentials" && m.mount_path == crate::names::CREDENTIALS_MOUNT && m.read_only == Some(true))
+    };
+    assert!(mounted(&pod.containers[0]), "the engine has it");
+    let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
+    assert!(mounted(agent), "its agent runs the engine's commands with it");
+    assert!(pod.init_containers.iter().flatten().filter(|c| c.name == "init-prepare").all(mounted), "and its init containers");
+
+    let plan = crate::plugin::JobPlan { image: "x".into(), command: vec!["true".into()], env: vec![], mounts_data: false };
+    let request = crate::jobs::Request {
+        name: "orders-1",
+        purpose: crate::jobs::Purpose::Backup,
+        plan: &plan,
+        storage: crate::jobs::Storage::Scratch,
+        artifact: "orders-1",
+        data: None,
+        run_as_user: 999,
+    };
+    let job: k8s_openapi::api::batch::v1::Job =
+        serde_json::from_value(crate::jobs::job(&db, &request, &Default::default()).object).expect("Job");
+    let pod = job.spec.expect("spec").template.spec.expect("pod");
+    assert!(pod.containers.iter().any(mounted), "a Job logs in with them too");
+    let contract = include_str!("../../../wit/engine.wit");
+    assert!(contract.contains(&format!("`{}`", crate::names::CREDENTIALS_MOUNT)), "the contract names where they are");
+}
+
 #[test]
 fn job_names_fit_whatever_the_database_name_and_long_ones_keep_apart() {
     let longest = "d".repeat(MAX_NAME);

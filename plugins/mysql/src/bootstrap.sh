@@ -9,6 +9,11 @@ volume="$(dirname "$DATADIR")"
 ordinal="${POD_NAME##*-}"
 server_id=$((ordinal + 1))
 umask 077
+# Passwords, from the files the host mounts: never in the environment, which the server
+# and everything it starts would inherit.
+IFS= read -r MARIADB_ROOT_PASSWORD < "$PLUGDB_CREDENTIALS/root-password" || [ -n "$MARIADB_ROOT_PASSWORD" ]
+IFS= read -r REPLICATION_PASSWORD < "$PLUGDB_CREDENTIALS/replication-password" || [ -n "$REPLICATION_PASSWORD" ]
+IFS= read -r APP_PASSWORD < "$PLUGDB_CREDENTIALS/app-password" 2>/dev/null || APP_PASSWORD=${APP_PASSWORD:-}
 
 if [ -n "${PLUGDB_FENCED:-}" ] && [ -e "$PLUGDB_FENCED" ]; then
   # Fenced by the member agent (see the plugin's fence command): this member takes no

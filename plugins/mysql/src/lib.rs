@@ -170,13 +170,25 @@ fn stop_datetime(rfc3339: &str) -> String {
     whole.replacen('T', " ", 1)
 }
 
+/// `script`, run by `sh -c`, with each password (shell variable, key of the mounted
+/// credentials) read first.
+fn with_passwords(passwords: &[(&str, &str)], script: &str) -> Vec<String> {
+    let read: Vec<String> = passwords.iter().map(|(variable, key)| read_password(variable, key)).collect();
+    shell(&format!("{}\n{script}", read.join("\n")))
+}
+
+/// `script` run by the member agent: root's password read, then [`CLIENT`].
+fn as_root(script: &str) -> Vec<String> {
+    with_passwords(&[("MARIADB_ROOT_PASSWORD", ROOT_KEY)], &[CLIENT, script].concat())
+}
+
 fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
     let mut env = vec![
         env_value("BACKUP_DIR", location.directory.clone()),
         env_value("BACKUP_NAME", location.artifact.clone()),
         env_value("DB_HOST", location.host.clone()),
         env_value("DB_PORT", PORT.to_string()),
-        env_secret("REPLICATION_PASSWORD", &location.credentials_secret, REPLICATION_KEY),
+        env_credentials(),
     ];
     env.extend(tls_env(spec));
     if let (Some(at), Some(dir)) = (&location.point_in_time, &location.archive_directory) {
@@ -232,7 +244,6 @@ impl Engine for Mysql {
         if let Some(v) = Self::validate(spec.clone()).first() {
             return Err(format!("{}: {}", v.field, v.message));
         }
-        let s = &cluster.credentials_secret;
         let mut env = vec![
             env_value("DATADIR", format!("{DATA_MOUNT}/data")),
             env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
@@ -241,9 +252,7 @@ impl Engine for Mysql {
             env_value("PRIMARY_POD", cluster.primary_pod.clone()),
             env_value("PRIMARY_HOST", cluster.primary_host.clone()),
             env_value("PRIMARY_PORT", PORT.to_string()),
-            env_secret("MARIADB_ROOT_PASSWORD", s, ROOT_KEY),
-            env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
-            env_secret("APP_PASSWORD", s, APPLICATION_KEY),
+            env_credentials(),
         ];
         env.extend(tls_env(&spec));
         if spec.synchronous_replicas > 0 {
@@ -271,7 +280,8 @@ impl Engine for Mysql {
             // failover delay then counts; a pause of 5 s is never two such looks. Over
             // TCP: the agent runs it, beside the engine.
             readiness: Some(Probe {
-                action: ProbeAction::Exec(shell(
+                action: ProbeAction::Exec(with_passwords(
+                    &[("MARIADB_ROOT_PASSWORD", ROOT_KEY)],
                     "test -f \"$(dirname \"$DATADIR\")/plugdb-ready\" && timeout 2 mariadb --protocol=TCP -h localhost -P 3306 ${CLIENT_TLS:-} --connect-timeout=2 -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'SELECT 1' >/dev/null",
                 )),
                 initial_delay_seconds: 2,
@@ -353,7 +363,8 @@ impl Engine for Mysql {
         match best {
             Some((m, _)) => FailoverDecision::Promote(Promotion {
                 pod: m.pod.clone(),
-                command: shell(
+                command: with_passwords(
+                    &[("MARIADB_ROOT_PASSWORD", ROOT_KEY)],
                     "mariadb --socket=\"$MARIADB_SOCKET\" -uroot -p\"$MARIADB_ROOT_PASSWORD\" -e 'STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF;'",
                 ),
             }),
@@ -369,7 +380,8 @@ impl Engine for Mysql {
     fn backup(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
         Ok(JobPlan {
             image: image(&spec.version),
-            command: shell(
+            command: with_passwords(
+                &[("REPLICATION_PASSWORD", REPLICATION_KEY)],
                 "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; mkdir -p \"$out.partial\"; \
                  mariadb-dump -h \"$DB_HOST\" -P \"$DB_PORT\" ${CLIENT_TLS:-} -ureplicator -p\"$REPLICATION_PASSWORD\" --all-databases --single-transaction \
                  --gtid --master-data=2 --routines --events --triggers --no-tablespaces | gzip > \"$out.partial/dump.sql.gz\"; mv \"$out.partial\" \"$out\"",
@@ -384,10 +396,9 @@ impl Engine for Mysql {
         if member > 0 {
             return Ok(None);
         }
-        let mut env = job_env(&spec, &location);
-        env.push(env_secret("MARIADB_ROOT_PASSWORD", &location.credentials_secret, ROOT_KEY));
-        env.push(env_secret("APP_PASSWORD", &location.credentials_secret, APPLICATION_KEY));
-        Ok(Some(JobPlan { image: image(&spec.version), command: shell(&[ACCOUNTS, RESTORE].concat()), env, mounts_data: false }))
+        let passwords = [("MARIADB_ROOT_PASSWORD", ROOT_KEY), ("REPLICATION_PASSWORD", REPLICATION_KEY), ("APP_PASSWORD", APPLICATION_KEY)];
+        let command = with_passwords(&passwords, &[ACCOUNTS, RESTORE].concat());
+        Ok(Some(JobPlan { image: image(&spec.version), command, env: job_env(&spec, &location), mounts_data: false }))
     }
 }
 
@@ -503,22 +514,22 @@ m -e \"SET GLOBAL rpl_semi_sync_master_enabled = $on\"";
 
 impl Agent for Mysql {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(&[CLIENT, STATUS].concat())
+        as_root(STATUS)
     }
 
     fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(&[CLIENT, FENCE].concat())
+        as_root(FENCE)
     }
 
     /// The mariadb client as root, over TCP to the local server (with TLS when the
     /// Database serves it).
     fn client_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(&[CLIENT, "m"].concat())
+        as_root("m")
     }
 
     /// In place, as the server runs: no restart (see [`PROMOTE`]).
     fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(&[CLIENT, PROMOTE].concat())
+        as_root(PROMOTE)
     }
 
     /// Semi-synchronous replication off (0) or on, as the server runs: off, the commits
@@ -527,12 +538,12 @@ impl Agent for Mysql {
         if spec.synchronous_replicas == 0 {
             return Vec::new();
         }
-        shell(&[CLIENT, SYNCHRONOUS].concat())
+        as_root(SYNCHRONOUS)
     }
 
     /// See [`FOLLOW`].
     fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(&[CLIENT, FOLLOW].concat())
+        as_root(FOLLOW)
     }
 
     /// User `app`, with every right on database `app` and none elsewhere; every member's

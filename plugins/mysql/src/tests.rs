@@ -321,3 +321,35 @@ fn backup_location(cluster: ClusterContext) -> BackupLocation {
         point_in_time: None,
     }
 }
+
+/// No password sits in an environment: the member, its probe, its agent's commands and
+/// the Jobs read each from the credentials the host mounts, as they need it.
+#[test]
+fn passwords_are_read_from_the_mounted_credentials_never_the_environment() {
+    let workload = Mysql::render(spec("11.8"), cluster()).expect("render");
+    let location = BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster: cluster(),
+        archive_directory: None,
+        point_in_time: None,
+    };
+    let backup = Mysql::backup(spec("11.8"), location.clone()).expect("backup");
+    let restore = Mysql::restore(spec("11.8"), location, 0).expect("restore").expect("member 0");
+    for (what, env) in [("member", &workload.env), ("backup", &backup.env), ("restore", &restore.env)] {
+        assert!(!env.iter().any(|e| matches!(e.source, EnvSource::Secret(_))), "{what}: a password in the environment");
+        assert!(env.iter().any(|e| e.name == "PLUGDB_CREDENTIALS" && e.source == EnvSource::Value(CREDENTIALS_DIR.into())), "{what}");
+    }
+    let reads = |argv: &[String], key: &str| argv.last().is_some_and(|s| s.contains(&format!("\"$PLUGDB_CREDENTIALS/{key}\"")));
+    assert!(reads(&backup.command, REPLICATION_KEY), "the backup dumps as the replication role");
+    for key in [ROOT_KEY, REPLICATION_KEY, APPLICATION_KEY] {
+        assert!(reads(&restore.command, key), "the restore sets {key}");
+        assert!(BOOTSTRAP.contains(&format!("\"$PLUGDB_CREDENTIALS/{key}\"")), "the bootstrap reads {key}");
+    }
+    let Some(ProbeAction::Exec(probe)) = workload.readiness.map(|p| p.action) else { panic!("an exec readiness probe") };
+    for command in [probe, Mysql::status_command(spec("11.8")), Mysql::promote_command(spec("11.8")), Mysql::fence_command(spec("11.8"))] {
+        assert!(reads(&command, ROOT_KEY), "{command:?}");
+    }
+}

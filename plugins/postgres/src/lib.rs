@@ -178,6 +178,12 @@ fn recovery_target_time(rfc3339: &str) -> String {
     utc.replacen('T', " ", 1)
 }
 
+/// `script`, run by `sh -c`, with the password under `key` of the mounted credentials
+/// read first into shell variable `variable` (exported only where a script says so).
+fn with_password(variable: &str, key: &str, script: &str) -> Vec<String> {
+    shell(&format!("{}\n{script}", read_password(variable, key)))
+}
+
 fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
     let mut env = vec![
         env_value("BACKUP_DIR", location.directory.clone()),
@@ -185,7 +191,7 @@ fn job_env(spec: &DatabaseSpec, location: &BackupLocation) -> Vec<EnvVar> {
         env_value("PGHOST", location.host.clone()),
         env_value("PGPORT", PORT.to_string()),
         env_value("PGDATA", pgdata(DATA_MOUNT)),
-        env_secret("PGPASSWORD", &location.credentials_secret, REPLICATION_KEY),
+        env_credentials(),
         env_value("PLUGDB_DATABASE", format!("{}/{}", spec.namespace, spec.name)),
     ];
     env.extend(tls_env(spec));
@@ -250,7 +256,6 @@ impl Engine for Postgres {
         if let Some(v) = violations.first() {
             return Err(format!("{}: {}", v.field, v.message));
         }
-        let s = &cluster.credentials_secret;
         let mut env = vec![
             env_value("PGDATA", pgdata(DATA_MOUNT)),
             env_value("PLUGDB_CONFIG_DIR", cluster.config_mount_path.clone()),
@@ -258,9 +263,7 @@ impl Engine for Postgres {
             env_value("PRIMARY_POD", cluster.primary_pod.clone()),
             env_value("PRIMARY_HOST", cluster.primary_host.clone()),
             env_value("PRIMARY_PORT", PORT.to_string()),
-            env_secret("POSTGRES_PASSWORD", s, SUPERUSER_KEY),
-            env_secret("REPLICATION_PASSWORD", s, REPLICATION_KEY),
-            env_secret("APP_PASSWORD", s, APPLICATION_KEY),
+            env_credentials(),
         ];
         env.extend(tls_env(&spec));
         Ok(Workload {
@@ -362,8 +365,10 @@ impl Engine for Postgres {
     fn backup(spec: DatabaseSpec, location: BackupLocation) -> Result<JobPlan, String> {
         Ok(JobPlan {
             image: image(&spec.version),
-            command: shell(
-                "set -eu; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; \
+            command: with_password(
+                "PGPASSWORD",
+                REPLICATION_KEY,
+                "set -eu; export PGPASSWORD; out=\"$BACKUP_DIR/$BACKUP_NAME\"; rm -rf \"$out.partial\"; \
                  pg_basebackup -U replicator -D \"$out.partial\" -Ft -z -X fetch --checkpoint=fast; mv \"$out.partial\" \"$out\"",
             ),
             env: job_env(&spec, &location),
@@ -513,28 +518,32 @@ exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 
 
 impl Agent for Postgres {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(STATUS)
+        with_password("POSTGRES_PASSWORD", SUPERUSER_KEY, STATUS)
     }
 
     fn fence_command(spec: DatabaseSpec) -> Vec<String> {
-        shell(&fence(&spec))
+        with_password("POSTGRES_PASSWORD", SUPERUSER_KEY, &fence(&spec))
     }
 
     /// psql as the superuser, over TCP to the local server (what pg_hba allows).
     fn client_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell("PGPASSWORD=\"$POSTGRES_PASSWORD\" exec psql -h localhost -p 5432 -U postgres -d postgres")
+        with_password(
+            "POSTGRES_PASSWORD",
+            SUPERUSER_KEY,
+            "PGPASSWORD=\"$POSTGRES_PASSWORD\" exec psql -h localhost -p 5432 -U postgres -d postgres",
+        )
     }
 
     fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(PROMOTE)
+        with_password("POSTGRES_PASSWORD", SUPERUSER_KEY, PROMOTE)
     }
 
     fn synchronous_command(spec: DatabaseSpec) -> Vec<String> {
-        if spec.synchronous_replicas == 0 { Vec::new() } else { shell(SYNCHRONOUS) }
+        if spec.synchronous_replicas == 0 { Vec::new() } else { with_password("POSTGRES_PASSWORD", SUPERUSER_KEY, SYNCHRONOUS) }
     }
 
     fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
-        shell(FOLLOW)
+        with_password("POSTGRES_PASSWORD", SUPERUSER_KEY, FOLLOW)
     }
 
     /// User `app`, owner of database `app`; the start makes both on the primary (see

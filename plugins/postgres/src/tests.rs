@@ -348,3 +348,35 @@ fn a_former_primary_rewinds_as_the_replication_role() {
     assert!(bootstrap.contains("single < \"$PLUGDB_CONFIG_DIR/replicator.sql\""), "{bootstrap}");
     assert!(PROMOTE.contains("-f \"$PLUGDB_CONFIG_DIR/replicator.sql\""), "granted as a member is promoted in place");
 }
+
+/// No password sits in an environment: the member, its agent's commands and the Jobs read
+/// each from the credentials the host mounts, as they need it.
+#[test]
+fn passwords_are_read_from_the_mounted_credentials_never_the_environment() {
+    let workload = Postgres::render(spec("17"), cluster()).expect("render");
+    let location = BackupLocation {
+        directory: "/backups".into(),
+        artifact: "orders-1".into(),
+        host: "orders.shop.svc".into(),
+        credentials_secret: "orders-credentials".into(),
+        cluster: cluster(),
+        archive_directory: None,
+        point_in_time: None,
+    };
+    let backup = Postgres::backup(spec("17"), location.clone()).expect("backup");
+    let restore = Postgres::restore(spec("17"), location, 0).expect("restore").expect("member 0");
+    for (what, env) in [("member", &workload.env), ("backup", &backup.env), ("restore", &restore.env)] {
+        assert!(!env.iter().any(|e| matches!(e.source, EnvSource::Secret(_))), "{what}: a password in the environment");
+        assert!(env.iter().any(|e| e.name == "PLUGDB_CREDENTIALS" && e.source == EnvSource::Value(CREDENTIALS_DIR.into())), "{what}");
+    }
+    let reads = |argv: &[String], key: &str| argv.last().is_some_and(|s| s.contains(&format!("\"$PLUGDB_CREDENTIALS/{key}\"")));
+    assert!(reads(&backup.command, REPLICATION_KEY), "the backup logs in as the replication role");
+    for command in [Postgres::status_command(spec("17")), Postgres::promote_command(spec("17")), Postgres::fence_command(spec("17"))] {
+        assert!(reads(&command, SUPERUSER_KEY), "{command:?}");
+    }
+    assert!(include_str!("../../../wit/engine.wit").contains(&format!("`{CREDENTIALS_DIR}`")), "where the contract says they are");
+    let bootstrap = BOOTSTRAP;
+    for key in [SUPERUSER_KEY, REPLICATION_KEY, APPLICATION_KEY] {
+        assert!(bootstrap.contains(&format!("\"$PLUGDB_CREDENTIALS/{key}\"")), "the bootstrap reads {key}");
+    }
+}

@@ -49,7 +49,27 @@ pub fn env_value(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), source: EnvSource::Value(value.into()) }
 }
 
+/// Where the host mounts the Database's credentials Secret in every member and Job:
+/// one file per key, readable by the workload's group only (`cluster-context`'s
+/// `credentials-secret` in the contract).
+pub const CREDENTIALS_DIR: &str = "/etc/plugdb-credentials";
+
+/// `PLUGDB_CREDENTIALS`, naming [`CREDENTIALS_DIR`] for the workload's scripts: they read
+/// each password from its file (`$PLUGDB_CREDENTIALS/<key>`) when they need it, so that
+/// none sits in the environment every process of the container inherits.
+pub fn env_credentials() -> EnvVar {
+    env_value("PLUGDB_CREDENTIALS", CREDENTIALS_DIR)
+}
+
+/// The line of shell that sets the (unexported) variable `variable` to the password
+/// under `key` of the mounted credentials (see [`env_credentials`]), forking nothing.
+pub fn read_password(variable: &str, key: &str) -> String {
+    format!("IFS= read -r {variable} < \"$PLUGDB_CREDENTIALS/{key}\" || [ -n \"${variable}\" ]")
+}
+
 /// An environment variable read from `key` of the Database's credentials Secret `secret`.
+/// Prefer the mounted file ([`env_credentials`]): an engine should need this only where it
+/// can read a password nowhere else.
 pub fn env_secret(name: &str, secret: &str, key: &str) -> EnvVar {
     EnvVar { name: name.into(), source: EnvSource::Secret(SecretRef { name: secret.into(), key: key.into() }) }
 }

@@ -191,7 +191,18 @@ pub async fn deletion_policies(cluster: Arc<Cluster>) {
     }
     cluster.wait_database(ns, "keep", "Running on what was kept", WAIT, |d| is_running(d, 1)).await.expect("made again");
     let client = Client::new(&cluster, Engine::Postgres, ns, "keep").await;
-    assert_eq!(client.ids(&client.service_ip("keep").await).await, Ok(vec![7]), "the kept rows, opened with the kept credentials");
+    // The Service is new: its address may route nowhere for a moment yet.
+    let service = client.service_ip("keep").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let read = loop {
+        match client.ids(&service).await {
+            Err(e) if e.contains("Connection refused") && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_secs(1)).await
+            }
+            read => break read,
+        }
+    };
+    assert_eq!(read, Ok(vec![7]), "the kept rows, opened with the kept credentials");
     let refused = |d: &Database| {
         d.status.as_ref().is_some_and(|s| {
             s.conditions.iter().any(|c| c.type_ == "Ready" && c.reason == "NameTaken" && c.message.contains("not plugdb's stamp"))
