@@ -91,11 +91,13 @@ pub fn check_as(db: &Database, kind: &'static str, kept: bool, meta: &ObjectMeta
 }
 
 /// Whether `meta` describes a Secret whose stamp the operator did not find to hold
-/// ([`crate::stamp`]). The certificate Secret of a Database whose certificate comes
-/// from cert-manager is cert-manager's to write and check, against the issuer the user
-/// named.
+/// ([`crate::stamp`]). The certificate Secret cert-manager wrote for the Database (its
+/// `<name>-tls`, annotated with that Certificate's name) is cert-manager's to check
+/// against the issuer the user named; once `issuerRef` is removed it is only replaced.
 fn stamp_missing(db: &Database, kind: &str, meta: &ObjectMeta) -> bool {
-    let cert_managers = db.spec.tls_issuer().is_some() && meta.name.as_deref() == Some(&crate::names::Names(&db.name_any()).tls());
+    let tls = crate::names::Names(&db.name_any()).tls();
+    let certificate = meta.annotations.as_ref().and_then(|a| a.get(crate::tls::CERTIFICATE_NAME));
+    let cert_managers = meta.name.as_ref() == Some(&tls) && certificate == Some(&tls);
     kind == "Secret" && !cert_managers && !crate::stamp::held(meta)
 }
 
@@ -170,6 +172,15 @@ mod tests {
         assert_eq!(check(&db, Kind::Secret, &kept), Ok(()), "kept credentials, stamped");
         kept.labels = Some(other.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
         assert!(check(&db, Kind::Secret, &kept).is_err(), "stamped for another Database's name");
+        // What cert-manager wrote for the Database's certificate is cert-manager's to check;
+        // its annotation makes no other Secret the Database's.
+        let cert_managers = |name: &str| ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some([(crate::tls::CERTIFICATE_NAME.to_string(), name.to_string())].into()),
+            ..meta(None, &ours)
+        };
+        assert_eq!(check(&db, Kind::Secret, &cert_managers("orders-tls")), Ok(()), "cert-manager's certificate");
+        assert!(check(&db, Kind::Secret, &cert_managers("orders-credentials")).is_err(), "credentials annotated as a certificate");
     }
 
     const UNSTAMPED: &str = "it has plugdb's labels but not plugdb's stamp: plugdb did not make it, or it changed since";
