@@ -489,12 +489,12 @@ pub async fn scheduled_backups(cluster: Arc<Cluster>) {
     assert_eq!(db.status.and_then(|s| s.backup_request).as_deref(), Some("before-migration"), "the request is remembered");
 
     // A backup that fails says why, in the failed container's own words: here the
-    // password backup Jobs log in with no longer matches the server's.
-    let wrong = json!({"stringData": {"replication-password": "not-the-password"}});
-    Api::<Secret>::namespaced(cluster.client.clone(), ns)
-        .patch("orders-credentials", &PatchParams::default(), &Patch::Merge(wrong))
-        .await
-        .expect("password changed");
+    // password backup Jobs log in with no longer matches the server's, which an
+    // administrator changed (the credentials Secret is plugdb's, stamped: a changed one
+    // would not be this Database's any more).
+    let client = Client::new(&cluster, Engine::Postgres, ns, "orders").await;
+    let member = client.members().await.into_iter().next().expect("the member");
+    client.administer(&member, "ALTER ROLE replicator PASSWORD 'not-the-password'").await.expect("password changed");
     let db = cluster
         .wait_database(ns, "orders", "a failed backup's condition naming its cause", WAIT, |d| {
             condition(d, "BackupHealthy").is_some_and(|c| c.status == "False" && c.message.contains("password authentication failed"))
