@@ -111,6 +111,9 @@ const FENCE_WAIT: Duration = Duration::from_millis(1600);
 
 /// The variable holding the number of replicas `agent.synchronous-command` sets.
 pub const SYNCHRONOUS_ENV: &str = "PLUGDB_SYNCHRONOUS_REPLICAS";
+/// The variable holding the members (pods' names, split by `,`) that may confirm commits,
+/// as `agent.synchronous-command` sets them; empty: any replica.
+pub const SYNCHRONOUS_MEMBERS_ENV: &str = "PLUGDB_SYNCHRONOUS_MEMBERS";
 /// The variable holding the address of the member `agent.follow-command` follows.
 pub const PRIMARY_HOST_ENV: &str = "PLUGDB_PRIMARY_HOST";
 
@@ -309,7 +312,7 @@ impl Agent {
 }
 
 /// Serves `GET /status` (and `POST /fence`, with a `fence`, `POST /promote`, with a
-/// `promote` command too, and `POST /synchronous/<n>`, with a `synchronous` command) at
+/// `promote` command too, and `POST /synchronous/<n>[/<member>,…]`, with a `synchronous` command) at
 /// `address` (in a member, every address of its pod on [`PORT`]) until the process ends, answering with what `status` prints. The certificate
 /// is read again for each connection: a renewed one is served without a restart.
 /// With `measured` (a port, and who the member is), the member's series are served too
@@ -509,10 +512,12 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
             }
             answer
         }
-        Some(Request::Synchronous(n)) if !agent.commands.synchronous.is_empty() => {
-            let answer = agent.run_unfenced(&agent.commands.synchronous, &[(SYNCHRONOUS_ENV, &n.to_string())], Answer::Set).await;
+        Some(Request::Synchronous(n, members)) if !agent.commands.synchronous.is_empty() => {
+            let n = n.to_string();
+            let env = [(SYNCHRONOUS_ENV, n.as_str()), (SYNCHRONOUS_MEMBERS_ENV, members)];
+            let answer = agent.run_unfenced(&agent.commands.synchronous, &env, Answer::Set).await;
             if answer.0 == "200 OK" {
-                tracing::info!("commits now wait for {n} replicas");
+                tracing::info!(members, "commits now wait for {n} replicas");
             }
             answer
         }

@@ -40,10 +40,20 @@ pub const FENCED: &str = "plugdb.io/fenced";
 /// Annotation on a member pod whose agent promoted it in place: it leads as it runs, and
 /// is not restarted to take the role (see `agent.promote-command`).
 pub const PROMOTED: &str = "plugdb.io/promoted";
+/// Annotation on a member pod the operator is promoting in place, naming the primary it
+/// replaces: written with [`PROMOTED`] before its agent is asked, so that an operator
+/// stopped before it recorded the promotion finds it (the member leads while the one it
+/// replaces is still the primary in status) and finishes it.
+pub const REPLACES: &str = "plugdb.io/replaces";
 /// Annotation on a member pod whose agent had it follow the member named, promoted then
 /// (see `agent.follow-command`): while that member leads, the replica is not restarted to
 /// follow it.
 pub const FOLLOWS: &str = "plugdb.io/follows";
+/// Annotation on the primary's pod saying what its agent last had each commit wait for
+/// (see `agent.synchronous-command`): `<n>` or `<n>/<member>,…`, then `@` and when it
+/// became ready: it is asked again when either changes (a restarted engine starts from its
+/// rendered configuration).
+pub const SYNCHRONOUS: &str = "plugdb.io/synchronous";
 /// Label on member pods naming their role (`primary` or `replica`).
 pub const ROLE_LABEL: &str = "plugdb.io/role";
 /// Where config files are mounted in every member.

@@ -915,8 +915,13 @@ async fn agents(made: &[Value], members: &[(&str, &str)]) -> tempfile::TempDir {
             status: sh(&format!("echo {status}")),
             fence: Some(fence),
             promote: if promotes { sh("true") } else { Vec::new() },
-            // Says how many replicas commits wait for, as the agent was asked.
-            synchronous: sh(&format!("echo ${} > {}", plugdb::agent::SYNCHRONOUS_ENV, state.join("synchronous").display())),
+            // Says how many replicas commits wait for, and of which members, as the agent was asked.
+            synchronous: sh(&format!(
+                "echo ${} ${} > {}",
+                plugdb::agent::SYNCHRONOUS_ENV,
+                plugdb::agent::SYNCHRONOUS_MEMBERS_ENV,
+                state.join("synchronous").display()
+            )),
             ..Default::default()
         };
         let address: std::net::SocketAddr = format!("{address}:{}", plugdb::agent::PORT).parse().expect("an address");
@@ -1163,6 +1168,29 @@ async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted
     assert_eq!(positions, [("orders-0", Some("0/5000000")), ("orders-1", Some("0/4000000")), ("orders-2", Some("0/5000000"))]);
 }
 
+/// An operator stopped after a member's agent promoted it in place and before it recorded
+/// the promotion: the member leads, its pod marked as replacing the primary in status
+/// (`plugdb.io/replaces`, written before its agent was asked). The next pass gives it to
+/// the plugin with what it has (a member that says it leads is otherwise never promoted
+/// on its own word), has it promoted again (it leads already) and records it, rather
+/// than promote another member that may lack what it confirmed.
+#[tokio::test]
+async fn a_promotion_an_operator_did_not_record_is_finished_by_the_next_pass() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let said = ["primary 0/5000000", "primary 0/5000100", "replica 0/5000000 0"];
+    let (db, mut cluster, server, agents) = with_agents(&registry, server, 250, [false, true, true], said).await;
+    let pod = cluster.iter_mut().find(|o| o["kind"] == "Pod" && o["metadata"]["name"] == "orders-1").expect("member 1's pod");
+    pod["metadata"]["annotations"]["plugdb.io/promoted"] = json!("2026-01-01T00:00:00Z");
+    pod["metadata"]["annotations"]["plugdb.io/replaces"] = json!("orders-0");
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    assert_eq!(status(&api).primary.as_deref(), Some("orders-1"), "{:?}", lines(&calls));
+    let event = calls.iter().find(|c| c.body["reason"] == "FailoverPromoted").expect("a FailoverPromoted Event");
+    assert!(event.body["note"].as_str().is_some_and(|n| n.contains("promoting orders-1")), "{}", event.body["note"]);
+    assert!(!agents.path().join("member-1").join(plugdb::agent::FENCED_FILE).exists(), "not fenced as a second primary");
+}
+
 /// A primary not ready only because its engine's probe fails (every container runs, its
 /// agent is ready: not fenced) whose engine answers its agent as the primary is not
 /// replaced: nothing is fenced, promoted or moved, and `Degraded` says why.
@@ -1355,6 +1383,35 @@ async fn too_few_replicas_for_longer_than_allowed_degrade_synchronous_replicatio
     let condition = status(&api).conditions.into_iter().find(|c| c.type_ == "SynchronousReplication").expect("the condition");
     assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "ReplicationDegraded"), "{condition:?}");
     assert!(condition.message.contains("for longer than 10s: commits no longer wait for replicas"), "{}", condition.message);
+}
+
+/// Synchronous replication names the ready replicas alone: with member 2 not ready, the
+/// primary's agent is told that each commit waits for `orders-1`, and the primary's pod
+/// records what its agent was told (and since when the primary is ready), so that it is
+/// told again only when that changes.
+#[tokio::test]
+async fn only_ready_replicas_are_named_to_confirm_synchronous_commits() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let spec = json!({"replicas": 3, "replication": {"mode": "Synchronous"}});
+    let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/4000000 0"];
+    let (db, cluster, server, agents) = with_agents_of(&registry, spec, server, 230, [true, true, false], said).await;
+    let (result, calls, _) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let asked = std::fs::read_to_string(agents.path().join("member-0").join("synchronous")).expect("the primary's agent was asked");
+    assert_eq!(asked.trim(), "1 orders-1", "one replica confirms each commit, of the ready ones");
+    let told = |c: &&Call| c.line() == "PATCH /api/v1/namespaces/shop/pods/orders-0";
+    let marked = calls.iter().find(told).expect("the primary's pod records it");
+    let told = marked.body["metadata"]["annotations"]["plugdb.io/synchronous"].as_str().unwrap_or_default();
+    assert!(told.starts_with("1/orders-1@20"), "with since when the primary is ready: {told}");
+    // Recorded, it is not asked again.
+    let mut cluster = cluster;
+    let pod = cluster.iter_mut().find(|o| o["kind"] == "Pod" && o["metadata"]["name"] == "orders-0").expect("the primary's pod");
+    pod["metadata"]["annotations"]["plugdb.io/synchronous"] = json!(told);
+    std::fs::remove_file(agents.path().join("member-0").join("synchronous")).expect("cleared");
+    let (result, calls, _) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    assert!(!agents.path().join("member-0").join("synchronous").exists(), "asked again: {:?}", lines(&calls));
 }
 
 /// MariaDB, loaded beside postgres: its primary lost, its agent fences it, and the

@@ -18,8 +18,9 @@ pub enum Request<'a> {
     Stop,
     /// `POST /promote`: promote the member in place ([`Answer::Promoted`]).
     Promote,
-    /// `POST /synchronous/<n>`: have each commit wait for `n` replicas, 0-9 ([`Answer::Set`]).
-    Synchronous(u8),
+    /// `POST /synchronous/<n>[/<member>,…]`: have each commit wait for `n` replicas, 0-9,
+    /// of the members named (pods' names; none named: any replica) ([`Answer::Set`]).
+    Synchronous(u8, &'a str),
     /// `POST /follow/<member>`: replicate from `member`, a pod's name, just promoted
     /// ([`Answer::Following`]).
     Follow(&'a str),
@@ -27,7 +28,8 @@ pub enum Request<'a> {
 
 impl<'a> Request<'a> {
     /// Every request, as the agent's refusal of any other names them.
-    pub const SERVED: &'static str = "GET /status, POST /fence, POST /stop, POST /promote, POST /synchronous/<n> and POST /follow/<member>";
+    pub const SERVED: &'static str =
+        "GET /status, POST /fence, POST /stop, POST /promote, POST /synchronous/<n>[/<member>,…] and POST /follow/<member>";
 
     /// Its HTTP method.
     pub fn method(self) -> &'static str {
@@ -44,14 +46,16 @@ impl<'a> Request<'a> {
             Request::Fence => "/fence".into(),
             Request::Stop => "/stop".into(),
             Request::Promote => "/promote".into(),
-            Request::Synchronous(n) => format!("/synchronous/{n}"),
+            Request::Synchronous(n, "") => format!("/synchronous/{n}"),
+            Request::Synchronous(n, members) => format!("/synchronous/{n}/{members}"),
             Request::Follow(member) => format!("/follow/{member}"),
         }
     }
 
     /// The request a head (`<method> <path> HTTP/1.1 …`) makes, read as coming from
     /// anyone: a number of replicas is one digit, a member a DNS label (1-63 characters of
-    /// `[a-z0-9-]`, neither first nor last a `-`), which nothing can read as more than a name.
+    /// `[a-z0-9-]`, neither first nor last a `-`), which nothing can read as more than a
+    /// name, and members a list of at most [`MAX_MEMBERS`] of them, split by `,`.
     pub fn parse(head: &'a [u8]) -> Option<Self> {
         let mut words = head.split(|b| *b == b' ');
         let (method, path) = (words.next()?, std::str::from_utf8(words.next()?).ok()?);
@@ -62,13 +66,26 @@ impl<'a> Request<'a> {
             "/stop" => Request::Stop,
             "/promote" => Request::Promote,
             _ => match (path.strip_prefix("/synchronous/"), path.strip_prefix("/follow/")) {
-                (Some(n), _) if n.len() == 1 => Request::Synchronous(n.parse().ok()?),
+                (Some(n), _) if n.len() == 1 => Request::Synchronous(n.parse().ok()?, ""),
+                (Some(set), _) => match set.split_once('/') {
+                    Some((n, members)) if n.len() == 1 && is_members(members) => Request::Synchronous(n.parse().ok()?, members),
+                    _ => return None,
+                },
                 (_, Some(member)) if is_label(member) => Request::Follow(member),
                 _ => return None,
             },
         };
         (method == request.method().as_bytes()).then_some(request)
     }
+}
+
+/// The most members a synchronous set names: a Database's replicas (`spec.replicas` is at
+/// most 9, one of them the primary).
+pub const MAX_MEMBERS: usize = 8;
+
+fn is_members(list: &str) -> bool {
+    let names: Vec<&str> = list.split(',').collect();
+    names.len() <= MAX_MEMBERS && names.iter().all(|name| is_label(name))
 }
 
 fn is_label(name: &str) -> bool {
@@ -262,8 +279,10 @@ mod tests {
             Request::Fence,
             Request::Stop,
             Request::Promote,
-            Request::Synchronous(0),
-            Request::Synchronous(9),
+            Request::Synchronous(0, ""),
+            Request::Synchronous(9, ""),
+            Request::Synchronous(1, "orders-1"),
+            Request::Synchronous(2, "orders-1,orders-2"),
             Request::Follow("orders-2"),
         ];
         for request in requests {
@@ -276,6 +295,12 @@ mod tests {
             "POST /fence",
             "POST /synchronous/10 HTTP/1.1",
             "POST /synchronous/x HTTP/1.1",
+            "POST /synchronous/1/ HTTP/1.1",
+            "POST /synchronous/1/a,,b HTTP/1.1",
+            "POST /synchronous/1/a,B HTTP/1.1",
+            "POST /synchronous/1/a;b HTTP/1.1",
+            "POST /synchronous/1/a%2Cb HTTP/1.1",
+            "POST /synchronous/12/a HTTP/1.1",
             "POST /follow/-a HTTP/1.1",
             "POST /follow/a.b HTTP/1.1",
             "POST /follow/A HTTP/1.1",
@@ -286,6 +311,9 @@ mod tests {
             assert_eq!(Request::parse(head.as_bytes()), None, "{head}");
         }
         assert_eq!(Request::parse(format!("POST /follow/{} HTTP/1.1", "a".repeat(64)).as_bytes()), None);
+        let many = |n: usize| format!("POST /synchronous/1/{} HTTP/1.1", vec!["a"; n].join(","));
+        assert!(Request::parse(many(MAX_MEMBERS).as_bytes()).is_some());
+        assert_eq!(Request::parse(many(MAX_MEMBERS + 1).as_bytes()), None);
     }
 
     #[test]

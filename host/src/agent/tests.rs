@@ -279,7 +279,8 @@ async fn only_the_operator_is_answered() {
     let certs = ours.dir.0.clone();
     let fence = fence_in(&certs, None);
     let promote = sh(&format!("echo promoted >> {}/promoted", certs.display()));
-    let synchronous = sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS\" >> {}/synchronous", certs.display()));
+    let synchronous =
+        sh(&format!("echo \"$PLUGDB_SYNCHRONOUS_REPLICAS of [$PLUGDB_SYNCHRONOUS_MEMBERS]\" >> {}/synchronous", certs.display()));
     let follow = sh(&format!("echo \"$PLUGDB_PRIMARY_HOST\" >> {}/followed", certs.display()));
     let commands =
         Commands { status: sh("echo replica 0/3000148"), fence: Some(fence), promote, synchronous, follow, ..Default::default() };
@@ -329,12 +330,19 @@ async fn only_the_operator_is_answered() {
     assert_eq!(std::fs::read_to_string(&followed).expect("the follow command ran"), host, "the member named, under the members' name");
     assert!(!promoted.exists(), "not promoted by anyone else");
     assert!(!synchronous.exists(), "synchronous replication not changed by anyone else");
-    for not_a_number in ["/synchronous/10", "/synchronous/x", "/synchronous/", "/synchronous/1;2"] {
+    for not_a_number in
+        ["/synchronous/10", "/synchronous/x", "/synchronous/", "/synchronous/1;2", "/synchronous/1/a;b", "/synchronous/1/$(id)"]
+    {
         assert_eq!(ask_to(&post(not_a_number), Some(ours.operator.clone())).await, None, "{not_a_number}: refused");
     }
     assert_eq!(ask_to(&post("/synchronous/0"), Some(ours.operator.clone())).await.as_deref(), Some("set\n"));
     assert_eq!(ask_to(&post("/synchronous/2"), Some(ours.operator.clone())).await.as_deref(), Some("set\n"));
-    assert_eq!(std::fs::read_to_string(&synchronous).expect("the synchronous command ran"), "0\n2\n", "with the number asked for");
+    assert_eq!(ask_to(&post("/synchronous/1/orders-1,orders-2"), Some(ours.operator.clone())).await.as_deref(), Some("set\n"));
+    assert_eq!(
+        std::fs::read_to_string(&synchronous).expect("the synchronous command ran"),
+        "0 of []\n2 of []\n1 of [orders-1,orders-2]\n",
+        "with the number and the members asked for"
+    );
     assert_eq!(ask_to(&promote, Some(ours.operator.clone())).await.as_deref(), Some("promoted\n"));
     assert_eq!(std::fs::read_to_string(&promoted).expect("the promote command ran"), "promoted\n");
     assert!(ready(&mark).is_ok() && !ran.exists(), "not fenced by anyone else");

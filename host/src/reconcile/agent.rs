@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
 use super::apply::own_secret;
-use super::decide::Fenced;
+use super::decide::{Fenced, Setting};
 use super::members::Observed;
 use super::{Context, Error};
 use crate::agent::{self, Answer, Request};
@@ -164,18 +164,27 @@ pub async fn stop(ctx: &Context, db: &Database, member: Option<&Observed>) -> Re
 
 /// Annotates member pod `pod` with `annotation` (`value`): what its agent did to it.
 async fn mark(ctx: &Context, db: &Database, pod: &str, annotation: &str, value: &str) -> Result<(), Error> {
+    annotate(ctx, db, pod, serde_json::json!({annotation: value})).await
+}
+
+/// Sets (or, `null`, removes) `annotations` of member `pod`.
+async fn annotate(ctx: &Context, db: &Database, pod: &str, annotations: serde_json::Value) -> Result<(), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let mark = serde_json::json!({"metadata": {"annotations": {annotation: value}}});
+    let mark = serde_json::json!({"metadata": {"annotations": annotations}});
     pods.patch(pod, &PatchParams::default(), &Patch::Merge(&mark)).await?;
     Ok(())
 }
 
-/// Asks the agent of `member`, chosen to lead, to promote it in place; says whether it
-/// did. The pod then says so, and when ([`crate::names::PROMOTED`]): it is not restarted
-/// to lead.
-/// Otherwise (no promote command, no answer, a failure) it is promoted by its restart.
-pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) -> Result<bool, Error> {
+/// Asks the agent of `member`, chosen to lead in place of `replacing`, to promote it in
+/// place; says whether it did. Its pod says so first, and when ([`crate::names::PROMOTED`],
+/// [`crate::names::REPLACES`]): an operator stopped before it recorded the promotion
+/// finds it, and a promoted member is not restarted to lead. Otherwise (no promote
+/// command, no answer, a failure) the marks go, and it is promoted by its restart.
+pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>, replacing: &str) -> Result<bool, Error> {
     let Some(member) = member.filter(|m| !m.fenced) else { return Ok(false) };
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let marks = |promoted: Option<&str>, replaces: Option<&str>| serde_json::json!({crate::names::PROMOTED: promoted, crate::names::REPLACES: replaces});
+    annotate(ctx, db, &member.name, marks(Some(&now), Some(replacing))).await?;
     let said = ask(ctx, db, Request::Promote, std::slice::from_ref(member)).await?.into_iter().next();
     if said.as_ref().and_then(|s| s.as_deref().ok()).and_then(Answer::parse) != Some(Answer::Promoted) {
         let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
@@ -184,9 +193,9 @@ pub async fn promote(ctx: &Context, db: &Database, member: Option<&Observed>) ->
             None => String::new(),
         };
         tracing::warn!(%database, member = %member.name, %said, "not promoted in place: it restarts to lead");
+        annotate(ctx, db, &member.name, marks(None, None)).await?;
         return Ok(false);
     }
-    mark(ctx, db, &member.name, crate::names::PROMOTED, &k8s_openapi::jiff::Timestamp::now().to_string()).await?;
     Ok(true)
 }
 
@@ -217,14 +226,26 @@ pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary:
     Ok((following, replicas.len()))
 }
 
-/// Asks the agent of `primary` to make each commit wait for `replicas` replicas (0: none);
-/// says whether it did.
-pub async fn synchronous(ctx: &Context, db: &Database, primary: Option<&Observed>, replicas: u32) -> Result<bool, Error> {
+/// Asks the agent of `primary` to make each commit wait for what `setting` says; says
+/// whether it did. Its pod then records it ([`crate::names::SYNCHRONOUS`]), with when it
+/// became ready: it is not asked again until that changes (a restarted engine starts from
+/// its rendered configuration).
+pub async fn synchronous(ctx: &Context, db: &Database, primary: Option<&Observed>, setting: &Setting) -> Result<bool, Error> {
     let Some(primary) = primary else { return Ok(false) };
-    let Ok(n) = u8::try_from(replicas) else { return Ok(false) };
-    let done = post(ctx, db, primary, Request::Synchronous(n)).await? == Some(Answer::Set);
+    let Ok(n) = u8::try_from(setting.replicas) else { return Ok(false) };
+    let members = setting.members.join(",");
+    let done = post(ctx, db, primary, Request::Synchronous(n, &members)).await? == Some(Answer::Set);
     if done {
-        tracing::info!(database = %format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any()), primary = %primary.name, replicas, "commits wait for this many replicas");
+        mark(
+            ctx,
+            db,
+            &primary.name,
+            crate::names::SYNCHRONOUS,
+            &format!("{}@{}", setting.key(), primary.ready_since.as_deref().unwrap_or_default()),
+        )
+        .await?;
+        let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
+        tracing::info!(%database, primary = %primary.name, replicas = n, %members, "commits wait for this many replicas (of those members, when named)");
     }
     Ok(done)
 }

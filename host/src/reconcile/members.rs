@@ -64,6 +64,8 @@ pub struct Observed {
     pub promoted: bool,
     /// How long ago its agent promoted it in place, as its pod says.
     pub led_seconds: Option<i64>,
+    /// The primary it was promoted in place to replace ([`crate::names::REPLACES`]).
+    pub replaces: Option<String>,
     /// The member its agent had it follow, once promoted ([`crate::names::FOLLOWS`]).
     pub follows: Option<String>,
     /// Taken as down because its node stopped renewing its lease ([`cut_off`]), though
@@ -86,6 +88,10 @@ pub struct Observed {
     /// What its agent said in this pass: whether it streams from a primary (a replica
     /// that knows its lag); `None` when it gave no status (see [`next_to_roll`]).
     pub streaming: Option<bool>,
+    /// What its agent last had each commit wait for (a synchronous setting's key, see
+    /// [`crate::names::SYNCHRONOUS`]), while its Ready condition has not changed since:
+    /// an engine that restarts starts from its rendered configuration.
+    pub synchronous: Option<String>,
 }
 
 impl Observed {
@@ -109,6 +115,7 @@ impl Observed {
             fenced: false,
             promoted: false,
             led_seconds: None,
+            replaces: None,
             follows: None,
             cut_off: false,
             not_replicating: false,
@@ -117,6 +124,7 @@ impl Observed {
             crash_loop: false,
             probe_failing: false,
             streaming: None,
+            synchronous: None,
             address,
         }
     }
@@ -155,6 +163,12 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 _ => i64::MAX,
             };
             let since_seconds = changed.min(started);
+            let synchronous = p
+                .annotations()
+                .get(crate::names::SYNCHRONOUS)
+                .and_then(|told| told.split_once('@'))
+                .filter(|(_, at)| ready_since.as_deref() == Some(*at))
+                .map(|(key, _)| key.to_string());
             Some(Observed {
                 ordinal,
                 ready,
@@ -179,6 +193,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                     .get(crate::names::PROMOTED)
                     .and_then(|t| t.parse::<Timestamp>().ok())
                     .map(|t| now.duration_since(t).as_secs()),
+                replaces: p.annotations().get(crate::names::REPLACES).cloned(),
                 follows: p.annotations().get(crate::names::FOLLOWS).cloned(),
                 cut_off: false,
                 not_replicating: false,
@@ -187,6 +202,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 crash_loop,
                 probe_failing,
                 streaming: None,
+                synchronous,
                 name,
             })
         })
@@ -404,12 +420,18 @@ pub fn for_plugin(members: &[Observed], primary: &str) -> Vec<Member> {
         .collect()
 }
 
-/// `candidates` with the position each member's agent said, in the same order: a replica
-/// takes the position it said as a replica; a member that says it is primary while it is
-/// not the one in status is given none (it is never promoted on its own word).
-pub fn with_positions(mut candidates: Vec<Member>, said: Vec<Option<crate::agent::Status>>) -> Vec<Member> {
-    for (member, status) in candidates.iter_mut().zip(said) {
-        member.position = status.filter(|s| s.primary == member.primary).map(|s| s.position);
+/// `candidates` (of `members`, in the same order) with the position each member's agent
+/// said: a replica takes the position it said as a replica; a member that says it is
+/// primary while it is not the one in status is given none (it is never promoted on its
+/// own word), unless the operator was promoting it in place to replace that primary
+/// ([`Observed::replaces`]) and was stopped before it recorded it: then it is a candidate
+/// with what it has, and, chosen, promoted again (a promotion is asked for as often as it
+/// takes) and recorded.
+pub fn with_positions(mut candidates: Vec<Member>, members: &[Observed], said: Vec<Option<crate::agent::Status>>) -> Vec<Member> {
+    let primary = candidates.iter().find(|c| c.primary).map(|c| c.pod.clone());
+    for ((member, observed), status) in candidates.iter_mut().zip(members).zip(said) {
+        let cut_short = !member.primary && !observed.fenced && observed.replaces.is_some() && observed.replaces == primary;
+        member.position = status.filter(|s| s.primary == member.primary || (s.primary && cut_short)).map(|s| s.position);
     }
     candidates
 }

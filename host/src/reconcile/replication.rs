@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::decide::{self, Event, Note, Synchronous};
+use super::decide::{self, Event, Note, Replicas, Synchronous};
 use super::members::Observed;
 use super::status::{ConditionType, Told};
 use super::{Context, Error};
@@ -12,27 +12,31 @@ use crate::crd::{Database, DatabaseStatus, Phase};
 
 /// What the pass says about synchronous replication, and when to look again. A Database
 /// with asynchronous replication, or of an engine that elects its leader (which commits
-/// on a quorum whatever the spec says), says nothing (and loses the condition).
+/// on a quorum whatever the spec says), says nothing (and loses the condition). `named`:
+/// the primary's agent runs the plugin's synchronous command, and is asked to have the
+/// ready replicas alone confirm commits.
 pub async fn reconcile(
     ctx: &Context,
     db: &Database,
     (status, told): (&DatabaseStatus, &mut Told),
     (members, primary): (&[Observed], &str),
-    elects: bool,
+    (elects, named): (bool, bool),
 ) -> Result<(Vec<Note>, Option<Duration>), Error> {
     let Some(sync) = Synchronous::of(&db.spec).filter(|_| !elects) else {
         told.remove(ConditionType::SynchronousReplication);
         return Ok((Vec::new(), None));
     };
-    let ready = members.iter().filter(|m| m.ready && !m.fenced && m.name != primary).count() as u32;
+    let ready: Vec<String> =
+        members.iter().filter(|m| m.ready && !m.fenced && !m.terminating && m.name != primary).map(|m| m.name.clone()).collect();
+    let leader = members.iter().find(|m| m.name == primary && m.ready);
+    let replicas = Replicas { ready: &ready, told: leader.and_then(|m| m.synchronous.as_deref()), named };
     let said = status.conditions.iter().find(|c| c.type_ == ConditionType::SynchronousReplication.as_str());
-    let plan = decide::replication(sync, ready, said, k8s_openapi::jiff::Timestamp::now());
-    if let Some(replicas) = plan.set {
-        let leader = members.iter().find(|m| m.name == primary && m.ready);
-        if !super::agent::synchronous(ctx, db, leader, replicas).await? {
-            // Not done (no primary, or its agent did not answer): the condition stays.
-            return Ok((Vec::new(), Some(decide::ASK_AGAIN)));
-        }
+    let plan = decide::replication(sync, replicas, said, k8s_openapi::jiff::Timestamp::now());
+    if let Some(setting) = plan.set
+        && !super::agent::synchronous(ctx, db, leader, &setting).await?
+    {
+        // Not done (no primary, or its agent did not answer): the condition stays.
+        return Ok((Vec::new(), Some(decide::ASK_AGAIN)));
     }
     let mut note = plan.note;
     if matches!(status.phase, None | Some(Phase::Pending | Phase::Creating | Phase::Restoring)) {

@@ -65,7 +65,7 @@ pub(super) async fn carry_out(
                 }
                 // Marked fenced by the first fence: run again, not marked again.
                 agent::fence(ctx, db, old.map(|m| Observed { fenced: true, ..m.clone() }).as_ref()).await?;
-                agent::promote(ctx, db, members.iter().find(|m| m.name == target)).await?;
+                agent::promote(ctx, db, members.iter().find(|m| m.name == target), primary).await?;
                 let followed = agent::follow(ctx, db, members, target, primary).await?;
                 decide::told_to_follow(&mut chosen.notes, followed);
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);

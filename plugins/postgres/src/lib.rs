@@ -13,7 +13,8 @@
 //!   archived WAL beside it, and the first start replays it to that moment and ends
 //!   recovery on a new timeline.
 //! - Synchronous replication is quorum commit: `synchronous_standby_names = 'ANY n (*)'`,
-//!   any `n` replicas; the agent lowers it as the server runs (`ALTER SYSTEM`, reloaded,
+//!   any `n` replicas as a primary starts; the agent names the replicas that confirm
+//!   (the ready ones) and lowers it as the server runs (`ALTER SYSTEM`, reloaded,
 //!   removed at the next start) when the host asks.
 //! - Failover promotes the ready replica that has the most WAL on disk (it replays all
 //!   of it before it leads).
@@ -476,20 +477,23 @@ done",
 /// What the member agent runs to promote a replica in place: recovery ends on a new
 /// timeline (which the old primary rewinds onto when it restarts to follow) and the
 /// server takes writes as it runs, with no restart. Done within three seconds, or the
-/// member is promoted by its restart instead. Then the replication role is given what a
-/// rewind reads (`replicator.sql`; a data directory made before it was may not have it),
-/// committed here alone: no replica follows yet to confirm it.
+/// member is promoted by its restart instead; one out of recovery already (an earlier ask
+/// promoted it, and its answer was lost) leads as it is. Then the replication role is
+/// given what a rewind reads (`replicator.sql`; a data directory made before it was may
+/// not have it), committed here alone: no replica follows yet to confirm it.
 const PROMOTE: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
 sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\"; }
-[ \"$(sql -c 'SELECT pg_promote(true, 3)')\" = t ] || exit 1
+[ \"$(sql -c 'SELECT CASE WHEN pg_is_in_recovery() THEN pg_promote(true, 3) ELSE true END')\" = t ] || exit 1
 PGOPTIONS=\"$PGOPTIONS -c synchronous_commit=local\" sql -1 -f \"$PLUGDB_CONFIG_DIR/replicator.sql\" >/dev/null || true";
 
-/// What the member agent runs to change how many replicas confirm each commit: as the
-/// server runs (`ALTER SYSTEM`, reloaded; the start removes it, so the rendered setting
-/// returns with the next start). An empty setting releases the commits waiting now.
+/// What the member agent runs to change how many replicas confirm each commit, and which
+/// (their pods' names are their `application_name`s): as the server runs (`ALTER SYSTEM`,
+/// reloaded; the start removes it, so the rendered setting returns with the next start).
+/// An empty setting releases the commits waiting now.
 const SYNCHRONOUS: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
-n=\"$PLUGDB_SYNCHRONOUS_REPLICAS\"
-case \"$n\" in 0) names='' ;; [1-9]) names=\"ANY $n (*)\" ;; *) echo \"not a number of replicas: $n\" >&2; exit 2 ;; esac
+n=\"$PLUGDB_SYNCHRONOUS_REPLICAS\" members=\"${PLUGDB_SYNCHRONOUS_MEMBERS:-}\"
+case \"$members\" in *[!a-z0-9,-]*) echo \"not a list of members: $members\" >&2; exit 2 ;; '') of='*' ;; *) of=\"\\\"$(echo \"$members\" | sed 's/,/\", \"/g')\\\"\" ;; esac
+case \"$n\" in 0) names='' ;; [1-9]) names=\"ANY $n ($of)\" ;; *) echo \"not a number of replicas: $n\" >&2; exit 2 ;; esac
 sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\"; }
 sql -c \"ALTER SYSTEM SET synchronous_standby_names = '$names'\" -c 'SELECT pg_reload_conf()' >/dev/null
 until [ \"$(sql -c 'SHOW synchronous_standby_names')\" = \"$names\" ]; do sleep 0.05; done";

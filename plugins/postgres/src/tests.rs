@@ -265,8 +265,9 @@ fn cluster() -> ClusterContext {
     }
 }
 
-/// Synchronous replication is quorum commit over any replicas, which the agent can lower
-/// as the server runs; a setting that acknowledges commits no replica has is refused.
+/// Synchronous replication is quorum commit over any replicas as the server starts, which
+/// the agent narrows to the members the host names, and lowers, as the server runs; a
+/// setting that acknowledges commits no replica has is refused.
 #[test]
 fn synchronous_replication_waits_for_any_n_replicas_and_refuses_local_commits() {
     let conf = |spec: DatabaseSpec| {
@@ -279,6 +280,22 @@ fn synchronous_replication_waits_for_any_n_replicas_and_refuses_local_commits() 
     assert!(conf(sync.clone()).contains("synchronous_standby_names = 'ANY 2 (*)'\n"));
     let command = Postgres::synchronous_command(sync.clone()).join(" ");
     assert!(command.contains("PLUGDB_SYNCHRONOUS_REPLICAS") && command.contains("ALTER SYSTEM SET synchronous_standby_names"), "{command}");
+    // The members named, or any replica: the setting the script makes, its SQL left out.
+    let names = |n: &str, members: &str| {
+        let script = SYNCHRONOUS.split("\nsql() ").next().expect("the setting").to_string() + "\nprintf %s \"$names\"";
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("PLUGDB_SYNCHRONOUS_REPLICAS", n)
+            .env("PLUGDB_SYNCHRONOUS_MEMBERS", members)
+            .output()
+            .expect("sh runs");
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    assert_eq!(names("1", "orders-1,orders-2").as_deref(), Some(r#"ANY 1 ("orders-1", "orders-2")"#));
+    assert_eq!(names("1", "orders-2").as_deref(), Some(r#"ANY 1 ("orders-2")"#));
+    assert_eq!(names("2", "").as_deref(), Some("ANY 2 (*)"), "none named: any replica");
+    assert_eq!(names("0", "orders-1").as_deref(), Some(""), "commits wait for none");
+    assert_eq!(names("1", "a\"); DROP").as_deref(), None, "only names");
     let with = |value: &str| DatabaseSpec {
         parameters: vec![Parameter { name: "synchronous_commit".into(), value: ParameterValue::Text(value.into()) }],
         ..sync.clone()

@@ -433,7 +433,8 @@ pub async fn hung_primary_under_a_writer(cluster: Arc<Cluster>, engine: Engine, 
 }
 
 /// Synchronous replication under a frozen replica (`whenTooFewReplicas: Degrade`): with
-/// two members each commit waits for the replica. Frozen (every process of its engine
+/// two members each commit waits for the replica, named where the engine can name it
+/// (postgres). Frozen (every process of its engine
 /// stopped), a commit waits, and `SynchronousReplication` says why, until the replica
 /// has been not ready for `degradeAfterSeconds`: then the primary's agent lowers
 /// synchronous replication and the waiting commit completes. Thawed, commits wait for
@@ -445,7 +446,10 @@ pub async fn synchronous_commits_wait_then_degrade(cluster: Arc<Cluster>, engine
     running(&cluster, ns, "orders", 2).await;
     // (the setting, on and off; who confirms commits, and what it says)
     let (setting, on, off, confirming, confirms) = match engine {
-        Engine::Postgres => ("SHOW synchronous_standby_names", "ANY 1 (*)", "", "SELECT sync_state FROM pg_stat_replication", "quorum"),
+        // The primary's agent names the ready replica: what a fresh start renders, `ANY 1 (*)`, is not it.
+        Engine::Postgres => {
+            ("SHOW synchronous_standby_names", "ANY 1 (\"orders-1\")", "", "SELECT sync_state FROM pg_stat_replication", "quorum")
+        }
         Engine::Mysql => (
             "SELECT @@rpl_semi_sync_master_enabled",
             "1",

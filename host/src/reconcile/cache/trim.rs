@@ -12,8 +12,8 @@ use kube::Resource;
 use super::LAST_APPLIED;
 use crate::crd::Database;
 use crate::names::{
-    APPLIED_HASH, FENCED, FOLLOWS, INSTANCE_LABEL, MANAGED_BY_LABEL, NAME_LABEL, PRIMARY_ANNOTATION, PROMOTED, REVISION_LABEL,
-    ROLE_FREE_HASH, ROLE_LABEL,
+    APPLIED_HASH, FENCED, FOLLOWS, INSTANCE_LABEL, MANAGED_BY_LABEL, NAME_LABEL, PRIMARY_ANNOTATION, PROMOTED, REPLACES, REVISION_LABEL,
+    ROLE_FREE_HASH, ROLE_LABEL, SYNCHRONOUS,
 };
 use crate::reconcile::owner;
 use crate::stamp::{self, Stamper};
@@ -106,13 +106,14 @@ pub(super) fn node_essentials(n: &mut Node) {
 }
 
 /// A pod as a pass reads it: the labels that say whose member it is, in which role and
-/// revision; the annotations that say what it was rendered for and whether its agent
-/// fenced or promoted it; its Ready and PodScheduled conditions, phase, address and node;
+/// revision; the annotations that say what it was rendered for and what its agent did
+/// (fenced it, promoted it and whom it replaces, had it follow, or had commits wait for);
+/// its Ready and PodScheduled conditions, phase, address and node;
 /// and, for a container that is not ready, why not (no images, no ids, no spec, nothing
 /// of a ready container: what a member costs is mostly what its pod is kept as).
 pub(super) fn pod_essentials(p: &mut Pod) {
     no_managed_fields(p);
-    let annotations = [PRIMARY_ANNOTATION, ROLE_FREE_HASH, FENCED, PROMOTED, FOLLOWS];
+    let annotations = [PRIMARY_ANNOTATION, ROLE_FREE_HASH, FENCED, PROMOTED, REPLACES, FOLLOWS, SYNCHRONOUS];
     meta_essentials(&mut p.metadata, &annotations, &[NAME_LABEL, INSTANCE_LABEL, ROLE_LABEL, REVISION_LABEL]);
     let node_name = p.spec.take().and_then(|s| s.node_name);
     p.spec = node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });

@@ -55,7 +55,7 @@ impl Pass<'_> {
         said: Vec<Option<crate::agent::Status>>,
     ) -> Result<Primary, Error> {
         let ctx = self.ctx;
-        let input = (spec.clone(), members::with_positions(candidates, said));
+        let input = (spec.clone(), members::with_positions(candidates, &members.observed, said));
         let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
             Err(Error::Plugin(e)) => Err(e.to_string()),
             asked => Ok(asked?),
@@ -72,7 +72,7 @@ impl Pass<'_> {
         };
         let mut chosen = decide::failover(primary, after, old.and_then(|m| m.down.as_deref()), answer, fenced);
         if chosen.failed_over {
-            reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name)).await?;
+            reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name), primary).await?;
             let followed = reconcile::agent::follow(ctx, self.db, &members.observed, &chosen.name, primary).await?;
             decide::told_to_follow(&mut chosen.notes, followed);
         }

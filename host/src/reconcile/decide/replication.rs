@@ -27,12 +27,46 @@ impl Synchronous {
     }
 }
 
+/// What the primary's agent is asked to make each commit wait for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    /// How many replicas confirm each commit (0: none).
+    pub replicas: u32,
+    /// The members that may (pods' names); none: any replica.
+    pub members: Vec<String>,
+}
+
+impl Setting {
+    /// How the agent is asked for it, and the primary's pod records it: `<n>` or
+    /// `<n>/<member>,…`.
+    pub fn key(&self) -> String {
+        match self.members.as_slice() {
+            [] => self.replicas.to_string(),
+            members => format!("{}/{}", self.replicas, members.join(",")),
+        }
+    }
+}
+
+/// The primary's replicas, as a pass sees them.
+#[derive(Debug, Clone, Copy)]
+pub struct Replicas<'a> {
+    /// The ready ones (ready, not fenced, not the primary): only these confirm commits.
+    pub ready: &'a [String],
+    /// What the primary's agent last had commits wait for ([`Setting::key`]), as its
+    /// pod says, while its engine has not restarted since.
+    pub told: Option<&'a str>,
+    /// The primary's agent can be asked to name the replicas that confirm (it runs the
+    /// plugin's synchronous command); otherwise it is asked only to lower synchronous
+    /// replication and raise it again, and any replica confirms.
+    pub named: bool,
+}
+
 /// What a pass does about synchronous replication.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicationPlan {
-    /// Ask the primary's agent to make commits wait for this many replicas first; the
-    /// note is said only once it did.
-    pub set: Option<u32>,
+    /// Ask the primary's agent to make commits wait for this first; the note is said
+    /// only once it did.
+    pub set: Option<Setting>,
     /// The condition (and Event) to say.
     pub note: Note,
     /// When to look again, should nothing change before.
@@ -42,13 +76,18 @@ pub struct ReplicationPlan {
 /// How long a pass waits to ask again when the primary's agent did not do what it was asked.
 pub const ASK_AGAIN: Duration = Duration::from_secs(2);
 
-/// What to do, from the user's choice, how many replicas are `ready` (ready members other
-/// than the primary, not fenced), and the condition as the last pass left it.
-pub fn replication(sync: Synchronous, ready: u32, said: Option<&Condition>, now: Timestamp) -> ReplicationPlan {
+/// What to do, from the user's choice, the primary's `replicas`, and the condition as
+/// the last pass left it. While enough replicas are ready, each commit waits for the
+/// ready ones alone: one that is not (it does not stream, or it fell behind) is never
+/// counted, so a commit is only ever confirmed by a member a failover may choose.
+pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Condition>, now: Timestamp) -> ReplicationPlan {
     let n = sync.replicas;
+    let ready = replicas.ready.len() as u32;
     let reason = said.map(|c| c.reason.as_str());
     let degraded = reason == Some(Reason::ReplicationDegraded.as_str());
     let condition = ConditionType::SynchronousReplication;
+    // Ask for `setting` when the primary does not already work so.
+    let unless_told = |setting: Setting| (replicas.told != Some(setting.key().as_str())).then_some(setting);
     if ready >= n {
         let message = format!("each commit waits for {n} of the {ready} ready replicas");
         let mut note = Note::condition(condition, true, Reason::SynchronousReplication, message);
@@ -56,7 +95,11 @@ pub fn replication(sync: Synchronous, ready: u32, said: Option<&Condition>, now:
             // Synchronous again: news.
             note.event = Event::Normal;
         }
-        return ReplicationPlan { set: degraded.then_some(n), note, look_again: None };
+        let set = match replicas.named {
+            true => unless_told(Setting { replicas: n, members: replicas.ready.to_vec() }),
+            false => degraded.then_some(Setting { replicas: n, members: vec![] }),
+        };
+        return ReplicationPlan { set, note, look_again: None };
     }
     let missing = format!("{ready} of the {n} replicas each commit waits for are ready");
     let Some(bound) = sync.degrade_after else {
@@ -69,10 +112,12 @@ pub fn replication(sync: Synchronous, ready: u32, said: Option<&Condition>, now:
     };
     let degraded_message =
         format!("{missing}, for longer than {}s: commits no longer wait for replicas until enough are back", bound.as_secs());
+    let none = Setting { replicas: 0, members: vec![] };
     if degraded {
-        // Said again on every pass: a primary that restarted, or a new one, starts synchronous.
+        // A primary that restarted, or a new one, starts synchronous: asked again (every
+        // pass when its agent cannot say what it was told).
         return ReplicationPlan {
-            set: Some(0),
+            set: if replicas.named { unless_told(none) } else { Some(none) },
             note: Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message),
             look_again: None,
         };
@@ -81,7 +126,7 @@ pub fn replication(sync: Synchronous, ready: u32, said: Option<&Condition>, now:
     let waited: Duration = now.duration_since(since).try_into().unwrap_or_default();
     if waited >= bound {
         return ReplicationPlan {
-            set: Some(0),
+            set: Some(none),
             note: Note { event: Event::Warning, ..Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message) },
             look_again: None,
         };

@@ -634,16 +634,56 @@ fn too_few_replicas_for_synchronous_commits_wait_or_degrade_after_the_bound_and_
         ("degraded, enough again: restored", degrade, 2, Some(&degraded), Some(2), (true, Reason::SynchronousReplication), None),
         ("waiting, enough again", degrade, 3, Some(&missing(20)), None, (true, Reason::SynchronousReplication), None),
     ];
+    let names: Vec<String> = (1..=3).map(|i| format!("db-{i}")).collect();
+    let unnamed = |ready: u32| Replicas { ready: &names[..ready as usize], told: None, named: false };
     for (what, sync, ready, said, set, (status, reason), look_again) in rows {
-        let plan = replication(sync, ready, said, now);
-        assert_eq!(plan.set, set, "{what}");
+        let plan = replication(sync, unnamed(ready), said, now);
+        assert_eq!(plan.set, set.map(|replicas| Setting { replicas, members: vec![] }), "{what}");
         assert_eq!((plan.note.condition, plan.note.reason), (Some((ConditionType::SynchronousReplication, status)), reason), "{what}");
         assert_eq!(plan.look_again.map(|d| d.as_secs()), look_again, "{what}");
     }
-    let degrading = replication(degrade, 1, Some(&missing(31)), now);
+    let degrading = replication(degrade, unnamed(1), Some(&missing(31)), now);
     assert_eq!(degrading.note.event, Event::Warning, "degrading is news");
     assert!(degrading.note.message.contains("1 of the 2 replicas"), "{}", degrading.note.message);
-    assert_eq!(replication(degrade, 2, Some(&degraded), now).note.event, Event::Normal, "so is recovering");
+    assert_eq!(replication(degrade, unnamed(2), Some(&degraded), now).note.event, Event::Normal, "so is recovering");
+}
+
+/// With a primary whose agent names the replicas that confirm, each commit waits for the
+/// ready replicas alone: the set follows them as they change, is asked for only when the
+/// primary does not already work so (or its engine restarted since), and stays as it was
+/// while too few are ready (commits wait for the named ones, or none once degraded).
+#[test]
+fn only_ready_replicas_confirm_synchronous_commits() {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let sync = Synchronous { replicas: 1, degrade_after: Some(Duration::from_secs(30)) };
+    let ready = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let (both, one) = (ready(&["db-1", "db-2"]), ready(&["db-2"]));
+    let key = |plan: ReplicationPlan| plan.set.map(|s| s.key());
+    // (what, ready replicas, what the primary was told; what is asked for)
+    type Row<'a> = (&'a str, &'a [String], Option<&'a str>, Option<&'a str>);
+    let rows: [Row; 6] = [
+        ("a new primary, or one whose engine restarted: any replica confirms", &both, None, Some("1/db-1,db-2")),
+        ("told already", &both, Some("1/db-1,db-2"), None),
+        ("db-1 is not ready: it no longer confirms", &one, Some("1/db-1,db-2"), Some("1/db-2")),
+        ("db-1 is ready again", &both, Some("1/db-2"), Some("1/db-1,db-2")),
+        ("none ready: commits wait for those named", &[], Some("1/db-2"), None),
+        ("told to wait for none, enough again", &one, Some("0"), Some("1/db-2")),
+    ];
+    for (what, ready, told, asked) in rows {
+        let plan = replication(sync, Replicas { ready, told, named: true }, None, now);
+        assert_eq!(key(plan).as_deref(), asked, "{what}");
+    }
+    let degraded = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: ConditionType::SynchronousReplication.as_str().into(),
+        status: "False".into(),
+        reason: Reason::ReplicationDegraded.as_str().into(),
+        message: String::new(),
+        observed_generation: None,
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+    };
+    let still = |told| key(replication(sync, Replicas { ready: &[], told, named: true }, Some(&degraded), now));
+    assert_eq!(still(Some("1/db-2")).as_deref(), Some("0"), "degraded: a primary that waits is told to wait for none");
+    assert_eq!(still(Some("0")), None, "and only once");
 }
 
 /// A primary fenced for an asked switchover is given the switchover's patience before it

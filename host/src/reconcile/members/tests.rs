@@ -296,14 +296,25 @@ fn never_rolls_while_a_member_is_down_or_missing() {
 }
 
 /// A replica is given the position its agent said; a member whose agent says it is
-/// primary while it is not the primary in status, or that said nothing, is given none.
+/// primary while it is not the primary in status, or that said nothing, is given none,
+/// unless the operator was promoting it to replace that very primary (and did not fence it).
 #[test]
 fn members_are_given_only_the_position_their_agent_said_in_their_role() {
-    let candidates = for_plugin(&[m(0, false, "r"), m(1, true, "r"), m(2, true, "r")], "db-0");
+    let members = [m(0, false, "r"), m(1, true, "r"), m(2, true, "r")];
     let said = |primary: bool, position: &str| Some(crate::agent::Status { primary, position: position.into(), lag: None, volume: None });
-    let given = with_positions(candidates, vec![None, said(false, "0/5"), said(true, "0/9")]);
-    let positions: Vec<Option<&str>> = given.iter().map(|m| m.position.as_deref()).collect();
-    assert_eq!(positions, [None, Some("0/5"), None]);
+    let positions = |members: &[Observed]| -> Vec<Option<String>> {
+        let given = with_positions(for_plugin(members, "db-0"), members, vec![None, said(false, "0/5"), said(true, "0/9")]);
+        given.into_iter().map(|m| m.position).collect()
+    };
+    let some = |p: &str| Some(p.to_string());
+    assert_eq!(positions(&members), [None, some("0/5"), None]);
+    let replacing = |primary: &str| Observed { replaces: Some(primary.into()), ..m(2, true, "r") };
+    let cut_short = [m(0, false, "r"), m(1, true, "r"), replacing("db-0")];
+    assert_eq!(positions(&cut_short), [None, some("0/5"), some("0/9")], "its promotion cut short: a candidate with what it has");
+    let earlier = [m(0, false, "r"), m(1, true, "r"), replacing("db-1")];
+    assert_eq!(positions(&earlier), [None, some("0/5"), None], "promoted to replace another, long ago");
+    let fenced = [m(0, false, "r"), m(1, true, "r"), Observed { fenced: true, ..replacing("db-0") }];
+    assert_eq!(positions(&fenced), [None, some("0/5"), None], "fenced since");
 }
 
 /// A pod not ready since it was made is starting, not down, for its first minute: the
