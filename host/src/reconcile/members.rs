@@ -430,7 +430,7 @@ pub fn for_plugin(members: &[Observed], primary: &str) -> Vec<Member> {
 pub fn with_positions(mut candidates: Vec<Member>, members: &[Observed], said: Vec<Option<crate::agent::Status>>) -> Vec<Member> {
     let primary = candidates.iter().find(|c| c.primary).map(|c| c.pod.clone());
     for ((member, observed), status) in candidates.iter_mut().zip(members).zip(said) {
-        let cut_short = !member.primary && !observed.fenced && observed.replaces.is_some() && observed.replaces == primary;
+        let cut_short = !member.primary && !observed.fenced && primary.is_some() && observed.replaces == primary;
         member.position = status.filter(|s| s.primary == member.primary || (s.primary && cut_short)).map(|s| s.position);
     }
     candidates

@@ -114,10 +114,9 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
         format!("{missing}, for longer than {}s: commits no longer wait for replicas until enough are back", bound.as_secs());
     let none = Setting { replicas: 0, members: vec![] };
     if degraded {
-        // A primary that restarted, or a new one, starts synchronous: asked again (every
-        // pass when its agent cannot say what it was told).
+        // A primary that restarted, or a new one, starts synchronous: asked again.
         return ReplicationPlan {
-            set: if replicas.named { unless_told(none) } else { Some(none) },
+            set: unless_told(none),
             note: Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message),
             look_again: None,
         };
