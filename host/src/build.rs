@@ -167,6 +167,9 @@ pub struct AgentSidecar<'a> {
     pub image: &'a str,
     /// The SHA-256 of the operator's authority's certificate.
     pub clients: &'a str,
+    /// Where the operator reaches the agents from (`plugdb run --agent-from`): the only
+    /// peers the members' NetworkPolicy lets reach the agent's port. Empty: unknown.
+    pub operator: &'a [k8s_openapi::api::networking::v1::NetworkPolicyPeer],
 }
 
 impl Default for Sidecars<'_> {
@@ -189,6 +192,8 @@ pub enum Kind {
     StatefulSet,
     /// The members' disruption budget.
     PodDisruptionBudget,
+    /// Who may reach the members.
+    NetworkPolicy,
     /// Backups, restores and upgrade steps.
     Job,
     /// The backups volume and restored data volumes.
@@ -219,6 +224,7 @@ owned! {
     Service => Service,
     StatefulSet => StatefulSet,
     PodDisruptionBudget => PodDisruptionBudget,
+    k8s_openapi::api::networking::v1::NetworkPolicy => NetworkPolicy,
     k8s_openapi::api::batch::v1::Job => Job,
     k8s_openapi::api::core::v1::PersistentVolumeClaim => PersistentVolumeClaim,
 }
@@ -536,10 +542,12 @@ pub fn children(
     out.extend(services(db, workload, primary_pod));
     out.push(statefulset(db, workload, engine, sidecars, (rendered_for, replicas), tls));
     out.extend(disruption_budgets(db, leadership, replicas));
+    out.push(network::network_policy(db, sidecars.agent.as_ref()));
     out
 }
 
 pub mod agent;
+pub mod network;
 pub mod pod;
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -147,6 +148,14 @@ pub struct DatabaseSpec {
     /// How replicas follow the primary. Unset: asynchronously.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationSpec>,
+
+    /// Who may connect to the members (the engine's ports and the agent's metrics), as
+    /// NetworkPolicy peers: `podSelector` (pods of this namespace), `namespaceSelector`,
+    /// `ipBlock`. The members, the Database's Jobs and the operator always may. Unset:
+    /// any client. The members' agent port is the operator's alone either way. Enforced
+    /// where the cluster's network enforces NetworkPolicies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<Vec<NetworkPolicyPeer>>,
 }
 
 /// How a commit reaches the replicas before the primary acknowledges it. (An engine that

@@ -7,17 +7,13 @@ use kube::ResourceExt;
 
 use crate::build::{Child, pod};
 use crate::crd::{Database, DeletionPolicy, S3Target};
-use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
+use crate::names::{BACKUP_MOUNT, JOB_OF, Names, labels, metadata_with};
 use crate::plugin::JobPlan;
 
 /// Label on backup Jobs naming their Database.
 pub const BACKUP_OF: &str = "plugdb.io/backup-of";
 /// Label on every Job naming its purpose: `backup`, `restore`, `upgrade`.
 pub const PURPOSE: &str = "plugdb.io/purpose";
-/// Label on a Job's pods naming its Database. Those pods never carry the members'
-/// `app.kubernetes.io/instance`: nothing that selects members (the Services, the
-/// disruption budget, the spreading rules) selects them.
-pub const JOB_OF: &str = "plugdb.io/job-of";
 
 /// What a Job is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

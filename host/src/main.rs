@@ -332,6 +332,12 @@ struct RunArgs {
     /// Networks such an endpoint may reach all the same (an object store in the cluster).
     #[arg(long = "egress-allow", env = "PLUGDB_EGRESS_ALLOW", value_name = "CIDR", value_delimiter = ',')]
     egress_allow: Vec<plugdb::egress::Network>,
+    /// Where this operator reaches the member agents from: its pods, as
+    /// `<namespace>/<label>=<value>,…` (what the chart passes), or its address or
+    /// network. The members' NetworkPolicies let these alone reach the agent port; without
+    /// it, anyone may (the agent's TLS still answers the operator alone). Repeat for more.
+    #[arg(long = "agent-from", env = "PLUGDB_AGENT_FROM", value_name = "PEER", value_parser = agent_from)]
+    agent_from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
     /// Pull every image the members and Jobs run from this registry (a host, with an
     /// optional path: `mirror.example:5000/hub`), under the image's own path
     /// (`postgres:17` → `mirror.example:5000/hub/library/postgres:17`).
@@ -348,6 +354,11 @@ struct RunArgs {
     /// Load no bundled engine: only plugin ConfigMaps.
     #[arg(long, env = "PLUGDB_NO_BUNDLED_ENGINES")]
     no_bundled_engines: bool,
+}
+
+/// `--agent-from`'s value.
+fn agent_from(text: &str) -> Result<k8s_openapi::api::networking::v1::NetworkPolicyPeer, String> {
+    plugdb::build::network::operator_peer(text)
 }
 
 /// The API server's addresses and port, as the operator reaches it: a tenant's endpoint
@@ -596,6 +607,7 @@ async fn run(args: RunArgs) -> Result<()> {
         compiler: Some(compiler()?),
         operator_image: args.image,
         bundled: (!args.no_bundled_engines).then_some(args.bundled_engines),
+        agents_reached_from: args.agent_from,
         ..Default::default()
     };
     options.settings.concurrency = args.concurrency;
@@ -613,6 +625,11 @@ async fn run(args: RunArgs) -> Result<()> {
     if options.operator_image.is_none() {
         tracing::warn!(
             "no --image (PLUGDB_IMAGE): members run without the member agent, so failover, fencing, switchover and drains that hand the primary over are off, and backups to object storage cannot run"
+        );
+    }
+    if options.operator_image.is_some() && options.agents_reached_from.is_empty() {
+        tracing::warn!(
+            "no --agent-from (PLUGDB_AGENT_FROM): the members' NetworkPolicies let anyone reach their agent port (the agent's TLS still answers this operator alone)"
         );
     }
     let client = metrics.counted_client(config).context("connecting to the cluster")?;

@@ -73,6 +73,10 @@ pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 pub const NAME_LABEL: &str = "app.kubernetes.io/name";
 /// The label the StatefulSet controller puts on each pod: the revision it runs.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
+/// Label on a Job's pods naming its Database. Those pods never carry the members'
+/// `app.kubernetes.io/instance`: nothing that selects members (the Services, the
+/// disruption budget, the spreading rules) selects them.
+pub const JOB_OF: &str = "plugdb.io/job-of";
 /// Label naming who manages a child: [`MANAGER`].
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 // The longest Database name, and the suffixes its children take where they could

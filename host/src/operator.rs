@@ -40,6 +40,10 @@ pub struct Options {
     pub bundled: Option<std::path::PathBuf>,
     /// Where the operator may send a request a tenant named (a backup bucket's endpoint).
     pub egress: crate::egress::Policy,
+    /// Where the operator reaches the member agents from (its pods, or its address): the
+    /// only peers the members' NetworkPolicies let reach the agent port. Empty: unknown,
+    /// so that port is left open to all (the agent's TLS still refuses everyone else).
+    pub agents_reached_from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
 }
 
 impl Default for Options {
@@ -55,6 +59,7 @@ impl Default for Options {
             operator_image: None,
             bundled: None,
             egress: crate::egress::Policy::default(),
+            agents_reached_from: Vec::new(),
         }
     }
 }
@@ -163,7 +168,8 @@ impl Term {
             reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), options.settings.clone(), caches)
                 .with_operator_image(options.operator_image.clone())
                 .with_agent_identity(agent_identity.clone())
-                .with_egress(options.egress.clone()),
+                .with_egress(options.egress.clone())
+                .with_agents_reached_from(options.agents_reached_from.clone()),
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = health.clone();

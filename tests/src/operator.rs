@@ -75,6 +75,15 @@ impl Backing {
         }
     }
 
+    /// Where the operator reaches the member agents from: this machine's address on the
+    /// nodes' network (the members' NetworkPolicies let it alone reach the agent port).
+    pub fn agents_reached_from(&self) -> Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer> {
+        match self {
+            Backing::ControlPlane(_) => Vec::new(),
+            Backing::Node(_) => vec![plugdb::build::network::operator_peer(crate::node::HOST_ADDRESS).expect("an address")],
+        }
+    }
+
     /// The operator's image, where a node can run it.
     pub fn operator_image(&self) -> Option<String> {
         match self {
@@ -108,13 +117,14 @@ struct Operator {
 impl Operator {
     /// The operator's registry watch (on `admin`: its Events about plugin ConfigMaps are
     /// not the reconciler's requests) and controller (on `client`), with fast test timings.
-    /// `image`: the operator's image on the node, for backups to object storage.
-    fn start(admin: &Client, client: &Client, image: Option<String>, settings: Settings) -> Result<Self> {
+    /// `backing`: its image on the node (the members' agent, backups to object storage),
+    /// and where it reaches the agents from.
+    fn start(admin: &Client, client: &Client, backing: &Backing, settings: Settings) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let registry = Registry::new(Runtime::new(Limits::default())?.with_metrics(metrics.clone()), metrics.clone());
         let (caches, triggers) = reconcile::cache::Caches::start(client, None, reconcile::fresh_stamper());
         let ctx = reconcile::Context::new(client.clone(), registry.clone(), metrics.clone(), settings, caches);
-        let ctx = Arc::new(ctx.with_operator_image(image));
+        let ctx = Arc::new(ctx.with_operator_image(backing.operator_image()).with_agents_reached_from(backing.agents_reached_from()));
         let tasks = vec![
             tokio::spawn(registry.clone().watch(admin.clone(), OPERATOR_NAMESPACE.into())),
             tokio::spawn(reconcile::run(ctx, triggers, std::future::pending())),
@@ -282,7 +292,7 @@ impl Cluster {
         // The operator gets a client of its own whose requests are counted.
         let (operator_client, requests) = counting_client(backing.kubeconfig()).await?;
 
-        let operator = std::sync::Mutex::new(Operator::start(&client, &operator_client, backing.operator_image(), settings.clone())?);
+        let operator = std::sync::Mutex::new(Operator::start(&client, &operator_client, &backing, settings.clone())?);
         let cluster = Self { client, operator_client, requests, operator, settings, backing };
         for (engine, _) in plugins {
             cluster.wait_engine(engine).await?;
@@ -307,7 +317,7 @@ impl Cluster {
     /// Stops the operator and starts a fresh one (new registry, caches and metrics), as
     /// a restarted pod would be; its requests go on being counted in `requests`.
     pub fn restart_operator(&self) -> Result<()> {
-        let fresh = Operator::start(&self.client, &self.operator_client, self.backing.operator_image(), self.settings.clone())?;
+        let fresh = Operator::start(&self.client, &self.operator_client, &self.backing, self.settings.clone())?;
         drop(std::mem::replace(&mut *self.current(), fresh));
         Ok(())
     }

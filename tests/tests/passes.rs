@@ -118,7 +118,7 @@ fn status(api: &MockApi) -> plugdb::crd::DatabaseStatus {
 const DATABASES: &str = "/apis/plugdb.io/v1alpha1/namespaces/shop/databases/orders";
 
 /// The children a new Database's first pass makes, in order, each by a create.
-const CHILDREN: [&str; 7] = [
+const CHILDREN: [&str; 8] = [
     "POST /api/v1/namespaces/shop/configmaps",
     "POST /api/v1/namespaces/shop/services",
     "POST /api/v1/namespaces/shop/services",
@@ -126,6 +126,7 @@ const CHILDREN: [&str; 7] = [
     "POST /apis/apps/v1/namespaces/shop/statefulsets",
     "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets",
     "POST /apis/policy/v1/namespaces/shop/poddisruptionbudgets",
+    "POST /apis/networking.k8s.io/v1/namespaces/shop/networkpolicies",
 ];
 
 #[tokio::test]
@@ -144,7 +145,7 @@ async fn a_new_databases_first_pass_makes_its_children_and_a_second_writes_nothi
     // The status last, once.
     expected.push(format!("PATCH {DATABASES}/status"));
     assert_eq!(lines(&calls), expected);
-    assert_eq!((&calls[10].body["reason"], &calls[10].body["type"]), (&json!("NoOperatorImage"), &json!("Warning")));
+    assert_eq!((&calls[11].body["reason"], &calls[11].body["type"]), (&json!("NoOperatorImage"), &json!("Warning")));
     let made = written(&calls);
     application_login_is_the_credentials_key(&made);
     for object in &made {

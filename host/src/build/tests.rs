@@ -203,9 +203,67 @@ fn the_primary_service_follows_the_primary_pod() {
             "Service/orders-headless",
             "StatefulSet/orders",
             "PodDisruptionBudget/orders",
-            "PodDisruptionBudget/orders-primary"
+            "PodDisruptionBudget/orders-primary",
+            "NetworkPolicy/orders"
         ]
     );
+}
+
+/// The members' agent port is reached from where the operator says it runs, alone; every
+/// other port from anyone, or, when `spec.clients` names some, from them, the members,
+/// the Database's Jobs and the operator.
+#[test]
+fn the_agent_port_is_the_operators_and_the_rest_the_clients_named() {
+    use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
+    let operator = [crate::build::network::operator_peer("10.201.0.1").expect("an address")];
+    let agent = AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &operator };
+    let policy = |db: &Database, agent: Option<&AgentSidecar<'_>>| -> NetworkPolicy {
+        serde_json::from_value(crate::build::network::network_policy(db, agent).object).expect("a NetworkPolicy")
+    };
+    let ports = |rule: &k8s_openapi::api::networking::v1::NetworkPolicyIngressRule| -> Vec<(String, i32, Option<i32>)> {
+        let port = |p: &k8s_openapi::api::networking::v1::NetworkPolicyPort| match p.port {
+            Some(IntOrString::Int(n)) => n,
+            _ => panic!("a numbered port"),
+        };
+        rule.ports.iter().flatten().map(|p| (p.protocol.clone().unwrap_or_default(), port(p), p.end_port)).collect()
+    };
+    let mut db = database(DeletionPolicy::Snapshot);
+    let open = policy(&db, Some(&agent)).spec.expect("spec");
+    assert_eq!(open.pod_selector.and_then(|s| s.match_labels), Some(crate::names::selector(&db)));
+    assert_eq!(open.policy_types, Some(vec!["Ingress".to_string()]));
+    let rules = open.ingress.expect("rules");
+    assert_eq!(rules.len(), 2);
+    assert_eq!(rules[0].from, None, "no clients named: anyone reaches the engine");
+    let agent_port = i32::from(crate::agent::PORT);
+    assert_eq!(
+        ports(&rules[0]),
+        [
+            ("TCP".to_string(), 1, Some(agent_port - 1)),
+            ("TCP".to_string(), agent_port + 1, Some(65535)),
+            ("UDP".to_string(), 1, Some(agent_port - 1)),
+            ("UDP".to_string(), agent_port + 1, Some(65535))
+        ],
+        "every port but the agent's"
+    );
+    assert_eq!(ports(&rules[1]), [("TCP".to_string(), agent_port, None)]);
+    assert_eq!(rules[1].from.as_deref(), Some(&operator[..]), "the agent's port: the operator alone");
+
+    let unknown = AgentSidecar { operator: &[], ..agent };
+    let rules = policy(&db, Some(&unknown)).spec.and_then(|s| s.ingress).expect("rules");
+    assert_eq!(rules[1].from, None, "an operator that does not say where it runs leaves the agent's port open");
+    let rules = policy(&db, None).spec.and_then(|s| s.ingress).expect("rules");
+    assert_eq!(rules.len(), 1, "no agent: no agent port");
+
+    let shop: NetworkPolicyPeer = serde_json::from_value(json!({"podSelector": {"matchLabels": {"app": "shop"}}})).expect("a peer");
+    db.spec.clients = Some(vec![shop.clone()]);
+    let rules = policy(&db, Some(&agent)).spec.and_then(|s| s.ingress).expect("rules");
+    let from = rules[0].from.clone().expect("sources");
+    let selectors: Vec<_> = from.iter().map(|p| p.pod_selector.clone().and_then(|s| s.match_labels)).collect();
+    assert_eq!(from[0], shop, "the clients named");
+    assert_eq!(selectors[1], Some(crate::names::selector(&db)), "the members");
+    assert_eq!(selectors[2], Some([(crate::names::JOB_OF.to_string(), "orders".to_string())].into()), "its Jobs");
+    assert_eq!(from[3], operator[0], "the operator");
+    assert_eq!(from.len(), 4);
 }
 
 /// Where the host chooses the primary, its eviction waits while another member could
@@ -293,7 +351,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     }];
     let pin = "5e".repeat(32);
     let template = |w: &Workload, image: Option<&str>| -> k8s_openapi::api::core::v1::PodTemplateSpec {
-        let agent = image.map(|image| AgentSidecar { image, clients: &pin });
+        let agent = image.map(|image| AgentSidecar { image, clients: &pin, operator: &[] });
         let set: StatefulSet =
             serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { agent, ..Default::default() }, ("orders-0", 3), None).object)
                 .expect("StatefulSet");
@@ -373,7 +431,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
             &db,
             &w,
             "postgres",
-            Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: &pin }), ..Default::default() },
+            Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: &pin, operator: &[] }), ..Default::default() },
             ("orders-0", 3),
             None,
         )
@@ -487,7 +545,7 @@ fn members_and_jobs_mount_the_credentials_for_the_workload_s_group_alone() {
     w.status_command = vec!["true".into()];
     w.init_containers =
         vec![crate::plugin::InitContainer { name: "prepare".into(), image: "busybox:1".into(), command: vec!["true".into()], env: vec![] }];
-    let sidecars = Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: "pin" }), ..Default::default() };
+    let sidecars = Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[] }), ..Default::default() };
     let set: StatefulSet =
         serde_json::from_value(statefulset(&db, &w, "postgres", sidecars, ("orders-0", 3), None).object).expect("StatefulSet");
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");

@@ -3,10 +3,10 @@
 //!
 //! Only objects labelled `app.kubernetes.io/managed-by=plugdb` are watched, and each
 //! cache keeps just what a pass reads: no managed fields, no Secret values, no pod or
-//! StatefulSet pod templates; ConfigMaps, Services and PodDisruptionBudgets are
-//! watched as metadata only and kept as their name and applied hash (all a pass
-//! needs); Databases are kept without the manifest `kubectl apply` copies into an
-//! annotation.
+//! StatefulSet pod templates; ConfigMaps, Services, PodDisruptionBudgets and
+//! NetworkPolicies are watched as metadata only and kept as their name and applied hash
+//! (all a pass needs); Databases are kept without the manifest `kubectl apply` copies
+//! into an annotation.
 //!
 //! A watch learns what already exists as a stream of events, one object at a time,
 //! where the API server offers it (Kubernetes 1.32, and 1.34 onwards): a restarted
@@ -21,6 +21,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, PartialObjectMeta, WatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -70,6 +71,7 @@ pub struct Caches {
     config_maps: Facts<Applied>,
     services: Facts<Applied>,
     budgets: Facts<Applied>,
+    policies: Facts<Applied>,
     secrets: Store<Secret>,
     stateful_sets: Facts<SetFacts>,
     pods: Store<Pod>,
@@ -304,6 +306,7 @@ impl Caches {
         let (config_maps, t1) = filled_facts(api::<PartialObjectMeta<ConfigMap>>(client, namespace), l, Applied::of);
         let (services, t2) = filled_facts(api::<PartialObjectMeta<Service>>(client, namespace), l, Applied::of);
         let (budgets, t3) = filled_facts(api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace), l, Applied::of);
+        let (policies, t9) = filled_facts(api::<PartialObjectMeta<NetworkPolicy>>(client, namespace), l, Applied::of);
         let judge = stamper.clone();
         let (secrets, t4) = filled(api(client, namespace), l, move |s| key_names_only(&judge, s));
         let (pods, t5) = filled(api(client, namespace), l, pod_essentials);
@@ -318,6 +321,7 @@ impl Caches {
             config_maps.listed(),
             services.listed(),
             budgets.listed(),
+            policies.listed(),
             listing_done(&secrets),
             listing_done(&pods),
             listing_done(&claims),
@@ -345,6 +349,7 @@ impl Caches {
             config_maps,
             services,
             budgets,
+            policies,
             secrets,
             stateful_sets,
             pods,
@@ -353,7 +358,7 @@ impl Caches {
             nodes,
             leases,
             listed,
-            _tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8],
+            _tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8, t9],
         };
         (caches, Triggers { stateful_sets: sts_watch, jobs: job_watch, nodes: node_watch })
     }
@@ -397,7 +402,8 @@ impl Caches {
             facts.apply(&watcher::Event::Apply(serde_json::from_value::<K>(object.clone())?), of);
             Ok(())
         }
-        let (config_maps, services, budgets, stateful_sets) = (Facts::new(), Facts::new(), Facts::new(), Facts::new());
+        let (config_maps, services, budgets, policies) = (Facts::new(), Facts::new(), Facts::new(), Facts::new());
+        let stateful_sets = Facts::new();
         let (secrets, mut secrets_in) = reflector::store();
         let (pods, mut pods_in) = reflector::store();
         let (jobs, mut jobs_in) = reflector::store();
@@ -408,6 +414,7 @@ impl Caches {
                 "ConfigMap" => fact::<ConfigMap, _>(&config_maps, object, Applied::of)?,
                 "Service" => fact::<Service, _>(&services, object, Applied::of)?,
                 "PodDisruptionBudget" => fact::<PodDisruptionBudget, _>(&budgets, object, Applied::of)?,
+                "NetworkPolicy" => fact::<NetworkPolicy, _>(&policies, object, Applied::of)?,
                 "StatefulSet" => fact::<StatefulSet, _>(&stateful_sets, object, SetFacts::of)?,
                 "Secret" => put(&mut secrets_in, object, |s| key_names_only(&stamper, s))?,
                 "Pod" => put(&mut pods_in, object, pod_essentials)?,
@@ -424,6 +431,7 @@ impl Caches {
             config_maps,
             services,
             budgets,
+            policies,
             secrets,
             stateful_sets,
             pods,
@@ -442,6 +450,7 @@ impl Caches {
             Kind::ConfigMap => self.config_maps.seen(db, name),
             Kind::Service => self.services.seen(db, name),
             Kind::PodDisruptionBudget => self.budgets.seen(db, name),
+            Kind::NetworkPolicy => self.policies.seen(db, name),
             Kind::Secret => seen(&self.secrets, db, name),
             Kind::StatefulSet => self.stateful_sets.seen(db, name),
             Kind::Job => seen(&self.jobs, db, name),

@@ -40,6 +40,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -132,6 +133,9 @@ pub struct Context {
     agents: agent::Agents,
     /// Where the operator may send a request a tenant named (a bucket's endpoint).
     egress: crate::egress::Policy,
+    /// Where the operator reaches the member agents from: the peers the members'
+    /// NetworkPolicy lets reach their agent port (none known: anyone).
+    agents_reached_from: Vec<NetworkPolicyPeer>,
 }
 
 /// The operator identity of the contexts not given one ([`Context::with_agent_identity`]):
@@ -179,7 +183,15 @@ impl Context {
             members_client: ask::client(),
             agents: agent::Agents::new(fresh_identity()),
             egress: crate::egress::Policy::default(),
+            agents_reached_from: Vec::new(),
         }
+    }
+
+    /// The same context, telling the members' NetworkPolicies that the agents are asked
+    /// from `peers` alone (`plugdb run --agent-from`).
+    pub fn with_agents_reached_from(mut self, peers: Vec<NetworkPolicyPeer>) -> Self {
+        self.agents_reached_from = peers;
+        self
     }
 
     /// The same context, reaching the endpoints a tenant names as `policy` allows.
@@ -536,7 +548,8 @@ pub fn archiver<'a>(ctx: &'a Context, db: &'a Database, plugin: &Plugin) -> Opti
 /// host chooses the primary.
 pub fn agent_sidecar<'a>(ctx: &'a Context, plugin: &Plugin, workload: &Workload) -> Option<build::AgentSidecar<'a>> {
     wants_agent(plugin, workload).then_some(())?;
-    Some(build::AgentSidecar { image: ctx.operator_image.as_deref()?, clients: ctx.agents.pin() })
+    let image = ctx.operator_image.as_deref()?;
+    Some(build::AgentSidecar { image, clients: ctx.agents.pin(), operator: &ctx.agents_reached_from })
 }
 
 /// Whether the members of `workload` should run their agent: the host fails them over

@@ -32,7 +32,7 @@ pub struct Taken {
 fn may_be_kept(kind: Kind) -> bool {
     match kind {
         Kind::Secret | Kind::Job | Kind::PersistentVolumeClaim => true,
-        Kind::ConfigMap | Kind::Service | Kind::StatefulSet | Kind::PodDisruptionBudget => false,
+        Kind::ConfigMap | Kind::Service | Kind::StatefulSet | Kind::PodDisruptionBudget | Kind::NetworkPolicy => false,
     }
 }
 
@@ -44,6 +44,7 @@ pub fn kind_name(kind: Kind) -> &'static str {
         Kind::Service => "Service",
         Kind::StatefulSet => "StatefulSet",
         Kind::PodDisruptionBudget => "PodDisruptionBudget",
+        Kind::NetworkPolicy => "NetworkPolicy",
         Kind::Job => "Job",
         Kind::PersistentVolumeClaim => "PersistentVolumeClaim",
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -167,10 +168,13 @@ pub async fn killed_at_random_points(cluster: Arc<Cluster>) {
             "Service" => Api::<Service>::namespaced(c, NS).list(&by_instance).await.expect("list").items.len(),
             "ConfigMap" => Api::<ConfigMap>::namespaced(c, NS).list(&by_instance).await.expect("list").items.len(),
             "PodDisruptionBudget" => Api::<PodDisruptionBudget>::namespaced(c, NS).list(&by_instance).await.expect("list").items.len(),
+            "NetworkPolicy" => Api::<NetworkPolicy>::namespaced(c, NS).list(&by_instance).await.expect("list").items.len(),
             _ => Api::<Secret>::namespaced(c, NS).list(&by_instance).await.expect("list").items.len(),
         }
     };
-    for (kind, expected) in [("StatefulSet", 1), ("Service", 3), ("ConfigMap", 1), ("PodDisruptionBudget", 2), ("Secret", 2)] {
+    for (kind, expected) in
+        [("StatefulSet", 1), ("Service", 3), ("ConfigMap", 1), ("PodDisruptionBudget", 2), ("NetworkPolicy", 1), ("Secret", 2)]
+    {
         assert_eq!(count(kind).await, expected, "{kind}s of shop");
     }
     let now = secrets.get("shop-credentials").await.expect("the credentials Secret");

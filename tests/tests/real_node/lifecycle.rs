@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use plugdb::crd::Database;
@@ -70,6 +72,16 @@ pub async fn children_then_quiet(cluster: Arc<Cluster>) {
         assert_eq!(svc.owner_references()[0].name, "orders");
     }
     Api::<PodDisruptionBudget>::namespaced(c.clone(), ns).get("orders").await.expect("pdb");
+    // The members' agent port is reached from the operator's address alone (the test
+    // process's `--agent-from`); every other port from anyone (no `spec.clients`).
+    let policy = Api::<NetworkPolicy>::namespaced(c.clone(), ns).get("orders").await.expect("the members' NetworkPolicy");
+    assert_eq!(policy.owner_references()[0].name, "orders");
+    let rules = policy.spec.and_then(|s| s.ingress).expect("ingress rules");
+    assert_eq!(rules[0].from, None, "the engine: anyone");
+    let agent = rules.iter().find(|r| r.ports.iter().flatten().any(|p| p.port == Some(IntOrString::Int(8443)) && p.end_port.is_none()));
+    let from = agent.and_then(|r| r.from.clone()).expect("the agent port's rule names who reaches it");
+    assert_eq!(from.len(), 1);
+    assert_eq!(from[0].ip_block.as_ref().map(|b| b.cidr.as_str()), Some("10.201.0.1/32"), "{from:?}");
     let pods = Api::<Pod>::namespaced(c.clone(), ns).list(&ListParams::default().labels("plugdb.io/role=replica")).await.expect("pods");
     assert_eq!(pods.items.len(), 2, "two members labelled replica for the read-only Service");
     assert_eq!(image(&cluster, ns, "orders").await, "docker.io/library/postgres:15");

@@ -57,6 +57,10 @@ member's role label, fence and follow marks, and the restarts of a roll.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# Each Database's members' NetworkPolicy: their agent port reached from the operator alone.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # spec.tls.issuerRef: the Database's certificate, issued by cert-manager.
 - apiGroups: ["cert-manager.io"]
   resources: ["certificates"]
