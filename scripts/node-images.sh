@@ -9,6 +9,10 @@
 #                                     the operator's image around BINARY (a `plugdb`
 #                                     build), with the bundled engines' components in
 #                                     ENGINES; prints an index file of that one image
+#   scripts/node-images.sh --add-on NAME BINARY PACKAGES
+#                                     a node add-on's image: BINARY as
+#                                     /usr/local/bin/NAME over bookworm with PACKAGES,
+#                                     run as root; prints an index file of that one image
 #
 # The index (one line per archive: `ARCHIVE CONFIG_DIGEST TAG...`) is what the node
 # harness imports. Archives are cached under IMAGES_VERSION: raise it when a recipe
@@ -126,6 +130,29 @@ uid999() {
     find "$dir" -xdev \( -uid "$uid" -o -gid "$gid" \) -exec chown -h 999:999 {} +
   fi
 }
+
+# A node add-on's image (kube-router: its binary, and the iptables and ipset it runs),
+# keyed by the binary's digest and the packages.
+if [[ ${1:-} == --add-on ]]; then
+  name=${2:?"node-images: --add-on needs a name"} binary=${3:?"node-images: --add-on needs a binary"} packages=${4:-}
+  [[ -x $binary ]] || { echo "node-images: $binary is not an executable" >&2; exit 1; }
+  digest=$( (sha256sum "$binary" | cut -c1-64; echo "$packages") | sha256sum | cut -c1-12)
+  archive="$OUT/$name-$digest.tar"
+  if [[ ! -f $archive.digest ]]; then
+    rm -f "$OUT/$name"-*.tar "$OUT/$name"-*.tar.digest
+    if [[ -n $packages ]]; then
+      engine_rootfs "$name" bookworm "$packages"
+    else
+      mkdir -p "$OUT/$name.rootfs"
+    fi
+    install -D -m 755 "$binary" "$OUT/$name.rootfs/usr/local/bin/$name"
+    pack "$OUT/$name.rootfs" "$archive" 0 "[\"/usr/local/bin/$name\"]" "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" > "$archive.digest"
+    rm -rf "$OUT/$name.rootfs"
+  fi
+  echo "$archive $(cat "$archive.digest") localhost/plugdb/$name:$digest" > "$OUT/$name.index"
+  echo "$OUT/$name.index"
+  exit 0
+fi
 
 index="$OUT/index"
 entries=()

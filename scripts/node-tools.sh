@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the node's add-ons from their Go modules, once, into a cache outside the work
-# tree keyed by version: CoreDNS (cluster DNS) and local-path-provisioner (dynamic
-# volumes). Prints `NAME=PATH` lines for the node harness.
+# tree keyed by version: CoreDNS (cluster DNS), local-path-provisioner (dynamic volumes)
+# and kube-router (its firewall alone: NetworkPolicy enforcement with iptables and ipset).
+# Prints `NAME=PATH` lines for the node harness.
 set -euo pipefail
 COREDNS_VERSION="${PLUGDB_COREDNS_VERSION:-1.15.0}"
 LOCAL_PATH_VERSION="${PLUGDB_LOCAL_PATH_VERSION:-0.0.30}"
+KUBE_ROUTER_VERSION="${PLUGDB_KUBE_ROUTER_VERSION:-2.1.0}"
 CACHE="${PLUGDB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plugdb}"
 
 # build NAME MODULE VERSION: go install MODULE@vVERSION into $CACHE/NAME-vVERSION.
@@ -22,3 +24,4 @@ build() {
 
 build coredns github.com/coredns/coredns "$COREDNS_VERSION"
 build local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION"
+build kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$KUBE_ROUTER_VERSION"

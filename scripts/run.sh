@@ -42,7 +42,7 @@ cargo build -q -p plugdb -p plugdb-tests --bins
 built="${CARGO_TARGET_DIR:-target}/debug"
 cargo run -q -p xtask -- plugins "$work/plugins" >/dev/null
 
-echo "== starting a control plane and three real nodes (containerd, kubelet, kube-proxy; CoreDNS, local-path)"
+echo "== starting a control plane and three real nodes (containerd, kubelet, kube-proxy, kube-router; CoreDNS, local-path)"
 "$built/node" "$KUBECONFIG" 2>"$work/node.log" &
 node_pid=$!
 for _ in $(seq 1800); do
@@ -62,10 +62,13 @@ for plugin in "$work"/plugins/*.wasm; do
 done
 
 # As the chart runs it: knowing its own image (which the nodes hold), so every member runs
-# the member agent beside its engine (failover, fencing, switchover, positions in status).
+# the member agent beside its engine (failover, fencing, switchover, positions in status),
+# and where it reaches the agents from (this machine's address on the nodes' network), which
+# alone the members' NetworkPolicies let reach them.
 image=$(cat "$KUBECONFIG.image")
 echo "== starting the operator (its image: $image)"
-"$built/plugdb" run --namespace plugdb-system --listen 127.0.0.1:0 --image "$image" >"$work/operator.log" 2>&1 &
+"$built/plugdb" run --namespace plugdb-system --listen 127.0.0.1:0 --image "$image" --agent-from 10.201.0.1 \
+  >"$work/operator.log" 2>&1 &
 operator_pid=$!
 
 echo "== applying examples/orders-db.yaml"

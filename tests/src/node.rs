@@ -80,7 +80,7 @@ pub const DNS_ADDRESS: &str = "10.203.0.10";
 /// The storage class local-path-provisioner serves; the default class.
 pub const STORAGE_CLASS: &str = "local-path";
 /// Image of the volume provisioner's helper pods.
-const HELPER_IMAGE: &str = "localhost/plugdb/helper:1";
+pub const HELPER_IMAGE: &str = "localhost/plugdb/helper:1";
 const PAUSE_IMAGE: &str = "localhost/plugdb/pause:1";
 /// The nodes' zones, one node each; a node is named `plugdb-node-<zone>`.
 pub const ZONES: [&str; 3] = ["a", "b", "c"];
@@ -318,11 +318,12 @@ impl Nodes {
         let engines = crate::component_path("postgres").parent().context("the components' directory")?.to_path_buf();
         let operator_index =
             PathBuf::from(script("node-images.sh", &["--operator".as_ref(), binary.as_os_str(), engines.as_os_str()])?.trim());
-        let operator_image = std::fs::read_to_string(&operator_index)?
-            .split_whitespace()
-            .nth(2)
-            .context("the operator image index names no tag")?
-            .to_string();
+        let operator_image = tag_of(&operator_index)?;
+        // NetworkPolicies are enforced on every node, as a cluster's network does.
+        let router = tools.get("kube-router").context("scripts/node-tools.sh did not report kube-router")?;
+        let add_on = ["--add-on".as_ref(), "kube-router".as_ref(), router.as_os_str(), "iptables ipset".as_ref()];
+        let policies_index = PathBuf::from(script("node-images.sh", &add_on)?.trim());
+        let policies_image = tag_of(&policies_index)?;
 
         std::fs::create_dir_all(&dir)?;
         save_sysctls(&dir)?;
@@ -342,11 +343,8 @@ impl Nodes {
         std::thread::scope(|s| {
             let imports: Vec<_> = NodeSpec::all()
                 .map(|node| {
-                    let (dir, index, operator_index) = (&dir, &index, &operator_index);
-                    s.spawn(move || {
-                        import_images(node, &node.dir(dir), index)?;
-                        import_images(node, &node.dir(dir), operator_index)
-                    })
+                    let (dir, indices) = (&dir, [&index, &operator_index, &policies_index]);
+                    s.spawn(move || indices.iter().try_for_each(|index| import_images(node, &node.dir(dir), index)))
                 })
                 .collect();
             imports.into_iter().try_for_each(|i| i.join().map_err(|_| anyhow::anyhow!("an image import panicked"))?)
@@ -376,6 +374,7 @@ impl Nodes {
         start_local_path(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
         let nodes = Self { control_plane, client, kubeconfig, bin_dir, operator_image, hub, nodes, dir, _lock: lock };
         nodes.wait_ready().await?;
+        enforce_network_policies(&nodes.client, &policies_image).await?;
         eprintln!(
             "nodes: {} Ready in {:.1} s",
             NodeSpec::all().map(NodeSpec::name).collect::<Vec<_>>().join(", "),
@@ -871,6 +870,83 @@ endpoints: [{{addresses: ["{HUB_ADDRESS}"], conditions: {{ready: true}}}}]"#
         ),
     )
     .await
+}
+
+/// The first tag an image index (`scripts/node-images.sh`) names.
+fn tag_of(index: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(index).with_context(|| format!("reading the image index {}", index.display()))?;
+    Ok(text.split_whitespace().nth(2).with_context(|| format!("the image index {} names no tag", index.display()))?.to_string())
+}
+
+/// kube-router's firewall, enforcing NetworkPolicies with iptables and ipset, as the
+/// DaemonSet a cluster runs it as: on every node, in the node's network namespace
+/// (`hostNetwork`, with `NET_ADMIN` and `NET_RAW`), its routing and Service proxy off
+/// (the bridge and kube-proxy do those). Waits until it runs on each and has hooked its
+/// chains into the node's forwarding.
+async fn enforce_network_policies(client: &Client, image: &str) -> Result<()> {
+    const NAME: &str = "kube-router";
+    crate::apply_yaml(
+        client,
+        "plugdb-node",
+        &format!(
+            r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {NAME}, namespace: kube-system}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {NAME}}}
+rules:
+- {{apiGroups: [""], resources: [pods, namespaces, nodes, services, endpoints], verbs: [get, list, watch]}}
+- {{apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [get, list, watch]}}
+- {{apiGroups: [networking.k8s.io], resources: [networkpolicies], verbs: [get, list, watch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {NAME}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {NAME}}}
+subjects: [{{kind: ServiceAccount, name: {NAME}, namespace: kube-system}}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: {NAME}, namespace: kube-system}}
+spec:
+  selector: {{matchLabels: {{app: {NAME}}}}}
+  template:
+    metadata: {{labels: {{app: {NAME}}}}}
+    spec:
+      hostNetwork: true
+      serviceAccountName: {NAME}
+      tolerations: [{{operator: Exists}}]
+      containers:
+      - name: {NAME}
+        image: {image}
+        imagePullPolicy: Never
+        command: [/usr/local/bin/{NAME}]
+        args: ["--run-router=false", "--run-firewall=true", "--run-service-proxy=false", "--enable-cni=false",
+               "--hostname-override=$(NODE_NAME)", "--service-cluster-ip-range={SERVICE_CIDR}", "--health-port=0", "--v=1"]
+        env: [{{name: NODE_NAME, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
+        securityContext: {{capabilities: {{add: [NET_ADMIN, NET_RAW]}}}}"#
+        ),
+    )
+    .await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "kube-system");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed = pods.list(&kube::api::ListParams::default().labels(&format!("app={NAME}"))).await?;
+        let running = |p: &&k8s_openapi::api::core::v1::Pod| {
+            p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|c| c.iter().all(|c| c.ready))
+        };
+        let running = listed.items.iter().filter(running).count();
+        let hooked = |n: NodeSpec| run("nsenter", &[&format!("--net=/run/netns/{}", n.name()), "iptables", "-S", "KUBE-ROUTER-FORWARD"]);
+        if running == NodeSpec::all().count() && NodeSpec::all().all(|n| hooked(n).is_ok()) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{NAME} runs on {running} of the nodes after 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// local-path-provisioner as a process in the hub: the default storage class, each

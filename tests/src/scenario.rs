@@ -53,6 +53,14 @@ impl Engine {
         }
     }
 
+    /// The port its server listens on.
+    pub fn port(self) -> u16 {
+        match self {
+            Engine::Postgres => 5432,
+            Engine::Mysql => 3306,
+        }
+    }
+
     /// The credentials Secret key of the administrator's password.
     pub fn password_key(self) -> &'static str {
         match self {
@@ -409,6 +417,13 @@ pub fn signal_engine(pod: &Pod, binary: &str, signal: &str) {
 }
 
 /// The processes of container `container` of `pod`.
+/// The network namespace of `pod` (as its container `container`'s first process has it):
+/// `nsenter --net=<this>` runs a client as that pod, from its address.
+pub fn network_of(pod: &Pod, container: &str) -> String {
+    let pid = processes(pod, container).next().unwrap_or_else(|| panic!("no process in {}", pod.name_any()));
+    format!("/proc/{pid}/ns/net")
+}
+
 fn processes(pod: &Pod, container: &str) -> impl Iterator<Item = u32> {
     let id = pod
         .status

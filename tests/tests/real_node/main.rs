@@ -12,6 +12,7 @@ mod harness;
 mod install;
 mod lifecycle;
 mod members;
+mod network;
 mod nodes;
 mod placement;
 mod tls;
@@ -234,6 +235,7 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         second_primary(&cluster, &client, &ns).await;
         replica_not_replicating(&cluster, &client, &ns).await;
     }
+    network::members_reached_as_allowed(&cluster, &client, engine, &ns).await;
 }
 
 /// Each member's agent serves its series to anyone who scrapes its pod's metrics port
