@@ -85,6 +85,11 @@ pub async fn helm_install_then_the_example_runs(cluster: Arc<Cluster>) {
     run(&cluster, &kubectl, &["create", "namespace", NS]);
     run(&cluster, &kubectl, &["apply", "--namespace", NS, "-f", example.to_str().expect("path")]);
     let db = cluster.wait_database(NS, "orders", "the example Running", WAIT, |d| is_running(d, 3)).await.expect("running");
+    // The chart's operator reaches the member agents through each member's NetworkPolicy,
+    // which lets its pods alone in (`--agent-from`, from the chart): every member's
+    // position, as its agent said it, reaches status.
+    let positions = |d: &Database| d.status.iter().flat_map(|s| &s.members).filter(|m| m.position.is_some()).count();
+    cluster.wait_database(NS, "orders", "each member's position", WAIT, |d| positions(d) == 3).await.expect("the agents answer");
     let plugin = db.status.as_ref().and_then(|s| s.plugin.clone()).unwrap_or_default();
     assert!(plugin.starts_with("postgres@"), "rendered by the bundled postgres plugin: {plugin}");
     let log = run(&cluster, &kubectl, &["logs", "--namespace", OPERATOR_NS, "deployment/plugdb"]);
