@@ -27,7 +27,8 @@ impl Synchronous {
     }
 }
 
-/// What the primary's agent is asked to make each commit wait for.
+/// What the primary's agent is asked to make each commit wait for, and each replica's
+/// told (whether it is named).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
     /// How many replicas confirm each commit (0: none).
@@ -45,6 +46,13 @@ impl Setting {
             members => format!("{}/{}", self.replicas, members.join(",")),
         }
     }
+
+    /// The setting a [`Self::key`] stands for.
+    pub fn of_key(key: &str) -> Option<Self> {
+        let (n, members) = key.split_once('/').unwrap_or((key, ""));
+        let members = members.split(',').filter(|m| !m.is_empty()).map(String::from).collect();
+        Some(Self { replicas: n.parse().ok()?, members })
+    }
 }
 
 /// The primary's replicas, as a pass sees them.
@@ -55,9 +63,10 @@ pub struct Replicas<'a> {
     /// What the primary's agent last had commits wait for ([`Setting::key`]), as its
     /// pod says, while its engine has not restarted since.
     pub told: Option<&'a str>,
-    /// The primary's agent can be asked to name the replicas that confirm (it runs the
-    /// plugin's synchronous command); otherwise it is asked only to lower synchronous
-    /// replication and raise it again, and any replica confirms.
+    /// The agents can be asked to name the replicas that confirm (they run the plugin's
+    /// synchronous command: the primary's, and each replica's, see
+    /// [`crate::reconcile::replication`]); otherwise the primary's is asked only to lower
+    /// synchronous replication and raise it again, and any replica confirms.
     pub named: bool,
 }
 
