@@ -521,7 +521,8 @@ echo "not streaming from $host" >&2; exit 1"#;
 const SYNCHRONOUS: &str = r#"n="$PLUGDB_SYNCHRONOUS_REPLICAS" members="${PLUGDB_SYNCHRONOUS_MEMBERS:-}"
 case "$n" in 0) on=OFF ;; 1) on=ON ;; *) echo "MariaDB waits for 0 or 1 replica, not $n" >&2; exit 2 ;; esac
 case "$members" in *[!a-z0-9,-]*) echo "not a list of members: $members" >&2; exit 2 ;; esac
-if [ "$(m -N -B -e 'SELECT @@read_only')" = 0 ]; then
+read_only=$(m -N -B -e 'SELECT @@read_only') || exit 1
+if [ "$read_only" = 0 ]; then
   m -e "SET GLOBAL rpl_semi_sync_master_enabled = $on"
   exit
 fi

@@ -496,7 +496,8 @@ n=\"$PLUGDB_SYNCHRONOUS_REPLICAS\" members=\"${PLUGDB_SYNCHRONOUS_MEMBERS:-}\"
 case \"$members\" in *[!a-z0-9,-]*) echo \"not a list of members: $members\" >&2; exit 2 ;; '') of='*' ;; *) of=\"\\\"$(echo \"$members\" | sed 's/,/\", \"/g')\\\"\" ;; esac
 case \"$n\" in 0) names='' ;; [1-9]) names=\"ANY $n ($of)\" ;; *) echo \"not a number of replicas: $n\" >&2; exit 2 ;; esac
 sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\"; }
-[ \"$(sql -c 'SELECT pg_is_in_recovery()')\" = f ] || exit 0
+standby=$(sql -c 'SELECT pg_is_in_recovery()') || exit 1
+[ \"$standby\" = f ] || exit 0
 sql -c \"ALTER SYSTEM SET synchronous_standby_names = '$names'\" -c 'SELECT pg_reload_conf()' >/dev/null
 until [ \"$(sql -c 'SHOW synchronous_standby_names')\" = \"$names\" ]; do sleep 0.05; done";
 
