@@ -416,7 +416,6 @@ pub fn signal_engine(pod: &Pod, binary: &str, signal: &str) {
     signal_container(pod, &engine, binary, signal)
 }
 
-/// The processes of container `container` of `pod`.
 /// The network namespace of `pod` (as its container `container`'s first process has it):
 /// `nsenter --net=<this>` runs a client as that pod, from its address.
 pub fn network_of(pod: &Pod, container: &str) -> String {
@@ -424,6 +423,7 @@ pub fn network_of(pod: &Pod, container: &str) -> String {
     format!("/proc/{pid}/ns/net")
 }
 
+/// The processes of container `container` of `pod`.
 fn processes(pod: &Pod, container: &str) -> impl Iterator<Item = u32> {
     let id = pod
         .status

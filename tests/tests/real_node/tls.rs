@@ -114,10 +114,7 @@ pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, versio
     let client = Client::new(&cluster, engine, &ns, NAME).await;
     let ip = client.service_ip(NAME).await;
     let service = format!("{NAME}.{ns}.svc");
-    let (port, starttls) = match engine {
-        Engine::Postgres => (5432, "postgres"),
-        Engine::Mysql => (3306, "mysql"),
-    };
+    let (port, starttls) = (engine.port(), engine.name());
 
     let verified = handshake(&ip, port, Some(starttls), &ca, &service).await;
     assert!(verified.status.success(), "the server's certificate verifies for {service}: {}", text(&verified));
