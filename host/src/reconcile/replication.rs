@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::decide::{self, Event, Note, Replicas, Setting, Synchronous};
+use super::decide::{self, Event, Note, Replicas, Synchronous};
 use super::members::Observed;
 use super::status::{ConditionType, Told};
 use super::{Context, Error};
@@ -15,8 +15,8 @@ use crate::crd::{Database, DatabaseStatus, Phase};
 /// with asynchronous replication, or of an engine that elects its leader (which commits
 /// on a quorum whatever the spec says), says nothing (and loses the condition). `named`:
 /// the agents run the plugin's synchronous command, and the ready replicas alone confirm
-/// commits: the primary's is asked to have them, and each replica whose agent answered in
-/// this pass (`heard`) is told the same, unless its pod says it was.
+/// commits: the primary's is asked to have them, and, while enough are ready, each replica
+/// whose agent answered in this pass (`heard`) is told the same, unless its pod says it was.
 pub async fn reconcile(
     ctx: &Context,
     db: &Database,
@@ -34,20 +34,13 @@ pub async fn reconcile(
     let replicas = Replicas { ready: &ready, told: leader.and_then(|m| m.synchronous.as_deref()), named };
     let said = status.conditions.iter().find(|c| c.type_ == ConditionType::SynchronousReplication.as_str());
     let plan = decide::replication(sync, replicas, said, k8s_openapi::jiff::Timestamp::now());
-    let setting = match plan.set {
-        Some(setting)
-            if !super::agent::synchronous(ctx, db, leader.map(std::slice::from_ref).unwrap_or_default(), &setting)
-                .await?
-                .contains(&true) =>
-        {
-            // Not done (no primary, or its agent did not answer): the condition stays.
-            return Ok((Vec::new(), Some(decide::ASK_AGAIN)));
-        }
-        Some(setting) => Some(setting),
-        None => replicas.told.and_then(Setting::of_key),
-    };
-    // Commits that wait for none: the replicas have nothing to be told.
-    if let Some(setting) = setting.filter(|s| named && s.replicas > 0) {
+    if let Some(setting) = plan.set
+        && !super::agent::synchronous(ctx, db, leader.map(std::slice::from_ref).unwrap_or_default(), &setting).await?.contains(&true)
+    {
+        // Not done (no primary, or its agent did not answer): the condition stays.
+        return Ok((Vec::new(), Some(decide::ASK_AGAIN)));
+    }
+    if let Some(setting) = plan.named {
         let key = setting.key();
         let untold = |m: &&Observed| {
             m.name != primary && !m.fenced && !m.terminating && heard.contains(&m.name.as_str()) && m.synchronous.as_deref() != Some(&key)

@@ -46,13 +46,6 @@ impl Setting {
             members => format!("{}/{}", self.replicas, members.join(",")),
         }
     }
-
-    /// The setting a [`Self::key`] stands for.
-    pub fn of_key(key: &str) -> Option<Self> {
-        let (n, members) = key.split_once('/').unwrap_or((key, ""));
-        let members = members.split(',').filter(|m| !m.is_empty()).map(String::from).collect();
-        Some(Self { replicas: n.parse().ok()?, members })
-    }
 }
 
 /// The primary's replicas, as a pass sees them.
@@ -80,6 +73,9 @@ pub struct ReplicationPlan {
     pub note: Note,
     /// When to look again, should nothing change before.
     pub look_again: Option<Duration>,
+    /// While enough replicas are ready and the agents name them: the setting the primary
+    /// works with, asked for or not, which each replica's agent is told too.
+    pub named: Option<Setting>,
 }
 
 /// How long a pass waits to ask again when the primary's agent did not do what it was asked.
@@ -104,11 +100,12 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             // Synchronous again: news.
             note.event = Event::Normal;
         }
-        let set = match replicas.named {
-            true => unless_told(Setting { replicas: n, members: replicas.ready.to_vec() }),
-            false => degraded.then_some(Setting { replicas: n, members: vec![] }),
+        let named = replicas.named.then(|| Setting { replicas: n, members: replicas.ready.to_vec() });
+        let set = match &named {
+            Some(setting) => unless_told(setting.clone()),
+            None => degraded.then_some(Setting { replicas: n, members: vec![] }),
         };
-        return ReplicationPlan { set, note, look_again: None };
+        return ReplicationPlan { set, note, look_again: None, named };
     }
     let missing = format!("{ready} of the {n} replicas each commit waits for are ready");
     let Some(bound) = sync.degrade_after else {
@@ -117,6 +114,7 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: None,
             note: Note::warn_once(condition, false, Reason::ReplicasMissing, message, true),
             look_again: None,
+            named: None,
         };
     };
     let degraded_message =
@@ -128,6 +126,7 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: unless_told(none),
             note: Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message),
             look_again: None,
+            named: None,
         };
     }
     let since = said.filter(|c| c.status == "False").map(|c| c.last_transition_time.0).unwrap_or(now);
@@ -137,6 +136,7 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: Some(none),
             note: Note { event: Event::Warning, ..Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message) },
             look_again: None,
+            named: None,
         };
     }
     let message = format!("{missing}: commits wait until enough are back, for at most {}s (whenTooFewReplicas: Degrade)", bound.as_secs());
@@ -144,5 +144,6 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
         set: None,
         note: Note::warn_once(condition, false, Reason::ReplicasMissing, message, true),
         look_again: Some(bound - waited),
+        named: None,
     }
 }
