@@ -27,8 +27,7 @@ impl Synchronous {
     }
 }
 
-/// What the primary's agent is asked to make each commit wait for, and each replica's
-/// told (whether it is named).
+/// What the primary's agent is asked to make each commit wait for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
     /// How many replicas confirm each commit (0: none).
@@ -56,10 +55,9 @@ pub struct Replicas<'a> {
     /// What the primary's agent last had commits wait for ([`Setting::key`]), as its
     /// pod says, while its engine has not restarted since.
     pub told: Option<&'a str>,
-    /// The agents can be asked to name the replicas that confirm (they run the plugin's
-    /// synchronous command: the primary's, and each replica's, see
-    /// [`crate::reconcile::replication`]); otherwise the primary's is asked only to lower
-    /// synchronous replication and raise it again, and any replica confirms.
+    /// The primary's agent can be asked to name the replicas that confirm (it runs the
+    /// plugin's synchronous command); otherwise it is asked only to lower synchronous
+    /// replication and raise it again, and any replica confirms.
     pub named: bool,
 }
 
@@ -73,9 +71,6 @@ pub struct ReplicationPlan {
     pub note: Note,
     /// When to look again, should nothing change before.
     pub look_again: Option<Duration>,
-    /// While enough replicas are ready and the agents name them: the setting the primary
-    /// works with, asked for or not, which each replica's agent is told too.
-    pub named: Option<Setting>,
 }
 
 /// How long a pass waits to ask again when the primary's agent did not do what it was asked.
@@ -100,12 +95,11 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             // Synchronous again: news.
             note.event = Event::Normal;
         }
-        let named = replicas.named.then(|| Setting { replicas: n, members: replicas.ready.to_vec() });
-        let set = match &named {
-            Some(setting) => unless_told(setting.clone()),
-            None => degraded.then_some(Setting { replicas: n, members: vec![] }),
+        let set = match replicas.named {
+            true => unless_told(Setting { replicas: n, members: replicas.ready.to_vec() }),
+            false => degraded.then_some(Setting { replicas: n, members: vec![] }),
         };
-        return ReplicationPlan { set, note, look_again: None, named };
+        return ReplicationPlan { set, note, look_again: None };
     }
     let missing = format!("{ready} of the {n} replicas each commit waits for are ready");
     let Some(bound) = sync.degrade_after else {
@@ -114,7 +108,6 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: None,
             note: Note::warn_once(condition, false, Reason::ReplicasMissing, message, true),
             look_again: None,
-            named: None,
         };
     };
     let degraded_message =
@@ -126,7 +119,6 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: unless_told(none),
             note: Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message),
             look_again: None,
-            named: None,
         };
     }
     let since = said.filter(|c| c.status == "False").map(|c| c.last_transition_time.0).unwrap_or(now);
@@ -136,7 +128,6 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: Some(none),
             note: Note { event: Event::Warning, ..Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message) },
             look_again: None,
-            named: None,
         };
     }
     let message = format!("{missing}: commits wait until enough are back, for at most {}s (whenTooFewReplicas: Degrade)", bound.as_secs());
@@ -144,6 +135,5 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
         set: None,
         note: Note::warn_once(condition, false, Reason::ReplicasMissing, message, true),
         look_again: Some(bound - waited),
-        named: None,
     }
 }
