@@ -1415,6 +1415,37 @@ async fn only_ready_replicas_are_named_to_confirm_synchronous_commits() {
     assert!(!agents.path().join("member-0").join("synchronous").exists(), "asked again: {:?}", lines(&calls));
 }
 
+/// Under synchronous replication, a lost primary whose record says it last had orders-1
+/// confirm each commit is not replaced while orders-1 is not ready: orders-2, ready and
+/// answering, confirmed none of the last commits, and nothing is fenced or promoted;
+/// `Degraded` names orders-1. Had the primary named orders-2, orders-2 would lead.
+#[tokio::test]
+async fn a_failover_waits_for_the_replica_the_lost_primary_had_confirm_its_commits() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let spec = json!({"replicas": 3, "replication": {"mode": "Synchronous"}});
+    let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/4000000 0"];
+    for (named, first, promoted) in [("orders-1", 3, None), ("orders-2", 6, Some("orders-2"))] {
+        let (db, mut cluster, server, agents) =
+            with_agents_of(&registry, spec.clone(), server.clone(), first, [false, false, true], said).await;
+        let pod = cluster.iter_mut().find(|o| o["kind"] == "Pod" && o["metadata"]["name"] == "orders-0").expect("the primary's pod");
+        // Recorded when the primary was last ready: it has not been since.
+        pod["metadata"]["annotations"]["plugdb.io/synchronous"] = json!(format!("1/{named}@2026-01-01T00:00:00Z"));
+        let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+        result.expect("the pass");
+        let status = status(&api);
+        assert_eq!(status.primary.as_deref(), Some(promoted.unwrap_or("orders-0")), "named {named}: {:?}", lines(&calls));
+        if promoted.is_some() {
+            continue;
+        }
+        assert!(!calls.iter().any(|c| c.path.contains("/pods/") || c.path.contains("/services/")), "{:?}", lines(&calls));
+        assert!(!agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "not fenced");
+        let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
+        assert_eq!(degraded.reason, "NoSafeFailover");
+        assert!(degraded.message.contains("orders-1 is named to confirm each commit (1 of 1)"), "{}", degraded.message);
+    }
+}
+
 /// MariaDB, loaded beside postgres: its primary lost, its agent fences it, and the
 /// replica that has the most is chosen by the plugin's GTID comparison and promoted in
 /// place by its agent (no restart); the members' template names it.

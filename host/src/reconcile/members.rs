@@ -92,6 +92,9 @@ pub struct Observed {
     /// [`crate::names::SYNCHRONOUS`]), while its Ready condition has not changed since:
     /// an engine that restarts starts from its rendered configuration.
     pub synchronous: Option<String>,
+    /// The same, whatever happened since: a failover weighs the replicas a lost primary
+    /// last had confirm its commits.
+    pub last_told: Option<String>,
 }
 
 impl Observed {
@@ -125,6 +128,7 @@ impl Observed {
             probe_failing: false,
             streaming: None,
             synchronous: None,
+            last_told: None,
             address,
         }
     }
@@ -163,12 +167,9 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 _ => i64::MAX,
             };
             let since_seconds = changed.min(started);
-            let synchronous = p
-                .annotations()
-                .get(crate::names::SYNCHRONOUS)
-                .and_then(|told| told.split_once('@'))
-                .filter(|(_, at)| ready_since.as_deref() == Some(*at))
-                .map(|(key, _)| key.to_string());
+            let told = p.annotations().get(crate::names::SYNCHRONOUS).and_then(|told| told.split_once('@'));
+            let synchronous = told.filter(|(_, at)| ready_since.as_deref() == Some(*at)).map(|(key, _)| key.to_string());
+            let last_told = told.map(|(key, _)| key.to_string());
             Some(Observed {
                 ordinal,
                 ready,
@@ -203,6 +204,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 probe_failing,
                 streaming: None,
                 synchronous,
+                last_told,
                 name,
             })
         })

@@ -49,6 +49,9 @@ pub(super) async fn carry_out(
             let of = |pod: &str| members.iter().zip(&said).find(|(m, _)| m.name == pod).and_then(|(_, s)| s.as_ref());
             let (mut chosen, refused) =
                 decide::switchover(primary, target, fenced, old.is_some_and(|m| m.ready), (of(primary), of(target)));
+            if let Some(waits) = &chosen.switching {
+                tracing::info!("{waits}");
+            }
             if chosen.failed_over {
                 // The read-write Service leads to the new primary first; then what still
                 // followed the old one (a replica's stream) is cut and reconnects through

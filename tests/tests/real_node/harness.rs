@@ -53,6 +53,9 @@ pub fn run(alone: &[(&'static str, Scenario)], shared: &[(&'static str, Scenario
             plugdb::logging::subscriber(LogFormat::Text, plugdb::logging::filter("info,kube=warn"), std::sync::Mutex::new(file), false);
         let _ = tracing::subscriber::set_global_default(log);
     }
+    // A failed scenario says where and why, without a backtrace (the test command runs with
+    // RUST_BACKTRACE set): what it left and the operator's records follow, and are what tell.
+    std::panic::set_hook(Box::new(|info| eprintln!("{info}")));
     let parallel = std::env::var("PLUGDB_SCENARIO_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize).max(1);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

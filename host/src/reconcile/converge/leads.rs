@@ -44,7 +44,9 @@ impl Pass<'_> {
 
     /// The primary the plugin chooses among `candidates` (with what their agents `said`)
     /// for `primary`, lost for the failover delay `after`: the old one fenced where its
-    /// agent answers, the new one promoted in place where its agent can.
+    /// agent answers, the new one promoted in place where its agent can. Under synchronous
+    /// replication the plugin is not asked while the replicas the old primary last had
+    /// confirm its commits are silent ([`decide::named_replicas_wait`]).
     async fn replace(
         &mut self,
         plugin: &Plugin,
@@ -55,12 +57,16 @@ impl Pass<'_> {
         said: Vec<Option<crate::agent::Status>>,
     ) -> Result<Primary, Error> {
         let ctx = self.ctx;
-        let input = (spec.clone(), members::with_positions(candidates, &members.observed, said));
-        let answer = match ctx.ask::<ChoosePrimary>(plugin, input).await {
-            Err(Error::Plugin(e)) => Err(e.to_string()),
-            asked => Ok(asked?),
-        };
         let old = members.observed.iter().find(|m| m.name == primary);
+        let candidates = members::with_positions(candidates, &members.observed, said);
+        let named = old.and_then(|m| m.last_told.as_deref());
+        let answer = match decide::named_replicas_wait(named, spec.synchronous_replicas, &candidates) {
+            Some(why) => Ok(crate::plugin::FailoverDecision::NoSafeMember(why)),
+            None => match ctx.ask::<ChoosePrimary>(plugin, (spec.clone(), candidates)).await {
+                Err(Error::Plugin(e)) => Err(e.to_string()),
+                asked => Ok(asked?),
+            },
+        };
         // The old primary takes no more writes before another is promoted: fenced, or, when
         // its engine does not confirm the fence (hung), stopped.
         let fenced = match &answer {

@@ -57,6 +57,32 @@ pub fn failover_question(
     }
 }
 
+/// Why a failover must wait for the replicas the lost primary last named to confirm its
+/// commits (`told`, its record: [`Setting::key`]), while the Database still asks
+/// for `synchronous` replicas: when as many of them as confirmed each commit are not
+/// `candidates` that are ready and said their position, those could be the only members
+/// holding the last commits, and promoting another would lose them. A replica not named
+/// confirmed none of them, however ready; one named that answered has every commit that
+/// one confirmed, and the plugin weighs it with the others. Asynchronous again, the user
+/// accepts what the others have.
+pub fn named_replicas_wait(told: Option<&str>, synchronous: u32, candidates: &[Member]) -> Option<String> {
+    let told = Setting::parse(told?)?;
+    let confirmed_each = told.replicas.min(synchronous);
+    let answered = |name: &String| candidates.iter().any(|c| &c.pod == name && c.ready && !c.primary && c.position.is_some());
+    let silent: Vec<&str> = told.members.iter().filter(|m| !answered(m)).map(String::as_str).collect();
+    (confirmed_each > 0 && silent.len() >= confirmed_each as usize).then(|| {
+        let (them, verb) = if silent.len() == 1 { ("it", "is") } else { ("they", "are") };
+        format!(
+            "{} {verb} named to confirm each commit ({confirmed_each} of {}) but {verb} not ready or gave no position: promoting \
+             another could lose what only {them} confirmed; once {them} answer{}, or with spec.replication.mode Asynchronous \
+             (accepting that loss), a replica is promoted",
+            silent.join(", "),
+            told.members.len(),
+            if silent.len() == 1 { "s" } else { "" },
+        )
+    })
+}
+
 /// The primary after the plugin chose (lost for `after`, and `down` as its pod or node
 /// says): the member it promotes, or the lost one, with why. Nobody is promoted while the
 /// old primary's agent answers but its engine has neither confirmed the fence nor been

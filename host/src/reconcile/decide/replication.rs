@@ -45,6 +45,13 @@ impl Setting {
             members => format!("{}/{}", self.replicas, members.join(",")),
         }
     }
+
+    /// The setting a [`Setting::key`] says, if it is one.
+    pub fn parse(key: &str) -> Option<Setting> {
+        let (replicas, members) = key.split_once('/').unwrap_or((key, ""));
+        let members = members.split(',').filter(|m| !m.is_empty()).map(String::from).collect();
+        Some(Setting { replicas: replicas.parse().ok()?, members })
+    }
 }
 
 /// The primary's replicas, as a pass sees them.

@@ -231,6 +231,48 @@ fn a_lost_primary_is_replaced_only_after_the_delay_by_a_member_the_plugin_choose
     assert!(!waiting.notes[0].message.contains("told to follow"), "not a promotion");
 }
 
+/// Under synchronous replication a failover waits while as many of the replicas the lost
+/// primary last named to confirm its commits as confirmed each are not ready or silent:
+/// a ready replica that was not named confirmed none of them.
+#[test]
+fn a_failover_waits_for_the_replicas_named_to_confirm_the_last_commits() {
+    let candidate = |pod: &str, ready: bool, position: Option<&str>| Member {
+        pod: pod.into(),
+        ordinal: pod.trim_start_matches("db-").parse().unwrap_or(0),
+        ready,
+        primary: pod == "db-0",
+        position: position.map(String::from),
+        answer: None,
+    };
+    let members = |one: (bool, Option<&str>), two: (bool, Option<&str>)| {
+        vec![candidate("db-0", false, None), candidate("db-1", one.0, one.1), candidate("db-2", two.0, two.1)]
+    };
+    let (up, down, silent) = ((true, Some("0/5")), (false, None), (true, None));
+    // (what, the primary's record, spec's synchronous replicas, members, waits for)
+    type Row<'a> = (&'a str, Option<&'a str>, u32, Vec<Member>, Option<&'a str>);
+    let rows: [Row; 10] = [
+        ("the named replica down, an unnamed one ready", Some("1/db-1"), 1, members(down, up), Some("db-1 is named")),
+        ("the named replica ready but silent", Some("1/db-1"), 1, members(silent, up), Some("db-1 is named")),
+        ("the named replica answers", Some("1/db-1"), 1, members(up, down), None),
+        ("an unnamed replica down, the named one answers", Some("1/db-2"), 1, members(down, up), None),
+        ("both named answer", Some("1/db-1,db-2"), 1, members(up, up), None),
+        ("one of two named is down: a commit may be on it alone", Some("1/db-1,db-2"), 1, members(down, up), Some("db-1 is named")),
+        ("neither of two named answers", Some("1/db-1,db-2"), 1, members(down, silent), Some("db-1, db-2 are named")),
+        ("asynchronous again: the user accepts the loss", Some("1/db-1"), 0, members(down, up), None),
+        ("degraded: commits waited for no replica", Some("0"), 1, members(down, up), None),
+        ("any replica confirmed (none named), or no record", None, 1, members(down, up), None),
+    ];
+    for (what, told, synchronous, candidates, waits) in rows {
+        let why = named_replicas_wait(told, synchronous, &candidates);
+        match (waits, why.as_deref()) {
+            (None, None) => {}
+            (Some(named), Some(why)) => assert!(why.starts_with(named) && why.contains("could lose what only"), "{what}: {why}"),
+            (_, why) => panic!("{what}: {why:?}"),
+        }
+    }
+    assert_eq!(named_replicas_wait(Some("1"), 1, &members(down, up)), None, "any replica: the plugin weighs the ready ones");
+}
+
 /// A primary taken as down because its node went silent, or because its engine's
 /// readiness probe fails while every container runs, stays while its agent answers as the
 /// primary (its engine answered the agent); not once its agent is silent too (a hung
