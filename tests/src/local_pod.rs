@@ -229,7 +229,7 @@ impl LocalPod {
     }
 
     /// Runs the plugin's `what` command as the member agent would, with `extra` variables.
-    fn agent_run(&self, what: &str, command: &[String], extra: &[(&str, String)]) -> Result<(), String> {
+    pub fn agent_run(&self, what: &str, command: &[String], extra: &[(&str, String)]) -> Result<(), String> {
         let argv: Vec<String> = command.iter().map(|a| a.replace("localhost", &self.address)).collect();
         let out = self.agent_command(&argv).envs(extra.iter().map(|(k, v)| (*k, v))).output().map_err(|e| e.to_string())?;
         match out.status.success() {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use plugdb::plugin::{BackupLocation, FailoverDecision, Member, ParameterValue};
+use plugdb::plugin::{BackupLocation, EngineSpec, FailoverDecision, Member, ParameterValue};
 use plugdb_tests::engine::{CONFIG_MOUNT, EngineUnderTest};
 use plugdb_tests::local_pod::LocalPod;
 
@@ -279,6 +279,72 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     caught_up(&rejoined, &third);
     let status = sql(&rejoined, &pw, "SHOW SLAVE STATUS\\G").expect("slave status");
     assert_eq!(status.lines().filter(|l| l.trim() == "Yes").count(), 2, "it follows the third: {status}");
+}
+
+/// Semi-synchronous replication, named as the host names it: the primary waits for one
+/// replica's acknowledgement, from whichever sends it, so a replica sends them only while
+/// the host names it (or names none). The one left out still streams, asynchronously; the
+/// primary counts it out, and in again once named. Its agent's command is idempotent, and
+/// the primary's lowers and raises the wait.
+#[test]
+fn a_semi_synchronous_replica_confirms_commits_only_while_named() {
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = EngineSpec { synchronous_replicas: 1, replicas: 3, ..db.spec("sync", vec![]) };
+    let secrets = db.secrets("sync");
+    let pw = secrets["root-password"].clone();
+    let primary = db.start_member(&plugin, &s, 0, None, &secrets);
+    let address = primary.address.clone();
+    let named = db.start_member(&plugin, &s, 1, Some(("sync-0", &address)), &secrets);
+    let other = db.start_member(&plugin, &s, 2, Some(("sync-0", &address)), &secrets);
+    let command = plugin.render(&s, &plugdb_tests::cluster("sync", "default")).expect("render").synchronous_command;
+    let status = |pod: &LocalPod, variable: &str| {
+        let said = sql(pod, &pw, &format!("SHOW STATUS LIKE '{variable}'")).expect("status");
+        said.split_whitespace().nth(1).unwrap_or_default().to_string()
+    };
+    let clients = |n: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while status(&primary, "Rpl_semi_sync_master_clients") != n {
+            assert!(Instant::now() < deadline, "{n} semi-synchronous replicas expected:\n{}", primary.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    clients("2");
+    let tell = |pod: &LocalPod, name: &str, n: &str, members: &str| {
+        let env = [
+            ("PLUGDB_POD_NAME", name.to_string()),
+            ("PLUGDB_SYNCHRONOUS_REPLICAS", n.into()),
+            ("PLUGDB_SYNCHRONOUS_MEMBERS", members.into()),
+        ];
+        pod.agent_run("synchronous", &command, &env)
+    };
+    tell(&named, "sync-1", "1", "sync-1").expect("the named replica told");
+    tell(&other, "sync-2", "1", "sync-1").expect("the other told");
+    assert_eq!(status(&other, "Rpl_semi_sync_slave_status"), "OFF", "left out, it acknowledges nothing");
+    assert_eq!(status(&named, "Rpl_semi_sync_slave_status"), "ON");
+    clients("1");
+    sql(&primary, &pw, "CREATE DATABASE shop; CREATE TABLE shop.orders (id INT PRIMARY KEY); INSERT INTO shop.orders VALUES (1)")
+        .expect("a commit");
+    caught_up(&other, &primary, &pw);
+    // Told again, nothing changes: no stream is started again.
+    let streams =
+        || sql(&primary, &pw, "SELECT GROUP_CONCAT(ID ORDER BY ID) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'");
+    let before = streams().expect("the streams");
+    tell(&other, "sync-2", "1", "sync-1").expect("told again");
+    tell(&named, "sync-1", "1", "sync-1").expect("told again");
+    assert_eq!(streams().expect("the streams"), before, "the same two streams");
+    // None named: any replica confirms.
+    tell(&other, "sync-2", "1", "").expect("none named");
+    assert_eq!(status(&other, "Rpl_semi_sync_slave_status"), "ON");
+    clients("2");
+    // Injected text is refused; the primary lowers the wait to none and raises it again.
+    let refused = tell(&other, "sync-2", "1", "sync-1'; DROP DATABASE shop; --").expect_err("not a list of members");
+    assert!(refused.contains("not a list of members"), "{refused}");
+    tell(&primary, "sync-0", "0", "").expect("no replica waited for");
+    assert_eq!(status(&primary, "Rpl_semi_sync_master_status"), "OFF");
+    tell(&primary, "sync-0", "1", "sync-1").expect("one replica waited for");
+    assert_eq!(status(&primary, "Rpl_semi_sync_master_status"), "ON");
+    sql(&primary, &pw, "INSERT INTO shop.orders VALUES (2)").expect("a commit one replica confirmed");
 }
 
 /// A former primary whose last commit never reached the replica promoted in its place

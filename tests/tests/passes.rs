@@ -1387,32 +1387,41 @@ async fn too_few_replicas_for_longer_than_allowed_degrade_synchronous_replicatio
 }
 
 /// Synchronous replication names the ready replicas alone: with member 2 not ready, the
-/// primary's agent is told that each commit waits for `orders-1`, and the primary's pod
-/// records what its agent was told (and since when the primary is ready), so that it is
-/// told again only when that changes.
+/// primary's agent is told that each commit waits for `orders-1`, and so is each
+/// replica's (a MariaDB replica confirms only while named); each pod records what its
+/// agent was told (with which run of its containers), so that none is told again until
+/// that changes.
 #[tokio::test]
 async fn only_ready_replicas_are_named_to_confirm_synchronous_commits() {
     let registry = registry().await;
-    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    // The agents are heard in this pass (as every 30 s): the replicas' are told then.
+    let server = Server { image: Some("plugdb:test"), poll: true, ..Server::default() };
     let spec = json!({"replicas": 3, "replication": {"mode": "Synchronous"}});
     let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/4000000 0"];
     let (db, cluster, server, agents) = with_agents_of(&registry, spec, server, 230, [true, true, false], said).await;
     let (result, calls, _) = pass_over(&registry, &db, &cluster, &server).await;
     result.expect("the pass");
-    let asked = std::fs::read_to_string(agents.path().join("member-0").join("synchronous")).expect("the primary's agent was asked");
-    assert_eq!(asked.trim(), "1 orders-1", "one replica confirms each commit, of the ready ones");
-    let told = |c: &&Call| c.line() == "PATCH /api/v1/namespaces/shop/pods/orders-0";
-    let marked = calls.iter().find(told).expect("the primary's pod records it");
-    let told = marked.body["metadata"]["annotations"]["plugdb.io/synchronous"].as_str().unwrap_or_default();
-    assert!(told.starts_with("1/orders-1@20"), "with since when the primary is ready: {told}");
-    // Recorded, it is not asked again.
+    let asked = |member: &str| std::fs::read_to_string(agents.path().join(member).join("synchronous"));
+    // The primary's agent names them, and each replica's is told (a MariaDB replica
+    // confirms only while named); each pod records it.
     let mut cluster = cluster;
-    let pod = cluster.iter_mut().find(|o| o["kind"] == "Pod" && o["metadata"]["name"] == "orders-0").expect("the primary's pod");
-    pod["metadata"]["annotations"]["plugdb.io/synchronous"] = json!(told);
-    std::fs::remove_file(agents.path().join("member-0").join("synchronous")).expect("cleared");
+    for (member, pod) in [("member-0", "orders-0"), ("member-1", "orders-1"), ("member-2", "orders-2")] {
+        let asked = asked(member).unwrap_or_else(|e| panic!("{member}'s agent was asked: {e}"));
+        assert_eq!(asked.trim(), "1 orders-1", "one replica confirms each commit, of the ready ones");
+        let line = format!("PATCH /api/v1/namespaces/shop/pods/{pod}");
+        let marked = calls.iter().find(|c| c.line() == line).unwrap_or_else(|| panic!("{pod} records it: {:?}", lines(&calls)));
+        let told = marked.body["metadata"]["annotations"]["plugdb.io/synchronous"].as_str().unwrap_or_default();
+        assert!(told.starts_with("1/orders-1@20") && told.ends_with("+0"), "with which run of its containers: {told}");
+        let pod = cluster.iter_mut().find(|o| o["kind"] == "Pod" && o["metadata"]["name"] == pod).expect("the pod");
+        pod["metadata"]["annotations"]["plugdb.io/synchronous"] = json!(told);
+        std::fs::remove_file(agents.path().join(member).join("synchronous")).expect("cleared");
+    }
+    // Recorded, none is asked again.
     let (result, calls, _) = pass_over(&registry, &db, &cluster, &server).await;
     result.expect("the pass");
-    assert!(!agents.path().join("member-0").join("synchronous").exists(), "asked again: {:?}", lines(&calls));
+    for member in ["member-0", "member-1", "member-2"] {
+        assert!(asked(member).is_err(), "{member} asked again: {:?}", lines(&calls));
+    }
 }
 
 /// Under synchronous replication, a lost primary whose record says it last had orders-1

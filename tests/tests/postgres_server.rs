@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use plugdb::plugin::{BackupLocation, FailoverDecision, Member, ParameterValue};
+use plugdb::plugin::{BackupLocation, EngineSpec, FailoverDecision, Member, ParameterValue};
 use plugdb_tests::engine::{CONFIG_MOUNT, EngineUnderTest};
 use plugdb_tests::local_pod::LocalPod;
 
@@ -191,6 +191,22 @@ fn a_streaming_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     with_password(&mut other, &secrets["superuser-password"]);
 
     assert_eq!(sql(&replica, "SELECT pg_is_in_recovery()").expect("recovery"), "t", "member 1 is a standby");
+    // Told which replicas confirm commits (as every member's agent is): the primary names
+    // them; a standby has nothing to do.
+    let sync = EngineSpec { synchronous_replicas: 1, ..s.clone() };
+    let synchronous = plugin.render(&sync, &plugdb_tests::cluster("ha", "default")).expect("render").synchronous_command;
+    let tell = |pod: &LocalPod, n: &str, members: &str| {
+        pod.agent_run(
+            "synchronous",
+            &synchronous,
+            &[("PLUGDB_SYNCHRONOUS_REPLICAS", n.into()), ("PLUGDB_SYNCHRONOUS_MEMBERS", members.into())],
+        )
+    };
+    tell(&replica, "1", "ha-2").expect("a standby told");
+    assert_eq!(sql(&replica, "SHOW synchronous_standby_names").expect("its setting"), "", "a standby names none");
+    tell(&primary, "1", "ha-1").expect("the primary told");
+    assert_eq!(sql(&primary, "SHOW synchronous_standby_names").expect("its setting"), r#"ANY 1 ("ha-1")"#);
+    tell(&primary, "0", "").expect("no replica waited for");
     // As a Database made before the replication role could rewind: the promotion below
     // grants it what a rewind reads.
     sql(&primary, &REPLICATOR_GRANTS.replace("GRANT", "REVOKE").replace(" TO ", " FROM ")).expect("revoked");

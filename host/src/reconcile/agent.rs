@@ -226,26 +226,22 @@ pub async fn follow(ctx: &Context, db: &Database, members: &[Observed], primary:
     Ok((following, replicas.len()))
 }
 
-/// Asks the agent of `primary` to make each commit wait for what `setting` says; says
-/// whether it did. Its pod then records it ([`crate::names::SYNCHRONOUS`]), with when it
-/// became ready: it is not asked again until that changes (a restarted engine starts from
-/// its rendered configuration).
-pub async fn synchronous(ctx: &Context, db: &Database, primary: Option<&Observed>, setting: &Setting) -> Result<bool, Error> {
-    let Some(primary) = primary else { return Ok(false) };
-    let Ok(n) = u8::try_from(setting.replicas) else { return Ok(false) };
-    let members = setting.members.join(",");
-    let done = post(ctx, db, primary, Request::Synchronous(n, &members)).await? == Some(Answer::Set);
-    if done {
-        mark(
-            ctx,
-            db,
-            &primary.name,
-            crate::names::SYNCHRONOUS,
-            &format!("{}@{}", setting.key(), primary.ready_since.as_deref().unwrap_or_default()),
-        )
-        .await?;
-        let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
-        tracing::info!(%database, primary = %primary.name, replicas = n, %members, "commits wait for this many replicas (of those members, when named)");
+/// Asks the agents of `members` to work as `setting` says: the primary's has each commit
+/// wait for that many of the members named, and a replica's has it confirm commits only
+/// when it is named (an engine whose primary cannot name them, MariaDB's, leaves it to
+/// the replicas). Says which did, in the order of `members`. Each pod that did records
+/// it ([`crate::names::SYNCHRONOUS`]) with its run ([`Observed::run`]): it is not asked
+/// again until either changes (a restarted engine starts from its rendered configuration).
+pub async fn synchronous(ctx: &Context, db: &Database, members: &[Observed], setting: &Setting) -> Result<Vec<bool>, Error> {
+    let Ok(n) = u8::try_from(setting.replicas) else { return Ok(vec![false; members.len()]) };
+    let named = setting.members.join(",");
+    let said = ask(ctx, db, Request::Synchronous(n, &named), members).await?;
+    let done: Vec<bool> = said.iter().map(|a| a.as_deref().ok().and_then(Answer::parse) == Some(Answer::Set)).collect();
+    let database = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
+    for (member, _) in members.iter().zip(&done).filter(|(_, done)| **done) {
+        let told = format!("{}@{}", setting.key(), member.run.as_deref().unwrap_or_default());
+        mark(ctx, db, &member.name, crate::names::SYNCHRONOUS, &told).await?;
+        tracing::info!(%database, member = %member.name, replicas = n, members = %named, "told how many replicas confirm each commit (of those members, when named)");
     }
     Ok(done)
 }

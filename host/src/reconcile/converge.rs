@@ -121,12 +121,13 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     pass.agents(super::wants_agent(&engine.plugin, &workload), sidecars.agent.is_some());
     let incident = pass.hear(sidecars.agent.is_some(), &members, &primary.name, elects).await?;
     let leadership = build::Leadership::of(&engine.plugin);
-    // The primary's agent can name the replicas that confirm commits.
+    // The agents can name the replicas that confirm commits.
     let named = sidecars.agent.is_some() && !workload.synchronous_command.is_empty();
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary, &applied, scale.granted);
-    let (notes, replication_due) =
-        replication::reconcile(ctx, db, (&pass.old, &mut pass.plan.told), (&members.observed, &primary.name), (elects, named)).await?;
+    let heard: Vec<&str> = pass.heard.iter().map(|(pod, _)| pod.as_str()).collect();
+    let observed = (members.observed.as_slice(), primary.name.as_str(), heard.as_slice());
+    let (notes, replication_due) = replication::reconcile(ctx, db, (&pass.old, &mut pass.plan.told), observed, (elects, named)).await?;
     pass.say(&notes);
     // Members of an engine that elects its leader are part of the engine's membership: never moved.
     let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !elects);

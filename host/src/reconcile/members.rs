@@ -55,6 +55,11 @@ pub struct Observed {
     pub down: Option<String>,
     /// When its Ready condition last changed (RFC 3339).
     pub ready_since: Option<String>,
+    /// Which run of its containers this is: its Ready condition's last change and their
+    /// restarts (`<time>+<restarts>`). What its agent was told to set as the engine runs
+    /// holds while this does not change: an engine that restarts starts from its rendered
+    /// configuration, whether or not its pod was ready.
+    pub run: Option<String>,
     /// The primary its template was rendered for, and that template's hash without the
     /// primary's name (see [`crate::names::ROLE_FREE_HASH`]).
     pub rendered: Option<(String, String)>,
@@ -88,9 +93,8 @@ pub struct Observed {
     /// What its agent said in this pass: whether it streams from a primary (a replica
     /// that knows its lag); `None` when it gave no status (see [`next_to_roll`]).
     pub streaming: Option<bool>,
-    /// What its agent last had each commit wait for (a synchronous setting's key, see
-    /// [`crate::names::SYNCHRONOUS`]), while its Ready condition has not changed since:
-    /// an engine that restarts starts from its rendered configuration.
+    /// What its agent was last told of synchronous commits (a synchronous setting's key,
+    /// see [`crate::names::SYNCHRONOUS`]), in this [`Self::run`].
     pub synchronous: Option<String>,
     /// The same, whatever happened since: a failover weighs the replicas a lost primary
     /// last had confirm its commits.
@@ -114,6 +118,7 @@ impl Observed {
             node: None,
             down: None,
             ready_since: None,
+            run: None,
             rendered: None,
             fenced: false,
             promoted: false,
@@ -160,6 +165,8 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
             let age = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| now.duration_since(t.0).as_secs();
             let transition = ready_condition.and_then(|c| c.last_transition_time);
             let ready_since = transition.as_ref().map(|t| t.0.to_string());
+            let restarts: i32 = containers.iter().map(|c| c.restart_count).sum();
+            let run = ready_since.as_ref().map(|at| format!("{at}+{restarts}"));
             let served = !ready && transition.as_ref().is_some_and(|t| ready_since_started(p, t));
             let changed = transition.map(|t| age(&t)).unwrap_or(0);
             let started = match p.metadata.creation_timestamp.as_ref() {
@@ -168,7 +175,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
             };
             let since_seconds = changed.min(started);
             let told = p.annotations().get(crate::names::SYNCHRONOUS).and_then(|told| told.split_once('@'));
-            let synchronous = told.filter(|(_, at)| ready_since.as_deref() == Some(*at)).map(|(key, _)| key.to_string());
+            let synchronous = told.filter(|(_, at)| run.as_deref() == Some(*at)).map(|(key, _)| key.to_string());
             let last_told = told.map(|(key, _)| key.to_string());
             Some(Observed {
                 ordinal,
@@ -182,6 +189,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
                 down,
                 ready_since,
+                run,
                 rendered: p
                     .annotations()
                     .get(crate::names::PRIMARY_ANNOTATION)

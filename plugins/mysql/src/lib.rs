@@ -501,16 +501,51 @@ later 'SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE; RESET SLAVE ALL
 const FOLLOW: &str = r#"host="$PLUGDB_PRIMARY_HOST"
 case "$host" in ''|*[!a-z0-9.-]*) echo "not a member's address: $host" >&2; exit 2 ;; esac
 [ "$(m -N -B -e 'SELECT @@read_only')" = 1 ] || { echo "not a replica" >&2; exit 2; }
-later "SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE; CHANGE MASTER TO MASTER_HOST = '$host'; SET GLOBAL rpl_semi_sync_slave_enabled = ${SEMI_SYNC:-OFF}; START SLAVE"
+confirms=$(m -N -B -e 'SELECT @@rpl_semi_sync_slave_enabled')
+later "SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE; CHANGE MASTER TO MASTER_HOST = '$host'; SET GLOBAL rpl_semi_sync_slave_enabled = $confirms; START SLAVE"
 for try in $(seq 30); do
   case "$(m -e 'SHOW SLAVE STATUS\G')" in *"Master_Host: $host"*"Slave_IO_Running: Yes"*) exit 0 ;; esac
   sleep 0.1
 done
 echo "not streaming from $host" >&2; exit 1"#;
 
-/// What the member agent runs to turn semi-synchronous replication off (0) or on (1).
-const SYNCHRONOUS: &str = "case \"$PLUGDB_SYNCHRONOUS_REPLICAS\" in 0) on=OFF ;; 1) on=ON ;; *) echo \"MariaDB waits for 0 or 1 replica, not $PLUGDB_SYNCHRONOUS_REPLICAS\" >&2; exit 2 ;; esac
-m -e \"SET GLOBAL rpl_semi_sync_master_enabled = $on\"";
+/// What the member agent runs when the host says how many replicas confirm each commit
+/// (`PLUGDB_SYNCHRONOUS_REPLICAS`, 0 or 1) and which (`PLUGDB_SYNCHRONOUS_MEMBERS`): the
+/// primary waits for one, or none (`rpl_semi_sync_master_enabled`), from whichever
+/// replica acknowledges first, as it cannot name them; so a replica acknowledges only
+/// while it is named, or none are (`rpl_semi_sync_slave_enabled`, which its stream takes
+/// when it connects: the stream starts again, in a session of its own, see [`FOLLOW`]).
+/// One the host does not name (it does not stream, or fell behind) then confirms no
+/// commit a failover could not find. It succeeds once the replica's stream works so, or
+/// it has none (it takes the setting when it starts). A restart starts from `my.cnf`.
+const SYNCHRONOUS: &str = r#"n="$PLUGDB_SYNCHRONOUS_REPLICAS" members="${PLUGDB_SYNCHRONOUS_MEMBERS:-}"
+case "$n" in 0) on=OFF ;; 1) on=ON ;; *) echo "MariaDB waits for 0 or 1 replica, not $n" >&2; exit 2 ;; esac
+case "$members" in *[!a-z0-9,-]*) echo "not a list of members: $members" >&2; exit 2 ;; esac
+read_only=$(m -N -B -e 'SELECT @@read_only') || exit 1
+if [ "$read_only" = 0 ]; then
+  m -e "SET GLOBAL rpl_semi_sync_master_enabled = $on"
+  exit
+fi
+case "${PLUGDB_POD_NAME:-}" in ''|*[!a-z0-9-]*) echo "not a member's name: ${PLUGDB_POD_NAME:-}" >&2; exit 2 ;; esac
+case ",$members," in ,,|*",$PLUGDB_POD_NAME,"*) want=ON ;; *) want=OFF ;; esac
+works() {
+  said=$(m -e "SELECT IF(@@rpl_semi_sync_slave_enabled, 'enabled ON', 'enabled OFF') AS confirms; SHOW STATUS LIKE 'Rpl_semi_sync_slave_status'; SHOW SLAVE STATUS\G")
+  case "$said" in *"enabled $want"*) ;; *) return 1 ;; esac
+  case "$said" in *"Slave_IO_Running: Yes"*) ;; *) return 0 ;; esac
+  case "$said" in *"Rpl_semi_sync_slave_status"?"$want"*) return 0 ;; esac
+  return 1
+}
+works && exit 0
+if [ -z "$(m -e 'SHOW SLAVE STATUS')" ]; then
+  m -e "SET GLOBAL rpl_semi_sync_slave_enabled = $want"
+  exit
+fi
+later "SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE IO_THREAD; SET GLOBAL rpl_semi_sync_slave_enabled = $want; START SLAVE IO_THREAD"
+for try in $(seq 30); do
+  sleep 0.1
+  works && exit 0
+done
+echo "its stream does not confirm commits as asked ($want)" >&2; exit 1"#;
 
 impl Agent for Mysql {
     fn status_command(_spec: DatabaseSpec) -> Vec<String> {
@@ -533,7 +568,8 @@ impl Agent for Mysql {
     }
 
     /// Semi-synchronous replication off (0) or on, as the server runs: off, the commits
-    /// waiting for a replica complete; a restart turns it on again (`my.cnf`).
+    /// waiting for a replica complete; a restart turns it on again (`my.cnf`). A replica
+    /// acknowledges only while named (see [`SYNCHRONOUS`]).
     fn synchronous_command(spec: DatabaseSpec) -> Vec<String> {
         if spec.synchronous_replicas == 0 {
             return Vec::new();

@@ -489,12 +489,15 @@ PGOPTIONS=\"$PGOPTIONS -c synchronous_commit=local\" sql -1 -f \"$PLUGDB_CONFIG_
 /// What the member agent runs to change how many replicas confirm each commit, and which
 /// (their pods' names are their `application_name`s): as the server runs (`ALTER SYSTEM`,
 /// reloaded; the start removes it, so the rendered setting returns with the next start).
-/// An empty setting releases the commits waiting now.
+/// An empty setting releases the commits waiting now. A standby, told too, has nothing to
+/// do: the primary names those that confirm.
 const SYNCHRONOUS: &str = "export PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog'
 n=\"$PLUGDB_SYNCHRONOUS_REPLICAS\" members=\"${PLUGDB_SYNCHRONOUS_MEMBERS:-}\"
 case \"$members\" in *[!a-z0-9,-]*) echo \"not a list of members: $members\" >&2; exit 2 ;; '') of='*' ;; *) of=\"\\\"$(echo \"$members\" | sed 's/,/\", \"/g')\\\"\" ;; esac
 case \"$n\" in 0) names='' ;; [1-9]) names=\"ANY $n ($of)\" ;; *) echo \"not a number of replicas: $n\" >&2; exit 2 ;; esac
 sql() { psql -h localhost -p 5432 -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 \"$@\"; }
+standby=$(sql -c 'SELECT pg_is_in_recovery()') || exit 1
+[ \"$standby\" = f ] || exit 0
 sql -c \"ALTER SYSTEM SET synchronous_standby_names = '$names'\" -c 'SELECT pg_reload_conf()' >/dev/null
 until [ \"$(sql -c 'SHOW synchronous_standby_names')\" = \"$names\" ]; do sleep 0.05; done";
 

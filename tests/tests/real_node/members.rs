@@ -474,6 +474,18 @@ pub async fn synchronous_commits_wait_then_degrade(cluster: Arc<Cluster>, engine
     // Who confirms commits is the administrator's to see.
     let state = client.eventually_administered(&members[0], confirming, Duration::from_secs(30), |r| r == confirms).await;
     assert_eq!(state, confirms, "the replica confirms commits");
+    // The replica's agent is told it is named too (a MariaDB replica confirms only while
+    // it is), and its pod records it.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let replica = pods.get("orders-1").await.expect("the replica's pod");
+        if replica.annotations().get(plugdb::names::SYNCHRONOUS).is_some_and(|t| t.starts_with("1/orders-1@")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica's agent was never told it confirms: {:?}", replica.annotations());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let container = members[1].spec.as_ref().map(|s| s.containers[0].name.clone()).expect("the engine's container");
 
     plugdb_tests::scenario::signal_all(&members[1], &container, "STOP");

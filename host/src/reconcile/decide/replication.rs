@@ -27,7 +27,8 @@ impl Synchronous {
     }
 }
 
-/// What the primary's agent is asked to make each commit wait for.
+/// What the primary's agent is asked to make each commit wait for, and each replica's
+/// told (whether it is named).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
     /// How many replicas confirm each commit (0: none).
@@ -62,9 +63,10 @@ pub struct Replicas<'a> {
     /// What the primary's agent last had commits wait for ([`Setting::key`]), as its
     /// pod says, while its engine has not restarted since.
     pub told: Option<&'a str>,
-    /// The primary's agent can be asked to name the replicas that confirm (it runs the
-    /// plugin's synchronous command); otherwise it is asked only to lower synchronous
-    /// replication and raise it again, and any replica confirms.
+    /// The agents can be asked to name the replicas that confirm (they run the plugin's
+    /// synchronous command: the primary's, and each replica's, see
+    /// [`crate::reconcile::replication`]); otherwise the primary's is asked only to lower
+    /// synchronous replication and raise it again, and any replica confirms.
     pub named: bool,
 }
 
@@ -78,6 +80,9 @@ pub struct ReplicationPlan {
     pub note: Note,
     /// When to look again, should nothing change before.
     pub look_again: Option<Duration>,
+    /// While enough replicas are ready and the agents name them: the setting the primary
+    /// works with, asked for or not, which each replica's agent is told too.
+    pub named: Option<Setting>,
 }
 
 /// How long a pass waits to ask again when the primary's agent did not do what it was asked.
@@ -102,11 +107,12 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             // Synchronous again: news.
             note.event = Event::Normal;
         }
-        let set = match replicas.named {
-            true => unless_told(Setting { replicas: n, members: replicas.ready.to_vec() }),
-            false => degraded.then_some(Setting { replicas: n, members: vec![] }),
+        let named = replicas.named.then(|| Setting { replicas: n, members: replicas.ready.to_vec() });
+        let set = match &named {
+            Some(setting) => unless_told(setting.clone()),
+            None => degraded.then_some(Setting { replicas: n, members: vec![] }),
         };
-        return ReplicationPlan { set, note, look_again: None };
+        return ReplicationPlan { set, note, look_again: None, named };
     }
     let missing = format!("{ready} of the {n} replicas each commit waits for are ready");
     let Some(bound) = sync.degrade_after else {
@@ -115,6 +121,7 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: None,
             note: Note::warn_once(condition, false, Reason::ReplicasMissing, message, true),
             look_again: None,
+            named: None,
         };
     };
     let degraded_message =
@@ -126,6 +133,7 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: unless_told(none),
             note: Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message),
             look_again: None,
+            named: None,
         };
     }
     let since = said.filter(|c| c.status == "False").map(|c| c.last_transition_time.0).unwrap_or(now);
@@ -135,6 +143,7 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
             set: Some(none),
             note: Note { event: Event::Warning, ..Note::condition(condition, false, Reason::ReplicationDegraded, degraded_message) },
             look_again: None,
+            named: None,
         };
     }
     let message = format!("{missing}: commits wait until enough are back, for at most {}s (whenTooFewReplicas: Degrade)", bound.as_secs());
@@ -142,5 +151,6 @@ pub fn replication(sync: Synchronous, replicas: Replicas, said: Option<&Conditio
         set: None,
         note: Note::warn_once(condition, false, Reason::ReplicasMissing, message, true),
         look_again: Some(bound - waited),
+        named: None,
     }
 }

@@ -726,6 +726,13 @@ fn only_ready_replicas_confirm_synchronous_commits() {
     let still = |told| key(replication(sync, Replicas { ready: &[], told, named: true }, Some(&degraded), now));
     assert_eq!(still(Some("1/db-2")).as_deref(), Some("0"), "degraded: a primary that waits is told to wait for none");
     assert_eq!(still(Some("0")), None, "and only once");
+    // The replicas are told what the primary works with, whether or not it is asked again;
+    // nothing while too few are ready, or once degraded.
+    let named = |ready, told, said| replication(sync, Replicas { ready, told, named: true }, said, now).named.map(|s| s.key());
+    assert_eq!(named(&both, Some("1/db-1,db-2"), None).as_deref(), Some("1/db-1,db-2"));
+    assert_eq!(named(&one, None, None).as_deref(), Some("1/db-2"));
+    assert_eq!(named(&[], Some("1/db-2"), None), None);
+    assert_eq!(named(&[], Some("1/db-2"), Some(&degraded)), None);
 }
 
 /// A primary fenced for an asked switchover is given the switchover's patience before it
