@@ -254,6 +254,8 @@ impl LocalPod {
     fn agent_command(&self, argv: &[String]) -> Command {
         let mut cmd = self.command(argv);
         cmd.env("PLUGDB_FENCED", self.dir.path().join("agent-fenced"));
+        // As the agent runs it: in a process group of its own, which it ends whole.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd
     }
 

@@ -221,10 +221,13 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     // Fenced by the plugin's fence command, as the agent does before a promotion. Its first
     // run ends before it sees the server down (a loaded server slow to end: a stand-in for
     // the client says it still answers), so the agent runs it again, which finds the server
-    // down. The old primary takes no more writes; fencing it again is harmless.
+    // down. And the first run's process group is ended, whole, as soon as the server was
+    // asked to shut down (as the agent ends a command at its time limit, on a loaded node):
+    // what the server said before is kept all the same. The old primary takes no more
+    // writes; fencing it again is harmless.
     let slow = primary.dir().join("slow-to-end");
     std::fs::create_dir_all(&slow).expect("a directory for the stand-in");
-    let client = "#!/bin/sh\ncase \"$*\" in *'SELECT 1'*) echo 1; exit 0 ;; esac\nexec /usr/bin/mariadb \"$@\"\n";
+    let client = "#!/bin/sh\ncase \"$*\" in *'SELECT 1'*) echo 1; exit 0 ;; *SHUTDOWN*) /usr/bin/mariadb \"$@\"; kill -9 0 ;; esac\nexec /usr/bin/mariadb \"$@\"\n";
     std::fs::write(slow.join("mariadb"), client).expect("the stand-in");
     let runnable = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
     std::fs::set_permissions(slow.join("mariadb"), runnable).expect("its mode");

@@ -448,31 +448,39 @@ echo "$said${lag:+ $lag}""#;
 /// What the member agent runs to fence a primary: the server shuts down (`read_only`
 /// would not stop accounts with every privilege), and the start waits while the member
 /// is fenced. First every commit stops (`FLUSH TABLES WITH READ LOCK`, a second at most)
-/// and the position then is kept beside the fence's mark: the last the member wrote,
-/// which a planned switchover waits for its new primary to reach: the server sends every
-/// replica connected all it wrote before it ends (`WAIT FOR ALL SLAVES`; a plain
-/// shutdown ends their streams where they are, and a replica a moment behind would never
-/// reach that position). Without the lock in time (a long transaction) the server shuts
-/// down all the same. The position is kept aside until the server refuses connections,
-/// and becomes its last then, in this run or the next (a loaded server may take longer to
-/// end than one run of the fence may last). A server that refuses connections takes no
+/// and the server says its position then: the last the member wrote, which a planned
+/// switchover waits for its new primary to reach. It then sends every replica connected
+/// all it wrote before it ends (`WAIT FOR ALL SLAVES`; a plain shutdown ends their
+/// streams where they are, and a replica a moment behind would never reach that
+/// position). That client runs in a session of its own, writing beside the fence's mark
+/// as it goes (`later`, unbuffered): the agent ends this command, whole, when its time
+/// is up, and on a loaded node that may come after the shutdown was sent and before
+/// anything here kept the position. Once the server refuses connections, in this run or
+/// the next, the position it said is kept as its last; while it answers, nothing kept
+/// before is. Without the lock in time (a long transaction) the server shuts down all
+/// the same, its last position unknown. A server that refuses connections takes no
 /// writes either; one that does not answer (hung) is tried again.
-const FENCE: &str = "gtids='^[0-9]+-[0-9]+-[0-9]+(,[0-9]+-[0-9]+-[0-9]+)*$'
-kept=\"${PLUGDB_FENCED:-}.position\"
-said=$(m -N -B -e \"SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN WAIT FOR ALL SLAVES\" 2>&1)
-last=$(printf '%s\\n' \"$said\" | grep -E \"$gtids\" | tail -n 1)
-[ -z \"$last\" ] || [ -z \"${PLUGDB_FENCED:-}\" ] || printf '%s\\n' \"$last\" > \"$kept.pending\"
-# Down (it refuses connections) with the read lock held to the end: what it said is its last.
-for try in 1 2 3 4 5; do
-  case \"$(m -e 'SELECT 1' 2>&1)\" in *\"Can't connect to server\"*)
-    [ -z \"${PLUGDB_FENCED:-}\" ] || [ ! -s \"$kept.pending\" ] || mv \"$kept.pending\" \"$kept\"
-    exit 0 ;;
-  esac
+const FENCE: &str = r#"gtids='^[0-9]+-[0-9]+-[0-9]+(,[0-9]+-[0-9]+-[0-9]+)*$'
+state="${PLUGDB_FENCED:-}" said=/dev/null
+[ -z "$state" ] || said="$state.said"
+down() { case "$(m -e 'SELECT 1' 2>&1)" in *"Can't connect to server"*) return 0 ;; esac; return 1; }
+kept() {
+  last=$(grep -E "$gtids" "$said" 2>/dev/null | tail -n 1)
+  [ -z "$last" ] || [ -z "$state" ] || printf '%s\n' "$last" > "$state.position"
+}
+if down; then kept; exit 0; fi
+[ -z "$state" ] || rm -f "$state.position"
+RUN='setsid -f'
+m -n -N -B -e "SET SESSION lock_wait_timeout = 1; FLUSH TABLES WITH READ LOCK; SELECT @@gtid_current_pos; SHUTDOWN WAIT FOR ALL SLAVES" </dev/null >"$said" 2>&1
+RUN=
+for try in $(seq 20); do
   sleep 0.1
+  if down; then kept; exit 0; fi
+  grep -q '^ERROR' "$said" 2>/dev/null && break
 done
-said=$(m -e 'SHUTDOWN WAIT FOR ALL SLAVES' 2>&1) && exit 0
-case \"$said\" in *\"Can't connect to server\"*) exit 0 ;; esac
-echo \"$said\" >&2; exit 1";
+out=$(m -e 'SHUTDOWN WAIT FOR ALL SLAVES' 2>&1) && exit 0
+case "$out" in *"Can't connect to server"*) exit 0 ;; esac
+echo "$out" >&2; exit 1"#;
 
 /// What the member agent runs to promote a replica in place: it applies all it received
 /// (within 2 s; one that cannot is restarted to lead instead, and its stop applies it)
