@@ -94,14 +94,18 @@ pub struct Observed {
     /// that knows its lag); `None` when it gave no status (see [`next_to_roll`]).
     pub streaming: Option<bool>,
     /// What its agent was last told of synchronous commits (a synchronous setting's key,
-    /// see [`crate::names::SYNCHRONOUS`]), in this [`Self::run`].
-    pub synchronous: Option<String>,
-    /// The same, whatever happened since: a failover weighs the replicas a lost primary
-    /// last had confirm its commits.
-    pub last_told: Option<String>,
+    /// see [`crate::names::SYNCHRONOUS`]), and in which [`Self::run`]: a failover weighs the
+    /// replicas a lost primary last had confirm its commits, whatever happened since.
+    pub last_told: Option<(String, String)>,
 }
 
 impl Observed {
+    /// What its agent was last told of synchronous commits while its engine has run since
+    /// (an engine that restarts starts from its rendered configuration).
+    pub fn synchronous(&self) -> Option<&str> {
+        self.last_told.as_ref().filter(|(_, run)| self.run.as_deref() == Some(run.as_str())).map(|(key, _)| key.as_str())
+    }
+
     /// A ready member `name` at `address`, everything else unknown: what tests build
     /// their members from.
     #[cfg(test)]
@@ -132,7 +136,6 @@ impl Observed {
             crash_loop: false,
             probe_failing: false,
             streaming: None,
-            synchronous: None,
             last_told: None,
             address,
         }
@@ -175,8 +178,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
             };
             let since_seconds = changed.min(started);
             let told = p.annotations().get(crate::names::SYNCHRONOUS).and_then(|told| told.split_once('@'));
-            let synchronous = told.filter(|(_, at)| run.as_deref() == Some(*at)).map(|(key, _)| key.to_string());
-            let last_told = told.map(|(key, _)| key.to_string());
+            let last_told = told.map(|(key, run)| (key.to_string(), run.to_string()));
             Some(Observed {
                 ordinal,
                 ready,
@@ -211,7 +213,6 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                 crash_loop,
                 probe_failing,
                 streaming: None,
-                synchronous,
                 last_told,
                 name,
             })

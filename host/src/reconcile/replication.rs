@@ -31,7 +31,7 @@ pub async fn reconcile(
     let ready: Vec<String> =
         members.iter().filter(|m| m.ready && !m.fenced && !m.terminating && m.name != primary).map(|m| m.name.clone()).collect();
     let leader = members.iter().find(|m| m.name == primary && m.ready);
-    let replicas = Replicas { ready: &ready, told: leader.and_then(|m| m.synchronous.as_deref()), named };
+    let replicas = Replicas { ready: &ready, told: leader.and_then(Observed::synchronous), named };
     let said = status.conditions.iter().find(|c| c.type_ == ConditionType::SynchronousReplication.as_str());
     let plan = decide::replication(sync, replicas, said, k8s_openapi::jiff::Timestamp::now());
     if let Some(setting) = plan.set
@@ -43,7 +43,7 @@ pub async fn reconcile(
     if let Some(setting) = plan.named {
         let key = setting.key();
         let untold = |m: &&Observed| {
-            m.name != primary && !m.fenced && !m.terminating && heard.contains(&m.name.as_str()) && m.synchronous.as_deref() != Some(&key)
+            m.name != primary && !m.fenced && !m.terminating && heard.contains(&m.name.as_str()) && m.synchronous() != Some(&key)
         };
         let replicas: Vec<Observed> = members.iter().filter(untold).cloned().collect();
         if !replicas.is_empty() {

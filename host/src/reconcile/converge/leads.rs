@@ -59,7 +59,7 @@ impl Pass<'_> {
         let ctx = self.ctx;
         let old = members.observed.iter().find(|m| m.name == primary);
         let candidates = members::with_positions(candidates, &members.observed, said);
-        let named = old.and_then(|m| m.last_told.as_deref());
+        let named = old.and_then(|m| m.last_told.as_ref()).map(|(key, _)| key.as_str());
         let answer = match decide::named_replicas_wait(named, spec.synchronous_replicas, &candidates) {
             Some(why) => Ok(crate::plugin::FailoverDecision::NoSafeMember(why)),
             None => match ctx.ask::<ChoosePrimary>(plugin, (spec.clone(), candidates)).await {
