@@ -1,19 +1,21 @@
 //! Backups: scheduled, on demand, before upgrades and before deletion; all Jobs under
-//! deterministic names, so a restarted operator never runs one twice.
+//! deterministic names, so a restarted operator never runs one twice. Which backups a
+//! pass wants, what retention removes and when the bucket is read is
+//! [`decide::backups`]'s (pure); this module carries it out.
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::Job;
 use kube::{Api, ResourceExt};
 
+use super::decide::{self, BackupFacts, BackupJob, BucketRead};
 use super::plan::Plan;
 use super::{Context, Error, bucket};
 use crate::build;
-use crate::crd::{BackupRecord, Database, Recoverable};
+use crate::crd::{Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
 use crate::names::{BACKUP_MOUNT, Names};
 use crate::object_storage;
 use crate::plugin::{BackupLocation, Capability, EngineSpec, Plugin};
-use crate::schedule;
 
 /// Annotation that asks for a backup now; each new value makes one backup.
 pub const BACKUP_NOW: &str = "plugdb.io/backup-now";
@@ -91,83 +93,19 @@ pub(super) async fn backup(
 /// Why a backup to or restore from a bucket cannot run on this operator.
 pub const NO_IMAGE: &str = "spec.backup.s3: this operator runs without its own image (--image or PLUGDB_IMAGE), which backup and restore Jobs run to reach the bucket";
 
-/// What the backup pass found.
-#[derive(Debug, Default)]
-pub struct BackupReport {
-    /// The most recent successful backup.
-    pub last: Option<BackupRecord>,
-    /// Next scheduled fire time.
-    pub next: Option<DateTime<Utc>>,
-    /// Why backups are unhealthy, if they are.
-    pub problem: Option<String>,
-    /// A backup Job is running.
-    pub running: bool,
-    /// The `backup-now` value acted on so far.
-    pub request: Option<String>,
-    /// The last scheduled backup started so far.
-    pub scheduled: Option<String>,
-    /// What a restore can reach.
-    pub recoverable: Option<Recoverable>,
-    /// Look again this soon (the archive grows between backups).
-    pub recheck: Option<std::time::Duration>,
+pub use super::decide::{ARCHIVE_RECHECK, ARCHIVE_SLACK, BackupReport, manual_backup, window_with_archive};
+
+/// The Database's backup Jobs, as the decision reads them.
+fn observed_jobs(jobs: &[std::sync::Arc<Job>]) -> Vec<BackupJob> {
+    let completed = |job: &Job| job.status.as_ref()?.completion_time.as_ref().map(|t| t.0.to_string());
+    let created = |job: &Job| job.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
+    jobs.iter().map(|j| BackupJob { name: j.name_any(), state: state(Some(j)), created: created(j), completed: completed(j) }).collect()
 }
 
-/// How often the window of a Database that archives its log is read again from the bucket.
-pub const ARCHIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// A segment stored at `t` holds the log up to a little before `t` (the archiver looks
-/// every few seconds): the moments a restore reaches end this much earlier.
-pub const ARCHIVE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
-
-/// The window of complete backups completed at `times`.
-fn window(times: impl IntoIterator<Item = String>) -> Recoverable {
-    let mut times: Vec<String> = times.into_iter().collect();
-    times.sort();
-    Recoverable {
-        backups: times.len() as i32,
-        first: times.first().cloned(),
-        last: times.last().cloned(),
-        point_in_time: false,
-        confirmed: None,
-        unreachable_since: None,
-    }
-}
-
-/// The window of the complete backups completed at `completed`, extended by an archive
-/// whose newest segment was stored at `archived`: any moment from the oldest backup to
-/// the archive's end.
-pub fn window_with_archive(completed: &[DateTime<Utc>], archived: Option<DateTime<Utc>>) -> Recoverable {
-    let mut window = window(completed.iter().map(|t| t.to_rfc3339()));
-    let first = completed.iter().min();
-    if let (Some(first), Some(at)) = (first, archived) {
-        let end = (at - ARCHIVE_SLACK).max(*first);
-        let last = completed.iter().max().copied().unwrap_or(end).max(end);
-        window.last = Some(last.to_rfc3339());
-        window.point_in_time = true;
-    }
-    window
-}
-
-fn completed(job: &Job) -> Option<String> {
-    job.status.as_ref()?.completion_time.as_ref().map(|t| t.0.to_string())
-}
-
-/// The stamp of a scheduled backup's name (`orders-2611210200` → `2611210200`); stamps
-/// order as their fire times do (a minute stamp is a prefix of its seconds stamps).
-fn stamp(backup: &str) -> &str {
-    backup.rsplit('-').next().unwrap_or_default()
-}
-
-/// The name of the on-demand backup (and its Job) of Database `database` that the
-/// `plugdb.io/backup-now` value `token` asks for.
-pub fn manual_backup(database: &str, token: &str) -> String {
-    Names(database).job(&format!("manual-{}", &crate::plugin::hex_digest(token.as_bytes())[..10]))
-}
-
-/// Runs scheduled and on-demand backups, applies retention and reports. Each fire time
-/// and each `backup-now` value makes one backup: what was already started is in the
-/// Database's status (`last_scheduled_backup`, `backup_request`), not only in its Jobs,
-/// which retention removes.
+/// Runs scheduled and on-demand backups, applies retention and reports, as
+/// [`decide::backups`] chose: the backups it wants are started (the plugin's plan, the
+/// bucket answering), a failure's cause is read from its pod, and the bucket is read and
+/// pruned when due.
 pub(super) async fn reconcile(
     ctx: &Context,
     db: &Database,
@@ -176,158 +114,104 @@ pub(super) async fn reconcile(
     plan: &mut Plan,
 ) -> Result<BackupReport, Error> {
     let previous = db.status.clone().unwrap_or_default();
-    let mut report =
-        BackupReport { request: previous.backup_request.clone(), scheduled: previous.last_scheduled_backup.clone(), ..Default::default() };
-    let ns = db.namespace().unwrap_or_default();
-    let name = db.name_any();
-    let now = Utc::now();
-
-    let mut wanted: Vec<String> = Vec::new();
-    if let Some(b) = db.spec.backup.as_ref().filter(|b| b.enabled) {
-        match schedule::parse(&b.schedule) {
-            Ok(s) => {
-                let created =
-                    db.metadata.creation_timestamp.as_ref().and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0)).unwrap_or(now);
-                if let Some(at) = schedule::due(&s, created, now) {
-                    let due = schedule::backup_name(&name, at);
-                    if report.scheduled.as_deref().is_none_or(|last| stamp(last) < stamp(&due)) {
-                        wanted.push(due);
-                    }
-                }
-                report.next = schedule::next(&s, now);
-            }
-            Err(e) => report.problem = Some(format!("spec.backup.schedule: {e}")),
-        }
-    }
-    let manual = |token: &str| manual_backup(&name, token);
-    let request = db.annotations().get(BACKUP_NOW).filter(|t| report.request.as_ref() != Some(*t)).cloned();
-    if let Some(token) = &request {
-        wanted.push(manual(token));
-    }
-
-    // A plugin that does not declare backups is not asked for one: the condition says so
-    // as soon as backups are configured or requested.
-    if (!wanted.is_empty() || db.spec.backup.as_ref().is_some_and(|b| b.enabled))
-        && let Some(why) = plugin.lacks(Capability::Backup)
-    {
-        report.problem = Some(format!("spec.backup: {why}"));
-        wanted.clear();
-    }
-    let mut backups = ctx.caches.jobs_labelled(db, BACKUP_OF, &name);
-    for job_name in &wanted {
-        if !backups.iter().any(|j| j.name_any() == *job_name) {
-            if let Err(reason) = backup(ctx, db, (plugin, spec), job_name, run_as_user, plan).await? {
+    let (ns, name, now) = (db.namespace().unwrap_or_default(), db.name_any(), Utc::now());
+    let cannot = plugin.lacks(Capability::Backup);
+    let created = db.metadata.creation_timestamp.as_ref().and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0)).unwrap_or(now);
+    let decided = decide::backups(BackupFacts {
+        database: &name,
+        spec: db.spec.backup.as_ref(),
+        created,
+        now,
+        asked: db.annotations().get(BACKUP_NOW).map(String::as_str),
+        previous: &previous,
+        cannot: cannot.as_deref(),
+        jobs: observed_jobs(&ctx.caches.jobs_labelled(db, BACKUP_OF, &name)),
+        archiving: super::archiver(ctx, db, plugin).is_some(),
+        bucket_recheck: ctx.settings.bucket_recheck,
+    });
+    let mut report = decided.report;
+    for wanted in &decided.wanted {
+        if !wanted.exists {
+            if let Err(reason) = backup(ctx, db, (plugin, spec), &wanted.name, run_as_user, plan).await? {
                 report.problem = Some(format!("the {} plugin cannot back up: {reason}", spec.name));
                 continue;
             }
             report.running = true;
         }
-        match &request {
-            Some(token) if manual(token) == *job_name => report.request = Some(token.clone()),
-            _ => report.scheduled = Some(job_name.clone()),
-        }
+        report.acted_on(wanted);
     }
-
-    backups.sort_by_key(|j| std::cmp::Reverse(completed(j).unwrap_or_default()));
-    let succeeded: Vec<&Job> = backups.iter().map(|j| j.as_ref()).filter(|j| state(Some(j)) == JobState::Succeeded).collect();
-    report.last = succeeded.first().map(|j| BackupRecord { name: j.name_any(), completed: completed(j) });
-    report.running |= backups.iter().any(|j| state(Some(j)) == JobState::Running);
-    if let Some(failed) =
-        backups.iter().filter(|j| state(Some(j)) == JobState::Failed).max_by_key(|j| j.metadata.creation_timestamp.clone())
-        && failed.metadata.creation_timestamp > succeeded.first().and_then(|j| j.metadata.creation_timestamp.clone())
-    {
-        let said = format!("backup {} failed", failed.name_any());
+    if let Some(failed) = decided.failed {
         // The cause is read once, when the failure is first seen; the status keeps it.
-        let known =
-            previous.conditions.iter().find(|c| c.type_ == super::status::ConditionType::BackupHealthy.as_str()).map(|c| &c.message);
-        let problem = match known.filter(|m| m.starts_with(&said)) {
-            Some(known) => known.clone(),
-            None => match failure_cause(ctx, &ns, &failed.name_any()).await {
-                Some(cause) => format!("{said}: {cause}"),
-                None => said,
+        let problem = match failed.known {
+            Some(known) => known,
+            None => match failure_cause(ctx, &ns, &failed.name).await {
+                Some(cause) => format!("{}: {cause}", failed.said()),
+                None => failed.said(),
             },
         };
         report.problem.get_or_insert(problem);
     }
-
-    // Retention counts every successful backup Job. In a bucket it acts on the artefacts
-    // too, each time a new backup completed: the newest `retention` complete ones stay,
-    // with any still being written.
-    let retention = db.spec.backup.as_ref().map(|b| b.retention.max(1) as usize).unwrap_or(usize::MAX);
-    for old in succeeded.iter().skip(retention) {
-        plan.remove_job(old.name_any());
+    for job in decided.remove {
+        plan.remove_job(job);
     }
-    let completed_now = report.last.as_ref().is_some_and(|last| previous.last_backup.as_ref().map(|b| &b.name) != Some(&last.name));
-    let s3 = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref());
-    report.recoverable = match s3 {
-        // The bucket is read when a backup completes; between, the last reading stands.
-        // A reading that failed leaves it unknown, so the next pass reads (and prunes) again.
-        Some(_) => previous.recoverable.clone(),
-        None if succeeded.is_empty() && db.spec.backup.is_none() => None,
-        None => Some(window(succeeded.iter().take(retention).filter_map(|j| completed(j)))),
-    };
-    let archiving = super::archiver(ctx, db, plugin).is_some();
-    if archiving {
-        report.recheck = Some(ARCHIVE_RECHECK);
-    }
-    // With an archive, the window's end moves between backups: read again once it is
-    // older than a recheck.
-    let stale = archiving
-        && previous.recoverable.as_ref().and_then(|r| r.last.as_deref()).and_then(|t| DateTime::parse_from_rfc3339(t).ok()).is_none_or(
-            |last| now - last.with_timezone(&Utc) > chrono::TimeDelta::from_std(ARCHIVE_RECHECK).unwrap_or_default() + ARCHIVE_SLACK,
-        );
-    // The bucket confirms the window at least every `bucket_recheck`, and on every pass
-    // while it cannot be read.
-    let reconfirm = ctx.settings.bucket_recheck;
-    let confirmed = previous.recoverable.as_ref().and_then(|r| r.confirmed.as_deref()).and_then(|t| DateTime::parse_from_rfc3339(t).ok());
-    let due = confirmed.map(|t| t.with_timezone(&Utc) + chrono::TimeDelta::from_std(reconfirm).unwrap_or_default());
-    let unconfirmed = due.is_none_or(|due| due <= now) || previous.recoverable.as_ref().is_some_and(|r| r.unreachable_since.is_some());
-    if s3.is_some() {
-        let until_due = due.and_then(|due| (due - now).to_std().ok()).unwrap_or(reconfirm);
-        report.recheck = Some(report.recheck.map_or(until_due, |r| r.min(until_due)));
-    }
-    if let Some(target) = s3
-        && (completed_now || previous.recoverable.is_none() || stale || unconfirmed)
-    {
-        let mut running: Vec<String> = backups.iter().filter(|j| state(Some(j)) == JobState::Running).map(|j| j.name_any()).collect();
-        running.extend(wanted);
-        match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
-            Ok(opened) => match bucket::to_remove(&opened, retention, &running).await {
-                Ok(removal) => {
-                    let kept: Vec<DateTime<Utc>> =
-                        opened.listed.iter().filter(|b| !removal.backups.contains(&b.name)).filter_map(|b| b.completed).collect();
-                    let archived = opened.archive.iter().map(|s| s.at).max().filter(|_| archiving);
-                    let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-                    report.recoverable = Some(Recoverable { confirmed: Some(stamp), ..window_with_archive(&kept, archived) });
-                    if removal.backups.is_empty() && removal.segments.is_empty() {
-                        return Ok(report);
-                    }
-                    let incomplete = |name: &String| opened.listed.iter().any(|b| &b.name == name && b.completed.is_none());
-                    let (unfinished, old): (Vec<String>, Vec<String>) = removal.backups.iter().cloned().partition(incomplete);
-                    let listed = |names: &[String]| if names.is_empty() { "none".to_string() } else { names.join(", ") };
-                    let message = format!(
-                        "removed from bucket {}: {} backup(s) beyond the newest {retention} ({}); {} incomplete one(s) no Job writes any more ({}); and {} archived log segment(s) no kept backup replays",
-                        target.bucket,
-                        old.len(),
-                        listed(&old),
-                        unfinished.len(),
-                        listed(&unfinished),
-                        removal.segments.len()
-                    );
-                    plan.prune(opened, removal, message);
-                }
-                Err(e) => {
-                    report.problem = Some(format!("spec.backup.s3: retention: {e}"));
-                    report.recoverable = bucket::unreachable(previous.recoverable.as_ref(), now);
-                }
-            },
-            Err(problem) => {
-                report.problem = Some(problem);
-                report.recoverable = bucket::unreachable(previous.recoverable.as_ref(), now);
-            }
-        }
+    if let (Some(read), Some(target)) = (decided.bucket, db.spec.backup.as_ref().and_then(|b| b.s3.as_ref())) {
+        read_bucket(ctx, db, target, read, (&mut report, plan), now).await?;
     }
     Ok(report)
+}
+
+/// Reads the bucket: what a restore can reach, confirmed now, and what retention prunes
+/// (the newest `retention` complete backups stay, with any still being written). A bucket
+/// that cannot be read leaves the window unknown and says why.
+async fn read_bucket(
+    ctx: &Context,
+    db: &Database,
+    target: &crate::crd::S3Target,
+    read: BucketRead,
+    (report, plan): (&mut BackupReport, &mut Plan),
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let previous = db.status.as_ref().and_then(|s| s.recoverable.as_ref());
+    let opened = match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
+        Ok(opened) => opened,
+        Err(problem) => {
+            report.problem = Some(problem);
+            report.recoverable = bucket::unreachable(previous, now);
+            return Ok(());
+        }
+    };
+    let retention = read.retention;
+    let removal = match bucket::to_remove(&opened, retention, &read.running).await {
+        Ok(removal) => removal,
+        Err(e) => {
+            report.problem = Some(format!("spec.backup.s3: retention: {e}"));
+            report.recoverable = bucket::unreachable(previous, now);
+            return Ok(());
+        }
+    };
+    let kept: Vec<DateTime<Utc>> =
+        opened.listed.iter().filter(|b| !removal.backups.contains(&b.name)).filter_map(|b| b.completed).collect();
+    let archived = opened.archive.iter().map(|s| s.at).max().filter(|_| read.archive);
+    let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    report.recoverable = Some(Recoverable { confirmed: Some(stamp), ..window_with_archive(&kept, archived) });
+    if removal.backups.is_empty() && removal.segments.is_empty() {
+        return Ok(());
+    }
+    let incomplete = |name: &String| opened.listed.iter().any(|b| &b.name == name && b.completed.is_none());
+    let (unfinished, old): (Vec<String>, Vec<String>) = removal.backups.iter().cloned().partition(incomplete);
+    let listed = |names: &[String]| if names.is_empty() { "none".to_string() } else { names.join(", ") };
+    let message = format!(
+        "removed from bucket {}: {} backup(s) beyond the newest {retention} ({}); {} incomplete one(s) no Job writes any more ({}); and {} archived log segment(s) no kept backup replays",
+        target.bucket,
+        old.len(),
+        listed(&old),
+        unfinished.len(),
+        listed(&unfinished),
+        removal.segments.len()
+    );
+    plan.prune(opened, removal, message);
+    Ok(())
 }
 
 /// The longest cause of a failed Job the status and its Event quote.
@@ -360,40 +244,4 @@ async fn failure_cause(ctx: &Context, ns: &str, name: &str) -> Option<String> {
         tail = crate::said::cut(lines.last().copied().unwrap_or_default(), MAX_CAUSE).to_string();
     }
     Some(crate::said::escaped(&format!("container {container} exited {code}: {tail}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_window_runs_from_the_oldest_to_the_newest_complete_backup() {
-        let times = ["2026-11-23T10:00:00Z", "2026-11-21T10:00:00Z", "2026-11-22T10:00:00Z"].map(String::from);
-        let w = window(times);
-        assert_eq!((w.backups, w.first.as_deref(), w.last.as_deref()), (3, Some("2026-11-21T10:00:00Z"), Some("2026-11-23T10:00:00Z")));
-        assert_eq!(
-            window(Vec::new()),
-            Recoverable { backups: 0, first: None, last: None, point_in_time: false, confirmed: None, unreachable_since: None }
-        );
-    }
-
-    #[test]
-    fn an_archive_extends_the_window_past_the_newest_backup() {
-        let at = |t: &str| DateTime::parse_from_rfc3339(t).expect("time").with_timezone(&Utc);
-        let backups = [at("2026-11-22T10:00:00Z"), at("2026-11-23T10:00:00Z")];
-        let rows = [
-            // No archive: only the backups' own moments.
-            (None, "2026-11-23T10:00:00+00:00", false),
-            // The archive's end, less the slack of its newest segment.
-            (Some("2026-11-23T12:00:10Z"), "2026-11-23T12:00:00+00:00", true),
-            // An archive older than the newest backup does not shorten the window.
-            (Some("2026-11-23T09:00:00Z"), "2026-11-23T10:00:00+00:00", true),
-        ];
-        for (archived, last, continuous) in rows {
-            let w = window_with_archive(&backups, archived.map(at));
-            assert_eq!((w.backups, w.first.as_deref()), (2, Some("2026-11-22T10:00:00+00:00")), "{archived:?}");
-            assert_eq!((w.last.as_deref(), w.point_in_time), (Some(last), continuous), "{archived:?}");
-        }
-        assert!(!window_with_archive(&[], Some(at("2026-11-23T12:00:00Z"))).point_in_time, "no backup: nothing to replay from");
-    }
 }

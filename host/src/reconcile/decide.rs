@@ -473,6 +473,8 @@ pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
     settled.primary_lost_in.map_or(then, |left| then.min(again(left)))
 }
 
+mod backups;
+pub use backups::*;
 mod primary;
 pub use primary::*;
 mod replication;
