@@ -314,18 +314,50 @@ pub fn services(db: &Database, workload: &Workload, primary_pod: &str) -> Vec<Ch
     ]
 }
 
-/// The members' StatefulSet, with `replicas` members (the spec's once a scale plan got
-/// there), for the workload rendered for primary `rendered_for`; `tls`: the Database's
-/// certificate is mounted, and this stamp of it (its expiry) on the pod template rolls
-/// the members onto a renewed one.
-pub fn statefulset(
-    db: &Database,
-    workload: &Workload,
-    engine: &str,
-    sidecars: Sidecars<'_>,
-    (rendered_for, replicas): (&str, u32),
-    tls: Option<&str>,
-) -> Child {
+/// What a Database's children are rendered from, besides the Database: the plugin's
+/// workload and what the pass chose around it.
+#[derive(Debug, Clone, Copy)]
+pub struct Rendered<'a> {
+    /// The plugin's workload.
+    pub workload: &'a Workload,
+    /// The engine's name (the engine container's).
+    pub engine: &'a str,
+    /// What runs beside the engine.
+    pub sidecars: Sidecars<'a>,
+    /// The member the read-write Service selects.
+    pub primary: &'a str,
+    /// The primary the workload was rendered for (for an engine that elects its leader,
+    /// always member 0: a new leader restarts nothing).
+    pub rendered_for: &'a str,
+    /// How many members (the spec's once a scale plan got there).
+    pub replicas: u32,
+    /// Who leads the members.
+    pub leadership: Leadership,
+    /// The stamp (expiry) of the Database's certificate, when the members mount it: on the
+    /// pod template, it rolls the members onto a renewed one.
+    pub tls: Option<&'a str>,
+}
+
+/// The members' StatefulSet, typed, with what a pass compares of its template.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Members {
+    /// The StatefulSet.
+    pub set: StatefulSet,
+    /// The hash of its pod template with the primary's name blanked
+    /// ([`ROLE_FREE_HASH`]): members that differ from it only by who leads are not rolled.
+    pub role_free: String,
+}
+
+impl Members {
+    /// The StatefulSet as a child to apply.
+    pub fn child(self) -> Child {
+        Child::new(self.set.name_any(), self.set)
+    }
+}
+
+/// The members' StatefulSet, as [`Rendered`] says.
+pub fn statefulset(db: &Database, rendered: &Rendered<'_>) -> Members {
+    let Rendered { workload, engine, sidecars, rendered_for, replicas, tls, .. } = *rendered;
     let n = db.name_any();
     let names = Names(&n);
     // Passwords as files ([`CREDENTIALS_MOUNT`]), for the engine, its init containers and
@@ -443,7 +475,8 @@ pub fn statefulset(
     sidecars.pull.pod(&mut pod);
     // The template with the primary's name blanked wherever it is a whole value.
     let unnamed = serde_json::to_string(&(&template_annotations, &pod)).unwrap_or_default().replace(&format!("\"{rendered_for}\""), "\"\"");
-    template_annotations.insert(ROLE_FREE_HASH.to_string(), hex(unnamed.as_bytes()));
+    let role_free = hex(unnamed.as_bytes());
+    template_annotations.insert(ROLE_FREE_HASH.to_string(), role_free.clone());
     template_annotations.insert(PRIMARY_ANNOTATION.to_string(), rendered_for.to_string());
     let spec = StatefulSetSpec {
         replicas: Some(replicas as i32),
@@ -468,7 +501,7 @@ pub fn statefulset(
         let argv = serde_json::to_string(&workload.client_command).unwrap_or_default();
         metadata.annotations.get_or_insert_default().insert(CLIENT_COMMAND.to_string(), argv);
     }
-    Child::new(names.primary(), StatefulSet { metadata, spec: Some(spec), ..Default::default() })
+    Members { set: StatefulSet { metadata, spec: Some(spec), ..Default::default() }, role_free }
 }
 
 /// Who leads the members, for their disruption budgets.
@@ -525,25 +558,46 @@ pub fn disruption_budgets(db: &Database, leadership: Leadership, replicas: u32) 
     ]
 }
 
-/// Every child rendered from the workload, in apply order: the Services select
-/// `primary_pod`; the members' template is the workload's, rendered for `rendered_for`
-/// (the budgets follow who leads)
-/// (for an engine that elects its leader, always member 0: a new leader restarts nothing).
-pub fn children(
-    db: &Database,
-    workload: &Workload,
-    engine: &str,
-    primary_pod: &str,
-    sidecars: Sidecars<'_>,
-    (rendered_for, replicas, leadership): (&str, u32, Leadership),
-    tls: Option<&str>,
-) -> Vec<Child> {
-    let mut out = vec![config_map(db, workload)];
-    out.extend(services(db, workload, primary_pod));
-    out.push(statefulset(db, workload, engine, sidecars, (rendered_for, replicas), tls));
-    out.extend(disruption_budgets(db, leadership, replicas));
-    out.push(network::network_policy(db, sidecars.agent.as_ref()));
-    out
+/// Every child of a Database, rendered.
+#[derive(Debug, Clone)]
+pub struct Children {
+    /// The configuration files.
+    pub config: Child,
+    /// The read-write, read-only and headless Services.
+    pub services: Vec<Child>,
+    /// The members.
+    pub members: Members,
+    /// The members' disruption budgets (they follow who leads).
+    pub budgets: Vec<Child>,
+    /// Who may reach the members.
+    pub policy: Child,
+}
+
+impl IntoIterator for Children {
+    type Item = Child;
+    type IntoIter = std::vec::IntoIter<Child>;
+
+    /// The children in apply order: what the members mount and are reached by first.
+    fn into_iter(self) -> Self::IntoIter {
+        let mut out = vec![self.config];
+        out.extend(self.services);
+        out.push(self.members.child());
+        out.extend(self.budgets);
+        out.push(self.policy);
+        out.into_iter()
+    }
+}
+
+/// Every child rendered from the workload: the Services select `rendered.primary`; the
+/// members' template is the workload's, rendered for `rendered.rendered_for`.
+pub fn children(db: &Database, rendered: &Rendered<'_>) -> Children {
+    Children {
+        config: config_map(db, rendered.workload),
+        services: services(db, rendered.workload, rendered.primary),
+        members: statefulset(db, rendered),
+        budgets: disruption_budgets(db, rendered.leadership, rendered.replicas),
+        policy: network::network_policy(db, rendered.sidecars.agent.as_ref()),
+    }
 }
 
 pub mod agent;

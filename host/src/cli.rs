@@ -136,15 +136,17 @@ pub fn render(database: &Path, plugin: &Path, compiler: &Path, pull: &crate::ima
         .render(&spec, &build::cluster_context(&db, &primary, false))
         .with_context(|| format!("{file}: the plugin could not render it"))?;
     let mut out = String::new();
-    for child in build::children(
-        &db,
-        &workload,
-        &db.spec.engine,
-        &primary,
-        build::Sidecars { pull, ..Default::default() },
-        (&primary, spec.replicas, build::Leadership::of(&plugin)),
-        db.spec.tls_enabled().then_some("issued"),
-    ) {
+    let rendered = build::Rendered {
+        workload: &workload,
+        engine: &db.spec.engine,
+        sidecars: build::Sidecars { pull, ..Default::default() },
+        primary: &primary,
+        rendered_for: &primary,
+        replicas: spec.replicas,
+        leadership: build::Leadership::of(&plugin),
+        tls: db.spec.tls_enabled().then_some("issued"),
+    };
+    for child in build::children(&db, &rendered) {
         out.push_str("---\n");
         out.push_str(&yaml_serde::to_string(&child.object)?);
     }

@@ -21,6 +21,26 @@ fn database(policy: DeletionPolicy) -> Database {
     db
 }
 
+/// The children of a Database with three members led by `primary`, its members' template
+/// rendered for `rendered_for`.
+fn rendered<'a>(w: &'a Workload, primary: &'a str, rendered_for: &'a str) -> Rendered<'a> {
+    Rendered {
+        workload: w,
+        engine: "postgres",
+        sidecars: Sidecars::default(),
+        primary,
+        rendered_for,
+        replicas: 3,
+        leadership: Leadership::HostChosen,
+        tls: None,
+    }
+}
+
+/// The members of a Database with three of them, their template rendered for `rendered_for`.
+fn members(db: &Database, w: &Workload, sidecars: Sidecars<'_>, rendered_for: &str, tls: Option<&str>) -> Members {
+    statefulset(db, &Rendered { sidecars, tls, ..rendered(w, rendered_for, rendered_for) })
+}
+
 fn workload(config: &str) -> Workload {
     Workload {
         image: "docker.io/library/postgres:17".into(),
@@ -97,7 +117,7 @@ fn engine_spec_names_each_bad_field() {
 #[test]
 fn statefulset_carries_the_workload_under_host_policy() {
     let db = database(DeletionPolicy::Snapshot);
-    let child = statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None);
+    let child = members(&db, &workload("a = 1\n"), Sidecars::default(), "orders-0", None).child();
     let sts: StatefulSet = serde_json::from_value(child.object.clone()).expect("a valid StatefulSet");
     let spec = sts.spec.expect("spec");
     assert_eq!(spec.replicas, Some(3));
@@ -129,7 +149,7 @@ fn statefulset_carries_the_workload_under_host_policy() {
 fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
     let mut db = database(DeletionPolicy::Snapshot);
     let pod = |db: &Database| {
-        statefulset(db, &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None).object["spec"]["template"]["spec"].clone()
+        members(db, &workload(""), Sidecars::default(), "orders-0", None).child().object["spec"]["template"]["spec"].clone()
     };
     let preferred = &pod(&db)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
@@ -154,7 +174,7 @@ fn members_are_spread_over_nodes_by_default_and_as_strictly_as_asked() {
 
 #[test]
 fn deletion_policy_delete_lets_volumes_go() {
-    let child = statefulset(&database(DeletionPolicy::Delete), &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None);
+    let child = members(&database(DeletionPolicy::Delete), &workload(""), Sidecars::default(), "orders-0", None).child();
     assert_eq!(child.object["spec"]["persistentVolumeClaimRetentionPolicy"], json!({"whenDeleted": "Delete", "whenScaled": "Delete"}));
 }
 
@@ -162,8 +182,8 @@ fn deletion_policy_delete_lets_volumes_go() {
 fn a_config_change_changes_the_pod_template_and_the_hash() {
     let db = database(DeletionPolicy::Snapshot);
     let (a, b) = (
-        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None),
-        statefulset(&db, &workload("a = 2\n"), "postgres", Sidecars::default(), ("orders-0", 3), None),
+        members(&db, &workload("a = 1\n"), Sidecars::default(), "orders-0", None).child(),
+        members(&db, &workload("a = 2\n"), Sidecars::default(), "orders-0", None).child(),
     );
     assert_ne!(
         a.object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH],
@@ -172,7 +192,7 @@ fn a_config_change_changes_the_pod_template_and_the_hash() {
     assert_ne!(a.hash(), b.hash());
     assert_eq!(
         a.hash(),
-        statefulset(&db, &workload("a = 1\n"), "postgres", Sidecars::default(), ("orders-0", 3), None).hash(),
+        members(&db, &workload("a = 1\n"), Sidecars::default(), "orders-0", None).child().hash(),
         "rendering is deterministic"
     );
 }
@@ -184,14 +204,11 @@ fn the_primary_service_follows_the_primary_pod() {
     assert_eq!(services[0].object["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert_eq!(services[1].object["spec"]["selector"][ROLE_LABEL], "replica");
     assert_eq!(services[2].object["spec"]["clusterIP"], "None");
-    let all = children(&db, &workload(""), "postgres", "orders-0", Sidecars::default(), ("orders-0", 3, Leadership::HostChosen), None);
+    let all: Vec<Child> = children(&db, &rendered(&workload(""), "orders-0", "orders-0")).into_iter().collect();
     // The members' template follows the primary the workload was rendered for, not the
     // one the Services select (an engine that elects its leader is rendered for member 0):
     // a new leader restarts nothing.
-    let led_by = |leader: &str| {
-        let children = children(&db, &workload(""), "postgres", leader, Sidecars::default(), ("orders-0", 3, Leadership::HostChosen), None);
-        children.into_iter().find(|c| c.kind == Kind::StatefulSet).map(|c| c.object).expect("the StatefulSet")
-    };
+    let led_by = |leader: &str| children(&db, &rendered(&workload(""), leader, "orders-0")).members.set;
     assert_eq!(led_by("orders-1"), led_by("orders-2"));
     let kinds: Vec<String> = all.iter().map(|c| format!("{}/{}", c.resource.kind, c.name)).collect();
     assert_eq!(
@@ -307,11 +324,7 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     );
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.clone()).expect("target");
     let archiver = Archiver { target: &target, image: "plugdb/plugdb:1" };
-    let set: StatefulSet = serde_json::from_value(
-        statefulset(&db, &workload(""), "postgres", Sidecars { archiver: Some(archiver), ..Default::default() }, ("orders-0", 3), None)
-            .object,
-    )
-    .expect("StatefulSet");
+    let set: StatefulSet = members(&db, &workload(""), Sidecars { archiver: Some(archiver), ..Default::default() }, "orders-0", None).set;
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["postgres", "archive"]);
@@ -352,9 +365,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     let pin = "5e".repeat(32);
     let template = |w: &Workload, image: Option<&str>| -> k8s_openapi::api::core::v1::PodTemplateSpec {
         let agent = image.map(|image| AgentSidecar { image, clients: &pin, operator: &[] });
-        let set: StatefulSet =
-            serde_json::from_value(statefulset(&db, w, "postgres", Sidecars { agent, ..Default::default() }, ("orders-0", 3), None).object)
-                .expect("StatefulSet");
+        let set: StatefulSet = members(&db, w, Sidecars { agent, ..Default::default() }, "orders-0", None).set;
         set.spec.expect("spec").template
     };
     let pod = |w: &Workload, agent: Option<&str>| template(w, agent).spec.expect("pod");
@@ -426,18 +437,8 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     // the engine sees the mark, read-only.
     // Written as the kubelet reads it back: `$(NAME)` and `$$` reach the agent as they were.
     w.fence_command = vec!["sh".into(), "-c".into(), "DO $$ $f$ $(HOME) $ $$".into()];
-    let set: StatefulSet = serde_json::from_value(
-        statefulset(
-            &db,
-            &w,
-            "postgres",
-            Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: &pin, operator: &[] }), ..Default::default() },
-            ("orders-0", 3),
-            None,
-        )
-        .object,
-    )
-    .expect("StatefulSet");
+    let agent = Some(AgentSidecar { image: "plugdb/plugdb:1", clients: &pin, operator: &[] });
+    let set = members(&db, &w, Sidecars { agent, ..Default::default() }, "orders-0", None).set;
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
     let command = agent.command.clone().unwrap_or_default();
@@ -468,9 +469,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
 #[test]
 fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
     let db = database(DeletionPolicy::Snapshot);
-    let plain: StatefulSet =
-        serde_json::from_value(statefulset(&db, &workload(""), "postgres", Sidecars::default(), ("orders-0", 3), None).object)
-            .expect("StatefulSet");
+    let plain: StatefulSet = members(&db, &workload(""), Sidecars::default(), "orders-0", None).set;
     assert!(plain.spec.and_then(|s| s.template.spec).expect("pod").init_containers.is_none());
 
     let mut w = workload("");
@@ -480,8 +479,7 @@ fn init_containers_run_before_the_engine_with_its_volumes_and_user() {
         command: vec!["mkdir".into(), "-p".into(), "/var/lib/postgresql/data/pgdata".into()],
         env: vec![],
     }];
-    let set: StatefulSet =
-        serde_json::from_value(statefulset(&db, &w, "postgres", Sidecars::default(), ("orders-0", 3), None).object).expect("StatefulSet");
+    let set: StatefulSet = members(&db, &w, Sidecars::default(), "orders-0", None).set;
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let init = pod.init_containers.expect("init containers");
     assert_eq!(init.len(), 1);
@@ -502,7 +500,7 @@ fn with_tls_members_and_jobs_mount_the_certificate_and_a_renewal_rolls_the_membe
         env: vec![],
     }];
     let pod_of = |stamp: Option<&str>| -> (PodTemplateSpec, String) {
-        let child = statefulset(&db, &w, "postgres", Sidecars::default(), ("orders-0", 3), stamp);
+        let child = members(&db, &w, Sidecars::default(), "orders-0", stamp).child();
         let set: StatefulSet = serde_json::from_value(child.object.clone()).expect("StatefulSet");
         (set.spec.expect("spec").template, child.hash().to_string())
     };
@@ -546,8 +544,7 @@ fn members_and_jobs_mount_the_credentials_for_the_workload_s_group_alone() {
     w.init_containers =
         vec![crate::plugin::InitContainer { name: "prepare".into(), image: "busybox:1".into(), command: vec!["true".into()], env: vec![] }];
     let sidecars = Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[] }), ..Default::default() };
-    let set: StatefulSet =
-        serde_json::from_value(statefulset(&db, &w, "postgres", sidecars, ("orders-0", 3), None).object).expect("StatefulSet");
+    let set: StatefulSet = members(&db, &w, sidecars, "orders-0", None).set;
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let is_credentials = |v: &&k8s_openapi::api::core::v1::Volume| v.name == "credentials";
     let secret = pod.volumes.iter().flatten().find(is_credentials).and_then(|v| v.secret.clone()).expect("the credentials volume");
@@ -603,9 +600,12 @@ fn the_role_free_hash_leaves_out_only_the_primarys_name() {
     let for_primary = |primary: &str, config: &str| {
         let mut w = workload(config);
         w.env.push(EnvVar { name: "PRIMARY_POD".into(), source: EnvSource::Value(primary.into()) });
-        let set = statefulset(&db, &w, "postgres", Sidecars::default(), (primary, 3), None).object;
+        let members = members(&db, &w, Sidecars::default(), primary, None);
+        let role_free = members.role_free.clone();
+        let set = members.child().object;
         let annotations = set["spec"]["template"]["metadata"]["annotations"].clone();
-        (annotations[ROLE_FREE_HASH].as_str().expect("a role-free hash").to_string(), annotations[PRIMARY_ANNOTATION].clone(), set)
+        assert_eq!(annotations[ROLE_FREE_HASH].as_str(), Some(role_free.as_str()), "the template carries it");
+        (role_free, annotations[PRIMARY_ANNOTATION].clone(), set)
     };
     let (before, named, set_before) = for_primary("orders-0", "a = 1\n");
     let (after, named_after, set_after) = for_primary("orders-1", "a = 1\n");
@@ -622,9 +622,7 @@ fn the_role_free_hash_leaves_out_only_the_primarys_name() {
 fn the_client_command_is_on_the_statefulset_not_in_the_pods() {
     let db = database(DeletionPolicy::Snapshot);
     let mut w = workload("");
-    let set = |w: &Workload| -> StatefulSet {
-        serde_json::from_value(statefulset(&db, w, "postgres", Sidecars::default(), ("orders-0", 3), None).object).expect("StatefulSet")
-    };
+    let set = |w: &Workload| -> StatefulSet { members(&db, w, Sidecars::default(), "orders-0", None).set };
     let without = set(&w);
     assert!(!without.annotations().contains_key(crate::names::CLIENT_COMMAND));
     w.client_command = vec!["sh".into(), "-c".into(), "exec psql".into()];

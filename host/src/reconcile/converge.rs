@@ -475,19 +475,27 @@ impl<'a> Pass<'a> {
     ) -> Result<Applied, Error> {
         let (ctx, db) = (self.ctx, self.db);
         let mut stateful_set = ctx.caches.stateful_set(db);
-        let mut role_free = String::new();
-        let template = (self.rendered_for.as_str(), replicas, leadership);
-        for child in build::children(db, workload, &db.spec.engine, primary, sidecars, template, self.tls.as_deref()) {
-            if child.kind == build::Kind::StatefulSet {
-                let annotations = &child.object["spec"]["template"]["metadata"]["annotations"];
-                role_free = annotations[crate::names::ROLE_FREE_HASH].as_str().unwrap_or_default().to_string();
-                // A new members' template is one its controller has not seen: what the
-                // members run is not known until it has. Another change (the count, how
-                // claims are kept) leaves it known.
-                let named = annotations[crate::names::PRIMARY_ANNOTATION].as_str().unwrap_or_default();
-                if !apply::unchanged(ctx, db, &child) && !stateful_set.as_ref().is_some_and(|s| s.same_template(&role_free, named)) {
-                    stateful_set = None;
-                }
+        let rendered = build::Rendered {
+            workload,
+            engine: &db.spec.engine,
+            sidecars,
+            primary,
+            rendered_for: &self.rendered_for,
+            replicas,
+            leadership,
+            tls: self.tls.as_deref(),
+        };
+        let children = build::children(db, &rendered);
+        let role_free = children.members.role_free.clone();
+        for child in children {
+            // A new members' template is one its controller has not seen: what the members
+            // run is not known until it has. Another change (the count, how claims are
+            // kept) leaves it known.
+            if child.kind == build::Kind::StatefulSet
+                && !apply::unchanged(ctx, db, &child)
+                && !stateful_set.as_ref().is_some_and(|s| s.same_template(&role_free, &self.rendered_for))
+            {
+                stateful_set = None;
             }
             self.plan.apply(child);
         }

@@ -184,8 +184,17 @@ async fn baseline(client: &Client, count: usize) -> Result<Duration> {
                 let secrets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()));
                 secrets.create(&PostParams::default(), &serde_json::from_value(secret)?).await?;
                 let primary = format!("db-{i}-0");
-                let template = (primary.as_str(), created.spec.replicas.max(1) as u32, build::Leadership::HostChosen);
-                for child in build::children(&created, &workload, "postgres", &primary, build::Sidecars::default(), template, None) {
+                let rendered = build::Rendered {
+                    workload: &workload,
+                    engine: "postgres",
+                    sidecars: build::Sidecars::default(),
+                    primary: &primary,
+                    rendered_for: &primary,
+                    replicas: created.spec.replicas.max(1) as u32,
+                    leadership: build::Leadership::HostChosen,
+                    tls: None,
+                };
+                for child in build::children(&created, &rendered) {
                     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &child.resource);
                     api.create(&PostParams::default(), &serde_json::from_value(child.object)?).await?;
                 }
