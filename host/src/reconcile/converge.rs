@@ -27,8 +27,8 @@
 //! replication members         -                   decide::replication   Event / the primary's agent asked
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
 //! steps      Jobs             -                   decide::steps         upgrade Jobs, Event
-//! backups    backup Jobs,     backup              schedule, retention   backup Jobs, removals, the bucket pruned, Event
-//!            the bucket
+//! backups    backup Jobs,     backup              decide::backups       backup Jobs, removals, the bucket pruned, Event
+//!            the bucket (due)
 //! conclude   what was carried -                   status::conclude      the plan carried out, then the status written
 //! ```
 //!
@@ -125,63 +125,123 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let named = sidecars.agent.is_some() && !workload.synchronous_command.is_empty();
     let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary, &applied, scale.granted);
-    let heard: Vec<&str> = pass.heard.iter().map(|(pod, _)| pod.as_str()).collect();
-    let observed = (members.observed.as_slice(), primary.name.as_str(), heard.as_slice());
-    let (notes, replication_due) = replication::reconcile(ctx, db, (&pass.old, &mut pass.plan.told), observed, (elects, named)).await?;
-    pass.say(&notes);
-    // Members of an engine that elects its leader are part of the engine's membership: never moved.
-    let move_after = db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !elects);
-    let moving_due = move_after.and_then(|after| {
-        let pods = (members.observed.as_slice(), members.pods.as_slice());
-        nodes::move_replicas(ctx, db, after, pods, &members.lost, &primary.name, &mut pass.plan)
-    });
+    let replication_due = pass.replication(&members, &primary, (elects, named)).await?;
+    let moving_due = pass.move_replicas(&members, &primary, elects);
     let upgrading = pass.steps(&upgrade, &workload, rolled.done);
     let report = pass.backups(&engine.plugin, &spec, &workload).await?;
-    let moving = primary.failed_over || primary.switching.is_some() || rolled.restarted || upgrading || scale.under_way || incident;
-    let in_motion = moving
-        || restoring == restore::Restore::Running
-        || matches!(applied.growth, Growth::Waiting(_))
-        || report.running
-        || pass.plan.told.upgrading(&pass.old);
-    let (progressing, waited, growth) = pass
-        .conclude(status::Pass {
-            generation: db.metadata.generation,
-            desired: scale.granted as usize,
-            members: &members.observed,
-            rolled: rolled.done,
-            moving,
-            growth: &applied.growth,
-            plan_refused: upgrade.refused || scale.refused,
-            restoring: restoring == restore::Restore::Running,
-            incident,
-            switching: primary.switching.as_deref(),
-        })
-        .await?;
-    let settled = decide::Settled {
-        moving: in_motion,
-        waiting_for_members: progressing && !in_motion,
-        waited,
-        primary_lost_in: (!elects)
-            .then(|| super::members::primary_lost_in(&members.observed, &primary.name, ctx.settings.failover_after.as_secs() as i64))
-            .flatten(),
-        grow_failed: matches!(growth, Growth::Failed(_)),
-        next: pass.next_look(&report),
-    };
-    let mut requeue = decide::requeue(&ctx.settings, &settled);
-    for due in [moving_due, replication_due, rolled.look_again].into_iter().flatten() {
+    pass.end(Found {
+        members: &members,
+        primary: &primary,
+        scale: &scale,
+        rolled: &rolled,
+        applied: &applied,
+        restoring,
+        report: &report,
+        plan_refused: upgrade.refused || scale.refused,
+        upgrading,
+        incident,
+        elects,
+        due: [moving_due, replication_due, rolled.look_again],
+        polled: (workload.member_query.is_some(), sidecars.agent.is_some()),
+    })
+    .await
+}
+
+/// What the stages found that the end of a pass weighs: the status it concludes, and when
+/// the Database is looked at again.
+struct Found<'f> {
+    members: &'f Members,
+    primary: &'f Primary,
+    scale: &'f Scale,
+    rolled: &'f Rolled,
+    applied: &'f Applied,
+    restoring: restore::Restore,
+    report: &'f BackupReport,
+    /// The plugin refused the upgrade or the scale asked for.
+    plan_refused: bool,
+    /// An upgrade's steps run.
+    upgrading: bool,
+    /// A second primary was fenced.
+    incident: bool,
+    /// The engine elects its leader (no failover to wait for).
+    elects: bool,
+    /// When stages asked to look again.
+    due: [Option<Duration>; 3],
+    /// The members answer who leads; their agents say their lag: both asked again at
+    /// their polls.
+    polled: (bool, bool),
+}
+
+impl Pass<'_> {
+    /// The replication stage: the primary's agent told which replicas confirm commits;
+    /// when to look again, if commits wait for too few replicas.
+    async fn replication(
+        &mut self,
+        members: &Members,
+        primary: &Primary,
+        (elects, named): (bool, bool),
+    ) -> Result<Option<Duration>, Error> {
+        let heard: Vec<&str> = self.heard.iter().map(|(pod, _)| pod.as_str()).collect();
+        let observed = (members.observed.as_slice(), primary.name.as_str(), heard.as_slice());
+        let (notes, due) = replication::reconcile(self.ctx, self.db, (&self.old, &mut self.plan.told), observed, (elects, named)).await?;
+        self.say(&notes);
+        Ok(due)
+    }
+
+    /// The move stage: a replica on a node lost past `spec.spread.moveFromLostNodeAfter`
+    /// is made again elsewhere (never a member of an engine that elects its leader: it is
+    /// part of the engine's membership); when to look again, if one waits.
+    fn move_replicas(&mut self, members: &Members, primary: &Primary, elects: bool) -> Option<Duration> {
+        let after = self.db.spec.spread.as_ref().and_then(|s| s.move_after()).filter(|_| !elects)?;
+        let pods = (members.observed.as_slice(), members.pods.as_slice());
+        nodes::move_replicas(self.ctx, self.db, after, pods, &members.lost, &primary.name, &mut self.plan)
+    }
+
+    /// The end of a pass: the plan carried out and the status written once
+    /// ([`Pass::conclude`]), then when to look again: soon while anything moves, at
+    /// each time a stage named, and at the leader and member polls.
+    async fn end(&mut self, found: Found<'_>) -> Result<Action, Error> {
+        let ctx = self.ctx;
+        let Found { members, primary, scale, rolled, applied, restoring, report, plan_refused, upgrading, incident, elects, due, polled } =
+            found;
+        let (leader_polled, agents_polled) = polled;
+        let moving = primary.failed_over || primary.switching.is_some() || rolled.restarted || upgrading || scale.under_way || incident;
+        let in_motion = moving
+            || restoring == restore::Restore::Running
+            || matches!(applied.growth, Growth::Waiting(_))
+            || report.running
+            || self.plan.told.upgrading(&self.old);
+        let (progressing, waited, growth) = self
+            .conclude(status::Pass {
+                generation: self.db.metadata.generation,
+                desired: scale.granted as usize,
+                members: &members.observed,
+                rolled: rolled.done,
+                moving,
+                growth: &applied.growth,
+                plan_refused,
+                restoring: restoring == restore::Restore::Running,
+                incident,
+                switching: primary.switching.as_deref(),
+            })
+            .await?;
+        let settled = decide::Settled {
+            moving: in_motion,
+            waiting_for_members: progressing && !in_motion,
+            waited,
+            primary_lost_in: (!elects)
+                .then(|| super::members::primary_lost_in(&members.observed, &primary.name, ctx.settings.failover_after.as_secs() as i64))
+                .flatten(),
+            grow_failed: matches!(growth, Growth::Failed(_)),
+            next: self.next_look(report),
+        };
+        let polls = [leader_polled.then_some(ctx.settings.leader_poll), agents_polled.then_some(ctx.settings.member_poll)];
         // A member waits for its node's loss, commits for too few replicas, or a replica
-        // for a new primary to serve long enough: looked at again then.
-        requeue = requeue.min(due);
+        // for a new primary to serve long enough: looked at again then. Who leads, and a
+        // replica's lag, change without a pod changing: asked again at their polls.
+        let requeue = due.into_iter().chain(polls).flatten().fold(decide::requeue(&ctx.settings, &settled), Duration::min);
+        Ok(Action::requeue(requeue))
     }
-    if workload.member_query.is_some() {
-        // Who leads can change without a pod changing: ask again soon.
-        requeue = requeue.min(ctx.settings.leader_poll);
-    }
-    if sidecars.agent.is_some() {
-        // A replica's lag changes without a pod changing: its agent is asked again then.
-        requeue = requeue.min(ctx.settings.member_poll);
-    }
-    Ok(Action::requeue(requeue))
 }
 
 /// What the stages share: the Database, its status as the pass found it, and the plan.
