@@ -11,6 +11,7 @@ pub mod minio;
 pub mod mock_api;
 pub mod node;
 pub mod operator;
+pub mod pass;
 pub mod prometheus;
 pub mod proxy;
 pub mod release;

@@ -246,3 +246,55 @@ async fn the_archive_ships_finished_segments_only_and_a_restore_takes_what_its_b
     assert_eq!(object_storage::remove_segments(store.as_ref(), &database, &old).await.expect("remove"), 2);
     assert!(object_storage::archived(store.as_ref(), &database).await.expect("archived").is_empty());
 }
+
+/// A whole pass over a Database whose backups are in the bucket: the pass reads the
+/// bucket with the key from the Secret the spec names, removes the complete backups past
+/// retention and an incomplete one no Job writes, says so in an Event, and the status
+/// says what a restore reaches, confirmed now.
+#[tokio::test]
+async fn a_pass_prunes_the_bucket_past_retention_and_says_what_a_restore_reaches() {
+    use plugdb_tests::pass::{Server, made, pass_over, registry, running, status};
+    let minio = Minio::on_loopback(&[BUCKET]).await.expect("minio");
+    let store = minio.bucket(ACCESS_KEY, SECRET_KEY, BUCKET).store().expect("store");
+    let work = tempfile::tempdir().expect("tempdir");
+    let database = object_storage::database_key("", "shop", "orders");
+    for (i, name) in ["orders-2611260200", "orders-2611270200", "orders-gone", "orders-2611280200"].into_iter().enumerate() {
+        let artefact = work.path().join(name);
+        write(&artefact.join("data"), 1_000, i as u8);
+        object_storage::upload(store.as_ref(), &database.clone().join(name), &artefact).await.expect("upload");
+        // Manifests a second apart at least, so that "newest" is unambiguous.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    // A backup whose upload never finished: its manifest is missing.
+    object_store::ObjectStoreExt::delete(store.as_ref(), &database.clone().join("orders-gone").join(object_storage::MANIFEST))
+        .await
+        .expect("delete the manifest");
+
+    let registry = registry().await;
+    let s3 = serde_json::json!({"endpoint": minio.endpoint, "bucket": BUCKET, "credentials": {"secretName": "s3"}});
+    let (db, made) =
+        made(&registry, serde_json::json!({"replicas": 3, "backup": {"schedule": "0 2 * * *", "retention": 2, "s3": s3}})).await;
+    let b64 = |s: &str| serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec())).expect("base64");
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3", "namespace": "shop"},
+        "data": {"accessKeyId": b64(ACCESS_KEY), "secretAccessKey": b64(SECRET_KEY)},
+    });
+    let loopback = plugdb::egress::Policy::new(vec![], vec!["127.0.0.1/32".parse().expect("a network")], vec![]);
+    let server =
+        Server { served: vec![("/api/v1/namespaces/shop/secrets/s3".into(), secret)], egress: Some(loopback), ..Server::default() };
+    let cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
+    assert!(result.is_ok(), "{result:?}");
+
+    let left = object_storage::list(store.as_ref(), &database).await.expect("list");
+    assert_eq!(left.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["orders-2611280200", "orders-2611270200"]);
+    let event = calls.iter().find(|c| c.body["reason"] == "BackupsPruned").expect("an Event of the pruning");
+    let note = event.body["note"].as_str().or(event.body["message"].as_str()).unwrap_or_default();
+    assert!(note.contains("1 backup(s) beyond the newest 2 (orders-2611260200)") && note.contains("(orders-gone)"), "{note}");
+    let status = status(&api);
+    let reach = status.recoverable.expect("what a restore reaches");
+    assert_eq!(reach.backups, 2, "{reach:?}");
+    assert!(reach.confirmed.is_some() && reach.unreachable_since.is_none(), "{reach:?}");
+    let healthy = status.conditions.iter().find(|c| c.type_ == "BackupHealthy").expect("BackupHealthy");
+    assert_eq!(healthy.status, "True", "{healthy:?}");
+}

@@ -1,6 +1,6 @@
 //! Whole passes at unit speed: the reconciler runs one pass over hand-built caches
-//! ([`Caches::holding`]) with the bundled plugins, against a mocked API client that
-//! records every request in order ([`MockApi`]). No cluster, no root: what a pass
+//! (`Caches::holding`) with the bundled plugins, against a mocked API client that
+//! records every request in order (`MockApi`; the fixtures are `plugdb_tests::pass`). No cluster, no root: what a pass
 //! decides and writes, request by request, for a table of situations. What the API
 //! server and the nodes make of those writes is the real tiers' part.
 
@@ -8,112 +8,16 @@ use std::sync::Arc;
 
 use plugdb::crd::Database;
 use plugdb::metrics::Metrics;
-use plugdb::plugin::{Limits, Registry, Runtime};
+use plugdb::plugin::Registry;
 use plugdb::reconcile::cache::Caches;
 use plugdb::reconcile::{self, Context};
 use plugdb::stamp::STAMP;
-use plugdb_tests::component;
 use plugdb_tests::mock_api::{Call, MockApi};
 use plugdb_tests::operator::test_settings;
+use plugdb_tests::pass::{
+    Server, backup_job, database, lines, made, pass, pass_over, registry, registry_of, running, serving, status, written,
+};
 use serde_json::{Value, json};
-
-/// A registry serving the bundled postgres plugin (compiled once per test).
-async fn registry() -> Registry {
-    registry_of(&["postgres"]).await
-}
-
-/// A registry serving the bundled plugins of `engines` (compiled once per test).
-async fn registry_of(engines: &[&str]) -> Registry {
-    let metrics = Arc::new(Metrics::default());
-    let registry = Registry::new(Runtime::new(Limits::default()).expect("runtime"), metrics);
-    for engine in engines {
-        let outcome = registry.load_bytes(&format!("bundled/{engine}.wasm"), component(engine)).await;
-        assert!(matches!(outcome, plugdb::plugin::Outcome::Loaded { .. }), "{engine}: {outcome:?}");
-    }
-    registry
-}
-
-/// A Database `orders` in `shop` as the API server serves it: `spec` over a minimal one.
-fn database(spec: Value) -> Database {
-    let mut whole = json!({"engine": "postgres", "storage": "1Gi"});
-    json_patch::merge(&mut whole, &spec);
-    serde_json::from_value(json!({
-        "apiVersion": "plugdb.io/v1alpha1", "kind": "Database",
-        "metadata": {"name": "orders", "namespace": "shop", "uid": "db-uid", "generation": 1, "resourceVersion": "10"},
-        "spec": whole,
-    }))
-    .expect("a Database")
-}
-
-/// One pass over `db` with the caches holding `objects`; the requests it made. A pass
-/// whose plugin call runs slow on a busy machine ends `Busy` and goes on without it: as
-/// the controller does, the pass is run again over the same state once the answer is
-/// expected (the plugin's memo has it then), and only that run's requests count.
-async fn pass(registry: &Registry, db: &Database, objects: &[Value]) -> (Vec<Call>, MockApi) {
-    let (result, calls, api) = pass_over(registry, db, objects, &Server::default()).await;
-    if let Err(e) = result {
-        panic!("the pass: {e}");
-    }
-    (calls, api)
-}
-
-/// The API server beyond the Database, and how the operator runs.
-#[derive(Default, Clone)]
-struct Server {
-    /// (path, object): what a read of the path finds.
-    served: Vec<(String, Value)>,
-    /// (path, status code): a write of the path is refused so.
-    refused: Vec<(String, u16)>,
-    /// The operator's own image: members get an agent beside them.
-    image: Option<&'static str>,
-    /// The members' agents are asked where they are on every pass (not every half minute).
-    poll: bool,
-}
-
-/// The API server holding `served` (path, object) for reads.
-fn serving(served: &[(String, Value)]) -> Server {
-    Server { served: served.to_vec(), ..Server::default() }
-}
-
-/// [`pass`], with the API server as `server` says, whatever the pass ends with.
-async fn pass_over(
-    registry: &Registry,
-    db: &Database,
-    objects: &[Value],
-    server: &Server,
-) -> (Result<(), reconcile::Error>, Vec<Call>, MockApi) {
-    let mut earlier = Vec::new();
-    loop {
-        let api = MockApi::new(db).serving(&server.served).refusing(&server.refused);
-        let caches = Caches::holding(objects, reconcile::fresh_stamper()).expect("caches");
-        let mut settings = test_settings();
-        if server.poll {
-            settings.member_poll = std::time::Duration::ZERO;
-        }
-        let ctx = Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), settings, caches);
-        let ctx = Arc::new(ctx.with_operator_image(server.image.map(str::to_string)));
-        match reconcile::reconcile(Arc::new(db.clone()), ctx.clone()).await {
-            Err(reconcile::Error::Busy(busy)) => tokio::time::sleep(busy.retry_in()).await,
-            ended => return (ended.map(|_| ()), api.take(), api),
-        }
-        // The call goes on in this context's pool: it is kept until the pass is done.
-        earlier.push(ctx);
-    }
-}
-
-fn lines(calls: &[Call]) -> Vec<String> {
-    calls.iter().map(Call::line).collect()
-}
-
-/// The objects `calls` created or applied, as the API server would serve them back.
-fn written(calls: &[Call]) -> Vec<Value> {
-    calls.iter().filter(|c| c.method == "POST" || c.is_apply()).filter(|c| c.body["kind"] != "Event").map(|c| c.body.clone()).collect()
-}
-
-/// What the Database's status says now.
-fn status(api: &MockApi) -> plugdb::crd::DatabaseStatus {
-    api.database().status.expect("a status")
-}
 
 const DATABASES: &str = "/apis/plugdb.io/v1alpha1/namespaces/shop/databases/orders";
 
@@ -269,44 +173,6 @@ async fn kept_credentials_are_taken_only_with_plugdbs_stamp() {
     let (result, calls, _) = pass_over(&registry, &db, &made, &Server::default()).await;
     result.expect("plugdb's own kept credentials are the Database's");
     assert!(!calls.iter().any(|c| c.path.contains("/secrets")), "taken as they are: {:?}", lines(&calls));
-}
-
-/// A Database that had its first pass: the Database as that pass left it, and what it
-/// made.
-async fn made(registry: &Registry, spec: Value) -> (Database, Vec<Value>) {
-    let (calls, api) = pass(registry, &database(spec), &[]).await;
-    (api.database(), written(&calls))
-}
-
-/// `made`, its StatefulSet's controller caught up at revision `revision`, and its
-/// members as the StatefulSet's template makes them: one pod per `(ready, revision)`,
-/// started an hour ago, member 0 labelled primary.
-fn running(made: &[Value], revision: &str, members: &[(bool, &str)]) -> Vec<Value> {
-    let an_hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mut objects: Vec<Value> = made.to_vec();
-    let set = objects.iter_mut().find(|o| o["kind"] == "StatefulSet").expect("a StatefulSet");
-    set["metadata"]["generation"] = json!(1);
-    set["status"] = json!({"observedGeneration": 1, "updateRevision": revision, "currentRevision": revision, "replicas": members.len()});
-    let template = set["spec"]["template"]["metadata"].clone();
-    for (ordinal, (ready, revision)) in members.iter().enumerate() {
-        let mut labels = template["labels"].clone();
-        labels["controller-revision-hash"] = json!(revision);
-        labels["plugdb.io/role"] = json!(if ordinal == 0 { "primary" } else { "replica" });
-        let owner = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "orders", "uid": "set-uid", "controller": true});
-        objects.push(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": format!("orders-{ordinal}"), "namespace": "shop", "uid": format!("pod-{ordinal}"),
-                "creationTimestamp": an_hour_ago, "labels": labels, "annotations": template["annotations"], "ownerReferences": [owner],
-            },
-            "spec": {"nodeName": format!("node-{ordinal}"), "containers": []},
-            "status": {
-                "phase": "Running", "podIP": format!("10.0.0.{}", 10 + ordinal),
-                "conditions": [{"type": "Ready", "status": if *ready { "True" } else { "False" }, "lastTransitionTime": an_hour_ago}],
-            },
-        }));
-    }
-    objects
 }
 
 #[tokio::test]
@@ -476,24 +342,6 @@ async fn a_primary_lost_with_no_replica_position_known_is_not_replaced_and_the_d
     assert_eq!((status.phase, status.primary.as_deref()), (Some(plugdb::crd::Phase::Degraded), Some("orders-0")));
     // Nothing of the members changed: no pod deleted, relabelled or re-rendered.
     assert!(calls.iter().all(|c| c.method != "DELETE" && !c.path.contains("/pods/") && !c.path.contains("statefulsets")));
-}
-
-/// A backup Job of `orders` named `name`, completed at `completed` (running when `None`).
-fn backup_job(name: &str, completed: Option<&str>) -> Value {
-    let conditions = match completed {
-        Some(_) => json!([{"type": "Complete", "status": "True"}]),
-        None => json!([]),
-    };
-    json!({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {
-            "name": name, "namespace": "shop", "uid": format!("job-{name}"), "creationTimestamp": completed.unwrap_or("2026-11-28T00:00:00Z"),
-            "labels": {"plugdb.io/backup-of": "orders", "app.kubernetes.io/instance": "orders", "app.kubernetes.io/managed-by": "plugdb"},
-            "ownerReferences": [{"apiVersion": "plugdb.io/v1alpha1", "kind": "Database", "name": "orders", "uid": "db-uid", "controller": true}],
-        },
-        "spec": {"template": {"spec": {"containers": []}}},
-        "status": {"completionTime": completed, "conditions": conditions},
-    })
 }
 
 #[tokio::test]
