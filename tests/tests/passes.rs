@@ -1200,6 +1200,55 @@ async fn an_etcd_member_is_added_by_its_job_before_the_statefulset_grows() {
     assert_eq!(grown.body["spec"]["replicas"], 4);
 }
 
+/// An engine that elects its leader has its members asked who leads over TLS, trusting
+/// the CA of the Database's certificate: its Secret is read once, not on every pass, and
+/// again once the Secret changes.
+#[tokio::test]
+async fn the_ca_the_members_are_asked_with_is_read_again_only_when_its_secret_changes() {
+    let registry = registry_of(&["postgres", "etcd"]).await;
+    let spec = json!({"engine": "etcd", "version": "3.5", "replicas": 3, "tls": {"enabled": true}});
+    let (db, made) = made(&registry, spec).await;
+    let mut cluster = running(&made, "r1", &[(true, "r1"), (true, "r1"), (true, "r1")]);
+    for (pod, address) in cluster.iter_mut().filter(|o| o["kind"] == "Pod").zip(loopback_from(90, 3)) {
+        pod["status"]["podIP"] = json!(address);
+    }
+    const TLS: &str = "/api/v1/namespaces/shop/secrets/orders-tls";
+    let versioned = |cluster: &mut Vec<Value>, version: &str| {
+        let secret = cluster.iter_mut().find(|o| o["kind"] == "Secret" && o["metadata"]["name"] == "orders-tls").expect("the TLS Secret");
+        secret["metadata"]["resourceVersion"] = json!(version);
+        secret.clone()
+    };
+    let secret = versioned(&mut cluster, "5");
+    let api = MockApi::new(&db).serving(&[(TLS.to_string(), secret)]);
+    let context = |cluster: &[Value]| {
+        let caches = Caches::holding(cluster, reconcile::fresh_stamper()).expect("caches");
+        Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), test_settings(), caches)
+    };
+    let reads = |calls: &[Call]| calls.iter().filter(|c| c.line() == format!("GET {TLS}")).count();
+    let pass_with = |ctx: Arc<Context>| {
+        let api = api.clone();
+        async move {
+            loop {
+                match reconcile::reconcile(Arc::new(api.database()), ctx.clone()).await {
+                    Err(reconcile::Error::Busy(busy)) => tokio::time::sleep(busy.retry_in()).await,
+                    ended => break ended.map(|_| ()),
+                }
+            }
+        }
+    };
+    let ctx = Arc::new(context(&cluster));
+    pass_with(ctx.clone()).await.expect("a pass");
+    assert_eq!(reads(&api.take()), 1, "read once");
+    pass_with(ctx.clone()).await.expect("a pass");
+    assert_eq!(reads(&api.take()), 0, "kept while the Secret is the same");
+    // The same operator, its cache now holding a newer version of the Secret.
+    versioned(&mut cluster, "6");
+    let mut ctx = Arc::into_inner(ctx).expect("one context");
+    ctx.caches = Caches::holding(&cluster, reconcile::fresh_stamper()).expect("caches");
+    pass_with(Arc::new(ctx)).await.expect("a pass");
+    assert_eq!(reads(&api.take()), 1, "read again once it changed");
+}
+
 /// Synchronous replication with `whenTooFewReplicas: Degrade`: both replicas down for
 /// longer than `degradeAfterSeconds`, the primary's agent is told to stop commits waiting
 /// (`POST /synchronous/0`), and the condition and a Warning say replication is degraded.

@@ -70,13 +70,18 @@ impl Agents {
 
     /// Forgets `db`, which is gone.
     pub fn forget(&self, db: &Database) {
-        self.keys.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(db));
+        let names = Names(&db.name_any());
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        for secret in [names.agent(), names.tls()] {
+            keys.remove(&secret_key(db, &secret));
+        }
+        drop(keys);
         self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(db));
     }
 
-    fn kept(&self, db: &Database, version: Option<&str>) -> Option<Arc<[u8]>> {
+    fn kept(&self, db: &Database, secret: &str, version: Option<&str>) -> Option<Arc<[u8]>> {
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        keys.get(&key(db)).filter(|k| Some(k.version.as_str()) == version).map(|k| k.ca.clone())
+        keys.get(&secret_key(db, secret)).filter(|k| Some(k.version.as_str()) == version).map(|k| k.ca.clone())
     }
 }
 
@@ -84,19 +89,30 @@ fn key(db: &Database) -> String {
     format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())
 }
 
-/// The Database authority's certificate, which `db`'s agents serve theirs from: kept while
-/// the Secret's version is the one the cache has, else read.
+fn secret_key(db: &Database, secret: &str) -> String {
+    format!("{}/{secret}", db.namespace().unwrap_or_default())
+}
+
+/// The Database authority's certificate, which `db`'s agents serve theirs from (Secret
+/// `<name>-agent`, plugdb's own).
 async fn authority(ctx: &Context, db: &Database) -> Result<Option<Arc<[u8]>>, Error> {
-    let secret_name = Names(&db.name_any()).agent();
-    let version = ctx.caches.secret(db, &secret_name).and_then(|s| s.metadata.resource_version.clone());
-    if let Some(kept) = ctx.agents.kept(db, version.as_deref()) {
+    certificate_authority(ctx, db, &Names(&db.name_any()).agent(), true).await
+}
+
+/// The CA (`ca.crt`) of Secret `secret` of `db`'s namespace: kept while the Secret's
+/// version is the one the cache has, else read (the watch caches keep no Secret's
+/// values); `owned`: only a Secret that is the Database's own counts.
+pub(super) async fn certificate_authority(ctx: &Context, db: &Database, secret: &str, owned: bool) -> Result<Option<Arc<[u8]>>, Error> {
+    let version = ctx.caches.secret(db, secret).and_then(|s| s.metadata.resource_version.clone());
+    if let Some(kept) = ctx.agents.kept(db, secret, version.as_deref()) {
         return Ok(Some(kept));
     }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let Some(secret) = own_secret(ctx, db, api.get_opt(&secret_name).await?)? else { return Ok(None) };
-    let version = secret.metadata.resource_version.clone().unwrap_or_default();
-    let ca: Arc<[u8]> = secret.data.unwrap_or_default().remove(tls::CA).map(|b| b.0).unwrap_or_default().into();
-    ctx.agents.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), Keys { version, ca: ca.clone() });
+    let read = api.get_opt(secret).await?;
+    let Some(read) = (if owned { own_secret(ctx, db, read)? } else { read }) else { return Ok(None) };
+    let version = read.metadata.resource_version.clone().unwrap_or_default();
+    let ca: Arc<[u8]> = read.data.unwrap_or_default().remove(tls::CA).map(|b| b.0).unwrap_or_default().into();
+    ctx.agents.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(secret_key(db, secret), Keys { version, ca: ca.clone() });
     Ok(Some(ca))
 }
 

@@ -168,11 +168,12 @@ impl Pass<'_> {
         Ok(leader)
     }
 
-    /// The certificate of the Database's authority (PEM), from its TLS Secret; empty until
-    /// the Secret is there.
-    async fn authority_certificate(&self) -> Result<Vec<u8>, Error> {
-        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let secret = secrets.get_opt(&Names(&self.name).tls()).await?;
-        Ok(secret.and_then(|s| s.data).and_then(|mut d| d.remove(crate::tls::CA)).map(|b| b.0).unwrap_or_default())
+    /// The certificate of the Database's authority (PEM), from its TLS Secret (cert-manager's
+    /// or plugdb's), read again only when the Secret changed; empty until it is there.
+    async fn authority_certificate(&self) -> Result<std::sync::Arc<[u8]>, Error> {
+        let tls = Names(&self.name).tls();
+        Ok(reconcile::agent::certificate_authority(self.ctx, self.db, &tls, false)
+            .await?
+            .unwrap_or_else(|| std::sync::Arc::from(Vec::new())))
     }
 }
