@@ -441,7 +441,7 @@ impl<'a> Pass<'a> {
 
     /// Whether the Database's status already says `reason` (with `message`, when given).
     fn said(&self, reason: Reason, message: Option<&str>) -> bool {
-        super::plan::said(self.db, reason, message)
+        status::says(self.db.status.as_ref(), None, Some(reason), message)
     }
 
     /// The state of the Database's Job `name`, as the cache has it.

@@ -399,12 +399,10 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context>) -> Result<Action, E
 /// backoff); a taken name also makes the Database not `Ready`. The next pass that
 /// succeeds sets the conditions anew.
 async fn refused(ctx: &Context, db: &Database, reason: Reason, message: String) {
-    let mut status = db.status.clone().unwrap_or_default();
-    let said = status::fit(&message);
-    if status.conditions.iter().any(|c| c.type_ == ConditionType::Progressing.as_str() && c.reason == reason.as_str() && c.message == said)
-    {
+    if status::says(db.status.as_ref(), Some(ConditionType::Progressing), Some(reason), Some(&message)) {
         return;
     }
+    let mut status = db.status.clone().unwrap_or_default();
     event(ctx, db, true, reason, message.clone()).await;
     if reason == Reason::NameTaken {
         status::set(&mut status.conditions, ConditionType::Ready, false, reason, message.clone(), db.metadata.generation);
@@ -497,8 +495,7 @@ fn stopped(db: &Database, mut status: DatabaseStatus, condition: ConditionType, 
         (false, _) => Phase::Failed,
     });
     status.observed_generation = generation;
-    let news = db.status.as_ref().map(|s| s.conditions.iter().find(|c| c.type_ == condition.as_str()).map(|c| c.message.as_str()))
-        != Some(Some(message));
+    let news = !status::says(db.status.as_ref(), Some(condition), None, Some(message));
     (status, news)
 }
 

@@ -252,7 +252,7 @@ impl Plan {
                 // again on later passes.
                 Err(kube::Error::Api(e)) if (400..500).contains(&e.code) => {
                     let refused = format!("claim {claim} cannot grow to {size}: {}", e.message);
-                    if !said(db, Reason::VolumeGrowFailed, Some(&refused)) {
+                    if !super::status::says(db.status.as_ref(), None, Some(Reason::VolumeGrowFailed), Some(&refused)) {
                         self.tell(None, true, Reason::VolumeGrowFailed, refused.clone());
                     }
                     carried.grow_refused = Some(refused);
@@ -338,12 +338,6 @@ impl Plan {
 /// A reference to member `pod` of `pods`, for an Event about it.
 pub(super) fn member_ref(pods: &[std::sync::Arc<Pod>], pod: &str) -> Option<ObjectReference> {
     pods.iter().find(|p| p.name_any() == pod).map(|p| p.object_ref(&()))
-}
-
-/// Whether `db`'s status already says `reason` (with `message`, when given).
-pub(super) fn said(db: &Database, reason: Reason, message: Option<&str>) -> bool {
-    let message = message.map(super::status::fit);
-    db.status.iter().flat_map(|s| &s.conditions).any(|c| c.reason == reason.as_str() && message.as_ref().is_none_or(|m| &c.message == m))
 }
 
 async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Result<(), Error> {

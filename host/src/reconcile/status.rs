@@ -201,6 +201,19 @@ pub fn fit(message: &str) -> String {
     crate::said::bounded(message, MAX_MESSAGE)
 }
 
+/// Whether `status` already says something, so that saying it again is no news (an Event
+/// says each thing once): a condition of `type_` (any, when `None`) with `reason` (any,
+/// when `None`) and `message` (any, when `None`; compared as a condition holds it,
+/// [`fit`]).
+pub fn says(status: Option<&DatabaseStatus>, type_: Option<ConditionType>, reason: Option<Reason>, message: Option<&str>) -> bool {
+    let message = message.map(fit);
+    status.iter().flat_map(|s| &s.conditions).any(|c| {
+        type_.is_none_or(|t| c.type_ == t.as_str())
+            && reason.is_none_or(|r| c.reason == r.as_str())
+            && message.as_ref().is_none_or(|m| &c.message == m)
+    })
+}
+
 /// Sets condition `type_` (its message [`fit`]); `lastTransitionTime` moves only when
 /// the status changes.
 pub fn set(

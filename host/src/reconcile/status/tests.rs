@@ -459,3 +459,19 @@ fn every_condition_type_and_reason_is_read_back_from_its_word() {
     }
     assert_eq!(ConditionType::parse("ready"), None, "the API's words are matched exactly");
 }
+
+#[test]
+fn what_the_status_already_says_is_no_news() {
+    let mut status = DatabaseStatus::default();
+    let long = format!("backup orders-1 failed: {}\u{7}", "x".repeat(MAX_MESSAGE));
+    set(&mut status.conditions, ConditionType::BackupHealthy, false, Reason::BackupProblem, long.clone(), None);
+    let says = |t, r, m| says(Some(&status), t, r, m);
+    // As the condition holds it: bounded and escaped, however the message came.
+    assert!(says(Some(ConditionType::BackupHealthy), Some(Reason::BackupProblem), Some(&long)));
+    assert!(says(None, Some(Reason::BackupProblem), None), "the reason alone");
+    assert!(says(Some(ConditionType::BackupHealthy), None, Some(&long)), "the type and message");
+    assert!(!says(Some(ConditionType::Ready), None, None), "another type");
+    assert!(!says(None, Some(Reason::BackupsHealthy), None), "another reason");
+    assert!(!says(None, None, Some("backup orders-2 failed")), "another message");
+    assert!(!super::says(None, None, None, None), "no status says nothing");
+}
