@@ -112,23 +112,24 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
     // The plugin renders the members there are in this step of a scale plan.
     let members_now = EngineSpec { replicas: scale.granted, ..spec.clone() };
-    let workload = proceed!(pass.render(&engine.plugin, &members_now, &primary.name, archiver.is_some()).await);
-    let primary = pass.elected(&engine.plugin, &spec, &members, &workload, primary).await?;
-    pass.scale_job(&scale, &workload);
-    let restoring = proceed!(pass.restore(&engine.plugin, &spec, &workload).await);
-    let sidecars = build::Sidecars { archiver, agent: super::agent_sidecar(ctx, &engine.plugin, &workload), pull: &ctx.settings.pull };
+    let rendering = proceed!(pass.render(&engine.plugin, &members_now, &primary.name, archiver.is_some()).await);
+    let workload = &rendering.workload;
+    let primary = pass.elected(&engine.plugin, &spec, &members, workload, primary).await?;
+    pass.scale_job(&scale, workload);
+    let restoring = proceed!(pass.restore(&engine.plugin, &spec, workload).await);
+    let sidecars = build::Sidecars { archiver, agent: super::agent_sidecar(ctx, &engine.plugin, workload), pull: &ctx.settings.pull };
     let elects = engine.plugin.info().capabilities.elects_leader;
-    pass.agents(super::wants_agent(&engine.plugin, &workload), sidecars.agent.is_some());
+    pass.agents(super::wants_agent(&engine.plugin, workload), sidecars.agent.is_some());
     let incident = pass.hear(sidecars.agent.is_some(), &members, &primary.name, elects).await?;
     let leadership = build::Leadership::of(&engine.plugin);
     // The agents can name the replicas that confirm commits.
     let named = sidecars.agent.is_some() && !workload.synchronous_command.is_empty();
-    let applied = pass.apply(&workload, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
+    let applied = pass.apply(&rendering, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary, &applied, scale.granted);
     let replication_due = pass.replication(&members, &primary, (elects, named)).await?;
     let moving_due = pass.move_replicas(&members, &primary, elects);
-    let upgrading = pass.steps(&upgrade, &workload, rolled.done);
-    let report = pass.backups(&engine.plugin, &spec, &workload).await?;
+    let upgrading = pass.steps(&upgrade, workload, rolled.done);
+    let report = pass.backups(&engine.plugin, &spec, workload).await?;
     pass.end(Found {
         members: &members,
         primary: &primary,
@@ -253,13 +254,8 @@ struct Pass<'a> {
     generation: Option<i64>,
     /// The status as the pass found it: what the stages decided it says goes in the plan.
     old: DatabaseStatus,
-    /// The stamp of the TLS certificate the members mount, once the render stage made sure of it.
-    tls: Option<String>,
     /// What the members' agents said in this pass, by pod.
     heard: Vec<(String, crate::agent::Status)>,
-    /// The primary the workload was rendered for (member 0 for an engine that elects its
-    /// leader), once the render stage ran.
-    rendered_for: String,
     /// What the stages decided to write, and what the status says, carried out and
     /// written when the pass ends.
     plan: Plan,
@@ -269,6 +265,15 @@ struct Pass<'a> {
 struct Engine {
     plugin: Plugin,
     spec: EngineSpec,
+}
+
+/// What the render stage made sure of: the plugin's workload, the primary it was
+/// rendered for (member 0 for an engine that elects its leader), and the stamp of the TLS
+/// certificate the members mount.
+struct Rendering {
+    workload: Workload,
+    rendered_for: String,
+    tls: Option<String>,
 }
 
 /// The members' pods and what they say.
@@ -307,9 +312,7 @@ impl<'a> Pass<'a> {
             ns: db.namespace().unwrap_or_default(),
             generation: db.metadata.generation,
             old: db.status.clone().unwrap_or_default(),
-            tls: None,
             heard: Vec::new(),
-            rendered_for: String::new(),
             plan: Plan::default(),
         }
     }
@@ -472,11 +475,10 @@ impl<'a> Pass<'a> {
     /// The plugin's workload for this version and primary; the credentials it asks for.
     /// An engine that elects its leader is always told member 0, so that a new leader
     /// re-renders nothing.
-    async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str, archive: bool) -> Flow<Workload> {
+    async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str, archive: bool) -> Flow<Rendering> {
         let (ctx, db) = (self.ctx, self.db);
         let bootstrap = Names(&self.name).pod(0);
         let primary = if plugin.info().capabilities.elects_leader { bootstrap.as_str() } else { primary };
-        self.rendered_for = primary.to_string();
         let mut cluster = build::cluster_context(db, primary, archive);
         cluster.restoring = self.restore_unfinished();
         let workload = match ctx.ask::<Render>(plugin, (spec.clone(), cluster)).await {
@@ -494,7 +496,7 @@ impl<'a> Pass<'a> {
         };
         self.plan.told.set(ConditionType::PluginReady, true, reason, message);
         secrets::ensure_credentials(ctx, db, &workload, &mut self.plan).await?;
-        self.tls = match secrets::ensure_tls(ctx, db, &mut self.plan).await? {
+        let tls = match secrets::ensure_tls(ctx, db, &mut self.plan).await? {
             secrets::Certified::Off => None,
             secrets::Certified::Issued(stamp) => Some(stamp),
             secrets::Certified::Waiting(reason, message) => {
@@ -505,7 +507,7 @@ impl<'a> Pass<'a> {
         if super::agent_sidecar(ctx, plugin, &workload).is_some() {
             secrets::ensure_agents(ctx, db, &mut self.plan).await?;
         }
-        Ok(ControlFlow::Continue(workload))
+        Ok(ControlFlow::Continue(Rendering { workload, rendered_for: primary.to_string(), tls }))
     }
 
     /// Ends the pass until something outside plugdb is done (a certificate being issued,
@@ -527,7 +529,7 @@ impl<'a> Pass<'a> {
     /// the spec.
     async fn apply(
         &mut self,
-        workload: &Workload,
+        rendering: &Rendering,
         primary: &str,
         version: &str,
         sidecars: build::Sidecars<'_>,
@@ -536,14 +538,14 @@ impl<'a> Pass<'a> {
         let (ctx, db) = (self.ctx, self.db);
         let mut stateful_set = ctx.caches.stateful_set(db);
         let rendered = build::Rendered {
-            workload,
+            workload: &rendering.workload,
             engine: &db.spec.engine,
             sidecars,
             primary,
-            rendered_for: &self.rendered_for,
+            rendered_for: &rendering.rendered_for,
             replicas,
             leadership,
-            tls: self.tls.as_deref(),
+            tls: rendering.tls.as_deref(),
         };
         let children = build::children(db, &rendered);
         let role_free = children.members.role_free.clone();
@@ -553,7 +555,7 @@ impl<'a> Pass<'a> {
             // kept) leaves it known.
             if child.kind == build::Kind::StatefulSet
                 && !apply::unchanged(ctx, db, &child)
-                && !stateful_set.as_ref().is_some_and(|s| s.same_template(&role_free, &self.rendered_for))
+                && !stateful_set.as_ref().is_some_and(|s| s.same_template(&role_free, &rendering.rendered_for))
             {
                 stateful_set = None;
             }
