@@ -10,7 +10,6 @@ use kube::{Api, ResourceExt};
 use super::decide::{self, BackupFacts, BackupJob, BucketRead};
 use super::plan::Plan;
 use super::{Context, Error, bucket};
-use crate::build;
 use crate::crd::{Database, Recoverable};
 use crate::jobs::{self, BACKUP_OF, Purpose, Storage, Transfer};
 use crate::names::{BACKUP_MOUNT, Names};
@@ -59,7 +58,7 @@ pub(super) async fn backup(
         artifact: name.into(),
         host: format!("{}.{ns}.svc", Names(&db.name_any()).primary()),
         credentials_secret: Names(&db.name_any()).credentials(),
-        cluster: build::cluster_context(db, &primary, super::archiver(ctx, db, plugin).is_some()),
+        cluster: super::cluster(ctx, db, plugin, &primary),
         archive_directory: None,
         point_in_time: None,
     };

@@ -540,6 +540,12 @@ pub fn archiver<'a>(ctx: &'a Context, db: &'a Database, plugin: &Plugin) -> Opti
     Some(build::Archiver { target, image: ctx.operator_image.as_deref()? })
 }
 
+/// What `plugin` is told of the cluster around `db`'s members with `primary` leading: the
+/// names it is reached by, and whether its members archive their log.
+fn cluster(ctx: &Context, db: &Database, plugin: &Plugin, primary: &str) -> crate::plugin::ClusterContext {
+    build::cluster_context(db, primary, archiver(ctx, db, plugin).is_some())
+}
+
 /// The member agent beside `db`'s members (from the operator's image, trusting its
 /// authority): when the plugin says how a member tells its role and position and the
 /// host chooses the primary.
@@ -564,6 +570,6 @@ fn join(v: &[crate::plugin::Violation]) -> String {
 /// renders for `spec` with member 0 as primary. The memo answers it when a pass already
 /// rendered the same.
 async fn plugin_uid(ctx: &Context, plugin: &Plugin, spec: &EngineSpec, db: &Database) -> Result<u32, Error> {
-    let cluster = build::cluster_context(db, &Names(&db.name_any()).pod(0), archiver(ctx, db, plugin).is_some());
+    let cluster = cluster(ctx, db, plugin, &Names(&db.name_any()).pod(0));
     Ok(ctx.ask::<Render>(plugin, (spec.clone(), cluster)).await?.run_as_user)
 }

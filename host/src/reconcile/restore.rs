@@ -14,7 +14,7 @@ use super::plan::Plan;
 use super::{Context, Error, bucket};
 use chrono::{DateTime, Utc};
 
-use crate::build::{self, Child};
+use crate::build::Child;
 use crate::crd::Database;
 use crate::jobs::{self, Purpose, Storage, Transfer};
 use crate::names::{BACKUP_MOUNT, Names, labels, metadata_with};
@@ -160,7 +160,7 @@ pub(super) async fn reconcile(
         artifact: backup.clone(),
         host: format!("{}.{ns}.svc", Names(&name).primary()),
         credentials_secret: Names(&name).credentials(),
-        cluster: build::cluster_context(db, &Names(&name).pod(0), super::archiver(ctx, db, plugin).is_some()),
+        cluster: super::cluster(ctx, db, plugin, &Names(&name).pod(0)),
         archive_directory: point_in_time.map(|_| jobs::RESTORE_ARCHIVE.into()),
         point_in_time: point_in_time.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
     };

@@ -137,7 +137,7 @@ impl Pass<'_> {
         workload: &Workload,
         primary: Primary,
     ) -> Result<Primary, Error> {
-        let (ctx, db) = (self.ctx, self.db);
+        let ctx = self.ctx;
         // Host policy lets a workload carry a member query only with `elects-leader`.
         let Some(query) = workload.member_query.as_ref() else { return Ok(primary) };
         let ca = match (query.https, spec.tls.is_some()) {
@@ -146,7 +146,7 @@ impl Pass<'_> {
             // Host policy refuses a member query over HTTPS without TLS.
             (true, false) => return Ok(primary),
         };
-        let domain = build::cluster_context(db, &primary.name, false).headless_host;
+        let domain = format!("{}.{}.svc", Names(&self.name).headless(), self.ns);
         let transport = match &ca {
             Some(ca) => reconcile::ask::Transport::Tls { ca, domain: &domain, identity: None },
             None => reconcile::ask::Transport::Plain(&ctx.members_client),
