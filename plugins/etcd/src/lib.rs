@@ -354,14 +354,6 @@ impl Engine for Etcd {
 
 /// No member agent: the members elect their leader and answer `member-query`.
 impl Agent for Etcd {
-    fn status_command(_spec: DatabaseSpec) -> Vec<String> {
-        Vec::new()
-    }
-
-    fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
-        Vec::new()
-    }
-
     /// A shell in which etcdctl talks to this member (with TLS, verified against the
     /// Database's authority): etcd has no interactive client of its own.
     fn client_command(_spec: DatabaseSpec) -> Vec<String> {
@@ -370,21 +362,6 @@ impl Agent for Etcd {
 echo \"etcdctl talks to this member ($ETCDCTL_ENDPOINTS); e.g. etcdctl endpoint status -w table\" >&2
 exec sh"
         ))
-    }
-
-    fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
-        Vec::new()
-    }
-
-    fn synchronous_command(_spec: DatabaseSpec) -> Vec<String> {
-        Vec::new()
-    }
-    fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
-        Vec::new()
-    }
-
-    fn application(_spec: DatabaseSpec) -> Option<ApplicationLogin> {
-        None
     }
 }
 

@@ -6,7 +6,7 @@
 //! ```text
 //! struct Redis;
 //! impl plugdb_sdk::Engine for Redis { /* info, validate, render, ... */ }
-//! impl plugdb_sdk::Agent for Redis { /* status_command: empty for no member agent */ }
+//! impl plugdb_sdk::Agent for Redis {} // no member agent: every agent function's default
 //! plugdb_sdk::export_engine!(Redis);
 //! ```
 //!
@@ -32,13 +32,84 @@ pub mod bindings {
 /// `PluginInfo::contract_version` must say.
 pub const CONTRACT_VERSION: &str = "0.2.0";
 
-pub use bindings::exports::plugdb::engine::agent::{ApplicationLogin, Guest as Agent};
+pub use bindings::exports::plugdb::engine::agent::ApplicationLogin;
 pub use bindings::exports::plugdb::engine::plugin::Guest as Engine;
 pub use bindings::plugdb::engine::host::log as host_log;
 pub use bindings::plugdb::engine::types::*;
 
 /// Exports a type that implements [`Engine`] as the plugin of this component.
 pub use bindings::export_engine;
+
+/// What the member agent beside each engine runs, each function of the contract's `agent`
+/// interface with its default: not offered (no command, no login). A plugin implements
+/// what its engine does; a function the contract gains later needs nothing of a plugin
+/// that does not use it. With no status command, members run no agent at all.
+pub trait Agent {
+    /// Prints the member's role and position (see `wit/engine.wit`).
+    fn status_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Makes the engine take no more writes.
+    fn fence_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// What `kubectl plugdb connect` runs in a member's engine container.
+    fn client_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Promotes a replica in place.
+    fn promote_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Sets how many replicas confirm each commit.
+    fn synchronous_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Has a replica follow a new primary.
+    fn follow_command(_spec: DatabaseSpec) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The application's own login.
+    fn application(_spec: DatabaseSpec) -> Option<ApplicationLogin> {
+        None
+    }
+}
+
+impl<T: Agent> bindings::exports::plugdb::engine::agent::Guest for T {
+    fn status_command(spec: DatabaseSpec) -> Vec<String> {
+        <T as Agent>::status_command(spec)
+    }
+
+    fn fence_command(spec: DatabaseSpec) -> Vec<String> {
+        <T as Agent>::fence_command(spec)
+    }
+
+    fn client_command(spec: DatabaseSpec) -> Vec<String> {
+        <T as Agent>::client_command(spec)
+    }
+
+    fn promote_command(spec: DatabaseSpec) -> Vec<String> {
+        <T as Agent>::promote_command(spec)
+    }
+
+    fn synchronous_command(spec: DatabaseSpec) -> Vec<String> {
+        <T as Agent>::synchronous_command(spec)
+    }
+
+    fn follow_command(spec: DatabaseSpec) -> Vec<String> {
+        <T as Agent>::follow_command(spec)
+    }
+
+    fn application(spec: DatabaseSpec) -> Option<ApplicationLogin> {
+        <T as Agent>::application(spec)
+    }
+}
 
 mod allocator;
 mod helpers;
