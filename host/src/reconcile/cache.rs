@@ -1,5 +1,7 @@
 //! The reconciler's read side: watch-fed caches of every object plugdb manages, so a
-//! pass reads nothing over the network and writes only what differs.
+//! pass reads the objects it manages without asking the API server, and writes only
+//! what differs (what it still reads beyond them, each when due, is listed in
+//! `docs/architecture.md`).
 //!
 //! Only objects labelled `app.kubernetes.io/managed-by=plugdb` are watched, and each
 //! cache keeps just what a pass reads: no managed fields, no Secret values, no pod or
