@@ -106,8 +106,8 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let engine = proceed!(pass.engine().await);
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
-    let members = pass.observe(engine.plugin.info().capabilities.elects_leader).await;
-    let primary = pass.failover(&engine.plugin, &spec, &members).await?;
+    let mut members = pass.observe(engine.plugin.info().capabilities.elects_leader).await;
+    let primary = pass.failover(&engine.plugin, &spec, &mut members).await?;
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
     // The plugin renders the members there are in this step of a scale plan.
@@ -120,11 +120,11 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let sidecars = build::Sidecars { archiver, agent: super::agent_sidecar(ctx, &engine.plugin, workload), pull: &ctx.settings.pull };
     let elects = engine.plugin.info().capabilities.elects_leader;
     pass.agents(super::wants_agent(&engine.plugin, workload), sidecars.agent.is_some());
-    let incident = pass.hear(sidecars.agent.is_some(), &members, &primary.name, elects).await?;
+    let incident = pass.hear(sidecars.agent.is_some(), &mut members, &primary.name, elects).await?;
     let leadership = build::Leadership::of(&engine.plugin);
     // The agents can name the replicas that confirm commits.
     let named = sidecars.agent.is_some() && !workload.synchronous_command.is_empty();
-    let applied = pass.apply(&rendering, &primary.name, &upgrade.version, sidecars, (scale.granted, leadership)).await?;
+    let applied = pass.apply(&rendering, &members.heard, &primary.name, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary, &applied, scale.granted);
     let replication_due = pass.replication(&members, &primary, (elects, named)).await?;
     let moving_due = pass.move_replicas(&members, &primary, elects);
@@ -182,7 +182,7 @@ impl Pass<'_> {
         primary: &Primary,
         (elects, named): (bool, bool),
     ) -> Result<Option<Duration>, Error> {
-        let heard: Vec<&str> = self.heard.iter().map(|(pod, _)| pod.as_str()).collect();
+        let heard: Vec<&str> = members.heard.iter().map(|(pod, _)| pod.as_str()).collect();
         let observed = (members.observed.as_slice(), primary.name.as_str(), heard.as_slice());
         let (notes, due) = replication::reconcile(self.ctx, self.db, (&self.old, &mut self.plan.told), observed, (elects, named)).await?;
         self.say(&notes);
@@ -213,18 +213,21 @@ impl Pass<'_> {
             || report.running
             || self.plan.told.upgrading(&self.old);
         let (progressing, waited, growth) = self
-            .conclude(status::Pass {
-                generation: self.db.metadata.generation,
-                desired: scale.granted as usize,
-                members: &members.observed,
-                rolled: rolled.done,
-                moving,
-                growth: &applied.growth,
-                plan_refused,
-                restoring: restoring == restore::Restore::Running,
-                incident,
-                switching: primary.switching.as_deref(),
-            })
+            .conclude(
+                status::Pass {
+                    generation: self.db.metadata.generation,
+                    desired: scale.granted as usize,
+                    members: &members.observed,
+                    rolled: rolled.done,
+                    moving,
+                    growth: &applied.growth,
+                    plan_refused,
+                    restoring: restoring == restore::Restore::Running,
+                    incident,
+                    switching: primary.switching.as_deref(),
+                },
+                &members.heard,
+            )
             .await?;
         let settled = decide::Settled {
             moving: in_motion,
@@ -254,8 +257,6 @@ struct Pass<'a> {
     generation: Option<i64>,
     /// The status as the pass found it: what the stages decided it says goes in the plan.
     old: DatabaseStatus,
-    /// What the members' agents said in this pass, by pod.
-    heard: Vec<(String, crate::agent::Status)>,
     /// What the stages decided to write, and what the status says, carried out and
     /// written when the pass ends.
     plan: Plan,
@@ -267,11 +268,13 @@ struct Engine {
     spec: EngineSpec,
 }
 
-/// What the render stage made sure of: the plugin's workload, the primary it was
-/// rendered for (member 0 for an engine that elects its leader), and the stamp of the TLS
-/// certificate the members mount.
+/// What the render stage made sure of: the plugin's workload, the version and the primary
+/// it was rendered for (member 0 for an engine that elects its leader), and the stamp of
+/// the TLS certificate the members mount.
 struct Rendering {
     workload: Workload,
+    /// The engine version it was rendered at.
+    version: String,
     rendered_for: String,
     tls: Option<String>,
 }
@@ -281,6 +284,8 @@ struct Members {
     pods: Vec<Arc<Pod>>,
     observed: Vec<Observed>,
     lost: nodes::LostNodes,
+    /// What their agents said in this pass, by pod, when they were asked.
+    heard: Vec<(String, crate::agent::Status)>,
 }
 
 /// What the apply stage decided.
@@ -312,7 +317,6 @@ impl<'a> Pass<'a> {
             ns: db.namespace().unwrap_or_default(),
             generation: db.metadata.generation,
             old: db.status.clone().unwrap_or_default(),
-            heard: Vec::new(),
             plan: Plan::default(),
         }
     }
@@ -439,7 +443,7 @@ impl<'a> Pass<'a> {
         if let Some(primary) = self.old.primary.as_deref().filter(|_| !elects) {
             members::not_replicating(&mut observed, primary, &self.old.members, at, 2 * self.ctx.settings.member_poll);
         }
-        Members { pods, observed, lost }
+        Members { pods, observed, lost, heard: Vec::new() }
     }
 
     /// Whether the Database's status already says `reason` (with `message`, when given).
@@ -507,7 +511,7 @@ impl<'a> Pass<'a> {
         if super::agent_sidecar(ctx, plugin, &workload).is_some() {
             secrets::ensure_agents(ctx, db, &mut self.plan).await?;
         }
-        Ok(ControlFlow::Continue(Rendering { workload, rendered_for: primary.to_string(), tls }))
+        Ok(ControlFlow::Continue(Rendering { workload, version: spec.version.clone(), rendered_for: primary.to_string(), tls }))
     }
 
     /// Ends the pass until something outside plugdb is done (a certificate being issued,
@@ -530,8 +534,8 @@ impl<'a> Pass<'a> {
     async fn apply(
         &mut self,
         rendering: &Rendering,
+        heard: &[(String, crate::agent::Status)],
         primary: &str,
-        version: &str,
         sidecars: build::Sidecars<'_>,
         (replicas, leadership): (u32, build::Leadership),
     ) -> Result<Applied, Error> {
@@ -566,7 +570,7 @@ impl<'a> Pass<'a> {
         let (mut grown, mut growth) = apply::grow_volumes(ctx, db, &size);
         // The volumes grow on their own only once every claim has what it asked for.
         if growth == Growth::Done
-            && let Some(to) = self.autogrow(&size, sidecars.agent.is_some())
+            && let Some(to) = self.autogrow(&size, sidecars.agent.is_some(), heard)
         {
             size = to;
             (grown, growth) = apply::grow_volumes(ctx, db, &size);
@@ -576,7 +580,7 @@ impl<'a> Pass<'a> {
         }
         self.plan.told.primary = Some(primary.to_string());
         if self.old.current_version.is_none() {
-            self.plan.told.current_version = Some(version.to_string());
+            self.plan.told.current_version = Some(rendering.version.clone());
         }
         Ok(Applied { stateful_set, role_free, growth })
     }
@@ -597,7 +601,7 @@ impl<'a> Pass<'a> {
     /// Whether the volumes, `size` now, grow on their own in this pass (`spec.storageGrowth`,
     /// from what the agents said of their volumes; `measured`: the members run one), and
     /// to what; said in the status.
-    fn autogrow(&mut self, size: &str, measured: bool) -> Option<String> {
+    fn autogrow(&mut self, size: &str, measured: bool, heard: &[(String, crate::agent::Status)]) -> Option<String> {
         let Some(rule) = self.db.spec.storage_growth.as_ref() else {
             self.plan.told.remove(ConditionType::StorageGrowth);
             return None;
@@ -610,11 +614,11 @@ impl<'a> Pass<'a> {
         let grown = self.old.storage_growth.clone();
         let last = grown.as_ref().and_then(|g| g.last.parse().ok());
         let bytes = crate::quantity::bytes(size)?;
-        match decide::autogrowth(rule, bytes, &self.heard, last, now) {
+        match decide::autogrowth(rule, bytes, heard, last, now) {
             decide::Autogrowth::Wait => {
                 // A pass that heard no volume (the agents are asked every half minute)
                 // keeps what the last one that did said.
-                let measured = self.heard.iter().any(|(_, said)| said.volume.is_some());
+                let measured = heard.iter().any(|(_, said)| said.volume.is_some());
                 let said = self.old.conditions.iter().find(|c| c.type_ == ConditionType::StorageGrowth.as_str());
                 if said.is_none_or(|c| measured && c.status != "True") {
                     self.say(&[decide::growth_rule(rule)]);
@@ -651,7 +655,8 @@ impl<'a> Pass<'a> {
         }
         let set = applied.stateful_set.as_ref();
         // Which replicas said in this pass whether they stream.
-        let streams = |m: &Observed| self.heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, said)| !said.primary && said.lag.is_some());
+        let streams =
+            |m: &Observed| members.heard.iter().find(|(pod, _)| *pod == m.name).map(|(_, said)| !said.primary && said.lag.is_some());
         let observed: Vec<Observed> = members.observed.iter().map(|m| Observed { streaming: streams(m), ..m.clone() }).collect();
         let roll = decide::roll(&observed, &primary.name, set, &applied.role_free, (granted, primary.failed_over));
         for (name, role) in roll.labels {
@@ -673,7 +678,11 @@ impl<'a> Pass<'a> {
     /// what the stages found and decided and what carrying out found, written once.
     /// Returns whether the Database is still progressing, how long it has not been
     /// Ready, and how growing its volumes stands.
-    async fn conclude(&mut self, pass: status::Pass<'_>) -> Result<(bool, Duration, Growth), Error> {
+    async fn conclude(
+        &mut self,
+        pass: status::Pass<'_>,
+        heard: &[(String, crate::agent::Status)],
+    ) -> Result<(bool, Duration, Growth), Error> {
         let mut told = std::mem::take(&mut self.plan.told);
         let carried = std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
         carried.tell(&mut told, &self.old);
@@ -683,10 +692,10 @@ impl<'a> Pass<'a> {
         let now = k8s_openapi::jiff::Timestamp::now();
         let progressing = status::conclude(&mut status, &pass);
         status.selector = Some(crate::names::selector_text(self.db));
-        let members = status::members(&status.members, pass.members, status.primary.as_deref(), (&self.heard, now));
+        let members = status::members(&status.members, pass.members, status.primary.as_deref(), (heard, now));
         let gone = status.members.iter().filter(|b| !members.iter().any(|m| m.pod == b.pod));
         let at = now.as_millisecond() as f64 / 1000.0;
-        for (pod, said) in gone.map(|b| (&b.pod, None)).chain(self.heard.iter().map(|(pod, said)| (pod, Some((said.lag, at))))) {
+        for (pod, said) in gone.map(|b| (&b.pod, None)).chain(heard.iter().map(|(pod, said)| (pod, Some((said.lag, at))))) {
             self.ctx.metrics.member_said(&self.ns, &self.name, pod, said);
         }
         status.members = members;

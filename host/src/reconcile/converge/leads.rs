@@ -7,7 +7,8 @@ use crate::reconcile;
 impl Pass<'_> {
     /// The primary: the one in status, or the member the plugin chooses when it has been
     /// lost for longer than the failover delay.
-    pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &Members) -> Result<Primary, Error> {
+    /// What the members' agents said, when asked, is kept with the members.
+    pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &mut Members) -> Result<Primary, Error> {
         let ctx = self.ctx;
         let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
         // A switchover under way: asked for, or for a drain of the primary's node.
@@ -20,7 +21,7 @@ impl Pass<'_> {
             FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
             FailoverQuestion::Ask(candidates) => {
                 let said = reconcile::agent::statuses(ctx, self.db, &members.observed).await?;
-                self.heard = reconcile::agent::by_pod(&members.observed, &said);
+                members.heard = reconcile::agent::by_pod(&members.observed, &said);
                 match decide::answering_though_down(&members.observed, &primary, &said) {
                     Some(kept) => kept,
                     None => self.replace(plugin, spec, members, (&primary, after), candidates, said).await?,
@@ -91,14 +92,14 @@ impl Pass<'_> {
     /// engine that elects its leader has none such: its members say who leads); says
     /// whether one was. Asked in every pass whose roll would restart a replica to follow
     /// while a member is away: not one that streams.
-    pub(super) async fn hear(&mut self, agent: bool, members: &Members, primary: &str, elects: bool) -> Result<bool, Error> {
+    pub(super) async fn hear(&mut self, agent: bool, members: &mut Members, primary: &str, elects: bool) -> Result<bool, Error> {
         let follow = reconcile::members::to_follow_while_away(&members.observed, primary);
         let due = self.ctx.agents.due(self.db, if follow { std::time::Duration::ZERO } else { self.ctx.settings.member_poll });
-        if !agent || !self.heard.is_empty() || members.observed.is_empty() || !due {
+        if !agent || !members.heard.is_empty() || members.observed.is_empty() || !due {
             return Ok(false);
         }
         let said = reconcile::agent::statuses(self.ctx, self.db, &members.observed).await?;
-        self.heard = reconcile::agent::by_pod(&members.observed, &said);
+        members.heard = reconcile::agent::by_pod(&members.observed, &said);
         let second = if elects { Vec::new() } else { decide::second_primaries(&members.observed, primary, &said) };
         for (member, note) in &second {
             reconcile::agent::fence(self.ctx, self.db, Some(member)).await?;
@@ -120,9 +121,9 @@ impl Pass<'_> {
 
     /// A planned switchover, when the Database's annotation asks for one (see
     /// [`super::switchover`]).
-    async fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Error> {
+    async fn switchover(&mut self, primary: &str, members: &mut Members, elects: bool) -> Result<Primary, Error> {
         let (chosen, heard) = reconcile::switchover::carry_out(self.ctx, self.db, primary, &members.observed, elects).await?;
-        self.heard = heard.unwrap_or_default();
+        members.heard = heard.unwrap_or_default();
         Ok(chosen)
     }
 
