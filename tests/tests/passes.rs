@@ -357,7 +357,7 @@ async fn a_backup_asked_for_starts_one_job_and_retention_deletes_the_oldest_beyo
     ]);
     db.metadata.annotations = Some([("plugdb.io/backup-now".to_string(), "now-1".to_string())].into());
     let (calls, api) = pass(&registry, &db, &cluster).await;
-    let manual = plugdb::reconcile::backups::manual_backup("orders", "now-1");
+    let manual = plugdb::reconcile::decide::manual_backup("orders", "now-1");
     let expected = [
         // The backup volume, made with the first backup Job.
         "POST /api/v1/namespaces/shop/persistentvolumeclaims".to_string(),

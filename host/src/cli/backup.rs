@@ -11,7 +11,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 
 use super::status::{Found, Target};
 use crate::crd::{Database, Phase, RestoreSource};
-use crate::reconcile::backups::{BACKUP_NOW, manual_backup};
+use crate::reconcile::backups::BACKUP_NOW;
+use crate::reconcile::decide::manual_backup;
 use crate::reconcile::status::ConditionType;
 
 /// How long a backup or a restore is waited for before the command says it is still under way.

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::Job;
 use kube::{Api, ResourceExt};
 
-use super::decide::{self, BackupFacts, BackupJob, BucketRead};
+use super::decide::{self, BackupFacts, BackupJob, BackupReport, BucketRead, window_with_archive};
 use super::plan::Plan;
 use super::{Context, Error, bucket};
 use crate::crd::{Database, Recoverable};
@@ -91,8 +91,6 @@ pub(super) async fn backup(
 
 /// Why a backup to or restore from a bucket cannot run on this operator.
 pub const NO_IMAGE: &str = "spec.backup.s3: this operator runs without its own image (--image or PLUGDB_IMAGE), which backup and restore Jobs run to reach the bucket";
-
-pub use super::decide::{ARCHIVE_RECHECK, ARCHIVE_SLACK, BackupReport, manual_backup, window_with_archive};
 
 /// The Database's backup Jobs, as the decision reads them.
 fn observed_jobs(jobs: &[std::sync::Arc<Job>]) -> Vec<BackupJob> {

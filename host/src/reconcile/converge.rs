@@ -59,8 +59,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
-use super::backups::{self, BackupReport};
+use super::backups;
 use super::cache::SetFacts;
+use super::decide::BackupReport;
 use super::decide::{self, Event, FailoverQuestion, JobState, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::plan::{Plan, member_ref};

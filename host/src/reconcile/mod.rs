@@ -509,7 +509,7 @@ fn after_stop(ctx: &Context, e: Option<&CallError>) -> Action {
     }
 }
 
-fn backup_message(report: &backups::BackupReport) -> String {
+fn backup_message(report: &decide::BackupReport) -> String {
     match (&report.last, &report.next) {
         (Some(last), _) => format!("last backup {}", last.name),
         (None, Some(_)) => "no backup yet".into(),
@@ -517,7 +517,7 @@ fn backup_message(report: &backups::BackupReport) -> String {
     }
 }
 
-fn until_next_backup(report: &backups::BackupReport) -> Duration {
+fn until_next_backup(report: &decide::BackupReport) -> Duration {
     report.next.map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(1)).unwrap_or(Duration::from_secs(3600))
 }
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 
 use super::backups;
-use super::decide::JobState;
+use super::decide::{self, JobState};
 use super::plan::Plan;
 use super::{Context, Error, bucket};
 use chrono::{DateTime, Utc};
@@ -254,10 +254,10 @@ pub fn choose(listed: &[Listed], archive: &[Segment], named: Option<&str>, point
         ));
     }
     match archive.iter().map(|s| s.at).max() {
-        Some(end) if end - backups::ARCHIVE_SLACK >= t => Choice::Backup(chosen.name.clone()),
+        Some(end) if end - decide::ARCHIVE_SLACK >= t => Choice::Backup(chosen.name.clone()),
         end => Choice::Wait(format!(
             "the archived log reaches {}, not yet pointInTime {}",
-            end.map(|e| (e - backups::ARCHIVE_SLACK).to_rfc3339()).unwrap_or_else(|| "nothing".into()),
+            end.map(|e| (e - decide::ARCHIVE_SLACK).to_rfc3339()).unwrap_or_else(|| "nothing".into()),
             t.to_rfc3339()
         )),
     }

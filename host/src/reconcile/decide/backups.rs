@@ -231,9 +231,11 @@ pub fn backups(facts: BackupFacts<'_>) -> Backups {
     let newest_success = succeeded.first().and_then(|j| j.created);
     let failed =
         jobs.iter().filter(|j| j.state == JobState::Failed).max_by_key(|j| j.created).filter(|j| j.created > newest_success).map(|j| {
-            let said = format!("backup {} failed", j.name);
+            let mut failed = FailedBackup { name: j.name.clone(), known: None };
+            let said = failed.said();
             let known = previous.conditions.iter().find(|c| c.type_ == super::ConditionType::BackupHealthy.as_str());
-            FailedBackup { name: j.name.clone(), known: known.map(|c| c.message.clone()).filter(|m| m.starts_with(&said)) }
+            failed.known = known.map(|c| c.message.clone()).filter(|m| m.starts_with(&said));
+            failed
         });
 
     let retention = facts.spec.map(|b| b.retention.max(1) as usize).unwrap_or(usize::MAX);
