@@ -24,8 +24,9 @@ use crate::tls;
 
 /// What the operator keeps to ask each Database's agents: its own identity, each
 /// Database authority's certificate as Secret `<name>-agent` had it at a version (read
-/// once, not on every ask: the watch caches keep no Secret's values), and when it last
-/// asked for statuses.
+/// once, not on every ask: the watch caches keep no Secret's values; the CA of
+/// `<name>-tls`, which an elected leader's members are asked with, is kept the same way),
+/// and when it last asked for statuses.
 #[derive(Debug)]
 pub struct Agents {
     identity: Arc<tls::OperatorIdentity>,
