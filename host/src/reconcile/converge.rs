@@ -10,21 +10,21 @@
 //! [`status::conclude`]).
 //!
 //! ```text
-//!            observe          ask the plugin      decide (pure)         the plan / written in the stage
+//!            observe          ask the plugin      decide (pure)         the plan (or the handover)
 //! engine     spec             validate            (host checks)         -
 //! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job, Event
 //! observe    member pods,     -                   members::observe      -
 //!            down ones' nodes
-//! failover   members          choose-primary      decide::failover      Event / the old primary fenced, the new one promoted
-//!  switchover member agents    -                   decide::switchover    Event / the fence, the read-write Service
+//! failover   members          choose-primary      decide::failover      the handover: fence, Service, promote, labels; Event
+//!  switchover member agents    -                   decide::switchover    the fence, then the handover; the request removed
 //! scale      StatefulSet      plan-scale          decide::scale         scale Job, Event
 //! render     Secrets          render              certificates due      credentials, TLS and agent Secrets
 //! elected    member answers   choose-primary      decide::elected       Event
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs, Event
-//! hear       member agents    -                   agent::Agents::due    (positions and lag, for the status)
+//! hear       member agents    -                   second_primaries      a second primary fenced (positions and lag, for the status)
 //! apply      claims           -                   build::children       the children, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart, Event
-//! replication members         -                   decide::replication   Event / the primary's agent asked
+//! replication members         -                   decide::replication   the agents asked for the synchronous setting, Event
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
 //! steps      Jobs             -                   decide::steps         upgrade Jobs, Event
 //! backups    backup Jobs,     backup              decide::backups       backup Jobs, removals, the bucket pruned, Event
@@ -32,13 +32,12 @@
 //! conclude   what was carried -                   status::conclude      the plan carried out, then the status written
 //! ```
 //!
-//! The finalizer is the plan's first write. What is still done in a stage is the
-//! conversation with the members' agents that a failover or a switchover waits on: the
-//! old primary fenced (and its pod marked so at once, so that an operator stopped
-//! mid-pass leaves no fenced member unmarked), the new one promoted, the read-write
-//! Service moved before the promotion, and the primary asked for synchronous replicas.
-//! A growth the API server refuses, or a bucket retention cannot prune, is found when
-//! the plan is carried out, and the status says it. A members' template the plan writes
+//! The finalizer is the plan's first write. No stage writes (checked by
+//! [`super::graph`]): a change of who leads is a step ([`super::handover::Lead`]) that
+//! ends the pass, carried out first by its end ([`Pass::lead`]), which looks again at
+//! once. A growth the API server refuses, a bucket retention cannot prune, or a
+//! synchronous setting the primary's agent does not take is found when the plan is
+//! carried out, and the status says it. A members' template the plan writes
 //! is one the StatefulSet's controller has not seen yet: no member is rolled onto it in
 //! the same pass.
 //!
@@ -62,7 +61,7 @@ use kube::runtime::controller::Action;
 use super::backups;
 use super::cache::SetFacts;
 use super::decide::BackupReport;
-use super::decide::{self, Event, FailoverQuestion, JobState, Note, Primary, Scale, ScaleQuestion, Upgrade};
+use super::decide::{self, FailoverQuestion, JobState, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::plan::{Plan, member_ref};
 use super::status::{self, ConditionType, Growth, Reason};
@@ -110,7 +109,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
     let mut members = pass.observe(engine.plugin.info().capabilities.elects_leader).await;
-    let primary = pass.failover(&engine.plugin, &spec, &mut members).await?;
+    let primary = proceed!(pass.failover(&engine.plugin, &spec, &mut members).await);
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
     // The plugin renders the members there are in this step of a scale plan.
@@ -129,7 +128,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let named = sidecars.agent.is_some() && !workload.synchronous_command.is_empty();
     let applied = pass.apply(&rendering, &members.heard, &primary.name, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary, &applied, scale.granted);
-    let replication_due = pass.replication(&members, &primary, (elects, named)).await?;
+    let replication_due = pass.replication(&members, &primary, (elects, named));
     let moving_due = pass.move_replicas(&members, &primary, elects);
     let upgrading = pass.steps(&upgrade, workload, rolled.done);
     let report = pass.backups(&engine.plugin, &spec, workload).await?;
@@ -152,19 +151,17 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
 }
 
 impl Pass<'_> {
-    /// The replication stage: the primary's agent told which replicas confirm commits;
-    /// when to look again, if commits wait for too few replicas.
-    async fn replication(
-        &mut self,
-        members: &Members,
-        primary: &Primary,
-        (elects, named): (bool, bool),
-    ) -> Result<Option<Duration>, Error> {
+    /// The replication stage: which replicas confirm commits, the primary's agent told
+    /// at the end of the pass; when to look again, if commits wait for too few replicas.
+    fn replication(&mut self, members: &Members, primary: &Primary, (elects, named): (bool, bool)) -> Option<Duration> {
         let heard: Vec<&str> = members.heard.iter().map(|(pod, _)| pod.as_str()).collect();
         let observed = (members.observed.as_slice(), primary.name.as_str(), heard.as_slice());
-        let (notes, due) = replication::reconcile(self.ctx, self.db, (&self.old, &mut self.plan.told), observed, (elects, named)).await?;
-        self.say(&notes);
-        Ok(due)
+        let decided = replication::decide(self.db, (&self.old, &mut self.plan.told), observed, (elects, named));
+        self.say(&decided.notes);
+        if let Some(step) = decided.step {
+            self.plan.synchronous(step);
+        }
+        decided.due
     }
 
     /// The move stage: a replica on a node lost past `spec.spread.moveFromLostNodeAfter`
@@ -275,13 +272,6 @@ impl<'a> Pass<'a> {
         status::after(&self.old, std::mem::take(&mut self.plan.told), self.generation)
     }
 
-    /// The end of a pass that stopped or waits: the plan carried out, then the status
-    /// written once.
-    async fn finish(&mut self, status: DatabaseStatus) -> Result<(), Error> {
-        std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
-        write_status(self.ctx, self.db, status).await
-    }
-
     /// The plugin serving the engine, and the spec it and the host accept.
     async fn engine(&mut self) -> Flow<Engine> {
         let (ctx, db) = (self.ctx, self.db);
@@ -388,19 +378,11 @@ impl<'a> Pass<'a> {
     /// Tells the user what a decision noted: conditions set, Events planned.
     fn say(&mut self, notes: &[Note]) {
         for note in notes {
-            let Note { condition, reason, message, event: sent } = note.clone();
-            let warning = match sent {
-                Event::None => None,
-                Event::Normal => Some(false),
-                Event::Warning => Some(true),
-                // The Warning goes out only when the status did not say so already.
-                Event::WarningOnce { any_message } => (!self.said(reason, (!any_message).then_some(message.as_str()))).then_some(true),
-            };
-            if let Some(warning) = warning {
-                self.plan.tell(None, warning, reason, message.clone());
+            if let Some(warning) = note.sent(self.db.status.as_ref()) {
+                self.plan.tell(None, warning, note.reason, note.message.clone());
             }
-            if let Some((condition, status)) = condition {
-                self.plan.told.set(condition, status, reason, message);
+            if let Some((condition, status)) = note.condition {
+                self.plan.told.set(condition, status, note.reason, note.message.clone());
             }
         }
     }
