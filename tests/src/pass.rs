@@ -173,6 +173,7 @@ pub fn running(made: &[Value], revision: &str, members: &[(bool, &str)]) -> Vec<
     set["metadata"]["generation"] = json!(1);
     set["status"] = json!({"observedGeneration": 1, "updateRevision": revision, "currentRevision": revision, "replicas": members.len()});
     let template = set["spec"]["template"]["metadata"].clone();
+    let containers = set["spec"]["template"]["spec"]["containers"].clone();
     for (ordinal, (ready, revision)) in members.iter().enumerate() {
         let mut labels = template["labels"].clone();
         labels["controller-revision-hash"] = json!(revision);
@@ -184,7 +185,7 @@ pub fn running(made: &[Value], revision: &str, members: &[(bool, &str)]) -> Vec<
                 "name": format!("orders-{ordinal}"), "namespace": "shop", "uid": format!("pod-{ordinal}"),
                 "creationTimestamp": an_hour_ago, "labels": labels, "annotations": template["annotations"], "ownerReferences": [owner],
             },
-            "spec": {"nodeName": format!("node-{ordinal}"), "containers": []},
+            "spec": {"nodeName": format!("node-{ordinal}"), "containers": containers},
             "status": {
                 "phase": "Running", "podIP": format!("10.0.0.{}", 10 + ordinal),
                 "conditions": [{"type": "Ready", "status": if *ready { "True" } else { "False" }, "lastTransitionTime": an_hour_ago}],

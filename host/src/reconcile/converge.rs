@@ -108,7 +108,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let engine = proceed!(pass.engine().await);
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
-    let mut members = pass.observe(engine.plugin.info().capabilities.elects_leader).await;
+    let mut members = pass.observe(&engine.plugin).await?;
     let primary = proceed!(pass.failover(&engine.plugin, &spec, &mut members).await);
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
@@ -122,7 +122,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let sidecars = build::Sidecars { archiver, agent: super::agent_sidecar(ctx, &engine.plugin, workload), pull: &ctx.settings.pull };
     let elects = engine.plugin.info().capabilities.elects_leader;
     pass.agents(super::wants_agent(&engine.plugin, workload), sidecars.agent.is_some());
-    let incident = pass.hear(sidecars.agent.is_some(), &mut members, &primary.name, elects).await?;
+    let incident = pass.hear(&members, &primary.name, elects);
     let leadership = build::Leadership::of(&engine.plugin);
     // The agents can name the replicas that confirm commits.
     let named = sidecars.agent.is_some() && !workload.synchronous_command.is_empty();
@@ -210,8 +210,21 @@ struct Members {
     pods: Vec<Arc<Pod>>,
     observed: Vec<Observed>,
     lost: nodes::LostNodes,
-    /// What their agents said in this pass, by pod, when they were asked.
+    /// What their agents said in this pass, in the order of `observed`, when they were
+    /// asked.
+    said: Option<Vec<Option<crate::agent::Status>>>,
+    /// The same, by pod, for those that said something.
     heard: Vec<(String, crate::agent::Status)>,
+    /// Who leads as the pass found it, for the failover stage (which takes it).
+    leads: Option<Leads>,
+}
+
+/// Who leads as the pass found it: the primary, how long it may be lost before it is
+/// replaced, and whether the plugin is asked to replace it.
+struct Leads {
+    primary: String,
+    after: Duration,
+    question: FailoverQuestion,
 }
 
 /// What the apply stage decided.
@@ -348,21 +361,51 @@ impl<'a> Pass<'a> {
         Ok(ControlFlow::Continue(upgrade))
     }
 
-    /// The members as the pod cache has them (those on a node cut off from the control
-    /// plane taken as down, and, unless the engine elects its leader, replicas that do
-    /// not replicate), and the nodes of those that are down.
-    async fn observe(&self, elects: bool) -> Members {
-        let pods = self.ctx.caches.pods(self.db, &crate::names::selector(self.db));
+    /// The observe stage: the members as the pod cache has them (those on a node cut off
+    /// from the control plane taken as down, and, unless the engine elects its leader,
+    /// replicas that do not replicate), the nodes of those that are down, whether the
+    /// failover stage is to ask the plugin, and, when due, what every member's agent says
+    /// ([`Pass::agents_due`]).
+    async fn observe(&self, plugin: &Plugin) -> Result<Members, Error> {
+        let (ctx, db) = (self.ctx, self.db);
+        let elects = plugin.info().capabilities.elects_leader;
+        let pods = ctx.caches.pods(db, &crate::names::selector(db));
         let at = k8s_openapi::jiff::Timestamp::now();
         let mut observed = members::observe(&Names(&self.name).primary(), &pods, at);
         let now = std::time::Instant::now();
-        members::cut_off(&mut observed, |node| self.ctx.caches.silent_for(node, now));
-        let lost = nodes::read(self.ctx, &mut observed).await;
+        members::cut_off(&mut observed, |node| ctx.caches.silent_for(node, now));
+        let lost = nodes::read(ctx, &mut observed).await;
         // After the nodes are read: such a replica's pod, and so its node, is ready.
         if let Some(primary) = self.old.primary.as_deref().filter(|_| !elects) {
-            members::not_replicating(&mut observed, primary, &self.old.members, at, 2 * self.ctx.settings.member_poll);
+            members::not_replicating(&mut observed, primary, &self.old.members, at, 2 * ctx.settings.member_poll);
         }
-        Members { pods, observed, lost, heard: Vec::new() }
+        let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
+        // A switchover under way: asked for, or for a drain of the primary's node.
+        let draining = observed.iter().any(|m| m.name == primary && m.node.as_deref().is_some_and(|n| ctx.caches.cordoned(n)));
+        let switching = draining || db.annotations().contains_key(crate::names::SWITCHOVER);
+        let after = decide::failover_delay(&observed, &primary, switching, ctx.settings.failover_after);
+        let question = decide::failover_question(&observed, &primary, after, elects, plugin.lacks(Capability::Failover));
+        let said = match self.agents_due(&observed, &primary, &question, elects) {
+            true => Some(super::agent::statuses(ctx, db, &observed).await?),
+            false => None,
+        };
+        let heard = said.as_deref().map(|said| super::agent::by_pod(&observed, said)).unwrap_or_default();
+        Ok(Members { pods, observed, lost, said, heard, leads: Some(Leads { primary, after, question }) })
+    }
+
+    /// Whether the members' agents are asked where their members are in this pass: the
+    /// failover stage is to ask the plugin (which weighs their positions); the primary a
+    /// switchover fenced has answered (the member leads once it has all it wrote); or
+    /// their poll is due (every `member_poll`; in every pass whose roll would restart a
+    /// replica to follow while a member is away: not one that streams), for the status,
+    /// unless the engine elects its leader (its members say who leads).
+    fn agents_due(&self, observed: &[Observed], primary: &str, question: &FailoverQuestion, elects: bool) -> bool {
+        let (ctx, db) = (self.ctx, self.db);
+        let follow = members::to_follow_while_away(observed, primary);
+        let poll = if follow { Duration::ZERO } else { ctx.settings.member_poll };
+        let polled = !elects && observed.iter().any(|m| m.agent) && ctx.agents.due(db, poll);
+        let fenced = ctx.agents.fence_said(db, primary) == Some(decide::Fenced::Confirmed);
+        matches!(question, FailoverQuestion::Ask(_)) || fenced || polled
     }
 
     /// Whether the Database's status already says `reason` (with `message`, when given).

@@ -14,19 +14,13 @@ impl Pass<'_> {
     /// change ([`Pass::lead`]).
     /// What the members' agents said, when asked, is kept with the members.
     pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &mut Members) -> Flow<Primary> {
-        let ctx = self.ctx;
-        let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
-        // A switchover under way: asked for, or for a drain of the primary's node.
-        let draining = members.observed.iter().any(|m| m.name == primary && m.node.as_deref().is_some_and(|n| ctx.caches.cordoned(n)));
-        let switching = draining || self.db.annotations().contains_key(crate::names::SWITCHOVER);
-        let after = decide::failover_delay(&members.observed, &primary, switching, ctx.settings.failover_after);
+        let Leads { primary, after, question } = members.leads.take().expect("the observe stage says who leads");
         let elects = plugin.info().capabilities.elects_leader;
-        let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {
-            FailoverQuestion::Keep => self.switchover(&primary, members, elects).await?,
+        let chosen = match question {
+            FailoverQuestion::Keep => self.switchover(&primary, members, elects),
             FailoverQuestion::Refuse(note) => Ok(Primary { notes: vec![note], ..Primary::keep(&primary) }),
             FailoverQuestion::Ask(candidates) => {
-                let said = reconcile::agent::statuses(ctx, self.db, &members.observed).await?;
-                members.heard = reconcile::agent::by_pod(&members.observed, &said);
+                let said = members.said.clone().unwrap_or_else(|| vec![None; members.observed.len()]);
                 match decide::answering_though_down(&members.observed, &primary, &said) {
                     Some(kept) => Ok(kept),
                     None => self.replacement(plugin, spec, members, (&primary, after), candidates, said).await?,
@@ -104,26 +98,17 @@ impl Pass<'_> {
         })
     }
 
-    /// What each member's agent says of it (its position, and a replica's lag), for the
-    /// status: asked once every `member_poll`, unless the failover stage asked this pass.
-    /// A member that says it takes writes while `primary` leads is fenced first thing at
-    /// the end of the pass (an engine that elects its leader has none such: its members
-    /// say who leads); says whether one was. Asked in every pass whose roll would restart
-    /// a replica to follow while a member is away: not one that streams.
-    pub(super) async fn hear(&mut self, agent: bool, members: &mut Members, primary: &str, elects: bool) -> Result<bool, Error> {
-        let follow = reconcile::members::to_follow_while_away(&members.observed, primary);
-        let due = self.ctx.agents.due(self.db, if follow { std::time::Duration::ZERO } else { self.ctx.settings.member_poll });
-        if !agent || !members.heard.is_empty() || members.observed.is_empty() || !due {
-            return Ok(false);
-        }
-        let said = reconcile::agent::statuses(self.ctx, self.db, &members.observed).await?;
-        members.heard = reconcile::agent::by_pod(&members.observed, &said);
-        let second = if elects { Vec::new() } else { decide::second_primaries(&members.observed, primary, &said) };
+    /// A member whose agent says, in this pass, that it takes writes while `primary` leads
+    /// is fenced first thing at the end of the pass (an engine that elects its leader has
+    /// none such: its members say who leads); says whether one was.
+    pub(super) fn hear(&mut self, members: &Members, primary: &str, elects: bool) -> bool {
+        let Some(said) = members.said.as_deref().filter(|_| !elects) else { return false };
+        let second = decide::second_primaries(&members.observed, primary, said);
         for (member, note) in &second {
             self.plan.fence((*member).clone());
             self.say(std::slice::from_ref(note));
         }
-        Ok(!second.is_empty())
+        !second.is_empty()
     }
 
     /// Says when members that should run their agent (`wanted`) run none (`given`): the
@@ -143,7 +128,7 @@ impl Pass<'_> {
     /// member leads): the primary is fenced ([`handover::Fence`]); the next passes read the
     /// positions its agent and the member's say, and the member leads once it has reached
     /// the fenced primary's last ([`decide::switchover`]). Done or refused, the request goes.
-    async fn switchover(&mut self, primary: &str, members: &mut Members, elects: bool) -> Result<Result<Primary, Lead>, Error> {
+    fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Lead> {
         let ctx = self.ctx;
         let asked = self.db.annotations().get(crate::names::SWITCHOVER).cloned();
         // Unasked, a drain of the primary's node moves the primary off it first.
@@ -155,27 +140,21 @@ impl Pass<'_> {
         let old = members.observed.iter().find(|m| m.name == primary);
         let drain = drained.zip(old.and_then(|m| m.node.as_deref())).map(|(to, node)| decide::switching_for_drain(node, primary, &to.name));
         match decide::switchover_question(Some(&target).filter(|t| !t.is_empty()).map(String::as_str), primary, &members.observed, elects) {
-            SwitchoverQuestion::None => Ok(Ok(Primary::keep(primary))),
+            SwitchoverQuestion::None => Ok(Primary::keep(primary)),
             SwitchoverQuestion::Drop(note) => {
                 if let Some(target) = &asked {
                     self.plan.drop_request(target.clone());
                 }
-                Ok(Ok(Primary { notes: vec![note], ..Primary::keep(primary) }))
+                Ok(Primary { notes: vec![note], ..Primary::keep(primary) })
             }
             SwitchoverQuestion::Fence => {
                 let fenced = ctx.agents.fence_said(self.db, primary).filter(|f| *f == decide::Fenced::Confirmed);
                 let Some(fenced) = fenced else {
                     let old = old.cloned();
-                    return Ok(Err(Lead::Fence(handover::Fence {
-                        primary: primary.into(),
-                        old,
-                        target,
-                        notes: drain.into_iter().collect(),
-                    })));
+                    return Err(Lead::Fence(handover::Fence { primary: primary.into(), old, target, notes: drain.into_iter().collect() }));
                 };
-                let said = reconcile::agent::statuses(ctx, self.db, &members.observed).await?;
-                members.heard = reconcile::agent::by_pod(&members.observed, &said);
-                let of = |pod: &str| members.observed.iter().zip(&said).find(|(m, _)| m.name == pod).and_then(|(_, s)| s.as_ref());
+                // Read by the observe stage, the primary's fence having been answered.
+                let of = |pod: &str| members.heard.iter().find(|(m, _)| m == pod).map(|(_, s)| s);
                 let (mut chosen, _) =
                     decide::switchover(primary, &target, fenced, old.is_some_and(|m| m.ready), (of(primary), of(&target)));
                 if let Some(waits) = &chosen.switching {
@@ -183,9 +162,9 @@ impl Pass<'_> {
                 }
                 chosen.notes.splice(0..0, drain);
                 if !chosen.failed_over {
-                    return Ok(Ok(chosen));
+                    return Ok(chosen);
                 }
-                Ok(Err(self.handover(primary, target, members, Why::Switchover(chosen))))
+                Err(self.handover(primary, target, members, Why::Switchover(chosen)))
             }
         }
     }
