@@ -32,7 +32,7 @@ impl Pass<'_> {
                 self.chosen(&chosen);
                 Ok(ControlFlow::Continue(chosen))
             }
-            Err(step) => Ok(ControlFlow::Break(self.lead(step, members).await?)),
+            Err(step) => Ok(ControlFlow::Break(self.lead(*step, members).await?)),
         }
     }
 
@@ -62,7 +62,7 @@ impl Pass<'_> {
         (primary, after): (&str, std::time::Duration),
         candidates: Vec<crate::plugin::Member>,
         said: Vec<Option<crate::agent::Status>>,
-    ) -> Result<Result<Primary, Lead>, Error> {
+    ) -> Result<Result<Primary, Box<Lead>>, Error> {
         let old = members.observed.iter().find(|m| m.name == primary);
         let candidates = members::with_positions(candidates, &members.observed, said);
         let named = old.and_then(|m| m.last_told.as_ref()).map(|(key, _)| key.as_str());
@@ -80,7 +80,7 @@ impl Pass<'_> {
             _ => return Ok(Ok(decide::failover(primary, after, down.as_deref(), answer, decide::Fenced::Unknown))),
         };
         let why = Why::Failover { after, down, answer };
-        Ok(Err(self.handover(primary, to, members, why)))
+        Ok(Err(Box::new(self.handover(primary, to, members, why))))
     }
 
     /// The lead handed from `primary` to `to`, as a step.
@@ -128,7 +128,7 @@ impl Pass<'_> {
     /// member leads): the primary is fenced ([`handover::Fence`]); the next passes read the
     /// positions its agent and the member's say, and the member leads once it has reached
     /// the fenced primary's last ([`decide::switchover`]). Done or refused, the request goes.
-    fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Lead> {
+    fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Box<Lead>> {
         let ctx = self.ctx;
         let asked = self.db.annotations().get(crate::names::SWITCHOVER).cloned();
         // Unasked, a drain of the primary's node moves the primary off it first.
@@ -151,7 +151,12 @@ impl Pass<'_> {
                 let fenced = ctx.agents.fence_said(self.db, primary).filter(|f| *f == decide::Fenced::Confirmed);
                 let Some(fenced) = fenced else {
                     let old = old.cloned();
-                    return Err(Lead::Fence(handover::Fence { primary: primary.into(), old, target, notes: drain.into_iter().collect() }));
+                    return Err(Box::new(Lead::Fence(handover::Fence {
+                        primary: primary.into(),
+                        old,
+                        target,
+                        notes: drain.into_iter().collect(),
+                    })));
                 };
                 // Read by the observe stage, the primary's fence having been answered.
                 let of = |pod: &str| members.heard.iter().find(|(m, _)| m == pod).map(|(_, s)| s);
@@ -164,7 +169,7 @@ impl Pass<'_> {
                 if !chosen.failed_over {
                     return Ok(chosen);
                 }
-                Err(self.handover(primary, target, members, Why::Switchover(chosen)))
+                Err(Box::new(self.handover(primary, target, members, Why::Switchover(chosen))))
             }
         }
     }
