@@ -14,21 +14,20 @@
 //! engine     spec             validate            (host checks)         -
 //! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job, Event
 //! observe    member pods,     -                   members::observe      -
-//!            down ones' nodes
+//!            down ones' nodes, the agents and the bucket when due
 //! failover   members          choose-primary      decide::failover      the handover: fence, Service, promote, labels; Event
-//!  switchover member agents    -                   decide::switchover    the fence, then the handover; the request removed
+//!  switchover (observed)       -                   decide::switchover    the fence, then the handover; the request removed
 //! scale      StatefulSet      plan-scale          decide::scale         scale Job, Event
 //! render     Secrets          render              certificates due      credentials, TLS and agent Secrets
 //! elected    member answers   choose-primary      decide::elected       Event
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs, Event
-//! hear       member agents    -                   second_primaries      a second primary fenced (positions and lag, for the status)
+//! hear       (observed)       -                   second_primaries      a second primary fenced
 //! apply      claims           -                   build::children       the children, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart, Event
 //! replication members         -                   decide::replication   the agents asked for the synchronous setting, Event
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
 //! steps      Jobs             -                   decide::steps         upgrade Jobs, Event
-//! backups    backup Jobs,     backup              decide::backups       backup Jobs, removals, the bucket pruned, Event
-//!            the bucket (due)
+//! backups    (observed)       backup              decide::backups       backup Jobs, removals, the bucket pruned, Event
 //! conclude   what was carried -                   status::conclude      the plan carried out, then the status written
 //! ```
 //!
@@ -108,7 +107,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let engine = proceed!(pass.engine().await);
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
-    let mut members = pass.observe(&engine.plugin).await?;
+    let (mut members, seen) = pass.observe(&engine.plugin).await?;
     let primary = proceed!(pass.failover(&engine.plugin, &spec, &mut members).await);
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
@@ -131,7 +130,7 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let replication_due = pass.replication(&members, &primary, (elects, named));
     let moving_due = pass.move_replicas(&members, &primary, elects);
     let upgrading = pass.steps(&upgrade, workload, rolled.done);
-    let report = pass.backups(&engine.plugin, &spec, workload).await?;
+    let report = pass.backups(&engine.plugin, &spec, workload, seen).await?;
     pass.end(end::Found {
         members: &members,
         primary: &primary,
@@ -354,7 +353,7 @@ impl<'a> Pass<'a> {
                 Err(Error::Plugin(e)) => return self.plugin_failed(Reason::RenderFailed, &e).await,
                 Err(e) => return Err(e),
             };
-            if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), backup, uid, &mut self.plan).await? {
+            if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), (backup, uid), None, &mut self.plan).await? {
                 return self.stop(ConditionType::Progressing, Reason::PreUpgradeBackupImpossible, reason).await;
             }
         }
@@ -365,8 +364,8 @@ impl<'a> Pass<'a> {
     /// from the control plane taken as down, and, unless the engine elects its leader,
     /// replicas that do not replicate), the nodes of those that are down, whether the
     /// failover stage is to ask the plugin, and, when due, what every member's agent says
-    /// ([`Pass::agents_due`]).
-    async fn observe(&self, plugin: &Plugin) -> Result<Members, Error> {
+    /// ([`Pass::agents_due`]); what the backups need read ([`backups::observe`]).
+    async fn observe(&self, plugin: &Plugin) -> Result<(Members, backups::Seen), Error> {
         let (ctx, db) = (self.ctx, self.db);
         let elects = plugin.info().capabilities.elects_leader;
         let pods = ctx.caches.pods(db, &crate::names::selector(db));
@@ -390,7 +389,8 @@ impl<'a> Pass<'a> {
             false => None,
         };
         let heard = said.as_deref().map(|said| super::agent::by_pod(&observed, said)).unwrap_or_default();
-        Ok(Members { pods, observed, lost, said, heard, leads: Some(Leads { primary, after, question }) })
+        let members = Members { pods, observed, lost, said, heard, leads: Some(Leads { primary, after, question }) };
+        Ok((members, backups::observe(ctx, db, plugin).await?))
     }
 
     /// Whether the members' agents are asked where their members are in this pass: the
