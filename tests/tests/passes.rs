@@ -1164,6 +1164,35 @@ async fn a_switchover_fences_the_primary_then_promotes_the_member_once_it_has_al
     assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
 }
 
+/// A switchover to a member that is behind the fenced primary waits: the second pass
+/// reads the positions, promotes nothing, says what it waits for, and looks again soon,
+/// not at once. An operator started afresh (the fence's answer not kept) fences again
+/// before it reads the positions.
+#[tokio::test]
+async fn a_switchover_to_a_member_behind_waits_and_a_new_operator_fences_again() {
+    use kube::runtime::controller::Action;
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/4000000 2"];
+    let (mut db, cluster, server, _agents) = with_agents(&registry, server, 230, [true; 3], said).await;
+    db.metadata.annotations.get_or_insert_default().insert("plugdb.io/switchover".into(), "orders-2".into());
+    let (passes, api) = passes_over(&registry, &db, &cluster, &server, 2).await;
+    let [(_, fence), (waited, waits)] = <[_; 2]>::try_from(passes).map_err(|_| "two passes").expect("passes");
+    assert!(fence.iter().any(|c| c.line() == "PATCH /api/v1/namespaces/shop/pods/orders-0"), "fenced: {:?}", lines(&fence));
+    let writes: Vec<String> = lines(&waits).into_iter().filter(|l| l.contains("/pods/") || l.contains("/services/")).collect();
+    assert!(writes.is_empty(), "nothing moves: {writes:?}");
+    assert_ne!(waited.expect("the second pass"), Action::requeue(std::time::Duration::ZERO), "soon, not at once");
+    let status = status(&api);
+    assert_eq!(status.primary.as_deref(), Some("orders-0"));
+    let progressing = status.conditions.iter().find(|c| c.type_ == "Progressing").expect("Progressing");
+    assert!(progressing.message.contains("orders-2 (at 0/4000000) to reach orders-0's last position 0/5000000"), "{progressing:?}");
+
+    let (result, again, _) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    assert_eq!(result.expect("a new operator's pass"), Action::requeue(std::time::Duration::ZERO));
+    assert!(again.iter().any(|c| c.line() == "PATCH /api/v1/namespaces/shop/pods/orders-0"), "fenced again: {:?}", lines(&again));
+    assert!(again.iter().all(|c| !c.line().contains("/services/")), "{:?}", lines(&again));
+}
+
 /// etcd, loaded beside postgres: an engine that elects its own leader and changes its
 /// membership by Jobs. Grown from 3 members to 4, the new member is added by the
 /// plugin's Job first, and the StatefulSet grows only once that Job has completed.
