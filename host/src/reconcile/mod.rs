@@ -21,7 +21,6 @@ mod controller;
 mod converge;
 pub mod decide;
 mod delete;
-mod handover;
 pub mod members;
 mod nodes;
 pub mod owner;
@@ -30,6 +29,7 @@ mod replication;
 pub mod restore;
 mod secrets;
 pub mod status;
+mod switchover;
 
 #[cfg(test)]
 mod graph;
