@@ -222,12 +222,18 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     // run ends before it sees the server down (a loaded server slow to end: a stand-in for
     // the client says it still answers), so the agent runs it again, which finds the server
     // down. And the first run's process group is ended, whole, as soon as the server was
-    // asked to shut down (as the agent ends a command at its time limit, on a loaded node):
-    // what the server said before is kept all the same. The old primary takes no more
-    // writes; fencing it again is harmless.
+    // asked to shut down (as the agent ends a command at its time limit, on a loaded node).
+    // Its lock ends before the server does (the stand-in takes none): a commit lands after
+    // the position the server said under it, and the position kept is the last all the
+    // same. The old primary takes no more writes; fencing it again is harmless.
     let slow = primary.dir().join("slow-to-end");
     std::fs::create_dir_all(&slow).expect("a directory for the stand-in");
-    let client = "#!/bin/sh\ncase \"$*\" in *'SELECT 1'*) echo 1; exit 0 ;; *SHUTDOWN*) /usr/bin/mariadb \"$@\"; kill -9 0 ;; esac\nexec /usr/bin/mariadb \"$@\"\n";
+    let late =
+        "SELECT @@gtid_current_pos; INSERT INTO shop.orders VALUES (9997, 'after the position said', 1); SHUTDOWN WAIT FOR ALL SLAVES";
+    let client = format!(
+        "#!/bin/sh\nn=$#\nfor a; do case \"$a\" in *'READ LOCK'*) a=\"{late}\" ;; esac; set -- \"$@\" \"$a\"; done; shift $n\n\
+         case \"$*\" in *'SELECT 1'*) echo 1; exit 0 ;; *SHUTDOWN*) /usr/bin/mariadb \"$@\"; kill -9 0 ;; esac\nexec /usr/bin/mariadb \"$@\"\n"
+    );
     std::fs::write(slow.join("mariadb"), client).expect("the stand-in");
     let runnable = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
     std::fs::set_permissions(slow.join("mariadb"), runnable).expect("its mode");
@@ -262,7 +268,7 @@ fn a_gtid_replica_is_promoted_by_the_plugins_choice_and_keeps_the_data() {
     // Asked again, as an operator stopped before it recorded the promotion asks: it leads as it is.
     replica.agent_promote(&rendered.promote_command).expect("promoted again: it leads already");
     sql(&replica, &pw, "INSERT INTO shop.orders VALUES (5002, 'after failover', 2)").expect("the new primary accepts writes");
-    assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5002", "no data lost");
+    assert_eq!(sql(&replica, &pw, "SELECT COUNT(*) FROM shop.orders").expect("count"), "5003", "no data lost, the late commit's neither");
 
     // The other replica, told by its agent, follows the promoted member at once (by its
     // address, not the read-write Service's, which may still lead to the old primary).

@@ -77,7 +77,8 @@ pub fn containers(
         ..Default::default()
     };
     let given = |argv: &[String]| (!argv.is_empty()).then(|| argv.to_vec());
-    // The data volume, read-only: the agent measures it for its series, and reads nothing in it.
+    // The data volume, read-only: the agent measures it for its series, and a fence may read
+    // what a stopped engine left in it (its last position).
     let data = engine.volume_mounts.iter().flatten().find(|m| m.name == "data").map(|m| VolumeMount { read_only: Some(true), ..m.clone() });
     let mut serve = Serve {
         port: PORT,

@@ -456,16 +456,21 @@ echo "$said${lag:+ $lag}""#;
 /// as it goes (`later`, unbuffered): the agent ends this command, whole, when its time
 /// is up, and on a loaded node that may come after the shutdown was sent and before
 /// anything here kept the position. Once the server refuses connections, in this run or
-/// the next, the position it said is kept as its last; while it answers, nothing kept
-/// before is. Without the lock in time (a long transaction) the server shuts down all
-/// the same, its last position unknown. A server that refuses connections takes no
-/// writes either; one that does not answer (hung) is tried again.
+/// the next, its last position is kept: the one its binary log's state file says (a
+/// server writes it as it shuts down cleanly, and removes it as it starts), else the one
+/// it said under the lock. The lock ends with the client's session, which may come
+/// before the server ends its clients: a commit waiting on it then lands after the
+/// position said. While it answers, nothing kept before is. Without the lock in time (a
+/// long transaction) the server shuts down all the same. A server that refuses
+/// connections takes no writes either; one that does not answer (hung) is tried again.
 const FENCE: &str = r#"gtids='^[0-9]+-[0-9]+-[0-9]+(,[0-9]+-[0-9]+-[0-9]+)*$'
 state="${PLUGDB_FENCED:-}" said=/dev/null
 [ -z "$state" ] || said="$state.said"
 down() { case "$(m -e 'SELECT 1' 2>&1)" in *"Can't connect to server"*) return 0 ;; esac; return 1; }
 kept() {
-  last=$(grep -E "$gtids" "$said" 2>/dev/null | tail -n 1)
+  last=$(awk -F- '/^[0-9]+-[0-9]+-[0-9]+$/ { at[$1] = $0 } END { for (d in at) print at[d] }' "$DATADIR/mysql-bin.state" 2>/dev/null |
+    sort -t- -k1,1n | paste -sd, -)
+  [ -n "$last" ] || last=$(grep -E "$gtids" "$said" 2>/dev/null | tail -n 1)
   [ -z "$last" ] || [ -z "$state" ] || printf '%s\n' "$last" > "$state.position"
 }
 if down; then kept; exit 0; fi
