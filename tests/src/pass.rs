@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use kube::runtime::controller::Action;
 use plugdb::crd::Database;
 use plugdb::metrics::Metrics;
 use plugdb::plugin::{Limits, Registry, Runtime};
@@ -76,34 +77,68 @@ pub fn serving(served: &[(String, Value)]) -> Server {
     Server { served: served.to_vec(), ..Server::default() }
 }
 
-/// [`pass`], with the API server as `server` says, whatever the pass ends with.
+/// [`pass`], with the API server as `server` says, whatever the pass ends with. A pass
+/// the plugins' pool was too busy for is run again by a new operator (nothing of the
+/// first kept).
 pub async fn pass_over(
     registry: &Registry,
     db: &Database,
     objects: &[Value],
     server: &Server,
-) -> (Result<(), reconcile::Error>, Vec<Call>, MockApi) {
+) -> (Result<Action, reconcile::Error>, Vec<Call>, MockApi) {
     let mut earlier = Vec::new();
     loop {
         let api = MockApi::new(db).serving(&server.served).refusing(&server.refused);
-        let caches = Caches::holding(objects, reconcile::fresh_stamper()).expect("caches");
-        let mut settings = test_settings();
-        if server.poll {
-            settings.member_poll = std::time::Duration::ZERO;
-        }
-        let ctx = Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), settings, caches);
-        let mut ctx = ctx.with_operator_image(server.image.map(str::to_string));
-        if let Some(policy) = &server.egress {
-            ctx = ctx.with_egress(policy.clone());
-        }
-        let ctx = Arc::new(ctx);
+        let ctx = operator(registry, &api, objects, server);
         match reconcile::reconcile(Arc::new(db.clone()), ctx.clone()).await {
             Err(reconcile::Error::Busy(busy)) => tokio::time::sleep(busy.retry_in()).await,
-            ended => return (ended.map(|_| ()), api.take(), api),
+            ended => return (ended, api.take(), api),
         }
         // The call goes on in this context's pool: it is kept until the pass is done.
         earlier.push(ctx);
     }
+}
+
+/// `n` passes of one operator (what it keeps between passes, kept), each over the
+/// Database as the one before left it, with the API server as `server` says: what each
+/// ended with and the requests it made (a pass the plugins' pool was too busy for, and
+/// its run again, are one).
+pub async fn passes_over(
+    registry: &Registry,
+    db: &Database,
+    objects: &[Value],
+    server: &Server,
+    n: usize,
+) -> (Vec<(Result<Action, reconcile::Error>, Vec<Call>)>, MockApi) {
+    let api = MockApi::new(db).serving(&server.served).refusing(&server.refused);
+    let ctx = operator(registry, &api, objects, server);
+    let mut passes = Vec::new();
+    let mut calls = Vec::new();
+    while passes.len() < n {
+        let ended = reconcile::reconcile(Arc::new(api.database()), ctx.clone()).await;
+        calls.extend(api.take());
+        match ended {
+            Err(reconcile::Error::Busy(busy)) => tokio::time::sleep(busy.retry_in()).await,
+            ended => passes.push((ended, std::mem::take(&mut calls))),
+        }
+    }
+    (passes, api)
+}
+
+/// An operator over the caches holding `objects`, with `api` as its API server, running
+/// as `server` says.
+fn operator(registry: &Registry, api: &MockApi, objects: &[Value], server: &Server) -> Arc<Context> {
+    let caches = Caches::holding(objects, reconcile::fresh_stamper()).expect("caches");
+    let mut settings = test_settings();
+    if server.poll {
+        settings.member_poll = std::time::Duration::ZERO;
+    }
+    let ctx = Context::new(api.client(), registry.clone(), Arc::new(Metrics::default()), settings, caches);
+    let mut ctx = ctx.with_operator_image(server.image.map(str::to_string));
+    if let Some(policy) = &server.egress {
+        ctx = ctx.with_egress(policy.clone());
+    }
+    Arc::new(ctx)
 }
 
 /// Each request, as one line (`METHOD path`).
@@ -138,6 +173,7 @@ pub fn running(made: &[Value], revision: &str, members: &[(bool, &str)]) -> Vec<
     set["metadata"]["generation"] = json!(1);
     set["status"] = json!({"observedGeneration": 1, "updateRevision": revision, "currentRevision": revision, "replicas": members.len()});
     let template = set["spec"]["template"]["metadata"].clone();
+    let containers = set["spec"]["template"]["spec"]["containers"].clone();
     for (ordinal, (ready, revision)) in members.iter().enumerate() {
         let mut labels = template["labels"].clone();
         labels["controller-revision-hash"] = json!(revision);
@@ -149,7 +185,7 @@ pub fn running(made: &[Value], revision: &str, members: &[(bool, &str)]) -> Vec<
                 "name": format!("orders-{ordinal}"), "namespace": "shop", "uid": format!("pod-{ordinal}"),
                 "creationTimestamp": an_hour_ago, "labels": labels, "annotations": template["annotations"], "ownerReferences": [owner],
             },
-            "spec": {"nodeName": format!("node-{ordinal}"), "containers": []},
+            "spec": {"nodeName": format!("node-{ordinal}"), "containers": containers},
             "status": {
                 "phase": "Running", "podIP": format!("10.0.0.{}", 10 + ordinal),
                 "conditions": [{"type": "Ready", "status": if *ready { "True" } else { "False" }, "lastTransitionTime": an_hour_ago}],

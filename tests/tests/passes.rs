@@ -15,7 +15,7 @@ use plugdb::stamp::STAMP;
 use plugdb_tests::mock_api::{Call, MockApi};
 use plugdb_tests::operator::test_settings;
 use plugdb_tests::pass::{
-    Server, backup_job, database, lines, made, pass, pass_over, registry, registry_of, running, serving, status, written,
+    Server, backup_job, database, lines, made, pass, pass_over, passes_over, registry, registry_of, running, serving, status, written,
 };
 use serde_json::{Value, json};
 
@@ -968,51 +968,58 @@ async fn a_lost_primary(first: usize) -> (Registry, Database, Vec<Value>, Server
     (registry, db, cluster, server, agents)
 }
 
+/// The pass that finds the primary lost does only the handover, then looks again at
+/// once; the next renders the members for the new primary.
 #[tokio::test]
 async fn a_lost_primary_is_fenced_by_its_agent_and_the_furthest_replica_promoted() {
     let (registry, db, cluster, server, agents) = a_lost_primary(10).await;
     let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
-    result.expect("the pass");
+    assert_eq!(result.expect("the pass"), kube::runtime::controller::Action::requeue(std::time::Duration::ZERO), "at once");
+    let pod = |n: usize| format!("PATCH /api/v1/namespaces/shop/pods/orders-{n}");
     let expected = [
         // The down member's node, then the operator's certificate for the agents (read
         // once, kept while the Secret's version stands).
         "GET /api/v1/nodes/node-0".to_string(),
         "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
-        // Every agent asked where its member is; the old primary's fenced (its pod
-        // marked at once), then the new one's promoted in place.
-        "PATCH /api/v1/namespaces/shop/pods/orders-0".into(),
-        "PATCH /api/v1/namespaces/shop/pods/orders-2".into(),
-        // The plan: the read-write Service and the members' primary, the role labels.
+        // Every agent asked where its member is; the handover: the old primary fenced
+        // (its pod marked at once), the read-write Service moved, the new one promoted
+        // in place, the role labels.
+        pod(0),
         "PATCH /api/v1/namespaces/shop/services/orders".into(),
-        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".into(),
-        "PATCH /api/v1/namespaces/shop/pods/orders-0".into(),
-        "PATCH /api/v1/namespaces/shop/pods/orders-2".into(),
+        pod(2),
+        pod(0),
+        pod(2),
         "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
         format!("PATCH {DATABASES}/status"),
     ];
     assert_eq!(lines(&calls), expected);
     assert_eq!(calls[2].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
+    assert_eq!(calls[3].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert!(
-        calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"]
+        calls[4].body["metadata"]["annotations"]["plugdb.io/promoted"]
             .as_str()
             .is_some_and(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
         "when"
     );
     assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
     assert!(!agents.path().join("member-2").join(plugdb::agent::FENCED_FILE).exists());
-    assert_eq!(calls[4].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
-    assert_eq!(
-        (calls[6].body["metadata"]["labels"]["plugdb.io/role"].as_str(), calls[7].body["metadata"]["labels"]["plugdb.io/role"].as_str()),
-        (Some("replica"), Some("primary"))
-    );
-    assert_eq!(calls[8].body["reason"], "FailoverPromoted");
+    let role = |i: usize| calls[i].body["metadata"]["labels"]["plugdb.io/role"].as_str();
+    assert_eq!((role(5), role(6)), (Some("replica"), Some("primary")));
+    assert_eq!(calls[7].body["reason"], "FailoverPromoted");
     assert!(
-        calls[8].body["note"].as_str().is_some_and(|n| n.contains("fenced by its agent; promoting orders-2")),
+        calls[7].body["note"].as_str().is_some_and(|n| n.contains("fenced by its agent; promoting orders-2")),
         "{}",
-        calls[8].body["note"]
+        calls[7].body["note"]
     );
+    assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
+
+    // The next pass renders for member 2, and says where each member is.
+    let (result, again, api) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    result.expect("the next pass");
+    let set = again.iter().find(|c| c.path.contains("/statefulsets/")).expect("the members' template");
+    assert_eq!(set.body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"], "orders-2");
+    assert!(again.iter().all(|c| c.body["reason"] != "FailoverPromoted"), "promoted once: {:?}", lines(&again));
     let status = status(&api);
-    assert_eq!(status.primary.as_deref(), Some("orders-2"));
     let positions: Vec<_> = status.members.iter().map(|m| (m.pod.as_str(), m.position.as_deref())).collect();
     assert_eq!(positions, [("orders-0", Some("0/5000000")), ("orders-1", Some("0/4000000")), ("orders-2", Some("0/5000000"))]);
 }
@@ -1069,7 +1076,8 @@ async fn a_primary_whose_probe_fails_while_its_engine_answers_is_not_replaced() 
 #[tokio::test]
 async fn a_pass_that_fails_after_a_promotion_still_says_who_leads_now() {
     let (registry, db, cluster, server, _agents) = a_lost_primary(210).await;
-    // The API server fails the read-write Service's move, after the promotion.
+    // The API server fails the read-write Service's move, once the old primary is fenced
+    // and the new one chosen.
     let service = "/api/v1/namespaces/shop/services/orders";
     let server = Server { refused: vec![(service.into(), 500)], ..server };
     let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
@@ -1088,72 +1096,101 @@ async fn a_pass_that_fails_after_a_promotion_still_says_who_leads_now() {
     assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
 }
 
-/// What a pass that made member 2 the primary writes last, after the read-write Service:
-/// the members' primary on the StatefulSet, the role labels (the old primary's, then
-/// member 2's), the Event and the status.
-fn promoted_orders_2() -> [String; 5] {
-    [
-        "PATCH /apis/apps/v1/namespaces/shop/statefulsets/orders".into(),
-        "PATCH /api/v1/namespaces/shop/pods/orders-0".into(),
-        "PATCH /api/v1/namespaces/shop/pods/orders-2".into(),
-        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
-        format!("PATCH {DATABASES}/status"),
-    ]
-}
-
 /// A planned switchover to member 2, asked for on the Database, with every agent saying
-/// the same position: the primary is fenced first, then (its position reached) the
-/// read-write Service leads to member 2, the fence is run again, member 2 is promoted in
-/// place and the old primary labelled a replica, and the plan and status follow. The next
-/// pass finds member 2 leading and removes the request.
+/// the same position, in three passes of one operator: the first fences the primary and
+/// looks again at once; the second reads the positions and, member 2 having all the fenced
+/// primary wrote, hands over: the read-write Service leads to member 2, the fence is run
+/// again, member 2 is promoted in place, the two relabelled. The third renders for member
+/// 2 and removes the request.
 #[tokio::test]
 async fn a_switchover_fences_the_primary_then_promotes_the_member_once_it_has_all_it_wrote() {
+    use kube::runtime::controller::Action;
     let registry = registry().await;
     let server = Server { image: Some("plugdb:test"), ..Server::default() };
     let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/5000000 0"];
     let (mut db, cluster, server, agents) = with_agents(&registry, server, 50, [true; 3], said).await;
     db.metadata.annotations.get_or_insert_default().insert("plugdb.io/switchover".into(), "orders-2".into());
-    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
-    result.expect("the pass");
+    let (passes, api) = passes_over(&registry, &db, &cluster, &server, 3).await;
+    let [(fenced, fence), (handed, handover), (rendered, after)] = <[_; 3]>::try_from(passes).map_err(|_| "three passes").expect("passes");
     let pod = |n: usize| format!("PATCH /api/v1/namespaces/shop/pods/orders-{n}");
     let service = "PATCH /api/v1/namespaces/shop/services/orders".to_string();
+
+    // The primary fenced (its pod marked); the status says what the switchover waits for.
+    let expected = ["GET /api/v1/namespaces/shop/secrets/orders-agent".to_string(), pod(0), format!("PATCH {DATABASES}/status")];
+    assert_eq!(lines(&fence), expected);
+    assert_eq!(fenced.expect("the first pass"), Action::requeue(std::time::Duration::ZERO), "at once");
+    assert_eq!(fence[1].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
+    assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
+    let progressing =
+        fence[2].body[0]["value"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Progressing").cloned());
+    let says = progressing.as_ref().and_then(|c| c["message"].as_str()).unwrap_or_default();
+    assert!(says.starts_with("switchover to orders-2: orders-0 fenced; waiting for"), "{progressing:?}");
+
+    // Every agent asked where its member is; member 2 has all the fenced primary wrote.
     let expected = [
-        "GET /api/v1/namespaces/shop/secrets/orders-agent".to_string(),
-        // The primary fenced (its pod marked); every agent asked where its member is.
-        pod(0),
-        // Member 2 has all the fenced primary wrote: the read-write Service leads to it,
-        // the fence runs again, member 2 is promoted in place, the old primary relabelled.
         service.clone(),
         pod(2),
         pod(0),
-        // The plan: the Service, then the rest.
-        service,
+        pod(2),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
     ];
-    assert_eq!(lines(&calls), [&expected[..], &promoted_orders_2()].concat());
-    assert_eq!(calls[1].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
-    assert_eq!(calls[2].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
+    assert_eq!(lines(&handover), expected);
+    assert_eq!(handed.expect("the second pass"), Action::requeue(std::time::Duration::ZERO), "at once");
+    assert_eq!(handover[0].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
     assert!(
-        calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"]
+        handover[1].body["metadata"]["annotations"]["plugdb.io/promoted"]
             .as_str()
             .is_some_and(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
         "when"
     );
-    assert_eq!(calls[4].body["metadata"]["labels"]["plugdb.io/role"], "replica");
-    assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
+    let role = |i: usize| handover[i].body["metadata"]["labels"]["plugdb.io/role"].as_str();
+    assert_eq!((role(2), role(3)), (Some("replica"), Some("primary")));
     assert!(!agents.path().join("member-2").join(plugdb::agent::FENCED_FILE).exists(), "not the new primary");
-    assert_eq!(calls[9].body["reason"], "SwitchoverPromoted");
-    let note = calls[9].body["note"].as_str().unwrap_or_default();
+    assert_eq!(handover[4].body["reason"], "SwitchoverPromoted");
+    let note = handover[4].body["note"].as_str().unwrap_or_default();
     assert!(note.starts_with("switchover: orders-0 fenced; orders-2 has all it wrote (position 0/5000000); promoting orders-2"), "{note}");
-    assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
 
-    // Member 2 leads: the request is done, and goes (only while it still names member 2).
-    let (result, again, _) = pass_over(&registry, &api.database(), &cluster, &server).await;
-    result.expect("the next pass");
-    let removed = again.iter().find(|c| c.line() == format!("PATCH {DATABASES}")).expect("the request removed");
+    // Member 2 leads: the members are rendered for it, and the request is done, and goes
+    // (only while it still names member 2).
+    rendered.expect("the third pass");
+    let set = after.iter().find(|c| c.path.contains("/statefulsets/")).expect("the members' template");
+    assert_eq!(set.body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"], "orders-2");
+    let removed = after.iter().find(|c| c.line() == format!("PATCH {DATABASES}")).expect("the request removed");
     assert_eq!(removed.body[0], json!({"op": "test", "path": "/metadata/annotations/plugdb.io~1switchover", "value": "orders-2"}));
     assert_eq!(removed.body[1]["op"], "remove");
-    assert!(again.iter().any(|c| c.body["reason"] == "SwitchoverDone"), "{:?}", lines(&again));
-    assert!(again.iter().all(|c| c.body["reason"] != "SwitchoverPromoted"), "promoted once: {:?}", lines(&again));
+    assert!(after.iter().any(|c| c.body["reason"] == "SwitchoverDone"), "{:?}", lines(&after));
+    assert!(after.iter().all(|c| c.body["reason"] != "SwitchoverPromoted"), "promoted once: {:?}", lines(&after));
+    assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
+}
+
+/// A switchover to a member that is behind the fenced primary waits: the second pass
+/// reads the positions, promotes nothing, says what it waits for, and looks again soon,
+/// not at once. An operator started afresh (the fence's answer not kept) fences again
+/// before it reads the positions.
+#[tokio::test]
+async fn a_switchover_to_a_member_behind_waits_and_a_new_operator_fences_again() {
+    use kube::runtime::controller::Action;
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), ..Server::default() };
+    let said = ["primary 0/5000000", "replica 0/5000000 0", "replica 0/4000000 2"];
+    let (mut db, cluster, server, _agents) = with_agents(&registry, server, 230, [true; 3], said).await;
+    db.metadata.annotations.get_or_insert_default().insert("plugdb.io/switchover".into(), "orders-2".into());
+    let (passes, api) = passes_over(&registry, &db, &cluster, &server, 2).await;
+    let [(_, fence), (waited, waits)] = <[_; 2]>::try_from(passes).map_err(|_| "two passes").expect("passes");
+    assert!(fence.iter().any(|c| c.line() == "PATCH /api/v1/namespaces/shop/pods/orders-0"), "fenced: {:?}", lines(&fence));
+    let writes: Vec<String> = lines(&waits).into_iter().filter(|l| l.contains("/pods/") || l.contains("/services/")).collect();
+    assert!(writes.is_empty(), "nothing moves: {writes:?}");
+    assert_ne!(waited.expect("the second pass"), Action::requeue(std::time::Duration::ZERO), "soon, not at once");
+    let status = status(&api);
+    assert_eq!(status.primary.as_deref(), Some("orders-0"));
+    let progressing = status.conditions.iter().find(|c| c.type_ == "Progressing").expect("Progressing");
+    assert!(progressing.message.contains("orders-2 (at 0/4000000) to reach orders-0's last position 0/5000000"), "{progressing:?}");
+
+    let (result, again, _) = pass_over(&registry, &api.database(), &cluster, &server).await;
+    assert_eq!(result.expect("a new operator's pass"), Action::requeue(std::time::Duration::ZERO));
+    assert!(again.iter().any(|c| c.line() == "PATCH /api/v1/namespaces/shop/pods/orders-0"), "fenced again: {:?}", lines(&again));
+    assert!(again.iter().all(|c| !c.line().contains("/services/")), "{:?}", lines(&again));
 }
 
 /// etcd, loaded beside postgres: an engine that elects its own leader and changes its
@@ -1362,33 +1399,41 @@ async fn a_mysql_primary_lost_is_fenced_and_the_furthest_replica_promoted_in_pla
     let spec = json!({"engine": "mysql", "version": "11.8", "replicas": 3});
     let said = ["primary 0-1-36", "replica 0-1-30 1", "replica 0-1-36 0"];
     let (db, cluster, server, agents) = with_agents_of(&registry, spec, server, 110, [false, true, true], said).await;
-    let (result, calls, api) = pass_over(&registry, &db, &cluster, &server).await;
-    result.expect("the pass");
+    let (passes, api) = passes_over(&registry, &db, &cluster, &server, 2).await;
+    let [(handed, calls), (rendered, after)] = <[_; 2]>::try_from(passes).map_err(|_| "two passes").expect("passes");
+    handed.expect("the pass");
     let pod = |n: usize| format!("PATCH /api/v1/namespaces/shop/pods/orders-{n}");
     let expected = [
         "GET /api/v1/nodes/node-0".to_string(),
         "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
-        // The old primary fenced, the new one promoted in place.
+        // The old primary fenced, the read-write Service moved, the new one promoted in
+        // place, the two relabelled.
+        pod(0),
+        "PATCH /api/v1/namespaces/shop/services/orders".into(),
+        pod(2),
         pod(0),
         pod(2),
-        "PATCH /api/v1/namespaces/shop/services/orders".into(),
+        "POST /apis/events.k8s.io/v1/namespaces/shop/events".into(),
+        format!("PATCH {DATABASES}/status"),
     ];
-    assert_eq!(lines(&calls), [&expected[..], &promoted_orders_2()].concat());
+    assert_eq!(lines(&calls), expected);
     assert_eq!(calls[2].body["metadata"]["annotations"]["plugdb.io/fenced"], "true");
     assert!(
-        calls[3].body["metadata"]["annotations"]["plugdb.io/promoted"]
+        calls[4].body["metadata"]["annotations"]["plugdb.io/promoted"]
             .as_str()
             .is_some_and(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
         "when"
     );
     assert!(agents.path().join("member-0").join(plugdb::agent::FENCED_FILE).exists(), "the old primary's agent fenced it");
-    assert_eq!(calls[4].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
-    let note = calls[8].body["note"].as_str().unwrap_or_default();
+    assert_eq!(calls[3].body["spec"]["selector"]["statefulset.kubernetes.io/pod-name"], "orders-2");
+    let note = calls[7].body["note"].as_str().unwrap_or_default();
     assert!(note.contains("fenced by its agent; promoting orders-2"), "{note}");
     assert_eq!(status(&api).primary.as_deref(), Some("orders-2"));
     // The members' template names the new primary, which a restart of orders-2 starts as.
-    let primary = calls[5].body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"].clone();
-    assert_eq!(primary, "orders-2", "{}", calls[5].body["spec"]["template"]["metadata"]);
+    rendered.expect("the next pass");
+    let set = after.iter().find(|c| c.path.contains("/statefulsets/")).expect("the members' template");
+    let primary = set.body["spec"]["template"]["metadata"]["annotations"]["plugdb.io/primary"].clone();
+    assert_eq!(primary, "orders-2", "{}", set.body["spec"]["template"]["metadata"]);
 }
 
 /// The controller's backoff for a Database whose passes fail: 2 s, doubling, at most

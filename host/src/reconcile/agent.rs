@@ -26,7 +26,7 @@ use crate::tls;
 /// Database authority's certificate as Secret `<name>-agent` had it at a version (read
 /// once, not on every ask: the watch caches keep no Secret's values; the CA of
 /// `<name>-tls`, which an elected leader's members are asked with, is kept the same way),
-/// and when it last asked for statuses.
+/// when it last asked for statuses, and what the primary a switchover fenced answered.
 #[derive(Debug)]
 pub struct Agents {
     identity: Arc<tls::OperatorIdentity>,
@@ -34,8 +34,13 @@ pub struct Agents {
     pin: String,
     keys: Mutex<HashMap<String, Keys>>,
     asked: Mutex<HashMap<String, Instant>>,
+    fences: Mutex<HashMap<String, (String, Fenced, Instant)>>,
     started: Instant,
 }
+
+/// How long what a primary fenced for a switchover answered is taken as its state: the
+/// passes within it read the positions; one after it fences again.
+pub const FENCE_KEPT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct Keys {
@@ -48,7 +53,25 @@ impl Agents {
     pub fn new(identity: tls::OperatorIdentity) -> Self {
         let client = identity.client_pem().into();
         let pin = agent::fingerprints(identity.authority.certificate.as_bytes()).into_iter().next().unwrap_or_default();
-        Self { identity: Arc::new(identity), client, pin, keys: Mutex::default(), asked: Mutex::default(), started: Instant::now() }
+        let (keys, asked, fences) = (Mutex::default(), Mutex::default(), Mutex::default());
+        Self { identity: Arc::new(identity), client, pin, keys, asked, fences, started: Instant::now() }
+    }
+
+    /// Keeps what the agent of `db`'s primary `pod`, fenced for a switchover, answered.
+    pub fn keep_fence(&self, db: &Database, pod: &str, fenced: Fenced) {
+        self.fences.lock().unwrap_or_else(|e| e.into_inner()).insert(key(db), (pod.into(), fenced, Instant::now()));
+    }
+
+    /// What the agent of `db`'s primary `pod` answered when fenced for a switchover, within
+    /// the last [`FENCE_KEPT`].
+    pub fn fence_said(&self, db: &Database, pod: &str) -> Option<Fenced> {
+        let fences = self.fences.lock().unwrap_or_else(|e| e.into_inner());
+        fences.get(&key(db)).filter(|(p, _, at)| p == pod && at.elapsed() < FENCE_KEPT).map(|(_, fenced, _)| *fenced)
+    }
+
+    /// Forgets the fence of `db`'s switchover, which is over.
+    pub fn forget_fence(&self, db: &Database) {
+        self.fences.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(db));
     }
 
     /// The fingerprint of the operator's authority, which the agents are told to trust
@@ -78,6 +101,7 @@ impl Agents {
         }
         drop(keys);
         self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&key(db));
+        self.forget_fence(db);
     }
 
     fn kept(&self, db: &Database, secret: &str, version: Option<&str>) -> Option<Arc<[u8]>> {
@@ -317,5 +341,23 @@ mod tests {
         assert!(!agents.due(&db("orders"), Duration::from_secs(30)));
         agents.forget(&db("orders"));
         assert!(agents.asked.lock().expect("lock").is_empty());
+    }
+
+    #[test]
+    fn a_switchover_fence_is_kept_for_its_primary_a_while_and_then_forgotten() {
+        let mut db =
+            Database::new("orders", serde_json::from_value(serde_json::json!({"engine": "postgres", "storage": "1Gi"})).expect("spec"));
+        db.metadata.namespace = Some("shop".into());
+        let agents = Agents::new(tls::OperatorIdentity::new(chrono::Utc::now()).expect("identity"));
+        assert_eq!(agents.fence_said(&db, "orders-0"), None);
+        agents.keep_fence(&db, "orders-0", Fenced::Confirmed);
+        assert_eq!(agents.fence_said(&db, "orders-0"), Some(Fenced::Confirmed));
+        assert_eq!(agents.fence_said(&db, "orders-1"), None, "another member's");
+        let old = Instant::now() - FENCE_KEPT;
+        agents.fences.lock().expect("lock").insert(key(&db), ("orders-0".into(), Fenced::Confirmed, old));
+        assert_eq!(agents.fence_said(&db, "orders-0"), None, "too old: fenced again");
+        agents.keep_fence(&db, "orders-0", Fenced::Ordered);
+        agents.forget_fence(&db);
+        assert_eq!(agents.fence_said(&db, "orders-0"), None);
     }
 }

@@ -1,7 +1,8 @@
 //! Backups: scheduled, on demand, before upgrades and before deletion; all Jobs under
 //! deterministic names, so a restarted operator never runs one twice. Which backups a
 //! pass wants, what retention removes and when the bucket is read is
-//! [`decide::backups`]'s (pure); this module carries it out.
+//! [`decide::backups`]'s (pure); this module reads what it says to when the pass
+//! observes ([`observe`]), and carries it out ([`reconcile`]).
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::Job;
@@ -36,13 +37,15 @@ pub fn state(job: Option<&Job>) -> JobState {
 }
 
 /// The backup `name`: its Job's state, the Job (from the plugin's plan, with the backup
-/// volume it needs) planned when there is none yet.
+/// volume it needs) planned when there is none yet. A bucket must answer with the
+/// Database's key before a Job is made to write to it: `answered` says whether it did
+/// when the pass observed it (`None`: it is asked here).
 pub(super) async fn backup(
     ctx: &Context,
     db: &Database,
     (plugin, spec): (&Plugin, &EngineSpec),
-    name: &str,
-    run_as_user: u32,
+    (name, run_as_user): (&str, u32),
+    answered: Option<Result<(), String>>,
     made: &mut Plan,
 ) -> Result<Result<JobState, String>, Error> {
     let ns = db.namespace().unwrap_or_default();
@@ -70,8 +73,11 @@ pub(super) async fn backup(
     let (db_name, key);
     let storage = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
         Some(target) => {
-            // The bucket must answer with this key before a Job is made to write to it.
-            if let Err(problem) = bucket::open(ctx, &ns, target, &ns, &db.name_any(), "spec.backup.s3").await? {
+            let answered = match answered {
+                Some(answered) => answered,
+                None => bucket::open(ctx, &ns, target, &ns, &db.name_any(), "spec.backup.s3").await?.map(|_| ()),
+            };
+            if let Err(problem) = answered {
                 return Ok(Err(problem));
             }
             let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
@@ -99,17 +105,26 @@ fn observed_jobs(jobs: &[std::sync::Arc<Job>]) -> Vec<BackupJob> {
     jobs.iter().map(|j| BackupJob { name: j.name_any(), state: state(Some(j)), created: created(j), completed: completed(j) }).collect()
 }
 
-/// Runs scheduled and on-demand backups, applies retention and reports, as
-/// [`decide::backups`] chose: the backups it wants are started (the plugin's plan, the
-/// bucket answering), a failure's cause is read from its pod, and the bucket is read and
-/// pruned when due.
-pub(super) async fn reconcile(
-    ctx: &Context,
-    db: &Database,
-    (plugin, spec): (&Plugin, &EngineSpec),
-    run_as_user: u32,
-    plan: &mut Plan,
-) -> Result<BackupReport, Error> {
+/// What the backups stage works from, read when the pass observes: which backups are
+/// wanted, what retention removes and when the bucket is read ([`decide::backups`]), and
+/// what that says to read over the network: a failed backup's cause (its pod's words,
+/// once), and the bucket, when a backup is to start (it must answer first) or its
+/// listing is due (then what retention removes from it, too).
+pub(super) struct Seen {
+    decided: decide::Backups,
+    cause: Option<String>,
+    bucket: Option<Result<Bucket, String>>,
+}
+
+/// The bucket as a pass found it.
+struct Bucket {
+    opened: bucket::Opened,
+    /// What retention removes, when the listing was due.
+    removal: Option<Result<bucket::Removal, String>>,
+}
+
+/// What the backups of `db` need read this pass, read (see [`Seen`]).
+pub(super) async fn observe(ctx: &Context, db: &Database, plugin: &Plugin) -> Result<Seen, Error> {
     let previous = db.status.clone().unwrap_or_default();
     let (ns, name, now) = (db.namespace().unwrap_or_default(), db.name_any(), Utc::now());
     let cannot = plugin.lacks(Capability::Backup);
@@ -126,10 +141,47 @@ pub(super) async fn reconcile(
         archiving: super::archiver(ctx, db, plugin).is_some(),
         bucket_recheck: ctx.settings.bucket_recheck,
     });
+    // The cause is read once, when the failure is first seen; the status keeps it.
+    let cause = match decided.failed.as_ref().filter(|f| f.known.is_none()) {
+        Some(failed) => failure_cause(ctx, &ns, &failed.name).await,
+        None => None,
+    };
+    let starts = cannot.is_none() && decided.wanted.iter().any(|w| !w.exists);
+    let target = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()).filter(|_| starts || decided.bucket.is_some());
+    let bucket = match target {
+        Some(target) => Some(match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
+            Ok(opened) => {
+                let removal = match &decided.bucket {
+                    Some(read) => Some(bucket::to_remove(&opened, read.retention, &read.running).await),
+                    None => None,
+                };
+                Ok(Bucket { opened, removal })
+            }
+            Err(problem) => Err(problem),
+        }),
+        None => None,
+    };
+    Ok(Seen { decided, cause, bucket })
+}
+
+/// Runs scheduled and on-demand backups, applies retention and reports, as the pass
+/// `seen` them: the backups wanted are started (the plugin's plan, the bucket having
+/// answered), a failure is said with its cause, and the bucket is pruned when due.
+pub(super) async fn reconcile(
+    ctx: &Context,
+    db: &Database,
+    seen: Seen,
+    (plugin, spec): (&Plugin, &EngineSpec),
+    run_as_user: u32,
+    plan: &mut Plan,
+) -> Result<BackupReport, Error> {
+    let Seen { decided, cause, bucket } = seen;
     let mut report = decided.report;
+    let answered = bucket.as_ref().map(|b| b.as_ref().map(|_| ()).map_err(Clone::clone));
     for wanted in &decided.wanted {
         if !wanted.exists {
-            if let Err(reason) = backup(ctx, db, (plugin, spec), &wanted.name, run_as_user, plan).await? {
+            let job = (wanted.name.as_str(), run_as_user);
+            if let Err(reason) = backup(ctx, db, (plugin, spec), job, answered.clone(), plan).await? {
                 report.problem = Some(format!("the {} plugin cannot back up: {reason}", spec.name));
                 continue;
             }
@@ -138,62 +190,55 @@ pub(super) async fn reconcile(
         report.acted_on(wanted);
     }
     if let Some(failed) = decided.failed {
-        // The cause is read once, when the failure is first seen; the status keeps it.
-        let problem = match failed.known {
-            Some(known) => known,
-            None => match failure_cause(ctx, &ns, &failed.name).await {
-                Some(cause) => format!("{}: {cause}", failed.said()),
-                None => failed.said(),
-            },
+        let problem = match (failed.known.clone(), cause) {
+            (Some(known), _) => known,
+            (None, Some(cause)) => format!("{}: {cause}", failed.said()),
+            (None, None) => failed.said(),
         };
         report.problem.get_or_insert(problem);
     }
     for job in decided.remove {
         plan.remove_job(job);
     }
-    if let (Some(read), Some(target)) = (decided.bucket, db.spec.backup.as_ref().and_then(|b| b.s3.as_ref())) {
-        read_bucket(ctx, db, target, read, (&mut report, plan), now).await?;
+    if let (Some(read), Some(bucket), Some(target)) = (decided.bucket, bucket, db.spec.backup.as_ref().and_then(|b| b.s3.as_ref())) {
+        prune(db, target, read, bucket, (&mut report, plan));
     }
     Ok(report)
 }
 
-/// Reads the bucket: what a restore can reach, confirmed now, and what retention prunes
-/// (the newest `retention` complete backups stay, with any still being written). A bucket
-/// that cannot be read leaves the window unknown and says why.
-async fn read_bucket(
-    ctx: &Context,
+/// What the bucket holds: what a restore can reach, confirmed now, and what retention
+/// prunes (the newest `retention` complete backups stay, with any still being written).
+/// A bucket that could not be read leaves the window unknown and says why.
+fn prune(
     db: &Database,
     target: &crate::crd::S3Target,
     read: BucketRead,
+    bucket: Result<Bucket, String>,
     (report, plan): (&mut BackupReport, &mut Plan),
-    now: DateTime<Utc>,
-) -> Result<(), Error> {
-    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+) {
+    let now = Utc::now();
     let previous = db.status.as_ref().and_then(|s| s.recoverable.as_ref());
-    let opened = match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
-        Ok(opened) => opened,
+    let removal = bucket.and_then(|b| match b.removal {
+        Some(Ok(removal)) => Ok((b.opened, removal)),
+        Some(Err(e)) => Err(format!("spec.backup.s3: retention: {e}")),
+        None => Err("spec.backup.s3: the bucket was not listed".into()),
+    });
+    let (opened, removal) = match removal {
+        Ok(read) => read,
         Err(problem) => {
             report.problem = Some(problem);
             report.recoverable = bucket::unreachable(previous, now);
-            return Ok(());
+            return;
         }
     };
     let retention = read.retention;
-    let removal = match bucket::to_remove(&opened, retention, &read.running).await {
-        Ok(removal) => removal,
-        Err(e) => {
-            report.problem = Some(format!("spec.backup.s3: retention: {e}"));
-            report.recoverable = bucket::unreachable(previous, now);
-            return Ok(());
-        }
-    };
     let kept: Vec<DateTime<Utc>> =
         opened.listed.iter().filter(|b| !removal.backups.contains(&b.name)).filter_map(|b| b.completed).collect();
     let archived = opened.archive.iter().map(|s| s.at).max().filter(|_| read.archive);
     let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     report.recoverable = Some(Recoverable { confirmed: Some(stamp), ..window_with_archive(&kept, archived) });
     if removal.backups.is_empty() && removal.segments.is_empty() {
-        return Ok(());
+        return;
     }
     let incomplete = |name: &String| opened.listed.iter().any(|b| &b.name == name && b.completed.is_none());
     let (unfinished, old): (Vec<String>, Vec<String>) = removal.backups.iter().cloned().partition(incomplete);
@@ -208,7 +253,6 @@ async fn read_bucket(
         removal.segments.len()
     );
     plan.prune(opened, removal, message);
-    Ok(())
 }
 
 /// The longest cause of a failed Job the status and its Event quote.

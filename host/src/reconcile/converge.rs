@@ -10,35 +10,33 @@
 //! [`status::conclude`]).
 //!
 //! ```text
-//!            observe          ask the plugin      decide (pure)         the plan / written in the stage
+//!            observe          ask the plugin      decide (pure)         the plan (or the handover)
 //! engine     spec             validate            (host checks)         -
 //! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job, Event
 //! observe    member pods,     -                   members::observe      -
-//!            down ones' nodes
-//! failover   members          choose-primary      decide::failover      Event / the old primary fenced, the new one promoted
-//!  switchover member agents    -                   decide::switchover    Event / the fence, the read-write Service
+//!            down ones' nodes, the agents and the bucket when due
+//! failover   members          choose-primary      decide::failover      the handover: fence, Service, promote, labels; Event
+//!  switchover (observed)       -                   decide::switchover    the fence, then the handover; the request removed
 //! scale      StatefulSet      plan-scale          decide::scale         scale Job, Event
 //! render     Secrets          render              certificates due      credentials, TLS and agent Secrets
 //! elected    member answers   choose-primary      decide::elected       Event
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs, Event
-//! hear       member agents    -                   agent::Agents::due    (positions and lag, for the status)
+//! hear       (observed)       -                   second_primaries      a second primary fenced
 //! apply      claims           -                   build::children       the children, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart, Event
-//! replication members         -                   decide::replication   Event / the primary's agent asked
+//! replication members         -                   decide::replication   the agents asked for the synchronous setting, Event
 //! move       lost nodes       -                   moveFromLostNodeAfter a replica's claim and pod, Event
 //! steps      Jobs             -                   decide::steps         upgrade Jobs, Event
-//! backups    backup Jobs,     backup              decide::backups       backup Jobs, removals, the bucket pruned, Event
-//!            the bucket (due)
+//! backups    (observed)       backup              decide::backups       backup Jobs, removals, the bucket pruned, Event
 //! conclude   what was carried -                   status::conclude      the plan carried out, then the status written
 //! ```
 //!
-//! The finalizer is the plan's first write. What is still done in a stage is the
-//! conversation with the members' agents that a failover or a switchover waits on: the
-//! old primary fenced (and its pod marked so at once, so that an operator stopped
-//! mid-pass leaves no fenced member unmarked), the new one promoted, the read-write
-//! Service moved before the promotion, and the primary asked for synchronous replicas.
-//! A growth the API server refuses, or a bucket retention cannot prune, is found when
-//! the plan is carried out, and the status says it. A members' template the plan writes
+//! The finalizer is the plan's first write. No stage writes (checked by
+//! [`super::graph`]): a change of who leads is a step ([`super::handover::Lead`]) that
+//! ends the pass, carried out first by its end ([`Pass::lead`]), which looks again at
+//! once. A growth the API server refuses, a bucket retention cannot prune, or a
+//! synchronous setting the primary's agent does not take is found when the plan is
+//! carried out, and the status says it. A members' template the plan writes
 //! is one the StatefulSet's controller has not seen yet: no member is rolled onto it in
 //! the same pass.
 //!
@@ -62,7 +60,7 @@ use kube::runtime::controller::Action;
 use super::backups;
 use super::cache::SetFacts;
 use super::decide::BackupReport;
-use super::decide::{self, Event, FailoverQuestion, JobState, Note, Primary, Scale, ScaleQuestion, Upgrade};
+use super::decide::{self, FailoverQuestion, JobState, Note, Primary, Scale, ScaleQuestion, Upgrade};
 use super::members::{self, Observed};
 use super::plan::{Plan, member_ref};
 use super::status::{self, ConditionType, Growth, Reason};
@@ -109,8 +107,8 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let engine = proceed!(pass.engine().await);
     let upgrade = proceed!(pass.upgrade(&engine).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
-    let mut members = pass.observe(engine.plugin.info().capabilities.elects_leader).await;
-    let primary = pass.failover(&engine.plugin, &spec, &mut members).await?;
+    let (mut members, seen) = pass.observe(&engine.plugin).await?;
+    let primary = proceed!(pass.failover(&engine.plugin, &spec, &mut members).await);
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
     // The plugin renders the members there are in this step of a scale plan.
@@ -123,16 +121,16 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let sidecars = build::Sidecars { archiver, agent: super::agent_sidecar(ctx, &engine.plugin, workload), pull: &ctx.settings.pull };
     let elects = engine.plugin.info().capabilities.elects_leader;
     pass.agents(super::wants_agent(&engine.plugin, workload), sidecars.agent.is_some());
-    let incident = pass.hear(sidecars.agent.is_some(), &mut members, &primary.name, elects).await?;
+    let incident = pass.hear(&members, &primary.name, elects);
     let leadership = build::Leadership::of(&engine.plugin);
     // The agents can name the replicas that confirm commits.
     let named = sidecars.agent.is_some() && !workload.synchronous_command.is_empty();
     let applied = pass.apply(&rendering, &members.heard, &primary.name, sidecars, (scale.granted, leadership)).await?;
     let rolled = pass.members(&members, &primary, &applied, scale.granted);
-    let replication_due = pass.replication(&members, &primary, (elects, named)).await?;
+    let replication_due = pass.replication(&members, &primary, (elects, named));
     let moving_due = pass.move_replicas(&members, &primary, elects);
     let upgrading = pass.steps(&upgrade, workload, rolled.done);
-    let report = pass.backups(&engine.plugin, &spec, workload).await?;
+    let report = pass.backups(&engine.plugin, &spec, workload, seen).await?;
     pass.end(end::Found {
         members: &members,
         primary: &primary,
@@ -152,19 +150,17 @@ async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
 }
 
 impl Pass<'_> {
-    /// The replication stage: the primary's agent told which replicas confirm commits;
-    /// when to look again, if commits wait for too few replicas.
-    async fn replication(
-        &mut self,
-        members: &Members,
-        primary: &Primary,
-        (elects, named): (bool, bool),
-    ) -> Result<Option<Duration>, Error> {
+    /// The replication stage: which replicas confirm commits, the primary's agent told
+    /// at the end of the pass; when to look again, if commits wait for too few replicas.
+    fn replication(&mut self, members: &Members, primary: &Primary, (elects, named): (bool, bool)) -> Option<Duration> {
         let heard: Vec<&str> = members.heard.iter().map(|(pod, _)| pod.as_str()).collect();
         let observed = (members.observed.as_slice(), primary.name.as_str(), heard.as_slice());
-        let (notes, due) = replication::reconcile(self.ctx, self.db, (&self.old, &mut self.plan.told), observed, (elects, named)).await?;
-        self.say(&notes);
-        Ok(due)
+        let decided = replication::decide(self.db, (&self.old, &mut self.plan.told), observed, (elects, named));
+        self.say(&decided.notes);
+        if let Some(step) = decided.step {
+            self.plan.synchronous(step);
+        }
+        decided.due
     }
 
     /// The move stage: a replica on a node lost past `spec.spread.moveFromLostNodeAfter`
@@ -213,8 +209,21 @@ struct Members {
     pods: Vec<Arc<Pod>>,
     observed: Vec<Observed>,
     lost: nodes::LostNodes,
-    /// What their agents said in this pass, by pod, when they were asked.
+    /// What their agents said in this pass, in the order of `observed`, when they were
+    /// asked.
+    said: Option<Vec<Option<crate::agent::Status>>>,
+    /// The same, by pod, for those that said something.
     heard: Vec<(String, crate::agent::Status)>,
+    /// Who leads as the pass found it, for the failover stage (which takes it).
+    leads: Option<Leads>,
+}
+
+/// Who leads as the pass found it: the primary, how long it may be lost before it is
+/// replaced, and whether the plugin is asked to replace it.
+struct Leads {
+    primary: String,
+    after: Duration,
+    question: FailoverQuestion,
 }
 
 /// What the apply stage decided.
@@ -273,13 +282,6 @@ impl<'a> Pass<'a> {
     /// The old status with what the stages told so far ([`status::after`]).
     fn told(&mut self) -> DatabaseStatus {
         status::after(&self.old, std::mem::take(&mut self.plan.told), self.generation)
-    }
-
-    /// The end of a pass that stopped or waits: the plan carried out, then the status
-    /// written once.
-    async fn finish(&mut self, status: DatabaseStatus) -> Result<(), Error> {
-        std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
-        write_status(self.ctx, self.db, status).await
     }
 
     /// The plugin serving the engine, and the spec it and the host accept.
@@ -351,28 +353,59 @@ impl<'a> Pass<'a> {
                 Err(Error::Plugin(e)) => return self.plugin_failed(Reason::RenderFailed, &e).await,
                 Err(e) => return Err(e),
             };
-            if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), backup, uid, &mut self.plan).await? {
+            if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), (backup, uid), None, &mut self.plan).await? {
                 return self.stop(ConditionType::Progressing, Reason::PreUpgradeBackupImpossible, reason).await;
             }
         }
         Ok(ControlFlow::Continue(upgrade))
     }
 
-    /// The members as the pod cache has them (those on a node cut off from the control
-    /// plane taken as down, and, unless the engine elects its leader, replicas that do
-    /// not replicate), and the nodes of those that are down.
-    async fn observe(&self, elects: bool) -> Members {
-        let pods = self.ctx.caches.pods(self.db, &crate::names::selector(self.db));
+    /// The observe stage: the members as the pod cache has them (those on a node cut off
+    /// from the control plane taken as down, and, unless the engine elects its leader,
+    /// replicas that do not replicate), the nodes of those that are down, whether the
+    /// failover stage is to ask the plugin, and, when due, what every member's agent says
+    /// ([`Pass::agents_due`]); what the backups need read ([`backups::observe`]).
+    async fn observe(&self, plugin: &Plugin) -> Result<(Members, backups::Seen), Error> {
+        let (ctx, db) = (self.ctx, self.db);
+        let elects = plugin.info().capabilities.elects_leader;
+        let pods = ctx.caches.pods(db, &crate::names::selector(db));
         let at = k8s_openapi::jiff::Timestamp::now();
         let mut observed = members::observe(&Names(&self.name).primary(), &pods, at);
         let now = std::time::Instant::now();
-        members::cut_off(&mut observed, |node| self.ctx.caches.silent_for(node, now));
-        let lost = nodes::read(self.ctx, &mut observed).await;
+        members::cut_off(&mut observed, |node| ctx.caches.silent_for(node, now));
+        let lost = nodes::read(ctx, &mut observed).await;
         // After the nodes are read: such a replica's pod, and so its node, is ready.
         if let Some(primary) = self.old.primary.as_deref().filter(|_| !elects) {
-            members::not_replicating(&mut observed, primary, &self.old.members, at, 2 * self.ctx.settings.member_poll);
+            members::not_replicating(&mut observed, primary, &self.old.members, at, 2 * ctx.settings.member_poll);
         }
-        Members { pods, observed, lost, heard: Vec::new() }
+        let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
+        // A switchover under way: asked for, or for a drain of the primary's node.
+        let draining = observed.iter().any(|m| m.name == primary && m.node.as_deref().is_some_and(|n| ctx.caches.cordoned(n)));
+        let switching = draining || db.annotations().contains_key(crate::names::SWITCHOVER);
+        let after = decide::failover_delay(&observed, &primary, switching, ctx.settings.failover_after);
+        let question = decide::failover_question(&observed, &primary, after, elects, plugin.lacks(Capability::Failover));
+        let said = match self.agents_due(&observed, &primary, &question, elects) {
+            true => Some(super::agent::statuses(ctx, db, &observed).await?),
+            false => None,
+        };
+        let heard = said.as_deref().map(|said| super::agent::by_pod(&observed, said)).unwrap_or_default();
+        let members = Members { pods, observed, lost, said, heard, leads: Some(Leads { primary, after, question }) };
+        Ok((members, backups::observe(ctx, db, plugin).await?))
+    }
+
+    /// Whether the members' agents are asked where their members are in this pass: the
+    /// failover stage is to ask the plugin (which weighs their positions); the primary a
+    /// switchover fenced has answered (the member leads once it has all it wrote); or
+    /// their poll is due (every `member_poll`; in every pass whose roll would restart a
+    /// replica to follow while a member is away: not one that streams), for the status,
+    /// unless the engine elects its leader (its members say who leads).
+    fn agents_due(&self, observed: &[Observed], primary: &str, question: &FailoverQuestion, elects: bool) -> bool {
+        let (ctx, db) = (self.ctx, self.db);
+        let follow = members::to_follow_while_away(observed, primary);
+        let poll = if follow { Duration::ZERO } else { ctx.settings.member_poll };
+        let polled = !elects && observed.iter().any(|m| m.agent) && ctx.agents.due(db, poll);
+        let fenced = ctx.agents.fence_said(db, primary) == Some(decide::Fenced::Confirmed);
+        matches!(question, FailoverQuestion::Ask(_)) || fenced || polled
     }
 
     /// Whether the Database's status already says `reason` (with `message`, when given).
@@ -388,19 +421,11 @@ impl<'a> Pass<'a> {
     /// Tells the user what a decision noted: conditions set, Events planned.
     fn say(&mut self, notes: &[Note]) {
         for note in notes {
-            let Note { condition, reason, message, event: sent } = note.clone();
-            let warning = match sent {
-                Event::None => None,
-                Event::Normal => Some(false),
-                Event::Warning => Some(true),
-                // The Warning goes out only when the status did not say so already.
-                Event::WarningOnce { any_message } => (!self.said(reason, (!any_message).then_some(message.as_str()))).then_some(true),
-            };
-            if let Some(warning) = warning {
-                self.plan.tell(None, warning, reason, message.clone());
+            if let Some(warning) = note.sent(self.db.status.as_ref()) {
+                self.plan.tell(None, warning, note.reason, note.message.clone());
             }
-            if let Some((condition, status)) = condition {
-                self.plan.told.set(condition, status, reason, message);
+            if let Some((condition, status)) = note.condition {
+                self.plan.told.set(condition, status, note.reason, note.message.clone());
             }
         }
     }

@@ -86,6 +86,19 @@ pub enum Event {
 }
 
 impl Note {
+    /// The Event it sends over `status`: none, a Normal (`false`) or a Warning (`true`,
+    /// once when the status already says it).
+    pub fn sent(&self, status: Option<&crate::crd::DatabaseStatus>) -> Option<bool> {
+        match self.event {
+            Event::None => None,
+            Event::Normal => Some(false),
+            Event::Warning => Some(true),
+            Event::WarningOnce { any_message } => {
+                (!super::status::says(status, None, Some(self.reason), (!any_message).then_some(self.message.as_str()))).then_some(true)
+            }
+        }
+    }
+
     /// A condition, with a Warning Event the first time it says this.
     fn warn_once(condition: ConditionType, status: bool, reason: Reason, message: String, any_message: bool) -> Self {
         Self { condition: Some((condition, status)), reason, message, event: Event::WarningOnce { any_message } }

@@ -137,7 +137,7 @@ async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option
                     match plugin_uid(ctx, &plugin, &spec, db).await {
                         Err(Error::Plugin(e)) => Err(cannot(e.to_string())),
                         Err(e) => return Err(e),
-                        Ok(uid) => backups::backup(ctx, db, (&plugin, &spec), &final_name, uid, plan).await?.map_err(cannot),
+                        Ok(uid) => backups::backup(ctx, db, (&plugin, &spec), (&final_name, uid), None, plan).await?.map_err(cannot),
                     }
                 }
             }

@@ -3,7 +3,8 @@
 //! or agent client, no files, sockets or processes, not the caches or the pass's
 //! context) and import, of the reconciler's own modules, only each other and the
 //! observed facts of `cache` (values, not the caches). What they decide is carried out
-//! by the modules that read and write around them.
+//! by the modules that read and write around them; of those, only the act modules
+//! ([`ACT`]) write: the stages decide what is written, and the end of the pass writes it.
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +42,30 @@ const IMPURE: &[&str] = &[
     "std::process",
     "std::io",
     "hyper",
+];
+
+/// The modules that write (as paths under `src/reconcile`): the plan and the handover,
+/// carried out at the end of a pass; the agent and API client calls they carry out with;
+/// the pass's end and the reconciler's root (the status, the finalizer); and the pass over
+/// a Database being deleted.
+const ACT: &[&str] = &["plan.rs", "handover.rs", "converge/end.rs", "agent.rs", "apply.rs", "mod.rs", "delete.rs"];
+
+/// What writes: to the API server, or to the members through their agents.
+const WRITES: &[&str] = &[
+    ".patch(",
+    ".patch_status(",
+    ".create(",
+    ".delete(",
+    ".replace(",
+    "agent::fence(",
+    "agent::stop(",
+    "agent::promote(",
+    "agent::follow(",
+    "agent::synchronous(",
+    "set_finalizer(",
+    "write_status(",
+    "create_once(",
+    "apply::apply(",
 ];
 
 fn reconcile_dir() -> PathBuf {
@@ -175,6 +200,44 @@ fn the_decisions_import_only_each_other_and_the_observed_facts() {
         }
     }
     assert!(found.is_empty(), "a pure module imports one that reads or writes:\n{}", found.join("\n"));
+}
+
+/// Every file of the reconciler but its tests, as a path under `src/reconcile`.
+fn reconcile_files() -> Vec<String> {
+    fn walk(dir: &Path, under: &str, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("src/reconcile").flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = if under.is_empty() { name.clone() } else { format!("{under}/{name}") };
+            if entry.path().is_dir() {
+                walk(&entry.path(), &path, out);
+            } else if name.ends_with(".rs") && name != "tests.rs" && path != "graph.rs" {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&reconcile_dir(), "", &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn only_the_end_of_a_pass_writes() {
+    let mut found = Vec::new();
+    for path in reconcile_files().into_iter().filter(|p| !ACT.contains(&p.as_str())) {
+        let text = std::fs::read_to_string(reconcile_dir().join(&path)).expect("a source file");
+        for line in code(&text).lines() {
+            if let Some(what) = WRITES.iter().find(|what| line.contains(*what)) {
+                found.push(format!("src/reconcile/{path}: `{what}` in `{}`", line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "a stage writes (the plan, or the handover, should):\n{}", found.join("\n"));
+    let files = reconcile_files();
+    assert!(files.iter().any(|f| f == "converge/leads.rs") && files.iter().any(|f| f == "replication.rs"), "{files:?}");
+    for act in ACT {
+        assert!(files.iter().any(|f| f == act), "src/reconcile/{act} is gone");
+    }
 }
 
 #[test]

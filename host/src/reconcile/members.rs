@@ -63,6 +63,8 @@ pub struct Observed {
     /// The primary its template was rendered for, and that template's hash without the
     /// primary's name (see [`crate::names::ROLE_FREE_HASH`]).
     pub rendered: Option<(String, String)>,
+    /// Its pod runs the member agent.
+    pub agent: bool,
     /// The operator asked its agent to fence it ([`crate::names::FENCED`]).
     pub fenced: bool,
     /// Its agent promoted it in place ([`crate::names::PROMOTED`]).
@@ -124,6 +126,7 @@ impl Observed {
             ready_since: None,
             run: None,
             rendered: None,
+            agent: true,
             fenced: false,
             promoted: false,
             led_seconds: None,
@@ -197,6 +200,7 @@ pub fn observe<P: std::borrow::Borrow<Pod>>(sts: &str, pods: &[P], now: Timestam
                     .get(crate::names::PRIMARY_ANNOTATION)
                     .cloned()
                     .zip(p.annotations().get(crate::names::ROLE_FREE_HASH).cloned()),
+                agent: p.spec.as_ref().is_some_and(|s| s.containers.iter().any(|c| c.name == crate::build::agent::CONTAINER)),
                 fenced: p.annotations().contains_key(crate::names::FENCED),
                 promoted: p.annotations().contains_key(crate::names::PROMOTED),
                 led_seconds: p

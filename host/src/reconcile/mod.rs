@@ -21,6 +21,7 @@ mod controller;
 mod converge;
 pub mod decide;
 mod delete;
+mod handover;
 pub mod members;
 mod nodes;
 pub mod owner;
@@ -29,7 +30,6 @@ mod replication;
 pub mod restore;
 mod secrets;
 pub mod status;
-mod switchover;
 
 #[cfg(test)]
 mod graph;

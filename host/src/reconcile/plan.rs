@@ -2,6 +2,9 @@
 //! place, in a fixed order, when the pass ends (however it ends):
 //!
 //! 0. the finalizer, when the deletion policy asks for one or no longer does;
+//!    then each member that takes writes beside the primary fenced by its agent, and
+//!    the primary's agent asked for the synchronous setting (what the status says of it
+//!    waits for its answer), then the replicas' agents;
 //! 1. the Secrets the members mount (credentials, the authority, the TLS and agent
 //!    certificates) and cert-manager's Certificate, before anything that mounts them;
 //! 2. the children (ConfigMaps, Services, the StatefulSet, disruption budgets), applied
@@ -13,13 +16,14 @@
 //! 7. the replicas moved off a lost node: the volume claim, then the pod;
 //! 8. the Jobs retention removes;
 //! 9. the backups and archived log retention removes from the bucket;
-//! 10. the Events, in the order decided;
+//! 10. the switchover request removed, done or refused;
+//! 11. the Events, in the order decided;
 //!
 //! then the caller writes the status, once: the old status with what the stages told
 //! ([`Told`], which the plan keeps beside its writes) and what carrying out found
 //! ([`Carried`]). A pass that fails part way sets the finalizer, sends the Events of
 //! what it already did, and, when it promoted a member (which is not undone), writes the
-//! status's primary: nothing else. The next pass decides the rest again from what it
+//! status's primary: nothing else; a second primary it found is fenced all the same. The next pass decides the rest again from what it
 //! finds, and finds the new primary leading.
 
 use k8s_openapi::api::batch::v1::Job;
@@ -31,7 +35,7 @@ use serde_json::{Value, json};
 use super::bucket;
 use super::members::Observed;
 use super::status::{ConditionType, Growth, Reason, Told};
-use super::{Context, Error, apply, event_about};
+use super::{Context, Error, apply, event_about, replication};
 use crate::build::{Child, Kind};
 use crate::crd::Database;
 use crate::names::{MANAGER, ROLE_LABEL};
@@ -42,6 +46,10 @@ use crate::tls;
 pub(super) struct Plan {
     /// The finalizer: whether the Database should have it.
     finalizer: Option<bool>,
+    /// Members that take writes beside the primary, fenced by their agents.
+    fences: Vec<Observed>,
+    /// The synchronous setting the agents are asked for.
+    synchronous: Option<replication::Step>,
     /// Secrets (and cert-manager's Certificate) written, in order.
     secrets: Vec<SecretWrite>,
     /// The Database's authority when this pass made it: what else the pass issues is
@@ -63,6 +71,8 @@ pub(super) struct Plan {
     removed: Vec<String>,
     /// What retention removes from the bucket, and what the Event says of it.
     pruned: Option<(bucket::Opened, bucket::Removal, String)>,
+    /// The switchover request removed, while it still names this member.
+    request_done: Option<String>,
     /// Events, in the order decided.
     events: Vec<Said>,
     /// The member this pass promoted: the status says it leads even when the pass fails
@@ -98,6 +108,10 @@ pub(super) struct Carried {
     pub grow_refused: Option<String>,
     /// Retention could not remove from the bucket: why.
     pub prune_failed: Option<String>,
+    /// What the status says once the agents did what they were asked.
+    pub said: Vec<super::decide::Note>,
+    /// When to look again, for what was not done.
+    pub look_again: Option<std::time::Duration>,
 }
 
 impl Carried {
@@ -110,6 +124,11 @@ impl Carried {
     /// status: a bucket retention could not prune is a backup problem, and the window it
     /// holds is unconfirmed.
     pub(super) fn tell(&self, told: &mut Told, old: &crate::crd::DatabaseStatus) {
+        for note in &self.said {
+            if let Some((condition, ok)) = note.condition {
+                told.set(condition, ok, note.reason, note.message.clone());
+            }
+        }
         if let Some(problem) = &self.prune_failed {
             told.set(ConditionType::BackupHealthy, false, Reason::BackupProblem, problem.clone());
             if let Some(backups) = told.backups.as_mut() {
@@ -147,6 +166,21 @@ impl Plan {
     /// Adds the finalizer (`present`) or removes it, unless the Database is so already.
     pub(super) fn finalizer(&mut self, present: bool) {
         self.finalizer = Some(present);
+    }
+
+    /// Has the agent of `member`, a second primary, fence it.
+    pub(super) fn fence(&mut self, member: Observed) {
+        self.fences.push(member);
+    }
+
+    /// Asks the agents for a synchronous setting.
+    pub(super) fn synchronous(&mut self, step: replication::Step) {
+        self.synchronous = Some(step);
+    }
+
+    /// Removes the switchover request, while it still asks for `target`.
+    pub(super) fn drop_request(&mut self, target: String) {
+        self.request_done = Some(target);
     }
 
     /// Writes a Secret the members mount (or what issues one).
@@ -237,6 +271,21 @@ impl Plan {
         if let Some(present) = self.finalizer {
             super::set_finalizer(ctx, db, present).await?;
         }
+        for member in std::mem::take(&mut self.fences) {
+            super::agent::fence(ctx, db, Some(&member)).await?;
+        }
+        if let Some(step) = self.synchronous.take() {
+            match synchronous(ctx, db, step).await? {
+                Some(note) => {
+                    if let Some(warning) = note.sent(db.status.as_ref()) {
+                        self.tell(None, warning, note.reason, note.message.clone());
+                    }
+                    carried.said.push(note);
+                }
+                // Not done: the condition stays, and the primary's agent is asked again soon.
+                None => carried.look_again = Some(super::decide::ASK_AGAIN),
+            }
+        }
         for write in &self.secrets {
             write_secret(ctx, db, write).await?;
         }
@@ -298,16 +347,24 @@ impl Plan {
                 Err(e) => carried.prune_failed = Some(format!("spec.backup.s3: retention: {e}")),
             }
         }
+        if let Some(target) = self.request_done.take() {
+            super::handover::remove_request(ctx, db, &target).await;
+        }
         Ok(())
     }
 
-    /// What a pass whose stage failed part way still carries out: the finalizer, then
-    /// what [`Plan::failed`] says.
+    /// What a pass whose stage failed part way still carries out: the finalizer and the
+    /// fence of a second primary, then what [`Plan::failed`] says.
     pub(super) async fn after_failure(self, ctx: &Context, db: &Database) {
         if let Some(present) = self.finalizer
             && let Err(e) = super::set_finalizer(ctx, db, present).await
         {
             tracing::warn!(error = %e, "could not set the finalizer");
+        }
+        for member in &self.fences {
+            if let Err(e) = super::agent::fence(ctx, db, Some(member)).await {
+                tracing::warn!(error = %e, member = %member.name, "could not fence a second primary");
+            }
         }
         self.failed(ctx, db).await;
     }
@@ -333,6 +390,21 @@ impl Plan {
             event_about(ctx, db, said.about, said.warning, said.reason, said.note).await;
         }
     }
+}
+
+/// Asks the agents for the synchronous setting of `step`: the primary's first; only once
+/// it did what it was asked (or was not asked) are the replicas told, and the note said.
+async fn synchronous(ctx: &Context, db: &Database, step: replication::Step) -> Result<Option<super::decide::Note>, Error> {
+    if let Some((leader, setting)) = &step.leader
+        && !super::agent::synchronous(ctx, db, std::slice::from_ref(leader), setting).await?.contains(&true)
+    {
+        // Not done (its agent did not answer, or failed): the condition stays.
+        return Ok(None);
+    }
+    if let Some(setting) = step.named.as_ref().filter(|_| !step.replicas.is_empty()) {
+        super::agent::synchronous(ctx, db, &step.replicas, setting).await?;
+    }
+    Ok(Some(step.note))
 }
 
 /// A reference to member `pod` of `pods`, for an Event about it.

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStatus, Node, NodeSpec, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, Pod,
-    PodSpec, PodStatus, Secret, VolumeResourceRequirements,
+    Container, ContainerState, ContainerStatus, Node, NodeSpec, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, Pod, PodSpec, PodStatus, Secret, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -108,15 +108,19 @@ pub(super) fn node_essentials(n: &mut Node) {
 /// A pod as a pass reads it: the labels that say whose member it is, in which role and
 /// revision; the annotations that say what it was rendered for and what its agent did
 /// (fenced it, promoted it and whom it replaces, had it follow, or had commits wait for);
-/// its Ready and PodScheduled conditions, phase, address and node;
+/// its Ready and PodScheduled conditions, phase, address and node; whether it runs the
+/// member agent (that container, by name only);
 /// and, for a container that is not ready, why not (no images, no ids, no spec, nothing
 /// of a ready container: what a member costs is mostly what its pod is kept as).
 pub(super) fn pod_essentials(p: &mut Pod) {
     no_managed_fields(p);
     let annotations = [PRIMARY_ANNOTATION, ROLE_FREE_HASH, FENCED, PROMOTED, REPLACES, FOLLOWS, SYNCHRONOUS];
     meta_essentials(&mut p.metadata, &annotations, &[NAME_LABEL, INSTANCE_LABEL, ROLE_LABEL, REVISION_LABEL]);
-    let node_name = p.spec.take().and_then(|s| s.node_name);
-    p.spec = node_name.map(|node_name| PodSpec { node_name: Some(node_name), ..Default::default() });
+    p.spec = p.spec.take().map(|s| {
+        let agent = s.containers.into_iter().find(|c| c.name == crate::build::agent::CONTAINER);
+        let containers = agent.map(|c| vec![Container { name: c.name, ..Default::default() }]).unwrap_or_default();
+        PodSpec { node_name: s.node_name, containers, ..Default::default() }
+    });
     p.status = p.status.take().map(|s| {
         // Shrunk: a list filtered in place keeps its whole buffer.
         fn shrunk<T>(mut kept: Vec<T>) -> Vec<T> {

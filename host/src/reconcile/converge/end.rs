@@ -1,7 +1,9 @@
-//! The end of a pass: the plan carried out, the status written once, and when the
-//! Database is looked at again, from what the stages found.
+//! The end of a pass, where what the stages decided is carried out: a change of who
+//! leads first ([`Pass::lead`], a pass of its own), else the plan; then the status,
+//! written once, and when the Database is looked at again, from what the stages found.
 
 use super::*;
+use crate::reconcile::handover::Lead;
 
 /// What the stages found that the end of a pass weighs: the status it concludes, and when
 /// the Database is looked at again.
@@ -43,7 +45,7 @@ impl Pass<'_> {
             || matches!(applied.growth, Growth::Waiting(_))
             || report.running
             || self.plan.told.upgrading(&self.old);
-        let (progressing, waited, growth) = self
+        let (progressing, waited, growth, carried_due) = self
             .conclude(
                 status::Pass {
                     generation: self.db.metadata.generation,
@@ -74,19 +76,51 @@ impl Pass<'_> {
         // A member waits for its node's loss, commits for too few replicas, or a replica
         // for a new primary to serve long enough: looked at again then. Who leads, and a
         // replica's lag, change without a pod changing: asked again at their polls.
-        let requeue = due.into_iter().chain(polls).flatten().fold(decide::requeue(&ctx.settings, &settled), Duration::min);
+        let requeue =
+            due.into_iter().chain(polls).chain([carried_due]).flatten().fold(decide::requeue(&ctx.settings, &settled), Duration::min);
         Ok(Action::requeue(requeue))
+    }
+
+    /// The end of a pass that changes who leads: the step carried out first (see
+    /// [`crate::reconcile::handover`]), what it came to said, then the plan so far and the
+    /// status (who leads, what the change waits for, where the members are; the rest as it
+    /// was). The next pass, at once, renders for whoever leads then; one that waits for
+    /// a fence to be confirmed, or for a member to catch up, is soon.
+    pub(super) async fn lead(&mut self, step: Lead, members: &Members) -> Result<Action, Error> {
+        let mut led = step.fence(self.ctx, self.db).await?;
+        if led.primary.failed_over {
+            // Decided, the old primary fenced: the status says who leads however the
+            // rest goes (a member not promoted in place restarts to lead).
+            self.plan.promoted(led.primary.name.clone());
+        }
+        let handed = led.hand_over(self.ctx, self.db).await;
+        self.chosen(&led.primary);
+        handed?;
+        if let Some(target) = self.db.annotations().get(crate::names::SWITCHOVER).filter(|_| led.over) {
+            self.plan.drop_request(target.clone());
+        }
+        if let Some(waits) = &led.primary.switching {
+            self.plan.told.set(ConditionType::Progressing, true, Reason::Converging, waits.clone());
+        }
+        let mut status = self.told();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        status.members = status::members(&status.members, &members.observed, status.primary.as_deref(), (&members.heard, now));
+        self.finish(status).await?;
+        let confirmed = self.ctx.agents.fence_said(self.db, &led.primary.name) == Some(decide::Fenced::Confirmed);
+        let at_once = led.primary.failed_over || (led.primary.switching.is_some() && confirmed);
+        Ok(Action::requeue(if at_once { Duration::ZERO } else { self.ctx.settings.progress_requeue }))
     }
 
     /// The end of the pass: the plan carried out, then the status, which follows from
     /// what the stages found and decided and what carrying out found, written once.
     /// Returns whether the Database is still progressing, how long it has not been
-    /// Ready, and how growing its volumes stands.
+    /// Ready, how growing its volumes stands, and when to look again for what carrying
+    /// out left undone.
     async fn conclude(
         &mut self,
         pass: status::Pass<'_>,
         heard: &[(String, crate::agent::Status)],
-    ) -> Result<(bool, Duration, Growth), Error> {
+    ) -> Result<(bool, Duration, Growth, Option<Duration>), Error> {
         let mut told = std::mem::take(&mut self.plan.told);
         let carried = std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
         carried.tell(&mut told, &self.old);
@@ -105,7 +139,14 @@ impl Pass<'_> {
         status.members = members;
         let waited = status::not_ready_for(&status, now);
         write_status(self.ctx, self.db, status).await?;
-        Ok((progressing, waited, growth))
+        Ok((progressing, waited, growth, carried.look_again))
+    }
+
+    /// The end of a pass that stopped or waits: the plan carried out, then the status
+    /// written once.
+    pub(super) async fn finish(&mut self, status: DatabaseStatus) -> Result<(), Error> {
+        std::mem::take(&mut self.plan).carry_out(self.ctx, self.db).await?;
+        write_status(self.ctx, self.db, status).await
     }
 
     /// When a steady Database is looked at again: at the next backup, the next read of

@@ -1,33 +1,43 @@
 //! Who leads, the stages of a pass that decide it: a failover of a lost primary, a
 //! planned switchover, the leader an engine elects, and what the members' agents say.
+//! A change of who leads is a step ([`Lead`]) the pass ends with, carried out first
+//! ([`Pass::lead`]); a second primary's fence is planned.
 
 use super::*;
 use crate::reconcile;
+use crate::reconcile::decide::SwitchoverQuestion;
+use crate::reconcile::handover::{self, Handover, Lead, Why};
 
 impl Pass<'_> {
     /// The primary: the one in status, or the member the plugin chooses when it has been
-    /// lost for longer than the failover delay.
+    /// lost for longer than the failover delay; a pass that changes it ends with the
+    /// change ([`Pass::lead`]).
     /// What the members' agents said, when asked, is kept with the members.
-    pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &mut Members) -> Result<Primary, Error> {
-        let ctx = self.ctx;
-        let primary = self.old.primary.clone().unwrap_or_else(|| Names(&self.name).pod(0));
-        // A switchover under way: asked for, or for a drain of the primary's node.
-        let draining = members.observed.iter().any(|m| m.name == primary && m.node.as_deref().is_some_and(|n| ctx.caches.cordoned(n)));
-        let switching = draining || self.db.annotations().contains_key(crate::names::SWITCHOVER);
-        let after = decide::failover_delay(&members.observed, &primary, switching, ctx.settings.failover_after);
+    pub(super) async fn failover(&mut self, plugin: &Plugin, spec: &EngineSpec, members: &mut Members) -> Flow<Primary> {
+        let Leads { primary, after, question } = members.leads.take().expect("the observe stage says who leads");
         let elects = plugin.info().capabilities.elects_leader;
-        let chosen = match decide::failover_question(&members.observed, &primary, after, elects, plugin.lacks(Capability::Failover)) {
-            FailoverQuestion::Keep => self.switchover(&primary, members, elects).await?,
-            FailoverQuestion::Refuse(note) => Primary { notes: vec![note], ..Primary::keep(&primary) },
+        let chosen = match question {
+            FailoverQuestion::Keep => self.switchover(&primary, members, elects),
+            FailoverQuestion::Refuse(note) => Ok(Primary { notes: vec![note], ..Primary::keep(&primary) }),
             FailoverQuestion::Ask(candidates) => {
-                let said = reconcile::agent::statuses(ctx, self.db, &members.observed).await?;
-                members.heard = reconcile::agent::by_pod(&members.observed, &said);
+                let said = members.said.clone().unwrap_or_else(|| vec![None; members.observed.len()]);
                 match decide::answering_though_down(&members.observed, &primary, &said) {
-                    Some(kept) => kept,
-                    None => self.replace(plugin, spec, members, (&primary, after), candidates, said).await?,
+                    Some(kept) => Ok(kept),
+                    None => self.replacement(plugin, spec, members, (&primary, after), candidates, said).await?,
                 }
             }
         };
+        match chosen {
+            Ok(chosen) => {
+                self.chosen(&chosen);
+                Ok(ControlFlow::Continue(chosen))
+            }
+            Err(step) => Ok(ControlFlow::Break(self.lead(*step, members).await?)),
+        }
+    }
+
+    /// Tells the user who leads, as decided: the notes said, a promotion counted.
+    pub(super) fn chosen(&mut self, chosen: &Primary) {
         self.say(&chosen.notes);
         for note in &chosen.notes {
             let how = match note.reason {
@@ -37,18 +47,14 @@ impl Pass<'_> {
             };
             self.ctx.metrics.promoted(self.db, how);
         }
-        if chosen.failed_over {
-            self.plan.promoted(chosen.name.clone());
-        }
-        Ok(chosen)
     }
 
     /// The primary the plugin chooses among `candidates` (with what their agents `said`)
-    /// for `primary`, lost for the failover delay `after`: the old one fenced where its
-    /// agent answers, the new one promoted in place where its agent can. Under synchronous
-    /// replication the plugin is not asked while the replicas the old primary last had
-    /// confirm its commits are silent ([`decide::named_replicas_wait`]).
-    async fn replace(
+    /// for `primary`, lost for the failover delay `after`: a handover, judged once the old
+    /// one's agent answered its fence. Under synchronous replication the plugin is not
+    /// asked while the replicas the old primary last had confirm its commits are silent
+    /// ([`decide::named_replicas_wait`]).
+    async fn replacement(
         &mut self,
         plugin: &Plugin,
         spec: &EngineSpec,
@@ -56,56 +62,53 @@ impl Pass<'_> {
         (primary, after): (&str, std::time::Duration),
         candidates: Vec<crate::plugin::Member>,
         said: Vec<Option<crate::agent::Status>>,
-    ) -> Result<Primary, Error> {
-        let ctx = self.ctx;
+    ) -> Result<Result<Primary, Box<Lead>>, Error> {
         let old = members.observed.iter().find(|m| m.name == primary);
         let candidates = members::with_positions(candidates, &members.observed, said);
         let named = old.and_then(|m| m.last_told.as_ref()).map(|(key, _)| key.as_str());
         let answer = match decide::named_replicas_wait(named, spec.synchronous_replicas, &candidates) {
             Some(why) => Ok(crate::plugin::FailoverDecision::NoSafeMember(why)),
-            None => match ctx.ask::<ChoosePrimary>(plugin, (spec.clone(), candidates)).await {
+            None => match self.ctx.ask::<ChoosePrimary>(plugin, (spec.clone(), candidates)).await {
                 Err(Error::Plugin(e)) => Err(e.to_string()),
                 asked => Ok(asked?),
             },
         };
-        // The old primary takes no more writes before another is promoted: fenced, or, when
-        // its engine does not confirm the fence (hung), stopped.
-        let fenced = match &answer {
-            Ok(crate::plugin::FailoverDecision::Promote { .. }) => match reconcile::agent::fence(ctx, self.db, old).await? {
-                reconcile::decide::Fenced::Ordered => reconcile::agent::stop(ctx, self.db, old).await?,
-                fenced => fenced,
-            },
-            _ => reconcile::decide::Fenced::Unknown,
+        let down = old.and_then(|m| m.down.clone());
+        let to = match &answer {
+            Ok(crate::plugin::FailoverDecision::Promote { pod, .. }) => pod.clone(),
+            // Nothing to fence for: no member is promoted.
+            _ => return Ok(Ok(decide::failover(primary, after, down.as_deref(), answer, decide::Fenced::Unknown))),
         };
-        let mut chosen = decide::failover(primary, after, old.and_then(|m| m.down.as_deref()), answer, fenced);
-        if chosen.failed_over {
-            reconcile::agent::promote(ctx, self.db, members.observed.iter().find(|m| m.name == chosen.name), primary).await?;
-            let followed = reconcile::agent::follow(ctx, self.db, &members.observed, &chosen.name, primary).await?;
-            decide::told_to_follow(&mut chosen.notes, followed);
-        }
-        Ok(chosen)
+        let why = Why::Failover { after, down, answer };
+        Ok(Err(Box::new(self.handover(primary, to, members, why))))
     }
 
-    /// What each member's agent says of it (its position, and a replica's lag), for the
-    /// status: asked once every `member_poll`, unless the failover stage asked this pass.
-    /// A member that says it takes writes while `primary` leads is fenced at once (an
-    /// engine that elects its leader has none such: its members say who leads); says
-    /// whether one was. Asked in every pass whose roll would restart a replica to follow
-    /// while a member is away: not one that streams.
-    pub(super) async fn hear(&mut self, agent: bool, members: &mut Members, primary: &str, elects: bool) -> Result<bool, Error> {
-        let follow = reconcile::members::to_follow_while_away(&members.observed, primary);
-        let due = self.ctx.agents.due(self.db, if follow { std::time::Duration::ZERO } else { self.ctx.settings.member_poll });
-        if !agent || !members.heard.is_empty() || members.observed.is_empty() || !due {
-            return Ok(false);
-        }
-        let said = reconcile::agent::statuses(self.ctx, self.db, &members.observed).await?;
-        members.heard = reconcile::agent::by_pod(&members.observed, &said);
-        let second = if elects { Vec::new() } else { decide::second_primaries(&members.observed, primary, &said) };
+    /// The lead handed from `primary` to `to`, as a step.
+    fn handover(&self, primary: &str, to: String, members: &Members, why: Why) -> Lead {
+        let service = Names(&self.name).primary();
+        let exists =
+            matches!(self.ctx.caches.seen(crate::build::Kind::Service, self.db, &service), super::super::cache::Seen::Present { .. });
+        Lead::Handover(Handover {
+            from: primary.into(),
+            old: members.observed.iter().find(|m| m.name == primary).cloned(),
+            to,
+            members: members.observed.clone(),
+            service: exists.then_some(service),
+            why,
+        })
+    }
+
+    /// A member whose agent says, in this pass, that it takes writes while `primary` leads
+    /// is fenced first thing at the end of the pass (an engine that elects its leader has
+    /// none such: its members say who leads); says whether one was.
+    pub(super) fn hear(&mut self, members: &Members, primary: &str, elects: bool) -> bool {
+        let Some(said) = members.said.as_deref().filter(|_| !elects) else { return false };
+        let second = decide::second_primaries(&members.observed, primary, said);
         for (member, note) in &second {
-            reconcile::agent::fence(self.ctx, self.db, Some(member)).await?;
+            self.plan.fence((*member).clone());
             self.say(std::slice::from_ref(note));
         }
-        Ok(!second.is_empty())
+        !second.is_empty()
     }
 
     /// Says when members that should run their agent (`wanted`) run none (`given`): the
@@ -119,12 +122,56 @@ impl Pass<'_> {
         }
     }
 
-    /// A planned switchover, when the Database's annotation asks for one (see
-    /// [`super::switchover`]).
-    async fn switchover(&mut self, primary: &str, members: &mut Members, elects: bool) -> Result<Primary, Error> {
-        let (chosen, heard) = reconcile::switchover::carry_out(self.ctx, self.db, primary, &members.observed, elects).await?;
-        members.heard = heard.unwrap_or_default();
-        Ok(chosen)
+    /// A planned switchover, when the Database's annotation [`crate::names::SWITCHOVER`]
+    /// names the member to lead, or, unasked, when the primary's node is cordoned, as a
+    /// drain begins (the primary's disruption budget holds its eviction back until another
+    /// member leads): the primary is fenced ([`handover::Fence`]); the next passes read the
+    /// positions its agent and the member's say, and the member leads once it has reached
+    /// the fenced primary's last ([`decide::switchover`]). Done or refused, the request goes.
+    fn switchover(&mut self, primary: &str, members: &Members, elects: bool) -> Result<Primary, Box<Lead>> {
+        let ctx = self.ctx;
+        let asked = self.db.annotations().get(crate::names::SWITCHOVER).cloned();
+        // Unasked, a drain of the primary's node moves the primary off it first.
+        let drained = match asked {
+            None if !elects => decide::drain_target(&members.observed, primary, |node| ctx.caches.cordoned(node)),
+            _ => None,
+        };
+        let target = asked.clone().or_else(|| drained.map(|m| m.name.clone())).unwrap_or_default();
+        let old = members.observed.iter().find(|m| m.name == primary);
+        let drain = drained.zip(old.and_then(|m| m.node.as_deref())).map(|(to, node)| decide::switching_for_drain(node, primary, &to.name));
+        match decide::switchover_question(Some(&target).filter(|t| !t.is_empty()).map(String::as_str), primary, &members.observed, elects) {
+            SwitchoverQuestion::None => Ok(Primary::keep(primary)),
+            SwitchoverQuestion::Drop(note) => {
+                if let Some(target) = &asked {
+                    self.plan.drop_request(target.clone());
+                }
+                Ok(Primary { notes: vec![note], ..Primary::keep(primary) })
+            }
+            SwitchoverQuestion::Fence => {
+                let fenced = ctx.agents.fence_said(self.db, primary).filter(|f| *f == decide::Fenced::Confirmed);
+                let Some(fenced) = fenced else {
+                    let old = old.cloned();
+                    return Err(Box::new(Lead::Fence(handover::Fence {
+                        primary: primary.into(),
+                        old,
+                        target,
+                        notes: drain.into_iter().collect(),
+                    })));
+                };
+                // Read by the observe stage, the primary's fence having been answered.
+                let of = |pod: &str| members.heard.iter().find(|(m, _)| m == pod).map(|(_, s)| s);
+                let (mut chosen, _) =
+                    decide::switchover(primary, &target, fenced, old.is_some_and(|m| m.ready), (of(primary), of(&target)));
+                if let Some(waits) = &chosen.switching {
+                    tracing::info!("{waits}");
+                }
+                chosen.notes.splice(0..0, drain);
+                if !chosen.failed_over {
+                    return Ok(chosen);
+                }
+                Err(Box::new(self.handover(primary, target, members, Why::Switchover(chosen))))
+            }
+        }
     }
 
     /// An engine that elects its leader: every member is asked the workload's member

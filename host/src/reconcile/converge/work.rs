@@ -126,9 +126,15 @@ impl Pass<'_> {
         }
     }
 
-    /// Scheduled and requested backups, and retention.
-    pub(super) async fn backups(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Result<BackupReport, Error> {
-        let report = backups::reconcile(self.ctx, self.db, (plugin, spec), workload.run_as_user, &mut self.plan).await?;
+    /// Scheduled and requested backups, and retention, as the pass `seen` them.
+    pub(super) async fn backups(
+        &mut self,
+        plugin: &Plugin,
+        spec: &EngineSpec,
+        workload: &Workload,
+        seen: backups::Seen,
+    ) -> Result<BackupReport, Error> {
+        let report = backups::reconcile(self.ctx, self.db, seen, (plugin, spec), workload.run_as_user, &mut self.plan).await?;
         let told = &mut self.plan.told;
         told.backups = Some(status::Backups {
             last: report.last.clone(),
