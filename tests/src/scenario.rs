@@ -169,7 +169,7 @@ impl Client {
     /// the scenarios' database.
     pub async fn administer(&self, pod: &Pod, sql: &str) -> Result<String, String> {
         let engine = pod.spec.as_ref().and_then(|s| s.containers.first()).map(|c| c.name.clone()).expect("an engine container");
-        let pid = processes(pod, &engine).next().unwrap_or_else(|| panic!("no process in {}", pod.name_any()));
+        let pid = first_process(pod, &engine);
         let inside = |program: &str| {
             let mut c = std::process::Command::new("nsenter");
             c.arg(format!("--net=/proc/{pid}/ns/net")).arg(program);
@@ -419,8 +419,23 @@ pub fn signal_engine(pod: &Pod, binary: &str, signal: &str) {
 /// The network namespace of `pod` (as its container `container`'s first process has it):
 /// `nsenter --net=<this>` runs a client as that pod, from its address.
 pub fn network_of(pod: &Pod, container: &str) -> String {
-    let pid = processes(pod, container).next().unwrap_or_else(|| panic!("no process in {}", pod.name_any()));
+    let pid = first_process(pod, container);
     format!("/proc/{pid}/ns/net")
+}
+
+/// The first process of container `container` of `pod`, the one it started with (the
+/// oldest: process ids wrap, and a short-lived one may have a lower one).
+fn first_process(pod: &Pod, container: &str) -> u32 {
+    oldest(processes(pod, container)).unwrap_or_else(|| panic!("no process in {}", pod.name_any()))
+}
+
+/// The process of `pids` started first.
+fn oldest(pids: impl Iterator<Item = u32>) -> Option<u32> {
+    let started = |pid: u32| -> Option<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    };
+    pids.filter_map(|pid| Some((started(pid)?, pid))).min().map(|(_, pid)| pid)
 }
 
 /// The processes of container `container` of `pod`.
@@ -469,15 +484,8 @@ pub fn resume_all(pod: &Pod, container: &str) -> usize {
 
 /// Sends `signal` to the oldest process named `binary` in container `engine` of `pod`.
 pub fn signal_container(pod: &Pod, engine: &str, binary: &str, signal: &str) {
-    let mut candidates: Vec<(u64, u32)> = processes(pod, engine)
-        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == binary))
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            Some((stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?, pid))
-        })
-        .collect();
-    candidates.sort();
-    let (_, pid) = candidates.first().copied().unwrap_or_else(|| panic!("no {binary} process in {}", pod.name_any()));
+    let named = |pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == binary);
+    let pid = oldest(processes(pod, engine).filter(named)).unwrap_or_else(|| panic!("no {binary} process in {}", pod.name_any()));
     let status = std::process::Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().expect("kill");
     assert!(status.success(), "kill -{signal} {pid}");
 }
