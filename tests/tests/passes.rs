@@ -649,10 +649,11 @@ async fn tls_and_agent_certificates_come_from_one_authority_before_anything_moun
     let (result, calls, api) = pass_over(&registry, &db, &[], &server).await;
     result.expect("the pass");
     let expected = [
-        // Read before deciding to issue (the cache may be behind): nothing is written yet.
+        // Read by the observe stage (the cache may be behind): the certificates, then the
+        // authority that is to issue them. Nothing is written yet.
         "GET /api/v1/namespaces/shop/secrets/orders-tls".to_string(),
-        "GET /api/v1/namespaces/shop/secrets/orders-ca".into(),
         "GET /api/v1/namespaces/shop/secrets/orders-agent".into(),
+        "GET /api/v1/namespaces/shop/secrets/orders-ca".into(),
         format!("PATCH {DATABASES}"),
         // The Secrets, before anything that mounts them: credentials, the application's, the authority
         // (made once), the TLS and the agents' certificates it issued.

@@ -39,7 +39,7 @@ pub fn state(job: Option<&Job>) -> JobState {
 /// The backup `name`: its Job's state, the Job (from the plugin's plan, with the backup
 /// volume it needs) planned when there is none yet. A bucket must answer with the
 /// Database's key before a Job is made to write to it: `answered` says whether it did
-/// when the pass observed it (`None`: it is asked here).
+/// when it was looked at (`None`: it was not, and no Job is made to write to it).
 pub(super) async fn backup(
     ctx: &Context,
     db: &Database,
@@ -73,11 +73,7 @@ pub(super) async fn backup(
     let (db_name, key);
     let storage = match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
         Some(target) => {
-            let answered = match answered {
-                Some(answered) => answered,
-                None => bucket::open(ctx, &ns, target, &ns, &db.name_any(), "spec.backup.s3").await?.map(|_| ()),
-            };
-            if let Err(problem) = answered {
+            if let Err(problem) = answered.unwrap_or_else(|| Err(format!("spec.backup.s3: bucket {} was not looked at", target.bucket))) {
                 return Ok(Err(problem));
             }
             let Some(image) = ctx.operator_image.as_deref() else { return Ok(Err(NO_IMAGE.into())) };
@@ -123,8 +119,27 @@ struct Bucket {
     removal: Option<Result<bucket::Removal, String>>,
 }
 
-/// What the backups of `db` need read this pass, read (see [`Seen`]).
-pub(super) async fn observe(ctx: &Context, db: &Database, plugin: &Plugin) -> Result<Seen, Error> {
+impl Seen {
+    /// Whether the bucket answered with the Database's key, when it was looked at.
+    pub(super) fn answered(&self) -> Option<Result<(), String>> {
+        self.bucket.as_ref().map(|b| b.as_ref().map(|_| ()).map_err(Clone::clone))
+    }
+}
+
+/// Whether the bucket of `db`'s backups answers with its key (`None`: it has none, or
+/// the plugin cannot back up); read by a pass that makes a backup outside the schedule
+/// (a final one).
+pub(super) async fn look_at_bucket(ctx: &Context, db: &Database) -> Result<Option<Result<(), String>>, Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    Ok(match db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
+        Some(target) => Some(bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await?.map(|_| ())),
+        None => None,
+    })
+}
+
+/// What the backups of `db` need read this pass, read (see [`Seen`]); `before_upgrade`:
+/// a backup before an upgrade may start in this pass, which the bucket must answer first.
+pub(super) async fn observe(ctx: &Context, db: &Database, plugin: &Plugin, before_upgrade: bool) -> Result<Seen, Error> {
     let previous = db.status.clone().unwrap_or_default();
     let (ns, name, now) = (db.namespace().unwrap_or_default(), db.name_any(), Utc::now());
     let cannot = plugin.lacks(Capability::Backup);
@@ -143,10 +158,10 @@ pub(super) async fn observe(ctx: &Context, db: &Database, plugin: &Plugin) -> Re
     });
     // The cause is read once, when the failure is first seen; the status keeps it.
     let cause = match decided.failed.as_ref().filter(|f| f.known.is_none()) {
-        Some(failed) => failure_cause(ctx, &ns, &failed.name).await,
+        Some(failed) => read_cause(ctx, &ns, &failed.name).await,
         None => None,
     };
-    let starts = cannot.is_none() && decided.wanted.iter().any(|w| !w.exists);
+    let starts = cannot.is_none() && (before_upgrade || decided.wanted.iter().any(|w| !w.exists));
     let target = db.spec.backup.as_ref().and_then(|b| b.s3.as_ref()).filter(|_| starts || decided.bucket.is_some());
     let bucket = match target {
         Some(target) => Some(match bucket::open(ctx, &ns, target, &ns, &name, "spec.backup.s3").await? {
@@ -175,9 +190,9 @@ pub(super) async fn reconcile(
     run_as_user: u32,
     plan: &mut Plan,
 ) -> Result<BackupReport, Error> {
+    let answered = seen.answered();
     let Seen { decided, cause, bucket } = seen;
     let mut report = decided.report;
-    let answered = bucket.as_ref().map(|b| b.as_ref().map(|_| ()).map_err(Clone::clone));
     for wanted in &decided.wanted {
         if !wanted.exists {
             let job = (wanted.name.as_str(), run_as_user);
@@ -261,7 +276,7 @@ const MAX_CAUSE: usize = 400;
 /// Why Job `name` failed, in its failed container's own words: the end of its
 /// termination message (its log's last lines: Jobs' containers fall back to them), on one
 /// line, control characters escaped and bounded. `None` when no pod says.
-async fn failure_cause(ctx: &Context, ns: &str, name: &str) -> Option<String> {
+async fn read_cause(ctx: &Context, ns: &str, name: &str) -> Option<String> {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), ns);
     let listed = pods.list(&kube::api::ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"))).await.ok()?;
     let mut pods = listed.items;

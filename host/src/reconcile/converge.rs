@@ -12,15 +12,17 @@
 //! ```text
 //!            observe          ask the plugin      decide (pure)         the plan (or the handover)
 //! engine     spec             validate            (host checks)         -
-//! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job, Event
 //! observe    member pods,     -                   members::observe      -
-//!            down ones' nodes, the agents and the bucket when due
+//!            down ones' nodes, the agents and the bucket when due, certificates the cache
+//!            will not do, a restore's bucket, an elected leader's members
+//! upgrade    running version  plan-upgrade        decide::upgrade       pre-upgrade backup Job, Event
 //! failover   members          choose-primary      decide::failover      the handover: fence, Service, promote, labels; Event
 //!  switchover (observed)       -                   decide::switchover    the fence, then the handover; the request removed
 //! scale      StatefulSet      plan-scale          decide::scale         scale Job, Event
-//! render     Secrets          render              certificates due      credentials, TLS and agent Secrets
-//! elected    member answers   choose-primary      decide::elected       Event
+//! render     (observed)       render              certificates due      credentials, TLS and agent Secrets
+//! elected    (observed)       choose-primary      decide::elected       Event
 //! restore    restore Jobs     restore             restore::progress     claims, restore Jobs, Event
+//!            (observed)
 //! hear       (observed)       -                   second_primaries      a second primary fenced
 //! apply      claims           -                   build::children       the children, claims grown
 //! members    StatefulSet      -                   decide::roll          role labels, one restart, Event
@@ -31,8 +33,8 @@
 //! conclude   what was carried -                   status::conclude      the plan carried out, then the status written
 //! ```
 //!
-//! The finalizer is the plan's first write. No stage writes (checked by
-//! [`super::graph`]): a change of who leads is a step ([`super::handover::Lead`]) that
+//! The observe stage alone reads over the network, and no stage writes (both checked by
+//! [`super::graph`]). The finalizer is the plan's first write; a change of who leads is a step ([`super::handover::Lead`]) that
 //! ends the pass, carried out first by its end ([`Pass::lead`]), which looks again at
 //! once. A growth the API server refuses, a bucket retention cannot prune, or a
 //! synchronous setting the primary's agent does not take is found when the plan is
@@ -105,19 +107,19 @@ pub(super) async fn converge(db: &Database, ctx: &Context) -> Result<Action, Err
 async fn stages(pass: &mut Pass<'_>) -> Result<Action, Error> {
     let (ctx, db) = (pass.ctx, pass.db);
     let engine = proceed!(pass.engine().await);
-    let upgrade = proceed!(pass.upgrade(&engine).await);
+    let Observation { mut members, backups: seen, secrets: held, restore: restore_from, answered } = pass.observe(&engine).await?;
+    let upgrade = proceed!(pass.upgrade(&engine, seen.answered()).await);
     let spec = EngineSpec { version: upgrade.version.clone(), ..engine.spec.clone() };
-    let (mut members, seen) = pass.observe(&engine.plugin).await?;
     let primary = proceed!(pass.failover(&engine.plugin, &spec, &mut members).await);
     let archiver = super::archiver(ctx, db, &engine.plugin);
     let scale = pass.scale(&engine.plugin, &spec, &members).await?;
     // The plugin renders the members there are in this step of a scale plan.
     let members_now = EngineSpec { replicas: scale.granted, ..spec.clone() };
-    let rendering = proceed!(pass.render(&engine.plugin, &members_now, &primary.name, archiver.is_some()).await);
+    let rendering = proceed!(pass.render(&engine.plugin, &members_now, (&primary.name, &held), archiver.is_some()).await);
     let workload = &rendering.workload;
-    let primary = pass.elected(&engine.plugin, &spec, &members, workload, primary).await?;
+    let primary = pass.elected(&engine.plugin, &spec, (&members, answered), primary).await?;
     pass.scale_job(&scale, workload);
-    let restoring = proceed!(pass.restore(&engine.plugin, &spec, workload).await);
+    let restoring = proceed!(pass.restore(&engine.plugin, &spec, workload, restore_from).await);
     let sidecars = build::Sidecars { archiver, agent: super::agent_sidecar(ctx, &engine.plugin, workload), pull: &ctx.settings.pull };
     let elects = engine.plugin.info().capabilities.elects_leader;
     pass.agents(super::wants_agent(&engine.plugin, workload), sidecars.agent.is_some());
@@ -202,6 +204,18 @@ struct Rendering {
     version: String,
     rendered_for: String,
     tls: Option<String>,
+}
+
+/// What the observe stage read.
+struct Observation {
+    members: Members,
+    backups: backups::Seen,
+    secrets: secrets::Held,
+    /// The bucket a restore starts from, when it is to start ([`restore::observe`]).
+    restore: Option<Result<super::bucket::Opened, String>>,
+    /// What an elected leader's members answered, in the order of the members
+    /// ([`Pass::read_leader`]).
+    answered: Option<Vec<Option<String>>>,
 }
 
 /// The members' pods and what they say.
@@ -320,7 +334,9 @@ impl<'a> Pass<'a> {
     /// Which version to render: a version change is planned by the plugin; a refused plan
     /// keeps the running version and says why in `Progressing` (a refusal of an earlier
     /// spec is not state: once the spec is fixed the condition follows the members).
-    async fn upgrade(&mut self, engine: &Engine) -> Flow<Upgrade> {
+    /// The upgrade stage; `answered`: whether the backups' bucket answered when the pass
+    /// observed it (a backup before the upgrade must have it).
+    async fn upgrade(&mut self, engine: &Engine, answered: Option<Result<(), String>>) -> Flow<Upgrade> {
         let (ctx, db) = (self.ctx, self.db);
         let desired = engine.spec.version.clone();
         let Some(running) = decide::upgrade_from(self.old.current_version.as_deref(), &desired).map(str::to_string) else {
@@ -353,7 +369,7 @@ impl<'a> Pass<'a> {
                 Err(Error::Plugin(e)) => return self.plugin_failed(Reason::RenderFailed, &e).await,
                 Err(e) => return Err(e),
             };
-            if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), (backup, uid), None, &mut self.plan).await? {
+            if let Err(reason) = backups::backup(ctx, db, (&engine.plugin, &current_spec), (backup, uid), answered, &mut self.plan).await? {
                 return self.stop(ConditionType::Progressing, Reason::PreUpgradeBackupImpossible, reason).await;
             }
         }
@@ -364,9 +380,10 @@ impl<'a> Pass<'a> {
     /// from the control plane taken as down, and, unless the engine elects its leader,
     /// replicas that do not replicate), the nodes of those that are down, whether the
     /// failover stage is to ask the plugin, and, when due, what every member's agent says
-    /// ([`Pass::agents_due`]); what the backups need read ([`backups::observe`]).
-    async fn observe(&self, plugin: &Plugin) -> Result<(Members, backups::Seen), Error> {
-        let (ctx, db) = (self.ctx, self.db);
+    /// ([`Pass::agents_due`]); what the backups need read ([`backups::observe`]), and the
+    /// certificates ([`secrets::observe`]).
+    async fn observe(&self, engine: &Engine) -> Result<Observation, Error> {
+        let (ctx, db, plugin) = (self.ctx, self.db, &engine.plugin);
         let elects = plugin.info().capabilities.elects_leader;
         let pods = ctx.caches.pods(db, &crate::names::selector(db));
         let at = k8s_openapi::jiff::Timestamp::now();
@@ -390,7 +407,19 @@ impl<'a> Pass<'a> {
         };
         let heard = said.as_deref().map(|said| super::agent::by_pod(&observed, said)).unwrap_or_default();
         let members = Members { pods, observed, lost, said, heard, leads: Some(Leads { primary, after, question }) };
-        Ok((members, backups::observe(ctx, db, plugin).await?))
+        // A backup before an upgrade may start (the upgrade stage decides).
+        let desired = &engine.spec.version;
+        let upgrading = decide::upgrade_from(self.old.current_version.as_deref(), desired).is_some();
+        let before_upgrade = upgrading && self.job_state(&decide::pre_upgrade_backup(&self.name, desired)) == JobState::Missing;
+        let backups = backups::observe(ctx, db, plugin, before_upgrade).await?;
+        let agents = ctx.operator_image.is_some() && super::host_chooses(plugin);
+        let secrets = secrets::observe(ctx, db, agents, elects).await?;
+        let restore = restore::observe(ctx, db, engine.spec.replicas, self.restore_unfinished()).await?;
+        let answered = match elects {
+            true => self.read_leader(engine, &members.observed, &secrets).await?,
+            false => None,
+        };
+        Ok(Observation { members, backups, secrets, restore, answered })
     }
 
     /// Whether the members' agents are asked where their members are in this pass: the
@@ -433,7 +462,13 @@ impl<'a> Pass<'a> {
     /// The plugin's workload for this version and primary; the credentials it asks for.
     /// An engine that elects its leader is always told member 0, so that a new leader
     /// re-renders nothing.
-    async fn render(&mut self, plugin: &Plugin, spec: &EngineSpec, primary: &str, archive: bool) -> Flow<Rendering> {
+    async fn render(
+        &mut self,
+        plugin: &Plugin,
+        spec: &EngineSpec,
+        (primary, held): (&str, &secrets::Held),
+        archive: bool,
+    ) -> Flow<Rendering> {
         let (ctx, db) = (self.ctx, self.db);
         let bootstrap = Names(&self.name).pod(0);
         let primary = if plugin.info().capabilities.elects_leader { bootstrap.as_str() } else { primary };
@@ -453,8 +488,8 @@ impl<'a> Pass<'a> {
             None => (Reason::Rendered, format!("rendered by {}", serving(plugin))),
         };
         self.plan.told.set(ConditionType::PluginReady, true, reason, message);
-        secrets::ensure_credentials(ctx, db, &workload, &mut self.plan).await?;
-        let tls = match secrets::ensure_tls(ctx, db, &mut self.plan).await? {
+        secrets::ensure_credentials(ctx, db, &workload, &mut self.plan)?;
+        let tls = match secrets::ensure_tls(ctx, db, held, &mut self.plan)? {
             secrets::Certified::Off => None,
             secrets::Certified::Issued(stamp) => Some(stamp),
             secrets::Certified::Waiting(reason, message) => {
@@ -463,7 +498,7 @@ impl<'a> Pass<'a> {
             }
         };
         if super::agent_sidecar(ctx, plugin, &workload).is_some() {
-            secrets::ensure_agents(ctx, db, &mut self.plan).await?;
+            secrets::ensure_agents(ctx, db, held, &mut self.plan)?;
         }
         Ok(ControlFlow::Continue(Rendering { workload, version: spec.version.clone(), rendered_for: primary.to_string(), tls }))
     }

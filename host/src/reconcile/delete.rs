@@ -137,7 +137,14 @@ async fn decide(db: &Database, ctx: &Context, plan: &mut Plan) -> Result<(Option
                     match plugin_uid(ctx, &plugin, &spec, db).await {
                         Err(Error::Plugin(e)) => Err(cannot(e.to_string())),
                         Err(e) => return Err(e),
-                        Ok(uid) => backups::backup(ctx, db, (&plugin, &spec), (&final_name, uid), None, plan).await?.map_err(cannot),
+                        Ok(uid) => {
+                            // Its bucket is looked at before its Job is made, not while it runs.
+                            let answered = match ctx.caches.job(db, &final_name) {
+                                Some(_) => None,
+                                None => backups::look_at_bucket(ctx, db).await?,
+                            };
+                            backups::backup(ctx, db, (&plugin, &spec), (&final_name, uid), answered, plan).await?.map_err(cannot)
+                        }
                     }
                 }
             }

@@ -5,6 +5,9 @@
 //! observed facts of `cache` (values, not the caches). What they decide is carried out
 //! by the modules that read and write around them; of those, only the act modules
 //! ([`ACT`]) write: the stages decide what is written, and the end of the pass writes it.
+//! And only the observe stage reads over the network ([`READS`]; its functions are
+//! `observe`, `read_…` and `look_at_…`, with the modules it reads through, [`READERS`]),
+//! besides the act modules, which read what a write is checked against.
 
 use std::path::{Path, PathBuf};
 
@@ -67,6 +70,23 @@ const WRITES: &[&str] = &[
     "create_once(",
     "apply::apply(",
 ];
+
+/// What reads over the network: the API server (a Node, a Secret, cert-manager's
+/// Certificate, a failed Job's pod), a bucket, the members' agents, the members.
+const READS: &[&str] = &[
+    ".get_opt(",
+    ".list(",
+    "bucket::open(",
+    "bucket::to_remove(",
+    "agent::statuses(",
+    "ask::answers(",
+    "nodes::read(",
+    "certificate_authority(",
+];
+
+/// The modules that read for the others (what they read is asked of them): the bucket,
+/// the Nodes, the members, their agents.
+const READERS: &[&str] = &["bucket.rs", "nodes.rs", "ask.rs", "agent.rs"];
 
 fn reconcile_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src/reconcile")
@@ -240,6 +260,61 @@ fn only_the_end_of_a_pass_writes() {
     }
 }
 
+/// The functions of `code`, each as its name and its text (signature and body).
+fn functions(code: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("fn ") {
+        if code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name: String = code[at + 3..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let Some(open) = code[at..].find('{').map(|i| at + i) else { continue };
+        if code[at..open].contains(';') {
+            continue;
+        }
+        let mut depth = 0usize;
+        let mut end = code.len();
+        for (i, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push((name, code[at..end].to_string()));
+    }
+    out
+}
+
+/// Whether a function named `name` is of the observe stage: `observe`, and what it reads
+/// with (`read_…`, `look_at_…`).
+fn observes(name: &str) -> bool {
+    name == "observe" || name.starts_with("read_") || name.starts_with("look_at_")
+}
+
+#[test]
+fn only_the_observe_stage_and_the_end_of_a_pass_read_over_the_network() {
+    let mut found = Vec::new();
+    let exempt = |path: &str| ACT.contains(&path) || READERS.contains(&path);
+    for path in reconcile_files().into_iter().filter(|p| !exempt(p)) {
+        let text = std::fs::read_to_string(reconcile_dir().join(&path)).expect("a source file");
+        for (name, body) in functions(&code(&text)).into_iter().filter(|(name, _)| !observes(name)) {
+            for line in body.lines() {
+                if let Some(what) = READS.iter().find(|what| line.contains(*what)) {
+                    found.push(format!("src/reconcile/{path}: `{what}` in fn {name}: `{}`", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "a stage reads over the network (the observe stage should):\n{}", found.join("\n"));
+}
+
 #[test]
 fn the_check_sees_what_it_forbids() {
     // Each way in: a path, a group, the reconciler named from the crate, a run of supers.
@@ -252,6 +327,11 @@ fn the_check_sees_what_it_forbids() {
     let text = "/// calls `.await`\nfn a() {} // Api::all\n#[cfg(test)]\nmod tests {\n  async fn b() { c().await }\n}\nfn d() {}\n";
     let lines: Vec<String> = code(text).lines().filter(|l| !l.trim().is_empty()).map(String::from).collect();
     assert_eq!(lines, ["fn a() {}", "fn d() {}"]);
+    // Functions, and the observe stage's among them.
+    let text = "fn observe(a: u8) -> u8 { if a { b.get_opt(x) } else { 0 } }\nfn decide() { c.list(y); }\nfn declared();";
+    let found: Vec<(String, bool)> =
+        functions(text).into_iter().map(|(n, b)| (n.clone(), observes(&n) && b.contains(".get_opt("))).collect();
+    assert_eq!(found, [("observe".to_string(), true), ("decide".to_string(), false)]);
     // Every pure module exists and says something.
     for (path, code) in pure_files() {
         assert!(code.contains("fn "), "src/reconcile/{path} has no code");

@@ -558,8 +558,13 @@ pub fn agent_sidecar<'a>(ctx: &'a Context, plugin: &Plugin, workload: &Workload)
 /// Whether the members of `workload` should run their agent: the host fails them over
 /// and the plugin says how a member tells its position.
 pub fn wants_agent(plugin: &Plugin, workload: &Workload) -> bool {
-    let host_chosen = plugin.lacks(crate::plugin::Capability::Failover).is_none() && !plugin.info().capabilities.elects_leader;
-    host_chosen && !workload.status_command.is_empty()
+    host_chooses(plugin) && !workload.status_command.is_empty()
+}
+
+/// Whether the host chooses the primary of `plugin`'s members (it fails them over, and
+/// does not leave it to an election).
+fn host_chooses(plugin: &Plugin) -> bool {
+    plugin.lacks(crate::plugin::Capability::Failover).is_none() && !plugin.info().capabilities.elects_leader
 }
 
 fn join(v: &[crate::plugin::Violation]) -> String {

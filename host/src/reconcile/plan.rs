@@ -26,6 +26,9 @@
 //! status's primary: nothing else; a second primary it found is fenced all the same. The next pass decides the rest again from what it
 //! finds, and finds the new primary leading.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
@@ -35,10 +38,11 @@ use serde_json::{Value, json};
 use super::bucket;
 use super::members::Observed;
 use super::status::{ConditionType, Growth, Reason, Told};
-use super::{Context, Error, apply, event_about, replication};
+use super::{Context, Error, apply, event_about, replication, secrets};
 use crate::build::{Child, Kind};
 use crate::crd::Database;
-use crate::names::{MANAGER, ROLE_LABEL};
+use crate::names::{MANAGER, Names, ROLE_LABEL};
+use crate::plugin::ApplicationLogin;
 use crate::tls;
 
 /// The writes a pass decided, not yet carried out.
@@ -90,8 +94,13 @@ pub(super) enum SecretWrite {
     /// The Database's authority made: one that appeared meanwhile fails the pass, since
     /// what this pass issued from its own would not verify.
     MakeAuthority(Secret),
-    /// Keys added to Secret `name` by a merge patch that carries the version read.
-    AddKeys { name: String, patch: Value },
+    /// Keys added to Secret `name`, those it still lacks as it is read then, by a merge
+    /// patch that carries the version read: a value written meanwhile is never replaced.
+    AddKeys { name: String, missing: BTreeMap<String, ByteString> },
+    /// The application's login made ([`secrets::application`]) with the password the
+    /// credentials Secret holds as the writes before it left it (read when they did not
+    /// write it); not yet while it lacks the key.
+    Application { login: ApplicationLogin, port: u16 },
     /// Applied whole.
     Apply(Secret),
     /// cert-manager's Certificate applied.
@@ -286,8 +295,12 @@ impl Plan {
                 None => carried.look_again = Some(super::decide::ASK_AGAIN),
             }
         }
+        // The credentials Secret as a write before left it.
+        let mut credentials = None;
         for write in &self.secrets {
-            write_secret(ctx, db, write).await?;
+            if let Some(written) = write_secret(ctx, db, write, credentials.take()).await? {
+                credentials = Some(written);
+            }
         }
         for child in &self.applied {
             apply::apply(ctx, db, child).await?;
@@ -412,21 +425,28 @@ pub(super) fn member_ref(pods: &[std::sync::Arc<Pod>], pod: &str) -> Option<Obje
     pods.iter().find(|p| p.name_any() == pod).map(|p| p.object_ref(&()))
 }
 
-async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Result<(), Error> {
+/// Carries out `write`; `credentials`: the credentials Secret as a write before left it.
+/// Returns the credentials Secret as this write leaves it, when it wrote it (or found it
+/// made), else `credentials`.
+async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite, credentials: Option<Secret>) -> Result<Option<Secret>, Error> {
     let ns = db.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let apply = PatchParams::apply(MANAGER).force();
     // Each Secret written whole carries plugdb's stamp ([`crate::stamp`]); keys added
     // carry theirs in the patch.
     let stamper = ctx.caches.stamper();
+    let credentials_name = Names(&db.name_any()).credentials();
     match write {
-        SecretWrite::Make(secret) => match api.create(&apply::post_params(), &stamper.stamped(secret.clone())).await {
-            Ok(_) => {}
-            // Made a moment ago by another pass, or not plugdb's: used only when it is the
-            // Database's (or kept for a Database of its name).
-            Err(kube::Error::Api(e)) if e.code == 409 => _ = apply::own_secret(ctx, db, api.get_opt(&secret.name_any()).await?)?,
-            Err(e) => return Err(e.into()),
-        },
+        SecretWrite::Make(secret) => {
+            let made = match api.create(&apply::post_params(), &stamper.stamped(secret.clone())).await {
+                Ok(made) => Some(made),
+                // Made a moment ago by another pass, or not plugdb's: used only when it is the
+                // Database's (or kept for a Database of its name).
+                Err(kube::Error::Api(e)) if e.code == 409 => apply::own_secret(ctx, db, api.get_opt(&secret.name_any()).await?)?,
+                Err(e) => return Err(e.into()),
+            };
+            return Ok(if secret.name_any() == credentials_name { made } else { credentials });
+        }
         SecretWrite::MakeAuthority(secret) => match api.create(&apply::post_params(), &stamper.stamped(secret.clone())).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -436,7 +456,39 @@ async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Resu
             }
             Err(e) => return Err(e.into()),
         },
-        SecretWrite::AddKeys { name, patch } => _ = api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await?,
+        SecretWrite::AddKeys { name, missing } => {
+            let Some(mut live) = apply::own_secret(ctx, db, api.get_opt(name).await?)? else { return Ok(credentials) };
+            let mut missing = missing.clone();
+            missing.retain(|k, _| !live.data.as_ref().is_some_and(|d| d.contains_key(k)));
+            if !missing.is_empty() {
+                // Add only the missing keys; a merge patch leaves the others as they are,
+                // and the resourceVersion makes it fail if the Secret changed since it was
+                // read. The stamp covers the keys added ([`crate::stamp`]).
+                let stamp = stamper.stamp_with(&live, &missing);
+                let metadata = json!({"resourceVersion": live.resource_version(), "annotations": {crate::stamp::STAMP: stamp}});
+                let patch = json!({"metadata": metadata, "data": missing});
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                live.data.get_or_insert_default().extend(missing);
+            }
+            return Ok(if *name == credentials_name { Some(live) } else { credentials });
+        }
+        SecretWrite::Application { login, port } => {
+            let credentials = match credentials {
+                Some(written) => Some(written),
+                None => apply::own_secret(ctx, db, api.get_opt(&credentials_name).await?)?,
+            };
+            let password = credentials.as_ref().and_then(|s| s.data.as_ref()?.get(&login.password_key));
+            let Some(password) = password.and_then(|p| String::from_utf8(p.0.clone()).ok()) else { return Ok(credentials) };
+            let secret = secrets::application(db, login, *port, password);
+            match api.create(&apply::post_params(), &stamper.stamped(secret)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    _ = apply::own_secret(ctx, db, api.get_opt(&Names(&db.name_any()).application()).await?)?
+                }
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(credentials);
+        }
         SecretWrite::Apply(secret) => _ = api.patch(&secret.name_any(), &apply, &Patch::Apply(stamper.stamped(secret.clone()))).await?,
         SecretWrite::ApplyCertificate { name, object } => {
             let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &apply::certificate_resource());
@@ -450,7 +502,7 @@ async fn write_secret(ctx: &Context, db: &Database, write: &SecretWrite) -> Resu
             ignore_missing(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
         }
     }
-    Ok(())
+    Ok(credentials)
 }
 
 /// One already gone is no error.

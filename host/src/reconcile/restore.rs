@@ -9,9 +9,10 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 
 use super::backups;
+use super::bucket::{self, Opened};
 use super::decide::{self, JobState};
 use super::plan::Plan;
-use super::{Context, Error, bucket};
+use super::{Context, Error};
 use chrono::{DateTime, Utc};
 
 use crate::build::Child;
@@ -102,14 +103,35 @@ pub fn restored_members(answers: Vec<Option<JobPlan>>) -> Result<Vec<JobPlan>, S
     Ok(plans)
 }
 
-/// Advances the restore of a new Database. `members_ready`: whether the cluster is up
+/// The bucket a restore of `db` starts from, read when the restore is `unfinished` and
+/// its Jobs are not made yet (`None` otherwise).
+pub(super) async fn observe(
+    ctx: &Context,
+    db: &Database,
+    replicas: u32,
+    unfinished: bool,
+) -> Result<Option<Result<Opened, String>>, Error> {
+    let Some((source, target)) = db.spec.restore_from.as_ref().and_then(|s| Some((s, s.s3.as_ref()?))).filter(|_| unfinished) else {
+        return Ok(None);
+    };
+    let jobs: Vec<_> =
+        restore_jobs(ctx, db, replicas).into_iter().map(|(name, job)| (name, backups::state(Some(job.as_ref())), false)).collect();
+    if progress(&jobs).is_some() {
+        return Ok(None);
+    }
+    let ns = db.namespace().unwrap_or_default();
+    let layout_ns = source.namespace.as_deref().unwrap_or(&ns);
+    Ok(Some(bucket::open(ctx, &ns, target, layout_ns, &source.database, "spec.restoreFrom.s3").await?))
+}
+
+/// Advances the restore of a new Database from what the pass observed (`bucket`, the
+/// bucket it starts from: [`observe`]). `members_ready`: whether the cluster is up
 /// (network restores wait for it).
 pub(super) async fn reconcile(
     ctx: &Context,
     db: &Database,
-    plugin: &Plugin,
-    spec: &EngineSpec,
-    workload: &Workload,
+    (plugin, spec, workload): (&Plugin, &EngineSpec, &Workload),
+    bucket: Option<Result<Opened, String>>,
     members_ready: bool,
     plan: &mut Plan,
 ) -> Result<Restore, Error> {
@@ -140,9 +162,10 @@ pub(super) async fn reconcile(
         None => (source.backup.clone().unwrap_or_default(), None),
         Some(target) => {
             let layout_ns = source.namespace.as_deref().unwrap_or(&ns);
-            let opened = match bucket::open(ctx, &ns, target, layout_ns, &source.database, "spec.restoreFrom.s3").await? {
-                Ok(opened) => opened,
-                Err(problem) => return Ok(Restore::Waiting(problem)),
+            let opened = match bucket {
+                Some(Ok(opened)) => opened,
+                Some(Err(problem)) => return Ok(Restore::Waiting(problem)),
+                None => return Ok(Restore::Waiting(format!("spec.restoreFrom.s3: bucket {} was not looked at yet", target.bucket))),
             };
             let what = format!("{layout_ns}/{} in bucket {} (under {}/)", source.database, target.bucket, opened.database);
             let chosen = match choose(&opened.listed, &opened.archive, source.backup.as_deref(), point_in_time) {

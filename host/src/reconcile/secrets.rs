@@ -3,8 +3,11 @@
 //! once), the Database's authority (made once), its TLS certificate (issued by the
 //! authority, or cert-manager's Certificate), and the member agents' certificates
 //! (Secret `<name>-agent`, issued by the authority whether or not its clients use TLS).
-//! What is read here is read from the cache, and from the API server only when the cache
-//! may be behind a Secret written a moment ago: a generated value is never replaced.
+//! The observe stage reads what the cache will not do ([`observe`]: it keeps no values,
+//! and may be behind a Secret written a moment ago); the render stage decides from that
+//! and the cache, reading nothing. Keys are added, and the application's login made, by
+//! the end of the pass against the credentials as it finds them: a generated value is
+//! never replaced.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +25,7 @@ use super::{Context, Error};
 use crate::agent;
 use crate::crd::{Database, DeletionPolicy, IssuerRef};
 use crate::names::{APPLIED_HASH, Names};
-use crate::plugin::{ApplicationLogin, Credential, Workload};
+use crate::plugin::{ApplicationLogin, Workload};
 use crate::tls::{self, Use};
 
 const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -43,83 +46,40 @@ fn generate(length: u32) -> Result<String, Error> {
 /// application's login, when the plugin names one, is in Secret `<name>-app`. Keys are
 /// generated once and never overwritten; both Secrets outlive the Database unless the
 /// deletion policy is Delete.
-pub(super) async fn ensure_credentials(ctx: &Context, db: &Database, workload: &Workload, plan: &mut Plan) -> Result<(), Error> {
-    let generated = ensure_keys(ctx, db, &workload.credentials, plan).await?;
-    match &workload.application {
-        Some(login) => ensure_application(ctx, db, login, workload.ports.first().map_or(0, |p| p.port), &generated, plan).await,
-        None => Ok(()),
-    }
-}
-
-/// The keys of the credentials Secret the plugin asks for that it lacks, generated and
-/// added to `plan`: what they will hold.
-async fn ensure_keys(ctx: &Context, db: &Database, wanted: &[Credential], plan: &mut Plan) -> Result<BTreeMap<String, ByteString>, Error> {
-    let ns = db.namespace().unwrap_or_default();
-    let name = Names(&db.name_any()).credentials();
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+pub(super) fn ensure_credentials(ctx: &Context, db: &Database, workload: &Workload, plan: &mut Plan) -> Result<(), Error> {
+    let n = Names(&db.name_any());
+    let name = n.credentials();
     let live = ctx.caches.secret_keys(db, &name);
     let have = live.clone().unwrap_or_default();
     let mut missing = BTreeMap::new();
-    for c in wanted.iter().filter(|c| !have.contains(&c.key)) {
+    for c in workload.credentials.iter().filter(|c| !have.contains(&c.key)) {
         missing.insert(c.key.clone(), ByteString(generate(c.length)?.into_bytes()));
     }
     match live {
         None => {
-            let secret = Secret {
-                metadata: secret_metadata(db, &name, db.spec.deletion_policy == DeletionPolicy::Delete),
-                data: Some(missing),
-                type_: Some("Opaque".into()),
-                ..Default::default()
-            };
-            plan.secret(SecretWrite::Make(secret.clone()));
-            return Ok(secret.data.unwrap_or_default());
+            let metadata = secret_metadata(db, &name, db.spec.deletion_policy == DeletionPolicy::Delete);
+            plan.secret(SecretWrite::Make(Secret { metadata, data: Some(missing), type_: Some("Opaque".into()), ..Default::default() }));
         }
-        Some(_) if missing.is_empty() => {}
-        Some(_) => {
-            // The cache may be behind a key added a moment ago: ask the API server before
-            // adding, so a generated value is never replaced by another.
-            let Some(live) = own_secret(ctx, db, api.get_opt(&name).await?)? else { return Ok(BTreeMap::new()) };
-            missing.retain(|k, _| !live.data.as_ref().is_some_and(|d| d.contains_key(k)));
-            if !missing.is_empty() {
-                // Add only the missing keys; a merge patch leaves the others as they are,
-                // and the resourceVersion makes it fail if the Secret changed since it was read.
-                // The stamp covers the keys added ([`crate::stamp`]).
-                let stamp = ctx.caches.stamper().stamp_with(&live, &missing);
-                let metadata = json!({"resourceVersion": live.resource_version(), "annotations": {crate::stamp::STAMP: stamp}});
-                let patch = json!({"metadata": metadata, "data": missing});
-                plan.secret(SecretWrite::AddKeys { name, patch });
-            }
-        }
+        // The cache may be behind a key added a moment ago: the end of the pass adds only
+        // those the Secret still lacks.
+        Some(_) if !missing.is_empty() => plan.secret(SecretWrite::AddKeys { name, missing }),
+        Some(_) => {}
     }
-    Ok(missing)
+    if let Some(login) = &workload.application
+        && ctx.caches.secret_keys(db, &n.application()).is_none()
+    {
+        let port = workload.ports.first().map_or(0, |p| p.port);
+        plan.secret(SecretWrite::Application { login: login.clone(), port });
+    }
+    Ok(())
 }
 
 /// Secret `<name>-app`: the application's login, for clients to read (`username`,
 /// `password`, `dbname`, `host` and `port` of the read-write Service, and a `uri` of
-/// them all), made once from the credentials Secret's key (`generated` by this pass, or
-/// read from the API server: the cache holds no values) and kept like the credentials.
-async fn ensure_application(
-    ctx: &Context,
-    db: &Database,
-    login: &ApplicationLogin,
-    port: u16,
-    generated: &BTreeMap<String, ByteString>,
-    plan: &mut Plan,
-) -> Result<(), Error> {
-    let name = db.name_any();
-    let n = Names(&name);
-    if ctx.caches.secret_keys(db, &n.application()).is_some() {
-        return Ok(());
-    }
-    let password = match generated.get(&login.password_key) {
-        Some(value) => Some(value.0.clone()),
-        None => {
-            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-            own_secret(ctx, db, api.get_opt(&n.credentials()).await?)?.and_then(|s| s.data?.remove(&login.password_key)).map(|v| v.0)
-        }
-    };
-    // Not there yet: the pass that adds the key makes this Secret.
-    let Some(password) = password.and_then(|p| String::from_utf8(p).ok()) else { return Ok(()) };
+/// them all), made once with the credentials Secret's `password`, and kept like the
+/// credentials.
+pub(super) fn application(db: &Database, login: &ApplicationLogin, port: u16, password: String) -> Secret {
+    let n = Names(&db.name_any());
     let host = n.primary_host(&db.namespace().unwrap_or_default());
     let uri = format!("{}://{}:{password}@{host}:{port}/{}", login.scheme, login.user, login.database);
     let data = [
@@ -130,14 +90,132 @@ async fn ensure_application(
         ("port", port.to_string()),
         ("uri", uri),
     ];
-    let secret = Secret {
+    Secret {
         metadata: secret_metadata(db, &n.application(), db.spec.deletion_policy == DeletionPolicy::Delete),
         string_data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
         type_: Some("Opaque".into()),
         ..Default::default()
-    };
-    plan.secret(SecretWrite::Make(secret));
-    Ok(())
+    }
+}
+
+/// What the API server holds of the Database's certificates where the cache will not do,
+/// read by the observe stage ([`observe`]) when, and only when, the render stage needs
+/// it: each `Some` was read this pass (holding `None` when absent).
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// When it was read: what is due is judged at this moment.
+    at: chrono::DateTime<chrono::Utc>,
+    /// The TLS Secret: plugdb's when the cache's is not current, cert-manager's when the
+    /// cache's lacks a file.
+    tls: Option<Option<Secret>>,
+    /// cert-manager's Certificate: with `issuerRef`, and when plugdb issues over a
+    /// certificate cert-manager issued.
+    certificate: Option<CertificateRead>,
+    /// The agents' Secret, when the cache's is not current.
+    agent: Option<Option<Secret>>,
+    /// The authority's Secret, when a certificate is issued.
+    authority: Option<Option<Secret>>,
+    /// The authority's certificate from the TLS Secret, for the questions asked of an
+    /// elected leader's members over TLS ([`crate::reconcile::ask`]).
+    pub tls_ca: Option<std::sync::Arc<[u8]>>,
+}
+
+/// cert-manager's Certificate as read.
+#[derive(Debug)]
+enum CertificateRead {
+    /// The cluster does not serve the resource (cert-manager is not installed).
+    Unserved,
+    Read(Option<Box<DynamicObject>>),
+}
+
+/// Reads what the render stage needs of `db`'s certificates that the cache will not do
+/// ([`Held`]); `agents`: whether its members run agents, whose Secret is then wanted;
+/// `elects`: whether the plugin elects a leader (whose members are asked over TLS).
+pub(super) async fn observe(ctx: &Context, db: &Database, agents: bool, elects: bool) -> Result<Held, Error> {
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let n = Names(&name);
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut held = Held { at: chrono::Utc::now(), ..Held::default() };
+    let mut issue = false;
+    if db.spec.tls_enabled() {
+        let cached = ctx.caches.secret(db, &n.tls());
+        match db.spec.tls_issuer() {
+            Some(_) => {
+                let read = read_certificate(ctx, db, &n.tls()).await?;
+                let said = matches!(&read, CertificateRead::Read(Some(c)) if c.data["status"]["notAfter"].is_string());
+                held.certificate = Some(read);
+                if !said {
+                    // The render stage waits for cert-manager to issue it: nothing more is needed.
+                    return Ok(held);
+                }
+                if !complete(&ctx.caches.secret_keys(db, &n.tls()).unwrap_or_default()) {
+                    held.tls = Some(own_secret(ctx, db, api.get_opt(&n.tls()).await?)?);
+                }
+            }
+            None if cached.is_none_or(|s| issued(db, &s, held.at).is_none()) => {
+                let live = own_secret(ctx, db, api.get_opt(&n.tls()).await?)?;
+                if live.as_ref().is_none_or(|s| issued(db, s, held.at).is_none()) {
+                    issue = true;
+                    if live.as_ref().and_then(|s| s.annotations().get(tls::CERTIFICATE_NAME)) == Some(&n.tls()) {
+                        held.certificate = Some(read_certificate(ctx, db, &n.tls()).await?);
+                    }
+                }
+                held.tls = Some(live);
+            }
+            None => {}
+        }
+        if elects {
+            held.tls_ca = super::agent::certificate_authority(ctx, db, &n.tls(), false).await?;
+        }
+    }
+    if agents && ctx.caches.secret(db, &n.agent()).is_none_or(|s| !agents_current(ctx, &s, held.at)) {
+        let live = own_secret(ctx, db, api.get_opt(&n.agent()).await?)?;
+        issue |= live.as_ref().is_none_or(|s| !agents_current(ctx, s, held.at));
+        held.agent = Some(live);
+    }
+    if issue {
+        held.authority = Some(own_secret(ctx, db, api.get_opt(&n.authority()).await?)?);
+    }
+    Ok(held)
+}
+
+/// cert-manager's Certificate `name`, checked to be the Database's when there is one.
+async fn read_certificate(ctx: &Context, db: &Database, name: &str) -> Result<CertificateRead, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &db.namespace().unwrap_or_default(), &certificate_resource());
+    // A 404 to a read is the resource missing, not the object (an object missing is
+    // `None` to a read).
+    match api.get_opt(name).await {
+        Ok(live) => {
+            if let Some(live) = &live {
+                owner::check_as(db, "Certificate", false, &live.metadata)?;
+            }
+            Ok(CertificateRead::Read(live.map(Box::new)))
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(CertificateRead::Unserved),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The stamp of `secret`, plugdb's TLS certificate for `db`, while it is current: issued by
+/// plugdb for the names it must carry, and not due at `now`.
+fn issued(db: &Database, secret: &Secret, now: chrono::DateTime<chrono::Utc>) -> Option<String> {
+    let hash = tls::names_hash(&tls::names(&db.name_any(), &db.namespace().unwrap_or_default()));
+    let stamp = secret.annotations().get(tls::NOT_AFTER);
+    let ours = !secret.annotations().contains_key(tls::CERTIFICATE_NAME);
+    (ours && secret.annotations().get(tls::NAMES) == Some(&hash) && !tls::due(stamp.map(String::as_str), now)).then(|| stamp.cloned())?
+}
+
+/// Whether the agents' Secret is current at `now`: not due, and trusting the operator's
+/// authority as it is.
+fn agents_current(ctx: &Context, secret: &Secret, now: chrono::DateTime<chrono::Utc>) -> bool {
+    let clients = tls::names_hash(std::slice::from_ref(&ctx.agents.identity().authority.certificate));
+    !tls::due(secret.annotations().get(tls::NOT_AFTER).map(String::as_str), now)
+        && secret.annotations().get(agent::CLIENTS_HASH) == Some(&clients)
+}
+
+/// Whether `keys` hold the three files of a certificate members verify each other with.
+fn complete(keys: &[String]) -> bool {
+    [tls::CERTIFICATE, tls::KEY, tls::CA].iter().all(|f| keys.iter().any(|k| k == f))
 }
 
 /// Where the Database's TLS certificate stands after [`ensure_tls`].
@@ -155,54 +233,38 @@ pub enum Certified {
 /// The Database's TLS certificate, in Secret `<name>-tls`: from the cert-manager issuer
 /// `spec.tls.issuerRef` names, else issued by the Database's own authority (`<name>-ca`,
 /// made once and kept like the credentials), again 30 days before it expires or when
-/// the names it must carry change.
-pub(super) async fn ensure_tls(ctx: &Context, db: &Database, plan: &mut Plan) -> Result<Certified, Error> {
+/// the names it must carry change; from the cache and what the observe stage `held`.
+pub(super) fn ensure_tls(ctx: &Context, db: &Database, held: &Held, plan: &mut Plan) -> Result<Certified, Error> {
     if !db.spec.tls_enabled() {
         return Ok(Certified::Off);
     }
     if let Some(issuer) = db.spec.tls_issuer() {
-        return ensure_certificate(ctx, db, issuer, plan).await;
+        return Ok(certificate(ctx, db, issuer, held, plan));
     }
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let n = Names(&name);
     let names = tls::names(&name, &ns);
-    let hash = tls::names_hash(&names);
-    let now = chrono::Utc::now();
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let current = |s: &Secret| {
-        let stamp = s.annotations().get(tls::NOT_AFTER);
-        let ours = !s.annotations().contains_key(tls::CERTIFICATE_NAME);
-        (ours && s.annotations().get(tls::NAMES) == Some(&hash) && !tls::due(stamp.map(String::as_str), now))
-            .then(|| stamp.cloned())
-            .flatten()
-    };
-    if let Some(stamp) = ctx.caches.secret(db, &n.tls()).and_then(|s| current(&s)) {
-        return Ok(Certified::Issued(stamp));
-    }
-    // The cache may be behind a certificate issued a moment ago: ask before issuing.
-    let live = own_secret(ctx, db, api.get_opt(&n.tls()).await?)?;
-    if let Some(stamp) = live.as_ref().and_then(current) {
+    let cached = ctx.caches.secret(db, &n.tls());
+    // The cache may be behind a certificate issued a moment ago: the observe stage read it then.
+    let live = held.tls.clone().flatten();
+    if let Some(stamp) = cached.and_then(|s| issued(db, &s, held.at)).or_else(|| live.as_ref().and_then(|s| issued(db, s, held.at))) {
         return Ok(Certified::Issued(stamp));
     }
     if live.as_ref().and_then(|s| s.annotations().get(tls::CERTIFICATE_NAME)) == Some(&n.tls()) {
         // cert-manager issued it while `issuerRef` was set: its Certificate goes first
         // (or it would write the Secret again), then the Secret with its annotations.
-        let certificates: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
-        let certificate = certificates.get_opt(&n.tls()).await?;
-        if let Some(certificate) = &certificate {
-            owner::check_as(db, "Certificate", false, &certificate.metadata)?;
-        }
-        plan.secret(SecretWrite::Reclaim { name: n.tls(), certificate: certificate.is_some() });
+        let certificate = matches!(held.certificate, Some(CertificateRead::Read(Some(_))));
+        plan.secret(SecretWrite::Reclaim { name: n.tls(), certificate });
     }
-    let authority = authority(ctx, db, &api, plan).await?;
-    let issued = tls::issue(&name, &ns, &authority.key, &names, now).map_err(Error::Tls)?;
+    let authority = authority(db, held, plan)?;
+    let issued = tls::issue(&name, &ns, &authority.key, &names, held.at).map_err(Error::Tls)?;
     let stamp = issued.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let data = BTreeMap::from([
         (tls::CERTIFICATE.to_string(), ByteString(issued.certificate.into_bytes())),
         (tls::KEY.to_string(), ByteString(issued.key.into_bytes())),
         (tls::CA.to_string(), ByteString(authority.certificate.into_bytes())),
     ]);
-    let annotations = BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone()), (tls::NAMES.to_string(), hash)]);
+    let annotations = BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone()), (tls::NAMES.to_string(), tls::names_hash(&names))]);
     let secret = Secret {
         metadata: kube::api::ObjectMeta { annotations: Some(annotations), ..secret_metadata(db, &n.tls(), true) },
         data: Some(data),
@@ -215,37 +277,27 @@ pub(super) async fn ensure_tls(ctx: &Context, db: &Database, plan: &mut Plan) ->
 }
 
 /// The Database's certificate from cert-manager: its `Certificate` `<name>-tls` is
-/// applied when it differs from what it should be (one read a pass), and the
+/// applied when it differs from what it should be (read each pass), and the
 /// certificate counts as issued once cert-manager has written the Secret with all three
 /// files. Renewals are cert-manager's; its `status.notAfter` is the stamp.
-async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef, plan: &mut Plan) -> Result<Certified, Error> {
+fn certificate(ctx: &Context, db: &Database, issuer: &IssuerRef, held: &Held, plan: &mut Plan) -> Certified {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let n = Names(&name);
-    let wanted = tls::certificate(db, issuer);
-    let mut object = serde_json::to_value(&wanted)?;
-    let hash = crate::plugin::hex_digest(&serde_json::to_vec(&object)?)[..32].to_string();
-    object["metadata"]["annotations"] = json!({ APPLIED_HASH: hash });
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &certificate_resource());
     let issuer_named = format!("{} {}", issuer.kind, issuer.name);
-    // A 404 to a read is the resource missing, not the object (an object missing is
-    // `None` to a read).
-    let unserved = || {
-        let message = format!(
-            "spec.tls.issuerRef: {issuer_named} cannot issue the certificate: this cluster does not serve cert-manager's \
-             Certificate (cert-manager.io/v1); install cert-manager, or remove issuerRef to have plugdb issue it"
-        );
-        Ok(Certified::Waiting(Reason::CertificateUnavailable, message))
+    let live = match &held.certificate {
+        Some(CertificateRead::Read(live)) => live.as_deref(),
+        Some(CertificateRead::Unserved) | None => {
+            let message = format!(
+                "spec.tls.issuerRef: {issuer_named} cannot issue the certificate: this cluster does not serve cert-manager's \
+                 Certificate (cert-manager.io/v1); install cert-manager, or remove issuerRef to have plugdb issue it"
+            );
+            return Certified::Waiting(Reason::CertificateUnavailable, message);
+        }
     };
-    let read = api.get_opt(&n.tls()).await;
-    if let Ok(Some(live)) = &read {
-        owner::check_as(db, "Certificate", false, &live.metadata)?;
-    }
-    let live = match read {
-        Ok(live) => live,
-        Err(kube::Error::Api(e)) if e.code == 404 => return unserved(),
-        Err(e) => return Err(e.into()),
-    };
-    if live.as_ref().and_then(|l| l.annotations().get(APPLIED_HASH)) != Some(&hash) {
+    let mut object = serde_json::to_value(tls::certificate(db, issuer)).unwrap_or_default();
+    let hash = crate::plugin::hex_digest(&serde_json::to_vec(&object).unwrap_or_default())[..32].to_string();
+    object["metadata"]["annotations"] = json!({ APPLIED_HASH: hash });
+    if live.and_then(|l| l.annotations().get(APPLIED_HASH)) != Some(&hash) {
         plan.secret(SecretWrite::ApplyCertificate { name: n.tls(), object });
     }
     // What cert-manager says of the certificate it holds: a Certificate applied anew is
@@ -255,49 +307,51 @@ async fn ensure_certificate(ctx: &Context, db: &Database, issuer: &IssuerRef, pl
         let ready = status["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).cloned();
         let said = ready.and_then(|c| c["message"].as_str().map(str::to_string)).unwrap_or_else(|| "not looked at yet".into());
         let message = format!("waiting for cert-manager to issue Certificate {ns}/{} from {issuer_named}: {said}", n.tls());
-        return Ok(Certified::Waiting(Reason::CertificatePending, message));
+        return Certified::Waiting(Reason::CertificatePending, message);
     };
-    let files = [tls::CERTIFICATE, tls::KEY, tls::CA];
-    let complete = |keys: &[String]| files.iter().all(|f| keys.iter().any(|k| k == f));
-    let mut keys = ctx.caches.secret_keys(db, &n.tls()).unwrap_or_default();
-    if !complete(&keys) {
-        // The cache may be behind the Secret cert-manager wrote a moment ago.
-        let secret = own_secret(ctx, db, Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&n.tls()).await?)?;
-        keys = secret.and_then(|s| s.data).map(|d| d.into_keys().collect()).unwrap_or_default();
-    }
+    // The cache may be behind the Secret cert-manager wrote a moment ago: the observe
+    // stage read it then.
+    let keys = match &held.tls {
+        Some(live) => live.iter().flat_map(|s| s.data.iter().flat_map(|d| d.keys().cloned())).collect(),
+        None => ctx.caches.secret_keys(db, &n.tls()).unwrap_or_default(),
+    };
     if !complete(&keys) {
         let message = format!(
-            "spec.tls.issuerRef: Secret {ns}/{} from {issuer_named} holds {keys:?}, not {files:?}: members verify each other \
+            "spec.tls.issuerRef: Secret {ns}/{} from {issuer_named} holds {keys:?}, not {:?}: members verify each other \
              with ca.crt, so the issuer must provide its CA (cert-manager's CA and Vault issuers do)",
-            n.tls()
+            n.tls(),
+            [tls::CERTIFICATE, tls::KEY, tls::CA]
         );
-        return Ok(Certified::Waiting(Reason::CertificateUnavailable, message));
+        return Certified::Waiting(Reason::CertificateUnavailable, message);
     }
-    Ok(Certified::Issued(not_after))
+    Certified::Issued(not_after)
 }
 
 /// The Database's certificate authority from its Secret, made the first time. It is kept
 /// like the credentials (owned by the Database only under `Delete`): clients that trust
 /// it keep trusting a Database created again over retained volumes.
-pub(super) async fn authority(ctx: &Context, db: &Database, api: &Api<Secret>, plan: &mut Plan) -> Result<tls::Authority, Error> {
+fn authority(db: &Database, held: &Held, plan: &mut Plan) -> Result<tls::Authority, Error> {
     if let Some(made) = plan.authority() {
         return Ok(made.clone());
     }
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let secret_name = Names(&name).authority();
-    let read = |s: Secret| -> Result<tls::Authority, Error> {
-        let data = s.data.unwrap_or_default();
+    let read = |s: &Secret| -> Result<tls::Authority, Error> {
         let text = |key: &str| {
-            data.get(key)
+            s.data
+                .as_ref()
+                .and_then(|d| d.get(key))
                 .and_then(|v| String::from_utf8(v.0.clone()).ok())
                 .ok_or_else(|| Error::Tls(format!("Secret {ns}/{secret_name} has no {key}")))
         };
         Ok(tls::Authority { certificate: text(tls::CA)?, key: text(tls::CA_KEY)? })
     };
-    if let Some(live) = own_secret(ctx, db, api.get_opt(&secret_name).await?)? {
-        return read(live);
+    match &held.authority {
+        Some(Some(live)) => return read(live),
+        Some(None) => {}
+        None => return Err(Error::Tls(format!("Secret {ns}/{secret_name} was not read before a certificate was issued"))),
     }
-    let made = tls::new_authority(&name, &ns, chrono::Utc::now()).map_err(Error::Tls)?;
+    let made = tls::new_authority(&name, &ns, held.at).map_err(Error::Tls)?;
     let secret = Secret {
         metadata: secret_metadata(db, &secret_name, db.spec.deletion_policy == DeletionPolicy::Delete),
         data: Some(BTreeMap::from([
@@ -322,26 +376,17 @@ fn member_names(name: &str, namespace: &str) -> Vec<String> {
 /// the operator's own authority, the only one the agents trust for clients (again when
 /// the operator's is another). The agents read them on every connection: a renewal
 /// restarts nothing.
-pub(super) async fn ensure_agents(ctx: &Context, db: &Database, plan: &mut Plan) -> Result<(), Error> {
+pub(super) fn ensure_agents(ctx: &Context, db: &Database, held: &Held, plan: &mut Plan) -> Result<(), Error> {
     let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
     let secret_name = Names(&name).agent();
-    let now = chrono::Utc::now();
+    let current = |s: &Secret| agents_current(ctx, s, held.at);
+    // The cache may be behind a Secret written a moment ago: the observe stage read it then.
+    if ctx.caches.secret(db, &secret_name).is_some_and(|s| current(&s)) || held.agent.iter().flatten().any(current) {
+        return Ok(());
+    }
+    let authority = authority(db, held, plan)?;
     let operator = ctx.agents.identity();
-    let clients = tls::names_hash(std::slice::from_ref(&operator.authority.certificate));
-    let current = |s: &Secret| {
-        !tls::due(s.annotations().get(tls::NOT_AFTER).map(String::as_str), now)
-            && s.annotations().get(agent::CLIENTS_HASH) == Some(&clients)
-    };
-    if ctx.caches.secret(db, &secret_name).is_some_and(|s| current(&s)) {
-        return Ok(());
-    }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    // The cache may be behind a Secret written a moment ago: ask before issuing.
-    if own_secret(ctx, db, api.get_opt(&secret_name).await?)?.is_some_and(|s| current(&s)) {
-        return Ok(());
-    }
-    let authority = authority(ctx, db, &api, plan).await?;
-    let server = tls::issue_for(&name, &ns, &authority.key, (&Names(&name).headless(), &member_names(&name, &ns)), Use::Server, now)
+    let server = tls::issue_for(&name, &ns, &authority.key, (&Names(&name).headless(), &member_names(&name, &ns)), Use::Server, held.at)
         .map_err(Error::Tls)?;
     let stamp = server.not_after.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let bytes = |s: String| ByteString(s.into_bytes());
@@ -351,6 +396,7 @@ pub(super) async fn ensure_agents(ctx: &Context, db: &Database, plan: &mut Plan)
         (tls::CA.to_string(), bytes(authority.certificate)),
         (agent::CLIENTS_CA.to_string(), bytes(operator.authority.certificate.clone())),
     ]);
+    let clients = tls::names_hash(std::slice::from_ref(&operator.authority.certificate));
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             annotations: Some(BTreeMap::from([(tls::NOT_AFTER.to_string(), stamp.clone()), (agent::CLIENTS_HASH.to_string(), clients)])),

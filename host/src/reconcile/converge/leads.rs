@@ -174,32 +174,19 @@ impl Pass<'_> {
         }
     }
 
-    /// An engine that elects its leader: every member is asked the workload's member
-    /// query and the plugin names the leader from the answers; the read-write Service
-    /// follows it. Nobody answering (members starting, or all down) keeps the last one.
+    /// An engine that elects its leader: the observe stage asked every member the
+    /// plugin's member query ([`Pass::read_leader`]) and the plugin names the leader from
+    /// the answers; the read-write Service follows it. Nobody answering (members
+    /// starting, or all down) keeps the last one.
     pub(super) async fn elected(
         &mut self,
         plugin: &Plugin,
         spec: &EngineSpec,
-        members: &Members,
-        workload: &Workload,
+        (members, answered): (&Members, Option<Vec<Option<String>>>),
         primary: Primary,
     ) -> Result<Primary, Error> {
         let ctx = self.ctx;
-        // Host policy lets a workload carry a member query only with `elects-leader`.
-        let Some(query) = workload.member_query.as_ref() else { return Ok(primary) };
-        let ca = match (query.https, spec.tls.is_some()) {
-            (false, _) => None,
-            (true, true) => Some(self.authority_certificate().await?),
-            // Host policy refuses a member query over HTTPS without TLS.
-            (true, false) => return Ok(primary),
-        };
-        let domain = format!("{}.{}.svc", Names(&self.name).headless(), self.ns);
-        let transport = match &ca {
-            Some(ca) => reconcile::ask::Transport::Tls { ca, domain: &domain, identity: None },
-            None => reconcile::ask::Transport::Plain(&ctx.members_client),
-        };
-        let answers = reconcile::ask::answers(transport, query, &members.observed).await;
+        let Some(answers) = answered else { return Ok(primary) };
         let mut candidates = members::for_plugin(&members.observed, &primary.name);
         for (member, answer) in candidates.iter_mut().zip(answers) {
             member.answer = answer;
@@ -216,12 +203,40 @@ impl Pass<'_> {
         Ok(leader)
     }
 
-    /// The certificate of the Database's authority (PEM), from its TLS Secret (cert-manager's
-    /// or plugdb's), read again only when the Secret changed; empty until it is there.
-    async fn authority_certificate(&self) -> Result<std::sync::Arc<[u8]>, Error> {
-        let tls = Names(&self.name).tls();
-        Ok(reconcile::agent::certificate_authority(self.ctx, self.db, &tls, false)
-            .await?
-            .unwrap_or_else(|| std::sync::Arc::from(Vec::new())))
+    /// What the members of an engine that elects its leader answer to the question the
+    /// plugin renders for them (its workload's member query, over TLS trusting the CA of
+    /// the Database's certificate when it asks for HTTPS): the observe stage asks, from
+    /// the render of the spec as it is, which the render stage's is when no scale or
+    /// upgrade is under way (the plugin's answers are remembered). `None`: no question
+    /// (none rendered, the render failed, which the render stage says, or HTTPS without
+    /// TLS, which host policy refuses).
+    pub(super) async fn read_leader(
+        &self,
+        engine: &Engine,
+        observed: &[Observed],
+        held: &secrets::Held,
+    ) -> Result<Option<Vec<Option<String>>>, Error> {
+        let (ctx, db) = (self.ctx, self.db);
+        let bootstrap = Names(&self.name).pod(0);
+        let mut cluster = build::cluster_context(db, &bootstrap, reconcile::archiver(ctx, db, &engine.plugin).is_some());
+        cluster.restoring = self.restore_unfinished();
+        let workload = match ctx.ask::<Render>(&engine.plugin, (engine.spec.clone(), cluster)).await {
+            Ok(workload) => workload,
+            Err(Error::Plugin(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(query) = workload.member_query.as_ref() else { return Ok(None) };
+        let ca = match (query.https, engine.spec.tls.is_some()) {
+            (false, _) => None,
+            // The authority's certificate from the TLS Secret (empty until it is there).
+            (true, true) => Some(held.tls_ca.clone().unwrap_or_else(|| std::sync::Arc::from(Vec::new()))),
+            (true, false) => return Ok(None),
+        };
+        let domain = format!("{}.{}.svc", Names(&self.name).headless(), self.ns);
+        let transport = match &ca {
+            Some(ca) => reconcile::ask::Transport::Tls { ca, domain: &domain, identity: None },
+            None => reconcile::ask::Transport::Plain(&ctx.members_client),
+        };
+        Ok(Some(reconcile::ask::answers(transport, query, observed).await))
     }
 }

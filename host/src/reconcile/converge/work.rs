@@ -11,13 +11,19 @@ impl Pass<'_> {
 
     /// A restore asked for and not yet done (the `Restored` condition remembers it). A
     /// physical restore holds the members back: the pass ends until its Job is done.
-    pub(super) async fn restore(&mut self, plugin: &Plugin, spec: &EngineSpec, workload: &Workload) -> Flow<restore::Restore> {
+    pub(super) async fn restore(
+        &mut self,
+        plugin: &Plugin,
+        spec: &EngineSpec,
+        workload: &Workload,
+        bucket: Option<Result<super::super::bucket::Opened, String>>,
+    ) -> Flow<restore::Restore> {
         let (ctx, db) = (self.ctx, self.db);
         if !self.restore_unfinished() {
             return Ok(ControlFlow::Continue(restore::Restore::Done));
         }
         let was_ready = status::is_true(&self.old.conditions, ConditionType::Ready);
-        let restoring = restore::reconcile(ctx, db, plugin, spec, workload, was_ready, &mut self.plan).await?;
+        let restoring = restore::reconcile(ctx, db, (plugin, spec, workload), bucket, was_ready, &mut self.plan).await?;
         match &restoring {
             restore::Restore::Done => {
                 let message = format!("restored from backup {}", restore::restored_from(ctx, db));
