@@ -6,7 +6,9 @@
 //!    the primary's agent asked for the synchronous setting (what the status says of it
 //!    waits for its answer), then the replicas' agents;
 //! 1. the Secrets the members mount (credentials, the authority, the TLS and agent
-//!    certificates) and cert-manager's Certificate, before anything that mounts them;
+//!    certificates) and cert-manager's Certificate, before anything that mounts them
+//!    (keys are added to the credentials, and the application's login made from them,
+//!    as the credentials are read then: a value written meanwhile is never replaced);
 //! 2. the children (ConfigMaps, Services, the StatefulSet, disruption budgets), applied
 //!    where they differ from what the cache holds;
 //! 3. member volume claims grown to the spec;
