@@ -113,6 +113,25 @@ fn code(text: &str) -> String {
     cut_test_modules(&out)
 }
 
+/// Where the block opened at `open` (a `{`) in `text` ends: just past its `}`, or the end
+/// of `text`.
+fn block_end(text: &str, open: usize) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return open + i + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    text.len()
+}
+
 /// `text` without its `mod tests { … }` blocks and `mod tests;` declarations.
 fn cut_test_modules(text: &str) -> String {
     let mut out = String::new();
@@ -123,21 +142,7 @@ fn cut_test_modules(text: &str) -> String {
         match (after.find(';'), after.find('{')) {
             (Some(semi), Some(open)) if semi < open => rest = &after[semi + 1..],
             (_, Some(open)) => {
-                let mut depth = 0usize;
-                let mut end = after.len();
-                for (i, c) in after[open..].char_indices() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                end = open + i + 1;
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
+                let end = block_end(after, open);
                 rest = &after[end..];
             }
             (Some(semi), None) => rest = &after[semi + 1..],
@@ -272,21 +277,7 @@ fn functions(code: &str) -> Vec<(String, String)> {
         if code[at..open].contains(';') {
             continue;
         }
-        let mut depth = 0usize;
-        let mut end = code.len();
-        for (i, c) in code[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = open + i + 1;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let end = block_end(code, open);
         out.push((name, code[at..end].to_string()));
     }
     out
