@@ -221,6 +221,24 @@ etcd() {
   add "$archive $(cat "$archive.digest") docker.io/plugdb/etcd:$series docker.io/plugdb/etcd:$patch"
 }
 
+# exporter NAME PACKAGE BINARY SUITE IMAGE: a community exporter from Debian's PACKAGE,
+# laid out as its project publishes IMAGE (`/bin/BINARY`, run as nobody), whose tag must
+# be the packaged version: the plugins render that tag.
+exporter() {
+  local name=$1 package=$2 binary=$3 suite=$4 image=$5 archive="$OUT/$1.tar"
+  if [[ ! -f $archive.digest ]]; then
+    engine_rootfs "$name" "$suite" "$package"
+    local dir="$OUT/$name.rootfs"
+    ln -sf "$package" "$dir/usr/bin/$binary"
+    local got; got=$(chroot "$dir" "/usr/bin/$package" --version 2>&1 | awk '/version/{print $3; exit}')
+    [[ "v$got" == "${image##*:}" ]] || { echo "node-images: $suite ships $package $got, not ${image##*:}" >&2; exit 1; }
+    pack "$dir" "$archive" 65534 "[\"/bin/$binary\"]" "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+      > "$archive.digest"
+    rm -rf "$dir"
+  fi
+  add "$archive $(cat "$archive.digest") $image"
+}
+
 # The pod sandbox's pause process: a static program that sleeps and reaps.
 pause() {
   local archive="$OUT/pause.tar"
@@ -288,7 +306,11 @@ minimal
 # One suite at a time shares its base; the two suites build side by side.
 ( postgres 15 bookworm; mariadb 10.11 bookworm; printf '%s\n' "${entries[@]}" > "$OUT/bookworm.list" ) &
 bookworm=$!
-( postgres 17 trixie; mariadb 11.8 trixie; etcd 3.5 trixie; printf '%s\n' "${entries[@]}" > "$OUT/trixie.list" ) &
+( postgres 17 trixie; mariadb 11.8 trixie; etcd 3.5 trixie
+  exporter postgres-exporter prometheus-postgres-exporter postgres_exporter trixie \
+    quay.io/prometheuscommunity/postgres-exporter:v0.17.1
+  exporter mysqld-exporter prometheus-mysqld-exporter mysqld_exporter trixie quay.io/prometheus/mysqld-exporter:v0.17.2
+  printf '%s\n' "${entries[@]}" > "$OUT/trixie.list" ) &
 trixie=$!
 wait $bookworm || { echo "node-images: the bookworm images failed" >&2; exit 1; }
 wait $trixie || { echo "node-images: the trixie images failed" >&2; exit 1; }

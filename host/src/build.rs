@@ -420,6 +420,8 @@ pub fn statefulset(db: &Database, rendered: &Rendered<'_>) -> Members {
             ..Default::default()
         })
         .collect();
+    let mut container = container;
+    let exporter = pod::engine_metrics(db, workload.metrics.as_ref(), &mut container);
     let mut containers = vec![container];
     let mut template_annotations = BTreeMap::from([(CONFIG_HASH.to_string(), config_hash(workload))]);
     let mut volumes = vec![
@@ -460,6 +462,10 @@ pub fn statefulset(db: &Database, rendered: &Rendered<'_>) -> Members {
             ("prometheus.io/path", "/metrics".into()),
         ];
         template_annotations.extend(scraped.map(|(k, v)| (k.to_string(), v)));
+    }
+    if let Some(exporter) = exporter {
+        containers.push(exporter);
+        volumes.push(Volume { name: "exporter-tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() });
     }
     let mut pod = PodSpec {
         automount_service_account_token: Some(false),

@@ -149,6 +149,11 @@ pub struct DatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationSpec>,
 
+    /// What Prometheus can measure of the members beyond their agents' series. Unset:
+    /// everything the engine's plugin offers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<Monitoring>,
+
     /// Who may connect to the members (the engine's ports and the agent's metrics), as
     /// NetworkPolicy peers: `podSelector` (pods of this namespace), `namespaceSelector`,
     /// `ipBlock`. The members, the Database's Jobs and the operator always may. Unset:
@@ -156,6 +161,18 @@ pub struct DatabaseSpec {
     /// where the cluster's network enforces NetworkPolicies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clients: Option<Vec<NetworkPolicyPeer>>,
+}
+
+/// What Prometheus can measure of the members.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Monitoring {
+    /// The engine's own series, under its community's metric names: its plugin's
+    /// exporter beside each member (postgres_exporter, mysqld_exporter), or the engine's
+    /// own endpoint (etcd), on the members' port `engine-metrics` (default true).
+    /// `false`: no exporter runs and no port is opened for them; the agents' series stay.
+    #[serde(default = "enabled")]
+    pub engine_metrics: bool,
 }
 
 /// How a commit reaches the replicas before the primary acknowledges it. (An engine that

@@ -130,26 +130,18 @@ impl Drop for Prometheus {
     }
 }
 
-/// Every second, the pods of `namespace` the chart's PodMonitor would scrape (annotated
-/// `prometheus.io/scrape: "true"`, with an address), at their annotated port and path,
-/// written to `file` as Prometheus' file discovery reads it (whole, by a rename).
+/// Every second, the pods of `namespace` the chart's PodMonitor would scrape, written to
+/// `file` as Prometheus' file discovery reads it (whole, by a rename): each pod annotated
+/// `prometheus.io/scrape: "true"` with an address, at its annotated port and path (the
+/// agent's series, whose own labels are kept); and each container port named
+/// `engine-metrics`, at `/metrics`, labelled from the pod as the PodMonitor's relabelings
+/// label it (namespace, database, engine, member, role).
 async fn discover(client: kube::Client, namespace: String, file: std::path::PathBuf) {
     use kube::api::{Api, ListParams};
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, &namespace);
     loop {
         if let Ok(listed) = pods.list(&ListParams::default()).await {
-            let targets: Vec<serde_json::Value> = listed
-                .items
-                .iter()
-                .filter_map(|pod| {
-                    let annotations = pod.metadata.annotations.as_ref()?;
-                    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
-                    (annotations.get("prometheus.io/scrape")? == "true").then_some(())?;
-                    let port = annotations.get("prometheus.io/port")?;
-                    let path = annotations.get("prometheus.io/path").map_or("/metrics", String::as_str);
-                    Some(serde_json::json!({"targets": [format!("{ip}:{port}")], "labels": {"__metrics_path__": path}}))
-                })
-                .collect();
+            let targets: Vec<serde_json::Value> = listed.items.iter().flat_map(|pod| targets(&namespace, pod)).collect();
             let written = file.with_extension("json.new");
             if std::fs::write(&written, serde_json::Value::from(targets).to_string()).is_ok() {
                 let _ = std::fs::rename(&written, &file);
@@ -157,6 +149,35 @@ async fn discover(client: kube::Client, namespace: String, file: std::path::Path
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The targets of one pod, as [`discover`] finds them.
+fn targets(namespace: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Vec<serde_json::Value> {
+    let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()) else { return Vec::new() };
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let mut found = Vec::new();
+    if annotations.get("prometheus.io/scrape").map(String::as_str) == Some("true")
+        && let Some(port) = annotations.get("prometheus.io/port")
+    {
+        let path = annotations.get("prometheus.io/path").map_or("/metrics", String::as_str);
+        found.push(serde_json::json!({"targets": [format!("{ip}:{port}")], "labels": {"__metrics_path__": path}}));
+    }
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+    let engine = pod.spec.iter().flat_map(|s| &s.containers).flat_map(|c| c.ports.iter().flatten());
+    for port in engine.filter(|p| p.name.as_deref() == Some("engine-metrics")) {
+        found.push(serde_json::json!({
+            "targets": [format!("{ip}:{}", port.container_port)],
+            "labels": {
+                "namespace": namespace,
+                "database": label("app.kubernetes.io/instance"),
+                "engine": label("app.kubernetes.io/name"),
+                "member": pod.metadata.name.clone().unwrap_or_default(),
+                "role": label("plugdb.io/role"),
+            },
+        }));
+    }
+    found
 }
 
 /// `text` as a URL's query value.

@@ -303,6 +303,37 @@ pub fn pod_ip(pod: &Pod) -> String {
     pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_else(|| panic!("{} has no IP", pod.name_any()))
 }
 
+/// The engine's series, as the chart's PodMonitor scrapes them from `pod`: `GET
+/// /metrics` at its container port named `engine-metrics`, until a line of them is
+/// `line` (`pg_up 1`), for a minute at most (the exporter starts beside the engine).
+/// Panics, with what was scraped last, if it never is.
+pub async fn engine_series(pod: &Pod, line: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let name = pod.name_any();
+    let port = pod
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some("engine-metrics"))
+        .map(|p| p.container_port)
+        .unwrap_or_else(|| panic!("{name}: no port engine-metrics"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut scraped = String::new();
+        if let Ok(mut stream) = tokio::net::TcpStream::connect((pod_ip(pod).as_str(), port as u16)).await {
+            let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\nhost: member\r\n\r\n").await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut scraped)).await;
+        }
+        if scraped.lines().any(|l| l == line) {
+            return scraped;
+        }
+        let tail: String = scraped.lines().filter(|l| !l.starts_with('#')).take(20).collect::<Vec<_>>().join("\n");
+        assert!(std::time::Instant::now() < deadline, "{name}: the engine's series never said {line:?}: {tail}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 /// Each member's pod UID and its container's restart count, by pod name.
 pub fn identities(pods: &[Pod]) -> Vec<(String, String, i32)> {
     pods.iter()

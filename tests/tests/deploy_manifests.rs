@@ -154,6 +154,12 @@ fn each_value_renders_what_it_says() {
         assert_eq!(monitor["spec"]["namespaceSelector"], namespaces, "{watched:?}");
         let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
         assert_eq!((&endpoint["port"], &endpoint["path"], &endpoint["honorLabels"]), (&json!("metrics"), &json!("/metrics"), &json!(true)));
+        // The engine's series, labelled from the pod as the agent's are.
+        let engine = &monitor["spec"]["podMetricsEndpoints"][1];
+        assert_eq!(engine["port"], "engine-metrics");
+        let labels: Vec<&str> =
+            engine["relabelings"].as_array().expect("relabelings").iter().filter_map(|r| r["targetLabel"].as_str()).collect();
+        assert_eq!(labels, ["namespace", "database", "engine", "member", "role"]);
     }
     let off =
         parse(&helm_template(&["--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--set", "metrics.podMonitor.enabled=false"]));

@@ -257,6 +257,19 @@ fn the_agent_commands_are_bounded_like_render() {
     }
 }
 
+/// The optional `metrics` export is asked with `render` and checked like it: an
+/// exporter on the agent's port, without an image, with an argv beyond the bounds,
+/// reading a Secret not the Database's, at a path that is not one, is refused on each count.
+#[test]
+fn the_metrics_endpoint_is_checked_like_render() {
+    let (rt, hostile, good) = plugins();
+    let err = attack(&rt, &hostile, &good, "metrics");
+    let CallError::Policy { violations, .. } = &err else { panic!("expected a policy error, got {err}") };
+    for field in ["metrics.port", "metrics.path", "metrics.exporter.image", "metrics.exporter.command", "metrics.exporter.env[0]"] {
+        assert!(violations.iter().any(|v| v.field == field), "{field}: {err}");
+    }
+}
+
 /// A log line past the copy bound fails the call, and the error says it was a log line,
 /// not the result.
 #[test]

@@ -25,7 +25,7 @@ fn mariadb() -> EngineUnderTest {
         component: "mysql",
         version: server_version(),
         data_mount: "/var/lib/mysql",
-        credential_keys: &["root-password", "replication-password", "app-password"],
+        credential_keys: &["root-password", "replication-password", "app-password", "monitor-password"],
         plumbing: |pod| {
             let socket = pod.run_dir().join("mysqld.sock").to_string_lossy().to_string();
             // Each container has a /tmp of its own; the local stand-in for it is the run directory.
@@ -179,6 +179,34 @@ fn the_application_owns_its_database_and_nothing_else() {
         sql_as(&m, "app", app, "SELECT CONCAT(CURRENT_USER(), ' ', COUNT(*)) FROM information_schema.schemata WHERE schema_name = 'app'"),
         Ok("app@% 1".into())
     );
+}
+
+/// The exporter's login (`plugdb_monitor`, from the member's loopback): it reads the
+/// server's status, its replication and `performance_schema`, and none of the data.
+#[test]
+fn the_monitoring_user_reads_status_and_no_data() {
+    let db = mariadb();
+    let plugin = db.plugin();
+    let s = db.spec("watched", vec![]);
+    let secrets = db.secrets("watched");
+    let (app, monitor) = (secrets["app-password"].as_str(), secrets["monitor-password"].as_str());
+    let m = db.start_member(&plugin, &s, 0, None, &secrets);
+    sql_as(&m, "app", app, "CREATE TABLE app.secrets (v TEXT); INSERT INTO app.secrets VALUES ('hidden')").expect("the application writes");
+    for read in [
+        "SHOW GLOBAL STATUS LIKE 'Threads_connected'",
+        "SHOW REPLICA STATUS",
+        "SELECT COUNT(*) FROM performance_schema.threads",
+        "SHOW PROCESSLIST",
+    ] {
+        assert!(sql_as(&m, "plugdb_monitor", monitor, read).is_ok(), "{read}");
+    }
+    for attack in
+        ["SELECT v FROM app.secrets", "SELECT * FROM mysql.global_priv", "CREATE DATABASE other", "SELECT 1 INTO OUTFILE '/tmp/x'"]
+    {
+        let err = sql_as(&m, "plugdb_monitor", monitor, attack).expect_err(attack);
+        assert!(err.contains("denied"), "{attack}: {err}");
+    }
+    assert!(sql_as(&m, "plugdb_monitor", "wrong-password", "SELECT 1").is_err(), "a wrong password is refused");
 }
 
 #[test]

@@ -23,7 +23,7 @@ fn postgres() -> EngineUnderTest {
         component: "postgres",
         version: server_version(),
         data_mount: "/var/lib/postgresql/data",
-        credential_keys: &["superuser-password", "replication-password", "app-password"],
+        credential_keys: &["superuser-password", "replication-password", "app-password", "monitor-password"],
         plumbing: |pod| {
             let run = pod.run_dir().to_string_lossy().to_string();
             let path = format!("/usr/lib/postgresql/{}/bin:/usr/bin:/bin", server_version());
@@ -394,6 +394,42 @@ fn the_application_owns_its_database_and_nothing_else() {
         sql_as(&m, superuser, "postgres", "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'app'"),
         Ok("app".into())
     );
+}
+
+/// The exporter's login (`plugdb_monitor`, password `monitor-password`): made by the
+/// primary's start, a member of `pg_monitor` alone, it reads the statistics and
+/// settings the exporter reads, and no table, and writes nothing.
+#[test]
+fn the_monitoring_user_reads_statistics_and_no_data() {
+    let pg = postgres();
+    let plugin = pg.plugin();
+    let s = pg.spec("watched", vec![]);
+    let secrets = pg.secrets("watched");
+    let monitor = ("plugdb_monitor", secrets["monitor-password"].as_str());
+    let app = ("app", secrets["app-password"].as_str());
+    let m = pg.start_member(&plugin, &s, 0, None, &secrets);
+    sql_as(&m, app, "app", "CREATE TABLE secrets (v text); INSERT INTO secrets VALUES ('hidden')").expect("the application writes");
+    assert_eq!(
+        sql_as(
+            &m,
+            monitor,
+            "postgres",
+            "SELECT string_agg(b.rolname, ',') FROM pg_auth_members a JOIN pg_roles b ON b.oid = a.roleid JOIN pg_roles r ON r.oid = a.member WHERE r.rolname = current_user"
+        ),
+        Ok("pg_monitor".into())
+    );
+    let seen = sql_as(&m, monitor, "postgres", "SELECT count(*) > 0 FROM pg_stat_activity WHERE query <> '' AND pid <> pg_backend_pid()");
+    assert!(seen.is_ok(), "{seen:?}");
+    assert_eq!(
+        sql_as(&m, monitor, "postgres", "SELECT setting FROM pg_settings WHERE name = 'data_directory' LIMIT 1").map(|d| !d.is_empty()),
+        Ok(true)
+    );
+    for attack in ["CREATE TABLE t (i int)", "SELECT pg_read_file('postgresql.conf')", "CREATE ROLE intruder"] {
+        assert!(sql_as(&m, monitor, "postgres", attack).is_err(), "{attack}");
+    }
+    let err = sql_as(&m, monitor, "app", "SELECT v FROM secrets").expect_err("no other database");
+    assert!(err.contains("pg_hba.conf rejects"), "{err}");
+    assert!(sql_as(&m, ("plugdb_monitor", "wrong-password"), "postgres", "SELECT 1").is_err(), "a wrong password is refused");
 }
 
 /// Memory settings follow the member's memory limit unless set (the plugin guide has the

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, EnvVar, EnvVarSource, ExecAction, GRPCAction, HTTPGetAction, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, Probe,
-    ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, TCPSocketAction,
-    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, GRPCAction, HTTPGetAction, KeyToPath,
+    ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -263,4 +263,43 @@ pub fn tls_volume(db: &Database) -> (Volume, VolumeMount) {
         ..Default::default()
     };
     (volume, mount("tls", crate::tls::MOUNT, true))
+}
+
+/// The name of the members' port that serves the engine's series (the chart's
+/// PodMonitor scrapes it by this name).
+pub const ENGINE_METRICS_PORT: &str = "engine-metrics";
+
+/// The engine's series for Prometheus, as the plugin's `metrics.endpoint` says, unless
+/// `spec.monitoring.engineMetrics` is off: a port named [`ENGINE_METRICS_PORT`] on
+/// `engine` (which serves them itself), or the exporter's container beside it, with that
+/// port, its own small resources, no volume but its own `/tmp`, and nothing it may
+/// escalate to.
+pub fn engine_metrics(db: &Database, metrics: Option<&crate::plugin::MetricsEndpoint>, engine: &mut Container) -> Option<Container> {
+    let metrics = metrics.filter(|_| db.spec.monitoring.as_ref().is_none_or(|m| m.engine_metrics))?;
+    let port = ContainerPort {
+        name: Some(ENGINE_METRICS_PORT.into()),
+        container_port: i32::from(metrics.port),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    let Some(exporter) = &metrics.exporter else {
+        engine.ports.get_or_insert_default().push(port);
+        return None;
+    };
+    let quantity = |q: &str| Quantity(q.into());
+    Some(Container {
+        name: "exporter".into(),
+        image: Some(exporter.image.clone()),
+        command: (!exporter.command.is_empty()).then(|| exporter.command.clone()),
+        env: Some(env(&exporter.env)),
+        ports: Some(vec![port]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([("cpu".into(), quantity("10m")), ("memory".into(), quantity("32Mi"))])),
+            limits: Some(BTreeMap::from([("cpu".into(), quantity("250m")), ("memory".into(), quantity("64Mi"))])),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![mount("exporter-tmp", "/tmp", false)]),
+        security_context: Some(SecurityContext { read_only_root_filesystem: Some(true), ..container_security(Some(true)) }),
+        ..Default::default()
+    })
 }

@@ -83,6 +83,7 @@ fn workload(config: &str) -> Workload {
         synchronous_command: vec![],
         follow_command: vec![],
         application: None,
+        metrics: None,
     }
 }
 
@@ -630,4 +631,59 @@ fn the_client_command_is_on_the_statefulset_not_in_the_pods() {
     let argv: Vec<String> = serde_json::from_str(&with.annotations()[crate::names::CLIENT_COMMAND]).expect("a JSON argv");
     assert_eq!(argv, w.client_command);
     assert_eq!(with.spec.map(|s| s.template), without.spec.map(|s| s.template), "the pods' template is the same");
+}
+
+/// The plugin's exporter runs beside the engine: its image and argv, the monitoring
+/// password from the Database's Secret alone, the port the PodMonitor scrapes, limits
+/// of its own, no volume but its `/tmp` and a read-only root. An engine that serves
+/// its series itself gets the port on its own container. `spec.monitoring.engineMetrics:
+/// false` runs and opens neither.
+#[test]
+fn the_engines_exporter_runs_beside_it_unless_switched_off() {
+    use crate::plugin::{Exporter, MetricsEndpoint};
+    let mut w = workload("");
+    let password = EnvVar {
+        name: "DATA_SOURCE_PASS".into(),
+        source: EnvSource::Secret(SecretRef { name: "orders-credentials".into(), key: "monitor-password".into() }),
+    };
+    let exporter = Exporter { image: "quay.io/prometheuscommunity/postgres-exporter:v0.17.1".into(), command: vec![], env: vec![password] };
+    w.metrics = Some(MetricsEndpoint { port: 9187, path: "/metrics".into(), exporter: Some(exporter) });
+    let mut db = database(DeletionPolicy::Snapshot);
+    let pod = |db: &Database, w: &Workload| {
+        members(db, w, Sidecars::default(), "orders-0", None).set.spec.expect("spec").template.spec.expect("pod")
+    };
+    let port_of = |c: &k8s_openapi::api::core::v1::Container| {
+        c.ports.iter().flatten().find(|p| p.name.as_deref() == Some("engine-metrics")).map(|p| p.container_port)
+    };
+
+    let spec = pod(&db, &w);
+    let exporter = spec.containers.iter().find(|c| c.name == "exporter").expect("the exporter");
+    assert_eq!(exporter.image.as_deref(), Some("quay.io/prometheuscommunity/postgres-exporter:v0.17.1"));
+    assert_eq!(exporter.command, None, "the image's entrypoint");
+    assert_eq!(port_of(exporter), Some(9187));
+    let env = exporter.env.as_ref().expect("env");
+    let secret = env[0].value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()).expect("from the Secret");
+    assert_eq!((secret.name.as_str(), secret.key.as_str()), ("orders-credentials", "monitor-password"));
+    let limits = exporter.resources.as_ref().and_then(|r| r.limits.clone()).expect("limits");
+    assert_eq!((limits["cpu"].0.as_str(), limits["memory"].0.as_str()), ("250m", "64Mi"));
+    let mounts: Vec<&str> = exporter.volume_mounts.iter().flatten().map(|m| m.name.as_str()).collect();
+    assert_eq!(mounts, ["exporter-tmp"], "no data, configuration or credentials");
+    let security = exporter.security_context.as_ref().expect("security");
+    assert_eq!((security.read_only_root_filesystem, security.allow_privilege_escalation), (Some(true), Some(false)));
+    assert!(spec.volumes.iter().flatten().any(|v| v.name == "exporter-tmp"));
+    assert_eq!(port_of(&spec.containers[0]), None, "the engine's container opens no port for it");
+
+    // etcd's kind: the engine serves them.
+    w.metrics.as_mut().expect("metrics").exporter = None;
+    let spec = pod(&db, &w);
+    assert!(!spec.containers.iter().any(|c| c.name == "exporter"));
+    assert_eq!(port_of(&spec.containers[0]), Some(9187));
+
+    // Switched off: neither.
+    db.spec.monitoring = Some(crate::crd::Monitoring { engine_metrics: false });
+    for exporter in [None, Some(Exporter { image: "x".into(), command: vec![], env: vec![] })] {
+        w.metrics.as_mut().expect("metrics").exporter = exporter;
+        let spec = pod(&db, &w);
+        assert!(!spec.containers.iter().any(|c| c.name == "exporter" || port_of(c).is_some()), "{:?}", spec.containers);
+    }
 }

@@ -81,6 +81,8 @@ pub(crate) struct Exports {
     agent: [Option<ComponentExportIndex>; AGENT_COMMANDS.len()],
     /// `agent.application`, when the plugin exports it.
     application: Option<ComponentExportIndex>,
+    /// `metrics.endpoint`, when the plugin exports it.
+    metrics: Option<ComponentExportIndex>,
 }
 
 /// A workload's field that an agent command fills.
@@ -138,11 +140,15 @@ impl Exports {
                 Contract::V0_1 => None,
             },
             agent: AGENT_COMMANDS.map(|(name, _)| match contract {
-                Contract::V0_2 => agent_export(component, interface, name),
+                Contract::V0_2 => optional_export(component, interface, "agent", name),
                 Contract::V0_1 => None,
             }),
             application: match contract {
-                Contract::V0_2 => agent_export(component, interface, "application"),
+                Contract::V0_2 => optional_export(component, interface, "agent", "application"),
+                Contract::V0_1 => None,
+            },
+            metrics: match contract {
+                Contract::V0_2 => optional_export(component, interface, "metrics", "endpoint"),
                 Contract::V0_1 => None,
             },
         })
@@ -184,6 +190,9 @@ impl Exports {
         }
         if let (Some(index), Ok(w)) = (&self.application, &mut workload) {
             w.application = v0_2::application_login(store.as_context_mut(), instance, index, spec)?;
+        }
+        if let (Some(index), Ok(w)) = (&self.metrics, &mut workload) {
+            w.metrics = v0_2::metrics_endpoint(store.as_context_mut(), instance, index, spec, cluster)?;
         }
         Ok(workload)
     }
@@ -256,11 +265,11 @@ impl Exports {
     }
 }
 
-/// Function `name` of the `agent` interface beside the contract's `interface`
+/// Function `name` of the optional interface `optional` beside the contract's `interface`
 /// (`plugdb:engine/plugin@0.2.0` → `plugdb:engine/agent@0.2.0`), if the component exports it.
-fn agent_export(component: &Component, interface: &str, name: &str) -> Option<ComponentExportIndex> {
-    let agent = interface.replacen("/plugin@", "/agent@", 1);
-    let (_, at) = component.get_export(None, &agent)?;
+fn optional_export(component: &Component, interface: &str, optional: &str, name: &str) -> Option<ComponentExportIndex> {
+    let beside = interface.replacen("/plugin@", &format!("/{optional}@"), 1);
+    let (_, at) = component.get_export(None, &beside)?;
     component.get_export(Some(&at), name).map(|(_, i)| i)
 }
 
@@ -426,6 +435,7 @@ macro_rules! conversions {
                 synchronous_command: Vec::new(),
                 follow_command: Vec::new(),
                 application: None,
+                metrics: None,
             }
         }
 

@@ -270,9 +270,33 @@ pub fn check_workload(w: &Workload, cluster: &ClusterContext) -> Vec<Violation> 
     if let Some(login) = &w.application {
         check_application(&mut r, login, &w.credentials);
     }
+    if let Some(metrics) = &w.metrics {
+        check_metrics(&mut r, metrics, w, cluster);
+    }
     check!(r, w.run_as_user != 0, "runAsUser", "containers never run as root (uid 0)");
     check!(r, w.run_as_user <= MAX_UID, "runAsUser", format!("{} is above the largest uid, {MAX_UID}", w.run_as_user));
     r.done()
+}
+
+/// The engine's metrics: a port of their own on the pod, an HTTP path, and an exporter
+/// held to what an init container is (an image, a bounded argv, the Database's own
+/// Secret alone).
+fn check_metrics(r: &mut Report, m: &MetricsEndpoint, w: &Workload, cluster: &ClusterContext) {
+    let agent = [crate::agent::PORT, crate::agent::metrics::PORT];
+    let taken = m.port == 0 || agent.contains(&m.port) || w.ports.iter().any(|p| p.port == m.port);
+    check!(r, !taken, "metrics.port", format!("port {} is 0, one of the member agent's {agent:?} or one of the engine's", m.port));
+    check!(
+        r,
+        http_path_ok(&m.path),
+        "metrics.path",
+        format!("{} must start with / and be at most 256 printable characters", quoted(&m.path))
+    );
+    let Some(x) = &m.exporter else { return };
+    check_image(r, "metrics.exporter.image", &x.image);
+    check_argv(r, "metrics.exporter.command", &x.command);
+    let mut env = Report(Vec::new());
+    check_env(&mut env, &x.env, &cluster.credentials_secret);
+    r.0.extend(env.0.into_iter().map(|v| Violation { field: format!("metrics.exporter.{}", v.field), ..v }));
 }
 
 /// The application's login goes into a Secret and a URI: names clients can type, and a
@@ -341,6 +365,7 @@ pub(crate) mod tests {
             synchronous_command: vec![],
             follow_command: vec![],
             application: None,
+            metrics: None,
         }
     }
 

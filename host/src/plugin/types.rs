@@ -368,6 +368,33 @@ pub struct Workload {
     /// `agent.application`: the login the application is given (none: no Secret
     /// `<name>-app`).
     pub application: Option<ApplicationLogin>,
+    /// `metrics.endpoint`: where Prometheus scrapes the engine's series, and the
+    /// exporter beside it (none: the agent's series alone).
+    pub metrics: Option<MetricsEndpoint>,
+}
+
+/// Where Prometheus scrapes a member's engine (`metrics.endpoint`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricsEndpoint {
+    /// The port on the pod's address.
+    pub port: u16,
+    /// Absolute path.
+    pub path: String,
+    /// The container serving them; none: the engine itself.
+    pub exporter: Option<Exporter>,
+}
+
+/// The engine's exporter, beside it in every member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Exporter {
+    /// Its image.
+    pub image: String,
+    /// Its argv (empty: the image's entrypoint).
+    pub command: Vec<String>,
+    /// Its environment.
+    pub env: Vec<EnvVar>,
 }
 
 /// The application's login (`agent.application`): a user of the engine that owns

@@ -25,6 +25,9 @@ use plugdb_sdk::*;
 const VERSIONS: &[&str] = &["3.5"];
 const CLIENT_PORT: u16 = 2379;
 const PEER_PORT: u16 = 2380;
+/// etcd's own series (`--listen-metrics-urls`), over plain HTTP whatever `spec.tls` says:
+/// they hold no keys or values.
+const METRICS_PORT: u16 = 2381;
 const UID: u32 = 999;
 const DATA_MOUNT: &str = "/var/lib/etcd";
 const START: &str = include_str!("start.sh");
@@ -197,6 +200,7 @@ impl Engine for Etcd {
         if integer(&spec, "quota-backend-bytes").is_none() {
             env.push(env_value("ETCD_QUOTA_BACKEND_BYTES", quota(&spec).to_string()));
         }
+        env.push(env_value("ETCD_LISTEN_METRICS_URLS", format!("http://0.0.0.0:{METRICS_PORT}")));
         if let Some(tls) = &spec.tls {
             env.extend(member_tls_env(tls));
         }
@@ -362,6 +366,14 @@ impl Agent for Etcd {
 echo \"etcdctl talks to this member ($ETCDCTL_ENDPOINTS); e.g. etcdctl endpoint status -w table\" >&2
 exec sh"
         ))
+    }
+}
+
+/// etcd serves its own series (`etcd_server_has_leader`, `etcd_mvcc_db_total_size_in_bytes`,
+/// …), which the community's etcd dashboards and rules use: no exporter.
+impl Metrics for Etcd {
+    fn endpoint(_spec: DatabaseSpec, _cluster: ClusterContext) -> Option<MetricsEndpoint> {
+        Some(MetricsEndpoint { port: METRICS_PORT, path: "/metrics".into(), exporter: None })
     }
 }
 

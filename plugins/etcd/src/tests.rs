@@ -309,3 +309,15 @@ fn a_member_waiting_to_join_is_alive_and_etcd_is_alive_while_it_listens_to_its_p
     assert!(!alive("etcd", &client_listening), "etcd listening to clients only");
     assert!(!alive("etcd", &peer_connected), "a connection on the peer port is not a listener");
 }
+
+/// etcd serves its own series, over plain HTTP on a port of their own: no exporter, and
+/// the members listen there.
+#[test]
+fn etcd_serves_its_own_series() {
+    let endpoint = Etcd::endpoint(spec(3, vec![]), cluster("config-0")).expect("measured");
+    assert_eq!((endpoint.port, endpoint.path.as_str(), endpoint.exporter), (METRICS_PORT, "/metrics", None));
+    let workload = Etcd::render(spec(3, vec![]), cluster("config-0")).expect("render");
+    let var = workload.env.iter().find(|e| e.name == "ETCD_LISTEN_METRICS_URLS").expect("etcd listens for them");
+    assert_eq!(var.source, EnvSource::Value(format!("http://0.0.0.0:{METRICS_PORT}")));
+    assert!(!workload.ports.iter().any(|p| p.port == METRICS_PORT), "not one of the engine's ports");
+}

@@ -14,6 +14,7 @@ umask 077
 IFS= read -r MARIADB_ROOT_PASSWORD < "$PLUGDB_CREDENTIALS/root-password" || [ -n "$MARIADB_ROOT_PASSWORD" ]
 IFS= read -r REPLICATION_PASSWORD < "$PLUGDB_CREDENTIALS/replication-password" || [ -n "$REPLICATION_PASSWORD" ]
 IFS= read -r APP_PASSWORD < "$PLUGDB_CREDENTIALS/app-password" 2>/dev/null || APP_PASSWORD=${APP_PASSWORD:-}
+IFS= read -r MONITOR_PASSWORD < "$PLUGDB_CREDENTIALS/monitor-password" 2>/dev/null || MONITOR_PASSWORD=${MONITOR_PASSWORD:-}
 
 if [ -n "${PLUGDB_FENCED:-}" ] && [ -e "$PLUGDB_FENCED" ]; then
   # Fenced by the member agent (see the plugin's fence command): this member takes no

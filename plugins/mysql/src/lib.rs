@@ -46,6 +46,12 @@ const REPLICATION_KEY: &str = "replication-password";
 /// The application's password: its user and database are both [`APPLICATION`].
 const APPLICATION_KEY: &str = "app-password";
 const APPLICATION: &str = "app";
+/// The exporter's password: its user is `plugdb_monitor`, from the member itself alone
+/// (see `accounts.sh`).
+const MONITOR_KEY: &str = "monitor-password";
+/// The community's exporter (prometheus/mysqld_exporter), as it publishes it.
+const EXPORTER_IMAGE: &str = "quay.io/prometheus/mysqld-exporter:v0.17.2";
+const EXPORTER_PORT: u16 = 9104;
 const DATA_MOUNT: &str = "/var/lib/mysql";
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
 /// The members' accounts (`accounts_sql`), which the bootstrap and the restore keep.
@@ -302,7 +308,9 @@ impl Engine for Mysql {
                 ConfigFile { name: "accounts.sh".into(), content: ACCOUNTS.into() },
             ],
             data_mount_path: DATA_MOUNT.into(),
-            credentials: [ROOT_KEY, REPLICATION_KEY, APPLICATION_KEY].map(|key| Credential { key: key.into(), length: 32 }).to_vec(),
+            credentials: [ROOT_KEY, REPLICATION_KEY, APPLICATION_KEY, MONITOR_KEY]
+                .map(|key| Credential { key: key.into(), length: 32 })
+                .to_vec(),
             recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
             run_as_user: UID,
             init_containers: vec![],
@@ -603,6 +611,33 @@ impl Agent for Mysql {
             database: APPLICATION.into(),
             password_key: APPLICATION_KEY.into(),
             scheme: "mysql".into(),
+        })
+    }
+}
+
+/// mysqld_exporter beside each member, as `plugdb_monitor` over loopback, under its own
+/// metric names (`mysql_up`, `mysql_global_status_*`, `mysql_slave_status_*`), which the
+/// community's dashboards and rules use. With TLS, the server requires it of every TCP
+/// login; over the pod's own loopback the exporter does not verify the server.
+impl Metrics for Mysql {
+    fn endpoint(spec: DatabaseSpec, cluster: ClusterContext) -> Option<MetricsEndpoint> {
+        let mut command = vec![
+            "/bin/mysqld_exporter".into(),
+            format!("--web.listen-address=:{EXPORTER_PORT}"),
+            format!("--mysqld.address=127.0.0.1:{PORT}"),
+            "--mysqld.username=plugdb_monitor".into(),
+        ];
+        if spec.tls.is_some() {
+            command.push("--tls.insecure-skip-verify".into());
+        }
+        Some(MetricsEndpoint {
+            port: EXPORTER_PORT,
+            path: "/metrics".into(),
+            exporter: Some(Exporter {
+                image: EXPORTER_IMAGE.into(),
+                command,
+                env: vec![env_secret("MYSQLD_EXPORTER_PASSWORD", &cluster.credentials_secret, MONITOR_KEY)],
+            }),
         })
     }
 }

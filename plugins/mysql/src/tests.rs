@@ -353,3 +353,32 @@ fn passwords_are_read_from_the_mounted_credentials_never_the_environment() {
         assert!(reads(&command, ROOT_KEY), "{command:?}");
     }
 }
+
+/// The exporter beside each member logs in as `plugdb_monitor`, which exists from the
+/// member's loopback alone and reads the server's status, never its data; with TLS it
+/// speaks TLS, as the server requires of every TCP login.
+#[test]
+fn the_exporter_logs_in_as_the_monitoring_user_from_its_own_member_alone() {
+    for tls in [false, true] {
+        let spec = DatabaseSpec {
+            tls: tls.then(|| TlsFiles { certificate: "/t/tls.crt".into(), key: "/t/tls.key".into(), ca: "/t/ca.crt".into() }),
+            ..spec("11.8")
+        };
+        let w = Mysql::render(spec.clone(), cluster()).expect("renders");
+        assert!(w.credentials.iter().any(|c| c.key == MONITOR_KEY), "its password is generated");
+        let endpoint = Mysql::endpoint(spec, cluster()).expect("measured");
+        let exporter = endpoint.exporter.expect("an exporter");
+        assert_eq!((endpoint.port, exporter.image.as_str()), (9104, EXPORTER_IMAGE));
+        assert!(exporter.command.contains(&"--mysqld.address=127.0.0.1:3306".to_string()), "{:?}", exporter.command);
+        assert!(exporter.command.contains(&"--mysqld.username=plugdb_monitor".to_string()), "{:?}", exporter.command);
+        assert_eq!(exporter.command.contains(&"--tls.insecure-skip-verify".to_string()), tls, "{:?}", exporter.command);
+        let secret = SecretRef { name: cluster().credentials_secret, key: MONITOR_KEY.into() };
+        assert_eq!(exporter.env, vec![EnvVar { name: "MYSQLD_EXPORTER_PASSWORD".into(), source: EnvSource::Secret(secret) }]);
+    }
+    let grants: Vec<&str> = ACCOUNTS.lines().filter(|l| l.contains("plugdb_monitor")).collect();
+    assert!(grants.iter().all(|l| l.contains("'plugdb_monitor'@'127.%'")), "from the member alone: {grants:?}");
+    assert!(grants.iter().any(|l| l.contains("GRANT PROCESS, REPLICATION CLIENT, SLAVE MONITOR ON *.*")), "{grants:?}");
+    assert!(grants.iter().any(|l| l.contains("GRANT SELECT ON performance_schema.*")), "{grants:?}");
+    assert!(!grants.iter().any(|l| l.contains("SELECT ON *.*") || l.contains("ALL PRIVILEGES")), "no data: {grants:?}");
+    assert!(BOOTSTRAP.contains("\"$PLUGDB_CREDENTIALS/monitor-password\""), "{BOOTSTRAP}");
+}

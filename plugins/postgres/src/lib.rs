@@ -35,6 +35,13 @@ const REPLICATION_KEY: &str = "replication-password";
 /// The application's password: its user and database are both [`APPLICATION`].
 const APPLICATION_KEY: &str = "app-password";
 const APPLICATION: &str = "app";
+/// The exporter's password: its user, [`MONITOR`], is a member of `pg_monitor` and
+/// nothing else, and logs in over loopback alone.
+const MONITOR_KEY: &str = "monitor-password";
+const MONITOR: &str = "plugdb_monitor";
+/// The community's exporter (prometheus-community/postgres_exporter), as it publishes it.
+const EXPORTER_IMAGE: &str = "quay.io/prometheuscommunity/postgres-exporter:v0.17.1";
+const EXPORTER_PORT: u16 = 9187;
 const BOOTSTRAP: &str = include_str!("bootstrap.sh");
 
 /// The engine; public so benchmarks can call its render natively.
@@ -135,7 +142,8 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
 /// Password (SCRAM) logins and replication only; with TLS, network connections must use
 /// it. The superuser logs in on the socket or from the member itself (its agent, over
 /// loopback) and from nowhere else: the password a tenant may read from the credentials
-/// Secret is no login over the network.
+/// Secret is no login over the network. The exporter's user logs in to database
+/// `postgres` from the member itself alone.
 fn pg_hba(spec: &DatabaseSpec) -> String {
     let host = if spec.tls.is_some() { "hostssl" } else { "host   " };
     format!(
@@ -147,6 +155,9 @@ fn pg_hba(spec: &DatabaseSpec) -> String {
          host    all          postgres    ::1/128       scram-sha-256\n\
          host    all          postgres    0.0.0.0/0     reject\n\
          host    all          postgres    ::/0          reject\n\
+         host    postgres     {MONITOR} 127.0.0.0/8 scram-sha-256\n\
+         host    all          {MONITOR} 0.0.0.0/0   reject\n\
+         host    all          {MONITOR} ::/0        reject\n\
          {host} replication  replicator  0.0.0.0/0     scram-sha-256\n\
          {host} replication  replicator  ::/0          scram-sha-256\n\
          {host} all          all         0.0.0.0/0     scram-sha-256\n\
@@ -305,7 +316,9 @@ impl Engine for Postgres {
                 ConfigFile { name: "replicator.sql".into(), content: REPLICATOR_GRANTS.into() },
             ],
             data_mount_path: DATA_MOUNT.into(),
-            credentials: [SUPERUSER_KEY, REPLICATION_KEY, APPLICATION_KEY].map(|key| Credential { key: key.into(), length: 32 }).to_vec(),
+            credentials: [SUPERUSER_KEY, REPLICATION_KEY, APPLICATION_KEY, MONITOR_KEY]
+                .map(|key| Credential { key: key.into(), length: 32 })
+                .to_vec(),
             recommended: ResourceAmounts { cpu_millis: Some(500), memory_bytes: Some(1 << 30) },
             run_as_user: UID,
             init_containers: vec![],
@@ -561,6 +574,32 @@ impl Agent for Postgres {
             database: APPLICATION.into(),
             password_key: APPLICATION_KEY.into(),
             scheme: "postgresql".into(),
+        })
+    }
+}
+
+/// postgres_exporter beside each member, as user [`MONITOR`] over loopback (what
+/// pg_hba lets it do, and nothing more), under its own metric names (`pg_up`,
+/// `pg_stat_database_*`, `pg_replication_*`), which the community's dashboards and rules use.
+impl Metrics for Postgres {
+    fn endpoint(_spec: DatabaseSpec, cluster: ClusterContext) -> Option<MetricsEndpoint> {
+        Some(MetricsEndpoint {
+            port: EXPORTER_PORT,
+            path: "/metrics".into(),
+            exporter: Some(Exporter {
+                image: EXPORTER_IMAGE.into(),
+                // With each database's transaction-ID age, which wraparound is measured by.
+                command: vec![
+                    "/bin/postgres_exporter".into(),
+                    format!("--web.listen-address=:{EXPORTER_PORT}"),
+                    "--collector.database_wraparound".into(),
+                ],
+                env: vec![
+                    env_value("DATA_SOURCE_URI", format!("127.0.0.1:{PORT}/postgres?sslmode=disable")),
+                    env_value("DATA_SOURCE_USER", MONITOR),
+                    env_secret("DATA_SOURCE_PASS", &cluster.credentials_secret, MONITOR_KEY),
+                ],
+            }),
         })
     }
 }

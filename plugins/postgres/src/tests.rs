@@ -312,6 +312,11 @@ fn synchronous_replication_waits_for_any_n_replicas_and_refuses_local_commits() 
 /// The first rule of `hba` a TCP login of `user` to database `app` from `address` meets:
 /// its type and method.
 fn login<'a>(hba: &'a str, user: &str, address: &str) -> Option<(&'a str, &'a str)> {
+    login_to(hba, "app", user, address)
+}
+
+/// The same, to `database`.
+fn login_to<'a>(hba: &'a str, to: &str, user: &str, address: &str) -> Option<(&'a str, &'a str)> {
     let address: std::net::IpAddr = address.parse().expect("an address");
     let within = |cidr: &str| {
         let (net, bits) = cidr.split_once('/').expect("a CIDR");
@@ -324,7 +329,7 @@ fn login<'a>(hba: &'a str, user: &str, address: &str) -> Option<(&'a str, &'a st
     };
     hba.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect::<Vec<_>>()).find_map(|rule| match rule[..] {
         [kind @ ("host" | "hostssl"), database, who, cidr, method]
-            if (database == "all" || database == "app") && (who == "all" || who == user) && within(cidr) =>
+            if (database == "all" || database == to) && (who == "all" || who == user) && within(cidr) =>
         {
             Some((kind, method))
         }
@@ -349,6 +354,38 @@ fn the_superuser_logs_in_from_its_own_member_alone() {
             assert_eq!(login(hba, "app", address).map(|r| r.1), Some("scram-sha-256"), "the application from {address}: {hba}");
         }
     }
+}
+
+/// The exporter beside each member logs in as the monitoring user, to database
+/// `postgres`, over the member's loopback: what pg_hba lets that user do, and nothing
+/// from anywhere else (its password is in the credentials Secret a tenant may read). The
+/// start makes it a member of `pg_monitor` alone.
+#[test]
+fn the_exporter_logs_in_as_the_monitoring_user_from_its_own_member_alone() {
+    for tls in [false, true] {
+        let spec = DatabaseSpec {
+            tls: tls.then(|| TlsFiles { certificate: "/t/tls.crt".into(), key: "/t/tls.key".into(), ca: "/t/ca.crt".into() }),
+            ..spec("17")
+        };
+        let w = Postgres::render(spec.clone(), cluster()).expect("renders");
+        assert!(w.credentials.iter().any(|c| c.key == MONITOR_KEY), "its password is generated");
+        let hba = &w.config_files.iter().find(|f| f.name == "pg_hba.conf").expect("pg_hba").content;
+        assert_eq!(login_to(hba, "postgres", MONITOR, "127.0.0.1"), Some(("host", "scram-sha-256")), "{hba}");
+        for address in ["10.1.2.3", "::1", "fd00::5"] {
+            assert_eq!(login_to(hba, "postgres", MONITOR, address).map(|r| r.1), Some("reject"), "from {address}: {hba}");
+        }
+        assert_eq!(login_to(hba, "app", MONITOR, "127.0.0.1").map(|r| r.1), Some("reject"), "no other database: {hba}");
+        let endpoint = Postgres::endpoint(spec, cluster()).expect("measured");
+        let exporter = endpoint.exporter.expect("an exporter");
+        assert_eq!((endpoint.port, exporter.image.as_str()), (9187, EXPORTER_IMAGE));
+        let var = |name: &str| exporter.env.iter().find(|e| e.name == name).map(|e| e.source.clone());
+        assert_eq!(var("DATA_SOURCE_USER"), Some(EnvSource::Value(MONITOR.into())));
+        assert_eq!(var("DATA_SOURCE_URI"), Some(EnvSource::Value("127.0.0.1:5432/postgres?sslmode=disable".into())));
+        let secret = SecretRef { name: cluster().credentials_secret, key: MONITOR_KEY.into() };
+        assert_eq!(var("DATA_SOURCE_PASS"), Some(EnvSource::Secret(secret)));
+    }
+    assert!(BOOTSTRAP.contains("GRANT pg_monitor TO plugdb_monitor;"), "{BOOTSTRAP}");
+    assert!(BOOTSTRAP.contains("\"$PLUGDB_CREDENTIALS/monitor-password\""), "{BOOTSTRAP}");
 }
 
 #[test]

@@ -1,12 +1,13 @@
 //! Guest-side SDK for plugdb engine plugins.
 //!
-//! An engine plugin implements [`Engine`] and [`Agent`] and exports them with
-//! [`export_engine!`]:
+//! An engine plugin implements [`Engine`], [`Agent`] and [`Metrics`] and exports them
+//! with [`export_engine!`]:
 //!
 //! ```text
 //! struct Redis;
 //! impl plugdb_sdk::Engine for Redis { /* info, validate, render, ... */ }
 //! impl plugdb_sdk::Agent for Redis {} // no member agent: every agent function's default
+//! impl plugdb_sdk::Metrics for Redis {} // measured by the agent alone
 //! plugdb_sdk::export_engine!(Redis);
 //! ```
 //!
@@ -33,6 +34,7 @@ pub mod bindings {
 pub const CONTRACT_VERSION: &str = "0.2.0";
 
 pub use bindings::exports::plugdb::engine::agent::ApplicationLogin;
+pub use bindings::exports::plugdb::engine::metrics::{Exporter, MetricsEndpoint};
 pub use bindings::exports::plugdb::engine::plugin::Guest as Engine;
 pub use bindings::plugdb::engine::host::log as host_log;
 pub use bindings::plugdb::engine::types::*;
@@ -108,6 +110,21 @@ impl<T: Agent> bindings::exports::plugdb::engine::agent::Guest for T {
 
     fn application(spec: DatabaseSpec) -> Option<ApplicationLogin> {
         <T as Agent>::application(spec)
+    }
+}
+
+/// How Prometheus measures the members' engine (the contract's `metrics` interface),
+/// with its default: not at all beyond the agent's series.
+pub trait Metrics {
+    /// Where the engine's series are scraped, and the exporter that serves them.
+    fn endpoint(_spec: DatabaseSpec, _cluster: ClusterContext) -> Option<MetricsEndpoint> {
+        None
+    }
+}
+
+impl<T: Metrics> bindings::exports::plugdb::engine::metrics::Guest for T {
+    fn endpoint(spec: DatabaseSpec, cluster: ClusterContext) -> Option<MetricsEndpoint> {
+        <T as Metrics>::endpoint(spec, cluster)
     }
 }
 

@@ -205,6 +205,10 @@ pub async fn elects_its_leader_and_changes_membership_safely(cluster: Arc<Cluste
     cluster.apply_database(etcd.ns, etcd.manifest(3, json!({}))).await.expect("scale to 3");
     running(&cluster, etcd, 3).await;
     one_cluster_with(&cluster, etcd, 3, "written-first", "1").await;
+    // etcd's own series, at the members' port engine-metrics: each has a leader.
+    for pod in &members(&cluster, etcd).await {
+        plugdb_tests::scenario::engine_series(pod, "etcd_server_has_leader 1").await;
+    }
     let leader = leader_followed(&cluster, etcd, None).await;
 
     // The engine elects a new leader; the host follows and promotes nothing.

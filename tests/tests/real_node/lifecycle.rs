@@ -406,6 +406,20 @@ pub async fn crash_loop_named(cluster: Arc<Cluster>) {
         tokio::time::sleep(INTERVAL).await;
     }
     eprintln!("{ns}: each of the dashboard's {} queries has series in a real Prometheus", queries.len());
+    // The engine's own series, from each member's exporter, labelled as the agent's are:
+    // both members up, the replica a replica.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let up = prometheus.query(&format!(r#"pg_up{{namespace="{ns}",database="orders",engine="postgres"}} == 1"#)).await;
+        let replica = prometheus
+            .query(&format!(r#"pg_replication_is_replica{{namespace="{ns}",database="orders",member="orders-1",role="replica"}} == 1"#))
+            .await;
+        if up.as_ref().is_ok_and(|u| u.len() == 2) && replica.as_ref().is_ok_and(|r| r.len() == 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the exporters' series never said it: {up:?} {replica:?}");
+        tokio::time::sleep(INTERVAL).await;
+    }
     served.abort();
 }
 

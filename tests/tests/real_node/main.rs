@@ -263,8 +263,19 @@ async fn members_are_measured(members: &[k8s_openapi::api::core::v1::Pod], ns: &
         assert_eq!(value("replication_lag_seconds").is_some(), role == "replica", "{name}: {scraped}");
         let (size, used) = (value("volume_size_bytes").unwrap_or_default(), value("volume_used_bytes").unwrap_or_default());
         assert!(size > 0.0 && used > 0.0 && used <= size, "{name}: {used} of {size} bytes: {scraped}");
+        // The engine's own, from its exporter, logged in as the monitoring user: a
+        // replica's say it is one.
+        let series = match engine {
+            Engine::Postgres => plugdb_tests::scenario::engine_series(pod, "pg_up 1").await,
+            Engine::Mysql => plugdb_tests::scenario::engine_series(pod, "mysql_up 1").await,
+        };
+        let replica = match engine {
+            Engine::Postgres => "pg_replication_is_replica 1",
+            Engine::Mysql => "mysql_slave_status_slave_io_running",
+        };
+        assert_eq!(series.lines().any(|l| l.starts_with(replica)), role == "replica", "{name}: {replica}: {series}");
     }
-    eprintln!("{ns}: every member's series scraped from its metrics port");
+    eprintln!("{ns}: every member's series scraped from its metrics port, and its engine's from its exporter");
 }
 
 /// A replica whose stream breaks (the administrator took the replication role's login and

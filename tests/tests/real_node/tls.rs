@@ -127,6 +127,14 @@ pub async fn sql_engine_serves_tls(cluster: Arc<Cluster>, engine: Engine, versio
     let password = String::from_utf8(secret.data.expect("data")[engine.password_key()].0.clone()).expect("text");
     let members = client.members().await;
     let replica = pod_ip(&members[1]);
+    // The engine's exporter logs in over the member's loopback, which TLS covers too.
+    let up = match engine {
+        Engine::Postgres => "pg_up 1",
+        Engine::Mysql => "mysql_up 1",
+    };
+    for pod in &members {
+        plugdb_tests::scenario::engine_series(pod, up).await;
+    }
     match engine {
         Engine::Postgres => {
             let psql = |conninfo: String, password: &str, sql: &str| {

@@ -151,6 +151,44 @@ struct ApplicationLogin {
     scheme: String,
 }
 
+pub(super) fn metrics_endpoint(
+    mut store: impl AsContextMut,
+    instance: &Instance,
+    index: &ComponentExportIndex,
+    spec: &host::EngineSpec,
+    cluster: &host::ClusterContext,
+) -> wasmtime::Result<Option<host::MetricsEndpoint>> {
+    let parameters = parameters(spec);
+    let (spec, cluster) = (database_spec(spec, &parameters), cluster_context(cluster));
+    let func = instance.get_func(&mut store, index).ok_or_else(|| wasmtime::format_err!("endpoint is not a function"))?;
+    let typed = func.typed::<(&w::DatabaseSpec, &w::ClusterContext), (Option<MetricsEndpoint>,)>(&store)?;
+    let (endpoint,) = typed.call(&mut store, (&spec, &cluster))?;
+    Ok(endpoint.map(|e| host::MetricsEndpoint {
+        port: e.port,
+        path: e.path,
+        exporter: e.exporter.map(|x| host::Exporter { image: x.image, command: x.command, env: x.env.into_iter().map(env).collect() }),
+    }))
+}
+
+/// `metrics.endpoint`, a record of the optional `metrics` interface, which the world the
+/// host binds (`engine-base`) leaves out.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct MetricsEndpoint {
+    port: u16,
+    path: String,
+    exporter: Option<Exporter>,
+}
+
+/// `metrics.exporter`.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct Exporter {
+    image: String,
+    command: Vec<String>,
+    env: Vec<w::EnvVar>,
+}
+
 pub(super) fn plan_scale(
     store: impl AsContextMut,
     instance: &Instance,
