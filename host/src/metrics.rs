@@ -170,6 +170,10 @@ pub struct Metrics {
     pub api_requests: Family<RequestLabels, Counter>,
     /// Entries of per-Database state the reconciler keeps (recent writes, failure counts).
     pub reconcile_state_entries: Gauge,
+    /// 1 while this operator leads (it reconciles), 0 while it waits to.
+    pub leading: Gauge,
+    /// Times this operator became the leader.
+    pub leadership_acquired: Counter,
     /// How far behind its primary each replica last said it was, while it knows.
     member_lag_seconds: Family<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// When each member's agent last answered the operator.
@@ -186,6 +190,7 @@ struct DatabaseSeries {
     condition: Family<DatabaseStateLabels, Gauge>,
     members_desired: Family<DatabaseLabels, Gauge>,
     members_ready: Family<DatabaseLabels, Gauge>,
+    member_nodes: Family<DatabaseLabels, Gauge>,
     backup_interval: Family<DatabaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     last_backup: Family<DatabaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     recoverable_from: Family<DatabaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -249,6 +254,9 @@ impl Default for Metrics {
             "Entries of per-Database state the reconciler keeps (recent writes, failure counts); dropped with the Database",
             reconcile_state_entries.clone(),
         );
+        let (leading, leadership_acquired) = (Gauge::default(), Counter::default());
+        registry.register("leader", "1 while this operator leads (reconciles), 0 while it waits to", leading.clone());
+        registry.register("leadership_acquired", "Times this operator became the leader", leadership_acquired.clone());
         let member_lag_seconds = Family::<MemberLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         registry.register(
             "member_lag_seconds",
@@ -270,6 +278,11 @@ impl Default for Metrics {
         );
         registry.register("database_members_desired", "The members each Database's spec asks for", databases.members_desired.clone());
         registry.register("database_members_ready", "Each Database's members whose pods are ready", databases.members_ready.clone());
+        registry.register(
+            "database_member_nodes",
+            "The nodes each Database's ready members run on (fewer than its members: some share a node)",
+            databases.member_nodes.clone(),
+        );
         let times = [
             (
                 "database_backup_interval_seconds",
@@ -316,6 +329,8 @@ impl Default for Metrics {
             reconcile_seconds,
             api_requests,
             reconcile_state_entries,
+            leading,
+            leadership_acquired,
             member_lag_seconds,
             member_heard,
         }
@@ -398,6 +413,10 @@ impl Metrics {
             Some(status) => {
                 series.members_desired.get_or_create(&labels).set(i64::from(db.spec.replicas));
                 series.members_ready.get_or_create(&labels).set(i64::from(status.ready_replicas.unwrap_or_default()));
+                let mut nodes: Vec<&str> = status.members.iter().filter(|m| m.ready).filter_map(|m| m.node.as_deref()).collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                series.member_nodes.get_or_create(&labels).set(nodes.len() as i64);
                 // From 0, so that the first promotion is an increase.
                 for how in ["failover", "switchover"] {
                     let _ = series.promotions.get_or_create(&state(how));
@@ -406,6 +425,7 @@ impl Metrics {
             None => {
                 series.members_desired.remove(&labels);
                 series.members_ready.remove(&labels);
+                series.member_nodes.remove(&labels);
                 for how in ["failover", "switchover"] {
                     series.promotions.remove(&state(how));
                 }
@@ -477,6 +497,11 @@ mod tests {
             "status": {
                 "phase": "Creating",
                 "readyReplicas": 2,
+                "members": [
+                    {"pod": "orders-0", "node": "a", "role": "primary", "ready": true},
+                    {"pod": "orders-1", "node": "a", "role": "replica", "ready": true},
+                    {"pod": "orders-2", "node": "b", "role": "replica", "ready": false},
+                ],
                 "conditions": [
                     {"type": "Ready", "status": "False", "reason": "MembersStarting", "message": "", "lastTransitionTime": "2027-01-15T08:00:00Z"},
                     {"type": "BackupHealthy", "status": "True", "reason": "BackupSucceeded", "message": "", "lastTransitionTime": "2027-01-15T08:00:00Z"},
@@ -496,6 +521,8 @@ mod tests {
             format!("plugdb_database_condition{{{labels},state=\"BackupHealthy\"}} 1"),
             format!("plugdb_database_members_desired{{{labels}}} 3"),
             format!("plugdb_database_members_ready{{{labels}}} 2"),
+            // Its two ready members share node a.
+            format!("plugdb_database_member_nodes{{{labels}}} 1"),
             format!("plugdb_database_backup_interval_seconds{{{labels}}} 86400.0"),
             format!("plugdb_database_last_backup_timestamp_seconds{{{labels}}} 1799978430.0"),
             format!("plugdb_database_recoverable_to_timestamp_seconds{{{labels}}} 1800000000.0"),

@@ -115,6 +115,8 @@ pub async fn run(
         };
         tracing::info!(identity = options.identity.as_deref(), "leading");
         health.set_leading(true);
+        metrics.leading.set(1);
+        metrics.leadership_acquired.inc();
         let mut term = Term::start(&client, &registry, &metrics, &options, &health, &agent_identity);
         let lost = async {
             match &election {
@@ -135,6 +137,7 @@ pub async fn run(
                 // Stop acting before the lease can run out for the others.
                 drop(term);
                 health.set_leading(false);
+                metrics.leading.set(0);
                 tracing::warn!(reason = %lost, "stopped leading: no more reconciles or writes until the lease is held again");
             }
             _ = &mut term.controller.0 => {
