@@ -4,7 +4,8 @@
 # openssl; the real node's runtime (containerd, runc, CNI plugins, iptables); and,
 # built once and cached under ~/.cache/plugdb: the Kubernetes control-plane and node
 # binaries, CoreDNS, local-path-provisioner, MinIO, cert-manager, Prometheus and
-# promtool (Debian's package, unpacked), and the engine images (from Debian packages).
+# promtool (Debian's package, unpacked), the Prometheus Operator's CRDs (generated from its
+# module), and the engine and exporter images (from Debian packages).
 # The Go builds and the image builds run side by side.
 #   scripts/install-deps.sh [packages|builds]    one part only (default: both, in order)
 set -euo pipefail
@@ -50,4 +51,5 @@ scripts/helm.sh >/dev/null
 scripts/minio.sh >/dev/null
 scripts/cert-manager.sh >/dev/null
 scripts/prometheus.sh >/dev/null
+scripts/monitoring-crds.sh >/dev/null
 wait $images || { echo "install-deps: building the engine images failed" >&2; exit 1; }

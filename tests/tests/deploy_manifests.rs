@@ -324,6 +324,47 @@ async fn every_manifest_passes_a_server_side_dry_run_and_the_rbac_is_enough_to_r
     runs_a_database_under_its_own_identity(&cp, "default", None).await;
 }
 
+/// The chart's PodMonitor, ServiceMonitor and PrometheusRule are objects the Prometheus
+/// Operator's real CRDs accept (generated from its module's API types, as its project
+/// does): a server-side dry run of each, where those CRDs are served.
+#[tokio::test]
+async fn the_chart_s_monitoring_objects_pass_the_prometheus_operator_s_schemas() {
+    let dir =
+        std::process::Command::new("bash").arg(plugdb_tests::workspace_root().join("scripts/monitoring-crds.sh")).output().expect("run");
+    assert!(dir.status.success(), "the Prometheus Operator's CRDs: {}", String::from_utf8_lossy(&dir.stderr));
+    let dir = std::path::PathBuf::from(String::from_utf8_lossy(&dir.stdout).trim());
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client.clone();
+    let kinds = ["podmonitors", "servicemonitors", "prometheusrules"];
+    for kind in kinds {
+        let text = std::fs::read_to_string(dir.join(format!("monitoring.coreos.com_{kind}.yaml"))).expect("a CRD");
+        for crd in parse(&text) {
+            apply(&admin, &crd, false).await.unwrap_or_else(|e| panic!("the {kind} CRD: {e}"));
+        }
+    }
+    for doc in documents("deploy/namespace.yaml") {
+        apply(&admin, &doc, false).await.expect("namespace");
+    }
+    let served =
+        ["monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule"];
+    let mut args: Vec<&str> = served.iter().flat_map(|a| ["--api-versions", *a]).collect();
+    args.extend(["--set", "metrics.podMonitor.labels.release=prom"]);
+    let chart = parse(&helm_template(&args));
+    // The CRDs are established, and discovered, a moment after they are made: each is
+    // tried until then, and refused only past it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for kind in ["PodMonitor", "ServiceMonitor", "PrometheusRule"] {
+        let doc = rendered(&chart, kind).unwrap_or_else(|| panic!("the chart renders a {kind} where its API is served"));
+        loop {
+            match apply(&admin, doc, true).await {
+                Ok(_) => break,
+                Err(_) if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(500)).await,
+                Err(e) => panic!("{kind} refused by the Prometheus Operator's schema: {e}"),
+            }
+        }
+    }
+}
+
 /// With `watchNamespace`, the operator's rights over Databases and their children are a
 /// Role in that namespace: it runs a Database there, and may not read a Secret elsewhere.
 #[tokio::test]
