@@ -31,11 +31,16 @@ pub struct Prometheus {
 
 impl Prometheus {
     /// Scrapes the members in `namespace` of the cluster `nodes` run, and the operator's
-    /// `/metrics` at `operator` (`host:port`), evaluating `rules`.
+    /// `/metrics` at `operator` (`host:port`), evaluating `rules`, every [`INTERVAL`].
     pub async fn start(nodes: &Nodes, namespace: &str, operator: &str, rules: &Path) -> Result<Self> {
+        Self::start_every(nodes, namespace, operator, rules, INTERVAL).await
+    }
+
+    /// The same, scraping and evaluating every `interval` (whole seconds).
+    pub async fn start_every(nodes: &Nodes, namespace: &str, operator: &str, rules: &Path, interval: Duration) -> Result<Self> {
         let bin = crate::cached_build("prometheus.sh", "Prometheus")?.join("prometheus");
         let dir = tempfile::tempdir()?;
-        let seconds = INTERVAL.as_secs();
+        let seconds = interval.as_secs().max(1);
         let targets = dir.path().join("members.json");
         std::fs::write(&targets, "[]")?;
         let config = serde_json::json!({

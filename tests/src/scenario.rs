@@ -303,6 +303,20 @@ pub fn pod_ip(pod: &Pod) -> String {
     pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_else(|| panic!("{} has no IP", pod.name_any()))
 }
 
+/// The series of `pod`'s member agent: `GET /metrics` at the port its
+/// `prometheus.io/port` annotation names.
+pub async fn agent_series(pod: &Pod) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let name = pod.name_any();
+    let port = pod.metadata.annotations.as_ref().and_then(|a| a.get("prometheus.io/port")?.parse::<u16>().ok());
+    let port = port.unwrap_or_else(|| panic!("{name}: no metrics port annotated"));
+    let mut stream = tokio::net::TcpStream::connect((pod_ip(pod).as_str(), port)).await.expect("the metrics port answers");
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nhost: member\r\n\r\n").await.expect("asked");
+    let mut scraped = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut scraped)).await.expect("answered").expect("the series");
+    scraped
+}
+
 /// The engine's series, as the chart's PodMonitor scrapes them from `pod`: `GET
 /// /metrics` at its container port named `engine-metrics`, until a line of them is
 /// `line` (`pg_up 1`), for a minute at most (the exporter starts beside the engine).
@@ -484,6 +498,25 @@ fn processes(pod: &Pod, container: &str) -> impl Iterator<Item = u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(move |pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id)))
+}
+
+/// What container `container` of `pod` has used: CPU seconds since it started and the
+/// most memory it has held (its cgroup's `cpuacct.usage` and
+/// `memory.max_usage_in_bytes`, cgroup v1), read from the node.
+pub fn container_usage(pod: &Pod, container: &str) -> Option<(f64, u64)> {
+    let pid = first_process(pod, container);
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = |controller: &str| {
+        cgroups.lines().find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (names, path) = rest.split_once(':')?;
+            names.split(',').any(|n| n == controller).then(|| path.to_string())
+        })
+    };
+    let read = |controller: &str, file: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{controller}{}/{file}", path(controller)?)).ok()?.trim().parse().ok()
+    };
+    Some((read("cpuacct", "cpuacct.usage")? as f64 / 1e9, read("memory", "memory.max_usage_in_bytes")?))
 }
 
 /// The processes of the engine in container `container` of `pod`: every one but the

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use plugdb::agent::metrics::{Member, Volume, encode};
+use plugdb::agent::metrics::{Archive, Member, Volume, encode};
 use plugdb::agent::parse;
 
 fn alerts_dir() -> PathBuf {
@@ -100,11 +100,18 @@ fn as_text_format(open_metrics: &str) -> String {
 /// the operator's (a Database's among them) pass promtool's lint: names, units, help and types as Prometheus wants.
 #[test]
 fn the_series_served_pass_promtool_check_metrics() {
-    let member =
-        Member { namespace: "shop".into(), database: "orders".into(), engine: "postgres".into(), member: "orders-1".into(), data: None };
+    let member = Member {
+        namespace: "shop".into(),
+        database: "orders".into(),
+        engine: "postgres".into(),
+        member: "orders-1".into(),
+        data: None,
+        archive: None,
+    };
     let replica = parse("replica 0/3000148 2.5").expect("a status");
     let volume = Some(Volume { size: 10 << 30, used: 1 << 30, per_hour: None });
-    for series in [encode(&member, Some(&replica), false, volume), encode(&member, None, true, None)] {
+    let archive = Some(Archive { pending: 3, oldest: 42.5 });
+    for series in [encode(&member, Some(&replica), false, volume, archive), encode(&member, None, true, None, None)] {
         let (ok, said) = promtool(&["check", "metrics"], Some(&series));
         assert!(ok && said.trim().is_empty(), "{said}\n{series}");
     }

@@ -73,6 +73,8 @@ pub struct Member {
     pub member: String,
     /// The data volume's mount (no volume series without it).
     pub data: Option<PathBuf>,
+    /// The directory the member shares with the archiver (no archive series without it).
+    pub archive: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -101,6 +103,32 @@ pub fn volume(path: &std::path::Path) -> Option<Volume> {
     let fs = rustix::fs::statvfs(path).ok()?;
     let size = fs.f_blocks.saturating_mul(fs.f_frsize);
     Some(Volume { size, used: fs.f_blocks.saturating_sub(fs.f_bfree).saturating_mul(fs.f_frsize), per_hour: None })
+}
+
+/// What waits in the archive directory to be shipped: the log segments the engine
+/// finished (every file whose name does not start with `.`), and how long the oldest
+/// has waited.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Archive {
+    /// The segments waiting.
+    pub pending: u64,
+    /// How long the oldest of them has waited, in seconds (0 when none waits).
+    pub oldest: f64,
+}
+
+/// The archive directory at `path`, if it can be read.
+pub fn archive(path: &std::path::Path) -> Option<Archive> {
+    let now = std::time::SystemTime::now();
+    let (mut pending, mut oldest) = (0, 0.0f64);
+    for entry in std::fs::read_dir(path).ok()?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else { continue };
+        pending += 1;
+        oldest = oldest.max(now.duration_since(modified).unwrap_or_default().as_secs_f64());
+    }
+    Some(Archive { pending, oldest })
 }
 
 /// How fast the data volume fills: its use at each status asked for (every half minute,
@@ -133,8 +161,8 @@ impl Filling {
 }
 
 /// The series of `member` at one look: what its status command said (`None`: no answer),
-/// whether it is fenced, and its volume.
-pub fn encode(member: &Member, said: Option<&Status>, fenced: bool, volume: Option<Volume>) -> String {
+/// whether it is fenced, its volume, and what waits in its archive directory.
+pub fn encode(member: &Member, said: Option<&Status>, fenced: bool, volume: Option<Volume>, archive: Option<Archive>) -> String {
     let role = match said {
         Some(s) if s.primary => "primary",
         Some(_) => "replica",
@@ -173,6 +201,14 @@ pub fn encode(member: &Member, said: Option<&Status>, fenced: bool, volume: Opti
     let (size, used) = (volume.map(|v| v.size as f64), volume.map(|v| v.used as f64));
     gauge(&mut registry, "volume_size_bytes", "The size of the member's data volume", size);
     gauge(&mut registry, "volume_used_bytes", "The bytes in use on the member's data volume", used);
+    let (pending, oldest) = (archive.map(|a| a.pending as f64), archive.map(|a| a.oldest));
+    gauge(
+        &mut registry,
+        "archive_pending_segments",
+        "The log segments the engine finished that wait in the archive directory to be shipped to the bucket",
+        pending,
+    );
+    gauge(&mut registry, "archive_oldest_pending_seconds", "How long the oldest segment waiting to be shipped has waited", oldest);
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
@@ -282,8 +318,9 @@ pub(super) async fn checked(check: &super::protocol::Check, last: &Checked) -> R
 async fn served(head: &[u8], agent: &Agent, member: &Member, looks: &Looks) -> (&'static str, &'static str, String) {
     if head.starts_with(b"GET /metrics ") {
         let said = status(agent, looks).await;
-        let volume = member.data.as_deref().and_then(volume);
-        ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", encode(member, said.as_ref(), agent.is_fenced(), volume))
+        let (volume, archive) = (member.data.as_deref().and_then(volume), member.archive.as_deref().and_then(archive));
+        let series = encode(member, said.as_ref(), agent.is_fenced(), volume, archive);
+        ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", series)
     } else if head.starts_with(b"GET /live ") {
         ("200 OK", "text/plain", "alive\n".to_string())
     } else if head.starts_with(b"GET /ready ") {

@@ -181,6 +181,10 @@ pub struct Serve {
     /// Where the member's data volume is mounted: its size and use are measured.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// The directory the member shares with the archiver (read-only here): the log
+    /// segments waiting there to be shipped are measured.
+    #[arg(long, value_name = "DIR")]
+    pub archive: Option<PathBuf>,
     /// The plugin's status command.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -255,6 +259,7 @@ impl Serve {
             ("--database", self.database.clone()),
             ("--engine", self.engine.clone()),
             ("--data", self.data.as_ref().map(|d| d.display().to_string())),
+            ("--archive", self.archive.as_ref().map(|d| d.display().to_string())),
         ];
         for (flag, value) in given {
             if let Some(value) = value {
@@ -347,6 +352,7 @@ mod tests {
             database: Some("shop/orders".into()),
             engine: Some("postgres".into()),
             data: Some("/var/lib/postgresql/data".into()),
+            archive: Some("/plugdb/archive".into()),
             command: vec!["psql".into(), "--flag".into()],
         };
         let bare = Serve {
@@ -361,6 +367,7 @@ mod tests {
             database: None,
             engine: None,
             data: None,
+            archive: None,
             ..full.clone()
         };
         for serve in [full, bare] {

@@ -447,6 +447,7 @@ async fn serve_measured(ours: &Issued, port: u16, metrics_port: u16, commands: C
         engine: "postgres".into(),
         member: member.into(),
         data: None,
+        archive: None,
     };
     tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
     assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
@@ -548,6 +549,7 @@ async fn the_members_series_are_served_to_a_scraper() {
         engine: "postgres".into(),
         member: "orders-1".into(),
         data: Some(dir.clone()),
+        archive: None,
     };
     tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -668,8 +670,47 @@ async fn a_scrape_and_the_operators_commands_do_not_wait_for_each_other() {
     });
     assert_eq!(first.map(|s| s.primary), Some(true));
     assert!(second.0.is_none() && second.1 < Duration::from_millis(500), "the last answer (none), at once: {second:?}");
-    let member = metrics::Member { namespace: "a".into(), database: "b".into(), engine: "c".into(), member: "b-0".into(), data: None };
-    let unknown = metrics::encode(&member, None, false, None);
+    let member = metrics::Member {
+        namespace: "a".into(),
+        database: "b".into(),
+        engine: "c".into(),
+        member: "b-0".into(),
+        data: None,
+        archive: None,
+    };
+    let unknown = metrics::encode(&member, None, false, None, None);
     assert!(unknown.contains(r#"plugdb_member_up{namespace="a",database="b",engine="c",member="b-0",role="unknown"} 0.0"#), "{unknown}");
     assert!(!unknown.contains("plugdb_member_volume_size_bytes{"), "no volume, no series: {unknown}");
+}
+
+/// What waits in the archive directory to be shipped: the segments the engine finished
+/// (a name not starting with `.`; one being written is not counted), and how long the
+/// oldest has waited; none waiting is 0 and 0, and no directory no series.
+#[test]
+fn the_archive_directory_is_measured_by_what_waits_there() {
+    let dir = tempdir::Dir(std::env::temp_dir().join(format!("plugdb-agent-archive-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).expect("a directory");
+    let none = metrics::archive(&dir.0).expect("readable");
+    assert_eq!((none.pending, none.oldest), (0, 0.0));
+    std::fs::write(dir.0.join("000000010000000000000003"), b"wal").expect("a segment");
+    std::fs::write(dir.0.join(".000000010000000000000004"), b"half").expect("one being written");
+    let old = std::fs::File::options().write(true).open(dir.0.join("000000010000000000000003")).expect("open");
+    old.set_modified(std::time::SystemTime::now() - Duration::from_secs(600)).expect("aged");
+    let waiting = metrics::archive(&dir.0).expect("readable");
+    assert_eq!(waiting.pending, 1);
+    assert!((599.0..700.0).contains(&waiting.oldest), "{}", waiting.oldest);
+    let member = metrics::Member {
+        namespace: "a".into(),
+        database: "b".into(),
+        engine: "c".into(),
+        member: "b-0".into(),
+        data: None,
+        archive: Some(dir.0.clone()),
+    };
+    let series = metrics::encode(&member, None, false, None, Some(waiting));
+    let labels = r#"{namespace="a",database="b",engine="c",member="b-0",role="unknown"}"#;
+    assert!(series.contains(&format!("plugdb_member_archive_pending_segments{labels} 1.0")), "{series}");
+    assert!(series.contains("plugdb_member_archive_oldest_pending_seconds{"), "{series}");
+    assert!(metrics::archive(&dir.0.join("gone")).is_none());
+    assert!(!metrics::encode(&member, None, false, None, None).contains("plugdb_member_archive_pending_segments{"));
 }

@@ -79,7 +79,12 @@ pub fn containers(
     let given = |argv: &[String]| (!argv.is_empty()).then(|| argv.to_vec());
     // The data volume, read-only: the agent measures it for its series, and a fence may read
     // what a stopped engine left in it (its last position).
-    let data = engine.volume_mounts.iter().flatten().find(|m| m.name == "data").map(|m| VolumeMount { read_only: Some(true), ..m.clone() });
+    let read_only = |name: &str| {
+        engine.volume_mounts.iter().flatten().find(|m| m.name == name).map(|m| VolumeMount { read_only: Some(true), ..m.clone() })
+    };
+    let data = read_only("data");
+    // The archive directory, read-only: what waits there to be shipped, for its series.
+    let archive = read_only("archive");
     let mut serve = Serve {
         port: PORT,
         certs: CERTS.into(),
@@ -93,6 +98,7 @@ pub fn containers(
         database: Some(format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any())),
         engine: Some(db.spec.engine.clone()),
         data: data.as_ref().map(|m| m.mount_path.clone().into()),
+        archive: archive.as_ref().map(|m| m.mount_path.clone().into()),
         readiness: None,
         liveness: None,
         command: status.to_vec(),
@@ -115,6 +121,7 @@ pub fn containers(
     let seen = |m: &&VolumeMount| !["data", "archive"].contains(&m.name.as_str());
     let mut mounts: Vec<VolumeMount> = engine.volume_mounts.iter().flatten().filter(seen).cloned().collect();
     mounts.extend(data);
+    mounts.extend(archive);
     mounts.push(pod::mount("agent-bin", BIN_DIR, true));
     mounts.push(pod::mount("agent-certs", CERTS, true));
     let mut env = engine.env.clone().unwrap_or_default();

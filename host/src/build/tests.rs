@@ -348,6 +348,17 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     assert!(pod.volumes.unwrap_or_default().iter().any(|v| v.name == "archive" && v.empty_dir.is_some()));
     assert_eq!(cluster_context(&db, "orders-0", true).archive_directory.as_deref(), Some(ARCHIVE_MOUNT));
     assert_eq!(cluster_context(&db, "orders-0", false).archive_directory, None);
+    // With the agent beside them, it reads the directory (read-only) for its series.
+    let mut w = workload("");
+    w.status_command = vec!["status".into()];
+    let agent = AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[] };
+    let sidecars = Sidecars { archiver: Some(archiver), agent: Some(agent), ..Default::default() };
+    let pod = members(&db, &w, sidecars, "orders-0", None).set.spec.and_then(|s| s.template.spec).expect("pod");
+    let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
+    let read = agent.volume_mounts.iter().flatten().find(|m| m.name == "archive").expect("the archive, in the agent");
+    assert_eq!((read.mount_path.as_str(), read.read_only), (ARCHIVE_MOUNT, Some(true)));
+    let argv = agent.command.clone().unwrap_or_default();
+    assert!(argv.windows(2).any(|w| w == ["--archive", ARCHIVE_MOUNT]), "{argv:?}");
 }
 
 /// With a status command and the operator's image, every member gets the agent: its

@@ -288,6 +288,13 @@ pub async fn backups_in_object_storage(cluster: Arc<Cluster>, engine: Engine, ve
         .expect("recoverable");
     let window = db.status.and_then(|s| s.recoverable).expect("recoverable");
     assert!(window.first < window.last, "{window:?}");
+    // The member's agent measures what waits to be shipped: nothing for long.
+    let member = client.members().await.into_iter().next().expect("the member");
+    let series = plugdb_tests::scenario::agent_series(&member).await;
+    let value = |name: &str| series.lines().find_map(|l| l.strip_prefix(&format!("{name}{{"))?.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(value("plugdb_member_archive_pending_segments").is_some(), "{series}");
+    let waited = value("plugdb_member_archive_oldest_pending_seconds");
+    assert!(waited.is_some_and(|w| w < 300.0), "the archiver keeps up: {waited:?}");
     let events = Api::<Event>::namespaced(cluster.client.clone(), &ns).list(&Default::default()).await.expect("events").items;
     assert!(
         events.iter().any(|e| e.reason.as_deref() == Some("BackupsPruned") && e.note.as_deref().is_some_and(|n| n.contains(&bucket_name))),
