@@ -2,10 +2,10 @@
 # The benchmarks: plugin calls (criterion, then median / p99 / ratio to native), the
 # operator's cost curve (100, 1,000 and 10,000 Databases by default) on a real control
 # plane, and Databases on the real node (apply to Ready, recovery after the primary
-# fails). Installs what it needs, like scripts/test.sh.
+# fails), and what measuring a member costs. Installs what it needs, like scripts/test.sh.
 #   scripts/bench.sh [SIZES]      tables in target/plugin-call.md, target/scale-bench.md,
-#                                 target/compile-bench.md, target/node-bench.md and
-#                                 target/criterion
+#                                 target/compile-bench.md, target/node-bench.md,
+#                                 target/metrics-bench.md and target/criterion
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -18,3 +18,4 @@ CRITERION_HOME="$PWD/target/criterion" cargo bench --locked -p plugdb-tests --be
 target/release/scale-bench "${1:-100,1000,10000}" target/scale-bench.md
 target/release/compile-bench target/compile-bench.md
 target/release/node-bench 3 target/node-bench.md
+target/release/metrics-bench 3 60 target/metrics-bench.md
