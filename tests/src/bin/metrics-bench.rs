@@ -2,15 +2,16 @@
 //! Databases side by side, one with its engine's exporter (the default) and one with
 //! `monitoring.engineMetrics: false`; a real Prometheus scrapes the first's member (its
 //! agent and its exporter, as the chart's PodMonitor does) every 15 s. Each round loads
-//! one, then the other, for SECONDS with the engine's own load tool through the
-//! read-write Service as the application's login (postgres: `pgbench`, TPC-B-like, 4
-//! clients; mysql: `mariadb-slap`, 4 clients of mixed writes and reads): the
-//! throughput of each, and what the scraped member's exporter and agent containers
+//! one, then the other (which goes first alternates), for SECONDS with the engine's own
+//! load tool through the read-write Service as the application's login (postgres:
+//! `pgbench`, TPC-B-like, 4 clients; mysql: `mariadb-slap`, 4 clients inserting a row
+//! and reading the newest back, in runs of 40,000 statements): the throughput of each, and what the scraped member's exporter and agent containers
 //! used meanwhile (CPU, from their cgroups, and the most memory each held). Medians of
 //! ROUNDS (default 3). Needs root (the nodes). The table goes to stdout and to OUT
 //! (default `target/metrics-bench.md`).
 //!
-//! `cargo run -p plugdb-tests --bin metrics-bench -- [ROUNDS] [SECONDS] [OUT]`
+//! `cargo run -p plugdb-tests --bin metrics-bench -- [ROUNDS] [SECONDS] [OUT] [ENGINES]`
+//! (ENGINES: `postgres,mysql` by default).
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,7 @@ async fn bench() -> Result<()> {
     let rounds: usize = std::env::args().nth(1).map(|r| r.parse()).transpose().context("ROUNDS")?.unwrap_or(3);
     let seconds: u64 = std::env::args().nth(2).map(|r| r.parse()).transpose().context("SECONDS")?.unwrap_or(60);
     let out = std::env::args().nth(3).unwrap_or_else(|| "target/metrics-bench.md".into());
+    let engines = std::env::args().nth(4).unwrap_or_else(|| "postgres,mysql".into());
     let log = std::fs::File::create(format!("{out}.log")).with_context(|| format!("creating {out}.log"))?;
     let filter = plugdb::logging::filter("info,kube=warn");
     let subscriber = plugdb::logging::subscriber(plugdb::logging::LogFormat::Text, filter, std::sync::Mutex::new(log), false);
@@ -56,7 +58,9 @@ async fn bench() -> Result<()> {
     let plugins = [("postgres", "postgres"), ("mysql", "mysql")];
     let cluster = Cluster::with_settings(Backing::Node(Box::new(node)), &plugins, plugdb::reconcile::Settings::default()).await?;
     let mut rows = Vec::new();
-    for (engine, version) in [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")] {
+    let benched =
+        [(Engine::Postgres, "17"), (Engine::Mysql, "11.8")].into_iter().filter(|(e, _)| engines.split(',').any(|n| n == e.name()));
+    for (engine, version) in benched {
         rows.extend(measure(&cluster, engine, version, rounds, Duration::from_secs(seconds)).await?);
     }
     let commit = std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok();
@@ -94,6 +98,10 @@ async fn measure(cluster: &Cluster, engine: Engine, version: &str, rounds: usize
     };
     let (mut with, mut without, mut exporter_cpu, mut agent_cpu) = (vec![], vec![], vec![], vec![]);
     for round in 0..rounds {
+        // Which goes first alternates: a run warms what the next one finds.
+        if round % 2 == 1 {
+            without.push(unmeasured.load(load).await?);
+        }
         let usage = || (container_usage(&member, "exporter"), container_usage(&member, "agent"));
         let (before, started) = (usage(), Instant::now());
         with.push(measured.load(load).await?);
@@ -101,7 +109,9 @@ async fn measure(cluster: &Cluster, engine: Engine, version: &str, rounds: usize
         let ((Some(e0), Some(a0)), (Some(e1), Some(a1))) = (before, after) else { bail!("{name}: no cgroup of the exporter or agent") };
         exporter_cpu.push((e1.0 - e0.0) / elapsed);
         agent_cpu.push((a1.0 - a0.0) / elapsed);
-        without.push(unmeasured.load(load).await?);
+        if round % 2 == 0 {
+            without.push(unmeasured.load(load).await?);
+        }
         eprintln!("{name} round {}: {:.0} with metrics, {:.0} without", round + 1, with[round], without[round]);
     }
     let scraped = prometheus.query(&format!(r#"{up}{{namespace="{on}"}} == 1"#)).await?;
@@ -151,14 +161,35 @@ impl Target {
         c
     }
 
-    /// Makes what the load needs (pgbench's tables, scale 10).
+    /// Makes what the load needs (pgbench's tables, scale 10; a table of rows), again for
+    /// a minute while it fails: a Service just made may not be reached at once.
     async fn prepare(&self) -> Result<()> {
-        if self.engine == Engine::Postgres {
-            let mut c = self.command("pgbench");
-            c.args(["-i", "-q", "-s", "10", "-h", &self.host, "-U", &self.user, &self.database]);
-            run(c).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match run(self.preparation()).await {
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("preparing again: {e}");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                done => return done.map(drop),
+            }
         }
-        Ok(())
+    }
+
+    fn preparation(&self) -> std::process::Command {
+        match self.engine {
+            Engine::Postgres => {
+                let mut c = self.command("pgbench");
+                c.args(["-i", "-q", "-s", "10", "-h", &self.host, "-U", &self.user, &self.database]);
+                c
+            }
+            Engine::Mysql => {
+                let mut c = self.command("mariadb");
+                let table = "CREATE TABLE IF NOT EXISTS slap (id BIGINT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(64))";
+                c.args(["-h", &self.host, &format!("-u{}", self.user), &self.database, "-e", table]);
+                c
+            }
+        }
     }
 
     /// The throughput of a load of `load`, 4 clients.
@@ -173,28 +204,34 @@ impl Target {
                     .with_context(|| format!("no tps in {said}"))
             }
             Engine::Mysql => {
-                // As many queries as fit in about `load` at this machine's pace: the
-                // answer is the queries a second it took.
-                let queries = 400 * load.as_secs();
-                let mut c = self.command("mariadb-slap");
-                c.args([
-                    "-h",
-                    &self.host,
-                    &format!("-u{}", self.user),
-                    &format!("--create-schema={}", self.database),
-                    "--no-drop",
-                    "--concurrency=4",
-                    "--iterations=1",
-                    &format!("--number-of-queries={queries}"),
-                    "--auto-generate-sql",
-                    "--auto-generate-sql-load-type=mixed",
-                    "--auto-generate-sql-add-autoincrement",
-                ]);
-                let said = run(c).await?;
-                let seconds: f64 = said
-                    .lines()
-                    .find_map(|l| l.trim().strip_prefix("Average number of seconds to run all queries:")?.trim().parse().ok())
-                    .with_context(|| format!("no time in {said}"))?;
+                // Runs of a fixed number of queries, one after another for `load`: the
+                // answer is the queries a second over them all, as the tool timed them.
+                const QUERIES: u64 = 40_000;
+                let (started, mut queries, mut seconds) = (Instant::now(), 0u64, 0.0f64);
+                while started.elapsed() < load {
+                    let mut c = self.command("mariadb-slap");
+                    c.args([
+                        "-h",
+                        &self.host,
+                        &format!("-u{}", self.user),
+                        // Named, not made: with a query of its own it makes no schema.
+                        &format!("--create-schema={}", self.database),
+                        "--concurrency=4",
+                        "--iterations=1",
+                        &format!("--number-of-queries={QUERIES}"),
+                        "--delimiter=;",
+                        "--query=INSERT INTO slap (v) VALUES (REPEAT('x', 32));SELECT v FROM slap ORDER BY id DESC LIMIT 1",
+                    ]);
+                    let said = run(c).await?;
+                    let took: f64 = said
+                        .lines()
+                        .find_map(|l| {
+                            let rest = l.trim().strip_prefix("Average number of seconds to run all queries:")?;
+                            rest.split_whitespace().next()?.parse().ok()
+                        })
+                        .with_context(|| format!("no time in {said}"))?;
+                    (queries, seconds) = (queries + QUERIES, seconds + took);
+                }
                 Ok(queries as f64 / seconds.max(0.001))
             }
         }
