@@ -1,14 +1,15 @@
-//! What measuring a member costs, on the real nodes, per engine: two one-member
-//! Databases side by side, one with its engine's exporter (the default) and one with
-//! `monitoring.engineMetrics: false`; a real Prometheus scrapes the first's member (its
-//! agent and its exporter, as the chart's PodMonitor does) every 15 s. Each round loads
-//! one, then the other (which goes first alternates), for SECONDS with the engine's own
-//! load tool through the read-write Service as the application's login (postgres:
-//! `pgbench`, TPC-B-like, 4 clients; mysql: `mariadb-slap`, 4 clients inserting a row
-//! and reading the newest back, in runs of 40,000 statements): the throughput of each, and what the scraped member's exporter and agent containers
-//! used meanwhile (CPU, from their cgroups, and the most memory each held). Medians of
-//! ROUNDS (default 3). Needs root (the nodes). The table goes to stdout and to OUT
-//! (default `target/metrics-bench.md`).
+//! What measuring a member costs, on the real nodes, per engine: a one-member Database
+//! with its engine's exporter (the default), loaded in rounds for SECONDS each with the
+//! engine's own load tool through the read-write Service as the application's login
+//! (postgres: `pgbench`, TPC-B-like, 4 clients; mysql: `mariadb-slap`, 4 clients
+//! inserting a row and reading the newest back, in runs of 40,000 statements), once
+//! while a real Prometheus scrapes the member (its agent and its exporter, as the chart's
+//! PodMonitor does) every 15 s and once while nothing does (which goes first
+//! alternates): the throughput of each, on the same member, and what its exporter and
+//! agent containers used while scraped (CPU, from their cgroups, and the most memory
+//! each held). Beside it, the same Database with `monitoring.engineMetrics: false` has
+//! no exporter container at all (checked). Medians of ROUNDS (default 3). Needs root
+//! (the nodes). The table goes to stdout and to OUT (default `target/metrics-bench.md`).
 //!
 //! `cargo run -p plugdb-tests --bin metrics-bench -- [ROUNDS] [SECONDS] [OUT] [ENGINES]`
 //! (ENGINES: `postgres,mysql` by default).
@@ -84,53 +85,57 @@ async fn measure(cluster: &Cluster, engine: Engine, version: &str, rounds: usize
     for ns in [&on, &off] {
         cluster.wait_database(ns, "bench", "1 member Running", WAIT, |d| is_running(d, 1)).await?;
     }
+    let containers = |pod: &Pod| -> Vec<String> { pod.spec.iter().flat_map(|s| &s.containers).map(|c| c.name.clone()).collect() };
+    let unmeasured = Api::<Pod>::namespaced(cluster.client.clone(), &off).get("bench-0").await?;
+    if containers(&unmeasured).iter().any(|c| c == "exporter") {
+        bail!("{name}: a Database with engineMetrics off runs an exporter");
+    }
     let Backing::Node(nodes) = &cluster.backing else { bail!("needs the real nodes") };
     let rules = plugdb_tests::workspace_root().join("deploy/chart/plugdb/alerts/plugdb-rules.yaml");
-    // No operator's /metrics here: its target is down, which costs the members nothing.
-    let prometheus = Prometheus::start_every(nodes, &on, "127.0.0.1:1", &rules, SCRAPE).await?;
-    let (measured, unmeasured) = (Target::new(cluster, engine, &on).await?, Target::new(cluster, engine, &off).await?);
-    measured.prepare().await?;
-    unmeasured.prepare().await?;
+    let target = Target::new(cluster, engine, &on).await?;
+    target.prepare().await?;
     let member = Api::<Pod>::namespaced(cluster.client.clone(), &on).get("bench-0").await?;
     let up = match engine {
         Engine::Postgres => "pg_up",
         Engine::Mysql => "mysql_up",
     };
-    let (mut with, mut without, mut exporter_cpu, mut agent_cpu) = (vec![], vec![], vec![], vec![]);
+    let (mut scraped, mut quiet, mut exporter_cpu, mut agent_cpu) = (vec![], vec![], vec![], vec![]);
     for round in 0..rounds {
         // Which goes first alternates: a run warms what the next one finds.
         if round % 2 == 1 {
-            without.push(unmeasured.load(load).await?);
+            quiet.push(target.load(load).await?);
         }
+        // No operator's /metrics here: its target is down, which costs the member nothing.
+        let prometheus = Prometheus::start_every(nodes, &on, "127.0.0.1:1", &rules, SCRAPE).await?;
         let usage = || (container_usage(&member, "exporter"), container_usage(&member, "agent"));
         let (before, started) = (usage(), Instant::now());
-        with.push(measured.load(load).await?);
+        scraped.push(target.load(load).await?);
         let (after, elapsed) = (usage(), started.elapsed().as_secs_f64());
         let ((Some(e0), Some(a0)), (Some(e1), Some(a1))) = (before, after) else { bail!("{name}: no cgroup of the exporter or agent") };
         exporter_cpu.push((e1.0 - e0.0) / elapsed);
         agent_cpu.push((a1.0 - a0.0) / elapsed);
-        if round % 2 == 0 {
-            without.push(unmeasured.load(load).await?);
+        if prometheus.query(&format!(r#"{up}{{namespace="{on}"}} == 1"#)).await?.is_empty() {
+            bail!("{name}: Prometheus never scraped the member's exporter");
         }
-        eprintln!("{name} round {}: {:.0} with metrics, {:.0} without", round + 1, with[round], without[round]);
-    }
-    let scraped = prometheus.query(&format!(r#"{up}{{namespace="{on}"}} == 1"#)).await?;
-    if scraped.is_empty() {
-        bail!("{name}: Prometheus never scraped the measured member's exporter");
+        drop(prometheus);
+        if round % 2 == 0 {
+            quiet.push(target.load(load).await?);
+        }
+        eprintln!("{name} round {}: {:.0} scraped, {:.0} not", round + 1, scraped[round], quiet[round]);
     }
     let peak = |container: &str| container_usage(&member, container).map(|u| u.1 as f64 / f64::from(1 << 20)).unwrap_or_default();
     let unit = match engine {
         Engine::Postgres => "pgbench transactions a second",
-        Engine::Mysql => "mariadb-slap queries a second",
+        Engine::Mysql => "mariadb-slap statements a second",
     };
-    let (with, without) = (median(with), median(without));
+    let (scraped, quiet) = (median(scraped), median(quiet));
     Ok(vec![
-        format!("| {name}: {unit}, with its exporter and a scrape every 15 s | {with:.0} |"),
-        format!("| {name}: {unit}, without | {without:.0} |"),
-        format!("| {name}: with ÷ without | {:.3} |", with / without),
-        format!("| {name}: exporter CPU under that load | {:.1} millicores |", median(exporter_cpu) * 1000.0),
+        format!("| {name}: {unit}, its agent and exporter scraped every 15 s | {scraped:.0} |"),
+        format!("| {name}: {unit}, not scraped | {quiet:.0} |"),
+        format!("| {name}: scraped ÷ not | {:.3} |", scraped / quiet),
+        format!("| {name}: exporter CPU while scraped, under that load | {:.1} millicores |", median(exporter_cpu) * 1000.0),
         format!("| {name}: exporter memory, the most it held | {:.1} MiB |", peak("exporter")),
-        format!("| {name}: agent CPU under that load | {:.1} millicores |", median(agent_cpu) * 1000.0),
+        format!("| {name}: agent CPU while scraped, under that load | {:.1} millicores |", median(agent_cpu) * 1000.0),
         format!("| {name}: agent memory, the most it held | {:.1} MiB |", peak("agent")),
     ])
 }
