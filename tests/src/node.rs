@@ -1029,3 +1029,20 @@ reclaimPolicy: Delete"#,
     ];
     daemons.spawn("local-path-provisioner", provisioner, &args)
 }
+
+/// A bench on the real nodes, run until it ends or is interrupted (SIGINT, SIGTERM):
+/// either way the nodes are torn down (dropping what the bench holds tears them down).
+/// The in-process operator logs to `log`.
+pub async fn bench_until_interrupted(log: &str, bench: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let file = std::fs::File::create(log).with_context(|| format!("creating {log}"))?;
+    let filter = plugdb::logging::filter("info,kube=warn");
+    let subscriber = plugdb::logging::subscriber(plugdb::logging::LogFormat::Text, filter, std::sync::Mutex::new(file), false);
+    tracing::subscriber::set_global_default(subscriber).context("the operator's log")?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
+    tokio::select! {
+        done = bench => done,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+        _ = term.recv() => anyhow::bail!("terminated"),
+    }
+}

@@ -34,27 +34,17 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
-/// The bench, until it ends or is interrupted (SIGINT, SIGTERM): either way the nodes
-/// are torn down (dropping what the bench holds tears them down).
+/// The bench, until it ends or is interrupted: either way the nodes are torn down.
 #[tokio::main]
 async fn main() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
-    tokio::select! {
-        done = bench() => done,
-        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
-        _ = term.recv() => bail!("terminated"),
-    }
+    let out = std::env::args().nth(3).unwrap_or_else(|| "target/metrics-bench.md".into());
+    plugdb_tests::node::bench_until_interrupted(&format!("{out}.log"), bench(out)).await
 }
 
-async fn bench() -> Result<()> {
+async fn bench(out: String) -> Result<()> {
     let rounds: usize = std::env::args().nth(1).map(|r| r.parse()).transpose().context("ROUNDS")?.unwrap_or(3);
     let seconds: u64 = std::env::args().nth(2).map(|r| r.parse()).transpose().context("SECONDS")?.unwrap_or(60);
-    let out = std::env::args().nth(3).unwrap_or_else(|| "target/metrics-bench.md".into());
     let engines = std::env::args().nth(4).unwrap_or_else(|| "postgres,mysql".into());
-    let log = std::fs::File::create(format!("{out}.log")).with_context(|| format!("creating {out}.log"))?;
-    let filter = plugdb::logging::filter("info,kube=warn");
-    let subscriber = plugdb::logging::subscriber(plugdb::logging::LogFormat::Text, filter, std::sync::Mutex::new(log), false);
-    tracing::subscriber::set_global_default(subscriber).context("the operator's log")?;
     let node = Nodes::start().await?;
     let plugins = [("postgres", "postgres"), ("mysql", "mysql")];
     let cluster = Cluster::with_settings(Backing::Node(Box::new(node)), &plugins, plugdb::reconcile::Settings::default()).await?;

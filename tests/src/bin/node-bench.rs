@@ -40,26 +40,16 @@ fn median(mut values: Vec<Duration>) -> Duration {
     values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
-/// The bench, until it ends or is interrupted (SIGINT, SIGTERM): either way the nodes
-/// are torn down (dropping what the bench holds tears them down).
+/// The bench, until it ends or is interrupted: either way the nodes are torn down.
 #[tokio::main]
 async fn main() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("a SIGTERM handler")?;
-    tokio::select! {
-        done = bench() => done,
-        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
-        _ = term.recv() => anyhow::bail!("terminated"),
-    }
+    let out = std::env::args().nth(2).unwrap_or_else(|| "target/node-bench.md".into());
+    plugdb_tests::node::bench_until_interrupted(&format!("{out}.log"), bench(out)).await
 }
 
-async fn bench() -> Result<()> {
+async fn bench(out: String) -> Result<()> {
     let runs: usize = std::env::args().nth(1).map(|r| r.parse()).transpose().context("RUNS")?.unwrap_or(3);
-    let out = std::env::args().nth(2).unwrap_or_else(|| "target/node-bench.md".into());
     let engines = std::env::args().nth(3).unwrap_or_else(|| "postgres,mysql".into());
-    let log = std::fs::File::create(format!("{out}.log")).with_context(|| format!("creating {out}.log"))?;
-    let filter = plugdb::logging::filter("info,kube=warn");
-    let subscriber = plugdb::logging::subscriber(plugdb::logging::LogFormat::Text, filter, std::sync::Mutex::new(log), false);
-    tracing::subscriber::set_global_default(subscriber).context("the operator's log")?;
     let started = Instant::now();
     let node = Nodes::start().await?;
     let node_ready = started.elapsed();
