@@ -42,6 +42,13 @@ fi
 [[ $part == packages ]] && exit 0
 
 [[ $(id -u) == 0 ]] || { echo "install-deps: the real node and its images need root" >&2; exit 1; }
+# What the Go builds download and compile (several GiB) is needed only while they run:
+# their outputs are cached by version, so the modules and the build cache go with them.
+cache="${PLUGDB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plugdb}"
+mkdir -p "$cache"
+scratch=$(mktemp -d "$cache/go-scratch.XXXXXX")
+trap 'chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"' EXIT
+export GOCACHE="$scratch/build" GOMODCACHE="$scratch/mod" GOPATH="$scratch/path"
 # Images build mostly on the network and dpkg; the Go builds on the CPU: side by side.
 scripts/node-images.sh >/dev/null &
 images=$!

@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh packages
+# One build of a clean tree: incremental state would only add GiBs of disk and time.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # The one-time builds (Kubernetes, engine images, MinIO, cert-manager; cached under
 # ~/.cache/plugdb, at once when warm) go on while the workspace builds.
 scripts/install-deps.sh builds &
