@@ -147,6 +147,8 @@ pub struct Status {
     pub lag: Option<Duration>,
     /// Its data volume, as its agent measured it (`statfs`), when it did.
     pub volume: Option<metrics::Volume>,
+    /// Its engine's exporter, as its agent last looked at it, when it runs one.
+    pub exporter: Option<exporter::Exporter>,
 }
 
 /// The most lag a member may say it has: a day (more is read as not known).
@@ -155,16 +157,25 @@ pub const MAX_LAG: Duration = Duration::from_secs(86_400);
 /// The member's answer, `primary <position>` or `replica <position> [<lag>]` on one line,
 /// read as coming from anyone: a position is 1-128 printable characters without spaces;
 /// a lag, a replica's only, is seconds (`0`, `2.5`), at most [`MAX_LAG`]. The agent may
-/// add a line `volume <used> <size> [<bytes an hour>]` of the member's data volume (how fast it fills once it knows).
+/// add a line `volume <used> <size> [<bytes an hour>]` of the member's data volume (how
+/// fast it fills once it knows), then a line `exporter up|down|silent` of its engine's exporter.
 pub fn parse(answer: &str) -> Result<Status, String> {
-    let mut lines = answer.trim_end_matches(['\n', '\r']).split('\n');
-    let line = lines.next().unwrap_or_default().trim_end_matches('\r');
-    let volume = match lines.next() {
-        Some(more) => Some(parse_volume(more.trim_end_matches('\r'))?),
+    let mut lines = answer.trim_end_matches(['\n', '\r']).split('\n').map(|l| l.trim_end_matches('\r'));
+    let line = lines.next().unwrap_or_default();
+    let mut more = lines.peekable();
+    let volume = match more.next_if(|l| l.starts_with("volume ")) {
+        Some(l) => Some(parse_volume(l)?),
         None => None,
     };
-    if lines.next().is_some() {
-        return Err("more than a status and a volume".into());
+    let exporter = match more.next() {
+        Some(l) => {
+            let word = l.strip_prefix("exporter ").and_then(exporter::Exporter::parse);
+            Some(word.ok_or_else(|| format!("{:?} is neither a volume nor `exporter up|down|silent`", crate::said::cut(l, 64)))?)
+        }
+        None => None,
+    };
+    if more.next().is_some() {
+        return Err("more than a status, a volume and an exporter".into());
     }
     let (role, rest) = line.split_once(' ').ok_or("not `<role> <position>`")?;
     let (position, lag) = match rest.split_once(' ') {
@@ -181,7 +192,7 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     if position.is_empty() || position.len() > 128 || !position.chars().all(printable) {
         return Err("the position is not 1-128 printable characters".into());
     }
-    Ok(Status { primary, position: position.to_string(), lag, volume })
+    Ok(Status { primary, position: position.to_string(), lag, volume, exporter })
 }
 
 /// `volume <used> <size> [<bytes an hour>]`, in bytes, used no more than the size.
@@ -201,17 +212,22 @@ fn parse_volume(line: &str) -> Result<metrics::Volume, String> {
     volume.ok_or_else(|| format!("{:?} is not `volume <used> <size> [<bytes an hour>]`", crate::said::cut(line, 64)))
 }
 
-/// The status command's `out`, and the member's data volume at `data` as a line of its
-/// own when it can be measured (after the command's first line alone: the volume is
-/// the agent's word, not the command's), with how fast it fills once `filling` knows.
-fn with_volume(out: String, data: Option<&Path>, filling: &metrics::Filling) -> String {
-    match data.and_then(metrics::volume) {
+/// The status command's `out`, and the member's data volume as a line of its own when it
+/// can be measured (after the command's first line alone: the volume is the agent's word,
+/// not the command's), with how fast it fills once the agent knows; then what the agent
+/// last saw of the engine's exporter, when it runs one.
+fn with_measures(out: String, agent: &Agent) -> String {
+    let mut answer = match agent.data.as_deref().and_then(metrics::volume) {
         Some(v) => {
-            let rate = filling.look(std::time::Instant::now(), v.used).map(|r| format!(" {r}")).unwrap_or_default();
+            let rate = agent.filling.look(std::time::Instant::now(), v.used).map(|r| format!(" {r}")).unwrap_or_default();
             format!("{}\nvolume {} {}{rate}\n", out.lines().next().unwrap_or_default(), v.used, v.size)
         }
-        None => out,
+        None => format!("{}\n", out.trim_end_matches('\n')),
+    };
+    if let Some(exporter) = *agent.exporter.lock().unwrap_or_else(|e| e.into_inner()) {
+        answer.push_str(&format!("exporter {}\n", exporter.word()));
     }
+    answer
 }
 
 fn parse_lag(lag: &str) -> Result<Duration, String> {
@@ -252,6 +268,8 @@ struct Agent {
     data: Option<PathBuf>,
     /// How fast it fills.
     filling: metrics::Filling,
+    /// What the engine's exporter said at the last look, when it runs one.
+    exporter: Arc<std::sync::Mutex<Option<exporter::Exporter>>>,
     command: Semaphore,
     fenced: tokio::sync::Notify,
     /// How many times the fence command has succeeded (once: the engine takes no more writes).
@@ -266,6 +284,7 @@ impl Agent {
             commands,
             data,
             filling: metrics::Filling::default(),
+            exporter: Arc::default(),
             command: Semaphore::new(1),
             fenced: tokio::sync::Notify::new(),
             fence_runs: Default::default(),
@@ -335,6 +354,9 @@ pub async fn serve(
     }
     let data = measured.as_ref().and_then(|(_, member)| member.data.clone());
     let agent = Arc::new(Agent::new(commands, data));
+    if let Some(at) = measured.as_ref().and_then(|(_, member)| member.exporter.clone()) {
+        tokio::spawn(exporter::watch(at, agent.exporter.clone()));
+    }
     if agent.commands.fence.is_some() {
         tokio::spawn(isolation::watch(agent.clone()));
     }
@@ -475,7 +497,7 @@ async fn answer(socket: tokio::net::TcpStream, config: Arc<rustls::ServerConfig>
     let fence = agent.commands.fence.as_ref();
     let (status, body) = match Request::parse(&head) {
         Some(Request::Status) => match agent.run(&agent.commands.status).await {
-            Ok(out) => ("200 OK", with_volume(out, agent.data.as_deref(), &agent.filling)),
+            Ok(out) => ("200 OK", with_measures(out, agent)),
             Err(e) => ("503 Service Unavailable", e),
         },
         Some(Request::Fence) if fence.is_some() => {
@@ -606,6 +628,7 @@ impl Drop for Group {
     }
 }
 
+pub mod exporter;
 pub mod guard;
 mod isolation;
 pub mod metrics;

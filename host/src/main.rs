@@ -503,6 +503,7 @@ fn command() -> Result<()> {
                 engine,
                 data,
                 archive: archive_dir,
+                exporter,
                 command,
             } = *serve;
             tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
@@ -531,7 +532,10 @@ fn command() -> Result<()> {
                 (Some(port), Some((namespace, database)), Some(engine)) => {
                     let member = std::env::var(plugdb::agent::POD_NAME_ENV).unwrap_or_default();
                     let (namespace, database) = (namespace.to_string(), database.to_string());
-                    Some((port, plugdb::agent::metrics::Member { namespace, database, engine, member, data, archive: archive_dir }))
+                    Some((
+                        port,
+                        plugdb::agent::metrics::Member { namespace, database, engine, member, data, archive: archive_dir, exporter },
+                    ))
                 }
                 _ => None,
             };

@@ -179,6 +179,9 @@ impl LocalPod {
         let mut argv: Vec<String> = workload.command.iter().chain(&workload.args).cloned().collect();
         argv.extend(args.iter().cloned());
         let log = std::fs::File::create(self.dir.path().join("server.log"))?;
+        // The server's own, as runc gives a container's standard streams to its user: a
+        // server that opens them again by path (`/proc/self/fd/2`) may.
+        self.chown_all()?;
         let child = self.command(&argv).stdout(log.try_clone()?).stderr(log).spawn().with_context(|| format!("starting {argv:?}"))?;
         self.server = Some(child);
         Ok(())

@@ -107,6 +107,7 @@ fn the_series_served_pass_promtool_check_metrics() {
         member: "orders-1".into(),
         data: None,
         archive: None,
+        exporter: None,
     };
     let replica = parse("replica 0/3000148 2.5").expect("a status");
     let volume = Some(Volume { size: 10 << 30, used: 1 << 30, per_hour: None });

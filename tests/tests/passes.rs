@@ -892,6 +892,24 @@ async fn volumes_past_the_threshold_grow_by_the_step_and_not_again_within_the_in
     assert_eq!(status(&api).storage_growth, Some(grown), "as it was");
 }
 
+/// What each member's agent last saw of its engine's exporter reaches the member's status,
+/// and `EngineMetrics` names the members whose exporter cannot reach its engine.
+#[tokio::test]
+async fn the_members_whose_exporter_cannot_reach_the_engine_are_named() {
+    let registry = registry().await;
+    let server = Server { image: Some("plugdb:test"), poll: true, ..Server::default() };
+    let said = ["primary 0/5; echo exporter up", "replica 0/5 0; echo exporter down", "replica 0/5 0; echo exporter silent"];
+    let (db, cluster, server, _agents) = with_agents_of(&registry, json!({"replicas": 3}), server, 130, [true; 3], said).await;
+    let (result, _, api) = pass_over(&registry, &db, &cluster, &server).await;
+    result.expect("the pass");
+    let said = status(&api);
+    let exporters: Vec<Option<&str>> = said.members.iter().map(|m| m.exporter.as_deref()).collect();
+    assert_eq!(exporters, [Some("up"), Some("cannot reach its engine"), Some("does not answer")]);
+    let condition = said.conditions.iter().find(|c| c.type_ == "EngineMetrics").expect("EngineMetrics");
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "ExporterDown"));
+    assert_eq!(condition.message, "orders-1: its exporter cannot reach its engine; orders-2: its exporter does not answer");
+}
+
 /// Below the threshold, a volume over half full that its agent says fills fast enough to
 /// be full within a day grows every member's claim now.
 #[tokio::test]

@@ -124,6 +124,18 @@ fn the_server_runs_with_the_rendered_configuration() {
         .exec(&["psql".into(), "-U".into(), "postgres".into(), "-d".into(), "postgres".into(), "-Atc".into(), "SELECT 1".into()])
         .expect("psql");
     assert!(!out.status.success(), "socket login without the right password refused");
+
+    // The engine logs one JSON object a line to its standard error (the container's
+    // log), the refused logins among them, and writes no log file on the volume.
+    let log = m.log();
+    let records: Vec<serde_json::Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let said = |severity: &str, text: &str| {
+        records.iter().any(|r| r["error_severity"] == severity && r["message"].as_str().is_some_and(|m| m.contains(text)))
+    };
+    assert!(said("LOG", "database system is ready to accept connections"), "{log}");
+    assert!(said("FATAL", "password authentication failed for user \"postgres\""), "{log}");
+    let files = m.exec(&["sh".into(), "-c".into(), r#"test -L "$PGDATA/../log/postgres.json" && find "$PGDATA/../log/" -type f"#.into()]);
+    assert!(files.is_ok_and(|out| out.status.success() && out.stdout.is_empty()), "no log file on the volume");
 }
 
 #[test]

@@ -75,6 +75,8 @@ pub struct Member {
     pub data: Option<PathBuf>,
     /// The directory the member shares with the archiver (no archive series without it).
     pub archive: Option<PathBuf>,
+    /// The engine's exporter, looked at for the member's status.
+    pub exporter: Option<super::exporter::At>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

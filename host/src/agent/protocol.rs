@@ -185,6 +185,10 @@ pub struct Serve {
     /// segments waiting there to be shipped are measured.
     #[arg(long, value_name = "DIR")]
     pub archive: Option<PathBuf>,
+    /// The engine's exporter, `http://127.0.0.1:<port><path>`: whether it answers and
+    /// reaches its engine is said with each status.
+    #[arg(long, value_name = "URL")]
+    pub exporter: Option<super::exporter::At>,
     /// The plugin's status command.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -260,6 +264,7 @@ impl Serve {
             ("--engine", self.engine.clone()),
             ("--data", self.data.as_ref().map(|d| d.display().to_string())),
             ("--archive", self.archive.as_ref().map(|d| d.display().to_string())),
+            ("--exporter", self.exporter.as_ref().map(ToString::to_string)),
         ];
         for (flag, value) in given {
             if let Some(value) = value {
@@ -353,6 +358,7 @@ mod tests {
             engine: Some("postgres".into()),
             data: Some("/var/lib/postgresql/data".into()),
             archive: Some("/plugdb/archive".into()),
+            exporter: Some("http://127.0.0.1:9187/metrics".parse().expect("an exporter")),
             command: vec!["psql".into(), "--flag".into()],
         };
         let bare = Serve {
@@ -368,6 +374,7 @@ mod tests {
             engine: None,
             data: None,
             archive: None,
+            exporter: None,
             ..full.clone()
         };
         for serve in [full, bare] {
@@ -385,6 +392,22 @@ mod tests {
             Agent::try_parse_from(argv.into_iter().chain(["--engine", "e", "--readiness", json, "--", "psql"])).map(|a| a.serve.readiness)
         };
         assert!(probed(r#"{"command": ["true"], "timeoutSeconds": 2}"#).is_ok_and(|c| c.is_some()));
+        // The exporter is looked at on the pod's loopback alone.
+        let exporter =
+            |url: &str| Agent::try_parse_from(["agent", "--certs", "/c", "--clients", &"0a".repeat(32), "--exporter", url, "--", "psql"]);
+        assert!(
+            exporter("http://127.0.0.1:9104/metrics")
+                .is_ok_and(|a| a.serve.exporter.is_some_and(|e| e.port == 9104 && e.path == "/metrics"))
+        );
+        for elsewhere in [
+            "http://10.0.0.7:9104/metrics",
+            "http://127.0.0.1:0/metrics",
+            "http://127.0.0.1:9104",
+            "https://127.0.0.1:9104/m",
+            "http://127.0.0.1:9104/a b",
+        ] {
+            assert!(exporter(elsewhere).is_err(), "{elsewhere}");
+        }
         for bad in [r#"{"command": [], "timeoutSeconds": 2}"#, r#"{"command": ["true"], "timeoutSeconds": 0}"#, r#"["true"]"#] {
             assert!(probed(bad).is_err(), "{bad}");
         }

@@ -10,9 +10,16 @@ fn sh(script: &str) -> Vec<String> {
 
 #[test]
 fn a_status_is_a_role_and_a_position_on_one_line() {
-    assert_eq!(parse("replica 0/3000148\n"), Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None }));
-    assert_eq!(parse("primary 0-1-42,1-2-7"), Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None, volume: None }));
-    let lagging = Status { primary: false, position: "0-1-40".into(), lag: Some(Duration::from_millis(2500)), volume: None };
+    assert_eq!(
+        parse("replica 0/3000148\n"),
+        Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, exporter: None })
+    );
+    assert_eq!(
+        parse("primary 0-1-42,1-2-7"),
+        Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None, volume: None, exporter: None })
+    );
+    let lagging =
+        Status { primary: false, position: "0-1-40".into(), lag: Some(Duration::from_millis(2500)), volume: None, exporter: None };
     assert_eq!(parse("replica 0-1-40 2.5"), Ok(lagging));
     assert_eq!(parse("replica 0/5 0").map(|s| s.lag), Ok(Some(Duration::ZERO)));
     let bad_lags = [
@@ -45,6 +52,47 @@ fn a_status_is_a_role_and_a_position_on_one_line() {
     ] {
         assert!(parse(bad).is_err(), "{bad:?} is no status and volume");
     }
+    // The agent's line of the engine's exporter, last.
+    let looked = |answer: &str| parse(answer).map(|s| (s.volume.is_some(), s.exporter));
+    assert_eq!(looked("primary 0/5\nexporter up\n"), Ok((false, Some(exporter::Exporter::Up))));
+    assert_eq!(looked("replica 0/5 0\nvolume 1 2\nexporter down"), Ok((true, Some(exporter::Exporter::Down))));
+    assert_eq!(looked("replica 0/5\nexporter silent\n"), Ok((false, Some(exporter::Exporter::Silent))));
+    for bad in [
+        "primary 0/5\nexporter",
+        "primary 0/5\nexporter maybe",
+        "primary 0/5\nexporter up\nvolume 1 2",
+        "primary 0/5\nexporter up\nexporter up",
+    ] {
+        assert!(parse(bad).is_err(), "{bad:?} is no status and exporter");
+    }
+}
+
+/// An exporter says it cannot reach its engine in its `<namespace>_up` series; one that
+/// does not answer, or answers anything but a page of series, is silent.
+#[tokio::test]
+async fn the_exporter_is_read_by_its_up_series_from_the_pods_loopback() {
+    assert_eq!(exporter::read("# HELP pg_up ...\n# TYPE pg_up gauge\npg_up 1\npg_stat_x{a=\"b\"} 0\n"), exporter::Exporter::Up);
+    assert_eq!(exporter::read("mysql_up 0\nmysql_global_status_uptime 12\n"), exporter::Exporter::Down);
+    assert_eq!(exporter::read("go_goroutines 8\n"), exporter::Exporter::Up, "no up series: it answers");
+    assert_eq!(exporter::read("pg_up{server=\"x\"} 0\n# pg_up 0\n"), exporter::Exporter::Up, "labelled or a comment: not its own word");
+    // A page served on loopback, as an exporter serves it, then nothing there.
+    let serve = |status: &'static str, body: &'static str| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("address").port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let mut head = [0u8; 1024];
+            let n = socket.read(&mut head).await.expect("read");
+            assert!(head[..n].starts_with(b"GET /metrics HTTP/1.0\r\n"), "{}", String::from_utf8_lossy(&head[..n]));
+            socket.write_all(format!("HTTP/1.1 {status}\r\ncontent-type: text/plain\r\n\r\n{body}").as_bytes()).await.expect("write");
+        });
+        exporter::look(&exporter::At { port, path: "/metrics".into() }).await
+    };
+    assert_eq!(serve("200 OK", "pg_up 0\n").await, exporter::Exporter::Down);
+    assert_eq!(serve("200 OK", "pg_up 1\n").await, exporter::Exporter::Up);
+    assert_eq!(serve("500 Internal Server Error", "pg_up 1\n").await, exporter::Exporter::Silent);
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port").local_addr().expect("address").port();
+    assert_eq!(exporter::look(&exporter::At { port: closed, path: "/metrics".into() }).await, exporter::Exporter::Silent);
 }
 
 #[tokio::test]
@@ -307,7 +355,7 @@ async fn only_the_operator_is_answered() {
             None => panic!("the operator was never answered"),
         }
     };
-    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None }));
+    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, exporter: None }));
     assert_eq!(ask(None).await, None, "no client certificate: refused");
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
     assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another operator is refused");
@@ -448,6 +496,7 @@ async fn serve_measured(ours: &Issued, port: u16, metrics_port: u16, commands: C
         member: member.into(),
         data: None,
         archive: None,
+        exporter: None,
     };
     tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
     assert!(within(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_ok()).await, "serving");
@@ -550,6 +599,7 @@ async fn the_members_series_are_served_to_a_scraper() {
         member: "orders-1".into(),
         data: Some(dir.clone()),
         archive: None,
+        exporter: None,
     };
     tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -677,6 +727,7 @@ async fn a_scrape_and_the_operators_commands_do_not_wait_for_each_other() {
         member: "b-0".into(),
         data: None,
         archive: None,
+        exporter: None,
     };
     let unknown = metrics::encode(&member, None, false, None, None);
     assert!(unknown.contains(r#"plugdb_member_up{namespace="a",database="b",engine="c",member="b-0",role="unknown"} 0.0"#), "{unknown}");
@@ -706,6 +757,7 @@ fn the_archive_directory_is_measured_by_what_waits_there() {
         member: "b-0".into(),
         data: None,
         archive: Some(dir.0.clone()),
+        exporter: None,
     };
     let series = metrics::encode(&member, None, false, None, Some(waiting));
     let labels = r#"{namespace="a",database="b",engine="c",member="b-0",role="unknown"}"#;

@@ -101,6 +101,7 @@ pub fn containers(
         archive: archive.as_ref().map(|m| m.mount_path.clone().into()),
         readiness: None,
         liveness: None,
+        exporter: pod::exporter_at(db, workload.metrics.as_ref()),
         command: status.to_vec(),
     };
     // The engine's exec probes run in the agent, which the kubelet asks over HTTP: no

@@ -265,6 +265,17 @@ pub fn tls_volume(db: &Database) -> (Volume, VolumeMount) {
     (volume, mount("tls", crate::tls::MOUNT, true))
 }
 
+/// Whether the Database's members serve their engine's series (`spec.monitoring.engineMetrics`).
+fn measured(db: &Database) -> bool {
+    db.spec.monitoring.as_ref().is_none_or(|m| m.engine_metrics)
+}
+
+/// Where a member's agent finds the engine's exporter, when [`engine_metrics`] runs one.
+pub fn exporter_at(db: &Database, metrics: Option<&crate::plugin::MetricsEndpoint>) -> Option<crate::agent::exporter::At> {
+    let metrics = metrics.filter(|m| m.exporter.is_some() && measured(db))?;
+    Some(crate::agent::exporter::At { port: metrics.port, path: metrics.path.clone() })
+}
+
 /// The name of the members' port that serves the engine's series (the chart's
 /// PodMonitor scrapes it by this name).
 pub const ENGINE_METRICS_PORT: &str = "engine-metrics";
@@ -275,7 +286,7 @@ pub const ENGINE_METRICS_PORT: &str = "engine-metrics";
 /// port, its own small resources, no volume but its own `/tmp`, and nothing it may
 /// escalate to.
 pub fn engine_metrics(db: &Database, metrics: Option<&crate::plugin::MetricsEndpoint>, engine: &mut Container) -> Option<Container> {
-    let metrics = metrics.filter(|_| db.spec.monitoring.as_ref().is_none_or(|m| m.engine_metrics))?;
+    let metrics = metrics.filter(|_| measured(db))?;
     let port = ContainerPort {
         name: Some(ENGINE_METRICS_PORT.into()),
         container_port: i32::from(metrics.port),

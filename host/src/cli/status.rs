@@ -126,7 +126,7 @@ pub fn screen(db: &Database, events: &[Event], leases: Option<&[Lease]>, now: Ti
         let _ = writeln!(out, "{}", operator_line(leases, now));
     }
     if !status.members.is_empty() {
-        let rows: Vec<[String; 8]> = status
+        let rows: Vec<[String; 9]> = status
             .members
             .iter()
             .map(|m| {
@@ -139,10 +139,11 @@ pub fn screen(db: &Database, events: &[Event], leases: Option<&[Lease]>, now: Ti
                     m.lag.clone().unwrap_or_else(|| "-".into()),
                     m.heard.as_deref().map(|t| ago(t, now)).unwrap_or_else(|| "-".into()),
                     m.volume.clone().unwrap_or_else(|| "-".into()),
+                    m.exporter.clone().unwrap_or_else(|| "-".into()),
                 ]
             })
             .collect();
-        table(&mut out, ["MEMBER", "NODE", "ROLE", "READY", "POSITION", "LAG", "SAID", "VOLUME"], &rows);
+        table(&mut out, ["MEMBER", "NODE", "ROLE", "READY", "POSITION", "LAG", "SAID", "VOLUME", "EXPORTER"], &rows);
     }
     let rule = db
         .spec
@@ -275,6 +276,7 @@ mod tests {
             lag: (n == 0).then(|| "0.25s".into()),
             heard: (n == 1).then(|| "2026-11-28T10:00:00Z".into()),
             volume: (n == 1).then(|| "21% of 10.0Gi".into()),
+            exporter: (n == 1).then(|| "cannot reach its engine".into()),
         };
         let condition = |type_: &str, status: &str, reason: &str, message: &str| Condition {
             type_: type_.into(),
@@ -348,7 +350,8 @@ mod tests {
         let row = |pod: &str| lines.iter().find(|l| l.trim_start().starts_with(pod)).copied().unwrap_or_else(|| panic!("{pod}: {screen}"));
         assert!(row("orders-1").contains("plugdb-node-b") && row("orders-1").contains("primary") && row("orders-1").contains("0/3000148"));
         assert!(row("orders-1").contains("5m ago"), "when its agent said it: {screen}");
-        assert!(row("orders-1").ends_with("21% of 10.0Gi"), "how full its volume is: {screen}");
+        assert!(row("orders-1").contains("21% of 10.0Gi"), "how full its volume is: {screen}");
+        assert!(row("orders-1").ends_with("cannot reach its engine"), "what its exporter says: {screen}");
         assert!(row("orders-0").contains("0.25s"), "its lag: {screen}");
         assert!(row("orders-2").contains("no: node plugdb-node-c is not ready"), "{screen}");
         assert!(screen.contains("backups:  last orders-261128090000, completed 64m ago; next 2026-11-29T09:00:00Z"), "{screen}");

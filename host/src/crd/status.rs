@@ -111,6 +111,10 @@ pub struct MemberStatus {
     /// How full its data volume is, as its agent last measured it (`21% of 10.0Gi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
+    /// Its engine's exporter, as its agent last looked at it (every half minute), when
+    /// it runs one: `up`, `cannot reach its engine` (it cannot log in) or `does not answer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exporter: Option<String>,
 }
 
 /// Where a Database is in its life: `Pending` (waiting for its engine's plugin),

@@ -65,6 +65,9 @@ words! {
         /// The members' volumes grow on their own before they fill; False once one passed
         /// the threshold at the limit (only on Databases with `spec.storageGrowth`).
         StorageGrowth,
+        /// Every member's exporter reaches its engine (only on Databases whose members run
+        /// an exporter): False names the members whose exporter cannot, or does not answer.
+        EngineMetrics,
     }
 }
 
@@ -187,6 +190,10 @@ words! {
         ReplicasMissing,
         /// Too few replicas were ready for longer than the spec allows: commits no longer wait.
         ReplicationDegraded,
+        /// Every member's exporter reaches its engine.
+        ExportersUp,
+        /// A member's exporter cannot reach its engine, or does not answer.
+        ExporterDown,
     }
 }
 
@@ -494,6 +501,8 @@ pub fn members(
             let (position, lag, said_at) = said.or_else(kept).unwrap_or_default();
             let measured = heard.iter().find(|(pod, _)| *pod == m.name).and_then(|(_, s)| s.volume.as_ref()).map(volume);
             let volume = measured.or_else(|| earlier.and_then(|b| b.volume.clone()));
+            let looked = heard.iter().find(|(pod, _)| *pod == m.name).and_then(|(_, s)| s.exporter).map(|e| e.said().to_string());
+            let exporter = looked.or_else(|| earlier.and_then(|b| b.exporter.clone()));
             MemberStatus {
                 pod: m.name.clone(),
                 node: m.node.clone(),
@@ -505,9 +514,28 @@ pub fn members(
                 lag,
                 heard: said_at,
                 volume,
+                exporter,
             }
         })
         .collect()
+}
+
+/// `EngineMetrics`, from what the members' agents last said of their exporters: True
+/// while every one that said reaches its engine, False naming those that do not;
+/// none while no member said (no exporter runs).
+pub fn engine_metrics(status: &mut DatabaseStatus, generation: Option<i64>) {
+    let said: Vec<(&str, &str)> = status.members.iter().filter_map(|m| Some((m.pod.as_str(), m.exporter.as_deref()?))).collect();
+    if said.is_empty() {
+        status.conditions.retain(|c| c.type_ != ConditionType::EngineMetrics.as_str());
+        return;
+    }
+    let up = crate::agent::exporter::Exporter::Up.said();
+    let down: Vec<String> = said.iter().filter(|(_, e)| *e != up).map(|(pod, e)| format!("{pod}: its exporter {e}")).collect();
+    let (ok, reason, message) = match down.is_empty() {
+        true => (true, Reason::ExportersUp, "every member's exporter reaches its engine".to_string()),
+        false => (false, Reason::ExporterDown, down.join("; ")),
+    };
+    set(&mut status.conditions, ConditionType::EngineMetrics, ok, reason, message, generation);
 }
 
 /// A volume as status says it: how full, in whole percent, of its size (`21% of 10.0Gi`):

@@ -635,7 +635,8 @@ impl Metrics for Mysql {
             path: "/metrics".into(),
             exporter: Some(Exporter {
                 image: EXPORTER_IMAGE.into(),
-                command,
+                // Started again should it end (its container never ends: see kept_running).
+                command: kept_running(&command),
                 env: vec![env_secret("MYSQLD_EXPORTER_PASSWORD", &cluster.credentials_secret, MONITOR_KEY)],
             }),
         })

@@ -108,6 +108,16 @@ fn postgresql_conf(spec: &DatabaseSpec, archive: Option<&str>) -> String {
         // commits wait for it.
         "wal_receiver_timeout = '20s'".into(),
         format!("max_connections = {}", max_connections(spec)),
+        // The engine's log as one JSON object a line, for people and log collectors alike:
+        // the collector writes its files through the links the bootstrap makes to its own
+        // standard error, the container's log (never a file that fills the volume).
+        "logging_collector = on".into(),
+        "log_destination = 'jsonlog'".into(),
+        // Beside the data directory, on the volume (relative to the data directory).
+        "log_directory = '../log'".into(),
+        "log_filename = 'postgres.log'".into(),
+        "log_rotation_age = 0".into(),
+        "log_rotation_size = 0".into(),
     ];
     if spec.synchronous_replicas > 0 {
         // Any n replicas: the primary changes with failovers, and members come and go.
@@ -588,12 +598,13 @@ impl Metrics for Postgres {
             path: "/metrics".into(),
             exporter: Some(Exporter {
                 image: EXPORTER_IMAGE.into(),
-                // With each database's transaction-ID age, which wraparound is measured by.
-                command: vec![
+                // With each database's transaction-ID age, which wraparound is measured by;
+                // started again should it end (its container never ends: see kept_running).
+                command: kept_running(&[
                     "/bin/postgres_exporter".into(),
                     format!("--web.listen-address=:{EXPORTER_PORT}"),
                     "--collector.database_wraparound".into(),
-                ],
+                ]),
                 env: vec![
                     env_value("DATA_SOURCE_URI", format!("127.0.0.1:{PORT}/postgres?sslmode=disable")),
                     env_value("DATA_SOURCE_USER", MONITOR),

@@ -84,6 +84,24 @@ pub fn shell(script: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script.into()]
 }
 
+/// `argv` run again 5 s after each time it ends, under the image's `/bin/sh`, so that its
+/// container never ends: a container that ended makes its pod not ready, and a helper
+/// such as an exporter must never take its member out of its Services (or fail its
+/// primary over). SIGTERM or SIGINT ends both at once.
+pub fn kept_running(argv: &[String]) -> Vec<String> {
+    const SCRIPT: &str = r#"trap 'kill $child $pause 2>/dev/null; exit 0' TERM INT
+while :; do
+  "$@" &
+  child=$!
+  wait $child
+  echo "$1 ended ($?): started again in 5 s" >&2
+  sleep 5 &
+  pause=$!
+  wait $pause
+done"#;
+    ["/bin/sh", "-c", SCRIPT, "kept-running"].into_iter().map(String::from).chain(argv.iter().cloned()).collect()
+}
+
 /// A violation when the member memory the user set (limit, else request) is below
 /// `minimum` bytes; `engine` names the engine in the message.
 pub fn check_memory(spec: &crate::DatabaseSpec, minimum: u64, engine: &str) -> Option<Violation> {

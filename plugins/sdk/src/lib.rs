@@ -143,4 +143,31 @@ mod tests {
             "wit/engine.wit declares another version"
         );
     }
+
+    /// The helper kept running starts again after it ends, and its container's stop
+    /// (SIGTERM to the shell) ends both at once.
+    #[test]
+    fn a_command_kept_running_starts_again_and_stops_with_its_container() {
+        let dir = std::env::temp_dir().join(format!("plugdb-kept-running-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let runs = dir.join("runs");
+        let helper = ["sh".to_string(), "-c".into(), format!("echo run >> {}; exit 3", runs.display())];
+        let argv = super::kept_running(&helper);
+        let mut shell = std::process::Command::new(&argv[0]).args(&argv[1..]).stderr(std::process::Stdio::piped()).spawn().expect("sh");
+        let started = std::time::Instant::now();
+        let count = || std::fs::read_to_string(&runs).unwrap_or_default().lines().count();
+        while count() < 2 {
+            assert!(started.elapsed() < std::time::Duration::from_secs(20), "never started again");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(started.elapsed() >= std::time::Duration::from_secs(4), "started again only after a pause");
+        let stopping = std::time::Instant::now();
+        std::process::Command::new("kill").args(["-TERM", &shell.id().to_string()]).status().expect("kill");
+        let ended = shell.wait().expect("wait");
+        assert!(ended.success() && stopping.elapsed() < std::time::Duration::from_secs(3), "{ended:?}");
+        let mut said = String::new();
+        std::io::Read::read_to_string(shell.stderr.as_mut().expect("stderr"), &mut said).expect("read");
+        assert!(said.contains("sh ended (3): started again in 5 s"), "{said}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -87,6 +87,13 @@ pub async fn backup_and_restore(cluster: Arc<Cluster>, engine: Engine, version: 
         Engine::Mysql => "ready for connections",
     };
     assert!(log.contains(ready), "the engine's log: {log}");
+    if engine == Engine::Postgres {
+        // One JSON object a line, through the container's log, once the engine runs.
+        let said = log.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).any(|r| {
+            r["error_severity"] == "LOG" && r["backend_type"] == "postmaster" && r["message"].as_str().is_some_and(|m| m.contains(ready))
+        });
+        assert!(said, "the engine's log as JSON lines: {log}");
+    }
     let agent = plugdb(&cluster, &["logs", "copy", "--member", "0", "--container", "agent", "--tail", "5", "-n", &ns]).await;
     assert!(agent.lines().count() <= 5 && !agent.contains(ready), "the agent's log, its last lines: {agent}");
     // Every member's engine log of the last hour, merged in time order, each line named.

@@ -161,6 +161,7 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         .expect("the replicas' lag");
     eprintln!("{ns}: the replicas say they lag {:?}", lags(&db));
     members_are_measured(&client.members().await, &ns, engine).await;
+    exporters_are_watched(&cluster, &client, &ns, engine).await;
 
     // `kubectl plugdb status`: the plugdb binary under the kubectl plugin's name, against
     // this cluster through KUBECONFIG, shows each member where it runs, in its role, and a replica's lag.
@@ -177,7 +178,9 @@ async fn members_replicate(cluster: Arc<Cluster>, engine: Engine, version: &str)
         assert!(lag.is_none_or(|lag| row.contains(&lag)), "{row}");
         // How full its data volume is, as its agent measured it.
         let volume = said.and_then(|m| m.volume.clone()).unwrap_or_else(|| panic!("{name}: its volume in status.members"));
-        assert!(volume.contains("% of ") && row.ends_with(&volume), "{volume}: {row}");
+        assert!(volume.contains("% of ") && row.contains(&volume), "{volume}: {row}");
+        // What its agent last saw of its exporter.
+        assert!(row.ends_with(" up"), "its exporter reaches its engine: {row}");
     }
     let help = kubectl_plugdb(&cluster, &["status", "--help"]);
     assert!(help.contains("kubectl plugdb status"), "{help}");
@@ -276,6 +279,69 @@ async fn members_are_measured(members: &[k8s_openapi::api::core::v1::Pod], ns: &
         assert_eq!(series.lines().any(|l| l.starts_with(replica)), role == "replica", "{name}: {replica}: {series}");
     }
     eprintln!("{ns}: every member's series scraped from its metrics port, and its engine's from its exporter");
+}
+
+/// Each member's agent looks at its engine's exporter: `EngineMetrics` is True while every
+/// exporter reaches its engine. postgres: the monitoring user's password changed by hand
+/// (what the exporter logs in with no longer works), every member's status and the
+/// condition name its exporter as unable to reach its engine, until the password is back.
+/// mysql: the exporter's process killed, it is started again inside its container, which
+/// never ends: the member stays ready (an exporter never takes its member out of its
+/// Services) and no container restarts.
+async fn exporters_are_watched(cluster: &Arc<Cluster>, client: &Client, ns: &str, engine: Engine) {
+    let engine_metrics = |ok: &'static str, reason: &'static str| {
+        move |d: &Database| {
+            let found = d.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == "EngineMetrics");
+            found.is_some_and(|c| c.status == ok && c.reason == reason)
+        }
+    };
+    cluster.wait_database(ns, "orders", "EngineMetrics True", WAIT, engine_metrics("True", "ExportersUp")).await.expect("exporters up");
+    let members = client.members().await;
+    match engine {
+        Engine::Postgres => {
+            let primary = members.iter().find(|p| p.name_any() == "orders-0").expect("orders-0");
+            let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cluster.client.clone(), ns);
+            let credentials = secret.get("orders-credentials").await.expect("the credentials");
+            let key = credentials.data.as_ref().and_then(|d| d.get("monitor-password")).expect("monitor-password");
+            let password = String::from_utf8(key.0.clone()).expect("text");
+            let broke = Instant::now();
+            client.administer(primary, "ALTER ROLE plugdb_monitor PASSWORD 'not-the-one'").await.expect("the password changed");
+            // The exporters' sessions, logged in before, end: each logs in again, and cannot.
+            let ended = "SELECT count(pg_terminate_backend(pid)) >= 0 FROM pg_stat_activity WHERE usename = 'plugdb_monitor'";
+            let verifier = "SELECT rolpassword FROM pg_authid WHERE rolname = 'plugdb_monitor'";
+            let changed = client.administer(primary, verifier).await.expect("the new verifier");
+            for member in &members {
+                client.eventually_administered(member, verifier, Duration::from_secs(30), |v| v == changed).await;
+                client.administer(member, ended).await.expect("the exporter's session ended");
+            }
+            let db = cluster
+                .wait_database(ns, "orders", "EngineMetrics False", WAIT, engine_metrics("False", "ExporterDown"))
+                .await
+                .expect("the exporters named");
+            let condition = db.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == "EngineMetrics").expect("condition");
+            assert!(condition.message.contains("its exporter cannot reach its engine"), "{}", condition.message);
+            let said: Vec<Option<String>> = db.status.iter().flat_map(|s| &s.members).map(|m| m.exporter.clone()).collect();
+            assert!(said.contains(&Some("cannot reach its engine".into())), "{said:?}");
+            eprintln!("{ns}: an exporter that cannot log in named {:.0} s after its password changed", broke.elapsed().as_secs_f64());
+            let back = format!("ALTER ROLE plugdb_monitor PASSWORD '{}'", password.replace('\'', "''"));
+            client.administer(primary, &back).await.expect("the password back");
+            cluster.wait_database(ns, "orders", "EngineMetrics True again", WAIT, engine_metrics("True", "ExportersUp")).await.expect("up");
+        }
+        Engine::Mysql => {
+            let replica = members.iter().find(|p| p.name_any() == "orders-1").expect("orders-1");
+            plugdb_tests::scenario::signal_container(replica, "exporter", "mysqld_exporter", "KILL");
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client.clone(), ns);
+            for _ in 0..10 {
+                let pod = pods.get("orders-1").await.expect("orders-1");
+                let ready = pod.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| c.type_ == "Ready" && c.status == "True");
+                let restarts: i32 = pod.status.iter().flat_map(|s| s.container_statuses.iter().flatten()).map(|c| c.restart_count).sum();
+                assert!(ready && restarts == 0, "orders-1 stays ready with no container restarted: {:?}", pod.status);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            plugdb_tests::scenario::engine_series(replica, "mysql_up 1").await;
+            eprintln!("{ns}: an exporter killed is started again in its container; its member stayed ready");
+        }
+    }
 }
 
 /// A replica whose stream breaks (the administrator took the replication role's login and

@@ -137,6 +137,7 @@ impl Pass<'_> {
             self.ctx.metrics.member_said(&self.ns, &self.name, pod, said);
         }
         status.members = members;
+        status::engine_metrics(&mut status, self.generation);
         let waited = status::not_ready_for(&status, now);
         write_status(self.ctx, self.db, status).await?;
         Ok((progressing, waited, growth, carried.look_again))

@@ -138,6 +138,7 @@ mod tests {
             position: "0/1".into(),
             lag: None,
             volume: Some(Volume { size: 100 * GI, used: percent * GI, per_hour: per_hour.map(|g| g * GI) }),
+            exporter: None,
         };
         used.iter().map(|(pod, p, rate)| (pod.to_string(), said(*p, *rate))).collect()
     }

@@ -32,6 +32,7 @@ fn members_say_their_node_role_readiness_and_last_position() {
         position: position.into(),
         lag: lag.map(std::time::Duration::from_millis),
         volume: None,
+        exporter: None,
     };
     let heard = [("db-1".to_string(), said("0/3000148", None)), ("db-2".to_string(), said("0/3000100", Some(2500)))];
     let first = super::members(&[], &observed, Some("db-1"), (&heard, now));
@@ -73,6 +74,46 @@ fn members_say_their_node_role_readiness_and_last_position() {
     );
     let small = crate::agent::metrics::Volume { size: 512 << 10, used: 0, per_hour: None };
     assert_eq!(super::volume(&small), "0% of 512.0Ki");
+}
+
+/// What each member's agent last saw of its exporter is in its status, kept until said
+/// again; `EngineMetrics` names the members whose exporter cannot reach its engine, and
+/// goes once no member says anything of an exporter.
+#[test]
+fn the_exporters_that_cannot_reach_their_engine_are_named() {
+    use crate::agent::exporter::Exporter;
+    let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("a time");
+    let observed = [member(0, true), member(1, true), member(2, true)];
+    let looked =
+        |exporter: Option<Exporter>| crate::agent::Status { primary: false, position: "0/1".into(), lag: None, volume: None, exporter };
+    let heard: Vec<(String, crate::agent::Status)> =
+        [Some(Exporter::Up), Some(Exporter::Down), None].into_iter().enumerate().map(|(n, e)| (format!("orders-{n}"), looked(e))).collect();
+    let mut status = DatabaseStatus { members: super::members(&[], &observed, Some("orders-0"), (&heard, now)), ..Default::default() };
+    let said: Vec<Option<&str>> = status.members.iter().map(|m| m.exporter.as_deref()).collect();
+    assert_eq!(said, [Some("up"), Some("cannot reach its engine"), None]);
+    engine_metrics(&mut status, Some(2));
+    assert_eq!(
+        condition(&status, ConditionType::EngineMetrics),
+        ("False", "ExporterDown", "orders-1: its exporter cannot reach its engine")
+    );
+
+    // Not heard this pass: kept. Heard up again: True.
+    status.members = super::members(&status.members, &observed, Some("orders-0"), (&[], now));
+    assert_eq!(status.members[1].exporter.as_deref(), Some("cannot reach its engine"), "kept");
+    let silent = [("orders-0".to_string(), looked(Some(Exporter::Silent))), ("orders-1".to_string(), looked(Some(Exporter::Up)))];
+    status.members = super::members(&status.members, &observed, Some("orders-0"), (&silent, now));
+    engine_metrics(&mut status, Some(2));
+    assert_eq!(condition(&status, ConditionType::EngineMetrics), ("False", "ExporterDown", "orders-0: its exporter does not answer"));
+    let up = [("orders-0".to_string(), looked(Some(Exporter::Up)))];
+    status.members = super::members(&status.members, &observed, Some("orders-0"), (&up, now));
+    engine_metrics(&mut status, Some(2));
+    assert_eq!(condition(&status, ConditionType::EngineMetrics), ("True", "ExportersUp", "every member's exporter reaches its engine"));
+
+    // Members that run no exporter (monitoring switched off, an engine serving its own): no condition.
+    let mut none = DatabaseStatus { members: super::members(&[], &observed, Some("orders-0"), (&[], now)), ..status.clone() };
+    none.members.iter_mut().for_each(|m| m.exporter = None);
+    engine_metrics(&mut none, Some(2));
+    assert!(none.conditions.iter().all(|c| c.type_ != "EngineMetrics"), "{:?}", none.conditions);
 }
 
 #[test]
