@@ -185,6 +185,34 @@ fn targets(namespace: &str, pod: &k8s_openapi::api::core::v1::Pod) -> Vec<serde_
     found
 }
 
+/// The rule file `rules` with each rule's hold time (`for:`) capped at `cap`: the same
+/// rules, the same expressions over the same series, for a scenario that cannot wait
+/// out a rule's minutes (the hold times are checked by the rules' `promtool test rules`
+/// tests). Writes it beside `into`'s other files and returns its path.
+pub fn held_at_most(rules: &Path, cap: Duration, into: &Path) -> Result<std::path::PathBuf> {
+    let text = std::fs::read_to_string(rules).with_context(|| format!("reading {}", rules.display()))?;
+    let seconds = |held: &str| -> Option<u64> {
+        let (number, unit) = held.split_at(held.len().checked_sub(1)?);
+        let scale = match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            _ => return None,
+        };
+        Some(number.parse::<u64>().ok()? * scale)
+    };
+    let capped: Vec<String> = text
+        .lines()
+        .map(|line| match line.trim_start().strip_prefix("for: ").and_then(seconds) {
+            Some(held) if held > cap.as_secs() => format!("{}for: {}s", &line[..line.len() - line.trim_start().len()], cap.as_secs()),
+            _ => line.to_string(),
+        })
+        .collect();
+    let path = into.join("rules-held-at-most.yaml");
+    std::fs::write(&path, capped.join("\n") + "\n")?;
+    Ok(path)
+}
+
 /// `text` as a URL's query value.
 fn encode(text: &str) -> String {
     text.bytes()

@@ -5,6 +5,7 @@
 //! Run with `cargo test -p plugdb-tests --test real_node [FILTER]` (as root); the nodes
 //! serve the whole run and are torn down at its end, also after a failure or Ctrl-C.
 
+mod alerts;
 mod consensus;
 mod data;
 mod faults;
@@ -58,6 +59,9 @@ fn main() -> ExitCode {
             ("the_machine_namespace_gains_only_the_veth", |c| Box::pin(contained(c))),
             ("plugins_arrive_and_change_at_run_time", |c| Box::pin(lifecycle::plugins_arrive_and_change(c))),
             ("a_spec_the_plugin_rejects_is_a_readable_condition", |c| Box::pin(lifecycle::rejected_spec(c))),
+            ("postgres_a_replica_in_trouble_fires_the_charts_alerts_in_a_real_prometheus_and_they_resolve", |c| {
+                Box::pin(alerts::a_replica_in_trouble_fires_alerts_that_resolve(c))
+            }),
             ("postgres_a_setting_the_engine_cannot_start_with_is_a_crash_loop_named_with_its_last_words", |c| {
                 Box::pin(lifecycle::crash_loop_named(c))
             }),

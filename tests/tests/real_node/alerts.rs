@@ -1,0 +1,88 @@
+//! The chart's alert rules in a real Prometheus, scraping what the chart's PodMonitor
+//! selects, against a primary and a replica on the nodes: the alerts a replica in
+//! trouble raises fire, and resolve once it is well.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use plugdb_tests::operator::Cluster;
+use plugdb_tests::prometheus::{INTERVAL, Prometheus, held_at_most};
+use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running};
+use serde_json::json;
+
+/// The longest a rule here holds before it fires: the rules' own hold times (minutes),
+/// which their `promtool test rules` tests check, are capped at it.
+const HELD: Duration = Duration::from_secs(15);
+
+/// A primary and a replica under a writer. The replica's replay paused: its lag grows
+/// past 30 s, and `PlugdbReplicationLag` (lag over 30 s and not falling) fires for it;
+/// replaying again, it resolves. The replica's engine stopped (SIGSTOP: it answers no
+/// one): `PlugdbMemberDown` fires for it; running again, it resolves. The primary raises
+/// neither.
+pub async fn a_replica_in_trouble_fires_alerts_that_resolve(cluster: Arc<Cluster>) {
+    let ns = "postgres-alerts";
+    let dir = tempfile::tempdir().expect("a directory");
+    let chart = plugdb_tests::workspace_root().join("deploy/chart/plugdb/alerts/plugdb-rules.yaml");
+    let rules = held_at_most(&chart, HELD, dir.path()).expect("the rules");
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 2, json!({}))).await.expect("apply");
+    cluster.wait_database(ns, "orders", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("running");
+    let prometheus = Prometheus::start(crate::nodes::nodes(&cluster), ns, "127.0.0.1:1", &rules).await.expect("Prometheus");
+    let client = Arc::new(Client::new(&cluster, Engine::Postgres, ns, "orders").await);
+    let primary = client.service_ip("orders").await;
+    client.create_table(&primary).await;
+    let members = client.members().await;
+    let replica = members.iter().find(|p| p.name_any() == "orders-1").expect("orders-1").clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = client.writer(1, stop.clone());
+
+    // Replay paused: what it receives waits, and its lag is the age of what it replayed last.
+    client.administer(&replica, "SELECT pg_wal_replay_pause()").await.expect("replay paused");
+    let paused = Instant::now();
+    let fired = firing(&prometheus, "PlugdbReplicationLag", "orders-1").await;
+    eprintln!("{ns}: PlugdbReplicationLag firing for orders-1 {:.0} s after its replay paused", fired.duration_since(paused).as_secs_f64());
+    client.administer(&replica, "SELECT pg_wal_replay_resume()").await.expect("replay resumed");
+    resolved(&prometheus, "PlugdbReplicationLag", "orders-1").await;
+    stop.store(true, Ordering::SeqCst);
+    let (written, _) = writer.await.expect("the writer");
+    assert!(!written.is_empty(), "the writer wrote throughout");
+
+    // The engine stopped: its agent's status command gets no answer.
+    let container = replica.spec.as_ref().map(|s| s.containers[0].name.clone()).expect("the engine's container");
+    plugdb_tests::scenario::signal_all(&replica, &container, "STOP");
+    let stopped = Instant::now();
+    let fired = firing(&prometheus, "PlugdbMemberDown", "orders-1").await;
+    eprintln!("{ns}: PlugdbMemberDown firing for orders-1 {:.0} s after its engine stopped", fired.duration_since(stopped).as_secs_f64());
+    plugdb_tests::scenario::resume_all(&replica, &container);
+    resolved(&prometheus, "PlugdbMemberDown", "orders-1").await;
+    let alerts = prometheus.alerts().await.expect("alerts");
+    assert!(alerts.iter().all(|(labels, _)| labels["member"] != "orders-0"), "the primary raised none: {alerts:?}");
+}
+
+/// Waits until alert `name` fires (warning) for `member`; when it did.
+async fn firing(prometheus: &Prometheus, name: &str, member: &str) -> Instant {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let alerts = prometheus.alerts().await.expect("alerts");
+        let of = |labels: &serde_json::Value| labels["alertname"] == name && labels["member"] == member && labels["severity"] == "warning";
+        if alerts.iter().any(|(labels, state)| of(labels) && state == "firing") {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "{name} never fired for {member}: {alerts:?}");
+        tokio::time::sleep(INTERVAL).await;
+    }
+}
+
+/// Waits until alert `name` is neither pending nor firing for `member`.
+async fn resolved(prometheus: &Prometheus, name: &str, member: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let alerts = prometheus.alerts().await.expect("alerts");
+        if !alerts.iter().any(|(labels, _)| labels["alertname"] == name && labels["member"] == member) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} never resolved for {member}: {alerts:?}");
+        tokio::time::sleep(INTERVAL).await;
+    }
+}
