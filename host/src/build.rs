@@ -170,6 +170,8 @@ pub struct AgentSidecar<'a> {
     /// Where the operator reaches the agents from (`plugdb run --agent-from`): the only
     /// peers the members' NetworkPolicy lets reach the agent's port. Empty: unknown.
     pub operator: &'a [k8s_openapi::api::networking::v1::NetworkPolicyPeer],
+    /// How the agent logs (the operator's own format).
+    pub logs: crate::logging::LogFormat,
 }
 
 impl Default for Sidecars<'_> {

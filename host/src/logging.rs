@@ -4,6 +4,9 @@
 pub use tracing_subscriber::EnvFilter as Filter;
 use tracing_subscriber::fmt::MakeWriter;
 
+/// The variable that says how the operator logs, and how it has its members' agents log.
+pub const FORMAT_ENV: &str = "PLUGDB_LOG_FORMAT";
+
 /// How log records are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

@@ -313,7 +313,7 @@ struct RunArgs {
     #[arg(long, env = "PLUGDB_NO_LEADER_ELECTION")]
     no_leader_election: bool,
     /// Log lines as text or as JSON objects.
-    #[arg(long, env = "PLUGDB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = logging::FORMAT_ENV, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// This replica's name in the leader election (default: a name unique on this host).
     #[arg(long, env = "POD_NAME")]
@@ -506,7 +506,10 @@ fn command() -> Result<()> {
                 exporter,
                 command,
             } = *serve;
-            tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new("info")).with_writer(std::io::stderr).init();
+            // As the operator that rendered it logs (its format in the member's environment).
+            let format = std::env::var(logging::FORMAT_ENV).ok().and_then(|f| <LogFormat as clap::ValueEnum>::from_str(&f, true).ok());
+            let log = logging::subscriber(format.unwrap_or(LogFormat::Text), logging::filter("info"), std::io::stderr, false);
+            tracing_subscriber::util::SubscriberInitExt::try_init(log).context("setting up the log")?;
             let fence = match (fence_command, members) {
                 (Some(argv), Some(members)) => Some(plugdb::agent::Fence {
                     argv,
@@ -618,6 +621,7 @@ async fn run(args: RunArgs) -> Result<()> {
     options.settings.concurrency = args.concurrency;
     options.settings.plugin_cpu_per_engine = args.plugin_cpu;
     options.settings.pull = plugdb::images::Pull { registry: args.image_registry, secrets: args.image_pull_secrets };
+    options.settings.agent_logs = args.log_format;
 
     let metrics = Arc::new(Metrics::default());
     let health = if options.identity.is_some() { Health::elected(options.lease_duration) } else { Health::default() };

@@ -89,3 +89,28 @@ fn a_stop_order_kills_a_stopped_engine_and_an_old_one_is_not_an_order() {
     assert_eq!(exited(&mut guarded, Duration::from_secs(5)), Some(137), "the guard ends once the engine is killed");
     assert!(!alive(pid), "the stopped engine was killed");
 }
+
+/// The agent logs as the operator that rendered its member does: one JSON object a line
+/// when the member's environment says `PLUGDB_LOG_FORMAT=json`, text otherwise.
+#[test]
+fn the_agent_logs_in_the_operators_shape() {
+    use std::io::BufRead;
+    let first_line = |format: Option<&str>| {
+        let mut agent = Command::new(plugdb_tests::plugdb_binary());
+        agent.args(["agent", "serve", "--port", "0", "--certs", "/nonexistent", "--clients", &"0a".repeat(32), "--", "true"]);
+        agent.env_remove(plugdb::logging::FORMAT_ENV).stderr(std::process::Stdio::piped());
+        if let Some(format) = format {
+            agent.env(plugdb::logging::FORMAT_ENV, format);
+        }
+        let mut agent = agent.spawn().expect("the agent");
+        let mut line = String::new();
+        std::io::BufReader::new(agent.stderr.take().expect("stderr")).read_line(&mut line).expect("a line");
+        let _ = agent.kill();
+        let _ = agent.wait();
+        line
+    };
+    let json: serde_json::Value = serde_json::from_str(&first_line(Some("json"))).expect("a JSON line");
+    assert_eq!((json["level"].as_str(), json["fields"]["message"].as_str()), (Some("INFO"), Some("the member agent serves")), "{json}");
+    let text = first_line(None);
+    assert!(text.contains(" INFO ") && text.contains("the member agent serves") && !text.starts_with('{'), "{text}");
+}

@@ -128,6 +128,12 @@ pub fn containers(
     let mut env = engine.env.clone().unwrap_or_default();
     let name = crate::plugin::EnvVar { name: POD_NAME_ENV.into(), source: crate::plugin::EnvSource::Field("metadata.name".into()) };
     env.extend(pod::env(&[name]));
+    if sidecar.logs == crate::logging::LogFormat::Json {
+        // Only when not the default: a member's template changes with nothing else.
+        let format =
+            crate::plugin::EnvVar { name: crate::logging::FORMAT_ENV.into(), source: crate::plugin::EnvSource::Value("json".into()) };
+        env.extend(pod::env(&[format]));
+    }
     let mut readiness = None;
     if !fence.is_empty() {
         serve.members = Some(format!("{}.{}.svc", Names(&db.name_any()).headless(), db.namespace().unwrap_or_default()));

@@ -1,5 +1,6 @@
 use super::*;
 use crate::crd::{DatabaseSpec, Spread, SpreadRule};
+use crate::logging::LogFormat;
 use crate::names::MAX_JOB_NAME;
 use crate::plugin::{ConfigFile, EnvSource, EnvVar, Port, Probe, ProbeAction, SecretRef};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -234,7 +235,7 @@ fn the_primary_service_follows_the_primary_pod() {
 fn the_agent_port_is_the_operators_and_the_rest_the_clients_named() {
     use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
     let operator = [crate::build::network::operator_peer("10.201.0.1").expect("an address")];
-    let agent = AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &operator };
+    let agent = AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &operator, logs: LogFormat::Text };
     let policy = |db: &Database, agent: Option<&AgentSidecar<'_>>| -> NetworkPolicy {
         serde_json::from_value(crate::build::network::network_policy(db, agent).object).expect("a NetworkPolicy")
     };
@@ -351,7 +352,7 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     // With the agent beside them, it reads the directory (read-only) for its series.
     let mut w = workload("");
     w.status_command = vec!["status".into()];
-    let agent = AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[] };
+    let agent = AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[], logs: LogFormat::Text };
     let sidecars = Sidecars { archiver: Some(archiver), agent: Some(agent), ..Default::default() };
     let pod = members(&db, &w, sidecars, "orders-0", None).set.spec.and_then(|s| s.template.spec).expect("pod");
     let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
@@ -359,6 +360,14 @@ fn an_archiver_ships_the_engines_log_beside_it_and_only_it_holds_the_key() {
     assert_eq!((read.mount_path.as_str(), read.read_only), (ARCHIVE_MOUNT, Some(true)));
     let argv = agent.command.clone().unwrap_or_default();
     assert!(argv.windows(2).any(|w| w == ["--archive", ARCHIVE_MOUNT]), "{argv:?}");
+    let format = |c: &Container| c.env.iter().flatten().find(|e| e.name == crate::logging::FORMAT_ENV).and_then(|e| e.value.clone());
+    assert_eq!(format(agent), None, "the agent logs text, as the operator does");
+    // An operator that logs JSON has its agents log JSON.
+    let json = AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[], logs: LogFormat::Json };
+    let sidecars = Sidecars { agent: Some(json), ..Default::default() };
+    let pod = members(&db, &w, sidecars, "orders-0", None).set.spec.and_then(|s| s.template.spec).expect("pod");
+    let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
+    assert_eq!(format(agent).as_deref(), Some("json"));
 }
 
 /// With a status command and the operator's image, every member gets the agent: its
@@ -376,7 +385,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     }];
     let pin = "5e".repeat(32);
     let template = |w: &Workload, image: Option<&str>| -> k8s_openapi::api::core::v1::PodTemplateSpec {
-        let agent = image.map(|image| AgentSidecar { image, clients: &pin, operator: &[] });
+        let agent = image.map(|image| AgentSidecar { image, clients: &pin, operator: &[], logs: LogFormat::Text });
         let set: StatefulSet = members(&db, w, Sidecars { agent, ..Default::default() }, "orders-0", None).set;
         set.spec.expect("spec").template
     };
@@ -449,7 +458,7 @@ fn the_member_agent_runs_the_status_command_beside_the_engine() {
     // the engine sees the mark, read-only.
     // Written as the kubelet reads it back: `$(NAME)` and `$$` reach the agent as they were.
     w.fence_command = vec!["sh".into(), "-c".into(), "DO $$ $f$ $(HOME) $ $$".into()];
-    let agent = Some(AgentSidecar { image: "plugdb/plugdb:1", clients: &pin, operator: &[] });
+    let agent = Some(AgentSidecar { image: "plugdb/plugdb:1", clients: &pin, operator: &[], logs: LogFormat::Text });
     let set = members(&db, &w, Sidecars { agent, ..Default::default() }, "orders-0", None).set;
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let agent = pod.containers.iter().find(|c| c.name == "agent").expect("the agent");
@@ -555,7 +564,10 @@ fn members_and_jobs_mount_the_credentials_for_the_workload_s_group_alone() {
     w.status_command = vec!["true".into()];
     w.init_containers =
         vec![crate::plugin::InitContainer { name: "prepare".into(), image: "busybox:1".into(), command: vec!["true".into()], env: vec![] }];
-    let sidecars = Sidecars { agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[] }), ..Default::default() };
+    let sidecars = Sidecars {
+        agent: Some(AgentSidecar { image: "plugdb/plugdb:1", clients: "pin", operator: &[], logs: LogFormat::Text }),
+        ..Default::default()
+    };
     let set: StatefulSet = members(&db, &w, sidecars, "orders-0", None).set;
     let pod = set.spec.and_then(|s| s.template.spec).expect("pod");
     let is_credentials = |v: &&k8s_openapi::api::core::v1::Volume| v.name == "credentials";

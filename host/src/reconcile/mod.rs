@@ -88,6 +88,9 @@ pub struct Settings {
     pub bucket_recheck: Duration,
     /// The registry every rendered image is pulled from, and the pull Secrets.
     pub pull: crate::images::Pull,
+    /// How the member agents log: as the operator does, so that a log collector reads
+    /// one shape from both.
+    pub agent_logs: crate::logging::LogFormat,
 }
 
 impl Default for Settings {
@@ -104,6 +107,7 @@ impl Default for Settings {
             member_poll: Duration::from_secs(30),
             bucket_recheck: Duration::from_secs(3600),
             pull: crate::images::Pull::default(),
+            agent_logs: crate::logging::LogFormat::Text,
         }
     }
 }
@@ -552,7 +556,7 @@ fn cluster(ctx: &Context, db: &Database, plugin: &Plugin, primary: &str) -> crat
 pub fn agent_sidecar<'a>(ctx: &'a Context, plugin: &Plugin, workload: &Workload) -> Option<build::AgentSidecar<'a>> {
     wants_agent(plugin, workload).then_some(())?;
     let image = ctx.operator_image.as_deref()?;
-    Some(build::AgentSidecar { image, clients: ctx.agents.pin(), operator: &ctx.agents_reached_from })
+    Some(build::AgentSidecar { image, clients: ctx.agents.pin(), operator: &ctx.agents_reached_from, logs: ctx.settings.agent_logs })
 }
 
 /// Whether the members of `workload` should run their agent: the host fails them over
