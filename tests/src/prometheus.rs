@@ -116,6 +116,35 @@ impl Prometheus {
         Ok(alerts.into_iter().map(|a| (a["labels"].clone(), a["state"].as_str().unwrap_or_default().to_string())).collect())
     }
 
+    /// Waits up to `within` until alert `name` fires at severity `warning` for `member`;
+    /// panics with the alerts then if it never does.
+    pub async fn until_firing(&self, name: &str, member: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let alerts = self.alerts().await.expect("alerts");
+            let of = |l: &serde_json::Value| l["alertname"] == name && l["member"] == member && l["severity"] == "warning";
+            if alerts.iter().any(|(labels, state)| of(labels) && state == "firing") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} never fired for {member}: {alerts:?}");
+            tokio::time::sleep(INTERVAL).await;
+        }
+    }
+
+    /// Waits up to `within` until alert `name` is neither pending nor firing for `member`;
+    /// panics with the alerts then if it still is.
+    pub async fn until_resolved(&self, name: &str, member: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let alerts = self.alerts().await.expect("alerts");
+            if !alerts.iter().any(|(labels, _)| labels["alertname"] == name && labels["member"] == member) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} never resolved for {member}: {alerts:?}");
+            tokio::time::sleep(INTERVAL).await;
+        }
+    }
+
     /// The health of each rule loaded (`ok` once evaluated without error).
     pub async fn rules(&self) -> Result<Vec<(String, String)>> {
         let data = self.api("/api/v1/rules").await?;

@@ -59,7 +59,7 @@ impl Exporter {
 pub struct At {
     /// Its port.
     pub port: u16,
-    /// Its path: `/` and at most 256 printable characters.
+    /// Its path, as a plugin's metrics path may be (the policy's `http_path_ok`).
     pub path: String,
 }
 
@@ -76,8 +76,8 @@ impl std::str::FromStr for At {
         let rest = url.strip_prefix("http://127.0.0.1:").ok_or("not http://127.0.0.1:<port><path>")?;
         let (port, path) = rest.split_at(rest.find('/').ok_or("no path")?);
         let port = port.parse::<u16>().ok().filter(|p| *p > 0).ok_or("not a port")?;
-        let path_ok = path.len() <= 256 && path.bytes().all(|b| b.is_ascii_graphic());
-        path_ok.then(|| At { port, path: path.to_string() }).ok_or_else(|| "the path is not 1-256 printable characters".into())
+        let path_ok = crate::plugin::policy::http_path_ok(path);
+        path_ok.then(|| At { port, path: path.to_string() }).ok_or_else(|| "the path is not / and at most 256 printable characters".into())
     }
 }
 

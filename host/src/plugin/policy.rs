@@ -141,7 +141,8 @@ fn check_env(r: &mut Report, env: &[EnvVar], credentials_secret: &str) {
     }
 }
 
-fn http_path_ok(path: &str) -> bool {
+/// An HTTP path a member is asked at: `/` first, at most 256 printable characters.
+pub(crate) fn http_path_ok(path: &str) -> bool {
     path.starts_with('/') && path.len() <= 256 && path.bytes().all(|b| b.is_ascii_graphic())
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use plugdb_tests::operator::Cluster;
-use plugdb_tests::prometheus::{INTERVAL, Prometheus, held_at_most};
+use plugdb_tests::prometheus::{Prometheus, held_at_most};
 use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running};
 use serde_json::json;
 
@@ -40,10 +40,10 @@ pub async fn a_replica_in_trouble_fires_alerts_that_resolve(cluster: Arc<Cluster
     // Replay paused: what it receives waits, and its lag is the age of what it replayed last.
     client.administer(&replica, "SELECT pg_wal_replay_pause()").await.expect("replay paused");
     let paused = Instant::now();
-    let fired = firing(&prometheus, "PlugdbReplicationLag", "orders-1").await;
-    eprintln!("{ns}: PlugdbReplicationLag firing for orders-1 {:.0} s after its replay paused", fired.duration_since(paused).as_secs_f64());
+    prometheus.until_firing("PlugdbReplicationLag", "orders-1", WAIT).await;
+    eprintln!("{ns}: PlugdbReplicationLag firing for orders-1 {:.0} s after its replay paused", paused.elapsed().as_secs_f64());
     client.administer(&replica, "SELECT pg_wal_replay_resume()").await.expect("replay resumed");
-    resolved(&prometheus, "PlugdbReplicationLag", "orders-1").await;
+    prometheus.until_resolved("PlugdbReplicationLag", "orders-1", WAIT).await;
     stop.store(true, Ordering::SeqCst);
     let (written, _) = writer.await.expect("the writer");
     assert!(!written.is_empty(), "the writer wrote throughout");
@@ -52,37 +52,10 @@ pub async fn a_replica_in_trouble_fires_alerts_that_resolve(cluster: Arc<Cluster
     let container = replica.spec.as_ref().map(|s| s.containers[0].name.clone()).expect("the engine's container");
     plugdb_tests::scenario::signal_all(&replica, &container, "STOP");
     let stopped = Instant::now();
-    let fired = firing(&prometheus, "PlugdbMemberDown", "orders-1").await;
-    eprintln!("{ns}: PlugdbMemberDown firing for orders-1 {:.0} s after its engine stopped", fired.duration_since(stopped).as_secs_f64());
+    prometheus.until_firing("PlugdbMemberDown", "orders-1", WAIT).await;
+    eprintln!("{ns}: PlugdbMemberDown firing for orders-1 {:.0} s after its engine stopped", stopped.elapsed().as_secs_f64());
     plugdb_tests::scenario::resume_all(&replica, &container);
-    resolved(&prometheus, "PlugdbMemberDown", "orders-1").await;
+    prometheus.until_resolved("PlugdbMemberDown", "orders-1", WAIT).await;
     let alerts = prometheus.alerts().await.expect("alerts");
     assert!(alerts.iter().all(|(labels, _)| labels["member"] != "orders-0"), "the primary raised none: {alerts:?}");
-}
-
-/// Waits until alert `name` fires (warning) for `member`; when it did.
-async fn firing(prometheus: &Prometheus, name: &str, member: &str) -> Instant {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let alerts = prometheus.alerts().await.expect("alerts");
-        let of = |labels: &serde_json::Value| labels["alertname"] == name && labels["member"] == member && labels["severity"] == "warning";
-        if alerts.iter().any(|(labels, state)| of(labels) && state == "firing") {
-            return Instant::now();
-        }
-        assert!(Instant::now() < deadline, "{name} never fired for {member}: {alerts:?}");
-        tokio::time::sleep(INTERVAL).await;
-    }
-}
-
-/// Waits until alert `name` is neither pending nor firing for `member`.
-async fn resolved(prometheus: &Prometheus, name: &str, member: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let alerts = prometheus.alerts().await.expect("alerts");
-        if !alerts.iter().any(|(labels, _)| labels["alertname"] == name && labels["member"] == member) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} never resolved for {member}: {alerts:?}");
-        tokio::time::sleep(INTERVAL).await;
-    }
 }

@@ -322,15 +322,7 @@ pub async fn crash_loop_named(cluster: Arc<Cluster>) {
     assert!(warned[0].contains("shared memory"), "{}", warned[0]);
     let member_down = |labels: &serde_json::Value| labels["alertname"] == "PlugdbMemberDown" && labels["member"] == "orders-0";
     let alerted = Instant::now();
-    let deadline = alerted + WAIT;
-    loop {
-        let alerts = prometheus.alerts().await.expect("alerts");
-        if alerts.iter().any(|(labels, state)| member_down(labels) && labels["severity"] == "warning" && state == "firing") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "PlugdbMemberDown never fired: {alerts:?}");
-        tokio::time::sleep(INTERVAL).await;
-    }
+    prometheus.until_firing("PlugdbMemberDown", "orders-0", WAIT).await;
     eprintln!("{ns}: PlugdbMemberDown firing in a real Prometheus {:.0} s after the crash loop was named", alerted.elapsed().as_secs_f64());
 
     cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 1, json!({}))).await.expect("apply");
