@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use kube::ResourceExt;
 use plugdb_tests::operator::Cluster;
 use plugdb_tests::prometheus::{Prometheus, held_at_most};
-use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running};
+use plugdb_tests::scenario::{Client, Engine, WAIT, database, is_running, pod_ip};
 use serde_json::json;
 
 /// The longest a rule here holds before it fires: the rules' own hold times (minutes),
@@ -36,6 +36,9 @@ pub async fn a_replica_in_trouble_fires_alerts_that_resolve(cluster: Arc<Cluster
     let replica = members.iter().find(|p| p.name_any() == "orders-1").expect("orders-1").clone();
     let stop = Arc::new(AtomicBool::new(false));
     let writer = client.writer(1, stop.clone());
+    // A transaction replayed first: a replica that has replayed none knows no lag.
+    let replayed = |rows: &str| rows.parse::<u64>().is_ok_and(|n| n > 0);
+    client.eventually(&pod_ip(&replica), "SELECT count(*) FROM orders", WAIT, replayed).await;
 
     // Replay paused: what it receives waits, and its lag is the age of what it replayed last.
     client.administer(&replica, "SELECT pg_wal_replay_pause()").await.expect("replay paused");
