@@ -79,6 +79,13 @@ pub const SERVICE_CIDR: &str = "10.203.0.0/16";
 pub const DNS_ADDRESS: &str = "10.203.0.10";
 /// The storage class local-path-provisioner serves; the default class.
 pub const STORAGE_CLASS: &str = "local-path";
+/// A second class of local-path-provisioner's: each node's volumes on a filesystem of
+/// their own, [`SMALL_BYTES`] large (ext4 on a loop device), so that what a volume holds
+/// fills it as it fills a disk: statfs, `df` and ENOSPC are that filesystem's, not the
+/// machine's. Members on different nodes never share one.
+pub const SMALL_STORAGE_CLASS: &str = "local-small";
+/// The size of each node's [`SMALL_STORAGE_CLASS`] filesystem.
+pub const SMALL_BYTES: u64 = 1 << 30;
 /// Image of the volume provisioner's helper pods.
 pub const HELPER_IMAGE: &str = "localhost/plugdb/helper:1";
 const PAUSE_IMAGE: &str = "localhost/plugdb/pause:1";
@@ -252,6 +259,8 @@ fn check_prerequisites() -> Result<()> {
         ("ip", "iproute2"),
         ("iptables", "iptables"),
         ("sysctl", "procps"),
+        ("mkfs.ext4", "e2fsprogs"),
+        ("losetup", "mount"),
     ] {
         if which(tool).is_none() {
             missing.push(format!("{tool} (apt-get install {package})"));
@@ -335,6 +344,7 @@ impl Nodes {
             create_cgroup_parent(node)?;
             let node_dir = node.dir(&dir);
             std::fs::create_dir_all(&node_dir)?;
+            mount_small_filesystem(&node_dir)?;
             let mut daemons = Processes::in_namespace(&node.name(), node_dir.clone(), dir.join("pids"));
             start_containerd(&mut daemons, node, &node_dir).await?;
             nodes.push(daemons);
@@ -949,9 +959,24 @@ spec:
     }
 }
 
+/// The filesystem of a node's [`SMALL_STORAGE_CLASS`] volumes: a sparse file of
+/// [`SMALL_BYTES`] in its run directory, formatted ext4 (no blocks reserved for root, so
+/// that what is used is what the engine wrote) and mounted through a loop device that
+/// goes with its unmount ([`teardown`] unmounts it).
+fn mount_small_filesystem(node_dir: &Path) -> Result<()> {
+    let (image, mount) = (node_dir.join("small.img"), node_dir.join("small"));
+    std::fs::File::create(&image)?.set_len(SMALL_BYTES)?;
+    std::fs::create_dir_all(&mount)?;
+    let s = |p: &Path| p.to_string_lossy().to_string();
+    run("mkfs.ext4", &["-q", "-F", "-m", "0", &s(&image)])?;
+    run("mount", &["-o", "loop", &s(&image), &s(&mount)])?;
+    Ok(())
+}
+
 /// local-path-provisioner as a process in the hub: the default storage class, each
 /// node's volumes under its own run directory (node-local, as on real machines),
-/// created and removed by helper pods on that node.
+/// created and removed by helper pods on that node; and [`SMALL_STORAGE_CLASS`], each
+/// node's volumes on its small filesystem.
 async fn start_local_path(
     daemons: &mut Processes,
     dir: &Path,
@@ -959,13 +984,17 @@ async fn start_local_path(
     kubeconfig: &Path,
     client: &Client,
 ) -> Result<()> {
-    let mut paths = Vec::new();
+    let (mut paths, mut small) = (Vec::new(), Vec::new());
     for node in NodeSpec::all() {
         let volumes = node.dir(dir).join("volumes");
         std::fs::create_dir_all(&volumes)?;
         paths.push(serde_json::json!({"node": node.name(), "paths": [volumes]}));
+        small.push(serde_json::json!({"node": node.name(), "paths": [node.dir(dir).join("small")]}));
     }
-    let config = serde_json::json!({"nodePathMap": paths});
+    let config = serde_json::json!({"storageClassConfigs": {
+        STORAGE_CLASS: {"nodePathMap": paths},
+        SMALL_STORAGE_CLASS: {"nodePathMap": small},
+    }});
     std::fs::write(dir.join("local-path.json"), config.to_string())?;
     let indent = |s: &str| s.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n");
     crate::apply_yaml(
@@ -1005,6 +1034,13 @@ kind: StorageClass
 metadata:
   name: {STORAGE_CLASS}
   annotations: {{storageclass.kubernetes.io/is-default-class: "true"}}
+provisioner: rancher.io/local-path
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: {SMALL_STORAGE_CLASS}}}
 provisioner: rancher.io/local-path
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete"#,

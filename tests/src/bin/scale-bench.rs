@@ -7,16 +7,17 @@
 //!
 //! Measures, at each size: the time `plugdb run` (the release binary, its own process)
 //! takes to apply every Database's children and write its status, against a minimal
-//! client creating the same objects directly (the API server's own bound), with the
-//! CPU seconds kube-apiserver and etcd spent on each (up to 1,000 Databases in three
-//! paired rounds, each on a fresh control plane: the times are medians, the ratio the
-//! median of the rounds'; the other figures are the first round's); the operator's API requests per
-//! Database, counted by its own metrics; its peak RSS and CPU seconds per reconcile;
-//! and what a restarted operator costs to resync everything (requests, writes, plugin
-//! calls, RSS). Then the 1,000 (or a smaller size) again beside a noisy neighbour: an
-//! engine whose plugin runs out its deadline on every call, in as many rounds as alone
-//! (`10000` alone skips it). No
-//! kube-controller-manager runs: this measures the operator, not StatefulSet pods.
+//! client creating the same objects directly (the API server's own bound), with the CPU
+//! seconds kube-apiserver and etcd spent on each (up to 1,000 Databases in three paired
+//! rounds, each on a fresh control plane: the times are medians, the ratio the median
+//! of the rounds'; the other figures are the first round's); the operator's API
+//! requests per Database, counted by its own metrics; its peak RSS and CPU seconds per
+//! reconcile; and what a restarted operator costs to resync everything (requests,
+//! writes, plugin calls, RSS), then what a scrape of its metrics holds per Database and
+//! takes. Then the 1,000 (or a smaller size) again beside a noisy neighbour: an engine
+//! whose plugin runs out its deadline on every call, in as many rounds as alone
+//! (`10000` alone skips it). No kube-controller-manager runs: this measures the
+//! operator, not StatefulSet pods.
 //! Prints a table and writes it to OUT_FILE.
 
 use std::collections::HashSet;
@@ -98,6 +99,30 @@ impl Operator {
         let mut body = String::new();
         stream.read_to_string(&mut body).await?;
         Ok(metric_sum(&body, name, keep))
+    }
+
+    /// One scrape of its metrics: how long it took, and the body.
+    async fn scrape(&self) -> Result<(Duration, String)> {
+        let started = Instant::now();
+        let mut stream = tokio::net::TcpStream::connect(&self.metrics).await?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await?;
+        Ok((started.elapsed(), body))
+    }
+
+    /// What a Prometheus scraping it gets, in five scrapes: the median time of one, and
+    /// the series that carry a `database` label (the last scrape's).
+    async fn scraped(&self) -> Result<(Duration, usize)> {
+        let mut times = Vec::new();
+        let mut body = String::new();
+        for _ in 0..5 {
+            let (took, text) = self.scrape().await?;
+            times.push(took.as_secs_f64());
+            body = text;
+        }
+        let of_databases = body.lines().filter(|l| !l.starts_with('#') && l.contains("database=\"")).count();
+        Ok((Duration::from_secs_f64(median(times)), of_databases))
     }
 
     /// Requests by verb, watches excluded, as `verb n, verb n`.
@@ -359,6 +384,10 @@ struct Run {
     resync_events: f64,
     resync_calls: f64,
     resync_rss: u64,
+    /// Once all are reconciled: the median time of a scrape of the operator's metrics,
+    /// and the series per Database in it.
+    scrape: Duration,
+    series_per_database: f64,
 }
 
 /// Paired rounds (plain client, then operator) per size up to 1,000, each on a fresh
@@ -463,6 +492,7 @@ async fn measure(binary: &Path, count: usize, extra: &[String]) -> Result<Run> {
     let (resync_requests, (resync_writes, resync_events)) = (operator.requests().await?, operator.writes().await?);
     let resync_calls = operator.metric("plugdb_plugin_calls_total").await?;
     let resync_rss = operator.rss_peak_mib();
+    let (scrape, of_databases) = operator.scraped().await?;
     eprintln!("[{count}] resync requests by verb: {}", operator.requests_by_verb().await?);
     operator.stop().await?;
     drop(cp);
@@ -492,6 +522,8 @@ async fn measure(binary: &Path, count: usize, extra: &[String]) -> Result<Run> {
         resync_events,
         resync_calls,
         resync_rss,
+        scrape,
+        series_per_database: of_databases as f64 / count as f64,
     })
 }
 
@@ -561,6 +593,10 @@ fn table(runs: &[Run]) -> String {
         |_, r| format!("{} / {} ({}) / {}", r.resync_requests, r.resync_writes, r.resync_events, r.resync_calls),
         "writes 0",
     );
+    out +=
+        &row("series per Database in the operator's metrics, all reconciled", runs, |_, r| format!("{:.2}", r.series_per_database), "flat");
+    out +=
+        &row("one scrape of the operator's metrics (median of 5)", runs, |_, r| format!("{:.0} ms", r.scrape.as_secs_f64() * 1000.0), "");
     out += &row(
         "restarted operator peak RSS (÷ first run)",
         runs,

@@ -118,6 +118,16 @@ pub fn teardown(dir: &Path) -> Vec<String> {
             report.push(format!("unmounted {m}"));
         }
     }
+    // The small filesystems' loop devices go with their unmount; one still bound is released.
+    for node in NodeSpec::all() {
+        let image = node.dir(dir).join("small.img");
+        let bound = run("losetup", &["--noheadings", "--output", "NAME", "--associated", &image.to_string_lossy()]).unwrap_or_default();
+        for device in bound.split_whitespace() {
+            if run("losetup", &["--detach", device]).is_ok() {
+                report.push(format!("detached {device}"));
+            }
+        }
+    }
     let before = std::fs::read_to_string(dir.join("cni-netns-before")).unwrap_or_default();
     if dir.join("cni-netns-before").exists() {
         for ns in cni_netns().into_iter().filter(|ns| !before.lines().any(|b| b == ns)) {
@@ -166,9 +176,11 @@ pub fn teardown(dir: &Path) -> Vec<String> {
         report.push("restored kernel settings".into());
     }
     // Per-run state goes; logs stay for a look after a failure, until the next start.
-    let node_state = NodeSpec::all().flat_map(|n| ["kubelet", "containerd", "cni", "volumes", "pod-logs"].map(|s| n.dir(dir).join(s)));
+    let node_state = NodeSpec::all()
+        .flat_map(|n| ["kubelet", "containerd", "cni", "volumes", "small", "small.img", "pod-logs"].map(|s| n.dir(dir).join(s)));
     for path in std::iter::once(dir.join("control-plane")).chain(node_state) {
-        if path.exists() && std::fs::remove_dir_all(&path).is_err() {
+        let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        if path.exists() && removed.is_err() {
             report.push(format!("failed to remove {}", path.display()));
         }
     }
@@ -209,6 +221,7 @@ pub fn machine_state() -> String {
     section("ip6tables", "ip6tables-save", &[]);
     section("iptables legacy", "iptables-legacy-save", &[]);
     section("network namespaces", "ip", &["netns", "list"]);
+    section("loop devices", "losetup", &["--list", "--noheadings", "--output", "NAME,BACK-FILE"]);
     let mut keys: Vec<&str> = GLOBAL_SYSCTLS.to_vec();
     keys.extend(["net.ipv4.ip_forward", "net.ipv4.conf.all.route_localnet", "net.bridge.bridge-nf-call-iptables"]);
     out.push_str("## settings\n");

@@ -1,6 +1,7 @@
 //! The chart's alert rules in a real Prometheus, scraping what the chart's PodMonitor
 //! selects, against a primary and a replica on the nodes: the alerts a replica in
-//! trouble raises fire, and resolve once it is well.
+//! trouble raises fire, and resolve once it is well. The members' volumes are
+//! filesystems of their own (the nodes' small class), so one can really fill.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,13 +21,15 @@ const HELD: Duration = Duration::from_secs(15);
 /// past 30 s, and `PlugdbReplicationLag` (lag over 30 s and not falling) fires for it;
 /// replaying again, it resolves. The replica's engine stopped (SIGSTOP: it answers no
 /// one): `PlugdbMemberDown` fires for it; running again, it resolves. The primary raises
-/// neither.
+/// neither. The replica's volume filled past 80 %: `PlugdbVolumeFilling` fires for it
+/// (the warning: it is not past 90 %); emptied, it resolves.
 pub async fn a_replica_in_trouble_fires_alerts_that_resolve(cluster: Arc<Cluster>) {
     let ns = "postgres-alerts";
     let dir = tempfile::tempdir().expect("a directory");
     let chart = plugdb_tests::workspace_root().join("deploy/chart/plugdb/alerts/plugdb-rules.yaml");
     let rules = held_at_most(&chart, HELD, dir.path()).expect("the rules");
-    cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 2, json!({}))).await.expect("apply");
+    let small = json!({"storageClassName": plugdb_tests::node::SMALL_STORAGE_CLASS});
+    cluster.apply_database(ns, database("orders", Engine::Postgres, "17", 2, small)).await.expect("apply");
     cluster.wait_database(ns, "orders", "2 members Ready", WAIT, |d| is_running(d, 2)).await.expect("running");
     let prometheus = Prometheus::start(crate::nodes::nodes(&cluster), ns, "127.0.0.1:1", &rules).await.expect("Prometheus");
     let client = Arc::new(Client::new(&cluster, Engine::Postgres, ns, "orders").await);
@@ -59,6 +62,34 @@ pub async fn a_replica_in_trouble_fires_alerts_that_resolve(cluster: Arc<Cluster
     eprintln!("{ns}: PlugdbMemberDown firing for orders-1 {:.0} s after its engine stopped", stopped.elapsed().as_secs_f64());
     plugdb_tests::scenario::resume_all(&replica, &container);
     prometheus.until_resolved("PlugdbMemberDown", "orders-1", WAIT).await;
+
+    // A file beside the engine's data, written on the node, takes the volume to 85 %:
+    // what the agent reads of it is the filesystem's own statfs.
+    let volume = plugdb_tests::scenario::volume_path(&cluster, ns, "data-orders-1").await;
+    let filler = volume.join("filler");
+    let (size, used) = usage(&volume);
+    let small = plugdb_tests::node::SMALL_BYTES;
+    assert!(size <= small && size > small / 2, "the volume is a filesystem of its own: {size} bytes");
+    let fill = (size * 85 / 100).saturating_sub(used);
+    let out = std::process::Command::new("fallocate").args(["-l", &fill.to_string()]).arg(&filler).output().expect("fallocate");
+    assert!(out.status.success(), "fallocate: {}", String::from_utf8_lossy(&out.stderr));
+    let filled = Instant::now();
+    prometheus.until_firing("PlugdbVolumeFilling", "orders-1", WAIT).await;
+    eprintln!("{ns}: PlugdbVolumeFilling firing for orders-1 {:.0} s after its volume passed 80 %", filled.elapsed().as_secs_f64());
+    std::fs::remove_file(&filler).expect("the filler removed");
+    prometheus.until_resolved("PlugdbVolumeFilling", "orders-1", WAIT).await;
+
     let alerts = prometheus.alerts().await.expect("alerts");
     assert!(alerts.iter().all(|(labels, _)| labels["member"] != "orders-0"), "the primary raised none: {alerts:?}");
+}
+
+/// The size and the bytes in use of the filesystem holding `path`, as `df` reads them.
+fn usage(path: &std::path::Path) -> (u64, u64) {
+    let out = std::process::Command::new("df").args(["-B1", "--output=size,used"]).arg(path).output().expect("df");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let numbers: Vec<u64> = text.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    match numbers[..] {
+        [size, used] => (size, used),
+        _ => panic!("df {}: {text}", path.display()),
+    }
 }
