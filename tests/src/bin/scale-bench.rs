@@ -58,6 +58,9 @@ fn database(name: &str, namespace: &str) -> Database {
     db
 }
 
+/// Where the chart's operator reaches the agents from: its own pods.
+const AGENT_FROM: &str = "plugdb-system/app.kubernetes.io/name=plugdb,app.kubernetes.io/instance=plugdb";
+
 /// `plugdb run` in a process of its own, serving its metrics on a loopback port.
 struct Operator {
     child: tokio::process::Child,
@@ -70,6 +73,8 @@ impl Operator {
         let listen = format!("127.0.0.1:{port}");
         let child = tokio::process::Command::new(binary)
             .args(["run", "--namespace", OPERATOR_NAMESPACE, "--listen", &listen, "--no-leader-election"])
+            // As the chart runs it: members with agents, reached from the operator's pods.
+            .args(["--image", "localhost/plugdb/operator:bench", "--agent-from", AGENT_FROM])
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
@@ -534,7 +539,9 @@ fn row(measure: &str, runs: &[Run], cell: impl Fn(usize, &Run) -> String, goal: 
 }
 
 fn table(runs: &[Run]) -> String {
-    let children = 8; // credentials, the agents' certificates, config, 3 Services, StatefulSet, PodDisruptionBudget
+    // The credentials, the application's login, the agents' certificates, config, 3
+    // Services, StatefulSet, PodDisruptionBudget, NetworkPolicy.
+    let children = 10;
     let header: Vec<String> = runs.iter().map(|r| format!("{} Databases / {} namespaces", r.count, r.namespaces)).collect();
     let mut out = format!("| measure | {} | goal |\n|{}", header.join(" | "), " --- |".repeat(runs.len() + 2));
     out.push('\n');
