@@ -84,6 +84,9 @@ pub const STORAGE_CLASS: &str = "local-path";
 /// fills it as it fills a disk: statfs, `df` and ENOSPC are that filesystem's, not the
 /// machine's. Members on different nodes never share one.
 pub const SMALL_STORAGE_CLASS: &str = "local-small";
+/// A class a scenario may make over the default class's volumes, allowing expansion
+/// (local-path has no resizer: its claims ask, and keep their capacity).
+pub const GROWABLE_STORAGE_CLASS: &str = "plugdb-growable";
 /// The size of each node's [`SMALL_STORAGE_CLASS`] filesystem.
 pub const SMALL_BYTES: u64 = 1 << 30;
 /// Image of the volume provisioner's helper pods.
@@ -993,6 +996,7 @@ async fn start_local_path(
     }
     let config = serde_json::json!({"storageClassConfigs": {
         STORAGE_CLASS: {"nodePathMap": paths},
+        GROWABLE_STORAGE_CLASS: {"nodePathMap": paths},
         SMALL_STORAGE_CLASS: {"nodePathMap": small},
     }});
     std::fs::write(dir.join("local-path.json"), config.to_string())?;

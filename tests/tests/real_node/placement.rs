@@ -13,7 +13,7 @@ use plugdb_tests::operator::Cluster;
 use plugdb_tests::scenario::{Engine, WAIT, database, is_running};
 use serde_json::json;
 
-const CLASS: &str = "plugdb-growable";
+const CLASS: &str = plugdb_tests::node::GROWABLE_STORAGE_CLASS;
 
 fn condition(db: &Database, type_: &str) -> Option<(String, String, String)> {
     let c = db.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
