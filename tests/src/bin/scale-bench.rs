@@ -99,10 +99,7 @@ impl Operator {
 
     /// The sum of every sample of metric `name` (all label sets) that `keep` accepts.
     async fn metric_where(&self, name: &str, keep: impl Fn(&str) -> bool) -> Result<f64> {
-        let mut stream = tokio::net::TcpStream::connect(&self.metrics).await?;
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body).await?;
+        let (_, body) = self.scrape().await?;
         Ok(metric_sum(&body, name, keep))
     }
 
