@@ -15,7 +15,7 @@ case $part in all | packages | builds) ;; *) echo "install-deps: say packages, b
 
 if [[ $part != builds ]]; then
   need=(openssl postgresql mariadb-server containerd runc containernetworking-plugins iptables iproute2
-    debootstrap busybox-static util-linux procps)
+    debootstrap busybox-static util-linux procps xfsprogs)
   if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
     need+=(rustc-web cargo-web rust-web-src lld-19)
   fi

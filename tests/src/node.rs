@@ -2,6 +2,8 @@
 //! kube-proxy in a network namespace of its own, joined by a bridge in a fourth
 //! namespace the harness creates (the hub), which also holds the control plane, CoreDNS
 //! and local-path-provisioner. Nodes carry `topology.kubernetes.io/zone` a, b and c.
+//! Volumes of [`GROWING_STORAGE_CLASS`] have capacities of their own and grow online
+//! (csi-loop and the CSI sidecars, see the `csi` module).
 //!
 //! ```text
 //!  machine ── veth 10.201.0.1/30 ──┐
@@ -50,7 +52,10 @@ use kube::api::Api;
 
 use crate::control_plane::{ControlPlane, Network, Options, Processes};
 
+mod csi;
 mod teardown;
+
+pub use csi::GROWING_STORAGE_CLASS;
 
 use teardown::{cni_netns, remove_containers};
 pub use teardown::{machine_state, state_difference, teardown};
@@ -263,6 +268,9 @@ fn check_prerequisites() -> Result<()> {
         ("iptables", "iptables"),
         ("sysctl", "procps"),
         ("mkfs.ext4", "e2fsprogs"),
+        ("mkfs.xfs", "xfsprogs"),
+        ("xfs_growfs", "xfsprogs"),
+        ("mountpoint", "util-linux"),
         ("losetup", "mount"),
     ] {
         if which(tool).is_none() {
@@ -381,10 +389,12 @@ impl Nodes {
         for (node, daemons) in NodeSpec::all().zip(nodes.iter_mut()) {
             start_kubelet(daemons, node, &dir, &bin_dir, &kubeconfig)?;
             start_kube_proxy(daemons, node, &node.dir(&dir), &bin_dir, &kubeconfig)?;
+            csi::start_on_node(daemons, node, &dir, &tools, &kubeconfig)?;
         }
         let mut hub = Processes::in_namespace(NETNS, dir.clone(), dir.join("pids"));
         start_coredns(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
         start_local_path(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
+        csi::start_in_hub(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
         let nodes = Self { control_plane, client, kubeconfig, bin_dir, operator_image, hub, nodes, dir, _lock: lock };
         nodes.wait_ready().await?;
         enforce_network_policies(&nodes.client, &policies_image).await?;

@@ -453,6 +453,25 @@ pub async fn volume_path(cluster: &Cluster, namespace: &str, claim: &str) -> std
     path.into()
 }
 
+/// The size and the bytes in use of the engine's data volume in member `pod`, as `df`
+/// in its engine container reads them (in the container's own mount namespace).
+pub fn df_in(pod: &Pod) -> (u64, u64) {
+    let spec = pod.spec.as_ref().expect("a pod spec");
+    let engine = spec.containers.first().expect("an engine container");
+    let mount = engine.volume_mounts.iter().flatten().find(|m| m.name == "data").expect("the engine mounts its data volume");
+    let pid = first_process(pod, &engine.name);
+    let out = std::process::Command::new("nsenter")
+        .args(["--target", &pid.to_string(), "--mount", "df", "-B1", "--output=size,used", &mount.mount_path])
+        .output()
+        .expect("nsenter df");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let numbers: Vec<u64> = text.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    match numbers[..] {
+        [size, used] => (size, used),
+        _ => panic!("df in {}: {text} {}", pod.name_any(), String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
 /// Sends `signal` (`KILL`, `STOP`, `CONT`) to the engine's main process in `pod`, from
 /// the node (as the kernel would on a crash or a hang): the oldest process named
 /// `binary` in the pod's engine container (its first; the agent and archiver follow).

@@ -118,14 +118,13 @@ pub fn teardown(dir: &Path) -> Vec<String> {
             report.push(format!("unmounted {m}"));
         }
     }
-    // The small filesystems' loop devices go with their unmount; one still bound is released.
-    for node in NodeSpec::all() {
-        let image = node.dir(dir).join("small.img");
-        let bound = run("losetup", &["--noheadings", "--output", "NAME", "--associated", &image.to_string_lossy()]).unwrap_or_default();
-        for device in bound.split_whitespace() {
-            if run("losetup", &["--detach", device]).is_ok() {
-                report.push(format!("detached {device}"));
-            }
+    // Loop devices go with their unmount (the small filesystems) or the volume's
+    // unpublish (csi-loop's); one still bound to a file of the run is released.
+    let loops = run("losetup", &["--list", "--noheadings", "--output", "NAME,BACK-FILE"]).unwrap_or_default();
+    let root = format!("{}/", dir.display());
+    for device in loops.lines().filter_map(|l| l.split_once(' ')).filter(|(_, file)| file.trim().starts_with(&root)).map(|(d, _)| d) {
+        if run("losetup", &["--detach", device]).is_ok() {
+            report.push(format!("detached {device}"));
         }
     }
     let before = std::fs::read_to_string(dir.join("cni-netns-before")).unwrap_or_default();
@@ -176,8 +175,9 @@ pub fn teardown(dir: &Path) -> Vec<String> {
         report.push("restored kernel settings".into());
     }
     // Per-run state goes; logs stay for a look after a failure, until the next start.
-    let node_state = NodeSpec::all()
-        .flat_map(|n| ["kubelet", "containerd", "cni", "volumes", "small", "small.img", "pod-logs"].map(|s| n.dir(dir).join(s)));
+    let node_state = NodeSpec::all().flat_map(|n| {
+        ["kubelet", "containerd", "cni", "volumes", "small", "small.img", "csi-volumes", "pod-logs"].map(|s| n.dir(dir).join(s))
+    });
     for path in std::iter::once(dir.join("control-plane")).chain(node_state) {
         let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
         if path.exists() && removed.is_err() {

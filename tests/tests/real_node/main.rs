@@ -9,6 +9,7 @@ mod alerts;
 mod consensus;
 mod data;
 mod faults;
+mod growth;
 mod harness;
 mod install;
 mod lifecycle;
@@ -109,6 +110,9 @@ fn main() -> ExitCode {
             }),
             ("etcd_members_and_clients_speak_tls_and_the_leader_is_asked_over_it", |c| Box::pin(tls::etcd_serves_tls(c))),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
+            ("postgres_and_mysql_volumes_grow_online_before_they_fill_on_storage_that_grows", |c| {
+                Box::pin(growth::volumes_grow_before_they_fill(c))
+            }),
             ("postgres_and_mysql_members_spread_over_nodes_and_zones_and_volumes_grow_when_allowed", |c| {
                 Box::pin(placement::spread_and_volume_growth(c))
             }),
