@@ -147,9 +147,24 @@ pub struct Status {
     pub lag: Option<Duration>,
     /// Its data volume, as its agent measured it (`statfs`), when it did.
     pub volume: Option<metrics::Volume>,
+    /// The log segments waiting in its archive directory, when it ships its log.
+    pub archive: Option<Backlog>,
     /// Its engine's exporter, as its agent last looked at it, when it runs one.
     pub exporter: Option<exporter::Exporter>,
 }
+
+/// The log segments a member's engine finished that wait to be shipped to the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// How many.
+    pub segments: u64,
+    /// How long the oldest has waited.
+    pub oldest: Duration,
+}
+
+/// How long a log segment waits to be shipped before its archiving is taken as failing
+/// (the chart's `PlugdbArchiveStalled` warns past the same).
+pub const ARCHIVE_STALLED: Duration = Duration::from_secs(300);
 
 /// The most lag a member may say it has: a day (more is read as not known).
 pub const MAX_LAG: Duration = Duration::from_secs(86_400);
@@ -158,13 +173,18 @@ pub const MAX_LAG: Duration = Duration::from_secs(86_400);
 /// read as coming from anyone: a position is 1-128 printable characters without spaces;
 /// a lag, a replica's only, is seconds (`0`, `2.5`), at most [`MAX_LAG`]. The agent may
 /// add a line `volume <used> <size> [<bytes an hour>]` of the member's data volume (how
-/// fast it fills once it knows), then a line `exporter up|down|silent` of its engine's exporter.
+/// fast it fills once it knows), a line `archive <segments> <seconds the oldest waited>`
+/// of its archive directory, then a line `exporter up|down|silent` of its engine's exporter.
 pub fn parse(answer: &str) -> Result<Status, String> {
     let mut lines = answer.trim_end_matches(['\n', '\r']).split('\n').map(|l| l.trim_end_matches('\r'));
     let line = lines.next().unwrap_or_default();
     let mut more = lines.peekable();
     let volume = match more.next_if(|l| l.starts_with("volume ")) {
         Some(l) => Some(parse_volume(l)?),
+        None => None,
+    };
+    let archive = match more.next_if(|l| l.starts_with("archive ")) {
+        Some(l) => Some(parse_archive(l)?),
         None => None,
     };
     let exporter = match more.next() {
@@ -175,7 +195,7 @@ pub fn parse(answer: &str) -> Result<Status, String> {
         None => None,
     };
     if more.next().is_some() {
-        return Err("more than a status, a volume and an exporter".into());
+        return Err("more than a status, a volume, an archive and an exporter".into());
     }
     let (role, rest) = line.split_once(' ').ok_or("not `<role> <position>`")?;
     let (position, lag) = match rest.split_once(' ') {
@@ -192,7 +212,22 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     if position.is_empty() || position.len() > 128 || !position.chars().all(printable) {
         return Err("the position is not 1-128 printable characters".into());
     }
-    Ok(Status { primary, position: position.to_string(), lag, volume, exporter })
+    Ok(Status { primary, position: position.to_string(), lag, volume, archive, exporter })
+}
+
+/// `archive <segments> <seconds the oldest waited>`, each at most a billion.
+fn parse_archive(line: &str) -> Result<Backlog, String> {
+    let number = |s: &str| (s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<u64>().ok()).flatten();
+    let backlog = match line.split(' ').collect::<Vec<_>>()[..] {
+        ["archive", segments, oldest] => match (number(segments), number(oldest)) {
+            (Some(segments), Some(oldest)) if segments <= 1_000_000_000 && oldest <= 1_000_000_000 => {
+                Some(Backlog { segments, oldest: Duration::from_secs(oldest) })
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    backlog.ok_or_else(|| format!("{:?} is not `archive <segments> <seconds>`", crate::said::cut(line, 64)))
 }
 
 /// `volume <used> <size> [<bytes an hour>]`, in bytes, used no more than the size.
@@ -214,8 +249,9 @@ fn parse_volume(line: &str) -> Result<metrics::Volume, String> {
 
 /// The status command's `out`, and the member's data volume as a line of its own when it
 /// can be measured (after the command's first line alone: the volume is the agent's word,
-/// not the command's), with how fast it fills once the agent knows; then what the agent
-/// last saw of the engine's exporter, when it runs one.
+/// not the command's), with how fast it fills once the agent knows; what waits in its
+/// archive directory, when it has one; then what the agent last saw of the engine's
+/// exporter, when it runs one.
 fn with_measures(out: String, agent: &Agent) -> String {
     let mut answer = match agent.data.as_deref().and_then(metrics::volume) {
         Some(v) => {
@@ -224,6 +260,9 @@ fn with_measures(out: String, agent: &Agent) -> String {
         }
         None => format!("{}\n", out.trim_end_matches('\n')),
     };
+    if let Some(a) = agent.archive.as_deref().and_then(metrics::archive) {
+        answer.push_str(&format!("archive {} {}\n", a.pending, a.oldest as u64));
+    }
     if let Some(exporter) = *agent.exporter.lock().unwrap_or_else(|e| e.into_inner()) {
         answer.push_str(&format!("exporter {}\n", exporter.word()));
     }
@@ -268,6 +307,8 @@ struct Agent {
     data: Option<PathBuf>,
     /// How fast it fills.
     filling: metrics::Filling,
+    /// The directory the member shares with its archiver, looked at for each status asked.
+    archive: Option<PathBuf>,
     /// What the engine's exporter said at the last look, when it runs one.
     exporter: Arc<std::sync::Mutex<Option<exporter::Exporter>>>,
     command: Semaphore,
@@ -279,10 +320,11 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(commands: Commands, data: Option<PathBuf>) -> Self {
+    fn new(commands: Commands, data: Option<PathBuf>, archive: Option<PathBuf>) -> Self {
         Agent {
             commands,
             data,
+            archive,
             filling: metrics::Filling::default(),
             exporter: Arc::default(),
             command: Semaphore::new(1),
@@ -352,8 +394,8 @@ pub async fn serve(
         commands.promote.clear();
         commands.follow.clear();
     }
-    let data = measured.as_ref().and_then(|(_, member)| member.data.clone());
-    let agent = Arc::new(Agent::new(commands, data));
+    let (data, archive) = measured.as_ref().map(|(_, m)| (m.data.clone(), m.archive.clone())).unwrap_or_default();
+    let agent = Arc::new(Agent::new(commands, data, archive));
     if let Some(at) = measured.as_ref().and_then(|(_, member)| member.exporter.clone()) {
         tokio::spawn(exporter::watch(at, agent.exporter.clone()));
     }

@@ -12,14 +12,20 @@ fn sh(script: &str) -> Vec<String> {
 fn a_status_is_a_role_and_a_position_on_one_line() {
     assert_eq!(
         parse("replica 0/3000148\n"),
-        Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, exporter: None })
+        Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, archive: None, exporter: None })
     );
     assert_eq!(
         parse("primary 0-1-42,1-2-7"),
-        Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None, volume: None, exporter: None })
+        Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None, volume: None, archive: None, exporter: None })
     );
-    let lagging =
-        Status { primary: false, position: "0-1-40".into(), lag: Some(Duration::from_millis(2500)), volume: None, exporter: None };
+    let lagging = Status {
+        primary: false,
+        position: "0-1-40".into(),
+        lag: Some(Duration::from_millis(2500)),
+        volume: None,
+        archive: None,
+        exporter: None,
+    };
     assert_eq!(parse("replica 0-1-40 2.5"), Ok(lagging));
     assert_eq!(parse("replica 0/5 0").map(|s| s.lag), Ok(Some(Duration::ZERO)));
     let bad_lags = [
@@ -51,6 +57,21 @@ fn a_status_is_a_role_and_a_position_on_one_line() {
         "primary 0/5\nvolume 1 2 3 4",
     ] {
         assert!(parse(bad).is_err(), "{bad:?} is no status and volume");
+    }
+    // The agent's line of its archive directory, after the volume's.
+    let backlog = |answer: &str| parse(answer).map(|s| (s.volume.is_some(), s.archive, s.exporter.is_some()));
+    let waiting = Some(Backlog { segments: 12, oldest: Duration::from_secs(600) });
+    assert_eq!(backlog("primary 0/5\nvolume 1 2\narchive 12 600\nexporter up\n"), Ok((true, waiting, true)));
+    assert_eq!(backlog("primary 0/5\narchive 12 600"), Ok((false, waiting, false)));
+    for bad in [
+        "primary 0/5\narchive 12",
+        "primary 0/5\narchive -1 2",
+        "primary 0/5\narchive 1 2 3",
+        "primary 0/5\narchive 1 99999999999",
+        "primary 0/5\narchive 1 2\nvolume 1 2",
+        "primary 0/5\narchive 1 2\narchive 1 2",
+    ] {
+        assert!(parse(bad).is_err(), "{bad:?} is no status and archive");
     }
     // The agent's line of the engine's exporter, last.
     let looked = |answer: &str| parse(answer).map(|s| (s.volume.is_some(), s.exporter));
@@ -263,7 +284,7 @@ async fn a_primary_cut_off_from_everyone_fences_itself() {
         let dir = std::env::temp_dir().join(format!("plugdb-agent-cut-off-{i}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let fence = fence_in(&dir, control_plane);
-        let agent = Agent::new(Commands { status: sh(&format!("echo {said}")), fence: Some(fence), ..Default::default() }, None);
+        let agent = Agent::new(Commands { status: sh(&format!("echo {said}")), fence: Some(fence), ..Default::default() }, None, None);
         tokio::spawn(watch(Arc::new(agent)));
         watched.push((tempdir::Dir(dir), said, fences));
     }
@@ -295,7 +316,7 @@ async fn a_cut_off_primary_whose_fence_fails_is_stopped_by_its_guard() {
         let stop = dir.join(guard::STOP_FILE);
         // The engine confirms nothing until its guard has been told to stop it.
         let fence = Fence { argv: sh(&format!("test -e {}", stop.display())), ..fence_in(&dir, Some(control_plane)) };
-        let agent = Arc::new(Agent::new(Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() }, None));
+        let agent = Arc::new(Agent::new(Commands { status: sh("echo primary 0/5"), fence: Some(fence), ..Default::default() }, None, None));
         if !stops {
             agent.mark_fenced("the operator fenced it").expect("mark");
         }
@@ -355,7 +376,10 @@ async fn only_the_operator_is_answered() {
             None => panic!("the operator was never answered"),
         }
     };
-    assert_eq!(parse(&answer), Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, exporter: None }));
+    assert_eq!(
+        parse(&answer),
+        Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, archive: None, exporter: None })
+    );
     assert_eq!(ask(None).await, None, "no client certificate: refused");
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
     assert_eq!(ask(Some(theirs.operator.clone())).await, None, "another operator is refused");
@@ -592,13 +616,18 @@ async fn the_members_series_are_served_to_a_scraper() {
     let runs = dir.join("runs");
     let status = sh(&format!("echo run >> {}; echo replica 0/5 2.5", runs.display()));
     let commands = Commands { status, fence: Some(fence_in(&dir, None)), ..Default::default() };
+    // One finished segment waits to be shipped, one is being written.
+    let archive = dir.join("archive");
+    std::fs::create_dir_all(&archive).expect("the archive directory");
+    std::fs::write(archive.join("000000010000000000000001"), "a segment").expect("a segment");
+    std::fs::write(archive.join(".000000010000000000000002.partial"), "half").expect("a partial one");
     let member = metrics::Member {
         namespace: "shop".into(),
         database: "orders".into(),
         engine: "postgres".into(),
         member: "orders-1".into(),
         data: Some(dir.clone()),
-        archive: None,
+        archive: Some(archive),
         exporter: None,
     };
     tokio::spawn(serve(([127, 0, 0, 1], port).into(), ours.trust(), commands, Some((metrics_port, member))));
@@ -632,13 +661,15 @@ async fn the_members_series_are_served_to_a_scraper() {
     assert!(ready.starts_with("HTTP/1.1 503") && ready.contains("fenced: fenced by a test"), "a fenced member is not ready: {ready}");
     assert_eq!(std::fs::read_to_string(&runs).expect("runs").lines().count(), 1, "one status command for both scrapes, none to look");
     assert!(http_get(metrics_port, "/status").await.starts_with("HTTP/1.1 404"), "nothing but the series and readiness are served there");
-    // The operator is told the member's volume with its status.
+    // The operator is told the member's volume and its archive's backlog with its status.
     std::fs::remove_file(dir.join(FENCED_FILE)).expect("unfenced");
     let status = crate::plugin::MemberQuery { port, path: "/status".into(), body: None, https: true };
     let transport = Transport::Tls { ca: &ours.ca, domain: "db-headless.shop.svc", identity: Some(&ours.operator) };
     let answer = answers(transport, &status, &[super::tests::member("db-0")]).await.remove(0).expect("the operator is answered");
-    let volume = parse(&answer).expect("a status").volume.expect("with the volume");
+    let said = parse(&answer).expect("a status");
+    let volume = said.volume.expect("with the volume");
     assert!(volume.used > 0 && volume.used <= volume.size, "{volume:?}");
+    assert_eq!(said.archive.map(|a| a.segments), Some(1), "one finished segment waits: {answer}");
 }
 
 /// The engine's exec probes run in the agent, asked over HTTP by the kubelet: `200` when
@@ -706,12 +737,12 @@ fn a_volume_fills_at_the_rate_its_looks_span() {
 /// served the last answer (none yet: the member's role is unknown and it is not up).
 #[tokio::test]
 async fn a_scrape_and_the_operators_commands_do_not_wait_for_each_other() {
-    let agent = Agent::new(Commands { status: sh("echo primary 0/5"), ..Default::default() }, None);
+    let agent = Agent::new(Commands { status: sh("echo primary 0/5"), ..Default::default() }, None, None);
     let looks = metrics::Looks::default();
     let _operators = agent.command.try_acquire().expect("the operator's command lock");
     let said = tokio::time::timeout(Duration::from_secs(5), metrics::status(&agent, &looks)).await.expect("not held back");
     assert_eq!(said.map(|s| s.primary), Some(true));
-    let hung = Agent::new(Commands { status: sh("sleep 1; echo primary 0/5"), ..Default::default() }, None);
+    let hung = Agent::new(Commands { status: sh("sleep 1; echo primary 0/5"), ..Default::default() }, None, None);
     let looks = metrics::Looks::default();
     let (first, second) = tokio::join!(metrics::status(&hung, &looks), async {
         tokio::time::sleep(Duration::from_millis(200)).await;

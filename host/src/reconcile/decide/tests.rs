@@ -280,7 +280,9 @@ fn a_failover_waits_for_the_replicas_named_to_confirm_the_last_commits() {
 /// otherwise (a container restarting or crashed).
 #[test]
 fn a_primary_whose_agent_answers_as_primary_stays_when_only_its_node_or_probe_says_down() {
-    let status = |primary: bool| Some(crate::agent::Status { primary, position: "0/1".into(), lag: None, volume: None, exporter: None });
+    let status = |primary: bool| {
+        Some(crate::agent::Status { primary, position: "0/1".into(), lag: None, volume: None, archive: None, exporter: None })
+    };
     let cut = Observed { cut_off: true, ..member(0, false, 40, "r1") };
     let probing = Observed { probe_failing: true, down: Some("container postgres is not ready".into()), ..member(0, false, 40, "r1") };
     let fenced = Observed { fenced: true, ..probing.clone() };
@@ -311,7 +313,9 @@ fn a_primary_whose_agent_answers_as_primary_stays_when_only_its_node_or_probe_sa
 /// it is the primary, already fenced (a fenced primary says so of itself), or going.
 #[test]
 fn a_member_that_says_it_leads_beside_the_primary_is_a_second_primary() {
-    let status = |primary: bool| Some(crate::agent::Status { primary, position: "0/1".into(), lag: None, volume: None, exporter: None });
+    let status = |primary: bool| {
+        Some(crate::agent::Status { primary, position: "0/1".into(), lag: None, volume: None, archive: None, exporter: None })
+    };
     let fenced = Observed { fenced: true, ..member(1, false, 5, "r1") };
     let going = Observed { terminating: true, ..member(1, true, 5, "r1") };
     // (what, member 1, what its agent said, a second primary)
@@ -600,6 +604,7 @@ fn a_switchover_promotes_only_a_member_with_all_the_fenced_primary_wrote() {
         position: position.into(),
         lag: None,
         volume: None,
+        archive: None,
         exporter: None,
     };
     let (last, behind, same) = (said(true, "0/5000"), said(false, "0/4F00"), said(false, "0/5000"));

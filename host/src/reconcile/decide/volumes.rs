@@ -51,7 +51,9 @@ pub const FILLS_WITHIN: std::time::Duration = std::time::Duration::from_secs(24 
 /// the storage provider has not finished is waited for before this is asked), the members
 /// having said `heard`, the last growth `last`: a volume past the threshold, or one over
 /// half full that fills within [`FILLS_WITHIN`] at the rate its agent measured, grows
-/// them all.
+/// them all. When that member's log has waited [`crate::agent::ARCHIVE_STALLED`] or
+/// longer to be archived, that is named as the cause: the log an engine cannot hand over
+/// stays on its volume.
 pub fn autogrowth(rule: &StorageGrowth, size: u64, heard: &[(String, Status)], last: Option<Timestamp>, now: Timestamp) -> Autogrowth {
     let percent = |v: &crate::agent::metrics::Volume| (v.used as u128 * 100 / v.size.max(1) as u128) as u64;
     let hours_left = |v: &crate::agent::metrics::Volume| {
@@ -75,13 +77,25 @@ pub fn autogrowth(rule: &StorageGrowth, size: u64, heard: &[(String, Status)], l
         }
         (None, None) => return Autogrowth::Wait,
     };
+    let stalled = heard.iter().find(|(p, _)| p == *pod).and_then(|(_, s)| s.archive).filter(|a| a.oldest >= crate::agent::ARCHIVE_STALLED);
+    let (cause, steady_cause) = match stalled {
+        Some(a) => (
+            format!(
+                "; the cause: archiving is failing ({} log segments have waited up to {} min to be shipped, and the log the engine cannot hand over stays on its volume; see BackupHealthy)",
+                a.segments,
+                a.oldest.as_secs() / 60
+            ),
+            "; the cause: archiving is failing (see BackupHealthy)".to_string(),
+        ),
+        None => (String::new(), String::new()),
+    };
     let limit = crate::quantity::bytes(&rule.limit.0).unwrap_or(size);
     let wanted = size.saturating_add(step_bytes(&rule.step, size).unwrap_or(0)).min(limit);
     // Whole MiB where that still grows the volume.
     let to = Some(wanted >> 20 << 20).filter(|to| *to > size).unwrap_or(wanted);
     if to <= size {
         let message = format!(
-            "{pod}'s volume {steady} with every volume at the limit {}: nothing more grows; raise storageGrowth.limit or free space",
+            "{pod}'s volume {steady} with every volume at the limit {}: nothing more grows; raise storageGrowth.limit or free space{steady_cause}",
             rule.limit.0
         );
         return Autogrowth::AtLimit(Note::warn_once(ConditionType::StorageGrowth, false, Reason::StorageLimitReached, message, true));
@@ -90,7 +104,7 @@ pub fn autogrowth(rule: &StorageGrowth, size: u64, heard: &[(String, Status)], l
     if last.is_some_and(|t| t <= now && now.duration_since(t).unsigned_abs() < interval) {
         return Autogrowth::Wait;
     }
-    let message = format!("{pod}'s volume {why}: every member's volume grows from {} to {}", quantity(size), quantity(to));
+    let message = format!("{pod}'s volume {why}: every member's volume grows from {} to {}{cause}", quantity(size), quantity(to));
     let note =
         Note { condition: Some((ConditionType::StorageGrowth, true)), reason: Reason::VolumesGrown, message, event: super::Event::Normal };
     Autogrowth::Grow { to, note }
@@ -138,6 +152,7 @@ mod tests {
             position: "0/1".into(),
             lag: None,
             volume: Some(Volume { size: 100 * GI, used: percent * GI, per_hour: per_hour.map(|g| g * GI) }),
+            archive: None,
             exporter: None,
         };
         used.iter().map(|(pod, p, rate)| (pod.to_string(), said(*p, *rate))).collect()
@@ -216,6 +231,36 @@ mod tests {
             "{}",
             note.message
         );
+    }
+
+    /// A volume filling while its member's log has long waited to be archived names the
+    /// failing archive as the cause; a backlog younger than that, or another member's, does not.
+    #[test]
+    fn a_failing_archive_is_named_as_the_cause() {
+        let now: Timestamp = "2026-12-03T08:00:00Z".parse().expect("a time");
+        let backlog = |minutes: u64| Some(crate::agent::Backlog { segments: 40, oldest: std::time::Duration::from_secs(60 * minutes) });
+        let with = |pod: &str, minutes: u64| {
+            let mut members = heard(&[("db-0", 85), ("db-1", 30)]);
+            members.iter_mut().filter(|(p, _)| p == pod).for_each(|(_, s)| s.archive = backlog(minutes));
+            members
+        };
+        let message = |members: &[(String, Status)], rule: &StorageGrowth| match autogrowth(rule, 10 * GI, members, None, now) {
+            Autogrowth::Grow { note, .. } | Autogrowth::AtLimit(note) => note.message,
+            Autogrowth::Wait => panic!("a volume past the threshold"),
+        };
+        let quarter = rule("25%", "100Gi");
+        assert!(
+            message(&with("db-0", 12), &quarter).ends_with(
+                "grows from 10Gi to 12800Mi; the cause: archiving is failing (40 log segments have waited up to 12 min to be shipped, \
+                 and the log the engine cannot hand over stays on its volume; see BackupHealthy)"
+            ),
+            "{}",
+            message(&with("db-0", 12), &quarter)
+        );
+        assert!(!message(&with("db-0", 4), &quarter).contains("cause"), "4 minutes is a backlog, not a failure");
+        assert!(!message(&with("db-1", 12), &quarter).contains("cause"), "another member's archive is not this volume's cause");
+        let at_limit = message(&with("db-0", 12), &rule("5Gi", "10Gi"));
+        assert!(at_limit.ends_with("; the cause: archiving is failing (see BackupHealthy)"), "the same words each pass: {at_limit}");
     }
 
     #[test]

@@ -32,6 +32,7 @@ fn members_say_their_node_role_readiness_and_last_position() {
         position: position.into(),
         lag: lag.map(std::time::Duration::from_millis),
         volume: None,
+        archive: None,
         exporter: None,
     };
     let heard = [("db-1".to_string(), said("0/3000148", None)), ("db-2".to_string(), said("0/3000100", Some(2500)))];
@@ -84,8 +85,14 @@ fn the_exporters_that_cannot_reach_their_engine_are_named() {
     use crate::agent::exporter::Exporter;
     let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("a time");
     let observed = [member(0, true), member(1, true), member(2, true)];
-    let looked =
-        |exporter: Option<Exporter>| crate::agent::Status { primary: false, position: "0/1".into(), lag: None, volume: None, exporter };
+    let looked = |exporter: Option<Exporter>| crate::agent::Status {
+        primary: false,
+        position: "0/1".into(),
+        lag: None,
+        volume: None,
+        archive: None,
+        exporter,
+    };
     let heard: Vec<(String, crate::agent::Status)> =
         [Some(Exporter::Up), Some(Exporter::Down), None].into_iter().enumerate().map(|(n, e)| (format!("orders-{n}"), looked(e))).collect();
     let mut status = DatabaseStatus { members: super::members(&[], &observed, Some("orders-0"), (&heard, now)), ..Default::default() };
