@@ -3,14 +3,15 @@
 # tree keyed by version: CoreDNS (cluster DNS), local-path-provisioner (dynamic volumes)
 # and kube-router (its firewall alone: NetworkPolicy enforcement with iptables and ipset);
 # volumes that really grow: the CSI sidecars external-provisioner and external-resizer,
-# and csi-loop (tests/csi-loop, keyed by its source). Prints `NAME=PATH` lines for the
-# node harness.
+# and csi-loop (tests/csi-loop, keyed by its source); metrics-server (the resource
+# metrics API an autoscaler reads). Prints `NAME=PATH` lines for the node harness.
 set -euo pipefail
 COREDNS_VERSION="${PLUGDB_COREDNS_VERSION:-1.15.0}"
 LOCAL_PATH_VERSION="${PLUGDB_LOCAL_PATH_VERSION:-0.0.30}"
 KUBE_ROUTER_VERSION="${PLUGDB_KUBE_ROUTER_VERSION:-2.1.0}"
 PROVISIONER_VERSION="${PLUGDB_CSI_PROVISIONER_VERSION:-5.3.0}"
 RESIZER_VERSION="${PLUGDB_CSI_RESIZER_VERSION:-1.14.0}"
+METRICS_SERVER_VERSION="${PLUGDB_METRICS_SERVER_VERSION:-0.8.0}"
 CACHE="${PLUGDB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plugdb}"
 
 # build NAME MODULE VERSION: go install MODULE@vVERSION into $CACHE/NAME-vVERSION.
@@ -66,6 +67,7 @@ build_csi_loop() {
 build coredns github.com/coredns/coredns "$COREDNS_VERSION"
 build local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION"
 build kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$KUBE_ROUTER_VERSION"
+build metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server "$METRICS_SERVER_VERSION"
 build_in_tree csi-provisioner github.com/kubernetes-csi/external-provisioner/v5 "$PROVISIONER_VERSION" cmd/csi-provisioner
 build_in_tree csi-resizer github.com/kubernetes-csi/external-resizer "$RESIZER_VERSION" cmd/csi-resizer
 build_csi_loop

@@ -16,6 +16,54 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 const TOKEN: &str = "plugdb-test-admin-token";
 
+/// The name the API server's front proxy client certificate carries.
+const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
+/// The files of the aggregation layer's front proxy: an authority and the client
+/// certificate the API server presents to extension API servers.
+struct FrontProxy {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+/// Makes the front proxy's authority and client certificate in `dir` (once).
+fn front_proxy(dir: &Path) -> Result<FrontProxy> {
+    let file = |name: &str| dir.join(name).to_string_lossy().to_string();
+    let proxy = FrontProxy { ca: file("front-proxy-ca.crt"), cert: file("front-proxy-client.crt"), key: file("front-proxy-client.key") };
+    if Path::new(&proxy.cert).is_file() {
+        return Ok(proxy);
+    }
+    let (ca_key, csr) = (file("front-proxy-ca.key"), file("front-proxy-client.csr"));
+    let subject = format!("/CN={FRONT_PROXY_CLIENT}");
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &proxy.ca,
+            "-subj",
+            "/CN=front-proxy-ca",
+            "-days",
+            "30",
+        ],
+        &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &proxy.key, "-out", &csr, "-subj", &subject],
+        &["x509", "-req", "-in", &csr, "-CA", &proxy.ca, "-CAkey", &ca_key, "-CAcreateserial", "-out", &proxy.cert, "-days", "30"],
+    ];
+    for args in steps {
+        let out = Command::new("openssl").args(args).output().context("running openssl")?;
+        if !out.status.success() {
+            bail!("openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    Ok(proxy)
+}
+
 /// A running control plane. Each test starts its own.
 pub struct ControlPlane {
     /// A client with cluster-admin rights.
@@ -211,6 +259,7 @@ impl ControlPlane {
             }
         }
         let key = key.to_string_lossy().to_string();
+        let proxy = front_proxy(&path)?;
         std::fs::write(path.join("tokens.csv"), format!("{TOKEN},plugdb-admin,plugdb-admin,\"system:masters\"\n"))?;
         let certs = path.join("certs");
         let (certs_arg, tokens) = (certs.to_string_lossy().to_string(), path.join("tokens.csv").to_string_lossy().to_string());
@@ -242,6 +291,23 @@ impl ControlPlane {
             // Logs and exec reach the kubelet by the node's address, not its name.
             "--kubelet-preferred-address-types",
             "InternalIP",
+            // The aggregation layer (metrics-server's API), reaching an extension API
+            // server at its endpoints' addresses.
+            "--requestheader-client-ca-file",
+            &proxy.ca,
+            "--requestheader-allowed-names",
+            FRONT_PROXY_CLIENT,
+            "--requestheader-username-headers",
+            "X-Remote-User",
+            "--requestheader-group-headers",
+            "X-Remote-Group",
+            "--requestheader-extra-headers-prefix",
+            "X-Remote-Extra-",
+            "--proxy-client-cert-file",
+            &proxy.cert,
+            "--proxy-client-key-file",
+            &proxy.key,
+            "--enable-aggregator-routing=true",
             "--v",
             "1",
         ]);

@@ -3,7 +3,8 @@
 //! namespace the harness creates (the hub), which also holds the control plane, CoreDNS
 //! and local-path-provisioner. Nodes carry `topology.kubernetes.io/zone` a, b and c.
 //! Volumes of [`GROWING_STORAGE_CLASS`] have capacities of their own and grow online
-//! (csi-loop and the CSI sidecars, see the `csi` module).
+//! (csi-loop and the CSI sidecars, see the `csi` module); metrics-server serves the
+//! resource metrics API, so a HorizontalPodAutoscaler works.
 //!
 //! ```text
 //!  machine ── veth 10.201.0.1/30 ──┐
@@ -52,6 +53,7 @@ use kube::api::Api;
 
 use crate::control_plane::{ControlPlane, Network, Options, Processes};
 
+mod autoscaling;
 mod csi;
 mod teardown;
 
@@ -395,6 +397,7 @@ impl Nodes {
         start_coredns(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
         start_local_path(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
         csi::start_in_hub(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
+        autoscaling::start(&mut hub, &dir, &tools, &kubeconfig, &client).await?;
         let nodes = Self { control_plane, client, kubeconfig, bin_dir, operator_image, hub, nodes, dir, _lock: lock };
         nodes.wait_ready().await?;
         enforce_network_policies(&nodes.client, &policies_image).await?;

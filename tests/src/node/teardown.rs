@@ -178,7 +178,7 @@ pub fn teardown(dir: &Path) -> Vec<String> {
     let node_state = NodeSpec::all().flat_map(|n| {
         ["kubelet", "containerd", "cni", "volumes", "small", "small.img", "csi-volumes", "pod-logs"].map(|s| n.dir(dir).join(s))
     });
-    for path in std::iter::once(dir.join("control-plane")).chain(node_state) {
+    for path in [dir.join("control-plane"), dir.join("metrics-server")].into_iter().chain(node_state) {
         let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
         if path.exists() && removed.is_err() {
             report.push(format!("failed to remove {}", path.display()));

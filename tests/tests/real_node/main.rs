@@ -6,6 +6,7 @@
 //! serve the whole run and are torn down at its end, also after a failure or Ctrl-C.
 
 mod alerts;
+mod autoscaling;
 mod consensus;
 mod data;
 mod faults;
@@ -110,6 +111,9 @@ fn main() -> ExitCode {
             }),
             ("etcd_members_and_clients_speak_tls_and_the_leader_is_asked_over_it", |c| Box::pin(tls::etcd_serves_tls(c))),
             ("postgres_deletion_retains_or_removes_volumes_by_policy", |c| Box::pin(data::deletion_policies(c))),
+            ("postgres_scaled_by_kubectl_then_by_a_horizontal_pod_autoscaler_on_cpu", |c| {
+                Box::pin(autoscaling::scaled_by_kubectl_then_by_cpu(c))
+            }),
             ("postgres_and_mysql_volumes_grow_online_before_they_fill_on_storage_that_grows", |c| {
                 Box::pin(growth::volumes_grow_before_they_fill(c))
             }),
