@@ -443,6 +443,20 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             })
             .await
             .map_err(|e| format!("{e:#}"))?;
+        // mv: whole again, its member on the node made anew elsewhere.
+        let member = mv_member.name_any();
+        let deadline = Instant::now() + WAIT;
+        let moved = loop {
+            let now = mv.client.members().await.into_iter().find(|p| p.name_any() == member);
+            let db = cluster.wait_database(ns, "mv", "mv", WAIT, |_| true).await.map_err(|e| format!("{e:#}"))?;
+            if let Some(pod) = now.filter(|p| p.metadata.uid != mv_member.metadata.uid && is_running(&db, 3)) {
+                break pod;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{member} was not made again elsewhere: {:?}", db.status));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
         // lp, ls and lm: a replica promoted by the operator, from what the agents said.
         for ((d, ..), old) in failing_over.iter().zip(&old_primaries) {
             let db = cluster
@@ -462,20 +476,6 @@ pub async fn node_lost_and_back(cluster: Arc<Cluster>) {
             }
             eprintln!("{ns}: {}'s primary node lost → write accepted by {promoted} after {:.1} s", d.name, lost.elapsed().as_secs_f64());
         }
-        // mv: whole again, its member on the node made anew elsewhere.
-        let member = mv_member.name_any();
-        let deadline = Instant::now() + WAIT;
-        let moved = loop {
-            let now = mv.client.members().await.into_iter().find(|p| p.name_any() == member);
-            let db = cluster.wait_database(ns, "mv", "mv", WAIT, |_| true).await.map_err(|e| format!("{e:#}"))?;
-            if let Some(pod) = now.filter(|p| p.metadata.uid != mv_member.metadata.uid && is_running(&db, 3)) {
-                break pod;
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{member} was not made again elsewhere: {:?}", db.status));
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        };
         Ok::<(Vec<String>, Pod), String>((named, moved))
     };
     let away = away.await;
