@@ -151,6 +151,8 @@ pub struct Status {
     pub archive: Option<Backlog>,
     /// Its engine's exporter, as its agent last looked at it, when it runs one.
     pub exporter: Option<exporter::Exporter>,
+    /// What it said of its engine's health.
+    pub signals: signals::Signals,
 }
 
 /// The log segments a member's engine finished that wait to be shipped to the bucket.
@@ -172,21 +174,22 @@ pub const MAX_LAG: Duration = Duration::from_secs(86_400);
 /// The member's answer, `primary <position>` or `replica <position> [<lag>]` on one line,
 /// read as coming from anyone: a position is 1-128 printable characters without spaces;
 /// a lag, a replica's only, is seconds (`0`, `2.5`), at most [`MAX_LAG`]. The agent may
-/// add a line `volume <used> <size> [<bytes an hour>]` of the member's data volume (how
-/// fast it fills once it knows), a line `archive <segments> <seconds the oldest waited>`
-/// of its archive directory, then a line `exporter up|down|silent` of its engine's exporter.
+/// add, after the command's own second line `signals <key>=<value> …` of its engine's
+/// health ([`signals::parse`]), a line `volume <used> <size> [<bytes an hour>]` of the
+/// member's data volume (how fast it fills once it knows), a line `lagging <seconds an
+/// hour>` of how fast a replica's lag grows, a line `archive <segments> <seconds the
+/// oldest waited>` of its archive directory, then a line `exporter up|down|silent` of its
+/// engine's exporter.
 pub fn parse(answer: &str) -> Result<Status, String> {
     let mut lines = answer.trim_end_matches(['\n', '\r']).split('\n').map(|l| l.trim_end_matches('\r'));
     let line = lines.next().unwrap_or_default();
     let mut more = lines.peekable();
-    let volume = match more.next_if(|l| l.starts_with("volume ")) {
-        Some(l) => Some(parse_volume(l)?),
-        None => None,
-    };
-    let archive = match more.next_if(|l| l.starts_with("archive ")) {
-        Some(l) => Some(parse_archive(l)?),
-        None => None,
-    };
+    let mut signals = more.next_if(|l| l.starts_with("signals ")).map(signals::parse).transpose()?.unwrap_or_default();
+    let volume = more.next_if(|l| l.starts_with("volume ")).map(parse_volume).transpose()?;
+    if let Some(l) = more.next_if(|l| l.starts_with("lagging ")) {
+        signals.lag_growth = Some(signals::parse_lagging(l)?);
+    }
+    let archive = more.next_if(|l| l.starts_with("archive ")).map(parse_archive).transpose()?;
     let exporter = match more.next() {
         Some(l) => {
             let word = l.strip_prefix("exporter ").and_then(exporter::Exporter::parse);
@@ -195,7 +198,7 @@ pub fn parse(answer: &str) -> Result<Status, String> {
         None => None,
     };
     if more.next().is_some() {
-        return Err("more than a status, a volume, an archive and an exporter".into());
+        return Err("more than a status, its signals, a volume, a lag's growth, an archive and an exporter".into());
     }
     let (role, rest) = line.split_once(' ').ok_or("not `<role> <position>`")?;
     let (position, lag) = match rest.split_once(' ') {
@@ -212,7 +215,7 @@ pub fn parse(answer: &str) -> Result<Status, String> {
     if position.is_empty() || position.len() > 128 || !position.chars().all(printable) {
         return Err("the position is not 1-128 printable characters".into());
     }
-    Ok(Status { primary, position: position.to_string(), lag, volume, archive, exporter })
+    Ok(Status { primary, position: position.to_string(), lag, volume, archive, exporter, signals })
 }
 
 /// `archive <segments> <seconds the oldest waited>`, each at most a billion.
@@ -247,19 +250,26 @@ fn parse_volume(line: &str) -> Result<metrics::Volume, String> {
     volume.ok_or_else(|| format!("{:?} is not `volume <used> <size> [<bytes an hour>]`", crate::said::cut(line, 64)))
 }
 
-/// The status command's `out`, and the member's data volume as a line of its own when it
-/// can be measured (after the command's first line alone: the volume is the agent's word,
-/// not the command's), with how fast it fills once the agent knows; what waits in its
-/// archive directory, when it has one; then what the agent last saw of the engine's
-/// exporter, when it runs one.
+/// The status command's `out` (its first line, and its signals when its second line
+/// says them: the rest is not the command's to say), and the member's data volume as a
+/// line of its own when it can be measured, with how fast it fills once the agent knows;
+/// how fast a replica's lag grows, once it knows; what waits in its archive directory,
+/// when it has one; then what the agent last saw of the engine's exporter, when it runs one.
 fn with_measures(out: String, agent: &Agent) -> String {
-    let mut answer = match agent.data.as_deref().and_then(metrics::volume) {
-        Some(v) => {
-            let rate = agent.filling.look(std::time::Instant::now(), v.used).map(|r| format!(" {r}")).unwrap_or_default();
-            format!("{}\nvolume {} {}{rate}\n", out.lines().next().unwrap_or_default(), v.used, v.size)
-        }
-        None => format!("{}\n", out.trim_end_matches('\n')),
-    };
+    let now = std::time::Instant::now();
+    let mut lines = out.lines();
+    let first = lines.next().unwrap_or_default();
+    let mut answer = format!("{first}\n");
+    if let Some(said) = lines.next().filter(|l| l.starts_with("signals ") && l.len() <= signals::MAX_LINE) {
+        answer.push_str(&format!("{said}\n"));
+    }
+    if let Some(v) = agent.data.as_deref().and_then(metrics::volume) {
+        let rate = agent.filling.look(now, v.used).map(|r| format!(" {r}")).unwrap_or_default();
+        answer.push_str(&format!("volume {} {}{rate}\n", v.used, v.size));
+    }
+    if let Some(growth) = agent.lagging.look(now, first) {
+        answer.push_str(&format!("lagging {growth}\n"));
+    }
     if let Some(a) = agent.archive.as_deref().and_then(metrics::archive) {
         answer.push_str(&format!("archive {} {}\n", a.pending, a.oldest as u64));
     }
@@ -307,6 +317,8 @@ struct Agent {
     data: Option<PathBuf>,
     /// How fast it fills.
     filling: metrics::Filling,
+    /// How fast a replica's lag grows.
+    lagging: signals::LagTrend,
     /// The directory the member shares with its archiver, looked at for each status asked.
     archive: Option<PathBuf>,
     /// What the engine's exporter said at the last look, when it runs one.
@@ -326,6 +338,7 @@ impl Agent {
             data,
             archive,
             filling: metrics::Filling::default(),
+            lagging: signals::LagTrend::default(),
             exporter: Arc::default(),
             command: Semaphore::new(1),
             fenced: tokio::sync::Notify::new(),
@@ -675,6 +688,7 @@ pub mod guard;
 mod isolation;
 pub mod metrics;
 pub mod protocol;
+pub mod signals;
 
 #[cfg(test)]
 mod tests;

@@ -107,6 +107,12 @@ pub struct DatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_growth: Option<StorageGrowth>,
 
+    /// When a member's trouble is named before it is an outage (condition `Anomaly`, an
+    /// Event and a series), from what each member's agent says of its engine. Unset: on,
+    /// with the defaults below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anomalies: Option<Anomalies>,
+
     /// StorageClass of the members' volumes; unset uses the cluster's default class.
     /// Cannot be changed after creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -229,6 +235,58 @@ pub struct StorageGrowth {
     #[serde(default = "sixty")]
     #[schemars(range(min = 1, max = 10080))]
     pub interval_minutes: i32,
+}
+
+/// When a member's trouble is named (see `docs/operations.md`, "Anomalies").
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Anomalies {
+    /// Name anomalies at all (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Connections in use at or past this share of the most the engine lets in, in percent
+    /// (default 90).
+    #[serde(default = "ninety")]
+    #[schemars(range(min = 1, max = 100))]
+    pub connections_percent: i32,
+    /// A transaction open this long or longer, in minutes (default 60): it holds back
+    /// cleanup (postgres's vacuum, InnoDB's purge) and may hold locks.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 1, max = 10080))]
+    pub transaction_minutes: i32,
+    /// A database's oldest transaction ID not yet frozen this old or older, in millions
+    /// (default 1000; postgres stops taking writes at about 2000).
+    #[serde(default = "a_thousand")]
+    #[schemars(range(min = 1, max = 2000))]
+    pub transaction_id_age_millions: i32,
+    /// Log the engine keeps for a replica or the archive (a replication slot's WAL, binary
+    /// logs) at or past this share of the volume, in percent (default 30).
+    #[serde(default = "thirty")]
+    #[schemars(range(min = 1, max = 100))]
+    pub log_held_percent: i32,
+    /// A replica's lag at least this long, in seconds, that grew over the last quarter of
+    /// an hour or more (default 60): a trend, not a spike.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub lag_seconds: i32,
+}
+
+impl Default for Anomalies {
+    fn default() -> Self {
+        serde_json::from_value(serde_json::json!({})).expect("every field has a default")
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn ninety() -> i32 {
+    90
+}
+
+fn a_thousand() -> i32 {
+    1000
 }
 
 fn eighty() -> i32 {

@@ -188,6 +188,7 @@ pub struct Metrics {
 struct DatabaseSeries {
     phase: Family<DatabaseStateLabels, Gauge>,
     condition: Family<DatabaseStateLabels, Gauge>,
+    anomaly: Family<DatabaseStateLabels, Gauge>,
     members_desired: Family<DatabaseLabels, Gauge>,
     members_ready: Family<DatabaseLabels, Gauge>,
     member_nodes: Family<DatabaseLabels, Gauge>,
@@ -275,6 +276,11 @@ impl Default for Metrics {
             "database_condition",
             "Each Database's conditions by type (state): 1 True, 0 False, no series while unknown",
             databases.condition.clone(),
+        );
+        registry.register(
+            "database_anomaly",
+            "1 for the anomaly (state: the Anomaly condition's reason) each Database names first; no series while it names none",
+            databases.anomaly.clone(),
         );
         registry.register("database_members_desired", "The members each Database's spec asks for", databases.members_desired.clone());
         registry.register("database_members_ready", "Each Database's members whose pods are ready", databases.members_ready.clone());
@@ -386,6 +392,15 @@ impl Metrics {
                 None => {
                     series.condition.remove(&state(known));
                 }
+            }
+        }
+        let anomaly =
+            conditions.iter().find(|c| c.type_ == crate::reconcile::status::ConditionType::Anomaly.as_str() && c.status == "True");
+        let anomaly = anomaly.map(|c| c.reason.as_str());
+        for kind in crate::reconcile::decide::ANOMALIES.iter().map(|r| r.as_str()) {
+            match Some(kind) == anomaly {
+                true => drop(series.anomaly.get_or_create(&state(kind)).set(1)),
+                false => drop(series.anomaly.remove(&state(kind))),
             }
         }
         let time =
@@ -505,6 +520,7 @@ mod tests {
                 "conditions": [
                     {"type": "Ready", "status": "False", "reason": "MembersStarting", "message": "", "lastTransitionTime": "2027-01-15T08:00:00Z"},
                     {"type": "BackupHealthy", "status": "True", "reason": "BackupSucceeded", "message": "", "lastTransitionTime": "2027-01-15T08:00:00Z"},
+                    {"type": "Anomaly", "status": "True", "reason": "LongTransaction", "message": "", "lastTransitionTime": "2027-01-15T08:00:00Z"},
                 ],
                 "lastBackup": {"name": "orders-2701150200", "completed": "2027-01-15T02:00:30Z"},
                 "recoverable": {"backups": 1, "first": "2027-01-15T02:00:30Z", "last": "2027-01-15T08:00:00Z"},
@@ -528,14 +544,17 @@ mod tests {
             format!("plugdb_database_recoverable_to_timestamp_seconds{{{labels}}} 1800000000.0"),
             format!("plugdb_database_promotions_total{{{labels},state=\"failover\"}} 1"),
             format!("plugdb_database_promotions_total{{{labels},state=\"switchover\"}} 0"),
+            format!("plugdb_database_anomaly{{{labels},state=\"LongTransaction\"}} 1"),
         ] {
             assert!(encoded.lines().any(|l| l == line), "{line} in {encoded}");
         }
         assert!(!encoded.contains(r#"state="Degraded""#), "no series for a condition it does not have: {encoded}");
         let mut running = db.status.clone().expect("status");
         running.phase = Some(crate::crd::Phase::Running);
+        running.conditions.retain(|c| c.type_ != "Anomaly");
         metrics.database(&db, Some(&running));
         let encoded = metrics.encode();
+        assert!(!encoded.contains("plugdb_database_anomaly{"), "no anomaly named, no series: {encoded}");
         assert!(encoded.contains(r#"state="Running"} 1"#) && !encoded.contains(r#"state="Creating""#), "one phase: {encoded}");
         metrics.database(&db, None);
         assert!(!metrics.encode().contains(r#"database="orders""#), "gone with it: {}", metrics.encode());

@@ -12,11 +12,27 @@ fn sh(script: &str) -> Vec<String> {
 fn a_status_is_a_role_and_a_position_on_one_line() {
     assert_eq!(
         parse("replica 0/3000148\n"),
-        Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, archive: None, exporter: None })
+        Ok(Status {
+            primary: false,
+            position: "0/3000148".into(),
+            lag: None,
+            volume: None,
+            archive: None,
+            exporter: None,
+            signals: Default::default()
+        })
     );
     assert_eq!(
         parse("primary 0-1-42,1-2-7"),
-        Ok(Status { primary: true, position: "0-1-42,1-2-7".into(), lag: None, volume: None, archive: None, exporter: None })
+        Ok(Status {
+            primary: true,
+            position: "0-1-42,1-2-7".into(),
+            lag: None,
+            volume: None,
+            archive: None,
+            exporter: None,
+            signals: Default::default()
+        })
     );
     let lagging = Status {
         primary: false,
@@ -25,6 +41,7 @@ fn a_status_is_a_role_and_a_position_on_one_line() {
         volume: None,
         archive: None,
         exporter: None,
+        signals: Default::default(),
     };
     assert_eq!(parse("replica 0-1-40 2.5"), Ok(lagging));
     assert_eq!(parse("replica 0/5 0").map(|s| s.lag), Ok(Some(Duration::ZERO)));
@@ -378,7 +395,15 @@ async fn only_the_operator_is_answered() {
     };
     assert_eq!(
         parse(&answer),
-        Ok(Status { primary: false, position: "0/3000148".into(), lag: None, volume: None, archive: None, exporter: None })
+        Ok(Status {
+            primary: false,
+            position: "0/3000148".into(),
+            lag: None,
+            volume: None,
+            archive: None,
+            exporter: None,
+            signals: Default::default()
+        })
     );
     assert_eq!(ask(None).await, None, "no client certificate: refused");
     assert_eq!(ask(Some(ours.agent.clone())).await, None, "an agent's certificate asks nobody");
@@ -796,4 +821,63 @@ fn the_archive_directory_is_measured_by_what_waits_there() {
     assert!(series.contains("plugdb_member_archive_oldest_pending_seconds{"), "{series}");
     assert!(metrics::archive(&dir.0.join("gone")).is_none());
     assert!(!metrics::encode(&member, None, false, None, None).contains("plugdb_member_archive_pending_segments{"));
+}
+
+/// The status command's second line says its engine's health, read as coming from
+/// anyone: known keys with numbers, unknown keys passed over, anything else refused.
+#[test]
+fn an_engines_signals_are_read_from_the_status_commands_second_line() {
+    let said = parse("primary 0/5\nsignals connections=18/20 transaction=3700 xid-age=1200000000 held=1073741824 next=7\nvolume 1 2\n");
+    let expected = signals::Signals {
+        connections: Some((18, 20)),
+        transaction: Some(3700),
+        xid_age: Some(1_200_000_000),
+        held: Some(1 << 30),
+        lag_growth: None,
+    };
+    assert_eq!(said.map(|s| s.signals), Ok(expected));
+    let lagging = parse("replica 0/5 90\nvolume 1 2\nlagging 240\narchive 0 0\nexporter up\n").map(|s| s.signals.lag_growth);
+    assert_eq!(lagging, Ok(Some(240)));
+    for bad in [
+        "primary 0/5\nsignals connections=18",
+        "primary 0/5\nsignals connections=18/0",
+        "primary 0/5\nsignals connections=5000/20",
+        "primary 0/5\nsignals transaction=-1",
+        "primary 0/5\nsignals transaction",
+        "primary 0/5\nsignals xid-age=1e9",
+        "primary 0/5\nsignals held=99999999999999999999",
+        "primary 0/5\nsignals a=1 b=1 c=1 d=1 e=1 f=1 g=1 h=1 i=1",
+        "primary 0/5\nvolume 1 2\nsignals held=1",
+        "primary 0/5\nlagging -3",
+        "primary 0/5\nlagging 3\nvolume 1 2",
+    ] {
+        assert!(parse(bad).is_err(), "{bad:?} is no status with signals");
+    }
+    assert!(parse(&format!("primary 0/5\nsignals x={}", "1".repeat(250))).is_err(), "a line over 256 characters");
+}
+
+/// The agent passes on the status command's signals line, and nothing else it printed
+/// after its first line; a replica's lag is looked at for its trend.
+#[tokio::test]
+async fn the_agent_passes_on_the_signals_line_alone() {
+    let out = "replica 0/5 12\nsignals connections=3/100 transaction=0\nprimary 0/9\n".to_string();
+    let agent = Agent::new(Commands::default(), None, None);
+    assert_eq!(with_measures(out, &agent), "replica 0/5 12\nsignals connections=3/100 transaction=0\n");
+    let other = "replica 0/5 12\nvolume 1 2\n".to_string();
+    assert_eq!(with_measures(other, &agent), "replica 0/5 12\n", "the command says no volume: the agent does");
+}
+
+/// A replica's lag growing is read over at least a quarter of an hour of looks (a spike
+/// is no trend); a lag that falls grows by 0; a member that says no lag forgets it.
+#[test]
+fn a_lags_growth_is_a_trend_over_a_quarter_of_an_hour() {
+    let trend = signals::LagTrend::default();
+    let start = std::time::Instant::now();
+    let at = |minutes: u64| start + Duration::from_secs(minutes * 60);
+    assert_eq!(trend.look(at(0), "replica 0/5 10"), None, "one look");
+    assert_eq!(trend.look(at(10), "replica 0/6 100"), None, "ten minutes: not yet");
+    assert_eq!(trend.look(at(20), "replica 0/7 210"), Some(600), "200 s more in 20 min: 600 s an hour");
+    assert_eq!(trend.look(at(40), "replica 0/8 5"), Some(0), "caught up: not growing");
+    assert_eq!(trend.look(at(41), "primary 0/9"), None, "promoted: no lag");
+    assert_eq!(trend.look(at(42), "replica 0/9 500"), None, "what it saw before is forgotten");
 }

@@ -201,11 +201,11 @@ pub fn screen(db: &Database, events: &[Event], leases: Option<&[Lease]>, now: Ti
     out
 }
 
-/// Whether a condition says nothing is wrong: `Degraded` false, `Progressing` true or
-/// settled, every other one true.
+/// Whether a condition says nothing is wrong: `Degraded` and `Anomaly` false,
+/// `Progressing` true or settled, every other one true.
 fn fine(c: &Condition) -> bool {
     match ConditionType::parse(&c.type_) {
-        Some(ConditionType::Degraded) => c.status != "True",
+        Some(ConditionType::Degraded | ConditionType::Anomaly) => c.status != "True",
         Some(ConditionType::Progressing) => c.status == "True" || c.reason == Reason::Steady.as_str(),
         _ => c.status == "True",
     }
@@ -312,6 +312,12 @@ mod tests {
                 condition("Progressing", "False", "Steady", "every member runs the current spec"),
                 condition("Degraded", "True", "MembersDown", "2/3 members ready; orders-2: node plugdb-node-c is not ready"),
                 condition("PluginReady", "True", "Rendered", "rendered by postgres@0.2.0"),
+                condition(
+                    "Anomaly",
+                    "True",
+                    "LongTransaction",
+                    "orders-0: a transaction has been open 75 min (it holds back cleanup, and may hold locks)",
+                ),
             ],
             ..Default::default()
         });
@@ -360,6 +366,7 @@ mod tests {
             "{screen}"
         );
         assert!(screen.contains("  Degraded=True MembersDown:") && screen.contains("  Ready=False MembersNotReady:"), "{screen}");
+        assert!(screen.contains("  Anomaly=True LongTransaction: orders-0: a transaction has been open 75 min"), "{screen}");
         assert!(!screen.contains("Progressing=") && !screen.contains("PluginReady="), "fine conditions are left out: {screen}");
         let newest = screen.find("MemberDown").expect("an Event");
         assert!(newest < screen.find("FailoverPromoted").expect("an Event"), "newest first: {screen}");

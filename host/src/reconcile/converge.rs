@@ -630,6 +630,17 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// The `Anomaly` condition, from what the agents said in this pass (`spec.anomalies`;
+    /// a pass that heard none keeps what the last one that did said).
+    fn anomalies(&mut self, heard: &[(String, crate::agent::Status)]) {
+        let rule = self.db.spec.anomalies.clone().unwrap_or_default();
+        if !rule.enabled {
+            self.plan.told.remove(ConditionType::Anomaly);
+        } else if let Some(note) = decide::anomalies(&rule, heard) {
+            self.say(&[note]);
+        }
+    }
+
     /// Role labels on the members, and the next member restart of a roll (one at a time,
     /// replicas first, primary last) among the `granted` members of this pass.
     fn members(&mut self, members: &Members, primary: &Primary, applied: &Applied, granted: u32) -> Rolled {
@@ -642,6 +653,7 @@ impl<'a> Pass<'a> {
                 self.plan.tell(member_ref(&members.pods, &m.name), true, Reason::CrashLoop, format!("{}: {why}", m.name));
             }
         }
+        self.anomalies(&members.heard);
         let set = applied.stateful_set.as_ref();
         // Which replicas said in this pass whether they stream.
         let streams =

@@ -486,6 +486,8 @@ pub fn requeue(settings: &Settings, settled: &Settled) -> Duration {
     settled.primary_lost_in.map_or(then, |left| then.min(again(left)))
 }
 
+mod anomalies;
+pub use anomalies::*;
 mod backups;
 pub use backups::*;
 mod primary;

@@ -68,6 +68,9 @@ words! {
         /// Every member's exporter reaches its engine (only on Databases whose members run
         /// an exporter): False names the members whose exporter cannot, or does not answer.
         EngineMetrics,
+        /// A member shows trouble before it is an outage (`spec.anomalies`): True names
+        /// each, the worst as the reason.
+        Anomaly,
     }
 }
 
@@ -194,6 +197,18 @@ words! {
         ExportersUp,
         /// A member's exporter cannot reach its engine, or does not answer.
         ExporterDown,
+        /// No member shows an anomaly.
+        NoAnomaly,
+        /// A database's oldest transaction ID not yet frozen is old (wraparound nears).
+        TransactionIdsAging,
+        /// Log kept for a replica or the archive takes much of a member's volume.
+        LogHoldsVolume,
+        /// A member's connections near the most its engine lets in.
+        ConnectionsNearLimit,
+        /// A transaction has been open long.
+        LongTransaction,
+        /// A replica's lag keeps growing.
+        LagGrowing,
     }
 }
 

@@ -428,16 +428,21 @@ later() { RUN='setsid -f'; m -e \"$1\" </dev/null >/dev/null 2>&1; RUN=; }
 /// while it does not replicate). A primary fenced by shutting its server down says the
 /// last position it wrote, which the fence kept beside the fence's mark. One client and
 /// one connection, read by the shell alone: the agent's share of a busy node's CPU is
-/// small, and its answer decides a failover.
-const STATUS: &str = r#"if ! out=$(m -e "SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), IF(@@gtid_current_pos = '', '0-0-0', @@gtid_current_pos)) AS said; SHOW SLAVE STATUS\G" 2>&1); then
+/// small, and its answer decides a failover. A second line says the engine's health (the
+/// host names an anomaly from it): clients connected of `max_connections`, how long the
+/// oldest open InnoDB transaction has run, and the bytes of binary log on the volume.
+const STATUS: &str = r#"if ! out=$(m -e "SELECT CONCAT(IF(@@read_only, 'replica ', 'primary '), IF(@@gtid_current_pos = '', '0-0-0', @@gtid_current_pos)) AS said; SHOW SLAVE STATUS\G
+SELECT CONCAT('signals connections=', (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'THREADS_CONNECTED'), '/', @@max_connections,
+  ' transaction=', COALESCE((SELECT MAX(TIMESTAMPDIFF(SECOND, trx_started, NOW())) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id <> CONNECTION_ID()), 0)) AS signals" 2>&1); then
   last="${PLUGDB_FENCED:-}.position"
   case "$out" in *"Can't connect to server"*) [ -n "${PLUGDB_FENCED:-}" ] && [ -s "$last" ] && exec echo "primary $(cat "$last")" ;; esac
   echo "$out" >&2; exit 1
 fi
-said= lag= received=
+said= lag= received= signals=
 while IFS= read -r line; do
   case "$line" in
     'replica '*|'primary '*) [ -n "$said" ] || said=$line ;;
+    'signals connections='*) signals=$line ;;
     *' Seconds_Behind_Master: '*) lag=${line#*Seconds_Behind_Master: } ;;
     *' Gtid_IO_Pos: '*) received=${line#*Gtid_IO_Pos: } ;;
   esac
@@ -451,7 +456,9 @@ case "$said" in
   replica*) [ -z "$received" ] || said="replica $received" ;;
   *) lag= ;;
 esac
-echo "$said${lag:+ $lag}""#;
+echo "$said${lag:+ $lag}"
+held=$(find "$DATADIR" -maxdepth 1 -name 'mysql-bin.[0-9]*' -printf '%s\n' 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+case "$signals" in *[!a-z0-9=/\ -]*) ;; ?*) echo "$signals held=$held" ;; esac"#;
 
 /// What the member agent runs to fence a primary: the server shuts down (`read_only`
 /// would not stop accounts with every privilege), and the start waits while the member

@@ -437,13 +437,21 @@ impl Engine for Postgres {
 /// The agent's status, promote and synchronous commands run with `search_path` set to
 /// `pg_catalog` as the session starts (a startup option wins over the role's settings):
 /// functions a database user defines elsewhere (a `pg_is_in_recovery` of their own) never
-/// answer for the server's.
+/// answer for the server's. A second line says the engine's health (the host names an
+/// anomaly from it): client connections of `max_connections`, how long the oldest open
+/// transaction has run (the status's own aside), the oldest database's transaction-ID
+/// age, and the WAL a replication slot keeps (0 with none).
 const STATUS: &str = "PGPASSWORD=\"$POSTGRES_PASSWORD\" PGCONNECT_TIMEOUT=1 PGOPTIONS='-c search_path=pg_catalog' exec psql -h localhost -p 5432 -U postgres -d postgres -XAtq \
     -v ON_ERROR_STOP=1 -c \"SELECT CASE WHEN pg_is_in_recovery() THEN 'replica ' || greatest(pg_last_wal_replay_lsn(), pg_last_wal_receive_lsn()) || COALESCE(' ' || \
     CASE WHEN NOT EXISTS (SELECT FROM pg_stat_wal_receiver WHERE status = 'streaming') THEN NULL \
     WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN '0' \
     ELSE round(greatest(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0)::numeric, 3)::text END, '') \
-    ELSE 'primary ' || pg_current_wal_lsn() END\"";
+    ELSE 'primary ' || pg_current_wal_lsn() END\" \
+    -c \"SELECT 'signals connections=' || (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') || '/' || \
+    current_setting('max_connections') || ' transaction=' || COALESCE((SELECT floor(extract(epoch FROM max(now() - xact_start)))::bigint \
+    FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()), 0) || ' xid-age=' || \
+    (SELECT max(age(datfrozenxid)) FROM pg_database) || ' held=' || COALESCE((SELECT max(pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() \
+    THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_lsn() END, restart_lsn))::bigint FROM pg_replication_slots), 0)\"";
 
 /// The rules a fenced primary lets in: the superuser from the member's own addresses
 /// (the agent, beside the engine in its pod) and replication (a switchover's member

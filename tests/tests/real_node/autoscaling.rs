@@ -19,7 +19,8 @@ use serde_json::json;
 pub async fn scaled_by_kubectl_then_by_cpu(cluster: Arc<Cluster>) {
     let ns = "postgres-autoscaling";
     let name = "busy";
-    let spec = json!({"resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}});
+    // A quarter of a core at most: the load below must not starve what runs beside it.
+    let spec = json!({"resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "250m", "memory": "512Mi"}}});
     cluster.apply_database(ns, database(name, Engine::Postgres, "17", 1, spec)).await.expect("apply");
     cluster.wait_database(ns, name, "1 member Ready", WAIT, |d| is_running(d, 1)).await.expect("running");
 

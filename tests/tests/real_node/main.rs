@@ -6,6 +6,7 @@
 //! serve the whole run and are torn down at its end, also after a failure or Ctrl-C.
 
 mod alerts;
+mod anomalies;
 mod autoscaling;
 mod consensus;
 mod data;
@@ -116,6 +117,9 @@ fn main() -> ExitCode {
             }),
             ("postgres_and_mysql_volumes_grow_online_before_they_fill_on_storage_that_grows", |c| {
                 Box::pin(growth::volumes_grow_before_they_fill(c))
+            }),
+            ("postgres_and_mysql_transaction_left_open_and_connections_near_the_limit_named_before_an_outage", |c| {
+                Box::pin(anomalies::named_before_an_outage(c))
             }),
             ("postgres_and_mysql_members_spread_over_nodes_and_zones_and_volumes_grow_when_allowed", |c| {
                 Box::pin(placement::spread_and_volume_growth(c))

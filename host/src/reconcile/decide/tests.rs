@@ -281,7 +281,15 @@ fn a_failover_waits_for_the_replicas_named_to_confirm_the_last_commits() {
 #[test]
 fn a_primary_whose_agent_answers_as_primary_stays_when_only_its_node_or_probe_says_down() {
     let status = |primary: bool| {
-        Some(crate::agent::Status { primary, position: "0/1".into(), lag: None, volume: None, archive: None, exporter: None })
+        Some(crate::agent::Status {
+            primary,
+            position: "0/1".into(),
+            lag: None,
+            volume: None,
+            archive: None,
+            exporter: None,
+            signals: Default::default(),
+        })
     };
     let cut = Observed { cut_off: true, ..member(0, false, 40, "r1") };
     let probing = Observed { probe_failing: true, down: Some("container postgres is not ready".into()), ..member(0, false, 40, "r1") };
@@ -314,7 +322,15 @@ fn a_primary_whose_agent_answers_as_primary_stays_when_only_its_node_or_probe_sa
 #[test]
 fn a_member_that_says_it_leads_beside_the_primary_is_a_second_primary() {
     let status = |primary: bool| {
-        Some(crate::agent::Status { primary, position: "0/1".into(), lag: None, volume: None, archive: None, exporter: None })
+        Some(crate::agent::Status {
+            primary,
+            position: "0/1".into(),
+            lag: None,
+            volume: None,
+            archive: None,
+            exporter: None,
+            signals: Default::default(),
+        })
     };
     let fenced = Observed { fenced: true, ..member(1, false, 5, "r1") };
     let going = Observed { terminating: true, ..member(1, true, 5, "r1") };
@@ -606,6 +622,7 @@ fn a_switchover_promotes_only_a_member_with_all_the_fenced_primary_wrote() {
         volume: None,
         archive: None,
         exporter: None,
+        signals: Default::default(),
     };
     let (last, behind, same) = (said(true, "0/5000"), said(false, "0/4F00"), said(false, "0/5000"));
     let promoted = switchover("db-0", "db-1", Fenced::Confirmed, false, (Some(&last), Some(&same)));

@@ -154,6 +154,7 @@ mod tests {
             volume: Some(Volume { size: 100 * GI, used: percent * GI, per_hour: per_hour.map(|g| g * GI) }),
             archive: None,
             exporter: None,
+            signals: Default::default(),
         };
         used.iter().map(|(pod, p, rate)| (pod.to_string(), said(*p, *rate))).collect()
     }

@@ -302,7 +302,15 @@ fn never_rolls_while_a_member_is_down_or_missing() {
 fn members_are_given_only_the_position_their_agent_said_in_their_role() {
     let members = [m(0, false, "r"), m(1, true, "r"), m(2, true, "r")];
     let said = |primary: bool, position: &str| {
-        Some(crate::agent::Status { primary, position: position.into(), lag: None, volume: None, archive: None, exporter: None })
+        Some(crate::agent::Status {
+            primary,
+            position: position.into(),
+            lag: None,
+            volume: None,
+            archive: None,
+            exporter: None,
+            signals: Default::default(),
+        })
     };
     let positions = |members: &[Observed]| -> Vec<Option<String>> {
         let given = with_positions(for_plugin(members, "db-0"), members, vec![None, said(false, "0/5"), said(true, "0/9")]);

@@ -34,6 +34,7 @@ fn members_say_their_node_role_readiness_and_last_position() {
         volume: None,
         archive: None,
         exporter: None,
+        signals: Default::default(),
     };
     let heard = [("db-1".to_string(), said("0/3000148", None)), ("db-2".to_string(), said("0/3000100", Some(2500)))];
     let first = super::members(&[], &observed, Some("db-1"), (&heard, now));
@@ -92,6 +93,7 @@ fn the_exporters_that_cannot_reach_their_engine_are_named() {
         volume: None,
         archive: None,
         exporter,
+        signals: Default::default(),
     };
     let heard: Vec<(String, crate::agent::Status)> =
         [Some(Exporter::Up), Some(Exporter::Down), None].into_iter().enumerate().map(|(n, e)| (format!("orders-{n}"), looked(e))).collect();
