@@ -5,7 +5,8 @@
 # fails), and what measuring a member costs. Installs what it needs, like scripts/test.sh.
 #   scripts/bench.sh [SIZES]      tables in target/plugin-call.md, target/scale-bench.md,
 #                                 target/compile-bench.md, target/node-bench.md,
-#                                 target/metrics-bench.md and target/criterion
+#                                 target/metrics-bench.md, target/metrics-scrape.md and
+#                                 target/criterion
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -15,6 +16,7 @@ scripts/install-deps.sh
 cargo build --release --locked -p plugdb -p plugdb-tests --bins --benches
 # criterion writes beside the crate unless told: keep its results in the build tree.
 CRITERION_HOME="$PWD/target/criterion" cargo bench --locked -p plugdb-tests --bench plugin_call
+CRITERION_HOME="$PWD/target/criterion" cargo bench --locked -p plugdb-tests --bench metrics_scrape
 target/release/scale-bench "${1:-100,1000,10000}" target/scale-bench.md
 target/release/compile-bench target/compile-bench.md
 target/release/node-bench 3 target/node-bench.md

@@ -250,17 +250,21 @@ fn parse_volume(line: &str) -> Result<metrics::Volume, String> {
     volume.ok_or_else(|| format!("{:?} is not `volume <used> <size> [<bytes an hour>]`", crate::said::cut(line, 64)))
 }
 
-/// The status command's `out` (its first line, and its signals when its second line
-/// says them: the rest is not the command's to say), and the member's data volume as a
-/// line of its own when it can be measured, with how fast it fills once the agent knows;
-/// how fast a replica's lag grows, once it knows; what waits in its archive directory,
-/// when it has one; then what the agent last saw of the engine's exporter, when it runs one.
+/// The status command's `out`, and the member's data volume as a line of its own when it
+/// can be measured (after the command's first line and its signals, when its second line
+/// says them, alone: the rest is the agent's to say), with how fast it fills once the
+/// agent knows; how fast a replica's lag grows, once it knows; what waits in its archive
+/// directory, when it has one; then what the agent last saw of the engine's exporter,
+/// when it runs one.
 fn with_measures(out: String, agent: &Agent) -> String {
     let now = std::time::Instant::now();
     let mut lines = out.lines();
     let first = lines.next().unwrap_or_default();
-    let mut answer = format!("{first}\n");
-    if let Some(said) = lines.next().filter(|l| l.starts_with("signals ") && l.len() <= signals::MAX_LINE) {
+    let mut answer = match agent.data.is_some() {
+        true => format!("{first}\n"),
+        false => format!("{}\n", out.trim_end_matches('\n')),
+    };
+    if let Some(said) = lines.next().filter(|l| agent.data.is_some() && l.starts_with("signals ") && l.len() <= signals::MAX_LINE) {
         answer.push_str(&format!("{said}\n"));
     }
     if let Some(v) = agent.data.as_deref().and_then(metrics::volume) {

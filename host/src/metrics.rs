@@ -69,43 +69,44 @@ pub struct MemberLabels {
     pub member: String,
 }
 
-/// Labels of a Database.
+/// Labels of a Database. Its series share one copy of each (`Arc<str>`): a scrape reads
+/// them once per series, and at 10,000 Databases a copy per series is more than the
+/// processor's caches hold.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DatabaseLabels {
     /// Its namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Its name.
-    pub database: String,
+    pub database: Arc<str>,
     /// Its engine.
-    pub engine: String,
+    pub engine: Arc<str>,
 }
 
 /// Labels of a Database's condition, or its phase.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DatabaseStateLabels {
     /// Its namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Its name.
-    pub database: String,
+    pub database: Arc<str>,
     /// Its engine.
-    pub engine: String,
+    pub engine: Arc<str>,
     /// The condition's type (`Ready`, `Degraded`, `BackupHealthy`, …), or the phase.
-    pub state: String,
+    pub state: &'static str,
 }
 
 impl DatabaseLabels {
     /// `db`'s.
     fn of(db: &crate::crd::Database) -> Self {
         use kube::ResourceExt;
-        DatabaseLabels { namespace: db.namespace().unwrap_or_default(), database: db.name_any(), engine: db.spec.engine.clone() }
+        let namespace = db.namespace().unwrap_or_default();
+        DatabaseLabels { namespace: namespace.into(), database: db.name_any().into(), engine: db.spec.engine.as_str().into() }
     }
-}
 
-impl DatabaseStateLabels {
-    /// `db`'s, for its `state`.
-    fn of(db: &crate::crd::Database, state: &str) -> Self {
-        let DatabaseLabels { namespace, database, engine } = DatabaseLabels::of(db);
-        DatabaseStateLabels { namespace, database, engine, state: state.into() }
+    /// The same, for its `state`.
+    fn with(&self, state: &'static str) -> DatabaseStateLabels {
+        let DatabaseLabels { namespace, database, engine } = self.clone();
+        DatabaseStateLabels { namespace, database, engine, state }
     }
 }
 
@@ -181,6 +182,8 @@ pub struct Metrics {
     /// Each Database's phase (1, the one it is in) and conditions (1 True, 0 False), its
     /// members, backups and what a restore reaches, as its status last said.
     databases: DatabaseSeries,
+    /// The length of the last scrape's answer.
+    last_scrape: std::sync::atomic::AtomicUsize,
 }
 
 /// The series of each Database, from its status.
@@ -339,6 +342,7 @@ impl Default for Metrics {
             leadership_acquired,
             member_lag_seconds,
             member_heard,
+            last_scrape: Default::default(),
         }
     }
 }
@@ -369,7 +373,7 @@ impl Metrics {
     /// each for its members, backups and recoverable window.
     pub fn database(&self, db: &crate::crd::Database, status: Option<&crate::crd::DatabaseStatus>) {
         let labels = DatabaseLabels::of(db);
-        let state = |state: &str| DatabaseStateLabels::of(db, state);
+        let state = |state: &'static str| labels.with(state);
         let series = &self.databases;
         let phase = status.and_then(|s| s.phase);
         for other in crate::crd::Phase::ALL.into_iter().filter(|p| Some(*p) != phase) {
@@ -449,15 +453,17 @@ impl Metrics {
     }
 
     /// Counts a member promoted to lead Database `db`: `how` is `failover` or `switchover`.
-    pub fn promoted(&self, db: &crate::crd::Database, how: &str) {
-        self.databases.promotions.get_or_create(&DatabaseStateLabels::of(db, how)).inc();
+    pub fn promoted(&self, db: &crate::crd::Database, how: &'static str) {
+        self.databases.promotions.get_or_create(&DatabaseLabels::of(db).with(how)).inc();
     }
 
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
+        // As long as the last scrape: no copy of a long answer as it grows.
+        let mut out = String::with_capacity(self.last_scrape.load(std::sync::atomic::Ordering::Relaxed));
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        self.last_scrape.store(out.len(), std::sync::atomic::Ordering::Relaxed);
         out
     }
 
