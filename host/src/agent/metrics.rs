@@ -133,11 +133,40 @@ pub fn archive(path: &std::path::Path) -> Option<Archive> {
     Some(Archive { pending, oldest })
 }
 
-/// How fast the data volume fills: its use at each status asked for (every half minute,
-/// when the operator asks) over the last [`FILLING_OVER`], and the bytes an hour between
-/// the first and the last once they are [`FILLING_AT_LEAST`] apart.
+/// How much a value grew an hour over its looks: one a minute at most is kept (a bounded
+/// history however often it is asked), those older than a span are dropped, and the
+/// growth is read between the first kept and now once they are far enough apart (0 when
+/// it fell).
 #[derive(Debug, Default)]
-pub struct Filling(pub(super) std::sync::Mutex<std::collections::VecDeque<(std::time::Instant, u64)>>);
+pub struct Trend(pub(super) std::sync::Mutex<std::collections::VecDeque<(std::time::Instant, u64)>>);
+
+impl Trend {
+    /// Notes `value` at `now`, keeping looks of the last `over`; the growth an hour once the
+    /// looks span `at_least`.
+    pub fn look(&self, now: std::time::Instant, value: u64, over: Duration, at_least: Duration) -> Option<u64> {
+        let mut looks = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while looks.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > over) {
+            looks.pop_front();
+        }
+        if looks.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= Duration::from_secs(60)) {
+            looks.push_back((now, value));
+        }
+        let (first, was) = *looks.front()?;
+        let span = now.saturating_duration_since(first);
+        (span >= at_least).then(|| (value.saturating_sub(was) as f64 * 3600.0 / span.as_secs_f64()) as u64)
+    }
+
+    /// Forgets every look.
+    pub fn forget(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// How fast the data volume fills: its use at each status asked for (every half minute,
+/// when the operator asks) over the last [`FILLING_OVER`], in bytes an hour once the
+/// looks span [`FILLING_AT_LEAST`].
+#[derive(Debug, Default)]
+pub struct Filling(pub(super) Trend);
 
 /// The span of the looks a filling rate is read over.
 pub const FILLING_OVER: Duration = Duration::from_secs(6 * 3600);
@@ -148,17 +177,7 @@ impl Filling {
     /// Notes `used` at `now`; the bytes an hour the volume filled by since the first look
     /// kept (0 when it did not), once the looks span long enough.
     pub fn look(&self, now: std::time::Instant, used: u64) -> Option<u64> {
-        let mut looks = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        while looks.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > FILLING_OVER) {
-            looks.pop_front();
-        }
-        // One look a minute at most is kept: a bounded history (360 looks) however often it is asked.
-        if looks.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= Duration::from_secs(60)) {
-            looks.push_back((now, used));
-        }
-        let (first, was) = *looks.front()?;
-        let span = now.saturating_duration_since(first);
-        (span >= FILLING_AT_LEAST).then(|| (used.saturating_sub(was) as f64 * 3600.0 / span.as_secs_f64()) as u64)
+        self.0.look(now, used, FILLING_OVER, FILLING_AT_LEAST)
     }
 }
 

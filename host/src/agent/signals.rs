@@ -6,8 +6,6 @@
 //! archive), and the agent adds how fast a replica's lag grows (`lagging <seconds an
 //! hour>`), from its own looks at what the status command said.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// What the member said of its engine's health; each `None` when it did not say.
@@ -80,28 +78,20 @@ pub const LAG_TREND_AT_LEAST: Duration = Duration::from_secs(15 * 60);
 /// once they are [`LAG_TREND_AT_LEAST`] apart (0 when it fell). A member that says no lag
 /// (a primary, a replica that does not stream) forgets what it saw.
 #[derive(Debug, Default)]
-pub struct LagTrend(Mutex<VecDeque<(Instant, Duration)>>);
+pub struct LagTrend(super::metrics::Trend);
 
 impl LagTrend {
     /// Notes the `first` line of a status answer at `now`; the growth an hour, in seconds.
     pub fn look(&self, now: Instant, first: &str) -> Option<u64> {
-        let mut looks = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let lag = match first.split(' ').collect::<Vec<_>>()[..] {
             ["replica", _, lag] => lag.parse::<f64>().ok().filter(|l| l.is_finite() && *l >= 0.0).map(Duration::from_secs_f64),
             _ => None,
         };
         let Some(lag) = lag else {
-            looks.clear();
+            self.0.forget();
             return None;
         };
-        while looks.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > LAG_TREND_OVER) {
-            looks.pop_front();
-        }
-        if looks.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= Duration::from_secs(60)) {
-            looks.push_back((now, lag));
-        }
-        let (first, was) = *looks.front()?;
-        let span = now.saturating_duration_since(first);
-        (span >= LAG_TREND_AT_LEAST).then(|| (lag.saturating_sub(was).as_secs_f64() * 3600.0 / span.as_secs_f64()) as u64)
+        let millis = u64::try_from(lag.as_millis()).unwrap_or(u64::MAX);
+        self.0.look(now, millis, LAG_TREND_OVER, LAG_TREND_AT_LEAST).map(|growth| growth / 1000)
     }
 }

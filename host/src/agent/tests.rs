@@ -753,7 +753,7 @@ fn a_volume_fills_at_the_rate_its_looks_span() {
     for minute in 0..=420 {
         later.look(at(minute), minute << 20);
     }
-    assert_eq!(later.0.lock().expect("looks").len(), 361, "six hours of looks a minute apart, no more");
+    assert_eq!(later.0.0.lock().expect("looks").len(), 361, "six hours of looks a minute apart, no more");
     assert_eq!(later.look(at(420), 420 << 20), Some(60 << 20), "a MiB a minute");
 }
 
