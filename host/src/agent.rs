@@ -260,13 +260,12 @@ fn with_measures(out: String, agent: &Agent) -> String {
     let now = std::time::Instant::now();
     let mut lines = out.lines();
     let first = lines.next().unwrap_or_default();
-    let mut answer = match agent.data.is_some() {
-        true => format!("{first}\n"),
-        false => format!("{}\n", out.trim_end_matches('\n')),
+    let said = lines.next().filter(|l| l.starts_with("signals ") && l.len() <= signals::MAX_LINE);
+    let mut answer = match (agent.data.is_some(), said) {
+        (false, _) => format!("{}\n", out.trim_end_matches('\n')),
+        (true, Some(said)) => format!("{first}\n{said}\n"),
+        (true, None) => format!("{first}\n"),
     };
-    if let Some(said) = lines.next().filter(|l| agent.data.is_some() && l.starts_with("signals ") && l.len() <= signals::MAX_LINE) {
-        answer.push_str(&format!("{said}\n"));
-    }
     if let Some(v) = agent.data.as_deref().and_then(metrics::volume) {
         let rate = agent.filling.look(now, v.used).map(|r| format!(" {r}")).unwrap_or_default();
         answer.push_str(&format!("volume {} {}{rate}\n", v.used, v.size));
